@@ -1,0 +1,207 @@
+"""The `meshrun` command: the only module that knows about Hydra.
+
+It composes the config with Hydra (overrides, -m multiruns, run dirs), hands a validated RunConfig
+to the library, and turns every config problem, ours or Hydra's, into one line on stderr
+(`meshrun: error: ...`) with exit status 2. It imports neither jax nor keras at import time.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import sys
+import traceback
+from pathlib import Path
+from typing import List, Optional
+
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from hydra.core.object_type import ObjectType
+from hydra.core.plugins import Plugins
+from hydra.errors import (
+    ConfigCompositionException,
+    HydraException,
+    MissingConfigException,
+    OverrideParseException,
+)
+from hydra.plugins.config_source import ConfigResult, ConfigSource
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
+
+from meshrun import devices, schema
+from meshrun.errors import ConfigError, RunFailed, closest, one_of
+
+COMMANDS = ("train",)
+USAGE = """\
+usage: meshrun train [OVERRIDE ...] [-m] [--cfg job] [--help]
+
+Trains a Keras model on a device mesh described by Hydra config, then prints and writes a report.
+
+  meshrun train mesh=2x4 layout=dense_model        # a 2x4 (data, model) mesh, the seeds' rules
+  meshrun train -m mesh=8x1,4x2,2x4,1x8 layout=dense_model
+  meshrun train recipe=seeds_model_parallel       # a complete experiment from recipes/
+  meshrun train --cfg job                         # print the composed config
+  meshrun train --help                            # config groups and their options
+"""
+
+
+class MeshShapeSource(ConfigSource):
+    """Serves `mesh=AxB[xC]` for any shape: Hydra asks it for `mesh/<name>` configs whose name
+    starts with a digit (or -digit) and gets `shape: <name>`; meshrun.schema parses and checks it."""
+
+    def __init__(self, provider: str, path: str) -> None:
+        super().__init__(provider=provider, path=path)
+
+    @staticmethod
+    def scheme() -> str:
+        return "meshrun-shapes"
+
+    def load_config(self, config_path: str) -> ConfigResult:
+        name = config_path.rsplit("/", 1)[-1].removesuffix(".yaml")
+        return ConfigResult(
+            config=OmegaConf.create({"shape": name, "axis_names": None, "batch_axis": None}),
+            path=f"{self.scheme()}://{self.path}",
+            provider=self.provider,
+            header={"package": None},
+        )
+
+    def available(self) -> bool:
+        return True
+
+    def is_group(self, config_path: str) -> bool:
+        return config_path.strip("/") in ("", "mesh")
+
+    def is_config(self, config_path: str) -> bool:
+        group, _, name = config_path.strip("/").rpartition("/")
+        return group == "mesh" and re.match(r"^-?\d", name.removesuffix(".yaml")) is not None
+
+    def list(self, config_path: str, results_filter: Optional[ObjectType]) -> List[str]:
+        return []
+
+
+def main(argv: Optional[list[str]] = None) -> None:
+    """Entry point of the `meshrun` console script and of `python -m meshrun`."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help", "help"):
+        print(USAGE, end="")
+        return
+    command, rest = argv[0], argv[1:]
+    if command not in COMMANDS:
+        _fail(f"unknown command {command!r}; valid: {one_of(COMMANDS)} (see meshrun --help)", status=2)
+    # Let Hydra's errors reach us whole, so they can be worded as one line below.
+    os.environ["HYDRA_FULL_ERROR"] = "1"
+    Plugins.instance().register(MeshShapeSource)
+    saved_argv = sys.argv
+    sys.argv = [f"meshrun {command}", *rest]
+    try:
+        _hydra_train()
+    except ConfigError as err:
+        _fail(str(err), status=2)
+    except RunFailed as err:
+        _fail(str(err), status=1)
+    except (HydraException, OmegaConfBaseException) as err:
+        _fail(hydra_error_line(err, rest), status=2)
+    finally:
+        sys.argv = saved_argv
+
+
+@hydra.main(version_base="1.3", config_path="pkg://meshrun.configs", config_name="meshrun")
+def _hydra_train(cfg: DictConfig) -> None:
+    train_job(cfg, HydraConfig.get())
+
+
+def train_job(cfg: DictConfig, hydra_cfg) -> None:
+    """One Hydra job: validate, set up devices, train, report. Config errors leave no run dir."""
+    run_dir = hydra_cfg.runtime.output_dir
+    choices = {k: v for k, v in hydra_cfg.runtime.choices.items() if not k.startswith("hydra")}
+    overrides = list(hydra_cfg.overrides.task)
+    try:
+        config = schema.parse_run_config(OmegaConf.to_container(cfg, resolve=True))
+        devices.prepare(config.devices, config.mesh)
+        from meshrun import train  # imports jax and keras: only after devices.prepare
+
+        metrics = train.run(config, train.RunContext(run_dir=run_dir, choices=choices, overrides=overrides))
+    except ConfigError:
+        discard_run_dir(run_dir)
+        raise
+    except Exception as err:
+        raise _record_failure(err, run_dir, choices, overrides) from err
+    from meshrun import report
+
+    report.write_metrics(metrics, run_dir)
+    report.render(metrics)
+
+
+def _record_failure(err: Exception, run_dir: str, choices: dict, overrides: list) -> RunFailed:
+    """Writes metrics.json (status: error) and the traceback into the run dir."""
+    from meshrun import report
+
+    message = f"{type(err).__name__}: {str(err).strip().splitlines()[0] if str(err).strip() else ''}"
+    trace = Path(run_dir) / "error.log"
+    trace.write_text("".join(traceback.format_exception(err)))
+    report.write_metrics(report.error_metrics(message, run_dir, choices, overrides), run_dir)
+    return RunFailed(f"training failed: {message} (traceback in {trace})")
+
+
+def discard_run_dir(run_dir: str) -> None:
+    """Removes a run dir this job created, and its parents left empty, up to the working dir."""
+    path = Path(run_dir).resolve()
+    shutil.rmtree(path, ignore_errors=True)
+    cwd = Path.cwd().resolve()
+    for parent in path.parents:
+        if parent == cwd or cwd not in parent.parents:
+            break
+        try:
+            parent.rmdir()
+        except OSError:
+            break
+
+
+def hydra_error_line(err: Exception, overrides: list[str]) -> str:
+    """Words a Hydra or OmegaConf error as one line naming the key, the value and what is valid."""
+    if isinstance(err, MissingConfigException) and err.missing_cfg_file and err.options is not None:
+        group, _, option = err.missing_cfg_file.rpartition("/")
+        hint = closest(option, err.options, n=1)
+        return (
+            f"{group}: unknown option {option!r}; "
+            f"{'did you mean ' + hint[0] + '? ' if hint else ''}available: {one_of(sorted(err.options))}"
+        )
+    if isinstance(err, OverrideParseException):
+        override = _first_line(err).removeprefix("Error parsing override ").strip("'")
+        return f"malformed override {override!r}; write overrides as key=value, e.g. mesh=2x4 train.epochs=5"
+    key_error = _cause_of_type(err, ConfigKeyError)
+    if isinstance(err, ConfigCompositionException) and key_error is not None:
+        key = key_error.full_key or _quoted(_first_line(err))
+        given = next((o for o in overrides if o.lstrip("+~").split("=", 1)[0] == key), key)
+        hint = closest(key, schema.known_keys(), n=1)
+        return (
+            f"{key}: no such key (got override {given!r}); "
+            + (f"did you mean {hint[0]}?" if hint else "run `meshrun train --cfg job` to see every key")
+        )
+    return " ".join(_first_line(e) for e in _chain(err) if _first_line(e))[:500]
+
+
+def _chain(err: BaseException):
+    while err is not None:
+        yield err
+        err = err.__cause__
+
+
+def _cause_of_type(err: BaseException, kind):
+    return next((e for e in _chain(err) if isinstance(e, kind)), None)
+
+
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip()
+    return text.splitlines()[0].strip() if text else ""
+
+
+def _quoted(text: str) -> str:
+    found = re.search(r"'([^']+)'", text)
+    return found.group(1) if found else text
+
+
+def _fail(message: str, status: int) -> None:
+    print(f"meshrun: error: {message}", file=sys.stderr)
+    sys.exit(status)

@@ -1,0 +1,88 @@
+"""Picks the devices a run uses. `prepare` must run before jax is imported: the CPU device count is
+fixed when jax first initialises its backends, for the life of the process."""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from dataclasses import dataclass
+
+from meshrun.errors import ConfigError
+from meshrun.schema import DevicesConfig, MeshConfig, format_shape
+
+log = logging.getLogger("meshrun")
+
+_JAX_PLATFORMS = {"cpu": "cpu", "gpu": "cuda", "tpu": "tpu"}
+
+
+@dataclass(frozen=True)
+class DeviceSet:
+    """The devices a run uses (the first `mesh.size` of the platform's) and how they were found."""
+
+    platform: str
+    kind: str
+    devices: tuple
+    available: int
+    emulated: bool
+    processes: int
+
+
+def cpu_devices_needed(mesh: MeshConfig, devices: DevicesConfig) -> int:
+    """How many CPU devices to emulate: the mesh's size, or devices.cpu_devices for a -1 shape."""
+    return mesh.size or devices.cpu_devices
+
+
+def prepare(devices: DevicesConfig, mesh: MeshConfig) -> None:
+    """Sets the environment jax and keras read at import: the jax backend for Keras, the platform,
+    and the number of emulated CPU devices. Harmless when jax is already imported (then the
+    device count is whatever that process has, which `discover` checks)."""
+    os.environ["KERAS_BACKEND"] = "jax"
+    # tf.data is all meshrun uses of TensorFlow: keep its C++ start-up chatter off the console.
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
+    # With platform=auto jax probes for TPUs and GPUs and logs each miss at INFO.
+    logging.getLogger("jax._src.xla_bridge").setLevel(logging.WARNING)
+    if devices.platform != "auto":
+        os.environ["JAX_PLATFORMS"] = _JAX_PLATFORMS[devices.platform]
+    if "jax" not in sys.modules:
+        os.environ["JAX_NUM_CPU_DEVICES"] = str(cpu_devices_needed(mesh, devices))
+
+
+def discover(devices: DevicesConfig, mesh: MeshConfig) -> DeviceSet:
+    """Imports jax and returns the devices for `mesh`, or raises ConfigError when the platform is
+    missing or the device count does not fit the mesh."""
+    import jax
+
+    try:
+        found = jax.devices()
+    except RuntimeError as err:
+        raise ConfigError(
+            "devices.platform",
+            f"got {devices.platform!r} but jax found no such device ({str(err).splitlines()[0]}); "
+            "valid here: auto or cpu",
+        ) from None
+    platform = found[0].platform
+    emulated = platform == "cpu"
+    resolved = mesh.resolved(len(found))
+    needed = resolved.size
+    if emulated and needed > len(found):
+        raise ConfigError(
+            "mesh.shape",
+            f"mesh {format_shape(resolved.shape)} needs {needed} devices but this process already "
+            f"has {len(found)} CPU devices (fixed when jax started); run it in a new process",
+        )
+    if not emulated and needed != len(found):
+        raise ConfigError(
+            "mesh.shape",
+            f"got {format_shape(resolved.shape)} ({needed} devices) but there are {len(found)} "
+            f"{platform} devices; use a shape whose product is {len(found)}",
+        )
+    return DeviceSet(
+        platform=platform,
+        kind=found[0].device_kind,
+        devices=tuple(found[:needed]),
+        available=len(found),
+        emulated=emulated,
+        processes=jax.process_count(),
+    )

@@ -1,0 +1,49 @@
+"""Our one seam onto keras.distribution: builds the DeviceMesh, LayoutMap and distribution for a run.
+
+Two Keras behaviours are handled here and nowhere else (keras 3.15):
+- DataParallel raises on a 2-D mesh, so data parallelism is a ModelParallel with no rules, which
+  works on any mesh and splits the batch over the axis we name.
+- ModelParallel silently swallows unknown keywords, so the batch axis it ends up with is read
+  back and checked.
+"""
+
+from __future__ import annotations
+
+import keras
+from keras import distribution as kd
+
+from meshrun.schema import LayoutRule, MeshConfig
+
+
+def device_mesh(mesh: MeshConfig, devices) -> kd.DeviceMesh:
+    """A Keras DeviceMesh of `mesh.shape` over `devices` (jax devices, mesh order)."""
+    return kd.DeviceMesh(shape=tuple(mesh.shape), axis_names=list(mesh.axis_names), devices=list(devices))
+
+
+def layout_map(rules: tuple[LayoutRule, ...], mesh: kd.DeviceMesh) -> kd.LayoutMap:
+    """A LayoutMap holding each rule as `pattern -> tuple of axes`."""
+    layouts = kd.LayoutMap(mesh)
+    for rule in rules:
+        layouts[rule.pattern] = tuple(rule.axes)
+    return layouts
+
+
+def make_distribution(mesh: MeshConfig, rules: tuple[LayoutRule, ...], devices) -> kd.ModelParallel:
+    """The distribution for a run: `rules` over a mesh of `devices`, batch split over
+    `mesh.batch_axis`. With no rules every variable is replicated (data parallelism)."""
+    distribution = kd.ModelParallel(
+        layout_map=layout_map(rules, device_mesh(mesh, devices)),
+        batch_dim_name=mesh.batch_axis,
+    )
+    if distribution.batch_dim_name != mesh.batch_axis:
+        raise RuntimeError(
+            f"keras put the batch on axis {distribution.batch_dim_name!r}, not {mesh.batch_axis!r}"
+        )
+    return distribution
+
+
+def reset() -> None:
+    """Clears the global distribution and Keras' session state (layer-name counters, seeds), so a
+    next run in the same process gets the same variable paths and a clean slate."""
+    kd.set_distribution(None)
+    keras.backend.clear_session()

@@ -1,0 +1,60 @@
+"""dense_model: the seeds' MLP, Flatten -> Dense(hidden, relu, `d1`) -> Dropout -> Dense(softmax, `d2`).
+
+Layouts written for it: configs/layout/dense_model.yaml (d1 column-parallel over `model`, the
+output batch-sharded over `data`) and replicated.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from meshrun.models.registry import ModelSpec, register_model
+
+
+@dataclass(frozen=True)
+class DenseModelOptions:
+    """The MLP's sizes; the defaults are the seeds' (784 -> 200 -> 10, no bias on d1)."""
+
+    input_shape: tuple[int, ...] = (28, 28, 1)
+    hidden: int = 200
+    d1_bias: bool = False
+    dropout: float = 0.4
+    num_classes: int = 10
+
+    def __post_init__(self):
+        if not self.input_shape or any(d <= 0 for d in self.input_shape):
+            raise ValueError(f"input_shape: got {list(self.input_shape)}; expected positive sizes")
+        if self.hidden <= 0 or self.num_classes <= 0:
+            raise ValueError(
+                f"hidden and num_classes must be positive (got {self.hidden}, {self.num_classes})"
+            )
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"dropout: got {self.dropout}; expected 0 <= dropout < 1")
+
+    @property
+    def label_shape(self) -> tuple[int, ...]:
+        """Shape of one label (the softmax output)."""
+        return (self.num_classes,)
+
+
+def build(options: DenseModelOptions):
+    """Builds the functional MLP with explicit layer names, so variable paths are d1/kernel etc."""
+    import keras
+
+    inputs = keras.Input(shape=options.input_shape, name="inputs")
+    x = keras.layers.Flatten(name="flatten")(inputs)
+    x = keras.layers.Dense(options.hidden, activation="relu", use_bias=options.d1_bias, name="d1")(x)
+    x = keras.layers.Dropout(options.dropout, name="dropout")(x)
+    outputs = keras.layers.Dense(options.num_classes, activation="softmax", name="d2")(x)
+    return keras.Model(inputs, outputs, name="dense_model")
+
+
+SPEC = register_model(
+    ModelSpec(
+        name="dense_model",
+        options=DenseModelOptions,
+        build=build,
+        layouts=("dense_model", "replicated"),
+        description="the seeds' MLP for 28x28x1 inputs",
+    )
+)

@@ -1,0 +1,400 @@
+"""Typed run configuration: the dataclasses every library module takes, and the one place that
+turns a composed config (a plain dict) into them, rejecting bad values with a `ConfigError`.
+
+Nothing here imports jax or keras, so every check in this module runs before devices are set up.
+Checks that need the model's variables (layout rules against shapes) live in `meshrun.layout`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import types
+import typing
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Optional, Union
+
+from meshrun.errors import ConfigError, closest, one_of
+from meshrun.models import registry
+
+PLATFORMS = ("auto", "cpu", "gpu", "tpu")
+DATA_SOURCES = ("synthetic",)
+VERBOSITY = (0, 1, 2)
+DEFAULT_AXIS_NAMES = {1: ("data",), 2: ("data", "model")}
+FILL = -1  # a mesh dimension of -1 takes every device the others leave
+
+
+@dataclass(frozen=True)
+class MeshConfig:
+    """The device mesh: its shape (one dimension may be -1, filled at device setup), axis names
+    and the axis the batch is split over."""
+
+    shape: tuple[int, ...]
+    axis_names: tuple[str, ...]
+    batch_axis: str
+
+    def resolved(self, device_count: int) -> "MeshConfig":
+        """This mesh with a -1 dimension replaced so the product is `device_count`."""
+        if FILL not in self.shape:
+            return self
+        known = 1
+        for size in self.shape:
+            if size != FILL:
+                known *= size
+        if device_count % known:
+            raise ConfigError(
+                "mesh.shape",
+                f"got {format_shape(self.shape)}: the other dimensions ({known}) do not divide "
+                f"the {device_count} available devices",
+            )
+        return dataclasses.replace(
+            self, shape=tuple(device_count // known if s == FILL else s for s in self.shape)
+        )
+
+    @property
+    def size(self) -> Optional[int]:
+        """How many devices the mesh needs, or None while it still holds a -1."""
+        if FILL in self.shape:
+            return None
+        total = 1
+        for size in self.shape:
+            total *= size
+        return total
+
+    def axis_size(self, axis: str) -> int:
+        """The number of devices along mesh axis `axis`."""
+        return self.shape[self.axis_names.index(axis)]
+
+
+AxisSpec = Optional[str]
+
+
+@dataclass(frozen=True)
+class LayoutRule:
+    """One layout rule: a regex matched against variable and `<layer>/output` paths with
+    re.fullmatch, and the mesh axis (or None) for each dimension of what it matches."""
+
+    pattern: str
+    axes: tuple[AxisSpec, ...]
+
+
+@dataclass(frozen=True)
+class LayoutConfig:
+    """The layout rules, in the order they were written."""
+
+    rules: tuple[LayoutRule, ...] = ()
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Which registered model to build, and its options (the model's own dataclass)."""
+
+    name: str
+    options: Any
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    """Where training and evaluation data come from."""
+
+    name: str = "synthetic"
+    num_samples: int = 1024
+    eval_samples: int = 256
+    shuffle: bool = True
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """How to train: global batch size, epochs, optimizer, loss, seed and console verbosity."""
+
+    batch_size: int = 16
+    epochs: int = 3
+    optimizer: str = "adam"
+    learning_rate: float = 0.001
+    loss: str = "mse"
+    seed: int = 1337
+    verbose: int = 1
+
+
+@dataclass(frozen=True)
+class DevicesConfig:
+    """Which platform to run on, and how many CPU devices to emulate for a mesh holding -1."""
+
+    platform: str = "auto"
+    cpu_devices: int = 8
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """Everything one training run needs, validated."""
+
+    mesh: MeshConfig
+    layout: LayoutConfig
+    model: ModelConfig
+    data: DataConfig = field(default_factory=DataConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    devices: DevicesConfig = field(default_factory=DevicesConfig)
+
+
+TOP_LEVEL_KEYS = ("mesh", "layout", "model", "data", "train", "devices")
+
+
+def parse_run_config(raw: Mapping[str, Any]) -> RunConfig:
+    """Builds a RunConfig from a composed config, or raises ConfigError naming the bad key."""
+    _reject_unknown(raw, TOP_LEVEL_KEYS, prefix="", known=known_keys())
+    mesh = parse_mesh(_section(raw, "mesh"))
+    config = RunConfig(
+        mesh=mesh,
+        layout=parse_layout(_section(raw, "layout"), mesh),
+        model=parse_model(_section(raw, "model")),
+        data=_parse_dataclass(DataConfig, _section(raw, "data"), "data"),
+        train=_parse_dataclass(TrainConfig, _section(raw, "train"), "train"),
+        devices=_parse_dataclass(DevicesConfig, _section(raw, "devices"), "devices"),
+    )
+    _check_values(config)
+    return config
+
+
+def known_keys() -> list[str]:
+    """Every dotted key a config may set (for 'did you mean' suggestions)."""
+    keys = ["mesh.shape", "mesh.axis_names", "mesh.batch_axis", "layout.rules", "model.name"]
+    for section, cls in (("data", DataConfig), ("train", TrainConfig), ("devices", DevicesConfig)):
+        keys += [f"{section}.{f.name}" for f in dataclasses.fields(cls)]
+    for name in registry.model_names():
+        keys += [f"model.{f.name}" for f in dataclasses.fields(registry.get_model(name).options)]
+    return sorted(set(keys))
+
+
+# --- mesh ---------------------------------------------------------------------------------------
+
+_SHAPE_TEXT = re.compile(r"^-?\d+(x-?\d+)*$")
+
+
+def parse_mesh_shape(value: Any) -> tuple[int, ...]:
+    """Reads a mesh shape written `AxB[xC]` or as a list of integers; -1 may stand once."""
+    if isinstance(value, str):
+        text = value.strip()
+        if not _SHAPE_TEXT.match(text):
+            raise ConfigError(
+                "mesh.shape",
+                f"got {value!r}; write the shape as AxB[xC] with positive integers "
+                "(e.g. mesh=2x4) or pick a named mesh (data_parallel, model_parallel)",
+            )
+        dims = [int(part) for part in text.split("x")]
+    elif isinstance(value, (list, tuple)) and value:
+        if not all(isinstance(d, int) and not isinstance(d, bool) for d in value):
+            raise ConfigError("mesh.shape", f"got {list(value)!r}; every dimension must be an integer")
+        dims = list(value)
+    else:
+        raise ConfigError("mesh.shape", f"got {value!r}; expected AxB[xC] or a list of integers")
+    if any(d <= 0 and d != FILL for d in dims) or dims.count(FILL) > 1:
+        raise ConfigError(
+            "mesh.shape",
+            f"got {format_shape(dims)}; every dimension must be a positive integer "
+            "(one dimension may be -1 to take all remaining devices)",
+        )
+    return tuple(dims)
+
+
+def format_shape(shape) -> str:
+    """Writes a shape the way users type it: 2x4."""
+    return "x".join(str(d) for d in shape)
+
+
+def parse_mesh(raw: Mapping[str, Any]) -> MeshConfig:
+    """Validates the mesh section: shape, axis names (defaults by rank) and batch axis."""
+    _reject_unknown(raw, ("shape", "axis_names", "batch_axis"), prefix="mesh", known=known_keys())
+    shape = parse_mesh_shape(raw.get("shape"))
+    names = raw.get("axis_names")
+    if names is None:
+        if len(shape) not in DEFAULT_AXIS_NAMES:
+            raise ConfigError(
+                "mesh.axis_names",
+                f"a {len(shape)}-D mesh {format_shape(shape)} has no default axis names; "
+                f"give {len(shape)} names, e.g. mesh.axis_names=[{','.join(_example_names(len(shape)))}]",
+            )
+        names = DEFAULT_AXIS_NAMES[len(shape)]
+    if isinstance(names, str) or not all(isinstance(n, str) and n for n in names):
+        raise ConfigError("mesh.axis_names", f"got {names!r}; expected a list of non-empty names")
+    names = tuple(names)
+    if len(names) != len(shape):
+        raise ConfigError(
+            "mesh.axis_names",
+            f"got {list(names)} ({len(names)} names) for the {len(shape)}-D mesh "
+            f"{format_shape(shape)}; give exactly {len(shape)} names",
+        )
+    duplicates = sorted({n for n in names if names.count(n) > 1})
+    if duplicates:
+        raise ConfigError(
+            "mesh.axis_names", f"got {list(names)}; axis names must be unique, {one_of(duplicates)} repeats"
+        )
+    batch_axis = raw.get("batch_axis")
+    if batch_axis is None:
+        batch_axis = names[0]
+    if batch_axis not in names:
+        raise ConfigError(
+            "mesh.batch_axis", f"got {batch_axis!r}; valid: one of the mesh axes {one_of(names)}"
+        )
+    return MeshConfig(shape=shape, axis_names=names, batch_axis=batch_axis)
+
+
+def _example_names(rank: int) -> list[str]:
+    return ["data", "model", "seq", "expert", "stage"][:rank] + [f"axis{i}" for i in range(5, rank)]
+
+
+# --- layout -------------------------------------------------------------------------------------
+
+
+def parse_layout(raw: Mapping[str, Any], mesh: MeshConfig) -> LayoutConfig:
+    """Validates layout rules: compilable regexes, list values, axes that exist in the mesh."""
+    _reject_unknown(raw, ("rules",), prefix="layout", known=known_keys())
+    rules_raw = raw.get("rules") or {}
+    if not isinstance(rules_raw, Mapping):
+        raise ConfigError("layout.rules", f"got {rules_raw!r}; expected a mapping of regex -> list of axes")
+    rules = []
+    for pattern, axes in rules_raw.items():
+        key = f"layout.rules.{pattern}"
+        try:
+            re.compile(pattern)
+        except re.error as err:
+            raise ConfigError(key, f"is not a valid regular expression ({err})") from None
+        if not isinstance(axes, (list, tuple)):
+            raise ConfigError(
+                key, f"got {axes!r}; expected a list with one mesh axis or null per dimension"
+            )
+        for axis in axes:
+            if axis is not None and axis not in mesh.axis_names:
+                raise ConfigError(
+                    key,
+                    f"got axis {axis!r}, which is not in the mesh; valid: "
+                    f"{one_of(mesh.axis_names)} or null",
+                )
+        used = [a for a in axes if a is not None]
+        if len(set(used)) != len(used):
+            raise ConfigError(key, f"got {list(axes)}; a mesh axis may shard only one dimension")
+        rules.append(LayoutRule(pattern=str(pattern), axes=tuple(axes)))
+    return LayoutConfig(rules=tuple(rules))
+
+
+# --- model --------------------------------------------------------------------------------------
+
+
+def parse_model(raw: Mapping[str, Any]) -> ModelConfig:
+    """Looks the model up in the registry and validates its options against its dataclass."""
+    name = raw.get("name")
+    names = registry.model_names()
+    if name not in names:
+        raise ConfigError("model.name", f"got {name!r}; available models: {one_of(names)}")
+    spec = registry.get_model(name)
+    options_raw = {k: v for k, v in raw.items() if k != "name"}
+    values = _parse_dataclass(spec.options, options_raw, "model", as_kwargs=True)
+    try:
+        options = spec.options(**values)
+    except ValueError as err:  # the model's own __post_init__ checks
+        raise ConfigError("model", str(err)) from None
+    return ModelConfig(name=name, options=options)
+
+
+# --- generic dataclass parsing ------------------------------------------------------------------
+
+
+def _section(raw: Mapping[str, Any], name: str) -> Mapping[str, Any]:
+    value = raw.get(name)
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise ConfigError(name, f"got {value!r}; expected a config section (a mapping)")
+    return value
+
+
+def _reject_unknown(raw: Mapping[str, Any], allowed, prefix: str, known: list[str]) -> None:
+    for key in raw:
+        if key in allowed:
+            continue
+        dotted = f"{prefix}.{key}" if prefix else str(key)
+        suggestions = closest(dotted, known, n=1)
+        hint = f"did you mean {suggestions[0]}? " if suggestions else ""
+        valid = [f"{prefix}.{a}" if prefix else a for a in allowed]
+        raise ConfigError(dotted, f"unknown key (got {raw[key]!r}); {hint}valid keys: {one_of(valid)}")
+
+
+def _parse_dataclass(cls, raw: Mapping[str, Any], prefix: str, as_kwargs: bool = False):
+    """Checks keys and value types of `raw` against dataclass `cls`; returns an instance (or the
+    checked keyword arguments when `as_kwargs`)."""
+    allowed = [f.name for f in dataclasses.fields(cls)]
+    _reject_unknown(raw, allowed, prefix=prefix, known=known_keys())
+    hints = typing.get_type_hints(cls)
+    values = {name: _check_type(f"{prefix}.{name}", raw[name], hints[name]) for name in allowed if name in raw}
+    return values if as_kwargs else cls(**values)
+
+
+def _check_type(key: str, value: Any, expected: Any) -> Any:
+    origin = typing.get_origin(expected)
+    args = typing.get_args(expected)
+    if origin in (Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        (inner,) = [a for a in args if a is not type(None)]
+        return _check_type(key, value, inner)
+    if origin is tuple:
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(key, f"got {value!r}; expected a list")
+        return tuple(_check_type(key, item, args[0]) for item in value)
+    if expected is bool:
+        ok = isinstance(value, bool)
+    elif expected is int:
+        ok = isinstance(value, int) and not isinstance(value, bool)
+    elif expected is float:
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+        value = float(value) if ok else value
+    elif expected is str:
+        ok = isinstance(value, str)
+    else:
+        ok = True
+    if not ok:
+        raise ConfigError(key, f"got {value!r}; expected {getattr(expected, '__name__', expected)}")
+    return value
+
+
+def _check_values(config: RunConfig) -> None:
+    """Range checks that the types alone do not cover."""
+    positive = {
+        "train.batch_size": config.train.batch_size,
+        "train.epochs": config.train.epochs,
+        "data.num_samples": config.data.num_samples,
+        "data.eval_samples": config.data.eval_samples,
+        "devices.cpu_devices": config.devices.cpu_devices,
+    }
+    for key, value in positive.items():
+        if value <= 0:
+            raise ConfigError(key, f"got {value}; expected a positive integer")
+    if config.train.learning_rate <= 0:
+        raise ConfigError("train.learning_rate", f"got {config.train.learning_rate}; expected a positive number")
+    if config.train.verbose not in VERBOSITY:
+        raise ConfigError("train.verbose", f"got {config.train.verbose}; valid: {one_of(VERBOSITY)}")
+    if config.devices.platform not in PLATFORMS:
+        raise ConfigError("devices.platform", f"got {config.devices.platform!r}; valid: {one_of(PLATFORMS)}")
+    if config.data.name not in DATA_SOURCES:
+        raise ConfigError("data.name", f"got {config.data.name!r}; available data sources: {one_of(DATA_SOURCES)}")
+    check_batch(config.train.batch_size, config.mesh)
+    for key, count in (("data.num_samples", config.data.num_samples), ("data.eval_samples", config.data.eval_samples)):
+        if count < config.train.batch_size:
+            raise ConfigError(
+                key, f"got {count}; fewer samples than one global batch (train.batch_size={config.train.batch_size})"
+            )
+
+
+def check_batch(batch_size: int, mesh: MeshConfig) -> None:
+    """The global batch must split evenly over the batch axis (checked again once -1 is filled)."""
+    if FILL in mesh.shape and mesh.shape[mesh.axis_names.index(mesh.batch_axis)] == FILL:
+        return
+    size = mesh.axis_size(mesh.batch_axis)
+    if batch_size % size:
+        lower = batch_size - batch_size % size
+        valid = f"{lower} or {lower + size}" if lower else str(size)
+        raise ConfigError(
+            "train.batch_size",
+            f"got {batch_size}, which does not divide by the batch axis {mesh.batch_axis!r} of size "
+            f"{size}; use a multiple of {size}, e.g. {valid}",
+        )
