@@ -19,6 +19,7 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.object_type import ObjectType
 from hydra.core.plugins import Plugins
+from hydra.types import RunMode
 from hydra.errors import (
     ConfigCompositionException,
     HydraException,
@@ -27,7 +28,7 @@ from hydra.errors import (
 )
 from hydra.plugins.config_source import ConfigResult, ConfigSource
 from omegaconf import DictConfig, OmegaConf
-from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
+from omegaconf.errors import OmegaConfBaseException
 
 from meshrun import devices, schema
 from meshrun.errors import ConfigError, RunFailed, closest, one_of
@@ -92,23 +93,56 @@ def main(argv: Optional[list[str]] = None) -> None:
     # Let Hydra's errors reach us whole, so they can be worded as one line below.
     os.environ["HYDRA_FULL_ERROR"] = "1"
     Plugins.instance().register(MeshShapeSource)
+    _FAILED_JOBS.clear()
     saved_argv = sys.argv
-    sys.argv = [f"meshrun {command}", *rest]
+    sys.argv = [f"meshrun {command}", *prepare_overrides(rest)]
     try:
         _hydra_train()
-    except ConfigError as err:
-        _fail(str(err), status=2)
-    except RunFailed as err:
-        _fail(str(err), status=1)
-    except (HydraException, OmegaConfBaseException) as err:
+    except Exception as err:  # jobs catch their own errors: what gets here is Hydra's composition
         _fail(hydra_error_line(err, rest), status=2)
     finally:
         sys.argv = saved_argv
+    if _FAILED_JOBS:
+        sys.exit(max(_FAILED_JOBS))
+
+
+# Exit statuses of the jobs of this invocation that failed (a multirun has several jobs).
+_FAILED_JOBS: list[int] = []
+
+
+def prepare_overrides(overrides: list[str]) -> list[str]:
+    """Adjusts two overrides Hydra would otherwise take differently from what users mean:
+    `mesh=8` (a 1-D shape: Hydra reads 8 as a number, and group options must be strings) and
+    `layout.rules={...}` (Hydra merges a dict into the existing rules; users mean replace)."""
+    rewritten = []
+    for override in overrides:
+        key, _, value = override.partition("=")
+        if key == "mesh" and re.fullmatch(r"[\w,-]+", value):
+            quoted = [f"'{v}'" if re.fullmatch(r"-?\d+", v) else v for v in value.split(",")]
+            rewritten.append("mesh=" + ",".join(quoted))
+        elif key == "layout.rules":
+            rewritten += ["~layout.rules", "+" + override]
+        else:
+            rewritten.append(override)
+    return rewritten
 
 
 @hydra.main(version_base="1.3", config_path="pkg://meshrun.configs", config_name="meshrun")
 def _hydra_train(cfg: DictConfig) -> None:
-    train_job(cfg, HydraConfig.get())
+    hydra_cfg = HydraConfig.get()
+    try:
+        train_job(cfg, hydra_cfg)
+    except ConfigError as err:
+        _report_job_failure(str(err), status=2, hydra_cfg=hydra_cfg)
+    except RunFailed as err:
+        _report_job_failure(str(err), status=1, hydra_cfg=hydra_cfg)
+
+
+def _report_job_failure(message: str, status: int, hydra_cfg) -> None:
+    # In a multirun the other jobs go on; meshrun exits non-zero at the end.
+    prefix = f"job {hydra_cfg.job.num}: " if hydra_cfg.mode == RunMode.MULTIRUN else ""
+    print(f"meshrun: error: {prefix}{message}", file=sys.stderr)
+    _FAILED_JOBS.append(status)
 
 
 def train_job(cfg: DictConfig, hydra_cfg) -> None:
@@ -168,11 +202,12 @@ def hydra_error_line(err: Exception, overrides: list[str]) -> str:
             f"{'did you mean ' + hint[0] + '? ' if hint else ''}available: {one_of(sorted(err.options))}"
         )
     if isinstance(err, OverrideParseException):
-        override = _first_line(err).removeprefix("Error parsing override ").strip("'")
-        return f"malformed override {override!r}; write overrides as key=value, e.g. mesh=2x4 train.epochs=5"
-    key_error = _cause_of_type(err, ConfigKeyError)
-    if isinstance(err, ConfigCompositionException) and key_error is not None:
-        key = key_error.full_key or _quoted(_first_line(err))
+        return (
+            f"malformed override {err.override!r} ({_first_line(err)}); write overrides as key=value, "
+            "e.g. mesh=2x4 train.epochs=5, quoting values with special characters"
+        )
+    if isinstance(err, ConfigCompositionException) and _first_line(err).startswith("Could not override"):
+        key = _quoted(_first_line(err))
         given = next((o for o in overrides if o.lstrip("+~").split("=", 1)[0] == key), key)
         hint = closest(key, schema.known_keys(), n=1)
         return (
@@ -186,10 +221,6 @@ def _chain(err: BaseException):
     while err is not None:
         yield err
         err = err.__cause__
-
-
-def _cause_of_type(err: BaseException, kind):
-    return next((e for e in _chain(err) if isinstance(e, kind)), None)
 
 
 def _first_line(err: BaseException) -> str:

@@ -56,11 +56,11 @@ def discover(devices: DevicesConfig, mesh: MeshConfig) -> DeviceSet:
 
     try:
         found = jax.devices()
-    except RuntimeError as err:
+    except (RuntimeError, AssertionError) as err:  # jax asserts when a platform plugin is missing
+        reason = str(err).strip().splitlines()[0] if str(err).strip() else "its jax plugin is not installed"
         raise ConfigError(
             "devices.platform",
-            f"got {devices.platform!r} but jax found no such device ({str(err).splitlines()[0]}); "
-            "valid here: auto or cpu",
+            f"got {devices.platform!r} but jax cannot use that platform ({reason}); valid here: auto or cpu",
         ) from None
     platform = found[0].platform
     emulated = platform == "cpu"

@@ -47,7 +47,7 @@ def assign_rules(
             names = [repr(rule.pattern) for rule in matches]
             raise ConfigError(
                 "layout.rules",
-                f"{tensor.path!r} is matched by {len(matches)} rules, {one_of(names)}; "
+                f"{tensor.path!r} is matched by {len(matches)} rules, {' and '.join(names)}; "
                 "make the patterns exclusive so each path matches at most one",
             )
         if matches:
@@ -78,7 +78,7 @@ def _check_fits(rule: LayoutRule, mesh: MeshConfig, tensor: TensorSpec) -> None:
                 f"shards dimension {dim} of {what} {tensor.path!r} (size {size}, shape "
                 f"{_shape_text(tensor.shape)}) over mesh axis {axis!r} of size {axis_size}, which "
                 f"does not divide {size} on mesh {format_shape(mesh.shape)}; valid for this "
-                f"dimension: null{' or ' + one_of(fitting) if fitting else ''}",
+                f"dimension: {one_of(['null', *fitting])}",
             )
 
 

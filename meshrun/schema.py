@@ -267,8 +267,7 @@ def parse_layout(raw: Mapping[str, Any], mesh: MeshConfig) -> LayoutConfig:
             if axis is not None and axis not in mesh.axis_names:
                 raise ConfigError(
                     key,
-                    f"got axis {axis!r}, which is not in the mesh; valid: "
-                    f"{one_of(mesh.axis_names)} or null",
+                    f"got axis {axis!r}, which is not in the mesh; valid: {one_of([*mesh.axis_names, 'null'])}",
                 )
         used = [a for a in axes if a is not None]
         if len(set(used)) != len(used):

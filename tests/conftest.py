@@ -1,0 +1,41 @@
+"""Test set-up: 8 emulated CPU devices and the jax backend, fixed before anything imports jax."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+os.environ["KERAS_BACKEND"] = "jax"
+os.environ["JAX_PLATFORMS"] = "cpu"
+os.environ["JAX_NUM_CPU_DEVICES"] = "8"
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
+
+# Small, fast runs of the seeds' model: 8 steps an epoch.
+FAST = ["train.verbose=0", "data.num_samples=128", "data.eval_samples=32", "train.epochs=2"]
+
+
+def run_meshrun(args, cwd, timeout=300):
+    """Runs `python -m meshrun ARGS` in a subprocess in `cwd`; returns the CompletedProcess."""
+    return subprocess.run(
+        [sys.executable, "-m", "meshrun", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def read_metrics(run_dir) -> dict:
+    """The metrics.json a run wrote into `run_dir`."""
+    return json.loads((Path(run_dir) / "metrics.json").read_text())
+
+
+@pytest.fixture
+def in_tmp(tmp_path, monkeypatch):
+    """Runs the test with a fresh empty working dir (Hydra writes run dirs relative to it)."""
+    monkeypatch.chdir(tmp_path)
+    return tmp_path

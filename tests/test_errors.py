@@ -1,0 +1,95 @@
+"""Every bad input named by the foundation issue: one line on stderr, exit 2, nothing left behind.
+
+These run the real CLI in-process (Hydra included); cases caught after device set-up use the 8
+emulated CPU devices of this test process.
+"""
+
+import pytest
+
+from meshrun import cli
+
+CASES = {
+    # mesh
+    "mesh product != devices": (
+        ["mesh=4x4"],
+        ["mesh.shape", "needs 16 devices", "has 8 CPU devices"],
+    ),
+    "malformed shape": (["mesh=2xa"], ["mesh.shape", "'2xa'", "AxB[xC]"]),
+    "zero dimension": (["mesh=2x0"], ["mesh.shape", "2x0", "positive integer"]),
+    "negative dimension": (["mesh.shape=[2,-3]"], ["mesh.shape", "2x-3", "positive integer"]),
+    "duplicate axis names": (["mesh=2x4", "mesh.axis_names=[a,a]"], ["mesh.axis_names", "['a', 'a']", "unique"]),
+    "3-D mesh without names": (["mesh=2x2x2"], ["mesh.axis_names", "2x2x2", "give 3 names"]),
+    "batch axis not in mesh": (["mesh=2x4", "mesh.batch_axis=x"], ["mesh.batch_axis", "'x'", "data or model"]),
+    # layout
+    "layout axis not in mesh": (
+        ["mesh=2x4", "layout.rules={d1/kernel:[null,tensor]}"],
+        ["layout.rules.d1/kernel", "'tensor'", "data, model or null"],
+    ),
+    "rank mismatch": (
+        ["mesh=2x4", "layout.rules={d1/kernel:[model]}"],
+        ["layout.rules.d1/kernel", "1 axes", "rank 2", "(784, 200)"],
+    ),
+    "indivisible dimension": (
+        ["mesh=2x4", "layout=dense_model", "model.hidden=202"],
+        ["layout.rules.d1/kernel", "size 202", "'model' of size 4", "valid for this dimension: null or data"],
+    ),
+    "rule matches nothing": (
+        ["mesh=2x4", "layout.rules={d3/kernel:[null,model]}"],
+        ["layout.rules.d3/kernel", "matches no variable or output", "closest real paths: d2/kernel, d1/kernel"],
+    ),
+    "variable matched twice": (
+        ["mesh=2x4", "layout.rules={d1/ker.*:[null,model],d1/.*:[model,null]}"],
+        ["layout.rules", "'d1/kernel' is matched by 2 rules", "'d1/ker.*' and 'd1/.*'"],
+    ),
+    "invalid regex": (["mesh=2x4", "layout.rules={*kernel:[null,model]}"], ["layout.rules.*kernel", "regular expression"]),
+    # unknown names
+    "unknown model": (["model=resnet"], ["model: unknown option 'resnet'", "available: dense_model"]),
+    "unknown layout": (["layout=tp"], ["layout: unknown option 'tp'", "dense_model or replicated"]),
+    "unknown named mesh": (["mesh=data_paralel"], ["mesh: unknown option 'data_paralel'", "did you mean data_parallel?"]),
+    "unknown data": (["data=imagenet"], ["data: unknown option 'imagenet'", "available: synthetic"]),
+    "unknown recipe": (["recipe=nope"], ["recipe: unknown option 'nope'", "seeds_model_parallel"]),
+    "unknown model name key": (["model.name=resnet"], ["model.name", "'resnet'", "available models: dense_model"]),
+    # train
+    "batch not divisible": (["mesh=2x4", "train.batch_size=15"], ["train.batch_size", "got 15", "'data' of size 2", "14 or 16"]),
+    "batch not divisible after -1 fill": (["train.batch_size=12"], ["train.batch_size", "got 12", "size 8"]),
+    "unknown optimizer": (["train.optimizer=adamm"], ["train.optimizer", "'adamm'", "did you mean adam?"]),
+    "unknown loss": (["train.loss=msee"], ["train.loss", "'msee'", "mean_squared_error"]),
+    "wrong type": (["train.epochs=three"], ["train.epochs", "'three'", "expected int"]),
+    "non-positive": (["train.epochs=0"], ["train.epochs", "got 0", "positive"]),
+    "bad platform": (["devices.platform=npu"], ["devices.platform", "'npu'", "auto, cpu, gpu or tpu"]),
+    # keys that do not exist
+    "override of missing key": (["train.epoch=3"], ["train.epoch: no such key", "'train.epoch=3'", "did you mean train.epochs?"]),
+    "appended missing key": (["+train.epoch=3"], ["train.epoch: unknown key (got 3)", "did you mean train.epochs?"]),
+    "unknown top-level key": (["+trian.epochs=3"], ["trian: unknown key", "valid keys"]),
+    "unknown model option": (["+model.hiden=3"], ["model.hiden: unknown key", "did you mean model.hidden?"]),
+    # Hydra's own
+    "malformed override": (["mesh=="], ["malformed override 'mesh=='", "key=value"]),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_bad_input_is_one_line_with_exit_2(name, in_tmp, capsys):
+    args, expected = CASES[name]
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["train", *args, "train.verbose=0"])
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert exit_info.value.code == 2, err
+    assert len(lines) == 1, err
+    assert lines[0].startswith("meshrun: error: ")
+    assert "Traceback" not in err
+    for fragment in expected:
+        assert fragment in lines[0], f"{fragment!r} not in {lines[0]!r}"
+    assert list(in_tmp.iterdir()) == [], "a rejected run left files behind"
+
+
+def test_unknown_command(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["trian"])
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err.strip() == "meshrun: error: unknown command 'trian'; valid: train (see meshrun --help)"
+
+
+def test_usage_without_command(capsys):
+    cli.main([])
+    assert "usage: meshrun train" in capsys.readouterr().out
