@@ -1,0 +1,119 @@
+"""The CLI end to end, as a user runs it: `python -m meshrun train ...` in a fresh subprocess."""
+
+import json
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from conftest import FAST, read_metrics, run_meshrun
+
+pytestmark = pytest.mark.e2e
+
+REQUIRED = {
+    "status", "error", "mesh.shape", "mesh.axis_names", "mesh.batch_axis", "devices.platform",
+    "devices.count", "devices.processes", "model.name", "model.params", "train.global_batch_size",
+    "train.steps_per_epoch", "timing.startup_s", "timing.compile_s", "timing.step_time_s",
+    "timing.step_time_p90_s", "timing.samples_per_s", "timing.epoch_s", "timing.eval_s",
+    "timing.wall_s", "history.loss", "eval.loss", "sharding",
+}
+
+
+def flat_keys(tree, prefix=""):
+    keys = set()
+    for key, value in tree.items():
+        dotted = f"{prefix}{key}"
+        keys.add(dotted)
+        if isinstance(value, dict) and key != "sharding":
+            keys |= flat_keys(value, dotted + ".")
+    return keys
+
+
+def test_train_writes_a_complete_metrics_json(tmp_path):
+    run_dir = tmp_path / "run"
+    done = run_meshrun(["train", "mesh=2x4", "layout=dense_model", *FAST, f"hydra.run.dir={run_dir}"], tmp_path)
+    assert done.returncode == 0, done.stderr
+    metrics = read_metrics(run_dir)
+    assert REQUIRED <= flat_keys(metrics), REQUIRED - flat_keys(metrics)
+    assert metrics["status"] == "ok" and metrics["error"] is None
+    assert metrics["mesh"]["shape"] == [2, 4]
+    assert metrics["devices"] == {**metrics["devices"], "platform": "cpu", "count": 8, "processes": 1, "emulated": True}
+    assert metrics["sharding"]["d1/kernel"]["spec"] == [None, "model"]
+    assert len(metrics["history"]["loss"]) == 2 == len(metrics["timing"]["epoch_s"])
+    assert 0 < metrics["timing"]["startup_s"] < metrics["timing"]["wall_s"]
+    assert "emulating 8 CPU devices" in done.stdout + done.stderr
+    assert "placed variables" in done.stdout  # the rich report
+    assert (run_dir / ".hydra" / "config.yaml").exists()
+
+
+def test_config_error_in_a_fresh_process_is_one_line_exit_2_and_leaves_nothing(tmp_path):
+    done = run_meshrun(["train", "mesh=2x4", "train.batch_size=15"], tmp_path)
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [
+        "meshrun: error: train.batch_size: got 15, which does not divide by the batch axis 'data' "
+        "of size 2; use a multiple of 2, e.g. 14 or 16"
+    ]
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_failure_during_training_writes_status_error(tmp_path):
+    run_dir = tmp_path / "run"
+    # Float labels of shape (10,) do not fit a sparse loss: Keras fails inside fit.
+    done = run_meshrun(["train", *FAST, "train.loss=sparse_categorical_crossentropy", f"hydra.run.dir={run_dir}"], tmp_path)
+    assert done.returncode == 1
+    lines = done.stderr.strip().splitlines()
+    assert lines[-1].startswith("meshrun: error: training failed: ")
+    assert "Traceback" not in done.stderr
+    metrics = read_metrics(run_dir)
+    assert metrics["status"] == "error" and metrics["error"]
+    assert "Traceback" in (run_dir / "error.log").read_text()
+
+
+def test_multirun_over_mesh_shapes_in_one_process(tmp_path):
+    sweep_dir = tmp_path / "sweep"
+    done = run_meshrun(
+        ["train", "-m", "mesh=8x1,1x8", "layout=dense_model", *FAST, f"hydra.sweep.dir={sweep_dir}"], tmp_path
+    )
+    assert done.returncode == 0, done.stderr
+    first, second = read_metrics(sweep_dir / "0"), read_metrics(sweep_dir / "1")
+    assert first["mesh"]["shape"] == [8, 1] and second["mesh"]["shape"] == [1, 8]
+    assert sorted(first["sharding"]) == sorted(second["sharding"])  # no `_1` suffixes in job 2
+    assert second["history"]["loss"] == pytest.approx(first["history"]["loss"], abs=1e-5)
+
+
+def test_recipe_runs_the_seeds_model_parallel_example(tmp_path):
+    run_dir = tmp_path / "run"
+    done = run_meshrun(["train", "recipe=seeds_model_parallel", *FAST, f"hydra.run.dir={run_dir}"], tmp_path)
+    assert done.returncode == 0, done.stderr
+    metrics = read_metrics(run_dir)
+    assert metrics["mesh"]["shape"] == [2, 4]
+    assert metrics["choices"]["recipe"] == "seeds_model_parallel"
+
+
+def test_configs_are_found_from_an_installed_wheel(tmp_path):
+    """Builds the wheel, installs it into a bare target dir and composes a config from there,
+    with the working dir outside the source checkout."""
+    repo = Path(__file__).resolve().parents[1]
+    wheel_dir, target = tmp_path / "wheel", tmp_path / "site"
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(wheel_dir), str(repo)],
+        check=True, capture_output=True, timeout=300,
+    )
+    (wheel,) = wheel_dir.glob("meshrun-*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    assert "meshrun/configs/meshrun.yaml" in names
+    assert "meshrun/configs/recipe/seeds_model_parallel.yaml" in names
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(target), str(wheel)],
+        check=True, capture_output=True, timeout=300,
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", "import sys; sys.path.insert(0, sys.argv[1]); import meshrun.cli as c; "
+         "assert c.__file__.startswith(sys.argv[1]), c.__file__; sys.argv[1:] = []; "
+         "c.main(['train', 'recipe=seeds_model_parallel', '--cfg', 'job'])", str(target)],
+        cwd=tmp_path, capture_output=True, text=True, timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "d1/kernel" in done.stdout and "2x4" in done.stdout
