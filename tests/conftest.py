@@ -6,6 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import absl.logging
 import pytest
 
 os.environ["KERAS_BACKEND"] = "jax"
@@ -13,6 +14,11 @@ os.environ["JAX_PLATFORMS"] = "cpu"
 os.environ["JAX_NUM_CPU_DEVICES"] = "8"
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
+
+# Hydra's logging set-up (logging.config.dictConfig, once per job) closes every handler ever
+# created, and absl's handler closes its stream unless that stream is sys.stderr at the time. Under
+# pytest's capture it is not, so in-process CLI tests would close pytest's own capture file.
+absl.logging.get_absl_handler().python_handler.stream = sys.__stderr__
 
 # Small, fast runs of the seeds' model: 8 steps an epoch.
 FAST = ["train.verbose=0", "data.num_samples=128", "data.eval_samples=32", "train.epochs=2"]
