@@ -1,8 +1,8 @@
 """Honest timing: when the process started, and how long each training step really took.
 
 Step times are taken when each step's results are ready on the devices, not when Python dispatched
-it: the callback is marked async-safe, so Keras runs its batch-end hook in a worker thread after
-the step's logs are fetched, while the training loop keeps dispatching. Nothing blocks the loop.
+it: Keras calls the batch-end hook only after it has fetched the step's logs from the devices.
+Where that happens depends on `async_safe` (see StepTimer).
 """
 
 from __future__ import annotations
@@ -74,12 +74,19 @@ def summarize(first_begin: float, ends_by_epoch: list[list[float]], epoch_s: lis
 
 
 class StepTimer(keras.callbacks.Callback):
-    """Records when each training step finished and how long each epoch took."""
+    """Records when each training step finished and how long each epoch took.
 
-    async_safe = True  # Keras may call on_train_batch_end from a worker thread, after logs are ready
+    With `async_safe=True` Keras fetches logs and calls the hook from a pool of worker threads
+    while the loop dispatches the next steps (its default without callbacks: no pipeline bubble
+    on accelerators). With False, the loop fetches each step's logs itself before dispatching the
+    next. meshrun uses False on CPU: on emulated CPU devices (jax 0.10, keras 3.15) log fetches from
+    worker threads racing the loop's dispatch can deadlock XLA's CPU all-reduce rendezvous (the
+    process aborts after 40 s), and the synchronous loop is no slower there.
+    """
 
-    def __init__(self):
+    def __init__(self, async_safe: bool):
         super().__init__()
+        self.async_safe = async_safe
         self._lock = threading.Lock()
         self._ends: dict[tuple[int, int], float] = {}
         self._epoch = 0

@@ -68,10 +68,11 @@ def _run(config: RunConfig, context: RunContext) -> dict:
     )
     built_at = time.time()
 
-    timer = StepTimer()
+    timer = StepTimer(async_safe=not device_set.emulated)
     history = model.fit(
         datasets.train,
         epochs=config.train.epochs,
+        steps_per_epoch=datasets.steps_per_epoch,
         verbose=config.train.verbose,
         callbacks=[timer],
         shuffle=False,  # the tf.data pipeline shuffles, seeded
@@ -118,6 +119,7 @@ def _run(config: RunConfig, context: RunContext) -> dict:
             "step_time_s": stats.step_time_s,
             "step_time_p90_s": stats.step_time_p90_s,
             "steady_steps": stats.steady_steps,
+            "async_log_fetch": timer.async_safe,
             "samples_per_s": config.train.batch_size / stats.step_time_s,
             "epoch_s": stats.epoch_s,
             "eval_s": eval_s,
