@@ -22,7 +22,6 @@ from hydra.core.plugins import Plugins
 from hydra.types import RunMode
 from hydra.errors import (
     ConfigCompositionException,
-    HydraException,
     MissingConfigException,
     OverrideParseException,
 )
@@ -148,16 +147,18 @@ def _report_job_failure(message: str, status: int, hydra_cfg) -> None:
 def train_job(cfg: DictConfig, hydra_cfg) -> None:
     """One Hydra job: validate, set up devices, train, report. Config errors leave no run dir."""
     run_dir = hydra_cfg.runtime.output_dir
-    choices = {k: v for k, v in hydra_cfg.runtime.choices.items() if not k.startswith("hydra")}
-    overrides = list(hydra_cfg.overrides.task)
+    # Unresolved: an override string such as train.seed=${x} must not be read as an interpolation.
+    all_choices = OmegaConf.to_container(hydra_cfg.runtime.choices, resolve=False)
+    choices = {k: v for k, v in all_choices.items() if not k.startswith("hydra")}
+    overrides = OmegaConf.to_container(hydra_cfg.overrides.task, resolve=False)
     try:
-        config = schema.parse_run_config(OmegaConf.to_container(cfg, resolve=True))
+        config = schema.parse_run_config(resolved(cfg))
         devices.prepare(config.devices, config.mesh)
         from meshrun import train  # imports jax and keras: only after devices.prepare
 
         metrics = train.run(config, train.RunContext(run_dir=run_dir, choices=choices, overrides=overrides))
     except ConfigError:
-        discard_run_dir(run_dir)
+        discard_run_dir(run_dir, hydra_cfg.job.name)
         raise
     except Exception as err:
         raise _record_failure(err, run_dir, choices, overrides) from err
@@ -165,6 +166,14 @@ def train_job(cfg: DictConfig, hydra_cfg) -> None:
 
     report.write_metrics(metrics, run_dir)
     report.render(metrics)
+
+
+def resolved(cfg: DictConfig) -> dict:
+    """The composed config as plain data, interpolations resolved (a broken one is a ConfigError)."""
+    try:
+        return OmegaConf.to_container(cfg, resolve=True)
+    except OmegaConfBaseException as err:
+        raise ConfigError(getattr(err, "full_key", "") or "config", _first_line(err)) from None
 
 
 def _record_failure(err: Exception, run_dir: str, choices: dict, overrides: list) -> RunFailed:
@@ -178,17 +187,19 @@ def _record_failure(err: Exception, run_dir: str, choices: dict, overrides: list
     return RunFailed(f"training failed: {message} (traceback in {trace})")
 
 
-def discard_run_dir(run_dir: str) -> None:
-    """Removes a run dir this job created, and its parents left empty, up to the working dir."""
+def discard_run_dir(run_dir: str, job_name: str) -> None:
+    """Removes what Hydra wrote into a rejected job's run dir (`.hydra/` and `<job>.log`), then
+    the dir if that left it empty, and empty parents below the working dir. Nothing else goes."""
     path = Path(run_dir).resolve()
-    shutil.rmtree(path, ignore_errors=True)
+    shutil.rmtree(path / ".hydra", ignore_errors=True)
+    (path / f"{job_name}.log").unlink(missing_ok=True)
     cwd = Path.cwd().resolve()
-    for parent in path.parents:
-        if parent == cwd or cwd not in parent.parents:
+    for folder in (path, *path.parents):
+        if folder != path and (folder == cwd or cwd not in folder.parents):
             break
         try:
-            parent.rmdir()
-        except OSError:
+            folder.rmdir()
+        except OSError:  # not empty: it holds something that is not ours
             break
 
 

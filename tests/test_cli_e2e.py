@@ -1,6 +1,5 @@
 """The CLI end to end, as a user runs it: `python -m meshrun train ...` in a fresh subprocess."""
 
-import json
 import subprocess
 import sys
 import zipfile

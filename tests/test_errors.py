@@ -83,6 +83,30 @@ def test_bad_input_is_one_line_with_exit_2(name, in_tmp, capsys):
     assert list(in_tmp.iterdir()) == [], "a rejected run left files behind"
 
 
+def test_rejected_run_keeps_files_that_were_already_in_its_run_dir(in_tmp, capsys):
+    run_dir = in_tmp / "mine"
+    run_dir.mkdir()
+    (run_dir / "notes.txt").write_text("keep me")
+    (run_dir / "mine.log").write_text("keep me too")
+    with pytest.raises(SystemExit):
+        cli.main(["train", "mesh=2x4", "train.batch_size=15", f"hydra.run.dir={run_dir}"])
+    assert sorted(p.name for p in run_dir.iterdir()) == ["mine.log", "notes.txt"]
+
+
+def test_rejected_run_outside_the_working_dir_leaves_no_empty_run_dir(in_tmp, tmp_path_factory, capsys):
+    run_dir = tmp_path_factory.mktemp("elsewhere") / "run"
+    with pytest.raises(SystemExit):
+        cli.main(["train", "mesh=2x4", "train.batch_size=15", f"hydra.run.dir={run_dir}"])
+    assert not run_dir.exists() and run_dir.parent.exists()
+
+
+def test_broken_interpolation_is_a_config_error(in_tmp, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["train", "train.seed=${nope}"])
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err.startswith("meshrun: error: train.seed: Interpolation key 'nope' not found")
+
+
 def test_unknown_command(capsys):
     with pytest.raises(SystemExit) as exit_info:
         cli.main(["trian"])
