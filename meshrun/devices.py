@@ -18,8 +18,10 @@ _JAX_PLATFORMS = {"cpu": "cpu", "gpu": "cuda", "tpu": "tpu"}
 
 @dataclass(frozen=True)
 class DeviceSet:
-    """The devices a run uses (the first `mesh.size` of the platform's) and how they were found."""
+    """The devices a run uses (the first `mesh.size` of the platform's), how they were found, and
+    the mesh with any -1 dimension filled in for them."""
 
+    mesh: MeshConfig
     platform: str
     kind: str
     devices: tuple
@@ -79,6 +81,7 @@ def discover(devices: DevicesConfig, mesh: MeshConfig) -> DeviceSet:
             f"{platform} devices; use a shape whose product is {len(found)}",
         )
     return DeviceSet(
+        mesh=resolved,
         platform=platform,
         kind=found[0].device_kind,
         devices=tuple(found[:needed]),

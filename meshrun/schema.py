@@ -142,7 +142,7 @@ TOP_LEVEL_KEYS = ("mesh", "layout", "model", "data", "train", "devices")
 
 def parse_run_config(raw: Mapping[str, Any]) -> RunConfig:
     """Builds a RunConfig from a composed config, or raises ConfigError naming the bad key."""
-    _reject_unknown(raw, TOP_LEVEL_KEYS, prefix="", known=known_keys())
+    _reject_unknown(raw, TOP_LEVEL_KEYS, prefix="")
     mesh = parse_mesh(_section(raw, "mesh"))
     config = RunConfig(
         mesh=mesh,
@@ -204,7 +204,7 @@ def format_shape(shape) -> str:
 
 def parse_mesh(raw: Mapping[str, Any]) -> MeshConfig:
     """Validates the mesh section: shape, axis names (defaults by rank) and batch axis."""
-    _reject_unknown(raw, ("shape", "axis_names", "batch_axis"), prefix="mesh", known=known_keys())
+    _reject_unknown(raw, ("shape", "axis_names", "batch_axis"), prefix="mesh")
     shape = parse_mesh_shape(raw.get("shape"))
     names = raw.get("axis_names")
     if names is None:
@@ -248,7 +248,7 @@ def _example_names(rank: int) -> list[str]:
 
 def parse_layout(raw: Mapping[str, Any], mesh: MeshConfig) -> LayoutConfig:
     """Validates layout rules: compilable regexes, list values, axes that exist in the mesh."""
-    _reject_unknown(raw, ("rules",), prefix="layout", known=known_keys())
+    _reject_unknown(raw, ("rules",), prefix="layout")
     rules_raw = raw.get("rules") or {}
     if not isinstance(rules_raw, Mapping):
         raise ConfigError("layout.rules", f"got {rules_raw!r}; expected a mapping of regex -> list of axes")
@@ -307,12 +307,12 @@ def _section(raw: Mapping[str, Any], name: str) -> Mapping[str, Any]:
     return value
 
 
-def _reject_unknown(raw: Mapping[str, Any], allowed, prefix: str, known: list[str]) -> None:
+def _reject_unknown(raw: Mapping[str, Any], allowed, prefix: str) -> None:
     for key in raw:
         if key in allowed:
             continue
         dotted = f"{prefix}.{key}" if prefix else str(key)
-        suggestions = closest(dotted, known, n=1)
+        suggestions = closest(dotted, known_keys(), n=1)
         hint = f"did you mean {suggestions[0]}? " if suggestions else ""
         valid = [f"{prefix}.{a}" if prefix else a for a in allowed]
         raise ConfigError(dotted, f"unknown key (got {raw[key]!r}); {hint}valid keys: {one_of(valid)}")
@@ -322,7 +322,7 @@ def _parse_dataclass(cls, raw: Mapping[str, Any], prefix: str, as_kwargs: bool =
     """Checks keys and value types of `raw` against dataclass `cls`; returns an instance (or the
     checked keyword arguments when `as_kwargs`)."""
     allowed = [f.name for f in dataclasses.fields(cls)]
-    _reject_unknown(raw, allowed, prefix=prefix, known=known_keys())
+    _reject_unknown(raw, allowed, prefix=prefix)
     hints = typing.get_type_hints(cls)
     values = {name: _check_type(f"{prefix}.{name}", raw[name], hints[name]) for name in allowed if name in raw}
     return values if as_kwargs else cls(**values)

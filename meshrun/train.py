@@ -47,7 +47,7 @@ def run(config: RunConfig, context: RunContext) -> dict:
 
 def _run(config: RunConfig, context: RunContext) -> dict:
     device_set = devices_lib.discover(config.devices, config.mesh)
-    mesh = config.mesh.resolved(len(device_set.devices))
+    mesh = device_set.mesh
     check_batch(config.train.batch_size, mesh)
     _say_devices(device_set, mesh, config)
 
