@@ -18,12 +18,11 @@ from meshrun.schema import DataConfig
 @dataclass(frozen=True)
 class Datasets:
     """Training (endless, reshuffled each pass) and evaluation tf.data pipelines, and how many
-    batches make one epoch of each."""
+    training batches make one epoch."""
 
     train: object
     eval: object
     steps_per_epoch: int
-    eval_steps: int
 
 
 def synthetic_arrays(count: int, input_shape, label_shape, seed: int):
@@ -54,5 +53,4 @@ def make_datasets(config: DataConfig, model_options, batch_size: int, seed: int)
         train=batched(train_x, train_y, batch_size, config.shuffle, seed).repeat(),
         eval=batched(eval_x, eval_y, batch_size, shuffle=False, seed=seed),
         steps_per_epoch=config.num_samples // batch_size,
-        eval_steps=config.eval_samples // batch_size,
     )

@@ -196,10 +196,7 @@ def main():
     out = Path(args.out or Path(workdir) / "vs_handwritten.json")
     meshes = args.meshes.split(",")
     if args.honesty_only:
-        results = honesty_only(args, meshes, workdir)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps({"args": vars(args), "honesty": results}, indent=2) + "\n")
-        print(f"results: {out}")
+        write_results(out, {"args": vars(args), "honesty": honesty_only(args, meshes, workdir)})
         return
     runs = {mesh: {tool: {e: [] for e in args.epochs} for tool in TOOLS} for mesh in meshes}
     for repeat in range(args.repeats):
@@ -214,9 +211,14 @@ def main():
 
     summaries = {mesh: summarize(runs[mesh], args) for mesh in meshes}
     report(summaries, args)
-    out.parent.mkdir(parents=True, exist_ok=True)
     print(f"runs aborted by XLA and retried: {ABORTS}")
-    out.write_text(json.dumps({"args": vars(args), "summary": summaries, "runs": runs, "aborts": ABORTS}, indent=2) + "\n")
+    write_results(out, {"args": vars(args), "summary": summaries, "runs": runs, "aborts": ABORTS})
+
+
+def write_results(out, payload):
+    """Writes the results JSON and says where."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(payload, indent=2) + "\n")
     print(f"results: {out}")
 
 
