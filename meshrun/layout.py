@@ -18,12 +18,28 @@ from meshrun.schema import LayoutRule, MeshConfig, format_shape
 
 @dataclass(frozen=True)
 class TensorSpec:
-    """A variable or a `<layer>/output` of the model: its path and shape (None: unknown size,
-    such as the batch dimension of an output)."""
+    """A variable or a `<layer>/output` of the model: its path, shape (None: unknown size, such as
+    the batch dimension of an output) and element type."""
 
     path: str
     shape: tuple[Optional[int], ...]
     is_output: bool = False
+    dtype: str = "float32"
+    itemsize: int = 4
+
+
+@dataclass(frozen=True)
+class RuleCheck:
+    """What the rules do to a model: the rule that places each path, and every problem found
+    (rules matching nothing, paths matched twice, rank mismatches, indivisible dimensions)."""
+
+    assigned: dict[str, LayoutRule]
+    errors: tuple[ConfigError, ...]
+
+    def raise_first(self) -> None:
+        """Raises the first problem found, if any (a run stops at the first)."""
+        if self.errors:
+            raise self.errors[0]
 
 
 def matching_rules(rules: tuple[LayoutRule, ...], path: str) -> list[LayoutRule]:
@@ -35,33 +51,60 @@ def matching_rules(rules: tuple[LayoutRule, ...], path: str) -> list[LayoutRule]
     return [rule for rule in rules if re.fullmatch(rule.pattern, path)]
 
 
-def assign_rules(
-    rules: tuple[LayoutRule, ...], mesh: MeshConfig, tensors: list[TensorSpec]
-) -> dict[str, LayoutRule]:
-    """Maps each tensor path to the rule that places it; raises ConfigError for two rules on one
-    path, a rank mismatch, an indivisible dimension, or a rule that matches nothing."""
+def check_rules(rules: tuple[LayoutRule, ...], mesh: MeshConfig, tensors: list[TensorSpec]) -> RuleCheck:
+    """Applies `rules` to every tensor the way Keras would and collects every problem, one per rule
+    (or pair of rules) with a count of the further paths it affects; a path whose rule does not
+    fit it is left unassigned."""
     assigned: dict[str, LayoutRule] = {}
+    matched: set[str] = set()
+    problems: dict[tuple, list[ConfigError]] = {}
     for tensor in tensors:
         matches = matching_rules(rules, tensor.path)
+        matched.update(rule.pattern for rule in matches)
         if len(matches) > 1:
             names = [repr(rule.pattern) for rule in matches]
-            raise ConfigError(
+            problem = ConfigError(
                 "layout.rules",
                 f"{tensor.path!r} is matched by {len(matches)} rules, {' and '.join(names)}; "
                 "make the patterns exclusive so each path matches at most one",
             )
-        if matches:
-            _check_fits(matches[0], mesh, tensor)
-            assigned[tensor.path] = matches[0]
-    _check_all_rules_used(rules, assigned, tensors)
-    return assigned
+            problems.setdefault(tuple(names), []).append(problem)
+        elif matches:
+            problem = _misfit(matches[0], mesh, tensor)
+            if problem:
+                problems.setdefault((matches[0].pattern,), []).append(problem)
+            else:
+                assigned[tensor.path] = matches[0]
+    errors = [_with_count(found) for found in problems.values()]
+    errors += _unused_rules(rules, matched, tensors)
+    return RuleCheck(assigned=assigned, errors=tuple(errors))
 
 
-def _check_fits(rule: LayoutRule, mesh: MeshConfig, tensor: TensorSpec) -> None:
+def _with_count(found: list[ConfigError]) -> ConfigError:
+    """The first of several problems of one rule, saying how many more paths share it."""
+    first = found[0]
+    if len(found) == 1:
+        return first
+    message = str(first).removeprefix(f"{first.key}: ")
+    more = len(found) - 1
+    return ConfigError(first.key, f"{message} (and {more} more path{'s' if more > 1 else ''} matched the same way)")
+
+
+def assign_rules(
+    rules: tuple[LayoutRule, ...], mesh: MeshConfig, tensors: list[TensorSpec]
+) -> dict[str, LayoutRule]:
+    """Maps each tensor path to the rule that places it; raises ConfigError for the first of: two
+    rules on one path, a rank mismatch, an indivisible dimension, a rule that matches nothing."""
+    check = check_rules(rules, mesh, tensors)
+    check.raise_first()
+    return check.assigned
+
+
+def _misfit(rule: LayoutRule, mesh: MeshConfig, tensor: TensorSpec) -> Optional[ConfigError]:
     key = f"layout.rules.{rule.pattern}"
     what = "output" if tensor.is_output else "variable"
     if len(rule.axes) != len(tensor.shape):
-        raise ConfigError(
+        return ConfigError(
             key,
             f"gives {len(rule.axes)} axes {_axes_text(rule.axes)} but {what} {tensor.path!r} has "
             f"rank {len(tensor.shape)} (shape {_shape_text(tensor.shape)}); give exactly "
@@ -73,27 +116,31 @@ def _check_fits(rule: LayoutRule, mesh: MeshConfig, tensor: TensorSpec) -> None:
         axis_size = mesh.axis_size(axis)
         if size % axis_size:
             fitting = [a for a in mesh.axis_names if size % mesh.axis_size(a) == 0]
-            raise ConfigError(
+            return ConfigError(
                 key,
                 f"shards dimension {dim} of {what} {tensor.path!r} (size {size}, shape "
                 f"{_shape_text(tensor.shape)}) over mesh axis {axis!r} of size {axis_size}, which "
                 f"does not divide {size} on mesh {format_shape(mesh.shape)}; valid for this "
                 f"dimension: {one_of(['null', *fitting])}",
             )
+    return None
 
 
-def _check_all_rules_used(rules, assigned, tensors) -> None:
-    used = {rule.pattern for rule in assigned.values()}
+def _unused_rules(rules, matched: set[str], tensors) -> list[ConfigError]:
     paths = [t.path for t in tensors]
+    errors = []
     for rule in rules:
-        if rule.pattern in used:
+        if rule.pattern in matched:
             continue
         near = closest(rule.pattern, paths, n=3) or paths[:3]
-        raise ConfigError(
-            f"layout.rules.{rule.pattern}",
-            f"matches no variable or output of the model (patterns must match the whole path); "
-            f"closest real paths: {', '.join(near)}",
+        errors.append(
+            ConfigError(
+                f"layout.rules.{rule.pattern}",
+                f"matches no variable or output of the model (patterns must match the whole path); "
+                f"closest real paths: {', '.join(near)}",
+            )
         )
+    return errors
 
 
 def _axes_text(axes) -> str:
