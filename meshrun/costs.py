@@ -1,0 +1,166 @@
+"""XLA's cost and memory analysis of a model's real, compiled train step: FLOPs per step (global and
+per device) and the compiled per-device memory estimate, plus the live peak where devices report it.
+
+This is the one module that uses private Keras internals (keras 3.15, JAX backend). A Keras upgrade
+should re-check these names; `check_keras_internals()` fails loudly when one is gone:
+- `keras.Model._get_jax_state`: the (trainable, non-trainable, optimizer, metrics) state tuple
+  that fit passes to the train step.
+- `keras.Model._get_state_sharding_spec`: the state shardings Keras gives `jax.jit` as
+  `out_shardings`.
+- `keras.src.backend.jax.trainer._distribute_data`: how fit places a batch on the mesh.
+It also rebuilds the jit of `JAXTrainer.make_train_function` (keras/src/backend/jax/trainer.py):
+`jax.jit(model.train_step, donate_argnums=0, out_shardings=(None, state shardings))`. With the same
+function, arguments and shardings, jax's in-process caches return the step fit already compiled, so
+reading the costs after fit costs about a millisecond instead of a compile.
+
+Nothing is executed: the step is lowered and compiled only, so the donated state (the model's own
+variable arrays) is never consumed and the model stays usable.
+"""
+
+from __future__ import annotations
+
+import importlib
+import time
+from dataclasses import dataclass
+
+import jax
+import keras
+import numpy as np
+
+_MODEL_INTERNALS = ("_get_jax_state", "_get_state_sharding_spec")
+_TRAINER_MODULE = "keras.src.backend.jax.trainer"
+_TRAINER_INTERNALS = ("_distribute_data",)
+
+
+@dataclass(frozen=True)
+class StepCosts:
+    """What XLA reports about one train step; None wherever XLA reports nothing.
+
+    `peak_bytes_per_device` is the compiled estimate argument + output + temp - alias: inputs and
+    outputs live at once except where an output reuses a donated input's buffer (alias), plus the
+    step's scratch (temp). It leaves out generated code and anything held outside the step.
+    """
+
+    flops_per_step: float | None  # global, from the lowered (unpartitioned) HLO
+    flops_per_step_per_device: float | None  # from the compiled (partitioned) executable
+    argument_bytes: int | None  # compiled.memory_analysis(), per device
+    output_bytes: int | None
+    temp_bytes: int | None
+    alias_bytes: int | None
+    generated_code_bytes: int | None
+    peak_bytes_per_device: int | None
+    seconds: float  # lowering + compile + analysis
+
+
+def check_keras_internals():
+    """Checks that the private Keras names this module relies on still exist; returns
+    `_distribute_data`. Raises RuntimeError naming the first missing one."""
+    for name in _MODEL_INTERNALS:
+        if not hasattr(keras.Model, name):
+            raise RuntimeError(
+                f"meshrun.costs needs the private Keras attribute keras.Model.{name}, which "
+                f"keras {keras.__version__} does not have; update meshrun/costs.py"
+            )
+    module = importlib.import_module(_TRAINER_MODULE)
+    for name in _TRAINER_INTERNALS:
+        if not hasattr(module, name):
+            raise RuntimeError(
+                f"meshrun.costs needs the private Keras name {_TRAINER_MODULE}.{name}, which "
+                f"keras {keras.__version__} does not have; update meshrun/costs.py"
+            )
+    return module._distribute_data
+
+
+def train_step_costs(model, batch) -> StepCosts:
+    """XLA's FLOPs and memory figures for one step of `model.fit` on the global batch `batch`
+    ((x, y) numpy arrays; x may be a dict), read after fit under the distribution still in force.
+    The model's variables are left as they are."""
+    distribute_data = check_keras_internals()
+    if getattr(keras.config, "is_nnx_enabled", lambda: False)():
+        raise RuntimeError("meshrun.costs does not support Keras' Flax NNX mode")
+    if getattr(model, "train_function", None) is None:
+        raise ValueError("train_step_costs needs a model that has been trained with fit()")
+    if model.run_eagerly or not model.jit_compile:
+        raise ValueError("the model runs its train step eagerly: no compiled step to analyse")
+
+    start = time.perf_counter()
+    out_shardings = None
+    if keras.distribution.distribution() is not None:
+        out_shardings = (None, model._get_state_sharding_spec())
+    step = jax.jit(model.train_step, donate_argnums=0, out_shardings=out_shardings)
+    state = model._get_jax_state(
+        trainable_variables=True,
+        non_trainable_variables=True,
+        optimizer_variables=True,
+        metrics_variables=True,
+    )
+    data = distribute_data(keras.tree.map_structure(_as_fit_feeds_it, tuple(batch)))
+    lowered = step.lower(state, data)
+    compiled = lowered.compile()
+
+    memory = _analysis(compiled.memory_analysis)
+    sizes = {
+        field: _bytes(memory, f"{field}_size_in_bytes")
+        for field in ("argument", "output", "temp", "alias", "generated_code")
+    }
+    parts = (sizes["argument"], sizes["output"], sizes["temp"], sizes["alias"])
+    peak = None if None in parts else parts[0] + parts[1] + parts[2] - parts[3]
+    return StepCosts(
+        flops_per_step=_flops(_analysis(lowered.cost_analysis)),
+        flops_per_step_per_device=_flops(_analysis(compiled.cost_analysis)),
+        argument_bytes=sizes["argument"],
+        output_bytes=sizes["output"],
+        temp_bytes=sizes["temp"],
+        alias_bytes=sizes["alias"],
+        generated_code_bytes=sizes["generated_code"],
+        peak_bytes_per_device=peak,
+        seconds=time.perf_counter() - start,
+    )
+
+
+def live_peak_bytes(devices) -> int | None:
+    """The most memory any of `devices` has held at once so far ("peak_bytes_in_use"), where the
+    platform reports it (GPU, TPU); None where none does (CPU)."""
+    peaks = []
+    for device in devices:
+        stats = device.memory_stats()
+        if stats and "peak_bytes_in_use" in stats:
+            peaks.append(int(stats["peak_bytes_in_use"]))
+    return max(peaks) if peaks else None
+
+
+def _as_fit_feeds_it(array):
+    """`array` as fit would feed it: floats in Keras' floatx (fit casts float64 input), so the
+    traced step matches fit's and its compiled executable is reused."""
+    if array is None:
+        return None
+    array = np.asarray(array)
+    if np.issubdtype(array.dtype, np.floating) and array.dtype != np.dtype(keras.config.floatx()):
+        return array.astype(keras.config.floatx())
+    return array
+
+
+def _analysis(read):
+    """The result of one of XLA's analyses, or None where the platform does not implement it."""
+    try:
+        result = read()
+    except NotImplementedError:
+        return None
+    # Older jax returned a list with one entry per executable.
+    if isinstance(result, (list, tuple)):
+        result = result[0] if result else None
+    return result
+
+
+def _flops(analysis) -> float | None:
+    """The "flops" entry of a cost analysis; None if absent or negative (XLA's "unknown")."""
+    if not analysis or analysis.get("flops") is None:
+        return None
+    flops = float(analysis["flops"])
+    return flops if flops >= 0 else None
+
+
+def _bytes(memory, name: str) -> int | None:
+    """One size field of a memory analysis as an int; None if absent or negative."""
+    value = getattr(memory, name, None) if memory is not None else None
+    return int(value) if value is not None and value >= 0 else None
