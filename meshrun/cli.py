@@ -7,10 +7,12 @@ to the library, and turns every config problem, ours or Hydra's, into one line o
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
 import sys
+import tempfile
 import traceback
 from pathlib import Path
 from typing import List, Optional
@@ -19,31 +21,40 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.object_type import ObjectType
 from hydra.core.plugins import Plugins
-from hydra.types import RunMode
 from hydra.errors import (
     ConfigCompositionException,
     MissingConfigException,
     OverrideParseException,
 )
 from hydra.plugins.config_source import ConfigResult, ConfigSource
+from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from meshrun import devices, schema
 from meshrun.errors import ConfigError, RunFailed, closest, one_of
 
-COMMANDS = ("train",)
+COMMANDS = ("train", "plan")
 USAGE = """\
 usage: meshrun train [OVERRIDE ...] [-m] [--cfg job] [--help]
+       meshrun plan  [OVERRIDE ...] [-m] [--json]
 
-Trains a Keras model on a device mesh described by Hydra config, then prints and writes a report.
+train: trains a Keras model on a device mesh described by Hydra config, then prints and writes a
+report (metrics.json and plan.json in the run dir).
+plan: trains nothing and allocates no model memory; shows where every variable lives and how many
+bytes land on each device, and lints the layout (exit 2 on errors). --json prints it as JSON.
 
   meshrun train mesh=2x4 layout=dense_model        # a 2x4 (data, model) mesh, the seeds' rules
   meshrun train -m mesh=8x1,4x2,2x4,1x8 layout=dense_model
-  meshrun train recipe=seeds_model_parallel       # a complete experiment from recipes/
+  meshrun train model=transformer mesh=2x4         # models: dense_model, cnn, transformer, two_tower
+  meshrun train recipe=transformer_2d              # a complete experiment from recipes/
+  meshrun plan model=transformer model.preset=7b mesh=1x8 layout=transformer_tp
   meshrun train --cfg job                         # print the composed config
   meshrun train --help                            # config groups and their options
 """
+# Hydra settings for `meshrun plan`: it writes nothing, so its jobs get a throw-away run dir
+# and no log files.
+PLAN_HYDRA_OVERRIDES = ("hydra.output_subdir=null", "hydra/job_logging=none", "hydra/hydra_logging=none", "hydra.job.name=plan")
 
 
 class MeshShapeSource(ConfigSource):
@@ -89,24 +100,37 @@ def main(argv: Optional[list[str]] = None) -> None:
     command, rest = argv[0], argv[1:]
     if command not in COMMANDS:
         _fail(f"unknown command {command!r}; valid: {one_of(COMMANDS)} (see meshrun --help)", status=2)
+    _JOB.update(command=command, json="--json" in rest)
+    rest = [arg for arg in rest if arg != "--json"]
+    # Hydra's argument parser takes -m only before the overrides; users put it anywhere.
+    multirun = [arg for arg in rest if arg in ("-m", "--multirun")]
+    rest = multirun[:1] + [arg for arg in rest if arg not in ("-m", "--multirun")]
+    if _JOB["json"] and command != "plan":
+        _fail("--json: only `meshrun plan` prints JSON; `meshrun train` writes metrics.json into its run dir", status=2)
     # Let Hydra's errors reach us whole, so they can be worded as one line below.
     os.environ["HYDRA_FULL_ERROR"] = "1"
     Plugins.instance().register(MeshShapeSource)
     _FAILED_JOBS.clear()
     saved_argv = sys.argv
-    sys.argv = [f"meshrun {command}", *prepare_overrides(rest)]
+    scratch = tempfile.mkdtemp(prefix="meshrun-plan-") if command == "plan" else None
+    hydra_args = [*PLAN_HYDRA_OVERRIDES, f"hydra.run.dir={scratch}", f"hydra.sweep.dir={scratch}"] if scratch else []
+    sys.argv = [f"meshrun {command}", *prepare_overrides(rest), *hydra_args]
     try:
-        _hydra_train()
+        _hydra_main()
     except Exception as err:  # jobs catch their own errors: what gets here is Hydra's composition
         _fail(hydra_error_line(err, rest), status=2)
     finally:
         sys.argv = saved_argv
+        if scratch:
+            shutil.rmtree(scratch, ignore_errors=True)
     if _FAILED_JOBS:
         sys.exit(max(_FAILED_JOBS))
 
 
 # Exit statuses of the jobs of this invocation that failed (a multirun has several jobs).
 _FAILED_JOBS: list[int] = []
+# The command this invocation runs, and whether `plan` prints JSON.
+_JOB: dict = {"command": "train", "json": False}
 
 
 def prepare_overrides(overrides: list[str]) -> list[str]:
@@ -127,10 +151,13 @@ def prepare_overrides(overrides: list[str]) -> list[str]:
 
 
 @hydra.main(version_base="1.3", config_path="pkg://meshrun.configs", config_name="meshrun")
-def _hydra_train(cfg: DictConfig) -> None:
+def _hydra_main(cfg: DictConfig) -> None:
     hydra_cfg = HydraConfig.get()
     try:
-        train_job(cfg, hydra_cfg)
+        if _JOB["command"] == "plan":
+            plan_job(cfg, hydra_cfg, as_json=_JOB["json"])
+        else:
+            train_job(cfg, hydra_cfg)
     except ConfigError as err:
         _report_job_failure(str(err), status=2, hydra_cfg=hydra_cfg)
     except RunFailed as err:
@@ -156,7 +183,7 @@ def train_job(cfg: DictConfig, hydra_cfg) -> None:
         devices.prepare(config.devices, config.mesh)
         from meshrun import train  # imports jax and keras: only after devices.prepare
 
-        metrics = train.run(config, train.RunContext(run_dir=run_dir, choices=choices, overrides=overrides))
+        result = train.run(config, train.RunContext(run_dir=run_dir, choices=choices, overrides=overrides))
     except ConfigError:
         discard_run_dir(run_dir, hydra_cfg.job.name)
         raise
@@ -164,8 +191,31 @@ def train_job(cfg: DictConfig, hydra_cfg) -> None:
         raise _record_failure(err, run_dir, choices, overrides) from err
     from meshrun import report
 
-    report.write_metrics(metrics, run_dir)
-    report.render(metrics)
+    report.write_json(result.plan.to_dict(), run_dir, report.PLAN_FILE)
+    report.write_json(result.metrics, run_dir, report.METRICS_FILE)
+    report.render(result.metrics)
+
+
+def plan_job(cfg: DictConfig, hydra_cfg, as_json: bool) -> None:
+    """One `meshrun plan` job: validate, plan from shapes alone, print; lint errors exit 2."""
+    config = schema.parse_run_config(resolved(cfg))
+    devices.prepare_for_plan(config.devices, config.mesh)
+    from meshrun import (  # imports jax and keras: only after the devices are set
+        report,
+        train,
+    )
+
+    plan = train.plan(config)
+    data = plan.to_dict()
+    if as_json:
+        multirun = hydra_cfg.mode == RunMode.MULTIRUN
+        print(json.dumps(data) if multirun else json.dumps(data, indent=2))
+    else:
+        report.render_plan(data)
+    if plan.errors:
+        for error in plan.errors[:-1]:
+            print(f"meshrun: error: {error}", file=sys.stderr)
+        raise plan.errors[-1]
 
 
 def resolved(cfg: DictConfig) -> dict:
@@ -183,7 +233,7 @@ def _record_failure(err: Exception, run_dir: str, choices: dict, overrides: list
     message = f"{type(err).__name__}: {str(err).strip().splitlines()[0] if str(err).strip() else ''}"
     trace = Path(run_dir) / "error.log"
     trace.write_text("".join(traceback.format_exception(err)))
-    report.write_metrics(report.error_metrics(message, run_dir, choices, overrides), run_dir)
+    report.write_json(report.error_metrics(message, run_dir, choices, overrides), run_dir, report.METRICS_FILE)
     return RunFailed(f"training failed: {message} (traceback in {trace})")
 
 

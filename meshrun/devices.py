@@ -51,6 +51,17 @@ def prepare(devices: DevicesConfig, mesh: MeshConfig) -> None:
         os.environ["JAX_NUM_CPU_DEVICES"] = str(cpu_devices_needed(mesh, devices))
 
 
+def prepare_for_plan(devices: DevicesConfig, mesh: MeshConfig) -> None:
+    """Sets up jax for `meshrun plan`, which needs devices only to fill in a -1 in the mesh: with an
+    explicit shape it plans for devices this machine need not have, on one CPU device; either way
+    it never preallocates accelerator memory."""
+    os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+    if mesh.size is None:
+        prepare(devices, mesh)
+    else:
+        prepare(DevicesConfig(platform="cpu", cpu_devices=1), MeshConfig(shape=(1,), axis_names=("data",), batch_axis="data"))
+
+
 def discover(devices: DevicesConfig, mesh: MeshConfig) -> DeviceSet:
     """Imports jax and returns the devices for `mesh`, or raises ConfigError when the platform is
     missing or the device count does not fit the mesh."""

@@ -22,8 +22,9 @@ class RunFailed(Exception):
 
 
 def closest(word: str, candidates: Iterable[str], n: int = 3) -> list[str]:
-    """The candidates most like `word`, best first (empty when none is close)."""
-    return difflib.get_close_matches(word, list(candidates), n=n, cutoff=0.6)
+    """The candidates most like `word`, ignoring case, best first (empty when none is close)."""
+    by_lower = {str(c).lower(): c for c in candidates}
+    return [by_lower[c] for c in difflib.get_close_matches(word.lower(), list(by_lower), n=n, cutoff=0.6)]
 
 
 def one_of(candidates: Iterable[str]) -> str:

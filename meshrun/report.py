@@ -1,4 +1,5 @@
-"""The end-of-run report: `metrics.json` in the run dir for scripts, a rich table for people."""
+"""Reports: `metrics.json` and `plan.json` in the run dir for scripts, rich tables for people (the
+run summary, the placed variables, and `meshrun plan`'s placement and lint)."""
 
 from __future__ import annotations
 
@@ -7,16 +8,20 @@ import os
 from pathlib import Path
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
+from meshrun.plan import format_bytes
+
 METRICS_FILE = "metrics.json"
+PLAN_FILE = "plan.json"
 
 
-def write_metrics(metrics: dict, run_dir: str | os.PathLike) -> Path:
-    """Writes metrics.json into `run_dir` atomically (a reader never sees half a file)."""
-    path = Path(run_dir) / METRICS_FILE
+def write_json(data: dict, run_dir: str | os.PathLike, name: str) -> Path:
+    """Writes `data` as JSON file `name` into `run_dir` atomically (a reader never sees half a file)."""
+    path = Path(run_dir) / name
     tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(metrics, indent=2, sort_keys=False) + "\n")
+    tmp.write_text(json.dumps(data, indent=2, sort_keys=False) + "\n")
     os.replace(tmp, path)
     return path
 
@@ -50,7 +55,10 @@ def summary_table(m: dict) -> Table:
         ("compile", f"{timing['compile_s']:.3f} s (first step)"),
         ("step time", f"{timing['step_time_s'] * 1e3:.2f} ms median, {timing['step_time_p90_s'] * 1e3:.2f} ms p90 "
                       f"({timing['steady_steps']} steps)"),
-        ("throughput", f"{timing['samples_per_s']:,.0f} samples/s"),
+        ("throughput", f"{timing['samples_per_s']:,.0f} samples/s"
+                       + (f", {timing['tokens_per_s']:,.0f} tokens/s" if timing.get("tokens_per_s") else "")),
+        ("flops", _flops_text(m["flops"])),
+        ("memory", _memory_text(m["memory"])),
         ("epochs", ", ".join(f"{s:.2f}" for s in timing["epoch_s"]) + " s"),
         ("loss", " -> ".join(f"{v:.5f}" for v in m["history"].get("loss", []))),
         ("eval", ", ".join(f"{k} {v:.5f}" for k, v in m["eval"].items()) + f" ({timing['eval_s']:.2f} s)"),
@@ -58,19 +66,96 @@ def summary_table(m: dict) -> Table:
         ("run dir", m.get("run_dir", "")),
     ]
     for name, value in rows:
-        table.add_row(name, str(value))
+        table.add_row(name, escape(str(value)))
     return table
 
 
 def sharding_table(sharding: dict) -> Table:
     """Where each variable lives: shape, PartitionSpec as placed, and the rule behind it."""
     table = Table(title="placed variables")
-    for column in ("path", "shape", "spec", "rule"):
-        table.add_column(column)
+    table.add_column("path", overflow="fold")
+    table.add_column("shape", no_wrap=True)
+    table.add_column("spec", no_wrap=True)
+    table.add_column("rule", overflow="fold")
+    table.add_column("bytes/device", justify="right", no_wrap=True)
     for path, info in sharding.items():
-        spec = "(" + ", ".join("None" if a is None else str(a) for a in info["spec"]) + ")"
-        table.add_row(path, _shape(info["shape"]), spec, info["rule"] or "replicated")
+        table.add_row(escape(path), _shape(info["shape"]), _spec(info["spec"]), escape(info["rule"] or "replicated"),
+                      format_bytes(info["bytes_per_device"]))
     return table
+
+
+def _flops_text(flops: dict) -> str:
+    if flops["per_step"] is None:
+        return "not reported by XLA on this platform"
+    text = f"{flops['per_step']:.3g} per step (XLA), {flops['per_s']:.3g}/s"
+    if flops["analytic_per_step"]:
+        text += f"; 6·N·tokens {flops['analytic_per_step']:.3g}"
+    return text + (f"; MFU {flops['mfu']:.1%}" if flops["mfu"] is not None else "; MFU n/a (no peak known)")
+
+
+def _memory_text(memory: dict) -> str:
+    text = (f"{format_bytes(memory['params_bytes_per_device'])} params + "
+            f"{format_bytes(memory['optimizer_bytes_per_device'])} optimizer per device")
+    if memory["peak_bytes_per_device"] is not None:
+        text += f"; step peak {format_bytes(memory['peak_bytes_per_device'])} (compiled estimate)"
+    if memory["live_peak_bytes_per_device"] is not None:
+        text += f", {format_bytes(memory['live_peak_bytes_per_device'])} live"
+    return text
+
+
+def render_plan(plan: dict, console: Console | None = None) -> None:
+    """Prints a plan: one row per variable, the totals per device, and the lint."""
+    console = console or Console()
+    console.print(plan_table(plan))
+    console.print(totals_table(plan))
+    if plan["errors"] or plan["warnings"]:
+        console.print(lint_table(plan))
+
+
+def plan_table(plan: dict) -> Table:
+    """Every variable: path, shape, dtype, the rule that matched, PartitionSpec, bytes per device."""
+    mesh = plan["mesh"]
+    table = Table(title=f"plan: {plan['model']['name']} on mesh {_shape(mesh['shape'])} {tuple(mesh['axis_names'])}")
+    table.add_column("path", overflow="fold")
+    table.add_column("shape", no_wrap=True)
+    table.add_column("dtype", no_wrap=True)
+    table.add_column("rule", overflow="fold")
+    table.add_column("spec", no_wrap=True)
+    table.add_column("bytes/device", justify="right", no_wrap=True)
+    for v in plan["variables"]:
+        table.add_row(escape(v["path"]), _shape(v["shape"]), v["dtype"], escape(v["rule"] or "replicated"),
+                      _spec(v["spec"]), format_bytes(v["bytes_per_device"]))
+    return table
+
+
+def totals_table(plan: dict) -> Table:
+    """Per-device totals: parameters, optimizer state, and the largest replicated variables."""
+    per_device = plan["per_device"]
+    table = Table(title=f"per device ({plan['mesh']['devices']} devices)", show_header=False)
+    table.add_column("what", style="bold")
+    table.add_column("bytes", justify="right")
+    table.add_row("parameters", format_bytes(per_device["params_bytes"]))
+    table.add_row(f"optimizer state ({plan['optimizer']})", format_bytes(per_device["optimizer_bytes"]))
+    table.add_row("total", format_bytes(per_device["total_bytes"]))
+    for item in plan["largest_replicated"]:
+        table.add_row(escape(f"replicated: {item['path']}"), format_bytes(item["bytes"]))
+    return table
+
+
+def lint_table(plan: dict) -> Table:
+    """Layout errors (the run would be rejected) and warnings."""
+    table = Table(title="lint", show_header=False)
+    table.add_column("level", style="bold")
+    table.add_column("finding")
+    for error in plan["errors"]:
+        table.add_row("[red]error[/red]", escape(error))
+    for warning in plan["warnings"]:
+        table.add_row("[yellow]warning[/yellow]", escape(warning))
+    return table
+
+
+def _spec(spec) -> str:
+    return "(" + ", ".join("None" if a is None else str(a) for a in spec) + ")"
 
 
 def _shape(shape) -> str:

@@ -106,23 +106,27 @@ class DataConfig:
 
 @dataclass(frozen=True)
 class TrainConfig:
-    """How to train: global batch size, epochs, optimizer, loss, seed and console verbosity."""
+    """How to train: global batch size, epochs, optimizer, loss (None: the model's own), seed and
+    console verbosity."""
 
     batch_size: int = 16
     epochs: int = 3
     optimizer: str = "adam"
     learning_rate: float = 0.001
-    loss: str = "mse"
+    loss: Optional[str] = None  # None: the model's own loss
+
     seed: int = 1337
     verbose: int = 1
 
 
 @dataclass(frozen=True)
 class DevicesConfig:
-    """Which platform to run on, and how many CPU devices to emulate for a mesh holding -1."""
+    """Which platform to run on, how many CPU devices to emulate for a mesh holding -1, and the
+    peak FLOP/s of one device where meshrun's table does not know the device kind."""
 
     platform: str = "auto"
     cpu_devices: int = 8
+    peak_flops: Optional[float] = None
 
 
 @dataclass(frozen=True)
@@ -288,10 +292,7 @@ def parse_model(raw: Mapping[str, Any]) -> ModelConfig:
     spec = registry.get_model(name)
     options_raw = {k: v for k, v in raw.items() if k != "name"}
     values = _parse_dataclass(spec.options, options_raw, "model", as_kwargs=True)
-    try:
-        options = spec.options(**values)
-    except ValueError as err:  # the model's own __post_init__ checks
-        raise ConfigError("model", str(err)) from None
+    options = spec.options(**values)  # the options' own checks raise ConfigError on model.<key>
     return ModelConfig(name=name, options=options)
 
 
@@ -370,6 +371,8 @@ def _check_values(config: RunConfig) -> None:
             raise ConfigError(key, f"got {value}; expected a positive integer")
     if config.train.learning_rate <= 0:
         raise ConfigError("train.learning_rate", f"got {config.train.learning_rate}; expected a positive number")
+    if config.devices.peak_flops is not None and config.devices.peak_flops <= 0:
+        raise ConfigError("devices.peak_flops", f"got {config.devices.peak_flops}; expected a positive FLOP/s figure, e.g. 9.89e14")
     if config.train.verbose not in VERBOSITY:
         raise ConfigError("train.verbose", f"got {config.train.verbose}; valid: {one_of(VERBOSITY)}")
     if config.devices.platform not in PLATFORMS:

@@ -1,4 +1,5 @@
-"""One training run: devices, layout checks, the distributed model, fit, evaluate, and the metrics.
+"""One training run: devices, the placement plan and its checks, the distributed model, fit,
+evaluate, XLA's cost analysis of the step, and the metrics.
 
 Call `meshrun.devices.prepare` before importing this module: importing it imports jax and keras.
 """
@@ -13,12 +14,14 @@ import jax
 import keras
 
 import meshrun
+from meshrun import build as build_lib
+from meshrun import costs as costs_lib
 from meshrun import data as data_lib
 from meshrun import devices as devices_lib
 from meshrun import distribution as distribution_lib
-from meshrun.errors import ConfigError, closest, one_of
-from meshrun.layout import TensorSpec, assign_rules
+from meshrun import hardware
 from meshrun.models import get_model
+from meshrun.plan import Plan
 from meshrun.schema import RunConfig, check_batch, format_shape
 from meshrun.timing import StepTimer, process_start_time
 
@@ -35,8 +38,17 @@ class RunContext:
     started_at: float = field(default_factory=process_start_time)
 
 
-def run(config: RunConfig, context: RunContext) -> dict:
-    """Trains and evaluates the configured model on its mesh; returns the metrics dict.
+@dataclass(frozen=True)
+class RunResult:
+    """What a finished run hands back: the metrics (metrics.json) and the plan it was checked
+    against (plan.json)."""
+
+    metrics: dict
+    plan: Plan
+
+
+def run(config: RunConfig, context: RunContext) -> RunResult:
+    """Trains and evaluates the configured model on its mesh.
 
     Raises ConfigError for anything wrong with the config, before any training starts."""
     try:
@@ -45,27 +57,36 @@ def run(config: RunConfig, context: RunContext) -> dict:
         distribution_lib.reset()
 
 
-def _run(config: RunConfig, context: RunContext) -> dict:
+def plan(config: RunConfig) -> Plan:
+    """The placement plan of a run. A mesh with a -1 is filled in from the devices here (as a run
+    would); an explicit shape is planned as written, whatever devices this machine has."""
+    mesh = config.mesh
+    if mesh.size is None:
+        mesh = devices_lib.discover(config.devices, mesh).mesh
+        check_batch(config.train.batch_size, mesh)
+    return build_lib.plan_model(config, mesh)
+
+
+def _run(config: RunConfig, context: RunContext) -> RunResult:
     device_set = devices_lib.discover(config.devices, config.mesh)
     mesh = device_set.mesh
     check_batch(config.train.batch_size, mesh)
     _say_devices(device_set, mesh, config)
 
     spec = get_model(config.model.name)
-    tensors = describe_model(spec.build, config.model.options)
-    assigned = assign_rules(config.layout.rules, mesh, tensors)
-    loss = check_loss(config.train.loss)
+    options = config.model.options
+    placement = build_lib.plan_model(config, mesh)
+    placement.raise_first_error()
+    loss = build_lib.make_loss(config.train.loss, spec, options)
 
     distribution = distribution_lib.make_distribution(mesh, config.layout.rules, device_set.devices)
     keras.distribution.set_distribution(distribution)
     # Every Keras object, the optimizer's variables included, must be created under the distribution.
-    optimizer = make_optimizer(config.train.optimizer, config.train.learning_rate)
+    optimizer = build_lib.make_optimizer(config.train.optimizer, config.train.learning_rate)
     keras.utils.set_random_seed(config.train.seed)
-    model = spec.build(config.model.options)
+    model = spec.build(options)
     model.compile(optimizer=optimizer, loss=loss)
-    datasets = data_lib.make_datasets(
-        config.data, config.model.options, config.train.batch_size, config.train.seed
-    )
+    datasets = data_lib.make_datasets(config.data, spec.data, options, config.train.batch_size, config.train.seed)
     built_at = time.time()
 
     timer = StepTimer(async_safe=not device_set.emulated)
@@ -81,10 +102,13 @@ def _run(config: RunConfig, context: RunContext) -> dict:
     eval_started = time.perf_counter()
     evaluation = model.evaluate(datasets.eval, verbose=0, return_dict=True)
     eval_s = time.perf_counter() - eval_started
+    step_costs = costs_lib.train_step_costs(model, datasets.sample_batch)
     finished_at = time.time()
 
-    batch_axis_size = mesh.axis_size(mesh.batch_axis)
-    return {
+    batch = config.train.batch_size
+    tokens_per_step = batch * spec.tokens_per_sample(options) if spec.tokens_per_sample else None
+    sharding = placed_sharding(model, placement)
+    metrics = {
         "status": "ok",
         "error": None,
         "run_dir": context.run_dir,
@@ -100,16 +124,16 @@ def _run(config: RunConfig, context: RunContext) -> dict:
             "processes": device_set.processes,
         },
         "layout": {"rules": {r.pattern: list(r.axes) for r in config.layout.rules}},
-        "model": {"name": spec.name, "params": int(model.count_params()), "options": _jsonable(asdict(config.model.options))},
-        "data": asdict(config.data),
+        "model": {"name": spec.name, "params": int(model.count_params()), "options": _jsonable(asdict(options))},
+        "data": {**asdict(config.data), "family": spec.data},
         "train": {
-            "global_batch_size": config.train.batch_size,
-            "per_replica_batch_size": config.train.batch_size // batch_axis_size,
+            "global_batch_size": batch,
+            "per_replica_batch_size": batch // mesh.axis_size(mesh.batch_axis),
             "steps_per_epoch": datasets.steps_per_epoch,
             "epochs": config.train.epochs,
             "optimizer": config.train.optimizer,
             "learning_rate": config.train.learning_rate,
-            "loss": config.train.loss,
+            "loss": build_lib.loss_name(loss),
             "seed": config.train.seed,
         },
         "timing": {
@@ -120,85 +144,87 @@ def _run(config: RunConfig, context: RunContext) -> dict:
             "step_time_p90_s": stats.step_time_p90_s,
             "steady_steps": stats.steady_steps,
             "async_log_fetch": timer.async_safe,
-            "samples_per_s": config.train.batch_size / stats.step_time_s,
+            "samples_per_s": batch / stats.step_time_s,
+            "tokens_per_s": tokens_per_step / stats.step_time_s if tokens_per_step else None,
             "epoch_s": stats.epoch_s,
             "eval_s": eval_s,
+            "cost_analysis_s": step_costs.seconds,
             "wall_s": finished_at - context.started_at,
         },
+        "flops": flops_metrics(step_costs, stats.step_time_s, device_set, config, spec),
+        "memory": memory_metrics(step_costs, sharding, model, placement, device_set),
         "history": {name: [float(v) for v in values] for name, values in history.history.items()},
         "eval": {name: float(value) for name, value in evaluation.items()},
-        "sharding": placed_sharding(model, assigned),
+        "sharding": sharding,
         "versions": {"meshrun": meshrun.__version__, "keras": keras.__version__, "jax": jax.__version__},
+    }
+    return RunResult(metrics=metrics, plan=placement)
+
+
+def flops_metrics(step_costs, step_time_s: float, device_set, config: RunConfig, spec) -> dict:
+    """FLOPs of one step as XLA counts them, the rate achieved, and utilisation where the peak of
+    the device kind is known (from devices.peak_flops, else meshrun's table; never guessed)."""
+    per_step = step_costs.flops_per_step
+    per_s = per_step / step_time_s if per_step is not None else None
+    if config.devices.peak_flops is not None:
+        peak, source = config.devices.peak_flops, "devices.peak_flops"
+    else:
+        peak = hardware.peak_flops(device_set.kind) if not device_set.emulated else None
+        source = "table" if peak is not None else None
+    analytic = spec.analytic_flops(config.model.options, config.train.batch_size) if spec.analytic_flops else None
+    return {
+        "per_step": per_step,
+        "per_step_per_device": step_costs.flops_per_step_per_device,
+        "per_s": per_s,
+        "peak_per_device": peak,
+        "peak_source": source,
+        "mfu": hardware.mfu(per_s, len(device_set.devices), peak),
+        "analytic_per_step": analytic,
+        "analytic_over_xla": analytic / per_step if analytic and per_step else None,
     }
 
 
-def describe_model(build, options) -> list[TensorSpec]:
-    """The model's variables and layer outputs as paths and shapes, built abstractly: inside a
-    StatelessScope Keras defers variable initialisation, so nothing is allocated."""
-    with keras.StatelessScope():
-        model = build(options)
-    tensors = [TensorSpec(v.path, tuple(v.shape)) for v in model.variables]
-    for layer in [*model._flatten_layers(include_self=False), model]:
-        if isinstance(layer, keras.layers.InputLayer):
-            continue
-        output = getattr(layer, "output", None)
-        if isinstance(output, keras.KerasTensor):
-            name = layer.path or layer.name
-            tensors.append(TensorSpec(f"{name}/output", tuple(output.shape), is_output=True))
-    keras.backend.clear_session()
-    return tensors
+def memory_metrics(step_costs, sharding: dict, model, placement: Plan, device_set) -> dict:
+    """Bytes per device: what the placed variables and optimizer slots hold (read from the arrays)
+    beside the plan's figures, XLA's compiled estimate of the step, and the live peak where the
+    platform reports one."""
+    return {
+        "params_bytes_per_device": sum(v["bytes_per_device"] for v in sharding.values()),
+        "optimizer_bytes_per_device": sum(_bytes_on_one_device(v) for v in model.optimizer.variables),
+        "planned_params_bytes_per_device": placement.params_bytes_per_device,
+        "planned_optimizer_bytes_per_device": placement.optimizer_bytes_per_device,
+        "peak_bytes_per_device": step_costs.peak_bytes_per_device,
+        "compiled": {
+            "argument_bytes": step_costs.argument_bytes,
+            "output_bytes": step_costs.output_bytes,
+            "temp_bytes": step_costs.temp_bytes,
+            "alias_bytes": step_costs.alias_bytes,
+            "generated_code_bytes": step_costs.generated_code_bytes,
+        },
+        "live_peak_bytes_per_device": costs_lib.live_peak_bytes(device_set.devices),
+    }
 
 
-def placed_sharding(model, assigned: dict) -> dict:
-    """For every model variable: its shape, the PartitionSpec read back from the placed array, and
-    the rule that placed it (None: replicated, no rule matched)."""
+def placed_sharding(model, placement: Plan) -> dict:
+    """For every model variable: its shape, the PartitionSpec and bytes per device read back from
+    the placed array, and the rule that placed it (None: replicated, no rule matched)."""
+    rules = {p.path: p.rule for p in placement.variables}
     placed = {}
     for variable in model.variables:
         spec = variable.value.sharding.spec
-        rule = assigned.get(variable.path)
         placed[variable.path] = {
             "shape": list(variable.shape),
             "dtype": str(variable.dtype),
-            "spec": [list(axis) if isinstance(axis, tuple) else axis for axis in spec],
-            "rule": rule.pattern if rule else None,
+            "spec": [list(axis) if isinstance(axis, tuple) else axis for axis in spec]
+            + [None] * (len(variable.shape) - len(spec)),
+            "bytes_per_device": _bytes_on_one_device(variable),
+            "rule": rules.get(variable.path),
         }
     return placed
 
 
-def make_optimizer(name: str, learning_rate: float):
-    """The Keras optimizer called `name` (e.g. adam, sgd, adamw) at `learning_rate`."""
-    try:
-        return keras.optimizers.get({"class_name": name, "config": {"learning_rate": learning_rate}})
-    except (ValueError, TypeError):
-        valid = _optimizer_names()
-        hint = closest(name, valid, n=1)
-        raise ConfigError(
-            "train.optimizer",
-            f"got {name!r}; {'did you mean ' + hint[0] + '? ' if hint else ''}valid: {one_of(valid)}",
-        ) from None
-
-
-def check_loss(name: str) -> str:
-    """`name` if Keras knows a loss by that name, else a ConfigError listing the known ones."""
-    try:
-        keras.losses.get(name)
-        return name
-    except (ValueError, TypeError):
-        valid = sorted(n for n in dir(keras.losses) if n.islower() and not n.startswith("_") and n not in ("get", "serialize", "deserialize"))
-        hint = closest(name, valid, n=1)
-        raise ConfigError(
-            "train.loss",
-            f"got {name!r}; {'did you mean ' + hint[0] + '? ' if hint else ''}valid: {one_of(valid)}",
-        ) from None
-
-
-def _optimizer_names() -> list[str]:
-    names = []
-    for attr in dir(keras.optimizers):
-        obj = getattr(keras.optimizers, attr)
-        if isinstance(obj, type) and issubclass(obj, keras.optimizers.Optimizer) and obj is not keras.optimizers.Optimizer:
-            names.append(attr.lower())
-    return sorted(set(names) - {"lossscaleoptimizer"})
+def _bytes_on_one_device(variable) -> int:
+    return int(variable.value.addressable_shards[0].data.nbytes)
 
 
 def _say_devices(device_set, mesh, config: RunConfig) -> None:

@@ -45,3 +45,26 @@ def in_tmp(tmp_path, monkeypatch):
     """Runs the test with a fresh empty working dir (Hydra writes run dirs relative to it)."""
     monkeypatch.chdir(tmp_path)
     return tmp_path
+
+
+def train_in_process(raw: dict):
+    """Validates the config dict `raw` and trains it in this test process (8 CPU devices);
+    returns the RunResult (metrics and plan)."""
+    from meshrun import devices
+    from meshrun.schema import parse_run_config
+
+    parsed = parse_run_config(raw)
+    devices.prepare(parsed.devices, parsed.mesh)
+    from meshrun import train
+
+    return train.run(parsed, train.RunContext(run_dir="unused"))
+
+
+def layout_rules(name: str) -> dict:
+    """The rules of layout config `name`, read from the installed package's configs."""
+    import importlib.resources
+
+    import yaml
+
+    text = (importlib.resources.files("meshrun.configs") / "layout" / f"{name}.yaml").read_text()
+    return yaml.safe_load(text)["rules"] or {}

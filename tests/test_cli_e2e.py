@@ -1,12 +1,12 @@
 """The CLI end to end, as a user runs it: `python -m meshrun train ...` in a fresh subprocess."""
 
+import json
 import subprocess
 import sys
 import zipfile
 from pathlib import Path
 
 import pytest
-
 from conftest import FAST, read_metrics, run_meshrun
 
 pytestmark = pytest.mark.e2e
@@ -16,7 +16,9 @@ REQUIRED = {
     "devices.count", "devices.processes", "model.name", "model.params", "train.global_batch_size",
     "train.steps_per_epoch", "timing.startup_s", "timing.compile_s", "timing.step_time_s",
     "timing.step_time_p90_s", "timing.samples_per_s", "timing.epoch_s", "timing.eval_s",
-    "timing.wall_s", "history.loss", "eval.loss", "sharding",
+    "timing.wall_s", "timing.tokens_per_s", "history.loss", "eval.loss", "sharding", "flops.per_step",
+    "flops.per_s", "flops.mfu", "flops.analytic_per_step", "memory.peak_bytes_per_device",
+    "memory.live_peak_bytes_per_device", "memory.params_bytes_per_device", "memory.optimizer_bytes_per_device",
 }
 
 
@@ -45,6 +47,15 @@ def test_train_writes_a_complete_metrics_json(tmp_path):
     assert "emulating 8 CPU devices" in done.stdout + done.stderr
     assert "placed variables" in done.stdout  # the rich report
     assert (run_dir / ".hydra" / "config.yaml").exists()
+    # The plan the run was checked against, beside the metrics: the same placement.
+    plan = json.loads((run_dir / "plan.json").read_text())
+    assert plan["status"] == "ok" and plan["mesh"]["shape"] == [2, 4]
+    planned = {v["path"]: v for v in plan["variables"]}
+    assert planned["d1/kernel"]["spec"] == [None, "model"]
+    for path, placed in metrics["sharding"].items():
+        assert planned[path]["bytes_per_device"] == placed["bytes_per_device"], path
+    assert plan["per_device"]["params_bytes"] == metrics["memory"]["params_bytes_per_device"]
+    assert metrics["flops"]["per_step"] > 0 and metrics["flops"]["mfu"] is None
 
 
 def test_config_error_in_a_fresh_process_is_one_line_exit_2_and_leaves_nothing(tmp_path):
@@ -89,6 +100,19 @@ def test_recipe_runs_the_seeds_model_parallel_example(tmp_path):
     metrics = read_metrics(run_dir)
     assert metrics["mesh"]["shape"] == [2, 4]
     assert metrics["choices"]["recipe"] == "seeds_model_parallel"
+
+
+def test_picking_a_model_brings_its_layout_data_and_loss(tmp_path):
+    run_dir = tmp_path / "run"
+    done = run_meshrun(["train", "model=transformer", "mesh=2x4", *FAST, f"hydra.run.dir={run_dir}"], tmp_path)
+    assert done.returncode == 0, done.stderr
+    metrics = read_metrics(run_dir)
+    assert metrics["choices"]["layout"] == "transformer_tp"
+    assert metrics["data"]["family"] == "tokens"
+    assert metrics["train"]["loss"] == "next_token_crossentropy"
+    assert metrics["sharding"]["block_0/mlp_up/kernel"]["spec"] == [None, "model"]
+    assert metrics["timing"]["tokens_per_s"] > metrics["timing"]["samples_per_s"] > 0
+    assert "tokens/s" in done.stdout and "6·N·tokens" in done.stdout
 
 
 def test_configs_are_found_from_an_installed_wheel(tmp_path):

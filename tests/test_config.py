@@ -9,6 +9,7 @@ from omegaconf import OmegaConf
 
 from meshrun import cli
 from meshrun.errors import ConfigError
+from meshrun.models import get_model, model_names
 from meshrun.schema import LayoutRule, parse_run_config
 
 GROUPS = ("mesh", "layout", "model", "data", "train", "devices", "recipe")
@@ -32,24 +33,63 @@ def test_every_group_has_options():
         assert group_options(group), f"config group {group} is empty"
 
 
+def model_of_layout(layout):
+    """The model a layout config is written for (replicated fits them all)."""
+    owners = [name for name in model_names() if layout in get_model(name).layouts]
+    return owners[0] if layout == "replicated" else owners[-1]
+
+
 @pytest.mark.parametrize(
     "group,option",
-    [(g, o) for g in GROUPS for o in group_options(g)],
+    [(g, o) for g in GROUPS for o in group_options(g) if g != "layout"],
 )
 def test_every_option_composes(group, option):
-    # dense_model's rules need a model axis, which the default 1-D mesh lacks.
-    extra = ["mesh=2x4"] if (group, option) == ("layout", "dense_model") else []
-    config = composed(f"{group}={option}", *extra)
-    assert config.model.name == "dense_model"
+    config = composed(f"{group}={option}")
+    if group == "model":
+        assert config.model.name == option
+
+
+@pytest.mark.parametrize("layout", group_options("layout"))
+def test_every_layout_composes_with_its_model(layout):
+    model = model_of_layout(layout)
+    config = composed(f"model={model}", f"layout={layout}", "mesh=2x4")
+    assert config.model.name == model
+
+
+@pytest.mark.parametrize("name", model_names())
+def test_each_model_brings_its_default_layout(name):
+    spec = get_model(name)
+    assert spec.layouts, name
+    assert set(spec.layouts) <= set(group_options("layout")), name
+    config = composed(f"model={name}")
+    expected = composed(f"model={name}", f"layout={spec.default_layout}")
+    assert config.layout == expected.layout, name
+
+
+def test_command_line_and_recipe_layouts_win_over_the_models_default():
+    assert composed("model=transformer", "layout=transformer_fsdp").layout == composed(
+        "model=transformer", "layout=transformer_fsdp", "model.preset=tiny"
+    ).layout
+    assert composed("model=transformer", "layout=replicated").layout.rules == ()
+    assert composed("recipe=seeds_data_parallel").layout.rules == ()
 
 
 def test_defaults_are_the_seeds_data_parallel_setup():
     config = composed()
-    assert config.mesh.shape == (-1,)
-    assert config.mesh.axis_names == ("data",)
+    assert config.mesh.shape == (-1, 1)
+    assert config.mesh.axis_names == ("data", "model")
     assert config.layout.rules == ()
-    assert config.train.batch_size == 16 and config.train.loss == "mse"
+    assert config.train.batch_size == 16 and config.train.loss is None
     assert config.model.options.hidden == 200 and config.model.options.d1_bias is False
+
+
+def test_presets_fill_what_is_not_set():
+    config = composed("model=transformer", "model.preset=7b", "model.layers=2")
+    options = config.model.options
+    assert (options.layers, options.d_model, options.heads, options.vocab) == (2, 4096, 32, 32000)
+    assert options.tied_head is False
+    two_tower = composed("model=two_tower", "model.preset=large").model.options
+    assert (two_tower.num_users, two_tower.num_items, two_tower.embedding_dim) == (100_000_000, 10_000_000, 128)
 
 
 @pytest.mark.parametrize(

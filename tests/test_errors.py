@@ -43,12 +43,40 @@ CASES = {
     ),
     "invalid regex": (["mesh=2x4", "layout.rules={*kernel:[null,model]}"], ["layout.rules.*kernel", "regular expression"]),
     # unknown names
-    "unknown model": (["model=resnet"], ["model: unknown option 'resnet'", "available: dense_model"]),
-    "unknown layout": (["layout=tp"], ["layout: unknown option 'tp'", "dense_model or replicated"]),
+    "unknown model": (["model=resnet"], ["model: unknown option 'resnet'", "available: cnn, dense_model, transformer or two_tower"]),
+    "unknown layout": (["layout=tp"], ["layout: unknown option 'tp'", "cnn, dense_model, replicated, transformer_2d"]),
     "unknown named mesh": (["mesh=data_paralel"], ["mesh: unknown option 'data_paralel'", "did you mean data_parallel?"]),
     "unknown data": (["data=imagenet"], ["data: unknown option 'imagenet'", "available: synthetic"]),
     "unknown recipe": (["recipe=nope"], ["recipe: unknown option 'nope'", "seeds_model_parallel"]),
-    "unknown model name key": (["model.name=resnet"], ["model.name", "'resnet'", "available models: dense_model"]),
+    "unknown model name key": (["model.name=resnet"], ["model.name", "'resnet'", "available models: cnn, dense_model, transformer or two_tower"]),
+    # the model zoo: bad sizes and bad layouts for each model
+    "transformer heads do not divide d_model": (
+        ["model=transformer", "model.heads=5"],
+        ["model.heads", "got 5", "does not divide model.d_model=64"],
+    ),
+    "unknown preset": (["model=transformer", "model.preset=7B"], ["model.preset", "'7B'", "did you mean 7b?", "tiny, small, 125m, 1b or 7b"]),
+    "transformer_tp heads indivisible": (
+        ["model=transformer", "mesh=1x8", "model.heads=4"],
+        ["layout.rules.block_\\d+/attention/(query|key|value)/kernel", "'block_0/attention/query/kernel'", "(size 4",
+         "'model' of size 8", "valid for this dimension: null or data", "more paths matched the same way"],
+    ),
+    "transformer_fsdp d_model indivisible": (
+        ["model=transformer", "layout=transformer_fsdp", "mesh=8x1", "model.d_model=36", "model.heads=4"],
+        ["layout.rules.", "(size 36", "'data' of size 8"],
+    ),
+    "two_tower rows indivisible": (
+        ["model=two_tower", "mesh=1x8", "model.num_users=1001"],
+        ["layout.rules.(user|item)_embedding/embeddings", "'user_embedding/embeddings' (size 1001", "'model' of size 8"],
+    ),
+    "cnn rule of the wrong rank": (
+        ["model=cnn", "mesh=2x4", "layout.rules={conv2d.*kernel:[null,model]}"],
+        ["layout.rules.conv2d.*kernel", "gives 2 axes", "rank 4", "(3, 3, 1, 32)"],
+    ),
+    "cnn layout on the transformer": (
+        ["model=transformer", "layout=cnn", "mesh=2x4"],
+        ["layout.rules.conv2d.*kernel: matches no variable or output", "token_embedding/embeddings"],
+    ),
+    "model layout on a 1-D mesh": (["model=cnn", "mesh=8"], ["layout.rules.conv2d.*kernel", "'model'", "data or null"]),
     # train
     "batch not divisible": (["mesh=2x4", "train.batch_size=15"], ["train.batch_size", "got 15", "'data' of size 2", "14 or 16"]),
     "batch not divisible after -1 fill": (["train.batch_size=12"], ["train.batch_size", "got 12", "size 8"]),
@@ -111,7 +139,7 @@ def test_unknown_command(capsys):
     with pytest.raises(SystemExit) as exit_info:
         cli.main(["trian"])
     assert exit_info.value.code == 2
-    assert capsys.readouterr().err.strip() == "meshrun: error: unknown command 'trian'; valid: train (see meshrun --help)"
+    assert capsys.readouterr().err.strip() == "meshrun: error: unknown command 'trian'; valid: train or plan (see meshrun --help)"
 
 
 def test_usage_without_command(capsys):

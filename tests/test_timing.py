@@ -3,7 +3,6 @@
 import pytest
 
 import meshrun
-
 from meshrun.timing import percentile, process_start_time, summarize
 
 

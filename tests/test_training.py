@@ -2,6 +2,7 @@
 the mesh shape, and jobs in one process do not leak into each other."""
 
 import pytest
+from conftest import train_in_process
 
 from meshrun import devices
 from meshrun.schema import parse_run_config
@@ -11,23 +12,15 @@ pytestmark = pytest.mark.integration
 SEEDS_RULES = {"d1/kernel": [None, "model"], "d2/output": ["data", None]}
 
 
-def config(shape, rules=SEEDS_RULES, **train):
+def train_run(shape, rules=SEEDS_RULES):
     raw = {
         "mesh": {"shape": shape},
         "layout": {"rules": rules},
         "model": {"name": "dense_model"},
         "data": {"num_samples": 256, "eval_samples": 64},
-        "train": {"epochs": 2, "verbose": 0, **train},
+        "train": {"epochs": 2, "verbose": 0, "loss": "mse"},
     }
-    parsed = parse_run_config(raw)
-    devices.prepare(parsed.devices, parsed.mesh)
-    return parsed
-
-
-def train_run(shape, **kwargs):
-    from meshrun import train
-
-    return train.run(config(shape, **kwargs), train.RunContext(run_dir="unused"))
+    return train_in_process(raw).metrics
 
 
 @pytest.fixture(scope="module")
@@ -102,12 +95,18 @@ def test_batch_axis_is_the_one_configured():
         distribution.reset()
 
 
-def test_describe_model_lists_variables_and_outputs_without_allocating():
-    from meshrun import train
+def test_describe_lists_variables_outputs_and_optimizer_slots_without_allocating():
+    from meshrun import build
     from meshrun.models import get_model
 
     spec = get_model("dense_model")
-    tensors = {t.path: t for t in train.describe_model(spec.build, spec.options())}
+    abstract = build.describe(spec.build, spec.options(), "adam", 1e-3)
+    tensors = {t.path: t for t in abstract.tensors}
     assert tensors["d1/kernel"].shape == (784, 200) and not tensors["d1/kernel"].is_output
+    assert tensors["d1/kernel"].dtype == "float32" and tensors["d1/kernel"].itemsize == 4
     assert tensors["d2/output"].shape == (None, 10) and tensors["d2/output"].is_output
     assert "dense_model/output" in tensors
+    slots = {s.tensor.path: s.reference for s in abstract.slots}
+    assert slots["adam/d1_kernel_momentum"] == "d1/kernel" and slots["adam/d1_kernel_velocity"] == "d1/kernel"
+    assert slots["adam/iteration"] is None
+    assert len(slots) == 2 + 2 * 3  # iteration, learning rate, and two slots per trainable variable

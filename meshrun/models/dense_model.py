@@ -1,14 +1,16 @@
 """dense_model: the seeds' MLP, Flatten -> Dense(hidden, relu, `d1`) -> Dropout -> Dense(softmax, `d2`).
 
-Layouts written for it: configs/layout/dense_model.yaml (d1 column-parallel over `model`, the
-output batch-sharded over `data`) and replicated.
+Layouts written for it: configs/layout/replicated.yaml (its default) and dense_model.yaml (d1
+column-parallel over `model`, the output batch-sharded over `data`). Data: random-normal inputs and
+targets, mean squared error, as in the seeds.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from meshrun.models.registry import ModelSpec, register_model
+from meshrun.errors import ConfigError
+from meshrun.models.registry import ModelSpec, register_model, require_positive
 
 
 @dataclass(frozen=True)
@@ -23,17 +25,14 @@ class DenseModelOptions:
 
     def __post_init__(self):
         if not self.input_shape or any(d <= 0 for d in self.input_shape):
-            raise ValueError(f"input_shape: got {list(self.input_shape)}; expected positive sizes")
-        if self.hidden <= 0 or self.num_classes <= 0:
-            raise ValueError(
-                f"hidden and num_classes must be positive (got {self.hidden}, {self.num_classes})"
-            )
+            raise ConfigError("model.input_shape", f"got {list(self.input_shape)}; expected positive sizes")
+        require_positive(self, "hidden", "num_classes")
         if not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"dropout: got {self.dropout}; expected 0 <= dropout < 1")
+            raise ConfigError("model.dropout", f"got {self.dropout}; expected 0 <= dropout < 1")
 
     @property
     def label_shape(self) -> tuple[int, ...]:
-        """Shape of one label (the softmax output)."""
+        """Shape of one target (the softmax output)."""
         return (self.num_classes,)
 
 
@@ -54,7 +53,9 @@ SPEC = register_model(
         name="dense_model",
         options=DenseModelOptions,
         build=build,
-        layouts=("dense_model", "replicated"),
+        layouts=("replicated", "dense_model"),
+        data="regression",
+        loss=lambda options: "mse",
         description="the seeds' MLP for 28x28x1 inputs",
     )
 )

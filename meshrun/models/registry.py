@@ -1,28 +1,47 @@
 """The model registry: each model module registers a ModelSpec under a name at import time.
 
-A spec carries the model's options dataclass (its configurable sizes, checked by meshrun.schema),
-a `build(options)` function that imports keras only when called, and the names of the layout
-configs (under configs/layout/) written for it, the first being its default.
+A spec carries everything meshrun needs to know about a model family, keras-hub style, beside the
+model's code: its options dataclass (configurable sizes, checked by meshrun.schema; the dataclass
+raises ConfigError for values that do not fit together), a `build(options)` function that imports
+keras only when called, the layout configs written for it (under configs/layout/, the first being
+its default), the synthetic data family that matches its inputs, and its training loss.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Optional
 
 _MODELS: dict[str, "ModelSpec"] = {}
 
 
 @dataclass(frozen=True)
 class ModelSpec:
-    """A registered model: how to configure it, build it, and which layouts fit it."""
+    """A registered model: how to configure it, build it, feed it, train it, and which layouts fit it.
+
+    - `data`: the synthetic data family of meshrun.data that matches the model's inputs.
+    - `loss(options)`: the Keras loss (a name or a loss object) used when train.loss is null.
+    - `tokens_per_sample(options)`: for sequence models, the tokens one sample carries (reported
+      as timing.tokens_per_s).
+    - `analytic_flops(options, params, batch_size)`: a closed-form FLOPs estimate of one train step,
+      reported beside XLA's count.
+    """
 
     name: str
     options: type
     build: Callable[[Any], Any]
-    layouts: tuple[str, ...] = ()
+    layouts: tuple[str, ...]
+    data: str
+    loss: Callable[[Any], Any]
     description: str = ""
+    tokens_per_sample: Optional[Callable[[Any], int]] = None
+    analytic_flops: Optional[Callable[[Any, int, int], float]] = None
+
+    @property
+    def default_layout(self) -> str:
+        """The layout config picked when a run selects this model and no layout."""
+        return self.layouts[0]
 
 
 def register_model(spec: ModelSpec) -> ModelSpec:
@@ -41,3 +60,30 @@ def get_model(name: str) -> ModelSpec:
 def model_names() -> list[str]:
     """Names of every registered model, sorted."""
     return sorted(_MODELS)
+
+
+def fill_from_preset(options, presets: dict[str, dict[str, Any]]) -> None:
+    """For an options dataclass with a `preset` field: sets every field left at None to the
+    preset's value (options are frozen, so this runs in __post_init__). Unknown preset names are
+    a ConfigError on `model.preset`."""
+    from meshrun.errors import ConfigError, closest, one_of
+
+    if options.preset not in presets:
+        hint = closest(options.preset, presets, n=1)
+        raise ConfigError(
+            "model.preset",
+            f"got {options.preset!r}; {'did you mean ' + hint[0] + '? ' if hint else ''}valid: {one_of(presets)}",
+        )
+    for key, value in presets[options.preset].items():
+        if getattr(options, key) is None:
+            object.__setattr__(options, key, value)
+
+
+def require_positive(options, *names: str) -> None:
+    """ConfigError on `model.<name>` for the first of `names` that is not a positive number."""
+    from meshrun.errors import ConfigError
+
+    for name in names:
+        value = getattr(options, name)
+        if value <= 0:
+            raise ConfigError(f"model.{name}", f"got {value}; expected a positive integer")

@@ -1,0 +1,215 @@
+"""transformer: a decoder-only language model, GPT style with pre-layer-norm blocks.
+
+tokens -> token_embedding + position_embedding -> block_0 .. block_{L-1} -> final_norm -> head
+Each block: x + attention(ln_1(x)) (causal multi-head), then x + mlp_down(gelu(mlp_up(ln_2(x)))).
+The head computes logits = x @ E^T with the token embedding's E (tied) or its own (vocab, d_model)
+matrix `head/embeddings` (untied), so one layout rule places both the same way.
+
+Variable paths (what layout rules match):
+    token_embedding/embeddings          (vocab, d_model)
+    position_embedding/embeddings       (seq_len, d_model)
+    block_N/attention/{query,key,value}/kernel   (d_model, heads, head_dim)   bias (heads, head_dim)
+    block_N/attention/attention_output/kernel    (heads, head_dim, d_model)   bias (d_model,)
+    block_N/mlp_up/kernel (d_model, ff)   bias (ff,);   block_N/mlp_down/kernel (ff, d_model)   bias (d_model,)
+    block_N/ln_{1,2}/{gamma,beta}, final_norm/{gamma,beta}   (d_model,)
+    head/embeddings (vocab, d_model)    (untied head only)
+
+Layouts: transformer_tp (its default), transformer_fsdp, transformer_2d, replicated.
+Loss: next-token cross-entropy on logits; data: synthetic token sequences.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+from meshrun.errors import ConfigError
+from meshrun.models.registry import (
+    ModelSpec,
+    fill_from_preset,
+    register_model,
+    require_positive,
+)
+
+# Sizes from CI-tiny to 7B-class. 7b: LLaMA-7B's width and depth with a GELU MLP of 4 x d_model,
+# 6.74e9 parameters.
+PRESETS = {
+    "tiny": dict(layers=2, d_model=64, heads=8, ff=256, vocab=512, seq_len=32, tied_head=True),
+    "small": dict(layers=4, d_model=256, heads=8, ff=1024, vocab=8192, seq_len=128, tied_head=True),
+    "125m": dict(layers=12, d_model=768, heads=12, ff=3072, vocab=50304, seq_len=1024, tied_head=True),
+    "1b": dict(layers=24, d_model=2048, heads=16, ff=8192, vocab=32000, seq_len=2048, tied_head=False),
+    "7b": dict(layers=32, d_model=4096, heads=32, ff=16384, vocab=32000, seq_len=2048, tied_head=False),
+}
+
+
+@dataclass(frozen=True)
+class TransformerOptions:
+    """The language model's sizes: a named preset, any field of which can be overridden."""
+
+    preset: str = "tiny"
+    layers: Optional[int] = None
+    d_model: Optional[int] = None
+    heads: Optional[int] = None
+    ff: Optional[int] = None
+    vocab: Optional[int] = None
+    seq_len: Optional[int] = None
+    tied_head: Optional[bool] = None
+    dropout: float = 0.0
+
+    def __post_init__(self):
+        fill_from_preset(self, PRESETS)
+        require_positive(self, "layers", "d_model", "heads", "ff", "vocab", "seq_len")
+        if self.d_model % self.heads:
+            raise ConfigError(
+                "model.heads",
+                f"got {self.heads}, which does not divide model.d_model={self.d_model}; "
+                f"use a divisor of {self.d_model}",
+            )
+        if not 0.0 <= self.dropout < 1.0:
+            raise ConfigError("model.dropout", f"got {self.dropout}; expected 0 <= dropout < 1")
+
+    @property
+    def head_dim(self) -> int:
+        """Width of one attention head."""
+        return self.d_model // self.heads
+
+
+def matmul_params(options: TransformerOptions) -> int:
+    """Parameters that take part in a matmul for every token: the blocks' weights and the head
+    (the token embedding when tied). Embedding lookups cost no FLOPs, so untied input embeddings
+    and position embeddings are left out."""
+    d, ff = options.d_model, options.ff
+    per_block = 4 * d * d + 4 * d + 2 * d * ff + ff + d + 4 * d  # attention, mlp, two layer norms
+    return options.layers * per_block + 2 * d + d * options.vocab
+
+
+def analytic_flops(options: TransformerOptions, batch_size: int) -> float:
+    """6 * N * tokens for one train step (forward 2N, backward 4N per token), N = matmul_params.
+    It leaves out attention's score and value products (12 * layers * seq_len * d_model per token)."""
+    return 6.0 * matmul_params(options) * batch_size * options.seq_len
+
+
+def build(options: TransformerOptions):
+    """Builds the functional language model; its output is logits of shape (batch, seq_len, vocab)."""
+    import keras
+
+    layers = _layers()
+    tokens = keras.Input(shape=(options.seq_len,), dtype="int32", name="tokens")
+    token_embedding = keras.layers.Embedding(options.vocab, options.d_model, name="token_embedding")
+    x = token_embedding(tokens)
+    x = layers.PositionEmbedding(options.seq_len, name="position_embedding")(x)
+    for index in range(options.layers):
+        x = layers.DecoderBlock(options, name=f"block_{index}")(x)
+    x = keras.layers.LayerNormalization(epsilon=1e-5, name="final_norm")(x)
+    tied_to = token_embedding if options.tied_head else None
+    logits = layers.Head(options.vocab, tied_to=tied_to, name="head")(x)
+    return keras.Model(tokens, logits, name="transformer")
+
+
+_LAYERS = None
+
+
+def _layers():
+    """The model's custom layer classes, defined on first use so that importing this module does
+    not import keras."""
+    global _LAYERS
+    if _LAYERS is None:
+        _LAYERS = _define_layers()
+    return _LAYERS
+
+
+def _define_layers():
+    import types
+
+    import keras
+    from keras import ops
+
+    class PositionEmbedding(keras.layers.Layer):
+        """Adds a learned embedding of each position to its input."""
+
+        def __init__(self, seq_len, **kwargs):
+            super().__init__(**kwargs)
+            self.seq_len = seq_len
+
+        def build(self, input_shape):
+            self.embeddings = self.add_weight(
+                shape=(self.seq_len, input_shape[-1]),
+                initializer=keras.initializers.RandomNormal(stddev=0.02),
+                name="embeddings",
+            )
+
+        def call(self, x):
+            return x + ops.cast(self.embeddings, x.dtype)[None, : ops.shape(x)[1]]
+
+    class DecoderBlock(keras.layers.Layer):
+        """One pre-layer-norm decoder block: causal self-attention, then the MLP, each residual."""
+
+        def __init__(self, options, **kwargs):
+            super().__init__(**kwargs)
+            self.ln_1 = keras.layers.LayerNormalization(epsilon=1e-5, name="ln_1")
+            self.attention = keras.layers.MultiHeadAttention(
+                options.heads, options.head_dim, dropout=options.dropout, name="attention"
+            )
+            self.ln_2 = keras.layers.LayerNormalization(epsilon=1e-5, name="ln_2")
+            self.mlp_up = keras.layers.Dense(options.ff, activation="gelu", name="mlp_up")
+            self.mlp_down = keras.layers.Dense(options.d_model, name="mlp_down")
+            self.dropout = keras.layers.Dropout(options.dropout)
+
+        def build(self, input_shape):
+            self.ln_1.build(input_shape)
+            self.attention.build(input_shape, input_shape)
+            self.ln_2.build(input_shape)
+            self.mlp_up.build(input_shape)
+            self.mlp_down.build((*input_shape[:-1], self.mlp_up.units))
+
+        def call(self, x, training=None):
+            h = self.ln_1(x)
+            x = x + self.attention(h, h, use_causal_mask=True, training=training)
+            h = self.mlp_down(self.mlp_up(self.ln_2(x)))
+            return x + self.dropout(h, training=training)
+
+    class Head(keras.layers.Layer):
+        """Logits x @ E^T from a (vocab, d_model) matrix E: the token embedding's own when tied,
+        else the head's `embeddings`, laid out like the token embedding so one rule fits both."""
+
+        def __init__(self, vocab, tied_to=None, **kwargs):
+            super().__init__(**kwargs)
+            self.vocab = vocab
+            # A list, so Keras does not track the tied embedding as a sub-layer: its variable
+            # keeps the single path token_embedding/embeddings.
+            self._tied_to = [tied_to] if tied_to is not None else []
+
+        def build(self, input_shape):
+            if not self._tied_to:
+                self.embeddings = self.add_weight(
+                    shape=(self.vocab, input_shape[-1]),
+                    initializer=keras.initializers.RandomNormal(stddev=0.02),
+                    name="embeddings",
+                )
+
+        def call(self, x):
+            matrix = self._tied_to[0].embeddings if self._tied_to else self.embeddings
+            return ops.matmul(x, ops.transpose(ops.cast(matrix, x.dtype)))
+
+    return types.SimpleNamespace(PositionEmbedding=PositionEmbedding, DecoderBlock=DecoderBlock, Head=Head)
+
+
+SPEC = register_model(
+    ModelSpec(
+        name="transformer",
+        options=TransformerOptions,
+        build=build,
+        layouts=("transformer_tp", "transformer_fsdp", "transformer_2d", "replicated"),
+        data="tokens",
+        loss=lambda options: _next_token_loss(),
+        description="decoder-only language model, presets tiny to 7b",
+        tokens_per_sample=lambda options: options.seq_len,
+        analytic_flops=analytic_flops,
+    )
+)
+
+
+def _next_token_loss():
+    import keras
+
+    return keras.losses.SparseCategoricalCrossentropy(from_logits=True, name="next_token_crossentropy")

@@ -1,0 +1,208 @@
+"""The placement plan: where every variable and optimizer slot of a model lives on the mesh and how
+many bytes it puts on each device, worked out from shapes alone, before anything is allocated.
+
+`make_plan` is plain arithmetic over an abstract model (meshrun.build.describe) and the layout
+rules; `meshrun plan` prints it, and a training run checks its rules with it and writes it as
+plan.json. Bytes per device are exact: a sharded dimension holds size / axis size elements on every
+device (rules that do not divide are errors), a replicated one holds all of them.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Optional
+
+from meshrun.errors import ConfigError
+from meshrun.layout import RuleCheck, TensorSpec, check_rules
+from meshrun.schema import AxisSpec, LayoutRule, MeshConfig, format_shape
+
+# A replicated variable at least this large, on a mesh of more than one device, gets a warning.
+LARGE_REPLICATED_BYTES = 1 << 20
+MAX_LISTED = 10
+
+
+@dataclass(frozen=True)
+class Placement:
+    """One variable on the mesh: the rule that placed it (None: no rule, replicated), its
+    PartitionSpec, and its bytes in total and on each device. `reference` names the model variable an optimizer
+    slot mirrors."""
+
+    path: str
+    shape: tuple[int, ...]
+    dtype: str
+    rule: Optional[str]
+    spec: tuple[AxisSpec, ...]
+    bytes: int
+    bytes_per_device: int
+    reference: Optional[str] = None
+
+    @property
+    def replicated(self) -> bool:
+        """Whether every device holds all of it (no rule, or only axes of size 1)."""
+        return self.bytes_per_device == self.bytes
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A model's placement on a mesh: variables, optimizer slots, output constraints, per-device
+    totals, and the lint: errors (the run would be rejected) and warnings."""
+
+    model: str
+    mesh: MeshConfig
+    optimizer: str
+    variables: tuple[Placement, ...]
+    slots: tuple[Placement, ...]
+    outputs: tuple[dict, ...]
+    errors: tuple[ConfigError, ...]
+    warnings: tuple[str, ...]
+
+    @property
+    def params_bytes_per_device(self) -> int:
+        return sum(p.bytes_per_device for p in self.variables)
+
+    @property
+    def optimizer_bytes_per_device(self) -> int:
+        return sum(p.bytes_per_device for p in self.slots)
+
+    @property
+    def total_bytes_per_device(self) -> int:
+        return self.params_bytes_per_device + self.optimizer_bytes_per_device
+
+    @property
+    def params(self) -> int:
+        return sum(math.prod(p.shape) for p in self.variables)
+
+    def largest_replicated(self, count: int = 5) -> list[Placement]:
+        """The largest variables every device holds whole, largest first."""
+        replicated = [p for p in self.variables if p.replicated and p.shape]
+        return sorted(replicated, key=lambda p: -p.bytes)[:count]
+
+    def raise_first_error(self) -> None:
+        """Raises the first lint error as a ConfigError (a run stops before training), pointing
+        to `meshrun plan` when there are more."""
+        if not self.errors:
+            return
+        first = self.errors[0]
+        if len(self.errors) == 1:
+            raise first
+        more = len(self.errors) - 1
+        message = str(first).removeprefix(f"{first.key}: ")
+        raise ConfigError(
+            first.key,
+            f"{message}; {more} more layout problem{'s' if more > 1 else ''}: "
+            "`meshrun plan` with the same overrides lists them all",
+        )
+
+    def to_dict(self) -> dict:
+        """The plan as JSON-ready data (what `meshrun plan --json` prints and plan.json holds)."""
+        return {
+            "status": "error" if self.errors else "ok",
+            "model": {"name": self.model, "params": self.params},
+            "mesh": {
+                "shape": list(self.mesh.shape),
+                "axis_names": list(self.mesh.axis_names),
+                "batch_axis": self.mesh.batch_axis,
+                "devices": self.mesh.size,
+            },
+            "optimizer": self.optimizer,
+            "variables": [_placement_dict(p) for p in self.variables],
+            "optimizer_variables": [_placement_dict(p) for p in self.slots],
+            "outputs": list(self.outputs),
+            "per_device": {
+                "params_bytes": self.params_bytes_per_device,
+                "optimizer_bytes": self.optimizer_bytes_per_device,
+                "total_bytes": self.total_bytes_per_device,
+            },
+            "largest_replicated": [{"path": p.path, "bytes": p.bytes} for p in self.largest_replicated()],
+            "errors": [str(e) for e in self.errors],
+            "warnings": list(self.warnings),
+        }
+
+
+def make_plan(model_name: str, mesh: MeshConfig, rules: tuple[LayoutRule, ...], abstract, optimizer: str) -> Plan:
+    """Places the abstract model's variables and optimizer slots by `rules` on `mesh` (no -1 left)."""
+    check = check_rules(rules, mesh, list(abstract.tensors))
+    variables = tuple(_place(t, check.assigned.get(t.path), mesh) for t in abstract.variables)
+    by_path = {p.path: p for p in variables}
+    slots = tuple(_place_slot(slot, by_path, check, mesh) for slot in abstract.slots)
+    outputs = tuple(
+        {"path": t.path, "shape": list(t.shape), "rule": check.assigned[t.path].pattern,
+         "spec": list(check.assigned[t.path].axes)}
+        for t in abstract.tensors
+        if t.is_output and t.path in check.assigned
+    )
+    return Plan(
+        model=model_name,
+        mesh=mesh,
+        optimizer=optimizer,
+        variables=variables,
+        slots=slots,
+        outputs=outputs,
+        errors=check.errors,
+        warnings=tuple(_replicated_warnings(variables, mesh)),
+    )
+
+
+def _place(tensor: TensorSpec, rule: Optional[LayoutRule], mesh: MeshConfig, reference=None) -> Placement:
+    spec = rule.axes if rule else (None,) * len(tensor.shape)
+    per_device = tensor.itemsize
+    for size, axis in zip(tensor.shape, spec):
+        per_device *= -(-size // mesh.axis_size(axis)) if axis else size
+    return Placement(
+        path=tensor.path,
+        shape=tuple(tensor.shape),
+        dtype=tensor.dtype,
+        rule=rule.pattern if rule else None,
+        spec=tuple(spec),
+        bytes=math.prod(tensor.shape) * tensor.itemsize,
+        bytes_per_device=per_device,
+        reference=reference,
+    )
+
+
+def _place_slot(slot, variables: dict[str, Placement], check: RuleCheck, mesh: MeshConfig) -> Placement:
+    """An optimizer slot takes the layout of the variable it mirrors (Keras passes the variable's
+    layout on); the optimizer's own variables are looked up by path like any variable."""
+    if slot.reference in variables:
+        mirrored = variables[slot.reference]
+        rule = LayoutRule(mirrored.rule, mirrored.spec) if mirrored.rule else None
+        return _place(slot.tensor, rule, mesh, reference=slot.reference)
+    return _place(slot.tensor, check.assigned.get(slot.tensor.path), mesh)
+
+
+def _replicated_warnings(variables, mesh: MeshConfig) -> list[str]:
+    if (mesh.size or 1) <= 1:
+        return []
+    large = sorted((p for p in variables if p.replicated and p.bytes >= LARGE_REPLICATED_BYTES), key=lambda p: -p.bytes)
+    warnings = [
+        f"{p.path} ({format_shape(p.shape)}, {format_bytes(p.bytes)}) is replicated: every one of the "
+        f"{mesh.size} devices holds all of it"
+        for p in large[:MAX_LISTED]
+    ]
+    if len(large) > MAX_LISTED:
+        rest = large[MAX_LISTED:]
+        warnings.append(
+            f"... and {len(rest)} more replicated variables of at least {format_bytes(LARGE_REPLICATED_BYTES)} "
+            f"({format_bytes(sum(p.bytes for p in rest))} on every device)"
+        )
+    return warnings
+
+
+def format_bytes(count: int) -> str:
+    """Bytes in binary units: 512 B, 1.5 KiB, 2.00 GiB."""
+    value = float(count)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if value < 1024 or unit == "TiB":
+            return f"{count} B" if unit == "B" else f"{value:.2f} {unit}"
+        value /= 1024
+    return f"{count} B"
+
+
+def _placement_dict(p: Placement) -> dict:
+    data = asdict(p)
+    data["shape"] = list(p.shape)
+    data["spec"] = list(p.spec)
+    if p.reference is None:
+        del data["reference"]
+    return data
