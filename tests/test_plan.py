@@ -15,9 +15,6 @@ import math
 import os
 import subprocess
 import sys
-import tempfile
-import threading
-import time
 from pathlib import Path
 
 import numpy as np
@@ -26,6 +23,7 @@ import pytest
 from meshrun.build import AbstractModel, OptimizerSlot
 from meshrun.errors import ConfigError
 from meshrun.layout import TensorSpec
+from meshrun.measure import run_measured
 from meshrun.plan import LARGE_REPLICATED_BYTES, MAX_LISTED, format_bytes, make_plan
 from meshrun.schema import LayoutRule, MeshConfig
 
@@ -411,30 +409,12 @@ def tp_spec(path: str, rank: int) -> tuple:
     return table.get(name, (None,) * rank)
 
 
-def run_measured(args, cwd, timeout=120):
-    """Runs `python -m meshrun ARGS` in a fresh process; returns (exit status, stdout, stderr,
-    wall seconds, peak RSS bytes of that process alone, from its own rusage)."""
-    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
-        started = time.perf_counter()
-        proc = subprocess.Popen([sys.executable, "-m", "meshrun", *args], cwd=cwd, stdout=out, stderr=err)
-        killer = threading.Timer(timeout, proc.kill)
-        killer.start()
-        try:
-            _, status, usage = os.wait4(proc.pid, 0)
-        finally:
-            killer.cancel()
-        wall = time.perf_counter() - started
-        proc.returncode = os.waitstatus_to_exitcode(status)  # reaped here, not by Popen
-        out.seek(0)
-        err.seek(0)
-        return proc.returncode, out.read().decode(), err.read().decode(), wall, usage.ru_maxrss * 1024
-
-
 @pytest.mark.e2e
 def test_7b_transformer_plans_fast_in_little_memory_with_exact_bytes(tmp_path):
-    rc, stdout, stderr, wall, peak_rss = run_measured(
+    done = run_measured(
         ["plan", "model=transformer", "model.preset=7b", "mesh=1x8", "layout=transformer_tp", "--json"], tmp_path
     )
+    rc, stdout, stderr, wall, peak_rss = done.returncode, done.stdout, done.stderr, done.wall_s, done.peak_rss_bytes
     assert rc == 0, stderr
     assert "Traceback" not in stderr
     assert peak_rss < 2 * GIB, f"peak RSS {format_bytes(peak_rss)}"
