@@ -114,7 +114,6 @@ class TrainConfig:
     optimizer: str = "adam"
     learning_rate: float = 0.001
     loss: Optional[str] = None  # None: the model's own loss
-
     seed: int = 1337
     verbose: int = 1
 
