@@ -11,6 +11,7 @@ import json
 import os
 import re
 import shutil
+import subprocess
 import sys
 import tempfile
 import traceback
@@ -34,18 +35,24 @@ from omegaconf.errors import OmegaConfBaseException
 from meshrun import devices, schema
 from meshrun.errors import ConfigError, RunFailed, closest, one_of
 
-COMMANDS = ("train", "plan")
+COMMANDS = ("train", "plan", "sweep", "report")
 USAGE = """\
-usage: meshrun train [OVERRIDE ...] [-m] [--cfg job] [--help]
-       meshrun plan  [OVERRIDE ...] [-m] [--json]
+usage: meshrun train  [OVERRIDE ...] [-m] [--cfg job] [--help]
+       meshrun plan   [OVERRIDE ...] [-m] [--json]
+       meshrun sweep  [OVERRIDE ...]
+       meshrun report DIR [DIR ...] [--out DIR]
 
 train: trains a Keras model on a device mesh described by Hydra config, then prints and writes a
 report (metrics.json and plan.json in the run dir).
 plan: trains nothing and allocates no model memory; shows where every variable lives and how many
 bytes land on each device, and lints the layout (exit 2 on errors). --json prints it as JSON.
+sweep: trains on every mesh shape of the available devices (a multirun) and compares the jobs.
+report: the comparison table and summary files of an existing sweep dir, or of any run dirs.
 
   meshrun train mesh=2x4 layout=dense_model        # a 2x4 (data, model) mesh, the seeds' rules
   meshrun train -m mesh=8x1,4x2,2x4,1x8 layout=dense_model
+  meshrun sweep layout=dense_model                 # the same four shapes, found for you
+  meshrun report multirun/2026-11-21/10-00-00      # re-render a sweep's table and files
   meshrun train model=transformer mesh=2x4         # models: dense_model, cnn, transformer, two_tower
   meshrun train recipe=transformer_2d              # a complete experiment from recipes/
   meshrun plan model=transformer model.preset=7b mesh=1x8 layout=transformer_tp
@@ -100,7 +107,10 @@ def main(argv: Optional[list[str]] = None) -> None:
     command, rest = argv[0], argv[1:]
     if command not in COMMANDS:
         _fail(f"unknown command {command!r}; valid: {one_of(COMMANDS)} (see meshrun --help)", status=2)
-    _JOB.update(command=command, json="--json" in rest)
+    if command == "report":
+        report_command(rest)
+        return
+    _JOB.update(command=command, json="--json" in rest, isolate=False, multirun=False, sweep_dir=None, runs=[])
     rest = [arg for arg in rest if arg != "--json"]
     # Hydra's argument parser takes -m only before the overrides; users put it anywhere.
     multirun = [arg for arg in rest if arg in ("-m", "--multirun")]
@@ -111,10 +121,18 @@ def main(argv: Optional[list[str]] = None) -> None:
     os.environ["HYDRA_FULL_ERROR"] = "1"
     Plugins.instance().register(MeshShapeSource)
     _FAILED_JOBS.clear()
+    try:
+        if command == "sweep":
+            rest = ["-m", *sweep_overrides(rest)]
+        overrides = prepare_overrides(rest)
+        if command != "plan" and "-m" in overrides:
+            _JOB["isolate"] = jobs_need_own_processes([o for o in overrides if o != "-m"])
+    except ConfigError as err:
+        _fail(str(err), status=2)
     saved_argv = sys.argv
     scratch = tempfile.mkdtemp(prefix="meshrun-plan-") if command == "plan" else None
     hydra_args = [*PLAN_HYDRA_OVERRIDES, f"hydra.run.dir={scratch}", f"hydra.sweep.dir={scratch}"] if scratch else []
-    sys.argv = [f"meshrun {command}", *prepare_overrides(rest), *hydra_args]
+    sys.argv = [f"meshrun {command}", *overrides, *hydra_args]
     try:
         _hydra_main()
     except Exception as err:  # jobs catch their own errors: what gets here is Hydra's composition
@@ -123,14 +141,17 @@ def main(argv: Optional[list[str]] = None) -> None:
         sys.argv = saved_argv
         if scratch:
             shutil.rmtree(scratch, ignore_errors=True)
+    if _JOB["multirun"] and command != "plan":
+        sys.exit(finish_sweep(_JOB["sweep_dir"], _JOB["runs"], _FAILED_JOBS))
     if _FAILED_JOBS:
         sys.exit(max(_FAILED_JOBS))
 
 
 # Exit statuses of the jobs of this invocation that failed (a multirun has several jobs).
 _FAILED_JOBS: list[int] = []
-# The command this invocation runs, and whether `plan` prints JSON.
-_JOB: dict = {"command": "train", "json": False}
+# This invocation: its command, whether `plan` prints JSON, whether multirun jobs each run in a
+# process of their own, and (filled in by the jobs) the sweep dir and the run dirs of its jobs.
+_JOB: dict = {"command": "train", "json": False, "isolate": False, "multirun": False, "sweep_dir": None, "runs": []}
 
 
 def prepare_overrides(overrides: list[str]) -> list[str]:
@@ -153,10 +174,16 @@ def prepare_overrides(overrides: list[str]) -> list[str]:
 @hydra.main(version_base="1.3", config_path="pkg://meshrun.configs", config_name="meshrun")
 def _hydra_main(cfg: DictConfig) -> None:
     hydra_cfg = HydraConfig.get()
+    if hydra_cfg.mode == RunMode.MULTIRUN:
+        _JOB.update(multirun=True, sweep_dir=hydra_cfg.sweep.dir)
     try:
         if _JOB["command"] == "plan":
             plan_job(cfg, hydra_cfg, as_json=_JOB["json"])
+        elif _JOB["isolate"]:
+            _JOB["runs"].append(hydra_cfg.runtime.output_dir)
+            isolated_job(hydra_cfg)
         else:
+            _JOB["runs"].append(hydra_cfg.runtime.output_dir)
             train_job(cfg, hydra_cfg)
     except ConfigError as err:
         _report_job_failure(str(err), status=2, hydra_cfg=hydra_cfg)
@@ -184,8 +211,12 @@ def train_job(cfg: DictConfig, hydra_cfg) -> None:
         from meshrun import train  # imports jax and keras: only after devices.prepare
 
         result = train.run(config, train.RunContext(run_dir=run_dir, choices=choices, overrides=overrides))
-    except ConfigError:
-        discard_run_dir(run_dir, hydra_cfg.job.name)
+    except ConfigError as err:
+        if hydra_cfg.mode == RunMode.MULTIRUN or os.environ.get(SWEEP_JOB_ENV):
+            # A sweep keeps the job, with its reason, for the comparison; it goes on with the rest.
+            _write_error_metrics(str(err), 2, run_dir, choices, overrides)
+        else:
+            discard_run_dir(run_dir, hydra_cfg.job.name)
         raise
     except Exception as err:
         raise _record_failure(err, run_dir, choices, overrides) from err
@@ -216,6 +247,96 @@ def plan_job(cfg: DictConfig, hydra_cfg, as_json: bool) -> None:
         for error in plan.errors[:-1]:
             print(f"meshrun: error: {error}", file=sys.stderr)
         raise plan.errors[-1]
+
+
+# Set for a sweep job that runs in a process of its own: it records a config error like a job of
+# an in-process multirun (metrics.json with status error) instead of discarding its run dir.
+SWEEP_JOB_ENV = "MESHRUN_SWEEP_JOB"
+
+
+def isolated_job(hydra_cfg) -> None:
+    """Runs one multirun job as `meshrun train` in a fresh process (jobs needing different device
+    counts cannot share one: jax fixes the count when it starts), into the job's own run dir."""
+    run_dir = hydra_cfg.runtime.output_dir
+    overrides = list(hydra_cfg.overrides.task)
+    command = [sys.executable, "-m", "meshrun", "train", *overrides, f"hydra.run.dir={run_dir}"]
+    done = subprocess.run(command, env={**os.environ, SWEEP_JOB_ENV: "1"}, check=False)
+    if done.returncode == 0:
+        return
+    metrics_file = Path(run_dir) / "metrics.json"
+    if not metrics_file.exists():  # the process died before it could say why
+        choices = OmegaConf.to_container(hydra_cfg.runtime.choices, resolve=False)
+        _write_error_metrics(f"the job's process exited with status {done.returncode}", 1, run_dir, choices, overrides)
+    _FAILED_JOBS.append(2 if done.returncode == 2 else 1)
+
+
+def jobs_need_own_processes(overrides: list[str]) -> bool:
+    """Whether the jobs of a multirun need different device counts; says so when they do. The
+    count of a job is its mesh size, or devices.cpu_devices for a mesh holding -1."""
+    from hydra import compose, initialize_config_module
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    try:
+        parsed = OverridesParser.create().parse_overrides(overrides)
+        (jobs,) = BasicSweeper.split_arguments(parsed, max_batch_size=None)
+        counts = set()
+        with initialize_config_module(config_module="meshrun.configs", version_base="1.3"):
+            for job in jobs:
+                config = schema.parse_run_config(resolved(compose(config_name="meshrun", overrides=job)))
+                counts.add(devices.cpu_devices_needed(config.mesh, config.devices))
+    except Exception:  # a job that does not compose fails in the multirun itself, with its reason
+        return False
+    if len(counts) < 2:
+        return False
+    print(f"meshrun: jobs need different device counts ({one_of(sorted(counts))}): running each job in its own process")
+    return True
+
+
+def sweep_overrides(overrides: list[str]) -> list[str]:
+    """`meshrun sweep`'s overrides: the user's, with `mesh=` set to every shape of the available
+    devices for the mesh's number of axes (from the config the other overrides compose)."""
+    from hydra import compose, initialize_config_module
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    kept = [o for o in overrides if o != "-m" and not o.startswith("mesh=")]
+    chosen = [o for o in overrides if o.startswith("mesh=")][-1:]
+    parser = OverridesParser.create()
+    fixed = [o for o in prepare_overrides(kept + chosen) if not parser.parse_override(o).is_sweep_override()]
+    with initialize_config_module(config_module="meshrun.configs", version_base="1.3"):
+        config = schema.parse_run_config(resolved(compose(config_name="meshrun", overrides=fixed)))
+    count = devices.available_count(config.devices)
+    from meshrun.sweep import mesh_shapes
+
+    shapes = [schema.format_shape(s) for s in mesh_shapes(count, len(config.mesh.shape))]
+    print(f"meshrun sweep: {len(shapes)} mesh shapes of {count} devices: {', '.join(shapes)}")
+    return [*kept, "mesh=" + ",".join(shapes)]
+
+
+def finish_sweep(sweep_dir: str, runs: list[str], failed: list[int]) -> int:
+    """Compares a multirun's jobs (table and summary files in its sweep dir); returns the exit
+    status: 0 if any job succeeded, else the worst job's."""
+    from meshrun import sweep
+
+    sweep.compare(sweep.find_runs(runs), sweep_dir)
+    return 0 if len(runs) > len(failed) else max(failed, default=1)
+
+
+def report_command(args: list[str]) -> None:
+    """`meshrun report DIR [DIR ...] [--out DIR]`."""
+    from meshrun import sweep
+
+    try:
+        sweep.report(args)
+    except ConfigError as err:
+        _fail(str(err), status=2)
+
+
+def _write_error_metrics(message: str, status: int, run_dir: str, choices: dict, overrides: list) -> None:
+    from meshrun import report
+
+    metrics = {**report.error_metrics(message, run_dir, choices, overrides), "exit_status": status}
+    report.write_json(metrics, run_dir, report.METRICS_FILE)
 
 
 def resolved(cfg: DictConfig) -> dict:

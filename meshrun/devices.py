@@ -9,7 +9,7 @@ import sys
 from dataclasses import dataclass
 
 from meshrun.errors import ConfigError
-from meshrun.schema import DevicesConfig, MeshConfig, format_shape
+from meshrun.schema import CacheConfig, DevicesConfig, MeshConfig, format_shape
 
 log = logging.getLogger("meshrun")
 
@@ -51,6 +51,40 @@ def prepare(devices: DevicesConfig, mesh: MeshConfig) -> None:
         os.environ["JAX_NUM_CPU_DEVICES"] = str(cpu_devices_needed(mesh, devices))
 
 
+def compilation_cache_dir(cache: CacheConfig) -> str | None:
+    """Where XLA's persistent compilation cache lives, or None when it is off."""
+    if not cache.enabled:
+        return None
+    if cache.dir:
+        return os.path.abspath(os.path.expanduser(cache.dir))
+    root = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(root, "meshrun", "xla")
+
+
+def set_compilation_cache(cache: CacheConfig) -> str | None:
+    """Turns XLA's persistent compilation cache on (every compiled program, however quick to
+    compile, so a repeated run skips most compilation) or off; returns its dir. Before jax is
+    imported this goes through jax's environment variables; after, through jax.config, which jax
+    honours until its first compilation (later jobs of one process keep the first job's cache)."""
+    settings = {
+        "jax_compilation_cache_dir": compilation_cache_dir(cache),
+        "jax_persistent_cache_min_compile_time_secs": 0,
+        "jax_persistent_cache_min_entry_size_bytes": 0,
+        "jax_enable_compilation_cache": cache.enabled,
+    }
+    if "jax" in sys.modules:
+        import jax
+
+        for name, value in settings.items():
+            if value is not None:
+                jax.config.update(name, value)
+    else:
+        for name, value in settings.items():
+            if value is not None:
+                os.environ[name.upper()] = str(value).lower() if isinstance(value, bool) else str(value)
+    return settings["jax_compilation_cache_dir"]
+
+
 def prepare_for_plan(devices: DevicesConfig, mesh: MeshConfig) -> None:
     """Sets up jax for `meshrun plan`, which needs devices only to fill in a -1 in the mesh: with an
     explicit shape it plans for devices this machine need not have, on one CPU device; either way
@@ -60,6 +94,14 @@ def prepare_for_plan(devices: DevicesConfig, mesh: MeshConfig) -> None:
         prepare(devices, mesh)
     else:
         prepare(DevicesConfig(platform="cpu", cpu_devices=1), MeshConfig(shape=(1,), axis_names=("data",), batch_axis="data"))
+
+
+def available_count(devices: DevicesConfig) -> int:
+    """How many devices a run could use here: the accelerators jax finds, or devices.cpu_devices
+    emulated CPU devices (a ConfigError when the platform asked for is missing)."""
+    every = MeshConfig(shape=(-1,), axis_names=("data",), batch_axis="data")
+    prepare(devices, every)
+    return discover(devices, every).mesh.size
 
 
 def discover(devices: DevicesConfig, mesh: MeshConfig) -> DeviceSet:

@@ -18,12 +18,17 @@ PLAN_FILE = "plan.json"
 
 
 def write_json(data: dict, run_dir: str | os.PathLike, name: str) -> Path:
-    """Writes `data` as JSON file `name` into `run_dir` atomically (a reader never sees half a file)."""
+    """Writes `data` as JSON file `name` into `run_dir` atomically."""
     path = Path(run_dir) / name
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(data, indent=2, sort_keys=False) + "\n")
-    os.replace(tmp, path)
+    write_atomic(path, (json.dumps(data, indent=2, sort_keys=False) + "\n").encode())
     return path
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    """Writes `data` to `path` through a temporary file, so a reader never sees half a file."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
 
 
 def error_metrics(message: str, run_dir: str, choices: dict, overrides: list) -> dict:
@@ -151,6 +156,46 @@ def lint_table(plan: dict) -> Table:
         table.add_row("[red]error[/red]", escape(error))
     for warning in plan["warnings"]:
         table.add_row("[yellow]warning[/yellow]", escape(warning))
+    return table
+
+
+def render_sweep(rows: list[dict], console: Console | None = None) -> None:
+    """Prints the comparison of a sweep's jobs (at least 120 columns wide when not on a terminal,
+    so CI logs keep one line per job)."""
+    if console is None:
+        console = Console()
+        if not console.is_terminal:
+            console = Console(width=max(console.width, 120))
+    console.print(sweep_table(rows))
+
+
+def sweep_table(rows: list[dict]) -> Table:
+    """One row per job, fastest first, the best marked; failed jobs last with their reason."""
+    lm = any(r["tokens_per_s"] for r in rows)
+    models = sorted({str(r["model"]) for r in rows})
+    layouts = sorted({str(r["layout"]) for r in rows})
+    title = f"meshrun sweep: {len(rows)} jobs of {', '.join(models)}"
+    if len(layouts) == 1:
+        title += f", layout {layouts[0]}"
+    table = Table(title=escape(title + f"; fastest first ({'tokens' if lm else 'samples'}/s)"))
+    columns = ["", "job", "mesh", *(["layout"] if len(layouts) > 1 else []), "status", "compile s",
+               "step ms", "p90 ms", "tokens/s" if lm else "samples/s", "eval loss", "peak/device"]
+    errors = any(r["status"] != "ok" for r in rows)
+    for column in columns + (["error"] if errors else []):
+        left = column in ("", "job", "mesh", "layout", "status", "error")
+        table.add_column(column, justify="left" if left else "right", no_wrap=column != "error")
+    for r in rows:
+        head = ["[bold green]best[/bold green]" if r["best"] else "", r["job"], r["mesh"],
+                *([escape(str(r["layout"]))] if len(layouts) > 1 else [])]
+        if r["status"] != "ok":
+            table.add_row(*head, "[red]error[/red]", *[""] * 6, escape(r["error"] or ""))
+            continue
+        rate = r["tokens_per_s"] if lm else r["samples_per_s"]
+        peak = f"{format_bytes(r['peak_bytes_per_device'])} {r['peak_source']}" if r["peak_bytes_per_device"] else "n/a"
+        table.add_row(
+            *head, "ok", f"{r['compile_s']:.2f}", f"{r['step_time_ms']:.2f}", f"{r['step_time_p90_ms']:.2f}",
+            f"{rate:,.0f}", f"{r['eval_loss']:.5f}", peak, *([""] if errors else []),
+        )
     return table
 
 

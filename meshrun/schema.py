@@ -129,6 +129,15 @@ class DevicesConfig:
 
 
 @dataclass(frozen=True)
+class CacheConfig:
+    """XLA's persistent compilation cache: on by default, in `dir` (None: the user's cache dir,
+    $XDG_CACHE_HOME/meshrun/xla or ~/.cache/meshrun/xla)."""
+
+    enabled: bool = True
+    dir: Optional[str] = None
+
+
+@dataclass(frozen=True)
 class RunConfig:
     """Everything one training run needs, validated."""
 
@@ -138,9 +147,10 @@ class RunConfig:
     data: DataConfig = field(default_factory=DataConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     devices: DevicesConfig = field(default_factory=DevicesConfig)
+    cache: CacheConfig = field(default_factory=CacheConfig)
 
 
-TOP_LEVEL_KEYS = ("mesh", "layout", "model", "data", "train", "devices")
+TOP_LEVEL_KEYS = ("mesh", "layout", "model", "data", "train", "devices", "cache")
 
 
 def parse_run_config(raw: Mapping[str, Any]) -> RunConfig:
@@ -154,6 +164,7 @@ def parse_run_config(raw: Mapping[str, Any]) -> RunConfig:
         data=_parse_dataclass(DataConfig, _section(raw, "data"), "data"),
         train=_parse_dataclass(TrainConfig, _section(raw, "train"), "train"),
         devices=_parse_dataclass(DevicesConfig, _section(raw, "devices"), "devices"),
+        cache=_parse_dataclass(CacheConfig, _section(raw, "cache"), "cache"),
     )
     _check_values(config)
     return config
@@ -162,7 +173,7 @@ def parse_run_config(raw: Mapping[str, Any]) -> RunConfig:
 def known_keys() -> list[str]:
     """Every dotted key a config may set (for 'did you mean' suggestions)."""
     keys = ["mesh.shape", "mesh.axis_names", "mesh.batch_axis", "layout.rules", "model.name"]
-    for section, cls in (("data", DataConfig), ("train", TrainConfig), ("devices", DevicesConfig)):
+    for section, cls in (("data", DataConfig), ("train", TrainConfig), ("devices", DevicesConfig), ("cache", CacheConfig)):
         keys += [f"{section}.{f.name}" for f in dataclasses.fields(cls)]
     for name in registry.model_names():
         keys += [f"model.{f.name}" for f in dataclasses.fields(registry.get_model(name).options)]

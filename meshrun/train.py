@@ -68,6 +68,7 @@ def plan(config: RunConfig) -> Plan:
 
 
 def _run(config: RunConfig, context: RunContext) -> RunResult:
+    cache_dir = devices_lib.set_compilation_cache(config.cache)  # before anything compiles
     device_set = devices_lib.discover(config.devices, config.mesh)
     mesh = device_set.mesh
     check_batch(config.train.batch_size, mesh)
@@ -151,6 +152,7 @@ def _run(config: RunConfig, context: RunContext) -> RunResult:
             "cost_analysis_s": step_costs.seconds,
             "wall_s": finished_at - context.started_at,
         },
+        "cache": {"enabled": config.cache.enabled, "dir": cache_dir},
         "flops": flops_metrics(step_costs, stats.step_time_s, device_set, config, spec),
         "memory": memory_metrics(step_costs, sharding, model, placement, device_set),
         "history": {name: [float(v) for v in values] for name, values in history.history.items()},

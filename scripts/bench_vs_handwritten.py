@@ -45,7 +45,8 @@ def run_once(tool, mesh, epochs, args, workdir):
     out = Path(tempfile.mkdtemp(prefix=f"{tool}-{mesh}-e{epochs}-", dir=workdir))
     if tool == "meshrun":
         command = [
-            "meshrun", "train", f"mesh={mesh}", "layout=dense_model", "train.verbose=0",
+            # No compilation cache: the hand-written script compiles every time too.
+            "meshrun", "train", f"mesh={mesh}", "layout=dense_model", "train.verbose=0", "cache.enabled=false",
             "data.shuffle=false", f"data.num_samples={args.num_samples}",
             f"train.batch_size={args.batch_size}", f"train.epochs={epochs}", f"hydra.run.dir={out}",
             *args.meshrun_override,

@@ -4,6 +4,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import absl.logging
@@ -14,6 +15,8 @@ os.environ["JAX_PLATFORMS"] = "cpu"
 os.environ["JAX_NUM_CPU_DEVICES"] = "8"
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
+# The tests' runs (and the meshrun processes they start) share a throw-away compilation cache.
+os.environ["XDG_CACHE_HOME"] = tempfile.mkdtemp(prefix="meshrun-test-cache-")
 
 # Hydra's logging set-up (logging.config.dictConfig, once per job) closes every handler ever
 # created, and absl's handler closes its stream unless that stream is sys.stderr at the time. Under

@@ -139,7 +139,7 @@ def test_unknown_command(capsys):
     with pytest.raises(SystemExit) as exit_info:
         cli.main(["trian"])
     assert exit_info.value.code == 2
-    assert capsys.readouterr().err.strip() == "meshrun: error: unknown command 'trian'; valid: train or plan (see meshrun --help)"
+    assert capsys.readouterr().err.strip() == "meshrun: error: unknown command 'trian'; valid: train, plan, sweep or report (see meshrun --help)"
 
 
 def test_usage_without_command(capsys):

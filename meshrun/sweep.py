@@ -1,0 +1,178 @@
+"""Mesh-shape sweeps: which shapes to try, and the comparison of finished runs (the rows of the
+sweep table and the files summary.csv, summary.json and summary.png in the sweep dir).
+
+Everything here reads and writes plain files and dicts (each run's metrics.json); no jax.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import re
+from pathlib import Path
+
+from meshrun.errors import ConfigError, one_of
+from meshrun.report import METRICS_FILE, render_sweep, write_atomic
+from meshrun.schema import format_shape
+
+SUMMARY_FILES = ("summary.csv", "summary.json", "summary.png")
+COLUMNS = (
+    "job", "mesh", "model", "layout", "status", "best", "compile_s", "step_time_ms", "step_time_p90_ms",
+    "samples_per_s", "tokens_per_s", "eval_loss", "peak_bytes_per_device", "peak_source", "run_dir", "error",
+)
+
+
+def mesh_shapes(device_count: int, rank: int) -> list[tuple[int, ...]]:
+    """Every ordered factorisation of `device_count` into `rank` dimensions, the first dimension
+    largest first: 8 devices, 2-D -> 8x1, 4x2, 2x4, 1x8."""
+    if rank == 1:
+        return [(device_count,)]
+    shapes = []
+    for first in sorted((d for d in range(1, device_count + 1) if device_count % d == 0), reverse=True):
+        shapes += [(first, *rest) for rest in mesh_shapes(device_count // first, rank - 1)]
+    return shapes
+
+
+def compare(run_dirs, out_dir) -> list[dict]:
+    """Prints the comparison of `run_dirs` and writes the summary files into `out_dir`."""
+    rows = summary_rows(run_dirs, relative_to=out_dir)
+    render_sweep(rows)
+    for path in write_summary(rows, out_dir):
+        print(f"wrote {path}")
+    return rows
+
+
+def report(args: list[str]) -> list[dict]:
+    """`meshrun report DIR [DIR ...] [--out DIR]`: compares the runs found under the dirs, writing
+    the summary files into the one dir given, or --out (the working dir for several)."""
+    out = None
+    if "--out" in args:
+        index = args.index("--out")
+        if index + 1 >= len(args):
+            raise ConfigError("--out", "needs a directory")
+        out, args = args[index + 1], args[:index] + args[index + 2:]
+    if not args or any(a.startswith("-") for a in args):
+        raise ConfigError("report", f"got {args!r}; give one or more sweep or run dirs, e.g. meshrun report multirun/DATE/TIME")
+    missing = [a for a in args if not Path(a).is_dir()]
+    if missing:
+        raise ConfigError("report", f"{missing[0]!r} is not a directory")
+    runs = find_runs(args)
+    if not runs:
+        raise ConfigError("report", f"no metrics.json under {one_of(args)}; run dirs of meshrun train hold one")
+    return compare(runs, out or (args[0] if len(args) == 1 else "."))
+
+
+def find_runs(paths) -> list[Path]:
+    """The run dirs (dirs holding a metrics.json) at or under each of `paths`, in natural order
+    (job 2 before job 10)."""
+    found = set()
+    for path in map(Path, paths):
+        if (path / METRICS_FILE).is_file():
+            found.add(path)
+        found.update(p.parent for p in path.rglob(METRICS_FILE))
+    return sorted(found, key=_natural_key)
+
+
+def summary_rows(run_dirs, relative_to) -> list[dict]:
+    """One row per run, sorted by throughput (tokens/s for language models, else samples/s), failed
+    runs last; the fastest successful run has best=True."""
+    rows = [_row(Path(d), json.loads((Path(d) / METRICS_FILE).read_text()), Path(relative_to)) for d in run_dirs]
+    rows.sort(key=lambda r: (r["status"] != "ok", -(_throughput(r) or 0.0)))
+    if rows and rows[0]["status"] == "ok":
+        rows[0]["best"] = True
+    return rows
+
+
+def write_summary(rows: list[dict], out_dir) -> list[Path]:
+    """Writes summary.csv, summary.json and summary.png into `out_dir`; returns their paths."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = [out / name for name in SUMMARY_FILES]
+    write_atomic(paths[0], to_csv(rows).encode())
+    write_atomic(paths[1], (json.dumps({"rows": rows}, indent=2) + "\n").encode())
+    write_atomic(paths[2], plot_png(rows))
+    return paths
+
+
+def to_csv(rows: list[dict]) -> str:
+    """The rows as CSV text, one column per COLUMNS entry."""
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=COLUMNS, lineterminator="\n")
+    writer.writeheader()
+    for row in rows:
+        writer.writerow({k: "" if row[k] is None else row[k] for k in COLUMNS})
+    return buffer.getvalue()
+
+
+def plot_png(rows: list[dict]) -> bytes:
+    """A PNG with two bar charts per job: median step time (p90 as a whisker) and throughput."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib.figure import Figure
+
+    jobs = sorted(rows, key=lambda r: _natural_key(r["job"]))
+    labels = [f"{r['job']}: {r['mesh']}" for r in jobs]
+    ok = [r["status"] == "ok" for r in jobs]
+    step = [r["step_time_ms"] if o else 0.0 for r, o in zip(jobs, ok)]
+    whisker = [max(r["step_time_p90_ms"] - r["step_time_ms"], 0.0) if o else 0.0 for r, o in zip(jobs, ok)]
+    rate = [(_throughput(r) or 0.0) if o else 0.0 for r, o in zip(jobs, ok)]
+    unit = "tokens/s" if any(r["tokens_per_s"] for r in jobs) else "samples/s"
+
+    figure = Figure(figsize=(max(6.0, 1.2 * len(jobs) + 2), 6.5), layout="constrained")
+    top, bottom = figure.subplots(2, 1, sharex=True)
+    positions = range(len(jobs))
+    top.bar(positions, step, yerr=[[0] * len(jobs), whisker], color="tab:blue", capsize=4)
+    top.set_ylabel("step time, ms (median; whisker: p90)")
+    bottom.bar(positions, rate, color="tab:green")
+    bottom.set_ylabel(unit)
+    bottom.set_xticks(list(positions), labels, rotation=30, ha="right")
+    for index, good in enumerate(ok):
+        if not good:
+            top.annotate("error", (index, 0), ha="center", va="bottom", color="tab:red")
+    figure.suptitle(f"meshrun sweep: {len(jobs)} jobs")
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png", dpi=100, metadata={"Software": None})
+    return buffer.getvalue()
+
+
+def _row(run_dir: Path, m: dict, relative_to: Path) -> dict:
+    ok = m.get("status") == "ok"
+    timing = m.get("timing", {})
+    memory = m.get("memory", {})
+    live = memory.get("live_peak_bytes_per_device")
+    compiled = memory.get("peak_bytes_per_device")
+    choices = m.get("choices", {})
+    return {
+        "job": run_dir.name,
+        "mesh": format_shape(m["mesh"]["shape"]) if "mesh" in m else str(choices.get("mesh", "?")),
+        "model": m.get("model", {}).get("name") or choices.get("model"),
+        "layout": choices.get("layout"),
+        "status": m.get("status", "error"),
+        "best": False,
+        "compile_s": _round(timing.get("compile_s")) if ok else None,
+        "step_time_ms": _round(timing["step_time_s"] * 1e3) if ok else None,
+        "step_time_p90_ms": _round(timing["step_time_p90_s"] * 1e3) if ok else None,
+        "samples_per_s": _round(timing.get("samples_per_s")) if ok else None,
+        "tokens_per_s": _round(timing.get("tokens_per_s")) if ok else None,
+        "eval_loss": _round(m.get("eval", {}).get("loss")) if ok else None,
+        "peak_bytes_per_device": live if live is not None else compiled,
+        "peak_source": ("live" if live is not None else "compiled") if (live or compiled) else None,
+        "run_dir": os.path.relpath(run_dir.resolve(), relative_to.resolve()),
+        "error": m.get("error"),
+    }
+
+
+def _throughput(row: dict):
+    return row["tokens_per_s"] or row["samples_per_s"]
+
+
+def _round(value, digits: int = 6):
+    return None if value is None else round(float(value), digits)
+
+
+def _natural_key(value) -> list:
+    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", str(value))]
+

@@ -1,0 +1,172 @@
+"""Sweeps: the mesh shapes `meshrun sweep` tries, the comparison of finished runs (table rows,
+summary.csv/json/png), `meshrun report`, failed jobs that do not stop a sweep, jobs needing
+different device counts, and the persistent compilation cache."""
+
+import json
+import shutil
+
+import pytest
+from conftest import FAST, read_metrics, run_meshrun
+
+from meshrun import cli, sweep
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def test_mesh_shapes_are_every_ordered_factorisation():
+    assert sweep.mesh_shapes(8, 2) == [(8, 1), (4, 2), (2, 4), (1, 8)]
+    assert sweep.mesh_shapes(6, 2) == [(6, 1), (3, 2), (2, 3), (1, 6)]
+    assert sweep.mesh_shapes(8, 1) == [(8,)]
+    three = sweep.mesh_shapes(8, 3)
+    assert len(three) == 10 and len(set(three)) == 10
+    assert all(a * b * c == 8 for a, b, c in three)
+
+
+def fake_run(folder, name, mesh, samples_per_s, tokens_per_s=None, status="ok"):
+    """A run dir with the metrics.json fields the sweep summary reads."""
+    run_dir = folder / name
+    run_dir.mkdir(parents=True)
+    metrics = {"status": status, "error": None if status == "ok" else "mesh.shape: no", "choices": {"mesh": mesh, "layout": "l"}}
+    if status == "ok":
+        metrics |= {
+            "mesh": {"shape": [int(d) for d in mesh.split("x")]},
+            "model": {"name": "m"},
+            "timing": {"compile_s": 1.0, "step_time_s": 16 / samples_per_s, "step_time_p90_s": 20 / samples_per_s,
+                       "samples_per_s": samples_per_s, "tokens_per_s": tokens_per_s},
+            "eval": {"loss": 0.5},
+            "memory": {"peak_bytes_per_device": 1000, "live_peak_bytes_per_device": None},
+        }
+    (run_dir / "metrics.json").write_text(json.dumps(metrics))
+    return run_dir
+
+
+def test_rows_are_sorted_by_throughput_with_the_best_marked_and_failures_last(tmp_path):
+    runs = [fake_run(tmp_path, "0", "8x1", 100.0), fake_run(tmp_path, "1", "4x2", 300.0),
+            fake_run(tmp_path, "2", "3x1", 0, status="error"), fake_run(tmp_path, "10", "1x8", 200.0)]
+    assert sweep.find_runs([tmp_path]) == [runs[0], runs[1], runs[2], runs[3]]  # 10 after 2
+    rows = sweep.summary_rows(runs, relative_to=tmp_path)
+    assert [r["mesh"] for r in rows] == ["4x2", "1x8", "8x1", "3x1"]
+    assert [r["best"] for r in rows] == [True, False, False, False]
+    assert rows[-1]["status"] == "error" and rows[-1]["error"] == "mesh.shape: no" and rows[-1]["step_time_ms"] is None
+    assert rows[0]["step_time_ms"] == pytest.approx(16 / 300 * 1e3, rel=1e-5)
+    assert rows[0]["peak_bytes_per_device"] == 1000 and rows[0]["peak_source"] == "compiled"
+    assert rows[0]["run_dir"] == "1"
+
+
+def test_language_models_are_ranked_by_tokens(tmp_path):
+    runs = [fake_run(tmp_path, "0", "8x1", 100.0, tokens_per_s=9000.0), fake_run(tmp_path, "1", "1x8", 200.0, tokens_per_s=3000.0)]
+    assert [r["mesh"] for r in sweep.summary_rows(runs, relative_to=tmp_path)] == ["8x1", "1x8"]
+
+
+def test_summary_files(tmp_path):
+    rows = sweep.summary_rows([fake_run(tmp_path, "0", "8x1", 100.0), fake_run(tmp_path, "1", "3x1", 0, status="error")], tmp_path)
+    csv_path, json_path, png_path = sweep.write_summary(rows, tmp_path / "out")
+    lines = csv_path.read_text().splitlines()
+    assert lines[0].split(",") == list(sweep.COLUMNS)
+    assert lines[1].startswith("0,8x1,m,l,ok,True,1.0,160.0,200.0,100.0,,0.5,1000,compiled,")
+    assert json.loads(json_path.read_text())["rows"] == rows
+    png = png_path.read_bytes()
+    assert png.startswith(PNG_MAGIC)
+    import matplotlib.image
+
+    height, width, _ = matplotlib.image.imread(str(png_path)).shape
+    assert width >= 600 and height >= 600
+
+
+@pytest.mark.parametrize(
+    "args,expected",
+    [
+        ([], "give one or more sweep or run dirs"),
+        (["nowhere"], "'nowhere' is not a directory"),
+        (["."], "no metrics.json under ."),
+        (["--out"], "--out: needs a directory"),
+    ],
+)
+def test_report_errors_are_one_line_exit_2(args, expected, in_tmp, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["report", *args])
+    err = capsys.readouterr().err.strip()
+    assert exit_info.value.code == 2
+    assert err.startswith("meshrun: error: ") and expected in err and "\n" not in err
+
+
+@pytest.mark.e2e
+def test_sweep_runs_every_shape_compares_them_and_report_reproduces_the_files(tmp_path):
+    sweep_dir = tmp_path / "sweep"
+    done = run_meshrun(["sweep", "layout=dense_model", *FAST, f"hydra.sweep.dir={sweep_dir}"], tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "meshrun sweep: 4 mesh shapes of 8 devices: 8x1, 4x2, 2x4, 1x8" in done.stdout
+    rows = json.loads((sweep_dir / "summary.json").read_text())["rows"]
+    assert sorted(r["mesh"] for r in rows) == ["1x8", "2x4", "4x2", "8x1"]
+    assert all(r["status"] == "ok" for r in rows) and sum(r["best"] for r in rows) == 1
+    throughputs = [r["samples_per_s"] for r in rows]
+    assert throughputs == sorted(throughputs, reverse=True)
+    losses = [read_metrics(sweep_dir / str(job))["history"]["loss"] for job in range(4)]
+    assert all(loss == pytest.approx(losses[0], abs=1e-5) for loss in losses)
+    assert (sweep_dir / "summary.png").read_bytes().startswith(PNG_MAGIC)
+    assert "best" in done.stdout and "fastest first" in done.stdout
+
+    original = (sweep_dir / "summary.csv").read_text()
+    again = run_meshrun(["report", str(sweep_dir), "--out", str(tmp_path / "again")], tmp_path)
+    assert again.returncode == 0, again.stderr
+    assert (tmp_path / "again" / "summary.csv").read_text().replace("../sweep/", "") == original
+    shutil.rmtree(tmp_path / "again")
+    in_place = run_meshrun(["report", str(sweep_dir)], tmp_path)
+    assert in_place.returncode == 0 and (sweep_dir / "summary.csv").read_text() == original
+
+
+@pytest.mark.e2e
+def test_a_job_that_cannot_run_is_recorded_and_the_sweep_goes_on(tmp_path):
+    # hidden=202 divides by a model axis of 1 (8x1) but not of 4 (2x4); two batch sizes each.
+    sweep_dir = tmp_path / "sweep"
+    done = run_meshrun(
+        ["train", "-m", "mesh=8x1,2x4", "train.batch_size=16,32", "layout=dense_model", "model.hidden=202",
+         *FAST, f"hydra.sweep.dir={sweep_dir}"],
+        tmp_path,
+    )
+    assert done.returncode == 0, done.stderr  # at least one job succeeded
+    statuses = {job: read_metrics(sweep_dir / str(job)) for job in range(4)}
+    assert [statuses[j]["status"] for j in range(4)] == ["ok", "ok", "error", "error"]
+    failed = statuses[2]
+    assert failed["error"].startswith("layout.rules.d1/kernel: shards dimension 1") and failed["exit_status"] == 2
+    assert statuses[1]["train"]["global_batch_size"] == 32
+    assert "meshrun: error: job 2: layout.rules.d1/kernel" in done.stderr
+    rows = json.loads((sweep_dir / "summary.json").read_text())["rows"]
+    assert [r["status"] for r in rows][-2:] == ["error", "error"]
+
+    none_ok = run_meshrun(
+        ["train", "-m", "mesh=2x4,1x8", "layout=dense_model", "model.hidden=202", *FAST,
+         f"hydra.sweep.dir={tmp_path / 'all-failed'}"],
+        tmp_path,
+    )
+    assert none_ok.returncode == 2
+    assert (tmp_path / "all-failed" / "summary.csv").exists()
+
+
+@pytest.mark.e2e
+def test_jobs_needing_different_device_counts_run_in_their_own_processes(tmp_path):
+    sweep_dir = tmp_path / "sweep"
+    done = run_meshrun(["train", "-m", "mesh=2x2,2x4", "layout=dense_model", *FAST, f"hydra.sweep.dir={sweep_dir}"], tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "jobs need different device counts (4 or 8): running each job in its own process" in done.stdout
+    small, large = read_metrics(sweep_dir / "0"), read_metrics(sweep_dir / "1")
+    assert (small["devices"]["available"], large["devices"]["available"]) == (4, 8)
+    assert small["status"] == large["status"] == "ok"
+    assert large["history"]["loss"] == pytest.approx(small["history"]["loss"], abs=1e-5)
+
+
+@pytest.mark.e2e
+def test_compilation_cache_is_on_by_default_and_can_be_moved_or_switched_off(tmp_path):
+    cache = tmp_path / "xla-cache"
+    done = run_meshrun(["train", "mesh=2x4", *FAST, f"cache.dir={cache}", f"hydra.run.dir={tmp_path / 'a'}"], tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert read_metrics(tmp_path / "a")["cache"] == {"enabled": True, "dir": str(cache)}
+    entries = sorted(p.name for p in cache.iterdir())
+    assert entries, "nothing was cached"
+    off = run_meshrun(
+        ["train", "mesh=2x4", *FAST, f"cache.dir={tmp_path / 'unused'}", "cache.enabled=false", f"hydra.run.dir={tmp_path / 'b'}"],
+        tmp_path,
+    )
+    assert off.returncode == 0, off.stderr
+    assert read_metrics(tmp_path / "b")["cache"] == {"enabled": False, "dir": None}
+    assert not (tmp_path / "unused").exists()
