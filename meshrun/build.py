@@ -111,6 +111,30 @@ def make_loss(name: str | None, model_spec, options):
         raise ConfigError("train.loss", f"got {name!r}; {_did_you_mean(name, valid)}valid: {one_of(valid)}") from None
 
 
+def make_metrics(names, loss_name_: str, own_loss: bool, model_spec, options) -> list:
+    """The metrics to compile with: Keras metrics `names` when given; else the model's own with its
+    own loss; else accuracy for a cross-entropy loss (Keras picks the kind); else none."""
+    if names is not None:
+        for name in names:
+            try:
+                keras.metrics.get(name)
+            except (ValueError, TypeError):
+                raise ConfigError("train.metrics", f"got {name!r}, which is not a Keras metric; e.g. accuracy, mae, auc") from None
+        return list(names)
+    if own_loss:
+        return model_spec.metrics(options) if model_spec.metrics else []
+    return ["accuracy"] if "crossentropy" in loss_name_ else []
+
+
+def loss_function(loss) -> str:
+    """The Keras loss function under `loss` (a name or a loss object), e.g.
+    sparse_categorical_crossentropy for the transformer's next-token loss."""
+    if isinstance(loss, str):
+        return keras.losses.get(loss).__name__ if callable(keras.losses.get(loss)) else loss
+    function = getattr(loss, "fn", None)
+    return getattr(function, "__name__", type(loss).__name__)
+
+
 def loss_name(loss) -> str:
     """A loss as the report names it."""
     return loss if isinstance(loss, str) else getattr(loss, "name", type(loss).__name__)

@@ -154,18 +154,23 @@ _FAILED_JOBS: list[int] = []
 _JOB: dict = {"command": "train", "json": False, "isolate": False, "multirun": False, "sweep_dir": None, "runs": []}
 
 
+# Config keys holding free-form mappings: `key={...}` on the command line replaces the mapping.
+MAPPING_KEYS = ("layout.rules", "data.features", "data.kwargs")
+
+
 def prepare_overrides(overrides: list[str]) -> list[str]:
-    """Adjusts two overrides Hydra would otherwise take differently from what users mean:
-    `mesh=8` (a 1-D shape: Hydra reads 8 as a number, and group options must be strings) and
-    `layout.rules={...}` (Hydra merges a dict into the existing rules; users mean replace)."""
+    """Adjusts overrides Hydra would otherwise take differently from what users mean: `mesh=8` (a
+    1-D shape: Hydra reads 8 as a number, and group options must be strings) and `layout.rules={...}`
+    and the other MAPPING_KEYS (Hydra merges a dict into the existing one, and rejects new keys in
+    it; users mean replace)."""
     rewritten = []
     for override in overrides:
         key, _, value = override.partition("=")
         if key == "mesh" and re.fullmatch(r"[\w,-]+", value):
             quoted = [f"'{v}'" if re.fullmatch(r"-?\d+", v) else v for v in value.split(",")]
             rewritten.append("mesh=" + ",".join(quoted))
-        elif key == "layout.rules":
-            rewritten += ["~layout.rules", "+" + override]
+        elif key in MAPPING_KEYS:
+            rewritten += [f"~{key}", "+" + override]
         else:
             rewritten.append(override)
     return rewritten

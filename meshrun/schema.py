@@ -16,10 +16,10 @@ from dataclasses import dataclass, field
 from typing import Any, Optional, Union
 
 from meshrun.errors import ConfigError, closest, one_of
+from meshrun import data as data_sources
 from meshrun.models import registry
 
 PLATFORMS = ("auto", "cpu", "gpu", "tpu")
-DATA_SOURCES = ("synthetic",)
 VERBOSITY = (0, 1, 2)
 DEFAULT_AXIS_NAMES = {1: ("data",), 2: ("data", "model")}
 FILL = -1  # a mesh dimension of -1 takes every device the others leave
@@ -96,12 +96,10 @@ class ModelConfig:
 
 @dataclass(frozen=True)
 class DataConfig:
-    """Where training and evaluation data come from."""
+    """Which registered data source feeds the run, and its options (the source's own dataclass)."""
 
     name: str = "synthetic"
-    num_samples: int = 1024
-    eval_samples: int = 256
-    shuffle: bool = True
+    options: Any = None
 
 
 @dataclass(frozen=True)
@@ -114,6 +112,7 @@ class TrainConfig:
     optimizer: str = "adam"
     learning_rate: float = 0.001
     loss: Optional[str] = None  # None: the model's own loss
+    metrics: Optional[tuple[str, ...]] = None  # None: the model's own (with its loss), else accuracy for cross-entropy
     seed: int = 1337
     verbose: int = 1
 
@@ -144,7 +143,7 @@ class RunConfig:
     mesh: MeshConfig
     layout: LayoutConfig
     model: ModelConfig
-    data: DataConfig = field(default_factory=DataConfig)
+    data: DataConfig = field(default_factory=lambda: parse_data({}))
     train: TrainConfig = field(default_factory=TrainConfig)
     devices: DevicesConfig = field(default_factory=DevicesConfig)
     cache: CacheConfig = field(default_factory=CacheConfig)
@@ -161,7 +160,7 @@ def parse_run_config(raw: Mapping[str, Any]) -> RunConfig:
         mesh=mesh,
         layout=parse_layout(_section(raw, "layout"), mesh),
         model=parse_model(_section(raw, "model")),
-        data=_parse_dataclass(DataConfig, _section(raw, "data"), "data"),
+        data=parse_data(_section(raw, "data")),
         train=_parse_dataclass(TrainConfig, _section(raw, "train"), "train"),
         devices=_parse_dataclass(DevicesConfig, _section(raw, "devices"), "devices"),
         cache=_parse_dataclass(CacheConfig, _section(raw, "cache"), "cache"),
@@ -172,11 +171,13 @@ def parse_run_config(raw: Mapping[str, Any]) -> RunConfig:
 
 def known_keys() -> list[str]:
     """Every dotted key a config may set (for 'did you mean' suggestions)."""
-    keys = ["mesh.shape", "mesh.axis_names", "mesh.batch_axis", "layout.rules", "model.name"]
-    for section, cls in (("data", DataConfig), ("train", TrainConfig), ("devices", DevicesConfig), ("cache", CacheConfig)):
+    keys = ["mesh.shape", "mesh.axis_names", "mesh.batch_axis", "layout.rules", "model.name", "data.name"]
+    for section, cls in (("train", TrainConfig), ("devices", DevicesConfig), ("cache", CacheConfig)):
         keys += [f"{section}.{f.name}" for f in dataclasses.fields(cls)]
     for name in registry.model_names():
         keys += [f"model.{f.name}" for f in dataclasses.fields(registry.get_model(name).options)]
+    for name in data_sources.source_names():
+        keys += [f"data.{f.name}" for f in dataclasses.fields(data_sources.get_source(name).options)]
     return sorted(set(keys))
 
 
@@ -306,6 +307,17 @@ def parse_model(raw: Mapping[str, Any]) -> ModelConfig:
     return ModelConfig(name=name, options=options)
 
 
+def parse_data(raw: Mapping[str, Any]) -> DataConfig:
+    """Looks the data source up in the registry and validates its options against its dataclass."""
+    name = raw.get("name", "synthetic")
+    names = data_sources.source_names()
+    if name not in names:
+        raise ConfigError("data.name", f"got {name!r}; available data sources: {one_of(names)}")
+    spec = data_sources.get_source(name)
+    values = _parse_dataclass(spec.options, {k: v for k, v in raw.items() if k != "name"}, "data", as_kwargs=True)
+    return DataConfig(name=name, options=spec.options(**values))
+
+
 # --- generic dataclass parsing ------------------------------------------------------------------
 
 
@@ -372,8 +384,6 @@ def _check_values(config: RunConfig) -> None:
     positive = {
         "train.batch_size": config.train.batch_size,
         "train.epochs": config.train.epochs,
-        "data.num_samples": config.data.num_samples,
-        "data.eval_samples": config.data.eval_samples,
         "devices.cpu_devices": config.devices.cpu_devices,
     }
     for key, value in positive.items():
@@ -387,14 +397,15 @@ def _check_values(config: RunConfig) -> None:
         raise ConfigError("train.verbose", f"got {config.train.verbose}; valid: {one_of(VERBOSITY)}")
     if config.devices.platform not in PLATFORMS:
         raise ConfigError("devices.platform", f"got {config.devices.platform!r}; valid: {one_of(PLATFORMS)}")
-    if config.data.name not in DATA_SOURCES:
-        raise ConfigError("data.name", f"got {config.data.name!r}; available data sources: {one_of(DATA_SOURCES)}")
     check_batch(config.train.batch_size, config.mesh)
-    for key, count in (("data.num_samples", config.data.num_samples), ("data.eval_samples", config.data.eval_samples)):
-        if count < config.train.batch_size:
-            raise ConfigError(
-                key, f"got {count}; fewer samples than one global batch (train.batch_size={config.train.batch_size})"
-            )
+    synthetic = config.data.options
+    if config.data.name == "synthetic":  # other sources count their samples when they load
+        for key in ("num_samples", "eval_samples"):
+            if getattr(synthetic, key) < config.train.batch_size:
+                raise ConfigError(
+                    f"data.{key}",
+                    f"got {getattr(synthetic, key)}; fewer samples than one global batch (train.batch_size={config.train.batch_size})",
+                )
 
 
 def check_batch(batch_size: int, mesh: MeshConfig) -> None:

@@ -79,15 +79,24 @@ def _run(config: RunConfig, context: RunContext) -> RunResult:
     placement = build_lib.plan_model(config, mesh)
     placement.raise_first_error()
     loss = build_lib.make_loss(config.train.loss, spec, options)
+    context_data = data_lib.DataContext(
+        model=spec, model_options=options, batch_size=config.train.batch_size, seed=config.train.seed,
+        process_index=jax.process_index(), process_count=device_set.processes,
+    )
 
     distribution = distribution_lib.make_distribution(mesh, config.layout.rules, device_set.devices)
     keras.distribution.set_distribution(distribution)
     # Every Keras object, the optimizer's variables included, must be created under the distribution.
     optimizer = build_lib.make_optimizer(config.train.optimizer, config.train.learning_rate)
+    metrics = build_lib.make_metrics(
+        config.train.metrics, build_lib.loss_function(loss), config.train.loss is None, spec, options
+    )
     keras.utils.set_random_seed(config.train.seed)
     model = spec.build(options)
-    model.compile(optimizer=optimizer, loss=loss)
-    datasets = data_lib.make_datasets(config.data, spec.data, options, config.train.batch_size, config.train.seed)
+    model.compile(optimizer=optimizer, loss=loss, metrics=metrics)
+    # After the seed: tf.data's shuffle order follows TensorFlow's global seed too.
+    datasets = data_lib.make_datasets(config.data.name, config.data.options, context_data)
+    data_lib.pipeline.check_fits_model(datasets.train.element_spec, model, build_lib.loss_function(loss))
     built_at = time.time()
 
     timer = StepTimer(async_safe=not device_set.emulated)
@@ -126,7 +135,14 @@ def _run(config: RunConfig, context: RunContext) -> RunResult:
         },
         "layout": {"rules": {r.pattern: list(r.axes) for r in config.layout.rules}},
         "model": {"name": spec.name, "params": int(model.count_params()), "options": _jsonable(asdict(options))},
-        "data": {**asdict(config.data), "family": spec.data},
+        "data": {
+            "source": config.data.name,
+            **_jsonable(asdict(config.data.options)),
+            **datasets.info,
+            "global_batch_size": batch,
+            "process_batch_size": context_data.process_batch_size,
+            "processes": context_data.process_count,
+        },
         "train": {
             "global_batch_size": batch,
             "per_replica_batch_size": batch // mesh.axis_size(mesh.batch_axis),

@@ -70,8 +70,19 @@ def test_config_error_in_a_fresh_process_is_one_line_exit_2_and_leaves_nothing(t
 
 def test_failure_during_training_writes_status_error(tmp_path):
     run_dir = tmp_path / "run"
-    # Float labels of shape (10,) do not fit a sparse loss: Keras fails inside fit.
-    done = run_meshrun(["train", *FAST, "train.loss=sparse_categorical_crossentropy", f"hydra.run.dir={run_dir}"], tmp_path)
+    # The user's data generator fails in the middle of the first epoch.
+    (tmp_path / "failing_data.py").write_text(
+        "import numpy as np\n"
+        "def make(split, seed):\n"
+        "    for i in range(40):\n"
+        "        yield np.zeros((28, 28, 1), np.float32), np.zeros((10,), np.float32)\n"
+        "    raise RuntimeError('disk went away')\n"
+    )
+    done = run_meshrun(
+        ["train", *FAST, "data=python", "data.factory=failing_data:make", "data.num_samples=128",
+         "data.eval_samples=32", f"hydra.run.dir={run_dir}"],
+        tmp_path,
+    )
     assert done.returncode == 1
     lines = done.stderr.strip().splitlines()
     assert lines[-1].startswith("meshrun: error: training failed: ")

@@ -39,12 +39,20 @@ def model_of_layout(layout):
     return owners[0] if layout == "replicated" else owners[-1]
 
 
+# Data sources that read the user's files or code need to be told where.
+REQUIRED = {
+    ("data", "arrays"): ["data.path=train.npz"],
+    ("data", "tfrecord"): ["data.files=train-*.tfrecord", "data.features={x:{dtype:float32,shape:[784]},y:{dtype:int64,shape:[]}}"],
+    ("data", "python"): ["data.factory=mydata:make"],
+}
+
+
 @pytest.mark.parametrize(
     "group,option",
     [(g, o) for g in GROUPS for o in group_options(g) if g != "layout"],
 )
 def test_every_option_composes(group, option):
-    config = composed(f"{group}={option}")
+    config = composed(*cli.prepare_overrides([f"{group}={option}", *REQUIRED.get((group, option), [])]))
     if group == "model":
         assert config.model.name == option
 

@@ -60,6 +60,13 @@ def _loss(options: CnnOptions):
     return keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 
 
+def _metrics(options):
+    """Accuracy of the class predictions."""
+    import keras
+
+    return [keras.metrics.SparseCategoricalAccuracy(name="accuracy")]
+
+
 SPEC = register_model(
     ModelSpec(
         name="cnn",
@@ -69,5 +76,6 @@ SPEC = register_model(
         data="images",
         loss=_loss,
         description="small conv net for 28x28x1 images, 10 classes",
+        metrics=_metrics,
     )
 )

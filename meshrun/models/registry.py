@@ -24,8 +24,9 @@ class ModelSpec:
     - `loss(options)`: the Keras loss (a name or a loss object) used when train.loss is null.
     - `tokens_per_sample(options)`: for sequence models, the tokens one sample carries (reported
       as timing.tokens_per_s).
-    - `analytic_flops(options, params, batch_size)`: a closed-form FLOPs estimate of one train step,
+    - `analytic_flops(options, batch_size)`: a closed-form FLOPs estimate of one train step,
       reported beside XLA's count.
+    - `metrics(options)`: the Keras metrics to report with the model's own loss (e.g. accuracy).
     """
 
     name: str
@@ -36,7 +37,8 @@ class ModelSpec:
     loss: Callable[[Any], Any]
     description: str = ""
     tokens_per_sample: Optional[Callable[[Any], int]] = None
-    analytic_flops: Optional[Callable[[Any, int, int], float]] = None
+    analytic_flops: Optional[Callable[[Any, int], float]] = None
+    metrics: Optional[Callable[[Any], list]] = None
 
     @property
     def default_layout(self) -> str:

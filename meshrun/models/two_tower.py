@@ -68,6 +68,13 @@ def _loss(options: TwoTowerOptions):
     return keras.losses.BinaryCrossentropy(from_logits=True)
 
 
+def _metrics(options):
+    """Accuracy of the logit predictions."""
+    import keras
+
+    return [keras.metrics.BinaryAccuracy(threshold=0.0, name="accuracy")]
+
+
 SPEC = register_model(
     ModelSpec(
         name="two_tower",
@@ -77,5 +84,6 @@ SPEC = register_model(
         data="id_pairs",
         loss=_loss,
         description="recommender with user and item embedding tables, presets small and large",
+        metrics=_metrics,
     )
 )

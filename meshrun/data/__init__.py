@@ -1,0 +1,17 @@
+"""Input pipelines: the data sources (`data=` config group) and what they share.
+
+Every source registers itself here (meshrun.data.registry) with its options dataclass; importing
+this package registers them all and imports no tensorflow (sources import it when they load).
+"""
+
+from meshrun.data import arrays, python_source, synthetic, tfrecord  # noqa: F401  (register themselves)
+from meshrun.data.pipeline import Datasets
+from meshrun.data.registry import DataContext, get_source, source_names
+
+
+def make_datasets(source: str, options, context: DataContext) -> Datasets:
+    """Loads data source `source` with its options for the run described by `context`."""
+    return get_source(source).load(options, context)
+
+
+__all__ = ["DataContext", "Datasets", "get_source", "make_datasets", "source_names"]

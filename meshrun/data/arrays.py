@@ -1,0 +1,136 @@
+"""data=arrays: features and labels from .npy or .npz files, memory-mapped (read a batch at a time,
+never whole into memory).
+
+- `data.path`: a .npz holding `data.features_key` and `data.labels_key` (uncompressed members are
+  memory-mapped; compressed ones have to be read into memory), or a .npy of features with the
+  labels in `data.labels_path`.
+- Evaluation data: `data.eval_path` (and `data.eval_labels_path`) laid out the same way, or else
+  the last `data.validation_split` of the samples, or else none (the run evaluates on training data
+  and says so).
+"""
+
+from __future__ import annotations
+
+import logging
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+
+from meshrun.data import pipeline
+from meshrun.data.registry import DataContext, SourceSpec, register_source
+from meshrun.errors import ConfigError, one_of
+
+log = logging.getLogger("meshrun")
+
+
+@dataclass(frozen=True)
+class ArraysOptions:
+    """Where the arrays are and how to read them."""
+
+    path: Optional[str] = None
+    features_key: str = "x"
+    labels_key: str = "y"
+    labels_path: Optional[str] = None
+    eval_path: Optional[str] = None
+    eval_labels_path: Optional[str] = None
+    validation_split: float = 0.0
+    shuffle: bool = True
+
+    def __post_init__(self):
+        if not self.path:
+            raise ConfigError("data.path", "is required for data=arrays: a .npz file, or a .npy of features with data.labels_path")
+        if not 0.0 <= self.validation_split < 1.0:
+            raise ConfigError("data.validation_split", f"got {self.validation_split}; expected 0 <= validation_split < 1")
+
+
+def open_array(path: str, path_key: str, member: Optional[str] = None, member_key: str = "") -> np.ndarray:
+    """The array in a .npy file, or `member` of a .npz file, memory-mapped where it can be.
+    `path_key` and `member_key` name the config keys a ConfigError blames."""
+    file = Path(path).expanduser()
+    if not file.is_file():
+        raise ConfigError(path_key, f"got {path!r}, which is not a file")
+    try:
+        if file.suffix == ".npz":
+            return _npz_member(file, member, member_key)
+        return np.load(file, mmap_mode="r")
+    except (ValueError, OSError, EOFError, zipfile.BadZipFile) as err:
+        raise ConfigError(path_key, f"cannot read {path!r} as a numpy file ({err})") from None
+
+
+def _npz_member(file: Path, key: str, member_key: str) -> np.ndarray:
+    with zipfile.ZipFile(file) as archive:
+        names = [n.removesuffix(".npy") for n in archive.namelist()]
+        if key not in names:
+            raise ConfigError(member_key, f"got {key!r}, which is not in {str(file)!r}; keys present: {one_of(names)}")
+        info = archive.getinfo(f"{key}.npy")
+        if info.compress_type != zipfile.ZIP_STORED:
+            log.warning(f"{file}: member {key!r} is compressed, so it is read into memory; save with np.savez to memory-map it")
+            with archive.open(info) as member:
+                return np.lib.format.read_array(member)
+        with archive.open(info) as member:
+            major, _ = np.lib.format.read_magic(member)
+            read_header = np.lib.format.read_array_header_1_0 if major == 1 else np.lib.format.read_array_header_2_0
+            shape, fortran, dtype = read_header(member)
+            header = member.tell()
+    # A stored member's bytes lie in the file right after its local header.
+    with open(file, "rb") as raw:
+        raw.seek(info.header_offset + 26)
+        name_length, extra_length = np.frombuffer(raw.read(4), dtype="<u2")
+    offset = info.header_offset + 30 + int(name_length) + int(extra_length) + header
+    return np.memmap(file, dtype=dtype, mode="r", shape=shape, order="F" if fortran else "C", offset=offset)
+
+
+def _features_and_labels(path, labels_path, options: ArraysOptions, key: str):
+    """Features and labels from `path` (config key data.<key>) and, for .npy, `labels_path`."""
+    labels_key = f"data.{key.replace('path', 'labels_path')}"
+    if Path(path).suffix == ".npz":
+        x = open_array(path, f"data.{key}", options.features_key, "data.features_key")
+        y = open_array(path, f"data.{key}", options.labels_key, "data.labels_key")
+    else:
+        if not labels_path:
+            raise ConfigError(labels_key, f"is required with a .npy file ({path!r} holds the features only)")
+        x = open_array(path, f"data.{key}")
+        y = open_array(labels_path, labels_key)
+    if len(x) != len(y):
+        raise ConfigError(f"data.{key}", f"{path!r} has {len(x)} feature rows but {len(y)} labels")
+    return x, y
+
+
+def load(options: ArraysOptions, context: DataContext) -> pipeline.Datasets:
+    """Opens the files, checks sizes, and batches them by index (a batch read at a time)."""
+    x, y = _features_and_labels(options.path, options.labels_path, options, "path")
+    train_rows = np.arange(len(y))
+    eval_source = "training data"
+    if options.eval_path:
+        eval_x, eval_y = _features_and_labels(options.eval_path, options.eval_labels_path, options, "eval_path")
+        eval_rows = np.arange(len(eval_y))
+        eval_source = options.eval_path
+    elif options.validation_split:
+        cut = int(round(len(y) * (1 - options.validation_split)))
+        train_rows, eval_rows, eval_x, eval_y = train_rows[:cut], train_rows[cut:], x, y
+        eval_source = f"last {options.validation_split:.0%} of {options.path}"
+    else:
+        eval_x, eval_y, eval_rows = x, y, train_rows
+        log.warning("data=arrays without data.eval_path or data.validation_split: evaluating on the training data")
+    pipeline.check_enough(len(train_rows), context.batch_size, "data.path", f"{options.path!r} (training part)")
+    pipeline.check_enough(len(eval_rows), context.batch_size, "data.eval_path" if options.eval_path else "data.validation_split", f"the evaluation data ({eval_source})")
+    batch = context.process_batch_size
+    train_share = train_rows[pipeline.shard_indices(len(train_rows), context.process_index, context.process_count)]
+    eval_share = eval_rows[pipeline.shard_indices(len(eval_rows), context.process_index, context.process_count)]
+    train = pipeline.indexed_batches(x, y, train_share, batch, options.shuffle, context.seed)
+    return pipeline.Datasets(
+        train=train.repeat(),
+        eval=pipeline.indexed_batches(eval_x, eval_y, eval_share, batch, shuffle=False, seed=context.seed),
+        steps_per_epoch=len(train_rows) // context.batch_size,
+        sample_batch=(np.asarray(x[: context.batch_size]), np.asarray(y[: context.batch_size])),
+        info={
+            "train_samples": len(train_rows), "eval_samples": len(eval_rows), "eval_source": eval_source,
+            "memory_mapped": isinstance(x, np.memmap),
+        },
+    )
+
+
+SPEC = register_source(SourceSpec("arrays", ArraysOptions, load, ".npy/.npz files, memory-mapped"))

@@ -1,0 +1,115 @@
+"""data=python: a dataset made by the user's own code, named as `module:function`.
+
+    data:
+      factory: mypackage.data:make_dataset
+      kwargs: {path: /data/train.csv}
+
+meshrun calls `function(split=..., seed=..., **kwargs)` with split "train", then "eval". It must
+return a tf.data.Dataset, or an iterable, of single (features, labels) samples; meshrun shuffles,
+batches and shards them. This is the only place meshrun imports user code, and only the module
+named here. A dataset of unknown size (a generator, say) needs data.num_samples (and
+data.eval_samples) to know what an epoch is.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+from typing import Optional
+
+from meshrun.data import pipeline
+from meshrun.data.registry import DataContext, SourceSpec, register_source
+from meshrun.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class PythonOptions:
+    """The factory, its keyword arguments, and the sizes of datasets that do not know theirs."""
+
+    factory: Optional[str] = None
+    kwargs: dict = field(default_factory=dict)
+    num_samples: Optional[int] = None
+    eval_samples: Optional[int] = None
+    shuffle: bool = True
+    shuffle_buffer: int = 10000
+
+    def __post_init__(self):
+        if not self.factory or ":" not in self.factory:
+            raise ConfigError("data.factory", f"got {self.factory!r}; expected module:function, e.g. mypackage.data:make_dataset")
+        if self.shuffle_buffer <= 0:
+            raise ConfigError("data.shuffle_buffer", f"got {self.shuffle_buffer}; expected a positive integer")
+
+
+def import_factory(name: str):
+    """The function `module:function` names (a ConfigError when it does not import)."""
+    module_name, _, function_name = name.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as err:  # the user's module may fail in any way while importing
+        raise ConfigError("data.factory", f"got {name!r}: cannot import {module_name!r} ({type(err).__name__}: {err})") from None
+    function = getattr(module, function_name, None)
+    if not callable(function):
+        raise ConfigError("data.factory", f"got {name!r}: module {module_name!r} has no function {function_name!r}")
+    return function
+
+
+def make_split(options: PythonOptions, split: str, context: DataContext, size_key: str, size: Optional[int]):
+    """The factory's dataset for `split` as a tf.data.Dataset, and how many samples it holds."""
+    import tensorflow as tf
+
+    function = import_factory(options.factory)
+
+    def call():
+        try:
+            return function(split=split, seed=context.seed, **options.kwargs)
+        except Exception as err:  # user code: any failure is reported as the factory's
+            raise ConfigError("data.factory", f"{options.factory}(split={split!r}) raised {type(err).__name__}: {err}") from None
+
+    made = call()
+    if not isinstance(made, tf.data.Dataset):
+        made = _from_iterable(made, call, options.factory, split)
+    count = int(made.cardinality())
+    if count < 0:
+        if size is None:
+            raise ConfigError(size_key, f"is required: the {split} dataset from {options.factory} does not know its size")
+        count = size
+    return made, count
+
+
+def _from_iterable(made, call, factory: str, split: str):
+    """A dataset of the (features, labels) pairs an iterable yields; each pass over it calls the
+    factory again (a generator can be read only once)."""
+    import tensorflow as tf
+
+    try:
+        features, labels = next(iter(made))
+    except (TypeError, ValueError, StopIteration):
+        raise ConfigError(
+            "data.factory",
+            f"{factory}(split={split!r}) returned {type(made).__name__}, not a tf.data.Dataset or an iterable of (features, labels) pairs",
+        ) from None
+    signature = tf.nest.map_structure(lambda v: tf.TensorSpec.from_tensor(tf.convert_to_tensor(v)), (features, labels))
+    return tf.data.Dataset.from_generator(lambda: iter(call()), output_signature=signature)
+
+
+def load(options: PythonOptions, context: DataContext) -> pipeline.Datasets:
+    """Calls the factory for both splits, then shards, shuffles and batches what it returns."""
+    train, count = make_split(options, "train", context, "data.num_samples", options.num_samples)
+    evaluation, eval_count = make_split(options, "eval", context, "data.eval_samples", options.eval_samples)
+    pipeline.check_enough(count, context.batch_size, "data.num_samples", f"the train dataset from {options.factory}")
+    pipeline.check_enough(eval_count, context.batch_size, "data.eval_samples", f"the eval dataset from {options.factory}")
+    batch = context.process_batch_size
+    train_batches = pipeline.element_batches(
+        train.shard(context.process_count, context.process_index), batch, options.shuffle, context.seed, options.shuffle_buffer
+    )
+    eval_batches = pipeline.element_batches(evaluation.shard(context.process_count, context.process_index), batch, False, context.seed, 1)
+    return pipeline.Datasets(
+        train=train_batches.repeat(),
+        eval=eval_batches.take(eval_count // context.batch_size),
+        steps_per_epoch=count // context.batch_size,
+        sample_batch=pipeline.first_global_batch(train_batches, 1),
+        info={"train_samples": count, "eval_samples": eval_count, "factory": options.factory},
+    )
+
+
+SPEC = register_source(SourceSpec("python", PythonOptions, load, "a dataset from the user's module:function"))
