@@ -7,7 +7,6 @@ import os
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from dataclasses import dataclass
 
@@ -23,26 +22,41 @@ class Measured:
     peak_rss_bytes: int
 
 
+# Runs meshrun and, at exit, writes the process's own peak resident memory (VmHWM) to a file. The
+# rusage of a child is no good for this: Linux carries the parent's high-water mark into a child
+# started by fork/vfork + exec, so a child of a big parent would look big.
+_WRAPPER = """
+import atexit, os, runpy, sys
+def _peak():
+    with open('/proc/self/status') as status, open(os.environ['MESHRUN_PEAK_FILE'], 'w') as out:
+        out.write(next(line.split()[1] for line in status if line.startswith('VmHWM:')))
+atexit.register(_peak)
+sys.argv = ['meshrun', *sys.argv[1:]]
+runpy.run_module('meshrun', run_name='__main__', alter_sys=True)
+"""
+
+
 def run_measured(args: list[str], cwd, timeout: float = 120, env=None) -> Measured:
-    """Runs `python -m meshrun ARGS` in `cwd`, killed after `timeout` seconds. The peak RSS comes
-    from the child's own rusage (os.wait4), so other processes do not count."""
-    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+    """Runs `python -m meshrun ARGS` in `cwd`, killed after `timeout` seconds; the peak RSS is the
+    process's own (its VmHWM at exit; -1 if it was killed before it could say)."""
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err, tempfile.TemporaryDirectory() as scratch:
+        peak_file = os.path.join(scratch, "peak")
+        child_env = {**(os.environ if env is None else env), "MESHRUN_PEAK_FILE": peak_file}
         started = time.perf_counter()
-        proc = subprocess.Popen([sys.executable, "-m", "meshrun", *args], cwd=cwd, stdout=out, stderr=err, env=env)
-        killer = threading.Timer(timeout, proc.kill)
-        killer.start()
+        proc = subprocess.Popen([sys.executable, "-c", _WRAPPER, *args], cwd=cwd, stdout=out, stderr=err, env=child_env)
         try:
-            _, status, usage = os.wait4(proc.pid, 0)
-        finally:
-            killer.cancel()
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
         wall = time.perf_counter() - started
-        proc.returncode = os.waitstatus_to_exitcode(status)  # reaped here, not by Popen
         out.seek(0)
         err.seek(0)
+        peak_kib = int(open(peak_file).read()) if os.path.exists(peak_file) else -1
         return Measured(
             returncode=proc.returncode,
             stdout=out.read().decode(),
             stderr=err.read().decode(),
             wall_s=wall,
-            peak_rss_bytes=usage.ru_maxrss * 1024,  # Linux reports KiB
+            peak_rss_bytes=peak_kib * 1024 if peak_kib >= 0 else -1,
         )

@@ -15,8 +15,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Optional, Union
 
-from meshrun.errors import ConfigError, closest, one_of
 from meshrun import data as data_sources
+from meshrun.errors import ConfigError, closest, one_of
 from meshrun.models import registry
 
 PLATFORMS = ("auto", "cpu", "gpu", "tpu")

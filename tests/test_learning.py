@@ -4,7 +4,6 @@ reaches its stated accuracy on held-out digits."""
 
 import numpy as np
 import pytest
-
 from conftest import train_in_process
 
 pytestmark = pytest.mark.integration
@@ -49,6 +48,6 @@ def test_real_digits_through_arrays_reach_93_percent(tmp_path):
         "data": {"name": "arrays", "path": str(tmp_path / "train.npz"), "eval_path": str(tmp_path / "eval.npz")},
         "train": {"epochs": 10, "batch_size": 32, "learning_rate": 0.003, "loss": "sparse_categorical_crossentropy", "verbose": 0},
     }).metrics
-    assert metrics["data"]["memory_mapped"] is True
+    assert metrics["data"]["read_by_rows"] is True
     assert (metrics["data"]["train_samples"], metrics["data"]["eval_samples"]) == (1500, 297)
     assert metrics["eval"]["accuracy"] >= 0.93, metrics["eval"]

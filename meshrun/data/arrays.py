@@ -1,9 +1,15 @@
-"""data=arrays: features and labels from .npy or .npz files, memory-mapped (read a batch at a time,
-never whole into memory).
+"""data=arrays: features and labels from .npy or .npz files, read a batch of rows at a time, never
+whole into memory.
 
-- `data.path`: a .npz holding `data.features_key` and `data.labels_key` (uncompressed members are
-  memory-mapped; compressed ones have to be read into memory), or a .npy of features with the
-  labels in `data.labels_path`.
+Rows are read on demand with os.pread from where the array's bytes lie in the file (a .npy's body,
+or an uncompressed .npz member), not through a memory map: mapped pages a pass over the file touches
+would count in the process's resident memory until the kernel reclaims them, so a pass over a file
+larger than half the RAM would look like (and compete as) a process that large. Read through
+pread, the file's pages stay in the kernel's page cache and the process holds one batch.
+
+- `data.path`: a .npz holding `data.features_key` and `data.labels_key` (compressed members, and
+  Fortran-ordered arrays, have to be read into memory; meshrun warns), or a .npy of features with
+  the labels in `data.labels_path`.
 - Evaluation data: `data.eval_path` (and `data.eval_labels_path`) laid out the same way, or else
   the last `data.validation_split` of the samples, or else none (the run evaluates on training data
   and says so).
@@ -12,6 +18,7 @@ never whole into memory).
 from __future__ import annotations
 
 import logging
+import os
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,41 +53,91 @@ class ArraysOptions:
             raise ConfigError("data.validation_split", f"got {self.validation_split}; expected 0 <= validation_split < 1")
 
 
-def open_array(path: str, path_key: str, member: Optional[str] = None, member_key: str = "") -> np.ndarray:
-    """The array in a .npy file, or `member` of a .npz file, memory-mapped where it can be.
-    `path_key` and `member_key` name the config keys a ConfigError blames."""
+class FileRows:
+    """The rows of an array whose C-ordered bytes lie in a file at `offset`, read when indexed:
+    `rows[indices]` reads just those rows (runs of consecutive rows in one read)."""
+
+    def __init__(self, path: Path, offset: int, dtype, shape: tuple):
+        self.path, self.offset, self.dtype, self.shape = path, offset, np.dtype(dtype), tuple(shape)
+        self.row_bytes = int(np.prod(self.shape[1:], dtype=np.int64)) * self.dtype.itemsize
+        self._fd = os.open(path, os.O_RDONLY)
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    def __getitem__(self, index) -> np.ndarray:
+        rows = np.arange(len(self))[index] if isinstance(index, slice) else np.asarray(index, dtype=np.int64)
+        out = np.empty((len(rows), *self.shape[1:]), dtype=self.dtype)
+        flat = out.reshape(len(rows), -1).view(np.uint8).reshape(len(rows), self.row_bytes) if self.row_bytes else None
+        start = 0
+        while start < len(rows):
+            stop = start + 1
+            while stop < len(rows) and rows[stop] == rows[stop - 1] + 1:
+                stop += 1
+            data = os.pread(self._fd, self.row_bytes * (stop - start), self.offset + int(rows[start]) * self.row_bytes)
+            flat[start:stop] = np.frombuffer(data, dtype=np.uint8).reshape(stop - start, self.row_bytes)
+            start = stop
+        return out
+
+    def __del__(self):
+        if getattr(self, "_fd", None) is not None:
+            os.close(self._fd)
+
+
+def open_array(path: str, path_key: str, member: Optional[str] = None, member_key: str = ""):
+    """The array in a .npy file, or `member` of a .npz file, as FileRows where its bytes can be
+    read in place. `path_key` and `member_key` name the config keys a ConfigError blames."""
     file = Path(path).expanduser()
     if not file.is_file():
         raise ConfigError(path_key, f"got {path!r}, which is not a file")
     try:
         if file.suffix == ".npz":
             return _npz_member(file, member, member_key)
-        return np.load(file, mmap_mode="r")
+        with open(file, "rb") as raw:
+            shape, fortran, dtype = _read_header(raw)
+            offset = raw.tell()
+        return _rows_or_whole(file, offset, dtype, shape, fortran, lambda: np.load(file))
     except (ValueError, OSError, EOFError, zipfile.BadZipFile) as err:
         raise ConfigError(path_key, f"cannot read {path!r} as a numpy file ({err})") from None
 
 
-def _npz_member(file: Path, key: str, member_key: str) -> np.ndarray:
+def _read_header(stream):
+    major, _ = np.lib.format.read_magic(stream)
+    read = np.lib.format.read_array_header_1_0 if major == 1 else np.lib.format.read_array_header_2_0
+    return read(stream)
+
+
+def _rows_or_whole(file: Path, offset: int, dtype, shape, fortran: bool, read_whole):
+    if fortran or np.dtype(dtype).hasobject or not shape:
+        log.warning(f"{file}: this array cannot be read row by row (Fortran order, objects or a scalar); reading it into memory")
+        return read_whole()
+    return FileRows(file, offset, dtype, shape)
+
+
+def _npz_member(file: Path, key: str, member_key: str):
     with zipfile.ZipFile(file) as archive:
         names = [n.removesuffix(".npy") for n in archive.namelist()]
         if key not in names:
             raise ConfigError(member_key, f"got {key!r}, which is not in {str(file)!r}; keys present: {one_of(names)}")
         info = archive.getinfo(f"{key}.npy")
         if info.compress_type != zipfile.ZIP_STORED:
-            log.warning(f"{file}: member {key!r} is compressed, so it is read into memory; save with np.savez to memory-map it")
+            log.warning(f"{file}: member {key!r} is compressed, so it is read into memory; save with np.savez to read it row by row")
             with archive.open(info) as member:
                 return np.lib.format.read_array(member)
         with archive.open(info) as member:
-            major, _ = np.lib.format.read_magic(member)
-            read_header = np.lib.format.read_array_header_1_0 if major == 1 else np.lib.format.read_array_header_2_0
-            shape, fortran, dtype = read_header(member)
+            shape, fortran, dtype = _read_header(member)
             header = member.tell()
     # A stored member's bytes lie in the file right after its local header.
     with open(file, "rb") as raw:
         raw.seek(info.header_offset + 26)
         name_length, extra_length = np.frombuffer(raw.read(4), dtype="<u2")
     offset = info.header_offset + 30 + int(name_length) + int(extra_length) + header
-    return np.memmap(file, dtype=dtype, mode="r", shape=shape, order="F" if fortran else "C", offset=offset)
+
+    def read_whole():
+        with zipfile.ZipFile(file) as archive, archive.open(info) as member:
+            return np.lib.format.read_array(member)
+
+    return _rows_or_whole(file, offset, dtype, shape, fortran, read_whole)
 
 
 def _features_and_labels(path, labels_path, options: ArraysOptions, key: str):
@@ -123,14 +180,17 @@ def load(options: ArraysOptions, context: DataContext) -> pipeline.Datasets:
     train = pipeline.indexed_batches(x, y, train_share, batch, options.shuffle, context.seed)
     return pipeline.Datasets(
         train=train.repeat(),
-        eval=pipeline.indexed_batches(eval_x, eval_y, eval_share, batch, shuffle=False, seed=context.seed),
+        eval=pipeline.exactly(
+            pipeline.indexed_batches(eval_x, eval_y, eval_share, batch, shuffle=False, seed=context.seed),
+            len(eval_rows) // context.batch_size,
+        ),
         steps_per_epoch=len(train_rows) // context.batch_size,
         sample_batch=(np.asarray(x[: context.batch_size]), np.asarray(y[: context.batch_size])),
         info={
             "train_samples": len(train_rows), "eval_samples": len(eval_rows), "eval_source": eval_source,
-            "memory_mapped": isinstance(x, np.memmap),
+            "read_by_rows": isinstance(x, FileRows),
         },
     )
 
 
-SPEC = register_source(SourceSpec("arrays", ArraysOptions, load, ".npy/.npz files, memory-mapped"))
+SPEC = register_source(SourceSpec("arrays", ArraysOptions, load, ".npy/.npz files, read a batch of rows at a time"))

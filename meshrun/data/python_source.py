@@ -105,7 +105,7 @@ def load(options: PythonOptions, context: DataContext) -> pipeline.Datasets:
     eval_batches = pipeline.element_batches(evaluation.shard(context.process_count, context.process_index), batch, False, context.seed, 1)
     return pipeline.Datasets(
         train=train_batches.repeat(),
-        eval=eval_batches.take(eval_count // context.batch_size),
+        eval=pipeline.exactly(eval_batches, eval_count // context.batch_size),
         steps_per_epoch=count // context.batch_size,
         sample_batch=pipeline.first_global_batch(train_batches, 1),
         info={"train_samples": count, "eval_samples": eval_count, "factory": options.factory},

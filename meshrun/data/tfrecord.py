@@ -138,10 +138,10 @@ def load(options: TFRecordOptions, context: DataContext) -> pipeline.Datasets:
     evaluation = _records(eval_files, options, context, shuffle=False)
     return pipeline.Datasets(
         train=train.repeat(),
-        eval=evaluation.take(eval_count // context.batch_size),
+        eval=pipeline.exactly(evaluation, eval_count // context.batch_size),
         steps_per_epoch=count // context.batch_size,
         sample_batch=pipeline.first_global_batch(train, 1),
-        info={"train_samples": count, "eval_samples": eval_count, "train_files": len(train_files), "eval_files": len(eval_files),
+        info={"train_samples": count, "eval_samples": eval_count, "train_file_count": len(train_files), "eval_file_count": len(eval_files),
               "sharding": "files" if len(train_files) >= context.process_count else "records"},
     )
 
