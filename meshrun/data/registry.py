@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-_SOURCES: dict[str, "SourceSpec"] = {}
+from meshrun.registry import Registry
 
 
 @dataclass(frozen=True)
@@ -42,19 +42,7 @@ class SourceSpec:
     description: str = ""
 
 
-def register_source(spec: SourceSpec) -> SourceSpec:
-    """Adds a source to the registry; a second source of the same name is a programming error."""
-    if spec.name in _SOURCES:
-        raise ValueError(f"data source {spec.name!r} is registered twice")
-    _SOURCES[spec.name] = spec
-    return spec
-
-
-def get_source(name: str) -> SourceSpec:
-    """The spec registered under `name` (KeyError if none)."""
-    return _SOURCES[name]
-
-
-def source_names() -> list[str]:
-    """Names of every registered source, sorted."""
-    return sorted(_SOURCES)
+_REGISTRY: Registry["SourceSpec"] = Registry("data source")
+register_source = _REGISTRY.register
+get_source = _REGISTRY.get
+source_names = _REGISTRY.names

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Optional
 
-_MODELS: dict[str, "ModelSpec"] = {}
+from meshrun.registry import Registry
 
 
 @dataclass(frozen=True)
@@ -46,22 +46,10 @@ class ModelSpec:
         return self.layouts[0]
 
 
-def register_model(spec: ModelSpec) -> ModelSpec:
-    """Adds a model to the registry; a second model of the same name is a programming error."""
-    if spec.name in _MODELS:
-        raise ValueError(f"model {spec.name!r} is registered twice")
-    _MODELS[spec.name] = spec
-    return spec
-
-
-def get_model(name: str) -> ModelSpec:
-    """The spec registered under `name` (KeyError if none)."""
-    return _MODELS[name]
-
-
-def model_names() -> list[str]:
-    """Names of every registered model, sorted."""
-    return sorted(_MODELS)
+_REGISTRY: Registry["ModelSpec"] = Registry("model")
+register_model = _REGISTRY.register
+get_model = _REGISTRY.get
+model_names = _REGISTRY.names
 
 
 def fill_from_preset(options, presets: dict[str, dict[str, Any]]) -> None:
