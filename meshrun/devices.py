@@ -63,26 +63,18 @@ def compilation_cache_dir(cache: CacheConfig) -> str | None:
 
 def set_compilation_cache(cache: CacheConfig) -> str | None:
     """Turns XLA's persistent compilation cache on (every compiled program, however quick to
-    compile, so a repeated run skips most compilation) or off; returns its dir. Before jax is
-    imported this goes through jax's environment variables; after, through jax.config, which jax
-    honours until its first compilation (later jobs of one process keep the first job's cache)."""
-    settings = {
-        "jax_compilation_cache_dir": compilation_cache_dir(cache),
-        "jax_persistent_cache_min_compile_time_secs": 0,
-        "jax_persistent_cache_min_entry_size_bytes": 0,
-        "jax_enable_compilation_cache": cache.enabled,
-    }
-    if "jax" in sys.modules:
-        import jax
+    compile, so a repeated run skips most compilation) or off; returns its dir. jax honours this
+    until its first compilation, so call it before anything compiles (later jobs of one process
+    keep the first job's cache)."""
+    import jax
 
-        for name, value in settings.items():
-            if value is not None:
-                jax.config.update(name, value)
-    else:
-        for name, value in settings.items():
-            if value is not None:
-                os.environ[name.upper()] = str(value).lower() if isinstance(value, bool) else str(value)
-    return settings["jax_compilation_cache_dir"]
+    cache_dir = compilation_cache_dir(cache)
+    jax.config.update("jax_enable_compilation_cache", cache.enabled)
+    if cache_dir is not None:
+        jax.config.update("jax_compilation_cache_dir", cache_dir)
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+        jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+    return cache_dir
 
 
 def prepare_for_plan(devices: DevicesConfig, mesh: MeshConfig) -> None:

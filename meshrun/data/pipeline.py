@@ -106,10 +106,9 @@ def exactly(dataset, batches: int):
     return dataset.take(batches).apply(tf.data.experimental.assert_cardinality(batches))
 
 
-def first_global_batch(dataset, process_count: int) -> tuple:
-    """One global batch of `dataset` (a batched pipeline) as numpy arrays."""
-    batch = next(iter(dataset.take(process_count).as_numpy_iterator()))
-    return batch
+def first_batch(dataset) -> tuple:
+    """The first batch of `dataset` (a batched pipeline) as numpy arrays."""
+    return next(iter(dataset.take(1).as_numpy_iterator()))
 
 
 def check_fits_model(element_spec, model, loss_name: str) -> None:

@@ -107,7 +107,7 @@ def load(options: PythonOptions, context: DataContext) -> pipeline.Datasets:
         train=train_batches.repeat(),
         eval=pipeline.exactly(eval_batches, eval_count // context.batch_size),
         steps_per_epoch=count // context.batch_size,
-        sample_batch=pipeline.first_global_batch(train_batches, 1),
+        sample_batch=pipeline.first_batch(train_batches),
         info={"train_samples": count, "eval_samples": eval_count, "factory": options.factory},
     )
 

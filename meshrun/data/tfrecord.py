@@ -140,7 +140,7 @@ def load(options: TFRecordOptions, context: DataContext) -> pipeline.Datasets:
         train=train.repeat(),
         eval=pipeline.exactly(evaluation, eval_count // context.batch_size),
         steps_per_epoch=count // context.batch_size,
-        sample_batch=pipeline.first_global_batch(train, 1),
+        sample_batch=pipeline.first_batch(train),
         info={"train_samples": count, "eval_samples": eval_count, "train_file_count": len(train_files), "eval_file_count": len(eval_files),
               "sharding": "files" if len(train_files) >= context.process_count else "records"},
     )

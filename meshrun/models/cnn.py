@@ -15,7 +15,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from meshrun.errors import ConfigError
-from meshrun.models.registry import ModelSpec, register_model, require_positive
+from meshrun.models.registry import (
+    ModelSpec,
+    class_accuracy,
+    register_model,
+    require_positive,
+)
 
 
 @dataclass(frozen=True)
@@ -60,13 +65,6 @@ def _loss(options: CnnOptions):
     return keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 
 
-def _metrics(options):
-    """Accuracy of the class predictions."""
-    import keras
-
-    return [keras.metrics.SparseCategoricalAccuracy(name="accuracy")]
-
-
 SPEC = register_model(
     ModelSpec(
         name="cnn",
@@ -76,6 +74,6 @@ SPEC = register_model(
         data="images",
         loss=_loss,
         description="small conv net for 28x28x1 images, 10 classes",
-        metrics=_metrics,
+        metrics=class_accuracy,
     )
 )

@@ -69,6 +69,13 @@ def fill_from_preset(options, presets: dict[str, dict[str, Any]]) -> None:
             object.__setattr__(options, key, value)
 
 
+def class_accuracy(options) -> list:
+    """ModelSpec.metrics of a model predicting class logits for integer labels: their accuracy."""
+    import keras
+
+    return [keras.metrics.SparseCategoricalAccuracy(name="accuracy")]
+
+
 def require_positive(options, *names: str) -> None:
     """ConfigError on `model.<name>` for the first of `names` that is not a positive number."""
     from meshrun.errors import ConfigError

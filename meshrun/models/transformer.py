@@ -26,6 +26,7 @@ from typing import Optional
 from meshrun.errors import ConfigError
 from meshrun.models.registry import (
     ModelSpec,
+    class_accuracy,
     fill_from_preset,
     register_model,
     require_positive,
@@ -194,13 +195,6 @@ def _define_layers():
     return types.SimpleNamespace(PositionEmbedding=PositionEmbedding, DecoderBlock=DecoderBlock, Head=Head)
 
 
-def _metrics(options):
-    """Accuracy of the class predictions."""
-    import keras
-
-    return [keras.metrics.SparseCategoricalAccuracy(name="accuracy")]
-
-
 SPEC = register_model(
     ModelSpec(
         name="transformer",
@@ -210,7 +204,7 @@ SPEC = register_model(
         data="tokens",
         loss=lambda options: _next_token_loss(),
         description="decoder-only language model, presets tiny to 7b",
-        metrics=_metrics,
+        metrics=class_accuracy,
         tokens_per_sample=lambda options: options.seq_len,
         analytic_flops=analytic_flops,
     )
