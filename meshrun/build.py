@@ -154,12 +154,12 @@ def _optimizer_names() -> list[str]:
     return sorted(set(names) - {"lossscaleoptimizer"})
 
 
-def plan_model(config, mesh):
+def plan_model(config, mesh, processes: int = 1):
     """The placement plan of the configured model, optimizer and layout rules on `mesh` (a mesh
-    with no -1 left), built from shapes alone."""
+    with no -1 left) for a job of `processes` processes, built from shapes alone."""
     from meshrun.models import get_model
     from meshrun.plan import make_plan
 
     spec = get_model(config.model.name)
     abstract = describe(spec.build, config.model.options, config.train.optimizer, config.train.learning_rate)
-    return make_plan(spec.name, mesh, config.layout.rules, abstract, config.train.optimizer)
+    return make_plan(spec.name, mesh, config.layout.rules, abstract, config.train.optimizer, processes)

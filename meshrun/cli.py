@@ -27,12 +27,13 @@ from hydra.errors import (
     MissingConfigException,
     OverrideParseException,
 )
+from hydra.experimental.callback import Callback
 from hydra.plugins.config_source import ConfigResult, ConfigSource
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from meshrun import devices, schema
+from meshrun import devices, processes, schema
 from meshrun.errors import ConfigError, RunFailed, closest, one_of
 
 COMMANDS = ("train", "plan", "sweep", "report")
@@ -110,7 +111,7 @@ def main(argv: Optional[list[str]] = None) -> None:
     if command == "report":
         report_command(rest)
         return
-    _JOB.update(command=command, json="--json" in rest, isolate=False, multirun=False, sweep_dir=None, runs=[])
+    _JOB.update(command=command, json="--json" in rest, isolate=False, sweep_dir=None, runs=[])
     rest = [arg for arg in rest if arg != "--json"]
     # Hydra's argument parser takes -m only before the overrides; users put it anywhere.
     multirun = [arg for arg in rest if arg in ("-m", "--multirun")]
@@ -141,17 +142,28 @@ def main(argv: Optional[list[str]] = None) -> None:
         sys.argv = saved_argv
         if scratch:
             shutil.rmtree(scratch, ignore_errors=True)
-    if _JOB["multirun"] and command != "plan":
-        sys.exit(finish_sweep(_JOB["sweep_dir"], _JOB["runs"], _FAILED_JOBS))
-    if _FAILED_JOBS:
-        sys.exit(max(_FAILED_JOBS))
+    status = max(_FAILED_JOBS, default=0)
+    if "-m" in overrides and command != "plan" and not processes.follows():
+        status = finish_sweep(_JOB["sweep_dir"], _JOB["runs"], _FAILED_JOBS)
+    if status and processes.joined():
+        processes.leave_now(status)
+    if status:
+        sys.exit(status)
 
 
 # Exit statuses of the jobs of this invocation that failed (a multirun has several jobs).
 _FAILED_JOBS: list[int] = []
 # This invocation: its command, whether `plan` prints JSON, whether multirun jobs each run in a
 # process of their own, and (filled in by the jobs) the sweep dir and the run dirs of its jobs.
-_JOB: dict = {"command": "train", "json": False, "isolate": False, "multirun": False, "sweep_dir": None, "runs": []}
+_JOB: dict = {"command": "train", "json": False, "isolate": False, "sweep_dir": None, "runs": []}
+
+
+class RecordSweepDir(Callback):
+    """A Hydra callback (configs/meshrun.yaml) that notes a multirun's sweep dir in the launching
+    process: with Hydra's submitit launcher no job runs there, but the comparison is made there."""
+
+    def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
+        _JOB["sweep_dir"] = config.hydra.sweep.dir
 
 
 # Config keys holding free-form mappings: `key={...}` on the command line replaces the mapping.
@@ -180,7 +192,7 @@ def prepare_overrides(overrides: list[str]) -> list[str]:
 def _hydra_main(cfg: DictConfig) -> None:
     hydra_cfg = HydraConfig.get()
     if hydra_cfg.mode == RunMode.MULTIRUN:
-        _JOB.update(multirun=True, sweep_dir=hydra_cfg.sweep.dir)
+        _JOB.update(sweep_dir=hydra_cfg.sweep.dir)
     try:
         if _JOB["command"] == "plan":
             plan_job(cfg, hydra_cfg, as_json=_JOB["json"])
@@ -199,32 +211,69 @@ def _hydra_main(cfg: DictConfig) -> None:
 def _report_job_failure(message: str, status: int, hydra_cfg) -> None:
     # In a multirun the other jobs go on; meshrun exits non-zero at the end.
     prefix = f"job {hydra_cfg.job.num}: " if hydra_cfg.mode == RunMode.MULTIRUN else ""
-    print(f"meshrun: error: {prefix}{message}", file=sys.stderr)
+    _say_error(prefix + message)
     _FAILED_JOBS.append(status)
 
 
+def _say_error(message: str) -> None:
+    print(f"meshrun: error: {message}", file=sys.stderr)
+
+
 def train_job(cfg: DictConfig, hydra_cfg) -> None:
-    """One Hydra job: validate, set up devices, train, report. Config errors leave no run dir."""
+    """One Hydra job: validate, set up devices (joining a multi-process job), train, report.
+    Config errors leave no run dir. With distributed.local_processes the job's processes are
+    started here instead; in a multi-process job only process 0 reports and writes files."""
     run_dir = hydra_cfg.runtime.output_dir
     # Unresolved: an override string such as train.seed=${x} must not be read as an interpolation.
     all_choices = OmegaConf.to_container(hydra_cfg.runtime.choices, resolve=False)
     choices = {k: v for k, v in all_choices.items() if not k.startswith("hydra")}
     overrides = OmegaConf.to_container(hydra_cfg.overrides.task, resolve=False)
-    try:
-        config = schema.parse_run_config(resolved(cfg))
-        devices.prepare(config.devices, config.mesh)
-        from meshrun import train  # imports jax and keras: only after devices.prepare
+    keep_job = hydra_cfg.mode == RunMode.MULTIRUN or bool(os.environ.get(SWEEP_JOB_ENV))
+    # A process started by meshrun's local launcher leaves the job's verdict and files to it.
+    owns_run_dir = not os.environ.get(processes.LAUNCHED_ENV)
+    identity = processes.ONE_PROCESS
 
-        result = train.run(config, train.RunContext(run_dir=run_dir, choices=choices, overrides=overrides))
-    except ConfigError as err:
-        if hydra_cfg.mode == RunMode.MULTIRUN or os.environ.get(SWEEP_JOB_ENV):
-            # A sweep keeps the job, with its reason, for the comparison; it goes on with the rest.
-            _write_error_metrics(str(err), 2, run_dir, choices, overrides)
+    def reject(message: str) -> None:
+        """A config error: a sweep keeps the job with its reason, a single run leaves nothing.
+        Once a job has formed, its run dir is process 0's to clean."""
+        if not owns_run_dir or not (identity.is_first or not processes.joined()):
+            return
+        if keep_job:
+            _write_error_metrics(message, 2, run_dir, choices, overrides)
         else:
             discard_run_dir(run_dir, hydra_cfg.job.name)
+
+    try:
+        config = schema.parse_run_config(resolved(cfg))
+        if config.distributed.launches_locally:
+            from meshrun import launch
+
+            launch.run_local(config.distributed, run_dir, overrides)
+            return  # process 0 has printed the report and written the run's files
+        identity = processes.identify(config.distributed, os.environ)
+        processes.say_if_alone(config.distributed, identity)
+        devices.prepare(config.devices, config.mesh, identity.num_processes)
+        if identity.several:
+            processes.join(identity, config.distributed.timeout_s, on_timeout=lambda m: (_say_error(m), reject(m)))
+            if not identity.is_first:
+                processes.route_output(run_dir, identity.process_id)
+        from meshrun import train  # imports jax and keras: only after devices.prepare
+
+        context = train.RunContext(run_dir=run_dir, choices=choices, overrides=overrides, identity=identity)
+        result = train.run(config, context)
+    except ConfigError as err:
+        reject(str(err))
+        raise
+    except RunFailed as err:  # from the local launcher: the job's verdict replaces process 0's
+        _write_error_metrics(str(err), 1, run_dir, choices, overrides)
         raise
     except Exception as err:
+        if not identity.is_first:  # its log is its stderr; process 0 writes the run's files
+            traceback.print_exception(err)
+            raise RunFailed(f"training failed: {_error_text(err)}") from err
         raise _record_failure(err, run_dir, choices, overrides) from err
+    if not identity.is_first:
+        return
     from meshrun import report
 
     report.write_json(result.plan.to_dict(), run_dir, report.PLAN_FILE)
@@ -241,7 +290,7 @@ def plan_job(cfg: DictConfig, hydra_cfg, as_json: bool) -> None:
         train,
     )
 
-    plan = train.plan(config)
+    plan = train.plan(config, processes.job_size(config.distributed, os.environ))
     data = plan.to_dict()
     if as_json:
         multirun = hydra_cfg.mode == RunMode.MULTIRUN
@@ -320,11 +369,18 @@ def sweep_overrides(overrides: list[str]) -> list[str]:
 
 def finish_sweep(sweep_dir: str, runs: list[str], failed: list[int]) -> int:
     """Compares a multirun's jobs (table and summary files in its sweep dir); returns the exit
-    status: 0 if any job succeeded, else the worst job's."""
+    status: 0 if any job succeeded, else the worst job's. Jobs that ran elsewhere (Hydra's
+    submitit launcher runs them on SLURM nodes) are known by the metrics.json in the sweep dir."""
     from meshrun import sweep
 
-    sweep.compare(sweep.find_runs(runs), sweep_dir)
-    return 0 if len(runs) > len(failed) else max(failed, default=1)
+    if runs:
+        sweep.compare(sweep.find_runs(runs), sweep_dir)
+        return 0 if len(runs) > len(failed) else max(failed, default=1)
+    rows = sweep.compare(sweep.find_runs([sweep_dir]), sweep_dir) if Path(sweep_dir).is_dir() else []
+    if any(row["status"] == "ok" for row in rows):
+        return 0
+    print(f"meshrun: error: no job of the multirun succeeded (their files: {sweep_dir})", file=sys.stderr)
+    return 1
 
 
 def report_command(args: list[str]) -> None:
@@ -356,11 +412,15 @@ def _record_failure(err: Exception, run_dir: str, choices: dict, overrides: list
     """Writes metrics.json (status: error) and the traceback into the run dir."""
     from meshrun import report
 
-    message = f"{type(err).__name__}: {str(err).strip().splitlines()[0] if str(err).strip() else ''}"
+    message = _error_text(err)
     trace = Path(run_dir) / "error.log"
     trace.write_text("".join(traceback.format_exception(err)))
     report.write_json(report.error_metrics(message, run_dir, choices, overrides), run_dir, report.METRICS_FILE)
     return RunFailed(f"training failed: {message} (traceback in {trace})")
+
+
+def _error_text(err: Exception) -> str:
+    return f"{type(err).__name__}: {_first_line(err)}"
 
 
 def discard_run_dir(run_dir: str, job_name: str) -> None:

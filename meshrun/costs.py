@@ -72,8 +72,9 @@ def check_keras_internals():
 
 
 def train_step_costs(model, batch) -> StepCosts:
-    """XLA's FLOPs and memory figures for one step of `model.fit` on the global batch `batch`
-    ((x, y) numpy arrays; x may be a dict), read after fit under the distribution still in force.
+    """XLA's FLOPs and memory figures for one step of `model.fit` on `batch`, one batch as this
+    process feeds it ((x, y) numpy arrays; x may be a dict; with several processes, this
+    process's share of the global batch), read after fit under the distribution still in force.
     The model's variables are left as they are."""
     distribute_data = check_keras_internals()
     if getattr(keras.config, "is_nnx_enabled", lambda: False)():

@@ -31,14 +31,16 @@ class DeviceSet:
 
 
 def cpu_devices_needed(mesh: MeshConfig, devices: DevicesConfig) -> int:
-    """How many CPU devices to emulate: the mesh's size, or devices.cpu_devices for a -1 shape."""
+    """How many CPU devices the job emulates: the mesh's size, or devices.cpu_devices for a -1
+    shape (split evenly over the job's processes)."""
     return mesh.size or devices.cpu_devices
 
 
-def prepare(devices: DevicesConfig, mesh: MeshConfig) -> None:
+def prepare(devices: DevicesConfig, mesh: MeshConfig, processes: int = 1) -> None:
     """Sets the environment jax and keras read at import: the jax backend for Keras, the platform,
-    and the number of emulated CPU devices. Harmless when jax is already imported (then the
-    device count is whatever that process has, which `discover` checks)."""
+    and the number of emulated CPU devices (this process's share of the job's). Harmless when jax
+    is already imported (then the device count is whatever that process has, which `discover`
+    checks)."""
     os.environ["KERAS_BACKEND"] = "jax"
     # tf.data is all meshrun uses of TensorFlow: keep its C++ start-up chatter off the console.
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -48,7 +50,7 @@ def prepare(devices: DevicesConfig, mesh: MeshConfig) -> None:
     if devices.platform != "auto":
         os.environ["JAX_PLATFORMS"] = _JAX_PLATFORMS[devices.platform]
     if "jax" not in sys.modules:
-        os.environ["JAX_NUM_CPU_DEVICES"] = str(cpu_devices_needed(mesh, devices))
+        os.environ["JAX_NUM_CPU_DEVICES"] = str(cpu_devices_needed(mesh, devices) // processes)
 
 
 def compilation_cache_dir(cache: CacheConfig) -> str | None:

@@ -1,10 +1,13 @@
 """Our one seam onto keras.distribution: builds the DeviceMesh, LayoutMap and distribution for a run.
 
-Two Keras behaviours are handled here and nowhere else (keras 3.15):
+Three Keras behaviours are handled here and nowhere else (keras 3.15):
 - DataParallel raises on a 2-D mesh, so data parallelism is a ModelParallel with no rules, which
   works on any mesh and splits the batch over the axis we name.
 - ModelParallel silently swallows unknown keywords, so the batch axis it ends up with is read
   back and checked.
+- With several processes Keras would re-batch and shard a tf.data pipeline itself
+  (auto_shard_dataset); meshrun's data sources already read each process's share of every global
+  batch (see `batch_share`), so that is switched off.
 """
 
 from __future__ import annotations
@@ -34,12 +37,29 @@ def make_distribution(mesh: MeshConfig, rules: tuple[LayoutRule, ...], devices) 
     distribution = kd.ModelParallel(
         layout_map=layout_map(rules, device_mesh(mesh, devices)),
         batch_dim_name=mesh.batch_axis,
+        auto_shard_dataset=False,
     )
     if distribution.batch_dim_name != mesh.batch_axis:
         raise RuntimeError(
             f"keras put the batch on axis {distribution.batch_dim_name!r}, not {mesh.batch_axis!r}"
         )
     return distribution
+
+
+def batch_share(distribution: kd.ModelParallel, batch_size: int) -> tuple[int, int]:
+    """Which part of every global batch this process feeds, as (index, count): the batch is cut
+    into `count` equal runs of adjacent rows and this process's devices hold run `index`. Read
+    from the input sharding Keras uses (the batch split over the batch axis)."""
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    mesh = distribution.device_mesh.backend_mesh
+    sharding = NamedSharding(mesh, PartitionSpec(distribution.batch_dim_name))
+    rows = {index[0].indices(batch_size)[:2] for index in sharding.addressable_devices_indices_map((batch_size,)).values()}
+    start, stop = min(r[0] for r in rows), max(r[1] for r in rows)
+    size = stop - start
+    if sum(b - a for a, b in rows) != size or batch_size % size or start % size:
+        raise RuntimeError(f"this process's devices hold rows {sorted(rows)} of each batch, not one equal share")
+    return start // size, batch_size // size
 
 
 def reset() -> None:

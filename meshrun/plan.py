@@ -56,6 +56,7 @@ class Plan:
     outputs: tuple[dict, ...]
     errors: tuple[ConfigError, ...]
     warnings: tuple[str, ...]
+    processes: int = 1
 
     @property
     def params_bytes_per_device(self) -> int:
@@ -115,13 +116,39 @@ class Plan:
                 "total_bytes": self.total_bytes_per_device,
             },
             "largest_replicated": [{"path": p.path, "bytes": p.bytes} for p in self.largest_replicated()],
+            "processes": process_layout(self.mesh, self.processes),
             "errors": [str(e) for e in self.errors],
             "warnings": list(self.warnings),
         }
 
 
-def make_plan(model_name: str, mesh: MeshConfig, rules: tuple[LayoutRule, ...], abstract, optimizer: str) -> Plan:
-    """Places the abstract model's variables and optimizer slots by `rules` on `mesh` (no -1 left)."""
+def process_layout(mesh: MeshConfig, processes: int) -> dict:
+    """How a job of `processes` processes holds the mesh: each process holds the next
+    devices_per_process devices in mesh order (the order jax numbers them), so an axis crosses
+    processes when stepping along it can change process (its collectives then leave the
+    process), and the global batch is cut into `batch_shares` parts, one per group of processes
+    holding the same rows."""
+    per_process = mesh.size // processes
+    owner = [i // per_process for i in range(mesh.size)]
+    strides = [math.prod(mesh.shape[axis + 1 :]) for axis in range(len(mesh.shape))]
+    crossing = [
+        name for axis, name in enumerate(mesh.axis_names)
+        if any(owner[i] != owner[i + strides[axis]] for i in range(mesh.size)
+               if (i // strides[axis]) % mesh.shape[axis] < mesh.shape[axis] - 1)
+    ]
+    batch_axis = mesh.axis_names.index(mesh.batch_axis)
+    rows_of_process0 = {(i // strides[batch_axis]) % mesh.shape[batch_axis] for i in range(mesh.size) if owner[i] == 0}
+    return {
+        "count": processes,
+        "devices_per_process": per_process,
+        "axes_across_processes": crossing,
+        "batch_shares": mesh.shape[batch_axis] // len(rows_of_process0),
+    }
+
+
+def make_plan(model_name: str, mesh: MeshConfig, rules: tuple[LayoutRule, ...], abstract, optimizer: str, processes: int = 1) -> Plan:
+    """Places the abstract model's variables and optimizer slots by `rules` on `mesh` (no -1 left),
+    for a job of `processes` processes."""
     check = check_rules(rules, mesh, list(abstract.tensors))
     variables = tuple(_place(t, check.assigned.get(t.path), mesh) for t in abstract.variables)
     by_path = {p.path: p for p in variables}
@@ -141,6 +168,7 @@ def make_plan(model_name: str, mesh: MeshConfig, rules: tuple[LayoutRule, ...], 
         outputs=outputs,
         errors=check.errors,
         warnings=tuple(_replicated_warnings(variables, mesh)),
+        processes=processes,
     )
 
 

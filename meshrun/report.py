@@ -52,7 +52,8 @@ def summary_table(m: dict) -> Table:
     rows = [
         ("status", m["status"]),
         ("mesh", f"{_shape(m['mesh']['shape'])} {tuple(m['mesh']['axis_names'])}, batch axis {m['mesh']['batch_axis']!r}"),
-        ("devices", f"{m['devices']['count']} x {m['devices']['kind']}" + (" (emulated)" if m["devices"]["emulated"] else "")),
+        ("devices", f"{m['devices']['count']} x {m['devices']['kind']}" + (" (emulated)" if m["devices"]["emulated"] else "")
+         + (f", {m['devices']['processes']} processes x {m['devices']['per_process']}" if m["devices"].get("processes", 1) > 1 else "")),
         ("model", f"{m['model']['name']}, {m['model']['params']:,} parameters"),
         ("batch", f"{m['train']['global_batch_size']} global, {m['train']['per_replica_batch_size']} per replica, "
                   f"{m['train']['steps_per_epoch']} steps/epoch x {m['train']['epochs']} epochs"),
@@ -142,6 +143,14 @@ def totals_table(plan: dict) -> Table:
     table.add_row("parameters", format_bytes(per_device["params_bytes"]))
     table.add_row(f"optimizer state ({plan['optimizer']})", format_bytes(per_device["optimizer_bytes"]))
     table.add_row("total", format_bytes(per_device["total_bytes"]))
+    processes = plan.get("processes") or {"count": 1}
+    if processes["count"] > 1:
+        crossing = ", ".join(processes["axes_across_processes"]) or "none"
+        table.add_row(
+            "processes",
+            f"{processes['count']} x {processes['devices_per_process']} devices; axes across processes: {crossing}; "
+            f"batch in {processes['batch_shares']} shares",
+        )
     for item in plan["largest_replicated"]:
         table.add_row(escape(f"replicated: {item['path']}"), format_bytes(item["bytes"]))
     return table

@@ -136,6 +136,32 @@ class CacheConfig:
     dir: Optional[str] = None
 
 
+DISTRIBUTED_MODES = ("off", "auto", "explicit")
+
+
+@dataclass(frozen=True)
+class DistributedConfig:
+    """How many processes form the job and how they find each other: `off` (one process),
+    `auto` (read SLURM's or the KERAS_DISTRIBUTION_* / JAX_* environment), `explicit` (the
+    coordinator, num_processes and process_id given here; setting them implies it), or
+    `local_processes` processes started on this machine by meshrun itself. `timeout_s` bounds
+    how long a process waits for the others to join; `port` is the coordinator's port for
+    local_processes (None: a free one)."""
+
+    mode: str = "off"
+    local_processes: int = 1
+    coordinator: Optional[str] = None
+    num_processes: Optional[int] = None
+    process_id: Optional[int] = None
+    port: Optional[int] = None
+    timeout_s: int = 120
+
+    @property
+    def launches_locally(self) -> bool:
+        """Whether meshrun starts the job's processes itself, on this machine."""
+        return self.local_processes > 1
+
+
 @dataclass(frozen=True)
 class RunConfig:
     """Everything one training run needs, validated."""
@@ -147,9 +173,10 @@ class RunConfig:
     train: TrainConfig = field(default_factory=TrainConfig)
     devices: DevicesConfig = field(default_factory=DevicesConfig)
     cache: CacheConfig = field(default_factory=CacheConfig)
+    distributed: DistributedConfig = field(default_factory=DistributedConfig)
 
 
-TOP_LEVEL_KEYS = ("mesh", "layout", "model", "data", "train", "devices", "cache")
+TOP_LEVEL_KEYS = ("mesh", "layout", "model", "data", "train", "devices", "cache", "distributed")
 
 
 def parse_run_config(raw: Mapping[str, Any]) -> RunConfig:
@@ -164,6 +191,7 @@ def parse_run_config(raw: Mapping[str, Any]) -> RunConfig:
         train=_parse_dataclass(TrainConfig, _section(raw, "train"), "train"),
         devices=_parse_dataclass(DevicesConfig, _section(raw, "devices"), "devices"),
         cache=_parse_dataclass(CacheConfig, _section(raw, "cache"), "cache"),
+        distributed=parse_distributed(_section(raw, "distributed")),
     )
     _check_values(config)
     return config
@@ -172,7 +200,8 @@ def parse_run_config(raw: Mapping[str, Any]) -> RunConfig:
 def known_keys() -> list[str]:
     """Every dotted key a config may set (for 'did you mean' suggestions)."""
     keys = ["mesh.shape", "mesh.axis_names", "mesh.batch_axis", "layout.rules", "model.name", "data.name"]
-    for section, cls in (("train", TrainConfig), ("devices", DevicesConfig), ("cache", CacheConfig)):
+    sections = (("train", TrainConfig), ("devices", DevicesConfig), ("cache", CacheConfig), ("distributed", DistributedConfig))
+    for section, cls in sections:
         keys += [f"{section}.{f.name}" for f in dataclasses.fields(cls)]
     for name in registry.model_names():
         keys += [f"model.{f.name}" for f in dataclasses.fields(registry.get_model(name).options)]
@@ -318,6 +347,70 @@ def parse_data(raw: Mapping[str, Any]) -> DataConfig:
     return DataConfig(name=name, options=spec.options(**values))
 
 
+# --- distributed --------------------------------------------------------------------------------
+
+EXPLICIT_KEYS = ("coordinator", "num_processes", "process_id")
+
+
+def parse_distributed(raw: Mapping[str, Any]) -> DistributedConfig:
+    """Validates the distributed section on its own (its fit with the mesh is checked with the
+    whole config). YAML reads a bare `off` as false, which means the mode off here too."""
+    raw = dict(raw)
+    if raw.get("mode") is False:
+        raw["mode"] = "off"
+    config = _parse_dataclass(DistributedConfig, raw, "distributed")
+    if config.mode not in DISTRIBUTED_MODES:
+        raise ConfigError("distributed.mode", f"got {config.mode!r}; valid: {one_of(DISTRIBUTED_MODES)}")
+    given = [k for k in EXPLICIT_KEYS if getattr(config, k) is not None]
+    if given and config.mode == "off":
+        config = dataclasses.replace(config, mode="explicit")
+    if config.mode == "explicit":
+        missing = [k for k in EXPLICIT_KEYS if getattr(config, k) is None]
+        if missing:
+            raise ConfigError(
+                f"distributed.{missing[0]}",
+                f"is missing: an explicit multi-process job needs {', '.join(f'distributed.{k}' for k in EXPLICIT_KEYS)}",
+            )
+    _check_distributed_values(config)
+    if config.launches_locally and config.mode != "off":
+        raise ConfigError(
+            "distributed.local_processes",
+            f"got {config.local_processes} with distributed.mode={config.mode}; meshrun starts local processes "
+            "itself, so leave distributed.mode off and unset coordinator, num_processes and process_id",
+        )
+    return config
+
+
+def _check_distributed_values(config: DistributedConfig) -> None:
+    if config.local_processes < 1:
+        raise ConfigError("distributed.local_processes", f"got {config.local_processes}; expected a positive integer (1: one process)")
+    if config.num_processes is not None and config.num_processes < 1:
+        raise ConfigError("distributed.num_processes", f"got {config.num_processes}; expected a positive integer")
+    if config.process_id is not None and config.num_processes is not None and not 0 <= config.process_id < config.num_processes:
+        raise ConfigError(
+            "distributed.process_id",
+            f"got {config.process_id}; valid: 0 to {config.num_processes - 1} (distributed.num_processes={config.num_processes})",
+        )
+    if config.coordinator is not None and not re.fullmatch(r"[\w.\-]+:\d{1,5}|\[[0-9a-fA-F:]+\]:\d{1,5}", config.coordinator):
+        raise ConfigError("distributed.coordinator", f"got {config.coordinator!r}; expected host:port of process 0, e.g. node01:12345")
+    if config.port is not None and not 0 < config.port < 65536:
+        raise ConfigError("distributed.port", f"got {config.port}; expected a TCP port, 1 to 65535 (null: pick a free one)")
+    if config.timeout_s <= 0:
+        raise ConfigError("distributed.timeout_s", f"got {config.timeout_s}; expected a positive number of seconds")
+
+
+def check_processes(mesh: MeshConfig, devices: DevicesConfig, processes: int, key: str) -> None:
+    """The job's devices must split evenly over its processes (each holds the same number). For
+    a mesh holding -1 that is known before jax starts only for emulated CPU devices."""
+    if mesh.size is None and devices.platform != "cpu" and key != "distributed.local_processes":
+        return
+    total = mesh.size or devices.cpu_devices
+    if total % processes:
+        valid = [n for n in range(1, total + 1) if total % n == 0]
+        what = f"mesh {format_shape(mesh.shape)}'s {total} devices" if mesh.size else f"devices.cpu_devices={total}"
+        raise ConfigError(key, f"got {processes}, but {what} do not split evenly over {processes} processes; valid: {one_of(valid)}")
+
+
 # --- generic dataclass parsing ------------------------------------------------------------------
 
 
@@ -398,6 +491,11 @@ def _check_values(config: RunConfig) -> None:
     if config.devices.platform not in PLATFORMS:
         raise ConfigError("devices.platform", f"got {config.devices.platform!r}; valid: {one_of(PLATFORMS)}")
     check_batch(config.train.batch_size, config.mesh)
+    distributed = config.distributed
+    if distributed.launches_locally:
+        check_processes(config.mesh, config.devices, distributed.local_processes, "distributed.local_processes")
+    elif distributed.num_processes is not None:
+        check_processes(config.mesh, config.devices, distributed.num_processes, "distributed.num_processes")
     synthetic = config.data.options
     if config.data.name == "synthetic":  # other sources count their samples when they load
         for key in ("num_samples", "eval_samples"):

@@ -22,7 +22,8 @@ from meshrun import distribution as distribution_lib
 from meshrun import hardware
 from meshrun.models import get_model
 from meshrun.plan import Plan
-from meshrun.schema import RunConfig, check_batch, format_shape
+from meshrun.processes import ONE_PROCESS, Identity
+from meshrun.schema import RunConfig, check_batch, check_processes, format_shape
 from meshrun.timing import StepTimer, process_start_time
 
 log = logging.getLogger("meshrun")
@@ -30,12 +31,14 @@ log = logging.getLogger("meshrun")
 
 @dataclass
 class RunContext:
-    """Facts about the launch that the config does not hold (where the run writes, what was chosen)."""
+    """Facts about the launch that the config does not hold (where the run writes, what was
+    chosen, this process's place in a multi-process job)."""
 
     run_dir: str = ""
     choices: dict = field(default_factory=dict)
     overrides: list = field(default_factory=list)
     started_at: float = field(default_factory=process_start_time)
+    identity: Identity = ONE_PROCESS
 
 
 @dataclass(frozen=True)
@@ -57,14 +60,16 @@ def run(config: RunConfig, context: RunContext) -> RunResult:
         distribution_lib.reset()
 
 
-def plan(config: RunConfig) -> Plan:
-    """The placement plan of a run. A mesh with a -1 is filled in from the devices here (as a run
-    would); an explicit shape is planned as written, whatever devices this machine has."""
+def plan(config: RunConfig, processes: int = 1) -> Plan:
+    """The placement plan of a run of `processes` processes. A mesh with a -1 is filled in from
+    the devices here (as a run would); an explicit shape is planned as written, whatever devices
+    this machine has."""
     mesh = config.mesh
     if mesh.size is None:
         mesh = devices_lib.discover(config.devices, mesh).mesh
         check_batch(config.train.batch_size, mesh)
-    return build_lib.plan_model(config, mesh)
+        check_processes(mesh, config.devices, processes, "distributed.num_processes")
+    return build_lib.plan_model(config, mesh, processes)
 
 
 def _run(config: RunConfig, context: RunContext) -> RunResult:
@@ -76,16 +81,17 @@ def _run(config: RunConfig, context: RunContext) -> RunResult:
 
     spec = get_model(config.model.name)
     options = config.model.options
-    placement = build_lib.plan_model(config, mesh)
+    placement = build_lib.plan_model(config, mesh, device_set.processes)
     placement.raise_first_error()
     loss = build_lib.make_loss(config.train.loss, spec, options)
-    context_data = data_lib.DataContext(
-        model=spec, model_options=options, batch_size=config.train.batch_size, seed=config.train.seed,
-        process_index=jax.process_index(), process_count=device_set.processes,
-    )
 
     distribution = distribution_lib.make_distribution(mesh, config.layout.rules, device_set.devices)
     keras.distribution.set_distribution(distribution)
+    shard_index, shard_count = distribution_lib.batch_share(distribution, config.train.batch_size)
+    context_data = data_lib.DataContext(
+        model=spec, model_options=options, batch_size=config.train.batch_size, seed=config.train.seed,
+        shard_index=shard_index, shard_count=shard_count, process_count=device_set.processes,
+    )
     # Every Keras object, the optimizer's variables included, must be created under the distribution.
     optimizer = build_lib.make_optimizer(config.train.optimizer, config.train.learning_rate)
     metrics = build_lib.make_metrics(
@@ -104,7 +110,8 @@ def _run(config: RunConfig, context: RunContext) -> RunResult:
         datasets.train,
         epochs=config.train.epochs,
         steps_per_epoch=datasets.steps_per_epoch,
-        verbose=config.train.verbose,
+        # The other processes of a job log a line per epoch, not a progress bar, into their logs.
+        verbose=config.train.verbose if context.identity.is_first else min(config.train.verbose * 2, 2),
         callbacks=[timer],
         shuffle=False,  # the tf.data pipeline shuffles, seeded
     )
@@ -132,7 +139,9 @@ def _run(config: RunConfig, context: RunContext) -> RunResult:
             "available": device_set.available,
             "emulated": device_set.emulated,
             "processes": device_set.processes,
+            "per_process": len(_local(device_set.devices)),
         },
+        "distributed": context.identity.describe(),
         "layout": {"rules": {r.pattern: list(r.axes) for r in config.layout.rules}},
         "model": {"name": spec.name, "params": int(model.count_params()), "options": _jsonable(asdict(options))},
         "data": {
@@ -142,6 +151,7 @@ def _run(config: RunConfig, context: RunContext) -> RunResult:
             "global_batch_size": batch,
             "process_batch_size": context_data.process_batch_size,
             "processes": context_data.process_count,
+            "process_share": {"index": shard_index, "count": shard_count},
         },
         "train": {
             "global_batch_size": batch,
@@ -219,7 +229,7 @@ def memory_metrics(step_costs, sharding: dict, model, placement: Plan, device_se
             "alias_bytes": step_costs.alias_bytes,
             "generated_code_bytes": step_costs.generated_code_bytes,
         },
-        "live_peak_bytes_per_device": costs_lib.live_peak_bytes(device_set.devices),
+        "live_peak_bytes_per_device": costs_lib.live_peak_bytes(_local(device_set.devices)),
     }
 
 
@@ -241,17 +251,23 @@ def placed_sharding(model, placement: Plan) -> dict:
     return placed
 
 
+def _local(devices) -> list:
+    """The devices of `devices` that belong to this process (all of them with one process)."""
+    return [d for d in devices if d.process_index == jax.process_index()]
+
+
 def _bytes_on_one_device(variable) -> int:
     return int(variable.value.addressable_shards[0].data.nbytes)
 
 
 def _say_devices(device_set, mesh, config: RunConfig) -> None:
     shape = format_shape(mesh.shape)
+    spread = f" over {device_set.processes} processes" if device_set.processes > 1 else ""
     if device_set.emulated:
         reason = "no accelerator found" if config.devices.platform == "auto" else "devices.platform=cpu"
-        log.info(f"{reason}; emulating {device_set.available} CPU devices, using {len(device_set.devices)} for mesh {shape}")
+        log.info(f"{reason}; emulating {device_set.available} CPU devices{spread}, using {len(device_set.devices)} for mesh {shape}")
     else:
-        log.info(f"using {len(device_set.devices)} {device_set.kind} devices for mesh {shape}")
+        log.info(f"using {len(device_set.devices)} {device_set.kind} devices{spread} for mesh {shape}")
 
 
 def _jsonable(value):

@@ -63,6 +63,19 @@ def train_in_process(raw: dict):
     return train.run(parsed, train.RunContext(run_dir="unused"))
 
 
+def fast_run_in_process(mesh_shape: str, layout: str) -> dict:
+    """The metrics of the seeds' model trained as FAST on `mesh_shape` with layout config
+    `layout`, in this test process (one process, 8 devices): the reference for other launches."""
+    raw = {
+        "mesh": {"shape": mesh_shape},
+        "layout": {"rules": layout_rules(layout)},
+        "model": {"name": "dense_model"},
+        "data": {"name": "synthetic", "num_samples": 128, "eval_samples": 32},
+        "train": {"epochs": 2, "verbose": 0},
+    }
+    return train_in_process(raw).metrics
+
+
 def layout_rules(name: str) -> dict:
     """The rules of layout config `name`, read from the installed package's configs."""
     import importlib.resources

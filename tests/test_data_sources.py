@@ -243,13 +243,18 @@ def test_arrays_are_read_row_by_row_where_they_lie(data_dir):
         np.testing.assert_array_equal(whole, x)
 
 
-def test_shard_indices_are_disjoint_equal_and_cover_the_whole_shares():
-    for count, processes in [(10, 3), (16, 4), (17, 8), (5, 1), (7, 7)]:
-        shares = [pipeline.shard_indices(count, i, processes) for i in range(processes)]
-        assert {len(s) for s in shares} == {count // processes}, (count, processes)
-        together = np.concatenate(shares)
-        assert len(set(together.tolist())) == len(together), "shares overlap"
-        assert sorted(together.tolist()) == list(range(processes * (count // processes)))
+@pytest.mark.parametrize("count", [1, 2, 4])
+def test_shares_of_every_batch_side_by_side_are_the_one_process_batches(count):
+    import tensorflow as tf
+
+    elements = tf.data.Dataset.from_tensor_slices((np.arange(100), np.arange(100) * 10))
+    whole = collect(pipeline.element_batches(elements, 8, shuffle=True, seed=4, buffer=100))
+    shares = [collect(pipeline.element_batches(elements, 8, True, 4, 100, share=(i, count))) for i in range(count)]
+    assert len(whole) == 12 and all(len(s) == 12 for s in shares)
+    for k, (bx, by) in enumerate(whole):
+        assert all(s[k][0].shape == (8 // count,) for s in shares)
+        np.testing.assert_array_equal(np.concatenate([s[k][0] for s in shares]), bx)
+        np.testing.assert_array_equal(np.concatenate([s[k][1] for s in shares]), by)
 
 
 def collect(dataset) -> list:
@@ -290,27 +295,36 @@ def test_indexed_batches_of_a_dict_of_features():
         np.testing.assert_array_equal(bx["b"], by * 2)
 
 
-def test_arrays_shuffle_reorders_between_passes_but_keeps_pairs(data_dir):
-    """The training pipeline of `load` itself: one process of two reads its half, reshuffled."""
+def test_arrays_shares_of_two_processes_make_the_one_process_batches(data_dir):
+    """The pipelines of `load` itself: two processes each read their half of every global batch
+    (reshuffled each pass, rows paired with their labels), and side by side the halves are the
+    one-process batches."""
     from meshrun.data import DataContext, make_datasets
     from meshrun.data.arrays import ArraysOptions
     from meshrun.models import get_model
 
     count = 64
     np.savez(data_dir / "p.npz", x=features(count), y=np.arange(count, dtype=np.int64))
-    spec = get_model("dense_model")
-    context = DataContext(model=spec, model_options=None, batch_size=16, seed=5, process_index=1, process_count=2)
-    datasets = make_datasets("arrays", ArraysOptions(path=str(data_dir / "p.npz"), validation_split=0.25), context)
-    assert datasets.steps_per_epoch == 3 and datasets.info["train_samples"] == 48
-    passes = []
-    for bx, by in datasets.train.take(2 * 48 // 16).as_numpy_iterator():  # two passes over 24 rows
-        assert bx.shape == (8, 8, 8, 1)
-        np.testing.assert_array_equal(bx[:, 0, 0, 0], by)
-        passes.append(by)
-    first, second = np.concatenate(passes[:3]), np.concatenate(passes[3:])
-    assert sorted(first.tolist()) == sorted(second.tolist()) == list(range(1, 48, 2))  # every other row
-    evaluation = np.concatenate([by for _, by in datasets.eval.as_numpy_iterator()])
-    assert evaluation.tolist() == list(range(49, 64, 2))  # the held-out rows of this process, in order
+    options = ArraysOptions(path=str(data_dir / "p.npz"), validation_split=0.25)
+
+    def labels(shard_index: int, shard_count: int) -> tuple[list, list]:
+        context = DataContext(get_model("dense_model"), None, batch_size=16, seed=5, shard_index=shard_index, shard_count=shard_count)
+        datasets = make_datasets("arrays", options, context)
+        assert datasets.steps_per_epoch == 3 and datasets.info["train_samples"] == 48
+        train = []
+        for bx, by in datasets.train.take(2 * 3).as_numpy_iterator():  # two passes over 48 rows
+            assert bx.shape == (16 // shard_count, 8, 8, 1)
+            np.testing.assert_array_equal(bx[:, 0, 0, 0], by)
+            train.append(by)
+        return train, [by for _, by in datasets.eval.as_numpy_iterator()]
+
+    (whole, whole_eval), (first, first_eval), (second, second_eval) = labels(0, 1), labels(0, 2), labels(1, 2)
+    for k in range(6):
+        np.testing.assert_array_equal(np.concatenate([first[k], second[k]]), whole[k])
+    assert sorted(np.concatenate(whole[:3]).tolist()) == sorted(np.concatenate(whole[3:]).tolist()) == list(range(48))
+    assert np.concatenate(whole[:3]).tolist() != np.concatenate(whole[3:]).tolist(), "not reshuffled"
+    assert first_eval[0].tolist() == list(range(48, 56)) and second_eval[0].tolist() == list(range(56, 64))
+    np.testing.assert_array_equal(np.concatenate(whole_eval), np.arange(48, 64))
 
 
 # --- data=tfrecord ----------------------------------------------------------------------------

@@ -322,9 +322,10 @@ def test_to_dict_has_every_key_and_is_json():
     data = plan.to_dict()
     assert set(data) == {
         "status", "model", "mesh", "optimizer", "variables", "optimizer_variables", "outputs",
-        "per_device", "largest_replicated", "errors", "warnings",
+        "per_device", "largest_replicated", "errors", "warnings", "processes",
     }
     assert data["status"] == "ok"
+    assert data["processes"] == {"count": 1, "devices_per_process": 8, "axes_across_processes": [], "batch_shares": 1}
     assert data["model"] == {"name": "toy", "params": 64 * 256 + 256}
     assert data["mesh"] == {"shape": [2, 4], "axis_names": ["data", "model"], "batch_axis": "data", "devices": 8}
     assert data["optimizer"] == "adam"

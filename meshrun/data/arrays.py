@@ -174,18 +174,16 @@ def load(options: ArraysOptions, context: DataContext) -> pipeline.Datasets:
         log.warning("data=arrays without data.eval_path or data.validation_split: evaluating on the training data")
     pipeline.check_enough(len(train_rows), context.batch_size, "data.path", f"{options.path!r} (training part)")
     pipeline.check_enough(len(eval_rows), context.batch_size, "data.eval_path" if options.eval_path else "data.validation_split", f"the evaluation data ({eval_source})")
-    batch = context.process_batch_size
-    train_share = train_rows[pipeline.shard_indices(len(train_rows), context.process_index, context.process_count)]
-    eval_share = eval_rows[pipeline.shard_indices(len(eval_rows), context.process_index, context.process_count)]
-    train = pipeline.indexed_batches(x, y, train_share, batch, options.shuffle, context.seed)
+    batch, share = context.batch_size, context.share
+    train = pipeline.indexed_batches(x, y, train_rows, batch, options.shuffle, context.seed, share)
     return pipeline.Datasets(
         train=train.repeat(),
         eval=pipeline.exactly(
-            pipeline.indexed_batches(eval_x, eval_y, eval_share, batch, shuffle=False, seed=context.seed),
-            len(eval_rows) // context.batch_size,
+            pipeline.indexed_batches(eval_x, eval_y, eval_rows, batch, shuffle=False, seed=context.seed, share=share),
+            len(eval_rows) // batch,
         ),
-        steps_per_epoch=len(train_rows) // context.batch_size,
-        sample_batch=(np.asarray(x[: context.batch_size]), np.asarray(y[: context.batch_size])),
+        steps_per_epoch=len(train_rows) // batch,
+        sample_batch=(np.asarray(x[: context.process_batch_size]), np.asarray(y[: context.process_batch_size])),
         info={
             "train_samples": len(train_rows), "eval_samples": len(eval_rows), "eval_source": eval_source,
             "read_by_rows": isinstance(x, FileRows),

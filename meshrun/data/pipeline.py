@@ -2,6 +2,10 @@
 remainder dropped, prefetch, the training side endless), each process reading only its share, and
 the checks that the data fits the run (enough samples, shapes and dtypes that fit the model).
 
+A process's share of a global batch is a run of adjacent rows (`share = (index, count)`: rows
+index*b to (index+1)*b, b = batch/count). Every process orders the samples the same way (same
+seed), so the shares side by side are exactly the batches one process would train on.
+
 Keras splits each global batch over the mesh's batch axis (jax.make_array_from_process_local_data),
 so batches are always full. The training pipeline repeats forever and fit runs `steps_per_epoch`
 steps an epoch: one tf.data iterator lives across epochs, where a new one each epoch sometimes
@@ -36,11 +40,21 @@ def check_enough(count: int, batch_size: int, key: str, what: str) -> None:
         raise ConfigError(key, f"{what} holds {count} samples, fewer than one global batch (train.batch_size={batch_size})")
 
 
-def shard_indices(count: int, process_index: int, process_count: int) -> np.ndarray:
-    """The element indices process `process_index` of `process_count` reads: every count-th,
-    so each process holds an equal, disjoint share."""
-    indices = np.arange(count, dtype=np.int64)[process_index::process_count]
-    return indices[: count // process_count]
+def share_of_batches(dataset, batch_size: int, share: tuple[int, int]):
+    """A dataset of global batches cut down to this process's rows of each (see the module doc)."""
+    index, count = share
+    if count == 1:
+        return dataset
+    import tensorflow as tf
+
+    size = batch_size // count
+    start = index * size
+
+    def cut(*values):
+        cut_values = tf.nest.map_structure(lambda v: v[start : start + size], values)
+        return cut_values[0] if len(cut_values) == 1 else cut_values
+
+    return dataset.map(cut)
 
 
 # Rows are read for up to this many batches at once (and at most READ_BYTES): one numpy call per
@@ -50,12 +64,14 @@ BATCHES_PER_READ = 32
 READ_BYTES = 64 << 20
 
 
-def indexed_batches(x, y, indices: np.ndarray, batch_size: int, shuffle: bool, seed: int):
-    """Batches of rows `indices` of the arrays x (an array, FileRows or a dict of them) and y, read
-    a group of batches at a time with numpy (in file order, then put back in the shuffled
-    order), so files are read a group of batches at a time, never whole."""
+def indexed_batches(x, y, indices: np.ndarray, batch_size: int, shuffle: bool, seed: int, share: tuple[int, int] = (0, 1)):
+    """This process's share of each global batch of rows `indices` of the arrays x (an array,
+    FileRows or a dict of them) and y. The indices are shuffled and cut into shares; the rows are
+    read a group of batches at a time with numpy (in file order, then put back in the shuffled
+    order), so files are read a group of batches at a time, never whole, and only the share."""
     import tensorflow as tf
 
+    global_batch, batch_size = batch_size, batch_size // share[1]
     names = sorted(x) if isinstance(x, dict) else None
     columns = [x[n] for n in names] if names else [x]
 
@@ -83,19 +99,21 @@ def indexed_batches(x, y, indices: np.ndarray, batch_size: int, shuffle: bool, s
     dataset = tf.data.Dataset.from_tensor_slices(indices)
     if shuffle:
         dataset = dataset.shuffle(len(indices), seed=seed, reshuffle_each_iteration=True)
-    # Groups of whole batches; the last group's partial batch is dropped in `gather`.
-    dataset = dataset.batch(batch_size * batches_per_read)
+    dataset = dataset.batch(global_batch, drop_remainder=True)
+    dataset = share_of_batches(dataset, global_batch, share).unbatch()
+    dataset = dataset.batch(batch_size * batches_per_read)  # groups of whole batches
     return dataset.flat_map(to_tensors).prefetch(tf.data.AUTOTUNE)
 
 
-def element_batches(dataset, batch_size: int, shuffle: bool, seed: int, buffer: int):
-    """Batches of a dataset of single (x, y) elements: seeded shuffle within `buffer` elements,
-    remainder dropped, prefetched."""
+def element_batches(dataset, batch_size: int, shuffle: bool, seed: int, buffer: int, share: tuple[int, int] = (0, 1)):
+    """This process's share of each global batch of a dataset of single (x, y) elements: seeded
+    shuffle within `buffer` elements, remainder dropped, prefetched."""
     import tensorflow as tf
 
     if shuffle:
         dataset = dataset.shuffle(buffer, seed=seed, reshuffle_each_iteration=True)
-    return dataset.batch(batch_size, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
+    batches = dataset.batch(batch_size, drop_remainder=True)
+    return share_of_batches(batches, batch_size, share).prefetch(tf.data.AUTOTUNE)
 
 
 def exactly(dataset, batches: int):

@@ -98,11 +98,13 @@ def load(options: PythonOptions, context: DataContext) -> pipeline.Datasets:
     evaluation, eval_count = make_split(options, "eval", context, "data.eval_samples", options.eval_samples)
     pipeline.check_enough(count, context.batch_size, "data.num_samples", f"the train dataset from {options.factory}")
     pipeline.check_enough(eval_count, context.batch_size, "data.eval_samples", f"the eval dataset from {options.factory}")
+    # Each process reads only its own elements (every shard_count-th), so a global batch holds
+    # the same number of samples as with one process, but not the same ones.
     batch = context.process_batch_size
     train_batches = pipeline.element_batches(
-        train.shard(context.process_count, context.process_index), batch, options.shuffle, context.seed, options.shuffle_buffer
+        train.shard(context.shard_count, context.shard_index), batch, options.shuffle, context.seed, options.shuffle_buffer
     )
-    eval_batches = pipeline.element_batches(evaluation.shard(context.process_count, context.process_index), batch, False, context.seed, 1)
+    eval_batches = pipeline.element_batches(evaluation.shard(context.shard_count, context.shard_index), batch, False, context.seed, 1)
     return pipeline.Datasets(
         train=train_batches.repeat(),
         eval=pipeline.exactly(eval_batches, eval_count // context.batch_size),

@@ -17,19 +17,29 @@ from meshrun.registry import Registry
 @dataclass(frozen=True)
 class DataContext:
     """What a source needs from the run: the model (its spec and options: input shapes, data
-    family), the global batch size, the seed, and which of how many processes reads."""
+    family), the global batch size, the seed, and which share of each global batch this process
+    feeds. The mesh decides the shares: each global batch is cut into `shard_count` equal, adjacent
+    parts over the batch axis and this process feeds part `shard_index` (with the batch axis inside
+    one process, or one process, that is the whole batch; processes that share batch-axis devices
+    feed the same part)."""
 
     model: Any
     model_options: Any
     batch_size: int
     seed: int
-    process_index: int = 0
+    shard_index: int = 0
+    shard_count: int = 1
     process_count: int = 1
 
     @property
     def process_batch_size(self) -> int:
         """The batch each process reads: its share of the global batch."""
-        return self.batch_size // self.process_count
+        return self.batch_size // self.shard_count
+
+    @property
+    def share(self) -> tuple[int, int]:
+        """(shard_index, shard_count), as the pipeline functions take it."""
+        return self.shard_index, self.shard_count
 
 
 @dataclass(frozen=True)

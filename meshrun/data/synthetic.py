@@ -91,13 +91,13 @@ def classes(options, count: int, seed: int):
 FAMILIES = {"regression": regression, "images": images, "tokens": tokens, "id_pairs": id_pairs, "classes": classes}
 
 
-def batched(x, y, batch_size: int, shuffle: bool, seed: int):
-    """A tf.data pipeline of full batches of in-memory arrays (remainder dropped), optionally
-    reshuffled each epoch in a seeded order."""
+def batched(x, y, batch_size: int, shuffle: bool, seed: int, share: tuple[int, int] = (0, 1)):
+    """A tf.data pipeline of this process's share of full global batches of in-memory arrays
+    (remainder dropped), optionally reshuffled each epoch in a seeded order."""
     import tensorflow as tf
 
     dataset = tf.data.Dataset.from_tensor_slices((x, y))
-    return pipeline.element_batches(dataset, batch_size, shuffle, seed, buffer=len(y))
+    return pipeline.element_batches(dataset, batch_size, shuffle, seed, buffer=len(y), share=share)
 
 
 def load(options: SyntheticOptions, context: DataContext) -> pipeline.Datasets:
@@ -110,24 +110,14 @@ def load(options: SyntheticOptions, context: DataContext) -> pipeline.Datasets:
     generate = FAMILIES[family]  # sizes against the batch are checked with the config (meshrun.schema)
     train_x, train_y = generate(context.model_options, options.num_samples, seed=context.seed)
     eval_x, eval_y = generate(context.model_options, options.eval_samples, seed=context.seed + 1)
-    train_x, train_y = _share(train_x, train_y, context)
-    eval_x, eval_y = _share(eval_x, eval_y, context)
-    batch = context.process_batch_size
+    batch = context.batch_size
     return pipeline.Datasets(
-        train=batched(train_x, train_y, batch, options.shuffle, context.seed).repeat(),
-        eval=batched(eval_x, eval_y, batch, shuffle=False, seed=context.seed),
-        steps_per_epoch=options.num_samples // context.batch_size,
-        sample_batch=(_rows(train_x, slice(0, batch)), train_y[:batch]),
+        train=batched(train_x, train_y, batch, options.shuffle, context.seed, context.share).repeat(),
+        eval=batched(eval_x, eval_y, batch, shuffle=False, seed=context.seed, share=context.share),
+        steps_per_epoch=options.num_samples // batch,
+        sample_batch=(_rows(train_x, slice(0, context.process_batch_size)), train_y[: context.process_batch_size]),
         info={"family": family, "train_samples": options.num_samples, "eval_samples": options.eval_samples},
     )
-
-
-def _share(x, y, context: DataContext):
-    """This process's rows (all of them with one process)."""
-    if context.process_count == 1:
-        return x, y
-    rows = pipeline.shard_indices(len(y), context.process_index, context.process_count)
-    return _rows(x, rows), y[rows]
 
 
 def _rows(x, rows):

@@ -99,12 +99,12 @@ def _parser(options: TFRecordOptions):
 def _records(files: list[str], options: TFRecordOptions, context: DataContext, shuffle: bool):
     import tensorflow as tf
 
-    if len(files) >= context.process_count:
-        files = files[context.process_index :: context.process_count]  # file-level sharding
+    if len(files) >= context.shard_count:
+        files = files[context.shard_index :: context.shard_count]  # file-level sharding
         dataset = tf.data.TFRecordDataset(files, compression_type=options.compression)
     else:
         dataset = tf.data.TFRecordDataset(files, compression_type=options.compression)
-        dataset = dataset.shard(context.process_count, context.process_index)
+        dataset = dataset.shard(context.shard_count, context.shard_index)
     dataset = dataset.map(_parser(options), num_parallel_calls=tf.data.AUTOTUNE)
     return pipeline.element_batches(dataset, context.process_batch_size, shuffle, context.seed, options.shuffle_buffer)
 
@@ -142,7 +142,7 @@ def load(options: TFRecordOptions, context: DataContext) -> pipeline.Datasets:
         steps_per_epoch=count // context.batch_size,
         sample_batch=pipeline.first_batch(train),
         info={"train_samples": count, "eval_samples": eval_count, "train_file_count": len(train_files), "eval_file_count": len(eval_files),
-              "sharding": "files" if len(train_files) >= context.process_count else "records"},
+              "sharding": "files" if len(train_files) >= context.shard_count else "records"},
     )
 
 

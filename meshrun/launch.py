@@ -1,0 +1,183 @@
+"""`distributed.local_processes=N`: runs one job as N `meshrun train` processes on this machine,
+each with an even share of the mesh's devices, joined through a coordinator on localhost.
+
+Process 0 prints to the terminal and writes the run's files; every process's stderr (and the other
+processes' stdout) goes to `process-<i>.log` in the run dir, and `processes.json` lists their pids
+and logs. If any process fails, the others are stopped at once and the job fails with one line
+naming that process and its log; no process outlives the launcher (they die with it, too).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+from meshrun import processes as processes_lib
+from meshrun.errors import ConfigError, RunFailed
+from meshrun.schema import DistributedConfig
+
+log = logging.getLogger("meshrun")
+
+PROCESSES_FILE = "processes.json"
+# The keys the launcher sets for each process; the user's own values for them are dropped.
+_OWN_KEYS = ("mode", "local_processes", "coordinator", "num_processes", "process_id", "port")
+# How long the other processes may take to exit after process 0 has finished the job.
+_FINISH_GRACE_S = 60
+_POLL_S = 0.1
+
+
+@dataclass(frozen=True)
+class Failure:
+    """The first process of the job that failed: its id, exit status and log."""
+
+    process_id: int
+    returncode: int
+    log: Path
+
+
+def run_local(config: DistributedConfig, run_dir: str, overrides: list[str]) -> None:
+    """Runs the job's processes to the end. Raises ConfigError when they reject the config (after
+    removing what they wrote), RunFailed when one fails, naming it and its log."""
+    count = config.local_processes
+    if config.port is not None:
+        processes_lib.check_port_free(config.port, "distributed.port", config.port)
+    coordinator = f"localhost:{config.port or processes_lib.free_port()}"
+    kept = [o for o in overrides if o.lstrip("+~").split("=", 1)[0] not in {f"distributed.{k}" for k in _OWN_KEYS}]
+    log.info(f"starting {count} processes on this machine (coordinator {coordinator}); logs in {run_dir}/process-*.log")
+    Path(run_dir).mkdir(parents=True, exist_ok=True)
+    started = [_start(i, count, coordinator, run_dir, kept) for i in range(count)]
+    _write_processes_file(run_dir, coordinator, started)
+    try:
+        failure = _watch(started, run_dir)
+    except KeyboardInterrupt:
+        raise RunFailed(f"interrupted; stopped all {count} processes") from None
+    if failure is None:
+        return
+    raise _explain(failure, count, run_dir)
+
+
+def _start(process_id: int, count: int, coordinator: str, run_dir: str, overrides: list[str]) -> subprocess.Popen:
+    command = [
+        sys.executable, "-m", "meshrun", "train", *overrides,
+        f"hydra.run.dir={run_dir}", "hydra.output_subdir=null",
+        f"distributed.coordinator={coordinator}", f"distributed.num_processes={count}", f"distributed.process_id={process_id}",
+    ]
+    log_file = open(processes_lib.log_path(run_dir, process_id), "ab")
+    with log_file:
+        return subprocess.Popen(
+            command,
+            stdout=None if process_id == 0 else log_file,
+            stderr=log_file,
+            env={**os.environ, processes_lib.LAUNCHED_ENV: "1"},
+            start_new_session=True,  # its own process group: stopping it stops its children too
+            preexec_fn=_die_with_parent,
+        )
+
+
+def _die_with_parent() -> None:
+    """In the child, before exec: ask Linux to kill it when the launcher dies, however it dies."""
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except OSError:  # not Linux: the launcher's own signal handling still stops the processes
+        pass
+
+
+def _write_processes_file(run_dir: str, coordinator: str, started: list[subprocess.Popen]) -> None:
+    entries = [{"process_id": i, "pid": p.pid, "log": str(processes_lib.log_path(run_dir, i))} for i, p in enumerate(started)]
+    path = Path(run_dir) / PROCESSES_FILE
+    path.write_text(json.dumps({"coordinator": coordinator, "processes": entries}, indent=2) + "\n")
+
+
+def _watch(started: list[subprocess.Popen], run_dir: str) -> Optional[Failure]:
+    """Waits for every process; at the first failure stops the rest and returns it. A signal to
+    the launcher (Ctrl-C, SIGTERM) stops them all too."""
+    previous = {sig: signal.signal(sig, _raise_interrupt) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    first_done_at = None
+    try:
+        while True:
+            codes = [p.poll() for p in started]
+            failed = [i for i, code in enumerate(codes) if code not in (None, 0)]
+            if failed:
+                first = min(failed, key=lambda i: _blame_order(codes[i], i))
+                return Failure(first, codes[first], processes_lib.log_path(run_dir, first))
+            if all(code == 0 for code in codes):
+                return None
+            if codes[0] == 0:  # the job is done: process 0 has written its results
+                first_done_at = first_done_at or time.monotonic()
+                if time.monotonic() - first_done_at > _FINISH_GRACE_S:
+                    late = [i for i, code in enumerate(codes) if code is None]
+                    log.warning(f"processes {late} had not exited {_FINISH_GRACE_S} s after process 0 finished; stopping them")
+                    return None
+            time.sleep(_POLL_S)
+    finally:
+        _stop(started)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _blame_order(returncode: int, process_id: int) -> tuple:
+    # When several have died by the time we look, a killed process is the likelier cause: the
+    # others then fail in a collective that lost its peer.
+    return (0 if returncode < 0 else 1, process_id)
+
+
+def _raise_interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt
+
+
+def _stop(started: list[subprocess.Popen]) -> None:
+    """Stops every process still running: SIGTERM to its group, then SIGKILL after 3 s."""
+    running = [p for p in started if p.poll() is None]
+    for sig, wait_s in ((signal.SIGTERM, 3.0), (signal.SIGKILL, 5.0)):
+        for process in running:
+            try:
+                os.killpg(process.pid, sig)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + wait_s
+        while running and time.monotonic() < deadline:
+            running = [p for p in running if p.poll() is None]
+            time.sleep(0.05)
+        if not running:
+            return
+
+
+def _explain(failure: Failure, count: int, run_dir: str) -> Exception:
+    """The error for a failed job: the process's own config error (its files removed), or which
+    process failed, how, and where its log is."""
+    said = _last_error_line(failure.log)
+    if failure.returncode == 2 and said:
+        _remove_launch_files(run_dir, count)
+        key, _, message = said.partition(": ")
+        return ConfigError(key, message)
+    if failure.returncode < 0:
+        how = f"was killed by {signal.Signals(-failure.returncode).name}"
+    else:
+        how = f"failed with exit status {failure.returncode}"
+    detail = f" ({said})" if said else ""
+    return RunFailed(f"process {failure.process_id} of {count} {how}{detail}; its log: {failure.log}")
+
+
+def _last_error_line(log_file: Path) -> str:
+    """The last `meshrun: error:` line the process wrote to its log, without that prefix."""
+    try:
+        lines = log_file.read_text(errors="replace").splitlines()
+    except OSError:
+        return ""
+    said = [line.split("meshrun: error: ", 1)[1] for line in lines if "meshrun: error: " in line]
+    return said[-1].strip() if said else ""
+
+
+def _remove_launch_files(run_dir: str, count: int) -> None:
+    for process_id in range(count):
+        processes_lib.log_path(run_dir, process_id).unlink(missing_ok=True)
+    (Path(run_dir) / PROCESSES_FILE).unlink(missing_ok=True)

@@ -1,0 +1,277 @@
+"""Multi-process jobs on localhost: `distributed.local_processes=2` runs 2 real meshrun processes of
+4 emulated CPU devices each, joined by jax.distributed (gloo). They must train exactly like one
+process, fail fast and cleanly when a process dies, and reject bad distributed settings in one
+line. The config checks and the arithmetic of process layouts run in-process."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import FAST, fast_run_in_process, read_metrics, run_meshrun
+
+from meshrun.errors import ConfigError
+from meshrun.plan import process_layout
+from meshrun.processes import Identity, identify
+from meshrun.schema import DistributedConfig, MeshConfig, parse_distributed
+
+TWO = "distributed.local_processes=2"
+
+
+def mesh(shape) -> MeshConfig:
+    return MeshConfig(shape=tuple(shape), axis_names=("data", "model"), batch_axis="data")
+
+
+# --- where a process stands ---------------------------------------------------------------------
+
+
+def test_off_means_one_process_whatever_the_environment():
+    assert identify(DistributedConfig(), {"SLURM_JOB_ID": "1", "SLURM_NTASKS": "4", "SLURM_PROCID": "2"}) == Identity()
+
+
+def test_explicit_settings_imply_explicit_mode():
+    config = parse_distributed({"coordinator": "node01:1234", "num_processes": 4, "process_id": 3})
+    assert config.mode == "explicit"
+    assert identify(config, {}) == Identity(3, 4, "node01:1234", "distributed config")
+
+
+def test_auto_reads_keras_then_jax_then_slurm_environments():
+    auto = parse_distributed({"mode": "auto"})
+    keras_env = {"KERAS_DISTRIBUTION_JOB_ADDRESSES": "10.0.0.1:1234,10.0.0.2:1234", "KERAS_DISTRIBUTION_NUM_PROCESSES": "2", "KERAS_DISTRIBUTION_PROCESS_ID": "1"}
+    jax_env = {"JAX_COORDINATOR_ADDRESS": "head:99", "JAX_NUM_PROCESSES": "3", "JAX_PROCESS_ID": "2"}
+    slurm = {"SLURM_JOB_ID": "7", "SLURM_STEP_NODELIST": "vm", "SLURM_NTASKS": "2", "SLURM_PROCID": "1", "SLURM_TASKS_PER_NODE": "2"}
+    assert identify(auto, {**keras_env, **jax_env}) == Identity(1, 2, "10.0.0.1:1234", "KERAS_DISTRIBUTION_* environment")
+    assert identify(auto, {**jax_env, **slurm}) == Identity(2, 3, "head:99", "JAX_* environment")
+    assert identify(auto, slurm) == Identity(1, 2, None, "SLURM", None)
+    assert identify(auto, {}).num_processes == 1
+
+
+def test_one_slurm_task_per_node_uses_every_gpu_of_the_node():
+    auto = parse_distributed({"mode": "auto"})
+    task = {"SLURM_JOB_ID": "7", "SLURM_STEP_NODELIST": "n[1-2]", "SLURM_NTASKS": "2", "SLURM_PROCID": "0", "SLURM_TASKS_PER_NODE": "1(x2)"}
+    assert identify(auto, {**task, "SLURM_GPUS_ON_NODE": "8"}).local_device_ids == tuple(range(8))
+    assert identify(auto, {**task, "CUDA_VISIBLE_DEVICES": "0,1,2,3"}).local_device_ids == (0, 1, 2, 3)
+    assert identify(auto, {**task, "SLURM_TASKS_PER_NODE": "4(x2)", "SLURM_GPUS_ON_NODE": "8"}).local_device_ids is None
+
+
+@pytest.mark.parametrize(
+    "raw, key, words",
+    [
+        ({"mode": "sometimes"}, "distributed.mode", "valid: off, auto or explicit"),
+        ({"coordinator": "node01:1234", "num_processes": 2}, "distributed.process_id", "is missing"),
+        ({"coordinator": "node01", "num_processes": 2, "process_id": 0}, "distributed.coordinator", "host:port"),
+        ({"coordinator": "n:1", "num_processes": 2, "process_id": 2}, "distributed.process_id", "valid: 0 to 1"),
+        ({"local_processes": 0}, "distributed.local_processes", "positive integer"),
+        ({"local_processes": 2, "mode": "auto"}, "distributed.local_processes", "leave distributed.mode off"),
+        ({"port": 70000}, "distributed.port", "1 to 65535"),
+        ({"timeout_s": 0}, "distributed.timeout_s", "positive"),
+    ],
+)
+def test_bad_distributed_settings_name_the_key(raw, key, words):
+    with pytest.raises(ConfigError) as caught:
+        parse_distributed(raw)
+    assert caught.value.key == key and words in str(caught.value)
+
+
+def test_yaml_off_reads_as_the_off_mode():
+    assert parse_distributed({"mode": False}).mode == "off"
+
+
+@pytest.mark.parametrize(
+    "shape, processes, crossing, shares",
+    [((8, 1), 2, ["data"], 2), ((2, 4), 2, ["data"], 2), ((1, 8), 2, ["model"], 1), ((4, 2), 2, ["data"], 2), ((2, 4), 4, ["data", "model"], 2)],
+)
+def test_process_layout_says_which_axes_cross_processes(shape, processes, crossing, shares):
+    layout = process_layout(mesh(shape), processes)
+    assert layout == {"count": processes, "devices_per_process": 8 // processes, "axes_across_processes": crossing, "batch_shares": shares}
+
+
+# --- two processes on this machine --------------------------------------------------------------
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("mesh_name, layout, shares", [("8x1", "replicated", 2), ("2x4", "dense_model", 2), ("1x8", "dense_model", 1)])
+def test_two_processes_train_exactly_like_one(tmp_path, mesh_name, layout, shares):
+    run_dir = tmp_path / "run"
+    done = run_meshrun(["train", TWO, f"mesh={mesh_name}", f"layout={layout}", *FAST, f"hydra.run.dir={run_dir}"], tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    metrics = read_metrics(run_dir)
+    assert metrics["devices"]["processes"] == 2 and metrics["devices"]["per_process"] == 4 and metrics["devices"]["count"] == 8
+    assert metrics["distributed"]["source"] == "distributed.local_processes"
+    assert metrics["data"]["process_share"] == {"index": 0, "count": shares}
+    assert metrics["data"]["process_batch_size"] == 16 // shares
+    single = fast_run_in_process(mesh_name, layout)
+    for epoch, (multi, one) in enumerate(zip(metrics["history"]["loss"], single["history"]["loss"], strict=True)):
+        assert multi == pytest.approx(one, abs=1e-5), f"epoch {epoch}"
+    assert metrics["eval"]["loss"] == pytest.approx(single["eval"]["loss"], abs=1e-5)
+    assert {p: v["spec"] for p, v in metrics["sharding"].items()} == {p: v["spec"] for p, v in single["sharding"].items()}
+    # Process 0 reports; process 1 logs into its own file and writes nothing else.
+    assert done.stdout.count("meshrun: dense_model on mesh") == 1
+    log = (run_dir / "process-1.log").read_text()
+    assert "process 1 of 2 joining the job" in log and "Epoch 2/2" not in done.stderr
+    listed = json.loads((run_dir / "processes.json").read_text())
+    assert [p["process_id"] for p in listed["processes"]] == [0, 1]
+    plan = json.loads((run_dir / "plan.json").read_text())
+    assert plan["processes"]["count"] == 2 and plan["processes"]["batch_shares"] == shares
+
+
+def wait_for(condition, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def gone(pid: int) -> bool:
+    """Whether process `pid` has ended (a zombie awaiting its reaper counts as ended)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return True
+    return state in ("Z", "X")
+
+
+def start_long_job(tmp_path, *extra) -> tuple[subprocess.Popen, Path]:
+    run_dir = tmp_path / "run"
+    command = [sys.executable, "-m", "meshrun", "train", TWO, "mesh=2x4", "train.epochs=50", "data.num_samples=4096", *extra, f"hydra.run.dir={run_dir}"]
+    launcher = subprocess.Popen(command, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return launcher, run_dir
+
+
+def finish(launcher: subprocess.Popen, timeout: float) -> tuple[int, str, float]:
+    started = time.monotonic()
+    _, stderr = launcher.communicate(timeout=timeout)
+    return launcher.returncode, stderr, time.monotonic() - started
+
+
+@pytest.mark.e2e
+def test_a_killed_process_ends_the_job_quickly_with_one_line_and_no_orphans(tmp_path):
+    launcher, run_dir = start_long_job(tmp_path)
+    try:
+        listed = wait_for(lambda: (run_dir / "processes.json").exists() and json.loads((run_dir / "processes.json").read_text()), 120, "processes.json")
+        wait_for(lambda: "Epoch 1/50" in (run_dir / "process-1.log").read_text(), 120, "process 1 to train")
+        pids = [p["pid"] for p in listed["processes"]]
+        os.kill(pids[1], signal.SIGKILL)
+        status, stderr, seconds = finish(launcher, timeout=90)
+    finally:
+        launcher.kill()
+    errors = [line for line in stderr.splitlines() if line.startswith("meshrun: error:")]
+    assert status == 1 and seconds < 60, (status, seconds, stderr[-2000:])
+    assert errors == [f"meshrun: error: process 1 of 2 was killed by SIGKILL; its log: {run_dir / 'process-1.log'}"], stderr[-2000:]
+    assert "Traceback" not in stderr
+    assert all(gone(pid) for pid in pids), "a process outlived the job"
+    metrics = read_metrics(run_dir)
+    assert metrics["status"] == "error" and "process 1 of 2 was killed" in metrics["error"]
+
+
+FAILING_FACTORY = '''
+import jax
+import numpy as np
+
+
+def make(split, seed):
+    rng = np.random.default_rng(0)
+    for i in range(512):
+        if split == "train" and jax.process_index() == 1 and i == 300:
+            raise RuntimeError("reader broke in process 1")
+        yield rng.normal(size=(28, 28, 1)).astype("float32"), rng.normal(size=(10,)).astype("float32")
+'''
+
+
+@pytest.mark.e2e
+def test_an_exception_in_one_process_ends_the_job_naming_it(tmp_path):
+    (tmp_path / "failing_reader.py").write_text(FAILING_FACTORY)
+    run_dir = tmp_path / "run"
+    done = run_meshrun(
+        ["train", TWO, "mesh=2x4", "data=python", "data.factory=failing_reader:make", "data.num_samples=512",
+         "data.eval_samples=64", "train.verbose=0", f"hydra.run.dir={run_dir}"],
+        tmp_path, timeout=180,
+    )
+    errors = [line for line in done.stderr.splitlines() if line.startswith("meshrun: error:")]
+    assert done.returncode == 1, done.stderr[-2000:]
+    assert len(errors) == 1 and errors[0].startswith("meshrun: error: process 1 of 2 failed with exit status 1"), done.stderr[-2000:]
+    assert "reader broke in process 1" in errors[0] and str(run_dir / "process-1.log") in errors[0]
+    assert "Traceback" in (run_dir / "process-1.log").read_text()
+    assert read_metrics(run_dir)["status"] == "error"
+
+
+def one_error_line(done) -> str:
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 2 and len(lines) == 1 and lines[0].startswith("meshrun: error: "), done.stderr[-2000:]
+    return lines[0]
+
+
+def listening_port() -> socket.socket:
+    taken = socket.socket()
+    taken.bind(("", 0))
+    taken.listen()
+    return taken
+
+
+@pytest.mark.e2e
+def test_processes_that_do_not_divide_the_mesh_are_rejected(in_tmp):
+    line = one_error_line(run_meshrun(["train", "distributed.local_processes=3", "mesh=2x4"], in_tmp))
+    assert line == "meshrun: error: distributed.local_processes: got 3, but mesh 2x4's 8 devices do not split evenly over 3 processes; valid: 1, 2, 4 or 8"
+    assert list(in_tmp.iterdir()) == []
+
+
+@pytest.mark.e2e
+def test_a_port_in_use_is_rejected_before_anything_starts(in_tmp):
+    with listening_port() as taken:
+        port = taken.getsockname()[1]
+        line = one_error_line(run_meshrun(["train", TWO, f"distributed.port={port}", "mesh=2x4"], in_tmp))
+        assert f"distributed.port: got {port}, but port {port} is already in use" in line
+        explicit = ["distributed.num_processes=2", "distributed.process_id=0", f"distributed.coordinator=localhost:{port}"]
+        line = one_error_line(run_meshrun(["train", *explicit, "mesh=2x4"], in_tmp))
+        assert f"distributed.coordinator: got 'localhost:{port}', but port {port} is already in use" in line
+    assert list(in_tmp.iterdir()) == []
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("", 0))
+        return probe.getsockname()[1]
+
+
+@pytest.mark.e2e
+def test_a_coordinator_that_never_answers_fails_in_bounded_time(in_tmp):
+    explicit = ["distributed.num_processes=2", "distributed.process_id=1", f"distributed.coordinator=localhost:{free_port()}", "distributed.timeout_s=3"]
+    started = time.monotonic()
+    line = one_error_line(run_meshrun(["train", *explicit, "mesh=2x4"], in_tmp, timeout=60))
+    assert time.monotonic() - started < 30
+    assert "distributed.coordinator: got 'localhost:" in line and "nothing answered there within 3 s" in line
+    assert list(in_tmp.iterdir()) == []
+
+
+@pytest.mark.e2e
+def test_too_few_processes_for_num_processes_fail_in_bounded_time(in_tmp):
+    """Process 0 of a job said to have 2 processes, started alone: the job never forms."""
+    explicit = ["distributed.num_processes=2", "distributed.process_id=0", f"distributed.coordinator=localhost:{free_port()}", "distributed.timeout_s=4"]
+    started = time.monotonic()
+    line = one_error_line(run_meshrun(["train", *explicit, "mesh=2x4"], in_tmp, timeout=60))
+    assert time.monotonic() - started < 30
+    assert line.startswith("meshrun: error: distributed.num_processes: process 0 of 2 waited 4 s") and "start all 2 processes" in line
+    assert list(in_tmp.iterdir()) == []
+
+
+@pytest.mark.e2e
+def test_a_sweep_of_two_process_jobs_and_their_plan(tmp_path):
+    sweep_dir = tmp_path / "sweep"
+    done = run_meshrun(["train", "-m", TWO, "mesh=2x4,1x8", "layout=dense_model", *FAST, f"hydra.sweep.dir={sweep_dir}"], tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = json.loads((sweep_dir / "summary.json").read_text())["rows"]
+    assert sorted(r["mesh"] for r in rows) == ["1x8", "2x4"] and all(r["status"] == "ok" for r in rows)
+    assert all(read_metrics(sweep_dir / job)["devices"]["processes"] == 2 for job in ("0", "1"))
+    planned = run_meshrun(["plan", TWO, "mesh=1x8", "layout=dense_model", "--json"], tmp_path)
+    assert planned.returncode == 0, planned.stderr
+    assert json.loads(planned.stdout)["processes"] == {"count": 2, "devices_per_process": 4, "axes_across_processes": ["model"], "batch_shares": 1}

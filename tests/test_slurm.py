@@ -1,0 +1,69 @@
+"""meshrun through a real SLURM cluster: a 2-task job submitted with scripts/sbatch_meshrun.sh, and
+one through Hydra's submitit launcher (hydra/launcher=meshrun_slurm). Each task is one process of
+the job and finds its place from SLURM's environment (distributed=auto). `.ci/run` starts a
+single-node cluster on localhost with scripts/slurm_localhost.sh; where no cluster answers, the
+tests are skipped with the reason."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+from conftest import FAST, fast_run_in_process, read_metrics, run_meshrun
+
+SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
+JOB = ["devices.platform=cpu", "mesh=2x4", "layout=dense_model", *FAST]
+
+pytestmark = [pytest.mark.slurm, pytest.mark.e2e]
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    """Skips unless a SLURM cluster here runs a 2-task step."""
+    if shutil.which("sbatch") is None:
+        pytest.skip("no SLURM here (sbatch not found); scripts/slurm_localhost.sh start sets up a local cluster")
+    status = subprocess.run([str(SCRIPTS / "slurm_localhost.sh"), "status"], capture_output=True, timeout=120)
+    if status.returncode != 0:
+        pytest.skip("SLURM is installed but no cluster runs a 2-task step here; start one with scripts/slurm_localhost.sh start")
+
+
+def check_two_task_run(run_dir: Path) -> None:
+    metrics = read_metrics(run_dir)
+    assert metrics["status"] == "ok"
+    assert metrics["devices"]["processes"] == 2 and metrics["devices"]["per_process"] == 4
+    assert metrics["distributed"]["source"] == "SLURM"
+    single = fast_run_in_process("2x4", "dense_model")
+    for multi, one in zip(metrics["history"]["loss"], single["history"]["loss"], strict=True):
+        assert multi == pytest.approx(one, abs=1e-5)
+    assert "emulating 8 CPU devices over 2 processes" in (run_dir / "process-1.log").read_text()
+
+
+def test_an_sbatch_job_of_two_tasks_trains_like_one_process(cluster, tmp_path):
+    submitted = subprocess.run(
+        ["sbatch", "--wait", "--parsable", "--nodes=1", "--ntasks-per-node=2", f"--chdir={tmp_path}",
+         f"--output={tmp_path}/slurm-%j.out", str(SCRIPTS / "sbatch_meshrun.sh"), *JOB],
+        capture_output=True, text=True, timeout=300,
+    )
+    outputs = "\n".join(p.read_text() for p in tmp_path.glob("slurm-*.out"))
+    assert submitted.returncode == 0, (submitted.stderr, outputs[-3000:])
+    job_id = submitted.stdout.strip().split(";")[0]
+    check_two_task_run(tmp_path / "outputs" / "slurm" / job_id)
+    assert outputs.count("meshrun: dense_model on mesh 2x4") == 1  # only process 0 reports
+    assert "process 1 of 2 joining the job (SLURM)" in outputs
+
+
+def test_the_submitit_launcher_runs_a_two_task_job(cluster, tmp_path):
+    pytest.importorskip("hydra_plugins.hydra_submitit_launcher", reason="hydra-submitit-launcher is not installed (pip install 'meshrun[slurm]')")
+    sweep_dir = tmp_path / "sweep"
+    done = run_meshrun(
+        ["train", "-m", "hydra/launcher=meshrun_slurm", "hydra.launcher.tasks_per_node=2", "distributed=auto", *JOB,
+         f"hydra.sweep.dir={sweep_dir}"],
+        tmp_path, timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    check_two_task_run(sweep_dir / "0")
+    rows = json.loads((sweep_dir / "summary.json").read_text())["rows"]
+    assert [r["status"] for r in rows] == ["ok"]
