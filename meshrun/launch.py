@@ -1,5 +1,6 @@
 """`distributed.local_processes=N`: runs one job as N `meshrun train` processes on this machine,
-each with an even share of the mesh's devices, joined through a coordinator on localhost.
+each emulating an even share of the mesh's devices on the CPU, joined through a coordinator on
+localhost (a multi-host job in miniature, for trying layouts and the launch path).
 
 Process 0 prints to the terminal and writes the run's files; every process's stderr (and the other
 processes' stdout) goes to `process-<i>.log` in the run dir, and `processes.json` lists their pids
@@ -29,7 +30,8 @@ log = logging.getLogger("meshrun")
 
 PROCESSES_FILE = "processes.json"
 # The keys the launcher sets for each process; the user's own values for them are dropped.
-_OWN_KEYS = ("mode", "local_processes", "coordinator", "num_processes", "process_id", "port")
+_OWN_KEYS = ("distributed.mode", "distributed.local_processes", "distributed.coordinator", "distributed.num_processes",
+             "distributed.process_id", "distributed.port", "devices.platform")
 # How long the other processes may take to exit after process 0 has finished the job.
 _FINISH_GRACE_S = 60
 _POLL_S = 0.1
@@ -51,7 +53,7 @@ def run_local(config: DistributedConfig, run_dir: str, overrides: list[str]) -> 
     if config.port is not None:
         processes_lib.check_port_free(config.port, "distributed.port", config.port)
     coordinator = f"localhost:{config.port or processes_lib.free_port()}"
-    kept = [o for o in overrides if o.lstrip("+~").split("=", 1)[0] not in {f"distributed.{k}" for k in _OWN_KEYS}]
+    kept = [o for o in overrides if o.lstrip("+~").split("=", 1)[0] not in _OWN_KEYS]
     log.info(f"starting {count} processes on this machine (coordinator {coordinator}); logs in {run_dir}/process-*.log")
     Path(run_dir).mkdir(parents=True, exist_ok=True)
     started = [_start(i, count, coordinator, run_dir, kept) for i in range(count)]
@@ -67,7 +69,7 @@ def run_local(config: DistributedConfig, run_dir: str, overrides: list[str]) -> 
 
 def _start(process_id: int, count: int, coordinator: str, run_dir: str, overrides: list[str]) -> subprocess.Popen:
     command = [
-        sys.executable, "-m", "meshrun", "train", *overrides,
+        sys.executable, "-m", "meshrun", "train", *overrides, "devices.platform=cpu",
         f"hydra.run.dir={run_dir}", "hydra.output_subdir=null",
         f"distributed.coordinator={coordinator}", f"distributed.num_processes={count}", f"distributed.process_id={process_id}",
     ]

@@ -493,6 +493,12 @@ def _check_values(config: RunConfig) -> None:
     check_batch(config.train.batch_size, config.mesh)
     distributed = config.distributed
     if distributed.launches_locally:
+        if config.devices.platform not in ("auto", "cpu"):
+            raise ConfigError(
+                "distributed.local_processes",
+                f"got {distributed.local_processes} with devices.platform={config.devices.platform}; local processes emulate "
+                "CPU devices only: on accelerators run one process (it uses every device) or start one per host with distributed=auto",
+            )
         check_processes(config.mesh, config.devices, distributed.local_processes, "distributed.local_processes")
     elif distributed.num_processes is not None:
         check_processes(config.mesh, config.devices, distributed.num_processes, "distributed.num_processes")

@@ -80,6 +80,16 @@ def test_bad_distributed_settings_name_the_key(raw, key, words):
     assert caught.value.key == key and words in str(caught.value)
 
 
+def test_local_processes_emulate_cpu_devices_only():
+    from meshrun.schema import parse_run_config
+
+    raw = {"mesh": {"shape": "2x4"}, "model": {"name": "dense_model"}, "distributed": {"local_processes": 2}}
+    assert parse_run_config(raw).distributed.local_processes == 2
+    with pytest.raises(ConfigError, match="local processes emulate CPU devices only") as caught:
+        parse_run_config({**raw, "devices": {"platform": "gpu"}})
+    assert caught.value.key == "distributed.local_processes"
+
+
 def test_yaml_off_reads_as_the_off_mode():
     assert parse_distributed({"mode": False}).mode == "off"
 
