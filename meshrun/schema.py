@@ -136,6 +136,28 @@ class CacheConfig:
     dir: Optional[str] = None
 
 
+@dataclass(frozen=True)
+class CheckpointConfig:
+    """Sharded checkpoints: every `every_steps` training steps and/or at the end of every epoch,
+    keeping the newest `keep`, written in the background (`async_save`), into `dir` (None: the run
+    dir's checkpoints/). `export` also writes the final model as model.keras into the run dir."""
+
+    every_steps: Optional[int] = None
+    every_epoch: bool = False
+    keep: int = 3
+    dir: Optional[str] = None
+    async_save: bool = True
+    export: bool = False
+
+    @property
+    def saves(self) -> bool:
+        """Whether the run writes checkpoints at all."""
+        return bool(self.every_steps) or self.every_epoch
+
+
+RESUME_MODES = ("auto", "never")
+
+
 DISTRIBUTED_MODES = ("off", "auto", "explicit")
 
 
@@ -174,9 +196,18 @@ class RunConfig:
     devices: DevicesConfig = field(default_factory=DevicesConfig)
     cache: CacheConfig = field(default_factory=CacheConfig)
     distributed: DistributedConfig = field(default_factory=DistributedConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    resume: Optional[str] = None  # auto, never or a checkpoint path; None: auto with checkpoint.dir, else never
+
+    @property
+    def resume_mode(self) -> str:
+        """auto, never or a path: what `resume` means once its default is filled in."""
+        if self.resume is not None:
+            return self.resume
+        return "auto" if self.checkpoint.dir else "never"
 
 
-TOP_LEVEL_KEYS = ("mesh", "layout", "model", "data", "train", "devices", "cache", "distributed")
+TOP_LEVEL_KEYS = ("mesh", "layout", "model", "data", "train", "devices", "cache", "distributed", "checkpoint", "resume")
 
 
 def parse_run_config(raw: Mapping[str, Any]) -> RunConfig:
@@ -192,6 +223,8 @@ def parse_run_config(raw: Mapping[str, Any]) -> RunConfig:
         devices=_parse_dataclass(DevicesConfig, _section(raw, "devices"), "devices"),
         cache=_parse_dataclass(CacheConfig, _section(raw, "cache"), "cache"),
         distributed=parse_distributed(_section(raw, "distributed")),
+        checkpoint=_parse_dataclass(CheckpointConfig, _section(raw, "checkpoint"), "checkpoint"),
+        resume=_parse_resume(raw.get("resume")),
     )
     _check_values(config)
     return config
@@ -199,8 +232,9 @@ def parse_run_config(raw: Mapping[str, Any]) -> RunConfig:
 
 def known_keys() -> list[str]:
     """Every dotted key a config may set (for 'did you mean' suggestions)."""
-    keys = ["mesh.shape", "mesh.axis_names", "mesh.batch_axis", "layout.rules", "model.name", "data.name"]
-    sections = (("train", TrainConfig), ("devices", DevicesConfig), ("cache", CacheConfig), ("distributed", DistributedConfig))
+    keys = ["mesh.shape", "mesh.axis_names", "mesh.batch_axis", "layout.rules", "model.name", "data.name", "resume"]
+    sections = (("train", TrainConfig), ("devices", DevicesConfig), ("cache", CacheConfig), ("distributed", DistributedConfig),
+                ("checkpoint", CheckpointConfig))
     for section, cls in sections:
         keys += [f"{section}.{f.name}" for f in dataclasses.fields(cls)]
     for name in registry.model_names():
@@ -347,6 +381,12 @@ def parse_data(raw: Mapping[str, Any]) -> DataConfig:
     return DataConfig(name=name, options=spec.options(**values))
 
 
+def _parse_resume(value: Any) -> Optional[str]:
+    if value is None or isinstance(value, str) and value.strip():
+        return value
+    raise ConfigError("resume", f"got {value!r}; valid: {one_of(RESUME_MODES)} or the path of a checkpoint dir")
+
+
 # --- distributed --------------------------------------------------------------------------------
 
 EXPLICIT_KEYS = ("coordinator", "num_processes", "process_id")
@@ -491,6 +531,11 @@ def _check_values(config: RunConfig) -> None:
     if config.devices.platform not in PLATFORMS:
         raise ConfigError("devices.platform", f"got {config.devices.platform!r}; valid: {one_of(PLATFORMS)}")
     check_batch(config.train.batch_size, config.mesh)
+    checkpoint = config.checkpoint
+    if checkpoint.every_steps is not None and checkpoint.every_steps <= 0:
+        raise ConfigError("checkpoint.every_steps", f"got {checkpoint.every_steps}; expected a positive number of steps (null: none)")
+    if checkpoint.keep <= 0:
+        raise ConfigError("checkpoint.keep", f"got {checkpoint.keep}; expected a positive number of checkpoints to keep")
     distributed = config.distributed
     if distributed.launches_locally:
         if config.devices.platform not in ("auto", "cpu"):

@@ -9,17 +9,20 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
 import jax
 import keras
 
 import meshrun
 from meshrun import build as build_lib
+from meshrun import checkpoint as checkpoint_lib
 from meshrun import costs as costs_lib
 from meshrun import data as data_lib
 from meshrun import devices as devices_lib
 from meshrun import distribution as distribution_lib
 from meshrun import hardware
+from meshrun.errors import ConfigError
 from meshrun.models import get_model
 from meshrun.plan import Plan
 from meshrun.processes import ONE_PROCESS, Identity
@@ -81,6 +84,7 @@ def _run(config: RunConfig, context: RunContext) -> RunResult:
 
     spec = get_model(config.model.name)
     options = config.model.options
+    checkpoints, resume_point, start = _checkpoint_plan(config, context, device_set.processes)
     placement = build_lib.plan_model(config, mesh, device_set.processes)
     placement.raise_first_error()
     loss = build_lib.make_loss(config.train.loss, spec, options)
@@ -106,19 +110,18 @@ def _run(config: RunConfig, context: RunContext) -> RunResult:
     built_at = time.time()
 
     timer = StepTimer(async_safe=not device_set.emulated)
-    history = model.fit(
-        datasets.train,
-        epochs=config.train.epochs,
-        steps_per_epoch=datasets.steps_per_epoch,
-        # The other processes of a job log a line per epoch, not a progress bar, into their logs.
-        verbose=config.train.verbose if context.identity.is_first else min(config.train.verbose * 2, 2),
-        callbacks=[timer],
-        shuffle=False,  # the tf.data pipeline shuffles, seeded
-    )
+    checkpointing = checkpoint_lib.Checkpointing(config.checkpoint, checkpoints, start, resume_point)
+    # The other processes of a job log a line per epoch, not a progress bar, into their logs.
+    verbose = config.train.verbose if context.identity.is_first else min(config.train.verbose * 2, 2)
+    history = _fit(model, datasets, config.train.epochs, [timer, checkpointing], start, verbose)
+    checkpointing.finish()
     stats = timer.stats()
     eval_started = time.perf_counter()
     evaluation = model.evaluate(datasets.eval, verbose=0, return_dict=True)
     eval_s = time.perf_counter() - eval_started
+    if config.checkpoint.export:
+        Path(context.run_dir).mkdir(parents=True, exist_ok=True)
+        model.save(Path(context.run_dir) / EXPORT_FILE)
     step_costs = costs_lib.train_step_costs(model, datasets.sample_batch)
     finished_at = time.time()
 
@@ -176,17 +179,73 @@ def _run(config: RunConfig, context: RunContext) -> RunResult:
             "epoch_s": stats.epoch_s,
             "eval_s": eval_s,
             "cost_analysis_s": step_costs.seconds,
+            "checkpoint_s": checkpointing.seconds,
             "wall_s": finished_at - context.started_at,
         },
         "cache": {"enabled": config.cache.enabled, "dir": cache_dir},
         "flops": flops_metrics(step_costs, stats.step_time_s, device_set, config, spec),
         "memory": memory_metrics(step_costs, sharding, model, placement, device_set),
-        "history": {name: [float(v) for v in values] for name, values in history.history.items()},
+        "checkpoint": {
+            "dir": str(checkpoints) if config.checkpoint.saves else None,
+            "saved_steps": checkpointing.saved_steps,
+            "resumed_from": str(resume_point) if resume_point else None,
+            "resumed_at_step": start.global_step if resume_point else None,
+            "exported": str(Path(context.run_dir) / EXPORT_FILE) if config.checkpoint.export else None,
+        },
+        "history": history,
         "eval": {name: float(value) for name, value in evaluation.items()},
         "sharding": sharding,
         "versions": {"meshrun": meshrun.__version__, "keras": keras.__version__, "jax": jax.__version__},
     }
     return RunResult(metrics=metrics, plan=placement)
+
+
+EXPORT_FILE = "model.keras"
+
+
+def _checkpoint_plan(config: RunConfig, context: RunContext, processes: int):
+    """Where checkpoints go, which one to resume from, and the progress it holds (all checked
+    before anything is built: a bad resume path, an unwritable dir, nothing left to train)."""
+    root = checkpoint_lib.directory(config.checkpoint, context.run_dir)
+    if config.checkpoint.export and processes > 1:
+        raise ConfigError("checkpoint.export", "got true with several processes; a .keras file is written by one process, so export from a one-process run (resume from the checkpoint there)")
+    if config.checkpoint.saves:
+        checkpoint_lib.check_writable(root)
+    point = checkpoint_lib.find(config.resume_mode, root)
+    start = checkpoint_lib.read_progress(point) if point else checkpoint_lib.Progress()
+    if point and start.epoch >= config.train.epochs:
+        raise ConfigError(
+            "resume",
+            f"checkpoint {point} is at the end of training (epoch {start.epoch} of {config.train.epochs}); nothing is left to "
+            "train: raise train.epochs, or start again with resume=never",
+        )
+    return root, point, start
+
+
+def _fit(model, datasets, epochs: int, callbacks: list, start, verbose: int) -> dict:
+    """Trains from `start` to the last epoch and returns the per-epoch history (epochs before
+    `start` come from its checkpoint). A half-done epoch runs first, for its remaining steps;
+    each fit call reads the data stream from the global step it starts at."""
+    history = {name: list(values) for name, values in start.history.items()}
+    steps_per_epoch = datasets.steps_per_epoch
+    spans = []  # (first epoch, end epoch, steps per epoch)
+    epoch = start.epoch
+    if start.step_in_epoch:
+        spans.append((epoch, epoch + 1, steps_per_epoch - start.step_in_epoch))
+        epoch += 1
+    if epoch < epochs:
+        spans.append((epoch, epochs, steps_per_epoch))
+    step = start.global_step
+    for first, end, steps in spans:
+        fitted = model.fit(
+            datasets.train.skip(step) if step else datasets.train,
+            initial_epoch=first, epochs=end, steps_per_epoch=steps, verbose=verbose, callbacks=callbacks,
+            shuffle=False,  # the tf.data pipeline shuffles, seeded
+        )
+        for name, values in fitted.history.items():
+            history.setdefault(name, []).extend(float(v) for v in values)
+        step += (end - first) * steps
+    return history
 
 
 def flops_metrics(step_costs, step_time_s: float, device_set, config: RunConfig, spec) -> dict:

@@ -50,9 +50,10 @@ def in_tmp(tmp_path, monkeypatch):
     return tmp_path
 
 
-def train_in_process(raw: dict):
-    """Validates the config dict `raw` and trains it in this test process (8 CPU devices);
-    returns the RunResult (metrics and plan)."""
+def train_in_process(raw: dict, run_dir: str = "unused"):
+    """Validates the config dict `raw` and trains it in this test process (8 CPU devices), writing
+    into `run_dir` only what the config asks for (checkpoints, an export); returns the RunResult
+    (metrics and plan)."""
     from meshrun import devices
     from meshrun.schema import parse_run_config
 
@@ -60,7 +61,7 @@ def train_in_process(raw: dict):
     devices.prepare(parsed.devices, parsed.mesh)
     from meshrun import train
 
-    return train.run(parsed, train.RunContext(run_dir="unused"))
+    return train.run(parsed, train.RunContext(run_dir=str(run_dir)))
 
 
 def fast_run_in_process(mesh_shape: str, layout: str) -> dict:

@@ -175,9 +175,8 @@ def load(options: ArraysOptions, context: DataContext) -> pipeline.Datasets:
     pipeline.check_enough(len(train_rows), context.batch_size, "data.path", f"{options.path!r} (training part)")
     pipeline.check_enough(len(eval_rows), context.batch_size, "data.eval_path" if options.eval_path else "data.validation_split", f"the evaluation data ({eval_source})")
     batch, share = context.batch_size, context.share
-    train = pipeline.indexed_batches(x, y, train_rows, batch, options.shuffle, context.seed, share)
     return pipeline.Datasets(
-        train=train.repeat(),
+        train=pipeline.indexed_batches(x, y, train_rows, batch, options.shuffle, context.seed, share, endless=True),
         eval=pipeline.exactly(
             pipeline.indexed_batches(eval_x, eval_y, eval_rows, batch, shuffle=False, seed=context.seed, share=share),
             len(eval_rows) // batch,

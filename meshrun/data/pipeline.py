@@ -7,9 +7,11 @@ index*b to (index+1)*b, b = batch/count). Every process orders the samples the s
 seed), so the shares side by side are exactly the batches one process would train on.
 
 Keras splits each global batch over the mesh's batch axis (jax.make_array_from_process_local_data),
-so batches are always full. The training pipeline repeats forever and fit runs `steps_per_epoch`
-steps an epoch: one tf.data iterator lives across epochs, where a new one each epoch sometimes
-stalled the first step of an epoch by 0.5-1.7 s on 2-core CPU machines.
+so batches are always full. The training pipeline makes pass after pass without end and fit runs
+`steps_per_epoch` steps an epoch: one tf.data iterator lives across epochs, where a new one each
+epoch sometimes stalled the first step of an epoch by 0.5-1.7 s on 2-core CPU machines. Each pass
+is shuffled by its own seed, so step g of the stream is the same batch however it is reached
+(a resumed run skips straight to it).
 """
 
 from __future__ import annotations
@@ -64,11 +66,30 @@ BATCHES_PER_READ = 32
 READ_BYTES = 64 << 20
 
 
-def indexed_batches(x, y, indices: np.ndarray, batch_size: int, shuffle: bool, seed: int, share: tuple[int, int] = (0, 1)):
+def passes(one_pass, endless: bool):
+    """The dataset `one_pass(pass_index)` returns for pass 0, or for passes 0, 1, 2, ... without
+    end. Each pass shuffles with its own seed (`pass_seed`), so what the stream holds from step g
+    on does not depend on how it was read before: resuming a run skips to g and reads on."""
+    import tensorflow as tf
+
+    if not endless:
+        return one_pass(tf.constant(0, tf.int64))
+    return tf.data.Dataset.range(2**62).flat_map(one_pass)
+
+
+def pass_seed(seed: int, pass_index):
+    """The shuffle seed of one pass over the data (`reshuffle_each_iteration` would instead draw
+    from a generator shared by every iterator of the dataset, Keras' peek at the first batch
+    included)."""
+    return seed * 1_000_003 + pass_index
+
+
+def indexed_batches(x, y, indices: np.ndarray, batch_size: int, shuffle: bool, seed: int, share: tuple[int, int] = (0, 1), endless: bool = False):
     """This process's share of each global batch of rows `indices` of the arrays x (an array,
-    FileRows or a dict of them) and y. The indices are shuffled and cut into shares; the rows are
-    read a group of batches at a time with numpy (in file order, then put back in the shuffled
-    order), so files are read a group of batches at a time, never whole, and only the share."""
+    FileRows or a dict of them) and y, for one pass or endless passes. The indices are shuffled
+    and cut into shares; the rows are read a group of batches at a time with numpy (in file order,
+    then put back in the shuffled order), so files are read a group of batches at a time, never
+    whole, and only the share."""
     import tensorflow as tf
 
     global_batch, batch_size = batch_size, batch_size // share[1]
@@ -96,24 +117,27 @@ def indexed_batches(x, y, indices: np.ndarray, batch_size: int, shuffle: bool, s
         values = [tf.ensure_shape(v, s.shape) for v, s in zip(values, signature)]
         return tf.data.Dataset.from_tensor_slices((dict(zip(names, values[:-1])) if names else values[0], values[-1]))
 
-    dataset = tf.data.Dataset.from_tensor_slices(indices)
-    if shuffle:
-        dataset = dataset.shuffle(len(indices), seed=seed, reshuffle_each_iteration=True)
-    dataset = dataset.batch(global_batch, drop_remainder=True)
-    dataset = share_of_batches(dataset, global_batch, share).unbatch()
-    dataset = dataset.batch(batch_size * batches_per_read)  # groups of whole batches
+    def one_pass(pass_index):
+        dataset = tf.data.Dataset.from_tensor_slices(indices)
+        if shuffle:
+            dataset = dataset.shuffle(len(indices), seed=pass_seed(seed, pass_index), reshuffle_each_iteration=False)
+        dataset = dataset.batch(global_batch, drop_remainder=True)
+        return share_of_batches(dataset, global_batch, share).unbatch()
+
+    dataset = passes(one_pass, endless).batch(batch_size * batches_per_read)  # groups of whole batches
     return dataset.flat_map(to_tensors).prefetch(tf.data.AUTOTUNE)
 
 
-def element_batches(dataset, batch_size: int, shuffle: bool, seed: int, buffer: int, share: tuple[int, int] = (0, 1)):
-    """This process's share of each global batch of a dataset of single (x, y) elements: seeded
-    shuffle within `buffer` elements, remainder dropped, prefetched."""
+def element_batches(dataset, batch_size: int, shuffle: bool, seed: int, buffer: int, share: tuple[int, int] = (0, 1), endless: bool = False):
+    """This process's share of each global batch of a dataset of single (x, y) elements, for one
+    pass or endless passes: seeded shuffle within `buffer` elements, remainder dropped, prefetched."""
     import tensorflow as tf
 
-    if shuffle:
-        dataset = dataset.shuffle(buffer, seed=seed, reshuffle_each_iteration=True)
-    batches = dataset.batch(batch_size, drop_remainder=True)
-    return share_of_batches(batches, batch_size, share).prefetch(tf.data.AUTOTUNE)
+    def one_pass(pass_index):
+        elements = dataset.shuffle(buffer, seed=pass_seed(seed, pass_index), reshuffle_each_iteration=False) if shuffle else dataset
+        return share_of_batches(elements.batch(batch_size, drop_remainder=True), batch_size, share)
+
+    return passes(one_pass, endless).prefetch(tf.data.AUTOTUNE)
 
 
 def exactly(dataset, batches: int):

@@ -102,11 +102,11 @@ def load(options: PythonOptions, context: DataContext) -> pipeline.Datasets:
     # the same number of samples as with one process, but not the same ones.
     batch = context.process_batch_size
     train_batches = pipeline.element_batches(
-        train.shard(context.shard_count, context.shard_index), batch, options.shuffle, context.seed, options.shuffle_buffer
+        train.shard(context.shard_count, context.shard_index), batch, options.shuffle, context.seed, options.shuffle_buffer, endless=True
     )
     eval_batches = pipeline.element_batches(evaluation.shard(context.shard_count, context.shard_index), batch, False, context.seed, 1)
     return pipeline.Datasets(
-        train=train_batches.repeat(),
+        train=train_batches,
         eval=pipeline.exactly(eval_batches, eval_count // context.batch_size),
         steps_per_epoch=count // context.batch_size,
         sample_batch=pipeline.first_batch(train_batches),

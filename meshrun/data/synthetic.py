@@ -91,13 +91,13 @@ def classes(options, count: int, seed: int):
 FAMILIES = {"regression": regression, "images": images, "tokens": tokens, "id_pairs": id_pairs, "classes": classes}
 
 
-def batched(x, y, batch_size: int, shuffle: bool, seed: int, share: tuple[int, int] = (0, 1)):
+def batched(x, y, batch_size: int, shuffle: bool, seed: int, share: tuple[int, int] = (0, 1), endless: bool = False):
     """A tf.data pipeline of this process's share of full global batches of in-memory arrays
-    (remainder dropped), optionally reshuffled each epoch in a seeded order."""
+    (remainder dropped), one pass or endless, optionally shuffled each pass in a seeded order."""
     import tensorflow as tf
 
     dataset = tf.data.Dataset.from_tensor_slices((x, y))
-    return pipeline.element_batches(dataset, batch_size, shuffle, seed, buffer=len(y), share=share)
+    return pipeline.element_batches(dataset, batch_size, shuffle, seed, buffer=len(y), share=share, endless=endless)
 
 
 def load(options: SyntheticOptions, context: DataContext) -> pipeline.Datasets:
@@ -112,7 +112,7 @@ def load(options: SyntheticOptions, context: DataContext) -> pipeline.Datasets:
     eval_x, eval_y = generate(context.model_options, options.eval_samples, seed=context.seed + 1)
     batch = context.batch_size
     return pipeline.Datasets(
-        train=batched(train_x, train_y, batch, options.shuffle, context.seed, context.share).repeat(),
+        train=batched(train_x, train_y, batch, options.shuffle, context.seed, context.share, endless=True),
         eval=batched(eval_x, eval_y, batch, shuffle=False, seed=context.seed, share=context.share),
         steps_per_epoch=options.num_samples // batch,
         sample_batch=(_rows(train_x, slice(0, context.process_batch_size)), train_y[: context.process_batch_size]),

@@ -96,7 +96,7 @@ def _parser(options: TFRecordOptions):
     return parse
 
 
-def _records(files: list[str], options: TFRecordOptions, context: DataContext, shuffle: bool):
+def _records(files: list[str], options: TFRecordOptions, context: DataContext, shuffle: bool, endless: bool = False):
     import tensorflow as tf
 
     if len(files) >= context.shard_count:
@@ -106,7 +106,7 @@ def _records(files: list[str], options: TFRecordOptions, context: DataContext, s
         dataset = tf.data.TFRecordDataset(files, compression_type=options.compression)
         dataset = dataset.shard(context.shard_count, context.shard_index)
     dataset = dataset.map(_parser(options), num_parallel_calls=tf.data.AUTOTUNE)
-    return pipeline.element_batches(dataset, context.process_batch_size, shuffle, context.seed, options.shuffle_buffer)
+    return pipeline.element_batches(dataset, context.process_batch_size, shuffle, context.seed, options.shuffle_buffer, endless=endless)
 
 
 def _check_parses(files: list[str], options: TFRecordOptions) -> None:
@@ -134,10 +134,10 @@ def load(options: TFRecordOptions, context: DataContext) -> pipeline.Datasets:
     else:
         eval_files, eval_count = train_files, count
         log.warning("data=tfrecord without data.eval_files: evaluating on the training files")
-    train = _records(train_files, options, context, options.shuffle)
+    train = _records(train_files, options, context, options.shuffle, endless=True)
     evaluation = _records(eval_files, options, context, shuffle=False)
     return pipeline.Datasets(
-        train=train.repeat(),
+        train=train,
         eval=pipeline.exactly(evaluation, eval_count // context.batch_size),
         steps_per_epoch=count // context.batch_size,
         sample_batch=pipeline.first_batch(train),
