@@ -89,13 +89,17 @@ def _outputs(model) -> list[TensorSpec]:
     return outputs
 
 
-def make_optimizer(name: str, learning_rate: float):
-    """The Keras optimizer called `name` (e.g. adam, sgd, adamw) at `learning_rate`."""
+def make_optimizer(name: str, learning_rate, clip_norm: float | None = None, loss_scaling: bool = False):
+    """The Keras optimizer called `name` (e.g. adam, sgd, adamw) at `learning_rate` (a number or a
+    Keras schedule), clipping gradients to global norm `clip_norm` when given, wrapped for dynamic
+    loss scaling when asked (float16 training)."""
+    config = {"learning_rate": learning_rate, **({"global_clipnorm": clip_norm} if clip_norm else {})}
     try:
-        return keras.optimizers.get({"class_name": name, "config": {"learning_rate": learning_rate}})
+        optimizer = keras.optimizers.get({"class_name": name, "config": config})
     except (ValueError, TypeError):
         valid = _optimizer_names()
         raise ConfigError("train.optimizer", f"got {name!r}; {_did_you_mean(name, valid)}valid: {one_of(valid)}") from None
+    return keras.optimizers.LossScaleOptimizer(optimizer) if loss_scaling else optimizer
 
 
 def make_loss(name: str | None, model_spec, options):

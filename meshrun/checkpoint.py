@@ -24,6 +24,7 @@ from typing import Optional
 import jax
 import keras
 
+from meshrun.callbacks import finite
 from meshrun.errors import ConfigError
 from meshrun.schema import CheckpointConfig, format_shape
 
@@ -178,6 +179,7 @@ class Checkpointing(keras.callbacks.Callback):
     def __init__(self, config: CheckpointConfig, root: Path, start: Progress, resume: Optional[ResumePoint]):
         super().__init__()
         self.config = config
+        self.root = root
         self.progress = Progress(**asdict(start))
         self.seconds = 0.0
         self.saved_steps: list[int] = []
@@ -215,7 +217,7 @@ class Checkpointing(keras.callbacks.Callback):
     def on_train_batch_end(self, batch, logs=None):
         self.progress.global_step += 1
         self.progress.step_in_epoch += 1
-        if self.config.every_steps and self.progress.global_step % self.config.every_steps == 0:
+        if self.config.every_steps and self.progress.global_step % self.config.every_steps == 0 and finite(logs):
             self._save()
 
     def on_epoch_end(self, epoch, logs=None):
@@ -223,8 +225,13 @@ class Checkpointing(keras.callbacks.Callback):
             self.progress.history.setdefault(name, []).append(float(value))
         self.progress.epoch = epoch + 1
         self.progress.step_in_epoch = 0
-        if self.config.every_epoch:
+        if self.config.every_epoch and finite(logs):  # a diverged state is never kept
             self._save()
+
+    @property
+    def last_saved(self) -> Optional[str]:
+        """The newest checkpoint this run saved, as a path."""
+        return str(self.root / str(self.saved_steps[-1])) if self.saved_steps else None
 
     def _save(self) -> None:
         if self._manager is None or self.progress.global_step in self.saved_steps[-1:]:

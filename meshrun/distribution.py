@@ -66,4 +66,5 @@ def reset() -> None:
     """Clears the global distribution and Keras' session state (layer-name counters, seeds), so a
     next run in the same process gets the same variable paths and a clean slate."""
     kd.set_distribution(None)
+    keras.config.set_dtype_policy("float32")
     keras.backend.clear_session()

@@ -57,6 +57,7 @@ def summary_table(m: dict) -> Table:
         ("model", f"{m['model']['name']}, {m['model']['params']:,} parameters"),
         ("batch", f"{m['train']['global_batch_size']} global, {m['train']['per_replica_batch_size']} per replica, "
                   f"{m['train']['steps_per_epoch']} steps/epoch x {m['train']['epochs']} epochs"),
+        ("optimizer", _optimizer_text(m["train"])),
         ("start-up", f"{t['startup_s']:.2f} s to model built, {t['time_to_first_step_s']:.2f} s to first step"),
         ("compile", f"{timing['compile_s']:.3f} s (first step)"),
         ("step time", f"{timing['step_time_s'] * 1e3:.2f} ms median, {timing['step_time_p90_s'] * 1e3:.2f} ms p90 "
@@ -107,6 +108,16 @@ def _memory_text(memory: dict) -> str:
     if memory["live_peak_bytes_per_device"] is not None:
         text += f", {format_bytes(memory['live_peak_bytes_per_device'])} live"
     return text
+
+
+def _optimizer_text(train: dict) -> str:
+    text = f"{train['optimizer']}, learning rate {train['learning_rate']:g}"
+    if train.get("lr_schedule", "constant") != "constant":
+        warmup = f" after {train['warmup_steps']} warm-up steps" if train.get("warmup_steps") else ""
+        text += f" {train['lr_schedule']}{warmup} to {train['min_learning_rate']:g}"
+    if train.get("clip_norm"):
+        text += f", gradients clipped to norm {train['clip_norm']:g}"
+    return text + f"; {train.get('precision', 'float32')}"
 
 
 def render_plan(plan: dict, console: Console | None = None) -> None:

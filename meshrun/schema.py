@@ -102,19 +102,31 @@ class DataConfig:
     options: Any = None
 
 
+PRECISIONS = ("float32", "mixed_bfloat16", "mixed_float16")
+LR_SCHEDULES = ("constant", "cosine", "linear")
+
+
 @dataclass(frozen=True)
 class TrainConfig:
-    """How to train: global batch size, epochs, optimizer, loss (None: the model's own), seed and
-    console verbosity."""
+    """How to train: global batch size, epochs, optimizer, learning rate and its schedule
+    (constant, cosine with `warmup_steps` of linear warm-up, or linear decay, both ending at
+    `min_learning_rate`), gradient clipping by global norm, the Keras dtype policy, loss (None:
+    the model's own), metrics, seed, console verbosity, and whether a NaN/Inf loss stops the run."""
 
     batch_size: int = 16
     epochs: int = 3
     optimizer: str = "adam"
     learning_rate: float = 0.001
+    lr_schedule: str = "constant"
+    warmup_steps: int = 0
+    min_learning_rate: float = 0.0
+    clip_norm: Optional[float] = None
+    precision: str = "float32"
     loss: Optional[str] = None  # None: the model's own loss
     metrics: Optional[tuple[str, ...]] = None  # None: the model's own (with its loss), else accuracy for cross-entropy
     seed: int = 1337
     verbose: int = 1
+    stop_on_nan: bool = True
 
 
 @dataclass(frozen=True)
@@ -526,6 +538,7 @@ def _check_values(config: RunConfig) -> None:
         raise ConfigError("train.learning_rate", f"got {config.train.learning_rate}; expected a positive number")
     if config.devices.peak_flops is not None and config.devices.peak_flops <= 0:
         raise ConfigError("devices.peak_flops", f"got {config.devices.peak_flops}; expected a positive FLOP/s figure, e.g. 9.89e14")
+    _check_training_values(config.train)
     if config.train.verbose not in VERBOSITY:
         raise ConfigError("train.verbose", f"got {config.train.verbose}; valid: {one_of(VERBOSITY)}")
     if config.devices.platform not in PLATFORMS:
@@ -555,6 +568,21 @@ def _check_values(config: RunConfig) -> None:
                     f"data.{key}",
                     f"got {getattr(synthetic, key)}; fewer samples than one global batch (train.batch_size={config.train.batch_size})",
                 )
+
+
+def _check_training_values(train: TrainConfig) -> None:
+    if train.precision not in PRECISIONS:
+        raise ConfigError("train.precision", f"got {train.precision!r}; valid: {one_of(PRECISIONS)}")
+    if train.lr_schedule not in LR_SCHEDULES:
+        raise ConfigError("train.lr_schedule", f"got {train.lr_schedule!r}; valid: {one_of(LR_SCHEDULES)}")
+    if train.warmup_steps < 0:
+        raise ConfigError("train.warmup_steps", f"got {train.warmup_steps}; expected 0 or more steps")
+    if train.warmup_steps and train.lr_schedule != "cosine":
+        raise ConfigError("train.warmup_steps", f"got {train.warmup_steps} with train.lr_schedule={train.lr_schedule}; warm-up comes with cosine")
+    if not 0 <= train.min_learning_rate <= train.learning_rate:
+        raise ConfigError("train.min_learning_rate", f"got {train.min_learning_rate}; valid: 0 to train.learning_rate ({train.learning_rate})")
+    if train.clip_norm is not None and train.clip_norm <= 0:
+        raise ConfigError("train.clip_norm", f"got {train.clip_norm}; expected a positive global norm (null: no clipping)")
 
 
 def check_batch(batch_size: int, mesh: MeshConfig) -> None:

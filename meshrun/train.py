@@ -16,12 +16,14 @@ import keras
 
 import meshrun
 from meshrun import build as build_lib
+from meshrun import callbacks as callbacks_lib
 from meshrun import checkpoint as checkpoint_lib
 from meshrun import costs as costs_lib
 from meshrun import data as data_lib
 from meshrun import devices as devices_lib
 from meshrun import distribution as distribution_lib
 from meshrun import hardware
+from meshrun import schedule as schedule_lib
 from meshrun.errors import ConfigError
 from meshrun.models import get_model
 from meshrun.plan import Plan
@@ -96,25 +98,42 @@ def _run(config: RunConfig, context: RunContext) -> RunResult:
         model=spec, model_options=options, batch_size=config.train.batch_size, seed=config.train.seed,
         shard_index=shard_index, shard_count=shard_count, process_count=device_set.processes,
     )
-    # Every Keras object, the optimizer's variables included, must be created under the distribution.
-    optimizer = build_lib.make_optimizer(config.train.optimizer, config.train.learning_rate)
+    # Every Keras object, the optimizer's variables included, must be created under the distribution,
+    # and the layers under the dtype policy (reset to float32 by distribution_lib.reset).
+    keras.config.set_dtype_policy(config.train.precision)
+    keras.utils.set_random_seed(config.train.seed)
+    model = spec.build(options)
+    # After the seed: tf.data's shuffle order follows TensorFlow's global seed too.
+    datasets = data_lib.make_datasets(config.data.name, config.data.options, context_data)
+    total_steps = config.train.epochs * datasets.steps_per_epoch
+    optimizer = build_lib.make_optimizer(
+        config.train.optimizer, schedule_lib.keras_schedule(config.train, total_steps), config.train.clip_norm,
+        loss_scaling=config.train.precision == "mixed_float16",
+    )
     metrics = build_lib.make_metrics(
         config.train.metrics, build_lib.loss_function(loss), config.train.loss is None, spec, options
     )
-    keras.utils.set_random_seed(config.train.seed)
-    model = spec.build(options)
     model.compile(optimizer=optimizer, loss=loss, metrics=metrics)
-    # After the seed: tf.data's shuffle order follows TensorFlow's global seed too.
-    datasets = data_lib.make_datasets(config.data.name, config.data.options, context_data)
     data_lib.pipeline.check_fits_model(datasets.train.element_spec, model, build_lib.loss_function(loss))
     built_at = time.time()
 
     timer = StepTimer(async_safe=not device_set.emulated)
+    guard = callbacks_lib.StopOnNaN(start.global_step, datasets.steps_per_epoch)
     checkpointing = checkpoint_lib.Checkpointing(config.checkpoint, checkpoints, start, resume_point)
+    callbacks = [timer, *([guard] if config.train.stop_on_nan else []), checkpointing]
+    step_log = None
+    if context.identity.is_first and context.run_dir:
+        step_log = callbacks_lib.StepLog(Path(context.run_dir) / callbacks_lib.LOG_FILE, config.train, total_steps, start.global_step)
+        callbacks.append(step_log)
     # The other processes of a job log a line per epoch, not a progress bar, into their logs.
     verbose = config.train.verbose if context.identity.is_first else min(config.train.verbose * 2, 2)
-    history = _fit(model, datasets, config.train.epochs, [timer, checkpointing], start, verbose)
-    checkpointing.finish()
+    try:
+        history = _fit(model, datasets, config.train.epochs, callbacks, start, verbose, stopped=lambda: guard.bad is not None)
+    finally:
+        checkpointing.finish()
+        if step_log is not None:
+            step_log.close()
+    guard.check(checkpointing.last_saved)
     stats = timer.stats()
     eval_started = time.perf_counter()
     evaluation = model.evaluate(datasets.eval, verbose=0, return_dict=True)
@@ -163,6 +182,12 @@ def _run(config: RunConfig, context: RunContext) -> RunResult:
             "epochs": config.train.epochs,
             "optimizer": config.train.optimizer,
             "learning_rate": config.train.learning_rate,
+            "lr_schedule": config.train.lr_schedule,
+            "warmup_steps": config.train.warmup_steps,
+            "min_learning_rate": config.train.min_learning_rate,
+            "clip_norm": config.train.clip_norm,
+            "precision": config.train.precision,
+            "step_log": str(step_log.path) if step_log else None,
             "loss": build_lib.loss_name(loss),
             "seed": config.train.seed,
         },
@@ -222,10 +247,11 @@ def _checkpoint_plan(config: RunConfig, context: RunContext, processes: int):
     return root, point, start
 
 
-def _fit(model, datasets, epochs: int, callbacks: list, start, verbose: int) -> dict:
+def _fit(model, datasets, epochs: int, callbacks: list, start, verbose: int, stopped) -> dict:
     """Trains from `start` to the last epoch and returns the per-epoch history (epochs before
     `start` come from its checkpoint). A half-done epoch runs first, for its remaining steps;
-    each fit call reads the data stream from the global step it starts at."""
+    each fit call reads the data stream from the global step it starts at. Ends early once
+    `stopped()` says so."""
     history = {name: list(values) for name, values in start.history.items()}
     steps_per_epoch = datasets.steps_per_epoch
     spans = []  # (first epoch, end epoch, steps per epoch)
@@ -244,6 +270,8 @@ def _fit(model, datasets, epochs: int, callbacks: list, start, verbose: int) -> 
         )
         for name, values in fitted.history.items():
             history.setdefault(name, []).extend(float(v) for v in values)
+        if stopped():
+            break
         step += (end - first) * steps
     return history
 

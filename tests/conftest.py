@@ -38,6 +38,14 @@ def run_meshrun(args, cwd, timeout=300):
     )
 
 
+def one_error_line(done) -> str:
+    """The one `meshrun: error:` line of a run rejected with exit status 2 (asserting that is
+    all it printed)."""
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 2 and len(lines) == 1 and lines[0].startswith("meshrun: error: "), done.stderr[-2000:]
+    return lines[0]
+
+
 def read_metrics(run_dir) -> dict:
     """The metrics.json a run wrote into `run_dir`."""
     return json.loads((Path(run_dir) / "metrics.json").read_text())
@@ -50,7 +58,7 @@ def in_tmp(tmp_path, monkeypatch):
     return tmp_path
 
 
-def train_in_process(raw: dict, run_dir: str = "unused"):
+def train_in_process(raw: dict, run_dir=None):
     """Validates the config dict `raw` and trains it in this test process (8 CPU devices), writing
     into `run_dir` only what the config asks for (checkpoints, an export); returns the RunResult
     (metrics and plan)."""
@@ -61,7 +69,7 @@ def train_in_process(raw: dict, run_dir: str = "unused"):
     devices.prepare(parsed.devices, parsed.mesh)
     from meshrun import train
 
-    return train.run(parsed, train.RunContext(run_dir=str(run_dir)))
+    return train.run(parsed, train.RunContext(run_dir=str(run_dir or tempfile.mkdtemp(prefix="meshrun-run-"))))
 
 
 def fast_run_in_process(mesh_shape: str, layout: str) -> dict:

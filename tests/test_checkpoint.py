@@ -15,7 +15,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import layout_rules, read_metrics, run_meshrun, train_in_process
+from conftest import (
+    layout_rules,
+    one_error_line,
+    read_metrics,
+    run_meshrun,
+    train_in_process,
+)
 
 from meshrun.errors import ConfigError
 
@@ -168,12 +174,6 @@ def test_a_killed_run_continues_from_its_last_complete_checkpoint(tmp_path):
     assert metrics["checkpoint"]["resumed_from"] == str(checkpoints / str(complete))
     assert metrics["history"]["loss"] == pytest.approx(read_metrics(tmp_path / "whole")["history"]["loss"], abs=1e-6)
     assert_same_weights(exported_weights(tmp_path / "second"), exported_weights(tmp_path / "whole"), 1e-6)
-
-
-def one_error_line(done) -> str:
-    lines = done.stderr.strip().splitlines()
-    assert done.returncode == 2 and len(lines) == 1 and lines[0].startswith("meshrun: error: "), done.stderr[-2000:]
-    return lines[0]
 
 
 @pytest.mark.e2e

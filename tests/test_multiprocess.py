@@ -15,11 +15,17 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import FAST, fast_run_in_process, read_metrics, run_meshrun
+from conftest import (
+    FAST,
+    fast_run_in_process,
+    one_error_line,
+    read_metrics,
+    run_meshrun,
+)
 
 from meshrun.errors import ConfigError
 from meshrun.plan import process_layout
-from meshrun.processes import Identity, identify
+from meshrun.processes import Identity, free_port, identify
 from meshrun.schema import DistributedConfig, MeshConfig, parse_distributed
 
 TWO = "distributed.local_processes=2"
@@ -215,12 +221,6 @@ def test_an_exception_in_one_process_ends_the_job_naming_it(tmp_path):
     assert read_metrics(run_dir)["status"] == "error"
 
 
-def one_error_line(done) -> str:
-    lines = done.stderr.strip().splitlines()
-    assert done.returncode == 2 and len(lines) == 1 and lines[0].startswith("meshrun: error: "), done.stderr[-2000:]
-    return lines[0]
-
-
 def listening_port() -> socket.socket:
     taken = socket.socket()
     taken.bind(("", 0))
@@ -245,12 +245,6 @@ def test_a_port_in_use_is_rejected_before_anything_starts(in_tmp):
         line = one_error_line(run_meshrun(["train", *explicit, "mesh=2x4"], in_tmp))
         assert f"distributed.coordinator: got 'localhost:{port}', but port {port} is already in use" in line
     assert list(in_tmp.iterdir()) == []
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("", 0))
-        return probe.getsockname()[1]
 
 
 @pytest.mark.e2e
