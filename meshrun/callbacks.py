@@ -1,11 +1,17 @@
 """Keras callbacks of a run besides timing and checkpoints: the step log (`log.jsonl` in the run
 dir, a line per training step and per epoch) and the guard that stops training at the first step
-whose loss is NaN or infinite."""
+whose loss is NaN or infinite.
+
+Both are `async_safe`: Keras may then call their per-step hooks from worker threads while the loop
+dispatches the next steps (its default on accelerators; one callback without it would make every
+step wait for its logs). So they take the step from the epoch's first step plus the batch index,
+never from a running counter, and write under a lock."""
 
 from __future__ import annotations
 
 import json
 import math
+import threading
 import time
 from pathlib import Path
 
@@ -28,14 +34,16 @@ class StepLog(keras.callbacks.Callback):
     the previous step); for every epoch its logs. The learning rate comes from the schedule's
     formula, so logging never waits on the devices."""
 
+    async_safe = True
+
     def __init__(self, path: Path, train, total_steps: int, first_step: int):
         super().__init__()
         self.path = path
         self.train = train
         self.total_steps = total_steps
-        self.step = first_step
+        self._epoch_first_step = first_step
         self._file = None
-        self._last_end = None
+        self._lock = threading.Lock()
 
     def on_train_begin(self, logs=None):
         if self._file is None:
@@ -47,18 +55,19 @@ class StepLog(keras.callbacks.Callback):
         self._last_end = time.perf_counter()
 
     def on_train_batch_end(self, batch, logs=None):
-        now = time.perf_counter()
-        seconds = now - self._last_end
-        self._last_end = now
-        record = {
-            "step": self.step, "epoch": self._epoch, **{k: float(v) for k, v in (logs or {}).items()},
-            "learning_rate": learning_rate_at(self.train, self.step, self.total_steps),
-            "step_s": seconds, "samples_per_s": self.train.batch_size / seconds if seconds > 0 else None,
-        }
-        self._file.write(json.dumps(record) + "\n")
-        self.step += 1
+        step = self._epoch_first_step + batch
+        with self._lock:
+            now = time.perf_counter()
+            seconds, self._last_end = now - self._last_end, now
+            record = {
+                "step": step, "epoch": self._epoch, **{k: float(v) for k, v in (logs or {}).items()},
+                "learning_rate": learning_rate_at(self.train, step, self.total_steps),
+                "step_s": seconds, "samples_per_s": self.train.batch_size / seconds if seconds > 0 else None,
+            }
+            self._file.write(json.dumps(record) + "\n")
 
     def on_epoch_end(self, epoch, logs=None):
+        self._epoch_first_step += self.params["steps"]  # the steps of this fit's epochs
         self._file.write(json.dumps({"epoch_end": epoch, **{k: float(v) for k, v in (logs or {}).items()}}) + "\n")
         self._file.flush()
 
@@ -77,17 +86,25 @@ class StopOnNaN(keras.callbacks.Callback):
     """Stops training at the end of the first step whose loss is NaN or infinite, and remembers it.
     Keras' running loss turns non-finite with the first bad step, so that step is the one named."""
 
+    async_safe = True  # with async dispatch (accelerators) training may run a step or two past it
+
     def __init__(self, first_step: int, steps_per_epoch: int):
         super().__init__()
-        self.step = first_step
+        self._epoch_first_step = first_step
         self.steps_per_epoch = steps_per_epoch
         self.bad = None
+        self._lock = threading.Lock()
 
     def on_train_batch_end(self, batch, logs=None):
-        if self.bad is None and not finite(logs):
-            self.bad = (self.step, float(logs["loss"]))
+        if not finite(logs):
+            with self._lock:
+                step = self._epoch_first_step + batch
+                if self.bad is None or step < self.bad[0]:
+                    self.bad = (step, float(logs["loss"]))
             self.model.stop_training = True
-        self.step += 1
+
+    def on_epoch_end(self, epoch, logs=None):
+        self._epoch_first_step += self.params["steps"]
 
     def check(self, last_checkpoint: str | None) -> None:
         """Raises Diverged naming the step, if training was stopped."""

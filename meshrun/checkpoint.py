@@ -174,7 +174,10 @@ class Checkpointing(keras.callbacks.Callback):
 
     Restoring happens in on_train_begin, after fit has built the optimizer and metrics; the metrics
     (the running means of a half-done epoch) are put back in on_epoch_begin, after fit has reset
-    them. Keep one instance across the fit calls of a run."""
+    them. Keep one instance across the fit calls of a run.
+
+    A per-step hook exists only with every_steps: saving reads the live state, so Keras must call
+    it between steps, on the loop's thread. Without it Keras may fetch step logs asynchronously."""
 
     def __init__(self, config: CheckpointConfig, root: Path, start: Progress, resume: Optional[ResumePoint]):
         super().__init__()
@@ -186,6 +189,9 @@ class Checkpointing(keras.callbacks.Callback):
         self._manager = _manager(root, config) if config.saves else None
         self._resume = resume
         self._metrics_to_restore: Optional[dict] = None
+        self._epoch_start = (start.global_step, start.step_in_epoch)
+        if config.every_steps:
+            self.on_train_batch_end = self._after_step
 
     def on_train_begin(self, logs=None):
         if self._resume is None:
@@ -209,20 +215,23 @@ class Checkpointing(keras.callbacks.Callback):
         log.info(f"resumed from checkpoint {point} (step {self.progress.global_step}, epoch {self.progress.epoch + 1})")
 
     def on_epoch_begin(self, epoch, logs=None):
+        self._epoch_start = (self.progress.global_step, self.progress.step_in_epoch)
         if self._metrics_to_restore is not None and self.progress.step_in_epoch:
             for path, variable in _groups(self.model)["metrics"].items():
                 variable.assign(self._metrics_to_restore[path])
         self._metrics_to_restore = None
 
-    def on_train_batch_end(self, batch, logs=None):
-        self.progress.global_step += 1
-        self.progress.step_in_epoch += 1
-        if self.config.every_steps and self.progress.global_step % self.config.every_steps == 0 and finite(logs):
+    def _after_step(self, batch, logs=None):
+        first_step, first_in_epoch = self._epoch_start
+        self.progress.global_step = first_step + batch + 1
+        self.progress.step_in_epoch = first_in_epoch + batch + 1
+        if self.progress.global_step % self.config.every_steps == 0 and finite(logs):
             self._save()
 
     def on_epoch_end(self, epoch, logs=None):
         for name, value in (logs or {}).items():
             self.progress.history.setdefault(name, []).append(float(value))
+        self.progress.global_step = self._epoch_start[0] + self.params["steps"]  # this fit's steps per epoch
         self.progress.epoch = epoch + 1
         self.progress.step_in_epoch = 0
         if self.config.every_epoch and finite(logs):  # a diverged state is never kept

@@ -104,3 +104,20 @@ def test_a_diverging_learning_rate_stops_the_run_at_the_first_bad_step(in_tmp):
     kept = sorted(int(p.name) for p in (run_dir / "checkpoints").iterdir() if p.name.isdigit())
     assert kept[-1] == bad and f"the last good checkpoint is {run_dir / 'checkpoints' / str(bad)}" in errors[0]
     assert read_metrics(run_dir)["status"] == "error"
+
+
+def test_the_default_callbacks_leave_keras_free_to_fetch_step_logs_asynchronously(tmp_path):
+    """Keras fetches step logs on worker threads (no wait per step on accelerators) only while
+    every callback with a per-step hook says it is async-safe; only step checkpoints need the
+    loop's thread."""
+    from keras.src.callbacks.callback_list import CallbackList
+
+    from meshrun.callbacks import StepLog, StopOnNaN
+    from meshrun.checkpoint import Checkpointing, Progress
+    from meshrun.schema import CheckpointConfig
+
+    callbacks = [StepLog(tmp_path / "log.jsonl", TrainConfig(), 16, 0), StopOnNaN(0, 8),
+                 Checkpointing(CheckpointConfig(every_epoch=True), tmp_path / "epochs", Progress(), None)]
+    assert CallbackList(callbacks)._async_train
+    by_steps = Checkpointing(CheckpointConfig(every_steps=2), tmp_path / "steps", Progress(), None)
+    assert not CallbackList([*callbacks, by_steps])._async_train
