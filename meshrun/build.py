@@ -89,11 +89,15 @@ def _outputs(model) -> list[TensorSpec]:
     return outputs
 
 
-def make_optimizer(name: str, learning_rate, clip_norm: float | None = None, loss_scaling: bool = False):
+def make_optimizer(name: str, learning_rate, clip_norm: float | None = None, loss_scaling: bool = False,
+                   accumulate: int = 1):
     """The Keras optimizer called `name` (e.g. adam, sgd, adamw) at `learning_rate` (a number or a
-    Keras schedule), clipping gradients to global norm `clip_norm` when given, wrapped for dynamic
-    loss scaling when asked (float16 training)."""
+    Keras schedule), clipping gradients to global norm `clip_norm` when given, averaging the
+    gradients of `accumulate` steps into each update, wrapped for dynamic loss scaling when asked
+    (float16 training)."""
     config = {"learning_rate": learning_rate, **({"global_clipnorm": clip_norm} if clip_norm else {})}
+    if accumulate > 1:
+        config["gradient_accumulation_steps"] = accumulate
     try:
         optimizer = keras.optimizers.get({"class_name": name, "config": config})
     except (ValueError, TypeError):
@@ -128,6 +132,11 @@ def make_metrics(names, loss_name_: str, own_loss: bool, model_spec, options) ->
     if own_loss:
         return model_spec.metrics(options) if model_spec.metrics else []
     return ["accuracy"] if "crossentropy" in loss_name_ else []
+
+
+def metric_names(metrics: list) -> list[str]:
+    """The names Keras logs for compiled `metrics` (names or metric objects), after `loss`."""
+    return ["loss", *(m if isinstance(m, str) else getattr(m, "name", getattr(m, "__name__", "")) for m in metrics)]
 
 
 def loss_function(loss) -> str:

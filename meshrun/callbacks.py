@@ -1,25 +1,24 @@
-"""Keras callbacks of a run besides timing and checkpoints: the step log (`log.jsonl` in the run
-dir, a line per training step and per epoch) and the guard that stops training at the first step
-whose loss is NaN or infinite.
+"""Keras callbacks of a run besides timing, progress and checkpoints: the step log (to the sinks of
+`meshrun.sinks`), the guard that stops training at the first step whose loss is NaN or infinite,
+the wall-clock budget, early stopping and the profiler trace.
 
-Both are `async_safe`: Keras may then call their per-step hooks from worker threads while the loop
+All are `async_safe`: Keras may then call their per-step hooks from worker threads while the loop
 dispatches the next steps (its default on accelerators; one callback without it would make every
 step wait for its logs). So they take the step from the epoch's first step plus the batch index,
 never from a running counter, and write under a lock."""
 
 from __future__ import annotations
 
-import json
+import logging
 import math
 import threading
 import time
 from pathlib import Path
 
+import jax
 import keras
 
 from meshrun.schedule import learning_rate_at
-
-LOG_FILE = "log.jsonl"
 
 
 def finite(logs) -> bool:
@@ -28,69 +27,91 @@ def finite(logs) -> bool:
     return loss is None or math.isfinite(float(loss))
 
 
-class StepLog(keras.callbacks.Callback):
-    """Writes `log.jsonl`: for every training step its global step, epoch, the running loss and
-    metrics Keras reports, the learning rate, and the step's seconds and samples/s (from the end of
-    the previous step); for every epoch its logs. The learning rate comes from the schedule's
-    formula, so logging never waits on the devices."""
+class StepCounting(keras.callbacks.Callback):
+    """A callback that knows each batch's global step, counted from 1 across the fit calls of a
+    run (the epoch's first step plus the batch index, never a running counter: with async
+    dispatch the batch-end hooks run on worker threads)."""
 
     async_safe = True
 
-    def __init__(self, path: Path, train, total_steps: int, first_step: int):
+    def __init__(self, first_step: int):
         super().__init__()
-        self.path = path
-        self.train = train
-        self.total_steps = total_steps
-        self._epoch_first_step = first_step
-        self._file = None
-        self._lock = threading.Lock()
-
-    def on_train_begin(self, logs=None):
-        if self._file is None:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._file = open(self.path, "a", buffering=1 << 16)
+        self._steps_before_epoch = first_step
+        self._epoch = 0
 
     def on_epoch_begin(self, epoch, logs=None):
         self._epoch = epoch
+
+    def step_number(self, batch: int) -> int:
+        """The global step (from 1) of `batch` of the current epoch."""
+        return self._steps_before_epoch + batch + 1
+
+    def on_epoch_end(self, epoch, logs=None):
+        self._steps_before_epoch += self.params["steps"]  # the steps of this fit's epochs
+
+
+class StepLog(StepCounting):
+    """Writes the run's log: for every training step its global step and epoch (both from 1), the
+    running loss and metrics Keras reports, the learning rate, and the step's seconds and
+    samples/s (from the end of the previous step); for every epoch its logs. Each record goes to
+    every sink (log.jsonl always; CSV and TensorBoard when asked), opened by `open_sinks()` when
+    training begins (a run rejected before that writes nothing). The learning rate comes from the
+    schedule's formula, so logging never waits on the devices."""
+
+    def __init__(self, open_sinks, train, total_steps: int, first_step: int):
+        super().__init__(first_step)
+        self.open_sinks = open_sinks
+        self.sinks: list = []
+        self.train = train
+        self.total_steps = total_steps
+        self._lock = threading.Lock()
+        self._last_end = time.perf_counter()
+
+    def on_train_begin(self, logs=None):
+        if not self.sinks:
+            self.sinks = self.open_sinks()
+
+    def on_epoch_begin(self, epoch, logs=None):
+        super().on_epoch_begin(epoch, logs)
         self._last_end = time.perf_counter()
 
     def on_train_batch_end(self, batch, logs=None):
-        step = self._epoch_first_step + batch
+        step = self.step_number(batch)
         with self._lock:
             now = time.perf_counter()
             seconds, self._last_end = now - self._last_end, now
             record = {
-                "step": step, "epoch": self._epoch, **{k: float(v) for k, v in (logs or {}).items()},
-                "learning_rate": learning_rate_at(self.train, step, self.total_steps),
+                "step": step, "epoch": self._epoch + 1, **{k: float(v) for k, v in (logs or {}).items()},
+                "learning_rate": learning_rate_at(self.train, step - 1, self.total_steps),
                 "step_s": seconds, "samples_per_s": self.train.batch_size / seconds if seconds > 0 else None,
             }
-            self._file.write(json.dumps(record) + "\n")
+            for sink in self.sinks:
+                sink.step(record)
 
     def on_epoch_end(self, epoch, logs=None):
-        self._epoch_first_step += self.params["steps"]  # the steps of this fit's epochs
-        self._file.write(json.dumps({"epoch_end": epoch, **{k: float(v) for k, v in (logs or {}).items()}}) + "\n")
-        self._file.flush()
+        super().on_epoch_end(epoch, logs)
+        record = {"epoch_end": epoch + 1, "step": self._steps_before_epoch, **{k: float(v) for k, v in (logs or {}).items()}}
+        with self._lock:
+            for sink in self.sinks:
+                sink.epoch(record)
 
     def close(self) -> None:
-        """Flushes and closes the file (after the last fit of the run)."""
-        if self._file is not None:
-            self._file.close()
-            self._file = None
+        """Flushes and closes every sink (after the last fit of the run)."""
+        for sink in self.sinks:
+            sink.close()
 
 
 class Diverged(RuntimeError):
     """The loss became NaN or infinite and train.stop_on_nan stopped training."""
 
 
-class StopOnNaN(keras.callbacks.Callback):
+class StopOnNaN(StepCounting):
     """Stops training at the end of the first step whose loss is NaN or infinite, and remembers it.
-    Keras' running loss turns non-finite with the first bad step, so that step is the one named."""
-
-    async_safe = True  # with async dispatch (accelerators) training may run a step or two past it
+    Keras' running loss turns non-finite with the first bad step, so that step is the one named.
+    With async dispatch (accelerators) training may run a step or two past it."""
 
     def __init__(self, first_step: int, steps_per_epoch: int):
-        super().__init__()
-        self._epoch_first_step = first_step
+        super().__init__(first_step)
         self.steps_per_epoch = steps_per_epoch
         self.bad = None
         self._lock = threading.Lock()
@@ -98,22 +119,103 @@ class StopOnNaN(keras.callbacks.Callback):
     def on_train_batch_end(self, batch, logs=None):
         if not finite(logs):
             with self._lock:
-                step = self._epoch_first_step + batch
+                step = self.step_number(batch)
                 if self.bad is None or step < self.bad[0]:
                     self.bad = (step, float(logs["loss"]))
             self.model.stop_training = True
-
-    def on_epoch_end(self, epoch, logs=None):
-        self._epoch_first_step += self.params["steps"]
 
     def check(self, last_checkpoint: str | None) -> None:
         """Raises Diverged naming the step, if training was stopped."""
         if self.bad is None:
             return
         step, loss = self.bad
-        epoch, in_epoch = divmod(step, self.steps_per_epoch)
+        epoch, in_epoch = divmod(step - 1, self.steps_per_epoch)
         kept = f"; the last good checkpoint is {last_checkpoint}" if last_checkpoint else ""
         raise Diverged(
-            f"the loss became {loss} at step {step + 1} (epoch {epoch + 1}, step {in_epoch + 1} of {self.steps_per_epoch}); "
+            f"the loss became {loss} at step {step} (epoch {epoch + 1}, step {in_epoch + 1} of {self.steps_per_epoch}); "
             f"training stopped there (train.stop_on_nan){kept}"
         )
+
+
+class TimeBudget(StepCounting):
+    """Stops training at the first step that begins after `deadline` (time.time()); that step still
+    runs. Checked before each step on the loop's own thread, so the step count is exact even when
+    logs are fetched asynchronously."""
+
+    def __init__(self, deadline: float, first_step: int):
+        super().__init__(first_step)
+        self.deadline = deadline
+        self.stopped_at = None  # the last step run, once stopped
+        self._batches_done = None
+
+    def on_train_batch_begin(self, batch, logs=None):
+        if self.stopped_at is None and time.time() >= self.deadline:
+            self.stopped_at = self.step_number(batch)
+            self._batches_done = batch + 1
+            self.model.stop_training = True
+
+    def batches_done(self, batches: int) -> int:
+        """How many of the current epoch's `batches` ran (fewer once the budget stopped it)."""
+        return self._batches_done if self._batches_done is not None else batches
+
+
+class EarlyStopping(keras.callbacks.EarlyStopping):
+    """Keras' early stopping, quiet on the epochs that do not evaluate (train.eval_every) and
+    remembering the epoch (from 1) it stopped after."""
+
+    async_safe = True
+
+    def get_monitor_value(self, logs):
+        logs = logs or {}
+        if self.monitor not in logs:
+            return None  # val_* is missing on epochs without evaluation; the monitor was checked before training
+        return logs[self.monitor]
+
+    @property
+    def stopped_after(self):
+        """The epoch (from 1) training stopped after, or None."""
+        return self.stopped_epoch + 1 if self.stopped_epoch else None
+
+
+class StepProfiler(StepCounting):
+    """Traces training steps `first` to `last` (global, from 1) with the JAX profiler into
+    `directory`: the trace starts before step `first` is dispatched and stops once step `last`'s
+    results are back (or when training ends first)."""
+
+    def __init__(self, first: int, last: int, directory: Path, first_step: int):
+        super().__init__(first_step)
+        self.first, self.last = first, last
+        self.directory = directory
+        self.traced = None  # (first, last) steps actually traced
+        self._started = None
+        self._last_seen = first
+        self._lock = threading.Lock()
+
+    def on_train_batch_begin(self, batch, logs=None):
+        step = self.step_number(batch)
+        if self._started is None and self.traced is None and self.first <= step <= self.last:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            logging.getLogger("jax._src.profiler").setLevel(logging.WARNING)  # it logs each file it converts
+            jax.profiler.start_trace(str(self.directory), create_perfetto_trace=True)
+            self._started = step
+
+    def on_train_batch_end(self, batch, logs=None):
+        if self._started is not None:
+            self._last_seen = self.step_number(batch)
+            if self._last_seen >= self.last:
+                self._stop(self._last_seen)
+
+    def on_train_end(self, logs=None):
+        if self._started is not None:
+            self._stop(self._last_seen)
+
+    def _stop(self, step: int) -> None:
+        with self._lock:
+            if self._started is None:
+                return
+            jax.profiler.stop_trace()
+            self.traced, self._started = (self._started, step), None
+
+    def trace_files(self) -> list[str]:
+        """The trace files written (xplane.pb for TensorBoard, perfetto_trace.json.gz for Perfetto)."""
+        return sorted(str(p) for p in self.directory.rglob("*") if p.is_file())

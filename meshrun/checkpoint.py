@@ -177,17 +177,23 @@ class Checkpointing(keras.callbacks.Callback):
     them. Keep one instance across the fit calls of a run.
 
     A per-step hook exists only with every_steps: saving reads the live state, so Keras must call
-    it between steps, on the loop's thread. Without it Keras may fetch step logs asynchronously."""
+    it between steps, on the loop's thread. Without it Keras may fetch step logs asynchronously.
 
-    def __init__(self, config: CheckpointConfig, root: Path, start: Progress, resume: Optional[ResumePoint]):
+    When training is stopped early (early stopping, or the wall-clock `budget`, which may stop
+    mid-epoch) the state at the stop is saved too, with `save_on_stop` even when no other
+    checkpoints are configured."""
+
+    def __init__(self, config: CheckpointConfig, root: Path, start: Progress, resume: Optional[ResumePoint],
+                 budget=None, save_on_stop: bool = False):
         super().__init__()
         self.config = config
         self.root = root
         self.progress = Progress(**asdict(start))
         self.seconds = 0.0
         self.saved_steps: list[int] = []
-        self._manager = _manager(root, config) if config.saves else None
+        self._manager = _manager(root, config) if config.saves or save_on_stop else None
         self._resume = resume
+        self._budget = budget
         self._metrics_to_restore: Optional[dict] = None
         self._epoch_start = (start.global_step, start.step_in_epoch)
         if config.every_steps:
@@ -229,12 +235,21 @@ class Checkpointing(keras.callbacks.Callback):
             self._save()
 
     def on_epoch_end(self, epoch, logs=None):
+        steps = self.params["steps"]  # this fit's steps per epoch
+        done = self._budget.batches_done(steps) if self._budget else steps
+        self.progress.global_step = self._epoch_start[0] + done
+        if done < steps:  # stopped mid-epoch: resuming finishes this epoch
+            self.progress.step_in_epoch = self._epoch_start[1] + done
+            return
         for name, value in (logs or {}).items():
             self.progress.history.setdefault(name, []).append(float(value))
-        self.progress.global_step = self._epoch_start[0] + self.params["steps"]  # this fit's steps per epoch
         self.progress.epoch = epoch + 1
         self.progress.step_in_epoch = 0
         if self.config.every_epoch and finite(logs):  # a diverged state is never kept
+            self._save()
+
+    def on_train_end(self, logs=None):
+        if self.model.stop_training and finite(logs):
             self._save()
 
     @property

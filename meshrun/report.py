@@ -55,8 +55,7 @@ def summary_table(m: dict) -> Table:
         ("devices", f"{m['devices']['count']} x {m['devices']['kind']}" + (" (emulated)" if m["devices"]["emulated"] else "")
          + (f", {m['devices']['processes']} processes x {m['devices']['per_process']}" if m["devices"].get("processes", 1) > 1 else "")),
         ("model", f"{m['model']['name']}, {m['model']['params']:,} parameters"),
-        ("batch", f"{m['train']['global_batch_size']} global, {m['train']['per_replica_batch_size']} per replica, "
-                  f"{m['train']['steps_per_epoch']} steps/epoch x {m['train']['epochs']} epochs"),
+        ("batch", _batch_text(m["train"])),
         ("optimizer", _optimizer_text(m["train"])),
         ("start-up", f"{t['startup_s']:.2f} s to model built, {t['time_to_first_step_s']:.2f} s to first step"),
         ("compile", f"{timing['compile_s']:.3f} s (first step)"),
@@ -68,24 +67,66 @@ def summary_table(m: dict) -> Table:
         ("memory", _memory_text(m["memory"])),
         ("epochs", ", ".join(f"{s:.2f}" for s in timing["epoch_s"]) + " s"),
         ("loss", " -> ".join(f"{v:.5f}" for v in m["history"].get("loss", []))),
+        *([("validation", _validation_text(m["history"]))] if any(k.startswith("val_") for k in m["history"]) else []),
         ("eval", ", ".join(f"{k} {v:.5f}" for k, v in m["eval"].items()) + f" ({timing['eval_s']:.2f} s)"),
+        *([("stopped", _stopped_text(m["train"]["stopped"]))] if m["train"].get("stopped") else []),
         ("wall", f"{timing['wall_s']:.2f} s"),
         ("run dir", m.get("run_dir", "")),
+        *([("logs", ", ".join(Path(p).name for p in m["logs"].values()))] if m.get("logs") else []),
+        *([("profile", _profile_text(m["profile"]))] if m.get("profile") else []),
     ]
     for name, value in rows:
         table.add_row(name, escape(str(value)))
     return table
 
 
+def _batch_text(train: dict) -> str:
+    text = (f"{train['global_batch_size']} global, {train['per_replica_batch_size']} per replica, "
+            f"{train['steps_per_epoch']} steps/epoch x {train['epochs']} epochs")
+    accumulate = train.get("grad_accum_steps", 1)
+    if accumulate > 1:
+        text += (f"; gradients of {accumulate} steps averaged into each update: {train['samples_per_update']} samples "
+                 f"per update, {train['updates']} updates")
+    return text
+
+
+def _validation_text(history: dict) -> str:
+    return "; ".join(f"{name} " + " -> ".join(f"{v:.5f}" for v in values) for name, values in history.items() if name.startswith("val_"))
+
+
+def _stopped_text(stopped: dict) -> str:
+    if stopped["reason"] == "max_time":
+        text = f"train.max_time reached: stopped after step {stopped['step']}"
+    else:
+        text = f"early stopping: no improvement, stopped after epoch {stopped['epoch']}"
+    return text + (f"; checkpoint {stopped['checkpoint']}" if stopped.get("checkpoint") else "")
+
+
+def _profile_text(profile: dict) -> str:
+    if not profile["traced"]:
+        return f"steps {profile['steps'][0]}-{profile['steps'][1]} were not reached; no trace"
+    first, last = profile["traced"]
+    return f"steps {first}-{last} traced into {profile['dir']} (tensorboard --logdir {profile['dir']}, or perfetto_trace.json.gz in ui.perfetto.dev)"
+
+
+SHARDING_ROWS = 12  # more variables than this: the largest, and the rest in metrics.json, so the report fits a screen
+
+
 def sharding_table(sharding: dict) -> Table:
-    """Where each variable lives: shape, PartitionSpec as placed, and the rule behind it."""
-    table = Table(title="placed variables")
+    """Where each variable lives: shape, PartitionSpec as placed, and the rule behind it (the
+    largest SHARDING_ROWS variables when there are more; metrics.json holds them all)."""
+    shown = sharding
+    if len(sharding) > SHARDING_ROWS:
+        largest = sorted(sharding, key=lambda path: sharding[path]["bytes_per_device"], reverse=True)[:SHARDING_ROWS]
+        shown = {path: sharding[path] for path in sharding if path in largest}
+    title = "placed variables" if shown is sharding else f"placed variables: the {len(shown)} largest of {len(sharding)} (all in metrics.json)"
+    table = Table(title=title)
     table.add_column("path", overflow="fold")
     table.add_column("shape", no_wrap=True)
     table.add_column("spec", no_wrap=True)
     table.add_column("rule", overflow="fold")
     table.add_column("bytes/device", justify="right", no_wrap=True)
-    for path, info in sharding.items():
+    for path, info in shown.items():
         table.add_row(escape(path), _shape(info["shape"]), _spec(info["spec"]), escape(info["rule"] or "replicated"),
                       format_bytes(info["bytes_per_device"]))
     return table

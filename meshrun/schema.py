@@ -107,11 +107,25 @@ LR_SCHEDULES = ("constant", "cosine", "linear")
 
 
 @dataclass(frozen=True)
+class EarlyStoppingConfig:
+    """Stop training once `monitor` (a logged metric: loss, accuracy, val_loss, ...; None: never
+    stop early) has not improved by `min_delta` for `patience` epochs; `mode` min, max or auto
+    (max for accuracy-like names, else min)."""
+
+    monitor: Optional[str] = None
+    patience: int = 3
+    min_delta: float = 0.0
+    mode: str = "auto"
+
+
+@dataclass(frozen=True)
 class TrainConfig:
     """How to train: global batch size, epochs, optimizer, learning rate and its schedule
     (constant, cosine with `warmup_steps` of linear warm-up, or linear decay, both ending at
     `min_learning_rate`), gradient clipping by global norm, the Keras dtype policy, loss (None:
-    the model's own), metrics, seed, console verbosity, and whether a NaN/Inf loss stops the run."""
+    the model's own), metrics, seed, console verbosity, whether a NaN/Inf loss stops the run,
+    gradient accumulation (`grad_accum_steps` steps of `batch_size` per optimizer update), evaluation
+    every `eval_every` epochs, a wall-clock budget (`max_time`) and early stopping."""
 
     batch_size: int = 16
     epochs: int = 3
@@ -127,6 +141,10 @@ class TrainConfig:
     seed: int = 1337
     verbose: int = 1
     stop_on_nan: bool = True
+    grad_accum_steps: int = 1
+    eval_every: Optional[int] = None
+    max_time: Optional[float] = None  # seconds from process start; the config may say "90m", "2h", "1:30:00"
+    early_stopping: EarlyStoppingConfig = field(default_factory=EarlyStoppingConfig)
 
 
 @dataclass(frozen=True)
@@ -165,6 +183,24 @@ class CheckpointConfig:
     def saves(self) -> bool:
         """Whether the run writes checkpoints at all."""
         return bool(self.every_steps) or self.every_epoch
+
+
+@dataclass(frozen=True)
+class LoggingConfig:
+    """Optional copies of the step log (log.jsonl is always written): TensorBoard event files in
+    <run dir>/tensorboard and CSV files (steps.csv, epochs.csv) in the run dir."""
+
+    tensorboard: bool = False
+    csv: bool = False
+
+
+@dataclass(frozen=True)
+class ProfileConfig:
+    """A JAX profiler trace of training steps `steps` = (first, last), counted from 1 as in
+    log.jsonl, written into `dir` (None: <run dir>/profile); None: no trace."""
+
+    steps: Optional[tuple[int, ...]] = None
+    dir: Optional[str] = None
 
 
 RESUME_MODES = ("auto", "never")
@@ -209,6 +245,8 @@ class RunConfig:
     cache: CacheConfig = field(default_factory=CacheConfig)
     distributed: DistributedConfig = field(default_factory=DistributedConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+    profile: ProfileConfig = field(default_factory=ProfileConfig)
     resume: Optional[str] = None  # auto, never or a checkpoint path; None: auto with checkpoint.dir, else never
 
     @property
@@ -219,7 +257,7 @@ class RunConfig:
         return "auto" if self.checkpoint.dir else "never"
 
 
-TOP_LEVEL_KEYS = ("mesh", "layout", "model", "data", "train", "devices", "cache", "distributed", "checkpoint", "resume")
+TOP_LEVEL_KEYS = ("mesh", "layout", "model", "data", "train", "devices", "cache", "distributed", "checkpoint", "logging", "profile", "resume")
 
 
 def parse_run_config(raw: Mapping[str, Any]) -> RunConfig:
@@ -231,11 +269,13 @@ def parse_run_config(raw: Mapping[str, Any]) -> RunConfig:
         layout=parse_layout(_section(raw, "layout"), mesh),
         model=parse_model(_section(raw, "model")),
         data=parse_data(_section(raw, "data")),
-        train=_parse_dataclass(TrainConfig, _section(raw, "train"), "train"),
+        train=_parse_dataclass(TrainConfig, _with_duration(_section(raw, "train"), "max_time", "train"), "train"),
         devices=_parse_dataclass(DevicesConfig, _section(raw, "devices"), "devices"),
         cache=_parse_dataclass(CacheConfig, _section(raw, "cache"), "cache"),
         distributed=parse_distributed(_section(raw, "distributed")),
         checkpoint=_parse_dataclass(CheckpointConfig, _section(raw, "checkpoint"), "checkpoint"),
+        logging=_parse_dataclass(LoggingConfig, _section(raw, "logging"), "logging"),
+        profile=_parse_dataclass(ProfileConfig, _section(raw, "profile"), "profile"),
         resume=_parse_resume(raw.get("resume")),
     )
     _check_values(config)
@@ -246,7 +286,8 @@ def known_keys() -> list[str]:
     """Every dotted key a config may set (for 'did you mean' suggestions)."""
     keys = ["mesh.shape", "mesh.axis_names", "mesh.batch_axis", "layout.rules", "model.name", "data.name", "resume"]
     sections = (("train", TrainConfig), ("devices", DevicesConfig), ("cache", CacheConfig), ("distributed", DistributedConfig),
-                ("checkpoint", CheckpointConfig))
+                ("checkpoint", CheckpointConfig), ("logging", LoggingConfig), ("profile", ProfileConfig),
+                ("train.early_stopping", EarlyStoppingConfig))
     for section, cls in sections:
         keys += [f"{section}.{f.name}" for f in dataclasses.fields(cls)]
     for name in registry.model_names():
@@ -466,6 +507,32 @@ def check_processes(mesh: MeshConfig, devices: DevicesConfig, processes: int, ke
 # --- generic dataclass parsing ------------------------------------------------------------------
 
 
+_DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+_DURATION_TEXT = re.compile(r"^(\d+(?:\.\d+)?[smhd])+$")
+
+
+def parse_duration(key: str, value: Any) -> Optional[float]:
+    """Seconds from a duration written as a number of seconds, `90m`, `1h30m`, `2h` or `H:MM:SS`."""
+    if value is None or (isinstance(value, (int, float)) and not isinstance(value, bool)):
+        return None if value is None else float(value)
+    text = str(value).strip().lower()
+    if re.fullmatch(r"\d+(:\d{1,2}){1,2}", text):
+        seconds = 0.0
+        for part in text.split(":"):
+            seconds = seconds * 60 + int(part)
+        return seconds
+    if _DURATION_TEXT.match(text):
+        return sum(float(amount) * _DURATION_UNITS[unit] for amount, unit in re.findall(r"(\d+(?:\.\d+)?)([smhd])", text))
+    raise ConfigError(key, f"got {value!r}; expected seconds or a duration such as 90m, 1h30m, 2h or 1:30:00")
+
+
+def _with_duration(raw: Mapping[str, Any], name: str, prefix: str) -> Mapping[str, Any]:
+    """`raw` with its duration `name` turned into seconds."""
+    if name not in raw:
+        return raw
+    return {**raw, name: parse_duration(f"{prefix}.{name}", raw[name])}
+
+
 def _section(raw: Mapping[str, Any], name: str) -> Mapping[str, Any]:
     value = raw.get(name)
     if value is None:
@@ -504,6 +571,10 @@ def _check_type(key: str, value: Any, expected: Any) -> Any:
             return None
         (inner,) = [a for a in args if a is not type(None)]
         return _check_type(key, value, inner)
+    if dataclasses.is_dataclass(expected):
+        if not isinstance(value, Mapping):
+            raise ConfigError(key, f"got {value!r}; expected a section with keys {one_of([f.name for f in dataclasses.fields(expected)])}")
+        return _parse_dataclass(expected, value, key)
     if origin is tuple:
         if not isinstance(value, (list, tuple)):
             raise ConfigError(key, f"got {value!r}; expected a list")
@@ -539,6 +610,7 @@ def _check_values(config: RunConfig) -> None:
     if config.devices.peak_flops is not None and config.devices.peak_flops <= 0:
         raise ConfigError("devices.peak_flops", f"got {config.devices.peak_flops}; expected a positive FLOP/s figure, e.g. 9.89e14")
     _check_training_values(config.train)
+    _check_profile(config.profile)
     if config.train.verbose not in VERBOSITY:
         raise ConfigError("train.verbose", f"got {config.train.verbose}; valid: {one_of(VERBOSITY)}")
     if config.devices.platform not in PLATFORMS:
@@ -583,6 +655,40 @@ def _check_training_values(train: TrainConfig) -> None:
         raise ConfigError("train.min_learning_rate", f"got {train.min_learning_rate}; valid: 0 to train.learning_rate ({train.learning_rate})")
     if train.clip_norm is not None and train.clip_norm <= 0:
         raise ConfigError("train.clip_norm", f"got {train.clip_norm}; expected a positive global norm (null: no clipping)")
+    if train.grad_accum_steps < 1:
+        raise ConfigError("train.grad_accum_steps", f"got {train.grad_accum_steps}; expected 1 (no accumulation) or more steps per update")
+    if train.eval_every is not None and train.eval_every < 1:
+        raise ConfigError("train.eval_every", f"got {train.eval_every}; expected a positive number of epochs (null: evaluate at the end only)")
+    if train.max_time is not None and train.max_time <= 0:
+        raise ConfigError("train.max_time", f"got {train.max_time:g}; expected a positive duration such as 3600, 90m or 1:30:00 (null: no limit)")
+    _check_early_stopping(train.early_stopping, train.eval_every)
+
+
+EARLY_STOPPING_MODES = ("auto", "min", "max")
+
+
+def _check_early_stopping(early: EarlyStoppingConfig, eval_every: Optional[int]) -> None:
+    key = "train.early_stopping"
+    if early.mode not in EARLY_STOPPING_MODES:
+        raise ConfigError(f"{key}.mode", f"got {early.mode!r}; valid: {one_of(EARLY_STOPPING_MODES)}")
+    if early.patience < 0:
+        raise ConfigError(f"{key}.patience", f"got {early.patience}; expected 0 or more epochs")
+    if early.min_delta < 0:
+        raise ConfigError(f"{key}.min_delta", f"got {early.min_delta}; expected 0 or more")
+    if early.monitor is not None and early.monitor.startswith("val_") and eval_every is None:
+        raise ConfigError(
+            f"{key}.monitor",
+            f"got {early.monitor!r} with train.eval_every=null; val_ metrics exist only when training evaluates: "
+            f"set train.eval_every=1, or monitor a training metric such as loss",
+        )
+
+
+def _check_profile(profile: ProfileConfig) -> None:
+    steps = profile.steps
+    if steps is None:
+        return
+    if len(steps) != 2 or not 1 <= steps[0] <= steps[1]:
+        raise ConfigError("profile.steps", f"got {list(steps)}; expected [first, last] training steps with 1 <= first <= last, e.g. [10,20]")
 
 
 def check_batch(batch_size: int, mesh: MeshConfig) -> None:

@@ -6,13 +6,17 @@ Call `meshrun.devices.prepare` before importing this module: importing it import
 
 from __future__ import annotations
 
+import functools
 import logging
+import math
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Optional
 
 import jax
 import keras
+from rich.console import Console
 
 import meshrun
 from meshrun import build as build_lib
@@ -24,10 +28,12 @@ from meshrun import devices as devices_lib
 from meshrun import distribution as distribution_lib
 from meshrun import hardware
 from meshrun import schedule as schedule_lib
-from meshrun.errors import ConfigError
+from meshrun import sinks as sinks_lib
+from meshrun.errors import ConfigError, one_of
 from meshrun.models import get_model
 from meshrun.plan import Plan
 from meshrun.processes import ONE_PROCESS, Identity
+from meshrun.progress import EpochProgress, progress_mode
 from meshrun.schema import RunConfig, check_batch, check_processes, format_shape
 from meshrun.timing import StepTimer, process_start_time
 
@@ -106,37 +112,31 @@ def _run(config: RunConfig, context: RunContext) -> RunResult:
     # After the seed: tf.data's shuffle order follows TensorFlow's global seed too.
     datasets = data_lib.make_datasets(config.data.name, config.data.options, context_data)
     total_steps = config.train.epochs * datasets.steps_per_epoch
+    _check_step_counts(config, total_steps)
     optimizer = build_lib.make_optimizer(
         config.train.optimizer, schedule_lib.keras_schedule(config.train, total_steps), config.train.clip_norm,
-        loss_scaling=config.train.precision == "mixed_float16",
+        loss_scaling=config.train.precision == "mixed_float16", accumulate=config.train.grad_accum_steps,
     )
     metrics = build_lib.make_metrics(
         config.train.metrics, build_lib.loss_function(loss), config.train.loss is None, spec, options
     )
+    _check_monitor(config.train, build_lib.metric_names(metrics))
     model.compile(optimizer=optimizer, loss=loss, metrics=metrics)
     data_lib.pipeline.check_fits_model(datasets.train.element_spec, model, build_lib.loss_function(loss))
     built_at = time.time()
 
-    timer = StepTimer(async_safe=not device_set.emulated)
-    guard = callbacks_lib.StopOnNaN(start.global_step, datasets.steps_per_epoch)
-    checkpointing = checkpoint_lib.Checkpointing(config.checkpoint, checkpoints, start, resume_point)
-    callbacks = [timer, *([guard] if config.train.stop_on_nan else []), checkpointing]
-    step_log = None
-    if context.identity.is_first and context.run_dir:
-        step_log = callbacks_lib.StepLog(Path(context.run_dir) / callbacks_lib.LOG_FILE, config.train, total_steps, start.global_step)
-        callbacks.append(step_log)
-    # The other processes of a job log a line per epoch, not a progress bar, into their logs.
-    verbose = config.train.verbose if context.identity.is_first else min(config.train.verbose * 2, 2)
+    hooks = _callbacks(config, context, checkpoints, start, resume_point, datasets.steps_per_epoch, total_steps, device_set)
     try:
-        history = _fit(model, datasets, config.train.epochs, callbacks, start, verbose, stopped=lambda: guard.bad is not None)
+        history = _fit(model, datasets, config.train, hooks.all, start, hooks.evaluates)
     finally:
-        checkpointing.finish()
-        if step_log is not None:
-            step_log.close()
-    guard.check(checkpointing.last_saved)
-    stats = timer.stats()
+        hooks.checkpointing.finish()
+        if hooks.step_log is not None:
+            hooks.step_log.close()
+    if hooks.guard is not None:
+        hooks.guard.check(hooks.checkpointing.last_saved)
+    stats = hooks.timer.stats()
     eval_started = time.perf_counter()
-    evaluation = model.evaluate(datasets.eval, verbose=0, return_dict=True)
+    evaluation = _evaluate(model, datasets, spec)
     eval_s = time.perf_counter() - eval_started
     if config.checkpoint.export:
         Path(context.run_dir).mkdir(parents=True, exist_ok=True)
@@ -187,7 +187,13 @@ def _run(config: RunConfig, context: RunContext) -> RunResult:
             "min_learning_rate": config.train.min_learning_rate,
             "clip_norm": config.train.clip_norm,
             "precision": config.train.precision,
-            "step_log": str(step_log.path) if step_log else None,
+            "grad_accum_steps": config.train.grad_accum_steps,
+            "samples_per_update": batch * config.train.grad_accum_steps,
+            "updates": int(model.optimizer.iterations),
+            "eval_every": config.train.eval_every,
+            "max_time_s": config.train.max_time,
+            "early_stopping": asdict(config.train.early_stopping) if config.train.early_stopping.monitor else None,
+            "stopped": hooks.stopped(),
             "loss": build_lib.loss_name(loss),
             "seed": config.train.seed,
         },
@@ -198,27 +204,29 @@ def _run(config: RunConfig, context: RunContext) -> RunResult:
             "step_time_s": stats.step_time_s,
             "step_time_p90_s": stats.step_time_p90_s,
             "steady_steps": stats.steady_steps,
-            "async_log_fetch": timer.async_safe,
+            "async_log_fetch": hooks.timer.async_safe,
             "samples_per_s": batch / stats.step_time_s,
             "tokens_per_s": tokens_per_step / stats.step_time_s if tokens_per_step else None,
             "epoch_s": stats.epoch_s,
             "eval_s": eval_s,
             "cost_analysis_s": step_costs.seconds,
-            "checkpoint_s": checkpointing.seconds,
+            "checkpoint_s": hooks.checkpointing.seconds,
             "wall_s": finished_at - context.started_at,
         },
         "cache": {"enabled": config.cache.enabled, "dir": cache_dir},
         "flops": flops_metrics(step_costs, stats.step_time_s, device_set, config, spec),
         "memory": memory_metrics(step_costs, sharding, model, placement, device_set),
         "checkpoint": {
-            "dir": str(checkpoints) if config.checkpoint.saves else None,
-            "saved_steps": checkpointing.saved_steps,
+            "dir": str(checkpoints) if hooks.checkpointing.saved_steps or config.checkpoint.saves else None,
+            "saved_steps": hooks.checkpointing.saved_steps,
             "resumed_from": str(resume_point) if resume_point else None,
             "resumed_at_step": start.global_step if resume_point else None,
             "exported": str(Path(context.run_dir) / EXPORT_FILE) if config.checkpoint.export else None,
         },
+        "logs": hooks.log_files(),
+        "profile": hooks.profile_report(),
         "history": history,
-        "eval": {name: float(value) for name, value in evaluation.items()},
+        "eval": evaluation,
         "sharding": sharding,
         "versions": {"meshrun": meshrun.__version__, "keras": keras.__version__, "jax": jax.__version__},
     }
@@ -234,7 +242,13 @@ def _checkpoint_plan(config: RunConfig, context: RunContext, processes: int):
     root = checkpoint_lib.directory(config.checkpoint, context.run_dir)
     if config.checkpoint.export and processes > 1:
         raise ConfigError("checkpoint.export", "got true with several processes; a .keras file is written by one process, so export from a one-process run (resume from the checkpoint there)")
-    if config.checkpoint.saves:
+    if config.train.max_time is not None and processes > 1:
+        raise ConfigError(
+            "train.max_time",
+            f"got {config.train.max_time:g} s with {processes} processes; each process would stop at its own step and the job would hang: "
+            "use it with one process, or bound a multi-process job with the scheduler's limit and checkpoint.every_steps",
+        )
+    if config.checkpoint.saves or config.train.max_time is not None:  # the budget's stop saves a checkpoint
         checkpoint_lib.check_writable(root)
     point = checkpoint_lib.find(config.resume_mode, root)
     start = checkpoint_lib.read_progress(point) if point else checkpoint_lib.Progress()
@@ -247,11 +261,112 @@ def _checkpoint_plan(config: RunConfig, context: RunContext, processes: int):
     return root, point, start
 
 
-def _fit(model, datasets, epochs: int, callbacks: list, start, verbose: int, stopped) -> dict:
+def _check_step_counts(config: RunConfig, total_steps: int) -> None:
+    """Switches that count training steps must fit in the run's `total_steps`."""
+    accumulate = config.train.grad_accum_steps
+    if accumulate > total_steps:
+        raise ConfigError(
+            "train.grad_accum_steps",
+            f"got {accumulate}, more than the run's {total_steps} training steps; no update would be applied: valid 1 to {total_steps}",
+        )
+    steps = config.profile.steps
+    if steps is not None and steps[1] > total_steps:
+        raise ConfigError("profile.steps", f"got {list(steps)}; the run has {total_steps} training steps: valid 1 <= first <= last <= {total_steps}")
+
+
+def _check_monitor(train, names: list[str]) -> None:
+    """Early stopping must monitor a metric the run logs."""
+    monitor = train.early_stopping.monitor
+    if monitor is None:
+        return
+    logged = names + ([f"val_{name}" for name in names] if train.eval_every else [])
+    if monitor not in logged:
+        raise ConfigError("train.early_stopping.monitor", f"got {monitor!r}, which this run does not log; valid: {one_of(logged)}")
+
+
+@dataclass
+class RunHooks:
+    """The Keras callbacks of a run, and what they found out."""
+
+    timer: StepTimer
+    checkpointing: checkpoint_lib.Checkpointing
+    guard: Optional[callbacks_lib.StopOnNaN] = None
+    step_log: Optional[callbacks_lib.StepLog] = None
+    budget: Optional[callbacks_lib.TimeBudget] = None
+    early: Optional[callbacks_lib.EarlyStopping] = None
+    profiler: Optional[callbacks_lib.StepProfiler] = None
+    progress: Optional[EpochProgress] = None
+    evaluates: bool = False
+
+    @property
+    def all(self) -> list:
+        """The callbacks in the order Keras calls them: the timer, then checkpoints (a checkpoint
+        that does not fit is rejected before anything else starts), then the rest."""
+        optional = (self.guard, self.budget, self.early, self.profiler, self.step_log, self.progress)
+        return [self.timer, self.checkpointing, *(c for c in optional if c is not None)]
+
+    def stopped(self) -> Optional[dict]:
+        """Why training ended before its last epoch, and where (None: it ran to the end)."""
+        if self.budget is not None and self.budget.stopped_at is not None:
+            return {"reason": "max_time", "step": self.budget.stopped_at, "checkpoint": self.checkpointing.last_saved}
+        if self.early is not None and self.early.stopped_after is not None:
+            return {"reason": "early_stopping", "epoch": self.early.stopped_after, "checkpoint": self.checkpointing.last_saved}
+        return None
+
+    def log_files(self) -> dict:
+        """Where the step log went: file paths by kind."""
+        return {sink.kind: str(sink.path) for sink in (self.step_log.sinks if self.step_log else [])}
+
+    def profile_report(self) -> Optional[dict]:
+        """The profiler trace: its dir, the steps asked for and traced, and its files."""
+        if self.profiler is None:
+            return None
+        p = self.profiler
+        return {"dir": str(p.directory), "steps": [p.first, p.last], "traced": list(p.traced) if p.traced else None,
+                "files": p.trace_files()}
+
+
+def _callbacks(config: RunConfig, context: RunContext, checkpoints: Path, start, resume_point, steps_per_epoch: int,
+               total_steps: int, device_set) -> RunHooks:
+    """Builds the run's callbacks from its config. The step log, progress bar and profiler run in
+    the first process only; the others log a line per epoch into their logs."""
+    train = config.train
+    first = start.global_step
+    budget = callbacks_lib.TimeBudget(context.started_at + train.max_time, first) if train.max_time is not None else None
+    hooks = RunHooks(
+        timer=StepTimer(async_safe=not device_set.emulated),
+        guard=callbacks_lib.StopOnNaN(first, steps_per_epoch) if train.stop_on_nan else None,
+        checkpointing=checkpoint_lib.Checkpointing(config.checkpoint, checkpoints, start, resume_point, budget=budget,
+                                                   save_on_stop=budget is not None),
+        budget=budget,
+        evaluates=train.eval_every is not None,
+    )
+    early = train.early_stopping
+    if early.monitor is not None:
+        hooks.early = callbacks_lib.EarlyStopping(monitor=early.monitor, patience=early.patience, min_delta=early.min_delta,
+                                                  mode=early.mode, verbose=0)
+    lead = context.identity.is_first and bool(context.run_dir)
+    run_dir = Path(context.run_dir)
+    if lead:
+        sinks = functools.partial(sinks_lib.open_sinks, run_dir, config.logging.tensorboard, config.logging.csv)
+        hooks.step_log = callbacks_lib.StepLog(sinks, train, total_steps, first)
+        if config.profile.steps is not None:
+            where = Path(config.profile.dir).expanduser() if config.profile.dir else run_dir / PROFILE_DIR
+            hooks.profiler = callbacks_lib.StepProfiler(*config.profile.steps, where, first)
+    mode = progress_mode(train.verbose, context.identity.is_first, Console().is_terminal)
+    if mode is not None:
+        hooks.progress = EpochProgress(mode, train.epochs, train.batch_size)
+    return hooks
+
+
+PROFILE_DIR = "profile"
+
+
+def _fit(model, datasets, train, callbacks: list, start, evaluates: bool) -> dict:
     """Trains from `start` to the last epoch and returns the per-epoch history (epochs before
     `start` come from its checkpoint). A half-done epoch runs first, for its remaining steps;
-    each fit call reads the data stream from the global step it starts at. Ends early once
-    `stopped()` says so."""
+    each fit call reads the data stream from the global step it starts at. Evaluates every
+    `train.eval_every` epochs when `evaluates`. Ends early once a callback stops training."""
     history = {name: list(values) for name, values in start.history.items()}
     steps_per_epoch = datasets.steps_per_epoch
     spans = []  # (first epoch, end epoch, steps per epoch)
@@ -259,21 +374,31 @@ def _fit(model, datasets, epochs: int, callbacks: list, start, verbose: int, sto
     if start.step_in_epoch:
         spans.append((epoch, epoch + 1, steps_per_epoch - start.step_in_epoch))
         epoch += 1
-    if epoch < epochs:
-        spans.append((epoch, epochs, steps_per_epoch))
+    if epoch < train.epochs:
+        spans.append((epoch, train.epochs, steps_per_epoch))
     step = start.global_step
+    validation = {"validation_data": datasets.eval, "validation_freq": train.eval_every} if evaluates else {}
     for first, end, steps in spans:
         fitted = model.fit(
             datasets.train.skip(step) if step else datasets.train,
-            initial_epoch=first, epochs=end, steps_per_epoch=steps, verbose=verbose, callbacks=callbacks,
+            initial_epoch=first, epochs=end, steps_per_epoch=steps, verbose=0, callbacks=callbacks,
             shuffle=False,  # the tf.data pipeline shuffles, seeded
+            **validation,
         )
         for name, values in fitted.history.items():
             history.setdefault(name, []).extend(float(v) for v in values)
-        if stopped():
+        if model.stop_training:
             break
         step += (end - first) * steps
     return history
+
+
+def _evaluate(model, datasets, spec) -> dict:
+    """The final evaluation: every compiled metric, and perplexity for a language model."""
+    evaluation = {name: float(value) for name, value in model.evaluate(datasets.eval, verbose=0, return_dict=True).items()}
+    if spec.language_model and "loss" in evaluation:
+        evaluation["perplexity"] = math.exp(min(evaluation["loss"], 700.0))  # exp overflows a float past ~709
+    return evaluation
 
 
 def flops_metrics(step_costs, step_time_s: float, device_set, config: RunConfig, spec) -> dict:

@@ -27,6 +27,8 @@ class ModelSpec:
     - `analytic_flops(options, batch_size)`: a closed-form FLOPs estimate of one train step,
       reported beside XLA's count.
     - `metrics(options)`: the Keras metrics to report with the model's own loss (e.g. accuracy).
+    - `language_model`: its own loss is the mean next-token cross-entropy, so the evaluation also
+      reports perplexity, exp(loss).
     """
 
     name: str
@@ -39,6 +41,7 @@ class ModelSpec:
     tokens_per_sample: Optional[Callable[[Any], int]] = None
     analytic_flops: Optional[Callable[[Any, int], float]] = None
     metrics: Optional[Callable[[Any], list]] = None
+    language_model: bool = False
 
     @property
     def default_layout(self) -> str:

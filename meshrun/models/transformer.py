@@ -207,6 +207,7 @@ SPEC = register_model(
         metrics=class_accuracy,
         tokens_per_sample=lambda options: options.seq_len,
         analytic_flops=analytic_flops,
+        language_model=True,
     )
 )
 
