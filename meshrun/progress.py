@@ -21,6 +21,7 @@ from rich.progress import (
 )
 
 RECENT_STEPS = 50  # the step time shown is the mean over this many of the latest steps
+UPDATE_EVERY_S = 0.25  # the bar takes new figures at most this often (rich redraws it twice a second)
 
 
 def metrics_text(logs: dict) -> str:
@@ -30,7 +31,8 @@ def metrics_text(logs: dict) -> str:
 
 class EpochProgress(keras.callbacks.Callback):
     """Shows training as it goes: `bar` (a rich bar per epoch, kept on screen when the epoch ends)
-    or `lines` (a line per epoch). Step times are the gaps between the ends of recent steps."""
+    or `lines` (a line per epoch). Step times are the gaps between the ends of recent steps. Per
+    step it only notes the time; the bar is updated at most every UPDATE_EVERY_S."""
 
     async_safe = True
 
@@ -51,12 +53,13 @@ class EpochProgress(keras.callbacks.Callback):
                 TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                 TextColumn("{task.fields[speed]}"), TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn(),
                 TextColumn("{task.fields[metrics]}"),
-                console=self.console, refresh_per_second=4,
+                console=self.console, refresh_per_second=2,
             )
             self._bar.start()
 
     def on_epoch_begin(self, epoch, logs=None):
-        self._epoch_started = time.perf_counter()
+        self._epoch_started = self._updated = time.perf_counter()
+        self._batches = 0
         self._ends.clear()
         self._ends.append(self._epoch_started)
         if self._bar is not None:
@@ -64,8 +67,11 @@ class EpochProgress(keras.callbacks.Callback):
 
     def on_train_batch_end(self, batch, logs=None):
         with self._lock:
-            self._ends.append(time.perf_counter())
-            if self._bar is not None:
+            now = time.perf_counter()
+            self._ends.append(now)
+            self._batches = batch + 1
+            if self._bar is not None and now - self._updated >= UPDATE_EVERY_S:
+                self._updated = now
                 self._bar.update(self._task, completed=batch + 1, speed=self._speed(), metrics=metrics_text(logs))
 
     def _speed(self) -> str:
@@ -77,7 +83,7 @@ class EpochProgress(keras.callbacks.Callback):
     def on_epoch_end(self, epoch, logs=None):
         seconds = time.perf_counter() - self._epoch_started
         if self._bar is not None:
-            self._bar.update(self._task, speed=self._speed(), metrics=metrics_text(logs))
+            self._bar.update(self._task, completed=self._batches, speed=self._speed(), metrics=metrics_text(logs))
             return
         speed = self._speed() or f"{seconds:.2f} s"
         print(f"epoch {epoch + 1}/{self.epochs}: {metrics_text(logs)}  ({seconds:.2f} s, {speed})", flush=True)

@@ -9,6 +9,7 @@ import csv
 import io
 import json
 import os
+import socket
 import time
 from pathlib import Path
 
@@ -86,28 +87,32 @@ def _read_rows(path: Path) -> list[dict]:
 class TensorBoard:
     """Event files in <run dir>/tensorboard: per step `train/<metric>`, `train/learning_rate` and
     `train/samples_per_s`; per epoch `epoch/<metric>` (val_* included) at the epoch's number.
-    Written with TensorBoard's own event writer, which serialises on a thread of its own
-    (about 30 µs a step here, against 0.5 ms for tf.summary)."""
+
+    An event file is a TFRecord file of `Event` protos, so TensorFlow's C++ record writer writes
+    it: about 6 µs a step here, against 40 µs for TensorBoard's own writer (its checksums are pure
+    Python and run on a thread that contends for the GIL) and 0.5 ms a scalar for tf.summary."""
 
     kind = "tensorboard"
 
     def __init__(self, run_dir: Path):
+        import tensorflow as tf
         from tensorboard.compat.proto import event_pb2, summary_pb2
-        from tensorboard.summary.writer.event_file_writer import EventFileWriter
 
         self.path = run_dir / TENSORBOARD_DIR  # a dir of event files
+        self.path.mkdir(parents=True, exist_ok=True)
         self._event, self._summary = event_pb2.Event, summary_pb2.Summary
-        self._writer = EventFileWriter(str(self.path))
+        name = f"events.out.tfevents.{time.time():.6f}.{socket.gethostname()}.{os.getpid()}"
+        self._writer = tf.io.TFRecordWriter(str(self.path / name))
+        self._writer.write(self._event(wall_time=time.time(), file_version="brain.Event:2").SerializeToString())
 
     def _write(self, step: int, values: dict) -> None:
         summary = self._summary(value=[
             self._summary.Value(tag=tag, simple_value=value) for tag, value in values.items() if value is not None
         ])
-        self._writer.add_event(self._event(step=step, wall_time=time.time(), summary=summary))
+        self._writer.write(self._event(step=step, wall_time=time.time(), summary=summary).SerializeToString())
 
     def step(self, record: dict) -> None:
-        skip = ("step", "epoch", "step_s")
-        self._write(record["step"], {f"train/{k}": v for k, v in record.items() if k not in skip})
+        self._write(record["step"], {f"train/{k}": v for k, v in record.items() if k not in ("step", "epoch", "step_s")})
 
     def epoch(self, record: dict) -> None:
         self._write(record["epoch_end"], {f"epoch/{k}": v for k, v in record.items() if k not in ("epoch_end", "step")})

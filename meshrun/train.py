@@ -61,14 +61,25 @@ class RunResult:
     plan: Plan
 
 
+_runs_started: list[float] = []  # when each run of this process began (a multirun holds several)
+
+
 def run(config: RunConfig, context: RunContext) -> RunResult:
     """Trains and evaluates the configured model on its mesh.
 
     Raises ConfigError for anything wrong with the config, before any training starts."""
+    _runs_started.append(time.time())
     try:
         return _run(config, context)
     finally:
         distribution_lib.reset()
+
+
+def _budget_start(context: RunContext) -> float:
+    """When train.max_time starts counting: at process start for the first run of a process
+    (imports, device set-up and compilation count), at its own start for a later job of a
+    multirun, which shares the process."""
+    return context.started_at if len(_runs_started) <= 1 else _runs_started[-1]
 
 
 def plan(config: RunConfig, processes: int = 1) -> Plan:
@@ -242,12 +253,6 @@ def _checkpoint_plan(config: RunConfig, context: RunContext, processes: int):
     root = checkpoint_lib.directory(config.checkpoint, context.run_dir)
     if config.checkpoint.export and processes > 1:
         raise ConfigError("checkpoint.export", "got true with several processes; a .keras file is written by one process, so export from a one-process run (resume from the checkpoint there)")
-    if config.train.max_time is not None and processes > 1:
-        raise ConfigError(
-            "train.max_time",
-            f"got {config.train.max_time:g} s with {processes} processes; each process would stop at its own step and the job would hang: "
-            "use it with one process, or bound a multi-process job with the scheduler's limit and checkpoint.every_steps",
-        )
     if config.checkpoint.saves or config.train.max_time is not None:  # the budget's stop saves a checkpoint
         checkpoint_lib.check_writable(root)
     point = checkpoint_lib.find(config.resume_mode, root)
@@ -332,7 +337,9 @@ def _callbacks(config: RunConfig, context: RunContext, checkpoints: Path, start,
     the first process only; the others log a line per epoch into their logs."""
     train = config.train
     first = start.global_step
-    budget = callbacks_lib.TimeBudget(context.started_at + train.max_time, first) if train.max_time is not None else None
+    budget = None
+    if train.max_time is not None:
+        budget = callbacks_lib.TimeBudget(_budget_start(context) + train.max_time, first, several_processes=device_set.processes > 1)
     hooks = RunHooks(
         timer=StepTimer(async_safe=not device_set.emulated),
         guard=callbacks_lib.StopOnNaN(first, steps_per_epoch) if train.stop_on_nan else None,

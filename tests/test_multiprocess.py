@@ -190,6 +190,21 @@ def test_a_killed_process_ends_the_job_quickly_with_one_line_and_no_orphans(tmp_
     assert metrics["status"] == "error" and "process 1 of 2 was killed" in metrics["error"]
 
 
+@pytest.mark.e2e
+def test_a_time_budget_stops_every_process_at_the_same_step_with_a_checkpoint(tmp_path):
+    """Process 0's clock decides, checked together every 20 steps: the job stops part-way through
+    its 50 epochs, at a checked step, saves it and exits 0 (a disagreement would hang)."""
+    run_dir = tmp_path / "run"
+    done = run_meshrun(["train", TWO, "mesh=2x4", "train.epochs=50", "data.num_samples=4096", "train.verbose=0", "train.max_time=15",
+                        f"hydra.run.dir={run_dir}"], tmp_path, timeout=240)
+    assert done.returncode == 0, done.stderr[-2000:]
+    metrics = read_metrics(run_dir)
+    stopped = metrics["train"]["stopped"]
+    assert stopped["reason"] == "max_time" and (stopped["step"] - 1) % 20 == 0 and stopped["step"] < 50 * 256
+    assert metrics["checkpoint"]["saved_steps"] == [stopped["step"]] and (run_dir / "checkpoints" / str(stopped["step"])).is_dir()
+    assert metrics["timing"]["wall_s"] < 60
+
+
 FAILING_FACTORY = '''
 import jax
 import numpy as np

@@ -184,10 +184,10 @@ def test_early_stopping_stops_after_patience_and_saves_the_stop(tmp_path):
 
 @pytest.mark.integration
 def test_the_time_budget_stops_mid_epoch_with_a_checkpoint_that_resumes_exactly(tmp_path):
-    """The budget counts from process start, long past in this test process, so training stops
-    after its first step (mid-epoch 1) and saves it; resuming finishes like an uninterrupted run."""
+    """A budget of 1 ms is spent before the first step begins, so training stops after that step
+    (mid-epoch 1) and saves it; resuming finishes like an uninterrupted run."""
     whole = train_in_process(config(epochs=2), tmp_path / "whole").metrics
-    stopped = train_in_process(config(epochs=2, max_time=1), tmp_path / "stopped").metrics
+    stopped = train_in_process(config(epochs=2, max_time=0.001), tmp_path / "stopped").metrics
     checkpoints = tmp_path / "stopped" / "checkpoints"
     assert stopped["status"] == "ok" and stopped["train"]["stopped"] == {"reason": "max_time", "step": 1, "checkpoint": str(checkpoints / "1")}
     assert stopped["checkpoint"]["saved_steps"] == [1] and "loss" in stopped["eval"]
