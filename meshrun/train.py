@@ -138,7 +138,7 @@ def _run(config: RunConfig, context: RunContext) -> RunResult:
 
     hooks = _callbacks(config, context, checkpoints, start, resume_point, datasets.steps_per_epoch, total_steps, device_set)
     try:
-        history = _fit(model, datasets, config.train, hooks.all, start, hooks.evaluates)
+        history = _fit(model, datasets, config.train, hooks.all, start)
     finally:
         hooks.checkpointing.finish()
         if hooks.step_log is not None:
@@ -301,7 +301,6 @@ class RunHooks:
     early: Optional[callbacks_lib.EarlyStopping] = None
     profiler: Optional[callbacks_lib.StepProfiler] = None
     progress: Optional[EpochProgress] = None
-    evaluates: bool = False
 
     @property
     def all(self) -> list:
@@ -346,7 +345,6 @@ def _callbacks(config: RunConfig, context: RunContext, checkpoints: Path, start,
         checkpointing=checkpoint_lib.Checkpointing(config.checkpoint, checkpoints, start, resume_point, budget=budget,
                                                    save_on_stop=budget is not None),
         budget=budget,
-        evaluates=train.eval_every is not None,
     )
     early = train.early_stopping
     if early.monitor is not None:
@@ -369,11 +367,11 @@ def _callbacks(config: RunConfig, context: RunContext, checkpoints: Path, start,
 PROFILE_DIR = "profile"
 
 
-def _fit(model, datasets, train, callbacks: list, start, evaluates: bool) -> dict:
+def _fit(model, datasets, train, callbacks: list, start) -> dict:
     """Trains from `start` to the last epoch and returns the per-epoch history (epochs before
     `start` come from its checkpoint). A half-done epoch runs first, for its remaining steps;
     each fit call reads the data stream from the global step it starts at. Evaluates every
-    `train.eval_every` epochs when `evaluates`. Ends early once a callback stops training."""
+    `train.eval_every` epochs (if set). Ends early once a callback stops training."""
     history = {name: list(values) for name, values in start.history.items()}
     steps_per_epoch = datasets.steps_per_epoch
     spans = []  # (first epoch, end epoch, steps per epoch)
@@ -384,7 +382,7 @@ def _fit(model, datasets, train, callbacks: list, start, evaluates: bool) -> dic
     if epoch < train.epochs:
         spans.append((epoch, train.epochs, steps_per_epoch))
     step = start.global_step
-    validation = {"validation_data": datasets.eval, "validation_freq": train.eval_every} if evaluates else {}
+    validation = {"validation_data": datasets.eval, "validation_freq": train.eval_every} if train.eval_every else {}
     for first, end, steps in spans:
         fitted = model.fit(
             datasets.train.skip(step) if step else datasets.train,
