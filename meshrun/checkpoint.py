@@ -180,18 +180,17 @@ class Checkpointing(keras.callbacks.Callback):
     it between steps, on the loop's thread. Without it Keras may fetch step logs asynchronously.
 
     When training is stopped early (early stopping, or the wall-clock `budget`, which may stop
-    mid-epoch) the state at the stop is saved too, with `save_on_stop` even when no other
-    checkpoints are configured."""
+    mid-epoch) the state at the stop is saved too; with a budget even when no other checkpoints
+    are configured."""
 
-    def __init__(self, config: CheckpointConfig, root: Path, start: Progress, resume: Optional[ResumePoint],
-                 budget=None, save_on_stop: bool = False):
+    def __init__(self, config: CheckpointConfig, root: Path, start: Progress, resume: Optional[ResumePoint], budget=None):
         super().__init__()
         self.config = config
         self.root = root
         self.progress = Progress(**asdict(start))
         self.seconds = 0.0
         self.saved_steps: list[int] = []
-        self._manager = _manager(root, config) if config.saves or save_on_stop else None
+        self._manager = _manager(root, config) if config.saves or budget is not None else None
         self._resume = resume
         self._budget = budget
         self._metrics_to_restore: Optional[dict] = None

@@ -513,8 +513,10 @@ _DURATION_TEXT = re.compile(r"^(\d+(?:\.\d+)?[smhd])+$")
 
 def parse_duration(key: str, value: Any) -> Optional[float]:
     """Seconds from a duration written as a number of seconds, `90m`, `1h30m`, `2h` or `H:MM:SS`."""
-    if value is None or (isinstance(value, (int, float)) and not isinstance(value, bool)):
-        return None if value is None else float(value)
+    if value is None:
+        return None
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
     text = str(value).strip().lower()
     if re.fullmatch(r"\d+(:\d{1,2}){1,2}", text):
         seconds = 0.0

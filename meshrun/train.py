@@ -342,8 +342,7 @@ def _callbacks(config: RunConfig, context: RunContext, checkpoints: Path, start,
     hooks = RunHooks(
         timer=StepTimer(async_safe=not device_set.emulated),
         guard=callbacks_lib.StopOnNaN(first, steps_per_epoch) if train.stop_on_nan else None,
-        checkpointing=checkpoint_lib.Checkpointing(config.checkpoint, checkpoints, start, resume_point, budget=budget,
-                                                   save_on_stop=budget is not None),
+        checkpointing=checkpoint_lib.Checkpointing(config.checkpoint, checkpoints, start, resume_point, budget=budget),
         budget=budget,
     )
     early = train.early_stopping

@@ -135,7 +135,7 @@ def test_the_default_callbacks_leave_keras_free_to_fetch_step_logs_asynchronousl
     budget = TimeBudget(deadline=0.0, first_step=0)
     callbacks = [StepLog(lambda: open_sinks(tmp_path, tensorboard=True, csv_files=True), TrainConfig(), 16, 0), StopOnNaN(0, 8), budget,
                  EarlyStopping(monitor="loss"), StepProfiler(2, 3, tmp_path / "profile", 0), EpochProgress("bar", 2, 16),
-                 Checkpointing(CheckpointConfig(every_epoch=True), tmp_path / "epochs", Progress(), None, budget, save_on_stop=True)]
+                 Checkpointing(CheckpointConfig(every_epoch=True), tmp_path / "epochs", Progress(), None, budget)]
     assert CallbackList(callbacks)._async_train
     by_steps = Checkpointing(CheckpointConfig(every_steps=2), tmp_path / "steps", Progress(), None)
     assert not CallbackList([*callbacks, by_steps])._async_train
