@@ -34,7 +34,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from meshrun import devices, processes, schema
-from meshrun.errors import ConfigError, RunFailed, closest, one_of
+from meshrun.errors import ConfigError, RunFailed, closest, first_line, one_of
 
 COMMANDS = ("train", "plan", "sweep", "report")
 USAGE = """\
@@ -167,7 +167,7 @@ class RecordSweepDir(Callback):
 
 
 # Config keys holding free-form mappings: `key={...}` on the command line replaces the mapping.
-MAPPING_KEYS = ("layout.rules", "data.features", "data.kwargs")
+MAPPING_KEYS = ("layout.rules", "layout.extra_rules", "data.features", "data.kwargs", "model.kwargs", "model.backbone")
 
 
 def prepare_overrides(overrides: list[str]) -> list[str]:
@@ -405,7 +405,7 @@ def resolved(cfg: DictConfig) -> dict:
     try:
         return OmegaConf.to_container(cfg, resolve=True)
     except OmegaConfBaseException as err:
-        raise ConfigError(getattr(err, "full_key", "") or "config", _first_line(err)) from None
+        raise ConfigError(getattr(err, "full_key", "") or "config", first_line(err)) from None
 
 
 def _record_failure(err: Exception, run_dir: str, choices: dict, overrides: list) -> RunFailed:
@@ -420,7 +420,7 @@ def _record_failure(err: Exception, run_dir: str, choices: dict, overrides: list
 
 
 def _error_text(err: Exception) -> str:
-    return f"{type(err).__name__}: {_first_line(err)}"
+    return f"{type(err).__name__}: {first_line(err)}"
 
 
 def discard_run_dir(run_dir: str, job_name: str) -> None:
@@ -450,29 +450,24 @@ def hydra_error_line(err: Exception, overrides: list[str]) -> str:
         )
     if isinstance(err, OverrideParseException):
         return (
-            f"malformed override {err.override!r} ({_first_line(err)}); write overrides as key=value, "
+            f"malformed override {err.override!r} ({first_line(err)}); write overrides as key=value, "
             "e.g. mesh=2x4 train.epochs=5, quoting values with special characters"
         )
-    if isinstance(err, ConfigCompositionException) and _first_line(err).startswith("Could not override"):
-        key = _quoted(_first_line(err))
+    if isinstance(err, ConfigCompositionException) and first_line(err).startswith("Could not override"):
+        key = _quoted(first_line(err))
         given = next((o for o in overrides if o.lstrip("+~").split("=", 1)[0] == key), key)
         hint = closest(key, schema.known_keys(), n=1)
         return (
             f"{key}: no such key (got override {given!r}); "
             + (f"did you mean {hint[0]}?" if hint else "run `meshrun train --cfg job` to see every key")
         )
-    return " ".join(_first_line(e) for e in _chain(err) if _first_line(e))[:500]
+    return " ".join(first_line(e) for e in _chain(err) if first_line(e))[:500]
 
 
 def _chain(err: BaseException):
     while err is not None:
         yield err
         err = err.__cause__
-
-
-def _first_line(err: BaseException) -> str:
-    text = str(err).strip()
-    return text.splitlines()[0].strip() if text else ""
 
 
 def _quoted(text: str) -> str:

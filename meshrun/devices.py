@@ -53,6 +53,28 @@ def prepare(devices: DevicesConfig, mesh: MeshConfig, processes: int = 1) -> Non
         os.environ["JAX_NUM_CPU_DEVICES"] = str(cpu_devices_needed(mesh, devices) // processes)
 
 
+def import_tensorflow():
+    """TensorFlow, which meshrun uses for tf.data only, imported once with its GPUs hidden and its
+    C++ start-up lines kept off the console. keras-hub's dependency tensorflow-text installs the
+    full TensorFlow beside tensorflow-cpu: that build prints lines about missing CUDA drivers on
+    import (no log level silences them) and, on a GPU machine, would reserve GPU memory that jax
+    needs. Call it before anything else imports TensorFlow (keras.utils.set_random_seed and
+    keras_hub do)."""
+    if "tensorflow" in sys.modules:
+        return sys.modules["tensorflow"]
+    saved = os.dup(2)
+    try:
+        with open(os.devnull, "w") as devnull:
+            os.dup2(devnull.fileno(), 2)
+            import tensorflow as tf
+
+            tf.config.set_visible_devices([], "GPU")
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+    return tf
+
+
 def compilation_cache_dir(cache: CacheConfig) -> str | None:
     """Where XLA's persistent compilation cache lives, or None when it is off."""
     if not cache.enabled:

@@ -35,3 +35,14 @@ def one_of(candidates: Iterable[str]) -> str:
     if len(items) == 1:
         return items[0]
     return ", ".join(items[:-1]) + " or " + items[-1]
+
+
+def first_line(err: BaseException) -> str:
+    """The first line of an exception's message (empty when it has none)."""
+    text = str(err).strip()
+    return text.splitlines()[0].strip() if text else ""
+
+
+def shape_text(shape) -> str:
+    """A shape as error messages write it: (?, 32), ? for a size left open."""
+    return "(" + ", ".join("?" if d is None else str(d) for d in shape) + ")"

@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass
 from typing import Optional
 
-from meshrun.errors import ConfigError, closest, one_of
+from meshrun.errors import ConfigError, closest, one_of, shape_text
 from meshrun.schema import LayoutRule, MeshConfig, format_shape
 
 
@@ -30,11 +30,13 @@ class TensorSpec:
 
 @dataclass(frozen=True)
 class RuleCheck:
-    """What the rules do to a model: the rule that places each path, and every problem found
-    (rules matching nothing, paths matched twice, rank mismatches, indivisible dimensions)."""
+    """What the rules do to a model: the rule that places each path, every problem found (rules
+    matching nothing, paths matched twice, rank mismatches, indivisible dimensions), and the
+    optional rules that matched nothing (not a problem, but worth saying for the model's own)."""
 
     assigned: dict[str, LayoutRule]
     errors: tuple[ConfigError, ...]
+    unmatched_optional: tuple[LayoutRule, ...] = ()
 
     def raise_first(self) -> None:
         """Raises the first problem found, if any (a run stops at the first)."""
@@ -77,7 +79,8 @@ def check_rules(rules: tuple[LayoutRule, ...], mesh: MeshConfig, tensors: list[T
                 assigned[tensor.path] = matches[0]
     errors = [_with_count(found) for found in problems.values()]
     errors += _unused_rules(rules, matched, tensors)
-    return RuleCheck(assigned=assigned, errors=tuple(errors))
+    unmatched_optional = tuple(rule for rule in rules if rule.optional and rule.pattern not in matched)
+    return RuleCheck(assigned=assigned, errors=tuple(errors), unmatched_optional=unmatched_optional)
 
 
 def _with_count(found: list[ConfigError]) -> ConfigError:
@@ -101,13 +104,14 @@ def assign_rules(
 
 
 def _misfit(rule: LayoutRule, mesh: MeshConfig, tensor: TensorSpec) -> Optional[ConfigError]:
-    key = f"layout.rules.{rule.pattern}"
+    key = rule.key
     what = "output" if tensor.is_output else "variable"
+    subject = f"the model's own rule {rule.pattern!r} " if rule.origin == "from_model" else ""
     if len(rule.axes) != len(tensor.shape):
         return ConfigError(
             key,
-            f"gives {len(rule.axes)} axes {_axes_text(rule.axes)} but {what} {tensor.path!r} has "
-            f"rank {len(tensor.shape)} (shape {_shape_text(tensor.shape)}); give exactly "
+            f"{subject}gives {len(rule.axes)} axes {_axes_text(rule.axes)} but {what} {tensor.path!r} has "
+            f"rank {len(tensor.shape)} (shape {shape_text(tensor.shape)}); give exactly "
             f"{len(tensor.shape)} entries, one mesh axis or null per dimension",
         )
     for dim, (size, axis) in enumerate(zip(tensor.shape, rule.axes)):
@@ -118,8 +122,8 @@ def _misfit(rule: LayoutRule, mesh: MeshConfig, tensor: TensorSpec) -> Optional[
             fitting = [a for a in mesh.axis_names if size % mesh.axis_size(a) == 0]
             return ConfigError(
                 key,
-                f"shards dimension {dim} of {what} {tensor.path!r} (size {size}, shape "
-                f"{_shape_text(tensor.shape)}) over mesh axis {axis!r} of size {axis_size}, which "
+                f"{subject}shards dimension {dim} of {what} {tensor.path!r} (size {size}, shape "
+                f"{shape_text(tensor.shape)}) over mesh axis {axis!r} of size {axis_size}, which "
                 f"does not divide {size} on mesh {format_shape(mesh.shape)}; valid for this "
                 f"dimension: {one_of(['null', *fitting])}",
             )
@@ -130,12 +134,12 @@ def _unused_rules(rules, matched: set[str], tensors) -> list[ConfigError]:
     paths = [t.path for t in tensors]
     errors = []
     for rule in rules:
-        if rule.pattern in matched:
+        if rule.pattern in matched or rule.optional:
             continue
         near = closest(rule.pattern, paths, n=3) or paths[:3]
         errors.append(
             ConfigError(
-                f"layout.rules.{rule.pattern}",
+                rule.key,
                 f"matches no variable or output of the model (patterns must match the whole path); "
                 f"closest real paths: {', '.join(near)}",
             )
@@ -145,7 +149,3 @@ def _unused_rules(rules, matched: set[str], tensors) -> list[ConfigError]:
 
 def _axes_text(axes) -> str:
     return "[" + ", ".join("null" if a is None else a for a in axes) + "]"
-
-
-def _shape_text(shape) -> str:
-    return "(" + ", ".join("?" if d is None else str(d) for d in shape) + ")"

@@ -24,9 +24,9 @@ MAX_LISTED = 10
 
 @dataclass(frozen=True)
 class Placement:
-    """One variable on the mesh: the rule that placed it (None: no rule, replicated), its
-    PartitionSpec, and its bytes in total and on each device. `reference` names the model variable an optimizer
-    slot mirrors."""
+    """One variable on the mesh: the rule that placed it (None: no rule, replicated) and where that
+    rule came from (`origin`: rules, extra_rules or from_model), its PartitionSpec, and its bytes in
+    total and on each device. `reference` names the model variable an optimizer slot mirrors."""
 
     path: str
     shape: tuple[int, ...]
@@ -36,6 +36,7 @@ class Placement:
     bytes: int
     bytes_per_device: int
     reference: Optional[str] = None
+    origin: Optional[str] = None
 
     @property
     def replicated(self) -> bool:
@@ -146,9 +147,11 @@ def process_layout(mesh: MeshConfig, processes: int) -> dict:
     }
 
 
-def make_plan(model_name: str, mesh: MeshConfig, rules: tuple[LayoutRule, ...], abstract, optimizer: str, processes: int = 1) -> Plan:
+def make_plan(model_name: str, mesh: MeshConfig, rules: tuple[LayoutRule, ...], abstract, optimizer: str, processes: int = 1,
+              advice=None) -> Plan:
     """Places the abstract model's variables and optimizer slots by `rules` on `mesh` (no -1 left),
-    for a job of `processes` processes."""
+    for a job of `processes` processes. `advice(variables, mesh)`, where given, adds the model's own
+    warnings about the placement (a layout map it is known to get wrong)."""
     check = check_rules(rules, mesh, list(abstract.tensors))
     variables = tuple(_place(t, check.assigned.get(t.path), mesh) for t in abstract.variables)
     by_path = {p.path: p for p in variables}
@@ -167,7 +170,8 @@ def make_plan(model_name: str, mesh: MeshConfig, rules: tuple[LayoutRule, ...], 
         slots=slots,
         outputs=outputs,
         errors=check.errors,
-        warnings=tuple(_replicated_warnings(variables, mesh)),
+        warnings=(*_replicated_warnings(variables, mesh), *_unmatched_warnings(check.unmatched_optional),
+                  *(advice(variables, mesh) if advice else ())),
         processes=processes,
     )
 
@@ -186,6 +190,7 @@ def _place(tensor: TensorSpec, rule: Optional[LayoutRule], mesh: MeshConfig, ref
         bytes=math.prod(tensor.shape) * tensor.itemsize,
         bytes_per_device=per_device,
         reference=reference,
+        origin=rule.origin if rule else None,
     )
 
 
@@ -194,7 +199,7 @@ def _place_slot(slot, variables: dict[str, Placement], check: RuleCheck, mesh: M
     layout on); the optimizer's own variables are looked up by path like any variable."""
     if slot.reference in variables:
         mirrored = variables[slot.reference]
-        rule = LayoutRule(mirrored.rule, mirrored.spec) if mirrored.rule else None
+        rule = LayoutRule(mirrored.rule, mirrored.spec, origin=mirrored.origin) if mirrored.rule else None
         return _place(slot.tensor, rule, mesh, reference=slot.reference)
     return _place(slot.tensor, check.assigned.get(slot.tensor.path), mesh)
 
@@ -217,6 +222,11 @@ def _replicated_warnings(variables, mesh: MeshConfig) -> list[str]:
     return warnings
 
 
+def _unmatched_warnings(rules) -> list[str]:
+    """The model's own rules that match none of its variables (KerasHub writes one map for a family)."""
+    return [f"the model's own rule {rule.pattern!r} matches no variable of this model" for rule in rules if rule.origin == "from_model"]
+
+
 def format_bytes(count: int) -> str:
     """Bytes in binary units: 512 B, 1.5 KiB, 2.00 GiB."""
     value = float(count)
@@ -231,6 +241,7 @@ def _placement_dict(p: Placement) -> dict:
     data = asdict(p)
     data["shape"] = list(p.shape)
     data["spec"] = list(p.spec)
-    if p.reference is None:
-        del data["reference"]
+    for optional in ("reference", "origin"):
+        if data[optional] is None:
+            del data[optional]
     return data

@@ -36,9 +36,16 @@ def error_metrics(message: str, run_dir: str, choices: dict, overrides: list) ->
     return {"status": "error", "error": message, "run_dir": run_dir, "choices": choices, "overrides": overrides}
 
 
+def _console() -> Console:
+    """The console reports print to: at least 120 columns wide when not on a terminal, so CI logs
+    keep a variable's path and its rule on one line."""
+    console = Console()
+    return console if console.is_terminal else Console(width=max(console.width, 120))
+
+
 def render(metrics: dict, console: Console | None = None) -> None:
     """Prints the run summary and the placed sharding of every variable."""
-    console = console or Console()
+    console = console or _console()
     console.print(summary_table(metrics))
     console.print(sharding_table(metrics["sharding"]))
 
@@ -46,7 +53,8 @@ def render(metrics: dict, console: Console | None = None) -> None:
 def summary_table(m: dict) -> Table:
     """One row per headline figure of a finished run."""
     t = timing = m["timing"]
-    table = Table(title=f"meshrun: {m['model']['name']} on mesh {_shape(m['mesh']['shape'])}", show_header=False)
+    model = m["model"].get("label") or m["model"]["name"]
+    table = Table(title=escape(f"meshrun: {model} on mesh {_shape(m['mesh']['shape'])}"), show_header=False)
     table.add_column("what", style="bold")
     table.add_column("value")
     rows = [
@@ -54,7 +62,7 @@ def summary_table(m: dict) -> Table:
         ("mesh", f"{_shape(m['mesh']['shape'])} {tuple(m['mesh']['axis_names'])}, batch axis {m['mesh']['batch_axis']!r}"),
         ("devices", f"{m['devices']['count']} x {m['devices']['kind']}" + (" (emulated)" if m["devices"]["emulated"] else "")
          + (f", {m['devices']['processes']} processes x {m['devices']['per_process']}" if m["devices"].get("processes", 1) > 1 else "")),
-        ("model", f"{m['model']['name']}, {m['model']['params']:,} parameters"),
+        ("model", f"{model}, {m['model']['params']:,} parameters"),
         ("batch", _batch_text(m["train"])),
         ("optimizer", _optimizer_text(m["train"])),
         ("start-up", f"{t['startup_s']:.2f} s to model built, {t['time_to_first_step_s']:.2f} s to first step"),
@@ -127,7 +135,7 @@ def sharding_table(sharding: dict) -> Table:
     table.add_column("rule", overflow="fold")
     table.add_column("bytes/device", justify="right", no_wrap=True)
     for path, info in shown.items():
-        table.add_row(escape(path), _shape(info["shape"]), _spec(info["spec"]), escape(info["rule"] or "replicated"),
+        table.add_row(escape(path), _shape(info["shape"]), _spec(info["spec"]), escape(_rule_text(info)),
                       format_bytes(info["bytes_per_device"]))
     return table
 
@@ -163,7 +171,7 @@ def _optimizer_text(train: dict) -> str:
 
 def render_plan(plan: dict, console: Console | None = None) -> None:
     """Prints a plan: one row per variable, the totals per device, and the lint."""
-    console = console or Console()
+    console = console or _console()
     console.print(plan_table(plan))
     console.print(totals_table(plan))
     if plan["errors"] or plan["warnings"]:
@@ -173,7 +181,7 @@ def render_plan(plan: dict, console: Console | None = None) -> None:
 def plan_table(plan: dict) -> Table:
     """Every variable: path, shape, dtype, the rule that matched, PartitionSpec, bytes per device."""
     mesh = plan["mesh"]
-    table = Table(title=f"plan: {plan['model']['name']} on mesh {_shape(mesh['shape'])} {tuple(mesh['axis_names'])}")
+    table = Table(title=escape(f"plan: {plan['model']['name']} on mesh {_shape(mesh['shape'])} {tuple(mesh['axis_names'])}"))
     table.add_column("path", overflow="fold")
     table.add_column("shape", no_wrap=True)
     table.add_column("dtype", no_wrap=True)
@@ -181,9 +189,17 @@ def plan_table(plan: dict) -> Table:
     table.add_column("spec", no_wrap=True)
     table.add_column("bytes/device", justify="right", no_wrap=True)
     for v in plan["variables"]:
-        table.add_row(escape(v["path"]), _shape(v["shape"]), v["dtype"], escape(v["rule"] or "replicated"),
+        table.add_row(escape(v["path"]), _shape(v["shape"]), v["dtype"], escape(_rule_text(v)),
                       _spec(v["spec"]), format_bytes(v["bytes_per_device"]))
     return table
+
+
+def _rule_text(placed: dict) -> str:
+    """The rule that placed a variable, with its origin unless it was written in the layout."""
+    if not placed.get("rule"):
+        return "replicated"
+    origin = placed.get("origin")
+    return placed["rule"] + (f" ({origin})" if origin and origin != "rules" else "")
 
 
 def totals_table(plan: dict) -> Table:
@@ -221,13 +237,8 @@ def lint_table(plan: dict) -> Table:
 
 
 def render_sweep(rows: list[dict], console: Console | None = None) -> None:
-    """Prints the comparison of a sweep's jobs (at least 120 columns wide when not on a terminal,
-    so CI logs keep one line per job)."""
-    if console is None:
-        console = Console()
-        if not console.is_terminal:
-            console = Console(width=max(console.width, 120))
-    console.print(sweep_table(rows))
+    """Prints the comparison of a sweep's jobs (one line per job in CI logs too)."""
+    (console or _console()).print(sweep_table(rows))
 
 
 def sweep_table(rows: list[dict]) -> Table:

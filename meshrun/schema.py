@@ -70,20 +70,39 @@ class MeshConfig:
 AxisSpec = Optional[str]
 
 
+# Where a layout rule came from: written in the layout config (a layout file or layout.rules),
+# added on top of it (layout.extra_rules), or taken from the model's own layout map (from_model).
+RULE_ORIGINS = ("rules", "extra_rules", "from_model")
+
+
 @dataclass(frozen=True)
 class LayoutRule:
     """One layout rule: a regex matched against variable and `<layer>/output` paths with
-    re.fullmatch, and the mesh axis (or None) for each dimension of what it matches."""
+    re.fullmatch, and the mesh axis (or None) for each dimension of what it matches. `origin` says
+    where it came from (RULE_ORIGINS); an `optional` rule may match nothing (a family layout's rule
+    for a variable some members lack, or a rule of the model's own map), where any other rule that
+    matches nothing is an error."""
 
     pattern: str
     axes: tuple[AxisSpec, ...]
+    origin: str = "rules"
+    optional: bool = False
+
+    @property
+    def key(self) -> str:
+        """The config key a problem with this rule is reported under."""
+        return "layout.from_model" if self.origin == "from_model" else f"layout.{self.origin}.{self.pattern}"
 
 
 @dataclass(frozen=True)
 class LayoutConfig:
-    """The layout rules, in the order they were written."""
+    """The layout rules in the order they were written, those added on top (`extra_rules`), and
+    whether the model's own layout map replaces `rules` (`from_model`, resolved once the model and
+    mesh are known: meshrun.build.layout_rules)."""
 
     rules: tuple[LayoutRule, ...] = ()
+    extra_rules: tuple[LayoutRule, ...] = ()
+    from_model: bool = False
 
 
 @dataclass(frozen=True)
@@ -284,7 +303,8 @@ def parse_run_config(raw: Mapping[str, Any]) -> RunConfig:
 
 def known_keys() -> list[str]:
     """Every dotted key a config may set (for 'did you mean' suggestions)."""
-    keys = ["mesh.shape", "mesh.axis_names", "mesh.batch_axis", "layout.rules", "model.name", "data.name", "resume"]
+    keys = ["mesh.shape", "mesh.axis_names", "mesh.batch_axis", "layout.rules", "layout.extra_rules", "layout.optional",
+            "layout.from_model", "model.name", "data.name", "resume"]
     sections = (("train", TrainConfig), ("devices", DevicesConfig), ("cache", CacheConfig), ("distributed", DistributedConfig),
                 ("checkpoint", CheckpointConfig), ("logging", LoggingConfig), ("profile", ProfileConfig),
                 ("train.early_stopping", EarlyStoppingConfig))
@@ -378,14 +398,33 @@ def _example_names(rank: int) -> list[str]:
 
 
 def parse_layout(raw: Mapping[str, Any], mesh: MeshConfig) -> LayoutConfig:
-    """Validates layout rules: compilable regexes, list values, axes that exist in the mesh."""
-    _reject_unknown(raw, ("rules",), prefix="layout")
-    rules_raw = raw.get("rules") or {}
+    """Validates the layout section: `rules` and `extra_rules` (compilable regexes, list values, axes
+    that exist in the mesh), `optional` (patterns of `rules` that may match nothing) and
+    `from_model` (the model's own layout map instead of `rules`)."""
+    _reject_unknown(raw, ("rules", "extra_rules", "optional", "from_model"), prefix="layout")
+    from_model = raw.get("from_model") or False
+    if not isinstance(from_model, bool):
+        raise ConfigError("layout.from_model", f"got {from_model!r}; expected true or false")
+    optional = raw.get("optional") or ()
+    if isinstance(optional, str) or not all(isinstance(p, str) for p in optional):
+        raise ConfigError("layout.optional", f"got {optional!r}; expected a list of patterns of layout.rules")
+    rules = _parse_rules(raw, "rules", mesh, optional=frozenset(optional))
+    if from_model and rules:
+        raise ConfigError(
+            "layout.rules",
+            f"got {len(rules)} rule{'s' if len(rules) > 1 else ''} with layout.from_model=true, where the model gives the rules; "
+            "add yours on top with layout.extra_rules={...}",
+        )
+    return LayoutConfig(rules=rules, extra_rules=_parse_rules(raw, "extra_rules", mesh), from_model=from_model)
+
+
+def _parse_rules(raw: Mapping[str, Any], origin: str, mesh: MeshConfig, optional: frozenset = frozenset()) -> tuple[LayoutRule, ...]:
+    rules_raw = raw.get(origin) or {}
     if not isinstance(rules_raw, Mapping):
-        raise ConfigError("layout.rules", f"got {rules_raw!r}; expected a mapping of regex -> list of axes")
+        raise ConfigError(f"layout.{origin}", f"got {rules_raw!r}; expected a mapping of regex -> list of axes")
     rules = []
     for pattern, axes in rules_raw.items():
-        key = f"layout.rules.{pattern}"
+        key = f"layout.{origin}.{pattern}"
         try:
             re.compile(pattern)
         except re.error as err:
@@ -394,17 +433,22 @@ def parse_layout(raw: Mapping[str, Any], mesh: MeshConfig) -> LayoutConfig:
             raise ConfigError(
                 key, f"got {axes!r}; expected a list with one mesh axis or null per dimension"
             )
-        for axis in axes:
-            if axis is not None and axis not in mesh.axis_names:
-                raise ConfigError(
-                    key,
-                    f"got axis {axis!r}, which is not in the mesh; valid: {one_of([*mesh.axis_names, 'null'])}",
-                )
-        used = [a for a in axes if a is not None]
-        if len(set(used)) != len(used):
-            raise ConfigError(key, f"got {list(axes)}; a mesh axis may shard only one dimension")
-        rules.append(LayoutRule(pattern=str(pattern), axes=tuple(axes)))
-    return LayoutConfig(rules=tuple(rules))
+        check_rule_axes(key, tuple(axes), mesh)
+        rules.append(LayoutRule(pattern=str(pattern), axes=tuple(axes), origin=origin, optional=pattern in optional))
+    return tuple(rules)
+
+
+def check_rule_axes(key: str, axes: tuple, mesh: MeshConfig) -> None:
+    """ConfigError on `key` when a rule names an axis the mesh lacks or uses one axis twice."""
+    for axis in axes:
+        if axis is not None and axis not in mesh.axis_names:
+            raise ConfigError(
+                key,
+                f"got axis {axis!r}, which is not in the mesh; valid: {one_of([*mesh.axis_names, 'null'])}",
+            )
+    used = [a for a in axes if a is not None]
+    if len(set(used)) != len(used):
+        raise ConfigError(key, f"got {list(axes)}; a mesh axis may shard only one dimension")
 
 
 # --- model --------------------------------------------------------------------------------------

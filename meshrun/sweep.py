@@ -148,7 +148,7 @@ def _row(run_dir: Path, m: dict, relative_to: Path) -> dict:
     return {
         "job": run_dir.name,
         "mesh": format_shape(m["mesh"]["shape"]) if "mesh" in m else str(choices.get("mesh", "?")),
-        "model": m.get("model", {}).get("name") or choices.get("model"),
+        "model": m.get("model", {}).get("label") or m.get("model", {}).get("name") or choices.get("model"),
         "layout": choices.get("layout"),
         "status": m.get("status", "error"),
         "best": False,

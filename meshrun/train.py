@@ -30,7 +30,6 @@ from meshrun import hardware
 from meshrun import schedule as schedule_lib
 from meshrun import sinks as sinks_lib
 from meshrun.errors import ConfigError, one_of
-from meshrun.models import get_model
 from meshrun.plan import Plan
 from meshrun.processes import ONE_PROCESS, Identity
 from meshrun.progress import EpochProgress, progress_mode
@@ -91,7 +90,7 @@ def plan(config: RunConfig, processes: int = 1) -> Plan:
         mesh = devices_lib.discover(config.devices, mesh).mesh
         check_batch(config.train.batch_size, mesh)
         check_processes(mesh, config.devices, processes, "distributed.num_processes")
-    return build_lib.plan_model(config, mesh, processes)
+    return build_lib.plan_model(config, mesh, processes).plan
 
 
 def _run(config: RunConfig, context: RunContext) -> RunResult:
@@ -101,39 +100,45 @@ def _run(config: RunConfig, context: RunContext) -> RunResult:
     check_batch(config.train.batch_size, mesh)
     _say_devices(device_set, mesh, config)
 
-    spec = get_model(config.model.name)
-    options = config.model.options
     checkpoints, resume_point, start = _checkpoint_plan(config, context, device_set.processes)
-    placement = build_lib.plan_model(config, mesh, device_set.processes)
+    planned = build_lib.plan_model(config, mesh, device_set.processes)
+    spec, options, placement = planned.spec, planned.options, planned.plan
     placement.raise_first_error()
-    loss = build_lib.make_loss(config.train.loss, spec, options)
+    build_lib.check_loss(config.train.loss, spec, options, planned.abstract)
 
-    distribution = distribution_lib.make_distribution(mesh, config.layout.rules, device_set.devices)
+    distribution = distribution_lib.make_distribution(mesh, planned.rules, device_set.devices)
     keras.distribution.set_distribution(distribution)
     shard_index, shard_count = distribution_lib.batch_share(distribution, config.train.batch_size)
-    context_data = data_lib.DataContext(
-        model=spec, model_options=options, batch_size=config.train.batch_size, seed=config.train.seed,
-        shard_index=shard_index, shard_count=shard_count, process_count=device_set.processes,
-    )
     # Every Keras object, the optimizer's variables included, must be created under the distribution,
     # and the layers under the dtype policy (reset to float32 by distribution_lib.reset).
     keras.config.set_dtype_policy(config.train.precision)
+    devices_lib.import_tensorflow()  # before set_random_seed imports it (it seeds tf.data's shuffles too)
     keras.utils.set_random_seed(config.train.seed)
-    model = spec.build(options)
+    model, signature = build_lib.build_model(spec, options, config.data)  # plan_model left a fresh session
+    build_lib.check_paths_match(model, planned.abstract, spec, options)
+    compiled = build_lib.compiled_objectives(model)
+    loss = build_lib.make_loss(config.train.loss, spec, options, compiled)
+    loss_function = build_lib.loss_function(loss)
+    context_data = data_lib.DataContext(
+        model=spec, model_options=options, batch_size=config.train.batch_size, seed=config.train.seed,
+        shard_index=shard_index, shard_count=shard_count, process_count=device_set.processes,
+        signature=signature, loss=loss_function,
+    )
     # After the seed: tf.data's shuffle order follows TensorFlow's global seed too.
     datasets = data_lib.make_datasets(config.data.name, config.data.options, context_data)
+    if spec.sample_weight_input and not datasets.weighted:
+        datasets = data_lib.pipeline.weighted_by_input(datasets, spec.sample_weight_input)
     total_steps = config.train.epochs * datasets.steps_per_epoch
     _check_step_counts(config, total_steps)
     optimizer = build_lib.make_optimizer(
         config.train.optimizer, schedule_lib.keras_schedule(config.train, total_steps), config.train.clip_norm,
         loss_scaling=config.train.precision == "mixed_float16", accumulate=config.train.grad_accum_steps,
     )
-    metrics = build_lib.make_metrics(
-        config.train.metrics, build_lib.loss_function(loss), config.train.loss is None, spec, options
-    )
+    metrics = build_lib.make_metrics(config.train.metrics, loss_function, config.train.loss is None, spec, options, compiled)
     _check_monitor(config.train, build_lib.metric_names(metrics))
-    model.compile(optimizer=optimizer, loss=loss, metrics=metrics)
-    data_lib.pipeline.check_fits_model(datasets.train.element_spec, model, build_lib.loss_function(loss))
+    data_lib.pipeline.check_fits_model(datasets.train.element_spec, signature, loss_function)
+    # With sample weights (a padding mask), metrics count only the samples (tokens) that weigh.
+    model.compile(optimizer=optimizer, loss=loss, **({"weighted_metrics": metrics} if datasets.weighted else {"metrics": metrics}))
     built_at = time.time()
 
     hooks = _callbacks(config, context, checkpoints, start, resume_point, datasets.steps_per_epoch, total_steps, device_set)
@@ -175,8 +180,10 @@ def _run(config: RunConfig, context: RunContext) -> RunResult:
             "per_process": len(_local(device_set.devices)),
         },
         "distributed": context.identity.describe(),
-        "layout": {"rules": {r.pattern: list(r.axes) for r in config.layout.rules}},
-        "model": {"name": spec.name, "params": int(model.count_params()), "options": _jsonable(asdict(options))},
+        "layout": {"rules": {r.pattern: list(r.axes) for r in planned.rules}, "origins": {r.pattern: r.origin for r in planned.rules},
+                   "from_model": config.layout.from_model},
+        "model": {"name": spec.name, "label": spec.name_of(options), "params": int(model.count_params()),
+                  "options": _jsonable(asdict(options)), **signature.describe()},
         "data": {
             "source": config.data.name,
             **_jsonable(asdict(config.data.options)),
@@ -225,7 +232,7 @@ def _run(config: RunConfig, context: RunContext) -> RunResult:
             "wall_s": finished_at - context.started_at,
         },
         "cache": {"enabled": config.cache.enabled, "dir": cache_dir},
-        "flops": flops_metrics(step_costs, stats.step_time_s, device_set, config, spec),
+        "flops": flops_metrics(step_costs, stats.step_time_s, device_set, config, spec, placement),
         "memory": memory_metrics(step_costs, sharding, model, placement, device_set),
         "checkpoint": {
             "dir": str(checkpoints) if hooks.checkpointing.saved_steps or config.checkpoint.saves else None,
@@ -405,7 +412,7 @@ def _evaluate(model, datasets, spec) -> dict:
     return evaluation
 
 
-def flops_metrics(step_costs, step_time_s: float, device_set, config: RunConfig, spec) -> dict:
+def flops_metrics(step_costs, step_time_s: float, device_set, config: RunConfig, spec, placement: Plan) -> dict:
     """FLOPs of one step as XLA counts them, the rate achieved, and utilisation where the peak of
     the device kind is known (from devices.peak_flops, else meshrun's table; never guessed)."""
     per_step = step_costs.flops_per_step
@@ -415,7 +422,7 @@ def flops_metrics(step_costs, step_time_s: float, device_set, config: RunConfig,
     else:
         peak = hardware.peak_flops(device_set.kind) if not device_set.emulated else None
         source = "table" if peak is not None else None
-    analytic = spec.analytic_flops(config.model.options, config.train.batch_size) if spec.analytic_flops else None
+    analytic = spec.analytic_flops(config.model.options, config.train.batch_size, placement.variables) if spec.analytic_flops else None
     return {
         "per_step": per_step,
         "per_step_per_device": step_costs.flops_per_step_per_device,
@@ -451,8 +458,9 @@ def memory_metrics(step_costs, sharding: dict, model, placement: Plan, device_se
 
 def placed_sharding(model, placement: Plan) -> dict:
     """For every model variable: its shape, the PartitionSpec and bytes per device read back from
-    the placed array, and the rule that placed it (None: replicated, no rule matched)."""
-    rules = {p.path: p.rule for p in placement.variables}
+    the placed array, and the rule that placed it (None: replicated, no rule matched) with its
+    origin. The run's variables have the plan's paths (meshrun.build.check_paths_match)."""
+    planned = {p.path: p for p in placement.variables}
     placed = {}
     for variable in model.variables:
         spec = variable.value.sharding.spec
@@ -462,7 +470,8 @@ def placed_sharding(model, placement: Plan) -> dict:
             "spec": [list(axis) if isinstance(axis, tuple) else axis for axis in spec]
             + [None] * (len(variable.shape) - len(spec)),
             "bytes_per_device": _bytes_on_one_device(variable),
-            "rule": rules.get(variable.path),
+            "rule": planned[variable.path].rule,
+            "origin": planned[variable.path].origin,
         }
     return placed
 

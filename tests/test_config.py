@@ -39,7 +39,7 @@ def model_of_layout(layout):
     return owners[0] if layout == "replicated" else owners[-1]
 
 
-# Data sources that read the user's files or code need to be told where.
+# Data sources that read the user's files or code, and models that are the user's, need to be told where.
 REQUIRED = {
     ("data", "arrays"): ["data.path=train.npz"],
     ("data", "tfrecord"): ["data.files=train-*.tfrecord", "data.features={x:{dtype:float32,shape:[784]},y:{dtype:int64,shape:[]}}"],
@@ -60,7 +60,7 @@ def test_every_option_composes(group, option):
 @pytest.mark.parametrize("layout", group_options("layout"))
 def test_every_layout_composes_with_its_model(layout):
     model = model_of_layout(layout)
-    config = composed(f"model={model}", f"layout={layout}", "mesh=2x4")
+    config = composed(*cli.prepare_overrides([f"model={model}", f"layout={layout}", "mesh=2x4", *REQUIRED.get(("model", model), [])]))
     assert config.model.name == model
 
 
@@ -69,8 +69,9 @@ def test_each_model_brings_its_default_layout(name):
     spec = get_model(name)
     assert spec.layouts, name
     assert set(spec.layouts) <= set(group_options("layout")), name
-    config = composed(f"model={name}")
-    expected = composed(f"model={name}", f"layout={spec.default_layout}")
+    required = REQUIRED.get(("model", name), [])
+    config = composed(*cli.prepare_overrides([f"model={name}", *required]))
+    expected = composed(*cli.prepare_overrides([f"model={name}", f"layout={spec.default_layout}", *required]))
     assert config.layout == expected.layout, name
 
 

@@ -4,7 +4,7 @@ checks for what Keras would silently replicate or fail on late."""
 import pytest
 
 from meshrun.errors import ConfigError
-from meshrun.layout import TensorSpec, assign_rules, matching_rules
+from meshrun.layout import TensorSpec, assign_rules, check_rules, matching_rules
 from meshrun.schema import LayoutRule, MeshConfig
 
 MESH = MeshConfig(shape=(2, 4), axis_names=("data", "model"), batch_axis="data")
@@ -65,3 +65,31 @@ def test_rule_matching_nothing_lists_closest_paths():
 def test_output_rules_are_checked_for_rank():
     with pytest.raises(ConfigError, match=r"output 'd2/output' has rank 2"):
         assign_rules((rule("d2/output", "data"),), MESH, TENSORS)
+
+
+def test_layout_sections_carry_origins_optional_rules_and_extra_rules():
+    from meshrun.schema import parse_layout
+
+    layout = parse_layout(
+        {"rules": {"d1/kernel": [None, "model"], "d9/kernel": ["model", None]}, "optional": ["d9/kernel"],
+         "extra_rules": {"d2/kernel": ["model", None]}},
+        MESH,
+    )
+    assert [(r.pattern, r.origin, r.optional) for r in layout.rules] == [("d1/kernel", "rules", False), ("d9/kernel", "rules", True)]
+    assert [(r.pattern, r.origin, r.key) for r in layout.extra_rules] == [("d2/kernel", "extra_rules", "layout.extra_rules.d2/kernel")]
+    check = check_rules(layout.rules + layout.extra_rules, MESH, TENSORS)
+    assert check.errors == ()  # d9/kernel matches nothing, but may
+    assert [r.pattern for r in check.unmatched_optional] == ["d9/kernel"]
+    assert check.assigned["d2/kernel"].origin == "extra_rules"
+
+
+def test_the_models_own_rules_are_reported_under_layout_from_model():
+    from meshrun.schema import parse_layout
+
+    own = LayoutRule("d1/kernel", ("model",), origin="from_model", optional=True)
+    (error,) = check_rules((own,), MESH, TENSORS).errors
+    assert str(error).startswith("layout.from_model: the model's own rule 'd1/kernel' gives 1 axes")
+    with pytest.raises(ConfigError, match=r"^layout\.rules: got 1 rule with layout\.from_model=true.*layout\.extra_rules"):
+        parse_layout({"from_model": True, "rules": {"d1/kernel": [None, "model"]}}, MESH)
+    with pytest.raises(ConfigError, match=r"^layout\.extra_rules\.d1/kernel: got axis 'tensor'"):
+        parse_layout({"extra_rules": {"d1/kernel": [None, "tensor"]}}, MESH)

@@ -335,10 +335,10 @@ def test_to_dict_has_every_key_and_is_json():
         "total_bytes": plan.params_bytes_per_device + plan.optimizer_bytes_per_device,
     }
     assert data["variables"][0] == {
-        "path": "dense/kernel", "shape": [64, 256], "dtype": "float32", "rule": "dense/kernel",
+        "path": "dense/kernel", "shape": [64, 256], "dtype": "float32", "rule": "dense/kernel", "origin": "rules",
         "spec": [None, "model"], "bytes": 65536, "bytes_per_device": 16384,
     }
-    assert data["variables"][1]["rule"] is None and data["variables"][1]["spec"] == [None]
+    assert data["variables"][1]["rule"] is None and data["variables"][1]["spec"] == [None] and "origin" not in data["variables"][1]
     slots = data["optimizer_variables"]
     assert [("reference" in s) for s in slots] == [False, False, True, True, True, True]
     assert slots[2]["reference"] == "dense/kernel" and slots[2]["spec"] == [None, "model"]

@@ -99,8 +99,10 @@ def test_describe_lists_variables_outputs_and_optimizer_slots_without_allocating
     from meshrun import build
     from meshrun.models import get_model
 
+    from meshrun.schema import parse_data
+
     spec = get_model("dense_model")
-    abstract = build.describe(spec.build, spec.options(), "adam", 1e-3)
+    abstract = build.describe(spec, spec.options(), parse_data({}), "adam", 1e-3)
     tensors = {t.path: t for t in abstract.tensors}
     assert tensors["d1/kernel"].shape == (784, 200) and not tensors["d1/kernel"].is_output
     assert tensors["d1/kernel"].dtype == "float32" and tensors["d1/kernel"].itemsize == 4

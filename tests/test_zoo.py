@@ -7,12 +7,12 @@ import math
 import pytest
 from conftest import layout_rules, train_in_process
 
-from meshrun.models import get_model, model_names
+from meshrun.models import get_model, model_names, zoo_model_names
 
 pytestmark = pytest.mark.integration
 
 MESHES = ("8x1", "2x4", "1x8")
-COMBOS = [(model, layout) for model in model_names() for layout in get_model(model).layouts]
+COMBOS = [(model, layout) for model in zoo_model_names() for layout in get_model(model).layouts]
 
 
 def raw_config(model, layout, shape):
@@ -36,9 +36,10 @@ def runs():
 
 
 def test_every_model_has_layouts_and_matching_data():
-    assert set(model_names()) == {"dense_model", "cnn", "transformer", "two_tower"}
+    assert set(zoo_model_names()) == {"dense_model", "cnn", "transformer", "two_tower"}
+    assert set(model_names()) == set(zoo_model_names())
     assert get_model("transformer").layouts[:3] == ("transformer_tp", "transformer_fsdp", "transformer_2d")
-    assert {get_model(m).data for m in model_names()} == {"regression", "images", "tokens", "id_pairs"}
+    assert {get_model(m).data for m in zoo_model_names()} == {"regression", "images", "tokens", "id_pairs"}
 
 
 @pytest.mark.parametrize("model,layout", COMBOS)
@@ -124,7 +125,7 @@ def test_transformer_reports_tokens_and_the_analytic_flops(runs):
 
 
 def test_each_model_trains_with_its_own_loss(runs):
-    losses = {model: runs[(model, get_model(model).layouts[0], "2x4")].metrics for model in model_names()}
+    losses = {model: runs[(model, get_model(model).layouts[0], "2x4")].metrics for model in zoo_model_names()}
     assert losses["dense_model"]["train"]["loss"] == "mse"
     assert losses["transformer"]["train"]["loss"] == "next_token_crossentropy"
     # Cross-entropy starts near log(classes) for a fresh classifier and goes down.

@@ -4,6 +4,8 @@ Every source registers itself here (meshrun.data.registry) with its options data
 this package registers them all and imports no tensorflow (sources import it when they load).
 """
 
+from __future__ import annotations
+
 from meshrun.data import arrays, python_source, synthetic, tfrecord  # noqa: F401  (register themselves)
 from meshrun.data.pipeline import Datasets
 from meshrun.data.registry import DataContext, get_source, source_names
@@ -14,4 +16,11 @@ def make_datasets(source: str, options, context: DataContext) -> Datasets:
     return get_source(source).load(options, context)
 
 
-__all__ = ["DataContext", "Datasets", "get_source", "make_datasets", "source_names"]
+def declared_inputs(data) -> dict | None:
+    """The model inputs (InputSpecs by name) the features of the data source of `data` (a
+    DataConfig) make, where the source can tell without loading; else None."""
+    spec = get_source(data.name)
+    return spec.declared_inputs(data.options) if spec.declared_inputs else None
+
+
+__all__ = ["DataContext", "Datasets", "declared_inputs", "get_source", "make_datasets", "source_names"]

@@ -9,7 +9,9 @@ pread, the file's pages stay in the kernel's page cache and the process holds on
 
 - `data.path`: a .npz holding `data.features_key` and `data.labels_key` (compressed members, and
   Fortran-ordered arrays, have to be read into memory; meshrun warns), or a .npy of features with
-  the labels in `data.labels_path`.
+  the labels in `data.labels_path`. A list of features keys feeds a model that takes a dict of
+  inputs by those names (a KerasHub model: [token_ids, padding_mask]); `data.sample_weight_key`
+  names a member of per-sample (or per-label) weights.
 - Evaluation data: `data.eval_path` (and `data.eval_labels_path`) laid out the same way, or else
   the last `data.validation_split` of the samples, or else none (the run evaluates on training data
   and says so).
@@ -22,7 +24,7 @@ import os
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import numpy as np
 
@@ -38,8 +40,9 @@ class ArraysOptions:
     """Where the arrays are and how to read them."""
 
     path: Optional[str] = None
-    features_key: str = "x"
+    features_key: Any = "x"  # a member name, or a list of them (a dict of inputs by name)
     labels_key: str = "y"
+    sample_weight_key: Optional[str] = None
     labels_path: Optional[str] = None
     eval_path: Optional[str] = None
     eval_labels_path: Optional[str] = None
@@ -51,6 +54,17 @@ class ArraysOptions:
             raise ConfigError("data.path", "is required for data=arrays: a .npz file, or a .npy of features with data.labels_path")
         if not 0.0 <= self.validation_split < 1.0:
             raise ConfigError("data.validation_split", f"got {self.validation_split}; expected 0 <= validation_split < 1")
+        keys = [self.features_key] if isinstance(self.features_key, str) else self.features_key
+        if not isinstance(keys, (list, tuple)) or not keys or not all(isinstance(k, str) and k for k in keys):
+            raise ConfigError("data.features_key", f"got {self.features_key!r}; expected a member name, or a list of them")
+        if Path(self.path).suffix != ".npz" and (not isinstance(self.features_key, str) or self.sample_weight_key):
+            key = "data.sample_weight_key" if self.sample_weight_key else "data.features_key"
+            raise ConfigError(key, f"needs a .npz file (several members), not {self.path!r}")
+
+    @property
+    def input_names(self) -> Optional[list[str]]:
+        """The input names of a model taking a dict of inputs (None: one tensor)."""
+        return None if isinstance(self.features_key, str) else list(self.features_key)
 
 
 class FileRows:
@@ -141,53 +155,79 @@ def _npz_member(file: Path, key: str, member_key: str):
 
 
 def _features_and_labels(path, labels_path, options: ArraysOptions, key: str):
-    """Features and labels from `path` (config key data.<key>) and, for .npy, `labels_path`."""
+    """Features (one array, or a dict of them by input name), labels and sample weights (or None)
+    from `path` (config key data.<key>) and, for .npy, `labels_path`."""
     labels_key = f"data.{key.replace('path', 'labels_path')}"
+    weights = None
     if Path(path).suffix == ".npz":
-        x = open_array(path, f"data.{key}", options.features_key, "data.features_key")
+        names = options.input_names
+        if names:
+            x = {name: open_array(path, f"data.{key}", name, "data.features_key") for name in names}
+        else:
+            x = open_array(path, f"data.{key}", options.features_key, "data.features_key")
         y = open_array(path, f"data.{key}", options.labels_key, "data.labels_key")
+        if options.sample_weight_key:
+            weights = open_array(path, f"data.{key}", options.sample_weight_key, "data.sample_weight_key")
     else:
         if not labels_path:
             raise ConfigError(labels_key, f"is required with a .npy file ({path!r} holds the features only)")
         x = open_array(path, f"data.{key}")
         y = open_array(labels_path, labels_key)
-    if len(x) != len(y):
-        raise ConfigError(f"data.{key}", f"{path!r} has {len(x)} feature rows but {len(y)} labels")
-    return x, y
+    for name, column in _columns(x).items():
+        if len(column) != len(y):
+            raise ConfigError(f"data.{key}", f"{path!r} has {len(column)} rows of {name or 'features'} but {len(y)} labels")
+    if weights is not None and len(weights) != len(y):
+        raise ConfigError("data.sample_weight_key", f"{path!r} has {len(weights)} sample weights but {len(y)} labels")
+    return x, y, weights
+
+
+def declared_inputs(options: ArraysOptions) -> dict:
+    """The model inputs the features make, read from the file's headers alone."""
+    from meshrun.models.registry import InputSpec
+
+    x = _features_and_labels(options.path, options.labels_path, options, "path")[0]
+    return {name: InputSpec(name, tuple(column.shape[1:]), np.dtype(column.dtype).name) for name, column in _columns(x).items()}
+
+
+def _columns(x) -> dict:
+    """The feature arrays by input name (None for the one unnamed input)."""
+    return x if isinstance(x, dict) else {None: x}
 
 
 def load(options: ArraysOptions, context: DataContext) -> pipeline.Datasets:
     """Opens the files, checks sizes, and batches them by index (a batch read at a time)."""
-    x, y = _features_and_labels(options.path, options.labels_path, options, "path")
+    x, y, weights = _features_and_labels(options.path, options.labels_path, options, "path")
     train_rows = np.arange(len(y))
     eval_source = "training data"
     if options.eval_path:
-        eval_x, eval_y = _features_and_labels(options.eval_path, options.eval_labels_path, options, "eval_path")
+        eval_x, eval_y, eval_weights = _features_and_labels(options.eval_path, options.eval_labels_path, options, "eval_path")
         eval_rows = np.arange(len(eval_y))
         eval_source = options.eval_path
     elif options.validation_split:
         cut = int(round(len(y) * (1 - options.validation_split)))
-        train_rows, eval_rows, eval_x, eval_y = train_rows[:cut], train_rows[cut:], x, y
+        train_rows, eval_rows, eval_x, eval_y, eval_weights = train_rows[:cut], train_rows[cut:], x, y, weights
         eval_source = f"last {options.validation_split:.0%} of {options.path}"
     else:
-        eval_x, eval_y, eval_rows = x, y, train_rows
+        eval_x, eval_y, eval_weights, eval_rows = x, y, weights, train_rows
         log.warning("data=arrays without data.eval_path or data.validation_split: evaluating on the training data")
     pipeline.check_enough(len(train_rows), context.batch_size, "data.path", f"{options.path!r} (training part)")
     pipeline.check_enough(len(eval_rows), context.batch_size, "data.eval_path" if options.eval_path else "data.validation_split", f"the evaluation data ({eval_source})")
     batch, share = context.batch_size, context.share
+    rows = slice(0, context.process_batch_size)
+    first = [{k: np.asarray(v[rows]) for k, v in x.items()} if isinstance(x, dict) else np.asarray(x[rows]), np.asarray(y[rows])]
     return pipeline.Datasets(
-        train=pipeline.indexed_batches(x, y, train_rows, batch, options.shuffle, context.seed, share, endless=True),
+        train=pipeline.indexed_batches(x, y, train_rows, batch, options.shuffle, context.seed, share, endless=True, weights=weights),
         eval=pipeline.exactly(
-            pipeline.indexed_batches(eval_x, eval_y, eval_rows, batch, shuffle=False, seed=context.seed, share=share),
+            pipeline.indexed_batches(eval_x, eval_y, eval_rows, batch, shuffle=False, seed=context.seed, share=share, weights=eval_weights),
             len(eval_rows) // batch,
         ),
         steps_per_epoch=len(train_rows) // batch,
-        sample_batch=(np.asarray(x[: context.process_batch_size]), np.asarray(y[: context.process_batch_size])),
+        sample_batch=tuple(first + ([np.asarray(weights[rows])] if weights is not None else [])),
         info={
             "train_samples": len(train_rows), "eval_samples": len(eval_rows), "eval_source": eval_source,
-            "read_by_rows": isinstance(x, FileRows),
+            "read_by_rows": all(isinstance(column, FileRows) for column in _columns(x).values()),
         },
     )
 
 
-SPEC = register_source(SourceSpec("arrays", ArraysOptions, load, ".npy/.npz files, read a batch of rows at a time"))
+SPEC = register_source(SourceSpec("arrays", ArraysOptions, load, ".npy/.npz files, read a batch of rows at a time", declared_inputs=declared_inputs))

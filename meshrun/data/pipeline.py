@@ -16,24 +16,48 @@ is shuffled by its own seed, so step g of the stream is the same batch however i
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from meshrun.errors import ConfigError
+from meshrun.errors import ConfigError, shape_text
 
 
 @dataclass(frozen=True)
 class Datasets:
     """A run's data: training (endless, reshuffled each pass) and evaluation tf.data pipelines of
     this process's share of each global batch, training batches per epoch, one global batch as
-    numpy arrays (for cost analysis), and what the report says about the pipeline."""
+    numpy arrays (for cost analysis), and what the report says about the pipeline. Elements are
+    (features, labels) or (features, labels, sample weights)."""
 
     train: object
     eval: object
     steps_per_epoch: int
     sample_batch: tuple
     info: dict = field(default_factory=dict)
+
+    @property
+    def weighted(self) -> bool:
+        """Whether each batch carries sample weights (a third element)."""
+        return len(self.train.element_spec) == 3
+
+
+def weighted_by_input(datasets: Datasets, name: str) -> Datasets:
+    """`datasets` with input feature `name` (a padding mask) as every batch's sample weights."""
+    import tensorflow as tf
+
+    def add(features, labels):
+        return features, labels, tf.cast(features[name], tf.float32)
+
+    features = datasets.sample_batch[0]
+    return dataclasses.replace(
+        datasets,
+        train=datasets.train.map(add),
+        eval=datasets.eval.map(add),
+        sample_batch=(*datasets.sample_batch, np.asarray(features[name], dtype=np.float32)),
+        info={**datasets.info, "sample_weights": f"input {name!r}"},
+    )
 
 
 def check_enough(count: int, batch_size: int, key: str, what: str) -> None:
@@ -84,38 +108,42 @@ def pass_seed(seed: int, pass_index):
     return seed * 1_000_003 + pass_index
 
 
-def indexed_batches(x, y, indices: np.ndarray, batch_size: int, shuffle: bool, seed: int, share: tuple[int, int] = (0, 1), endless: bool = False):
+def indexed_batches(x, y, indices: np.ndarray, batch_size: int, shuffle: bool, seed: int, share: tuple[int, int] = (0, 1), endless: bool = False,
+                    weights=None):
     """This process's share of each global batch of rows `indices` of the arrays x (an array,
-    FileRows or a dict of them) and y, for one pass or endless passes. The indices are shuffled
-    and cut into shares; the rows are read a group of batches at a time with numpy (in file order,
-    then put back in the shuffled order), so files are read a group of batches at a time, never
-    whole, and only the share."""
+    FileRows or a dict of them), y and the sample `weights` if given, for one pass or endless
+    passes. The indices are shuffled and cut into shares; the rows are read a group of batches at
+    a time with numpy (in file order, then put back in the shuffled order), so files are read a
+    group of batches at a time, never whole, and only the share."""
     import tensorflow as tf
 
     global_batch, batch_size = batch_size, batch_size // share[1]
     names = sorted(x) if isinstance(x, dict) else None
-    columns = [x[n] for n in names] if names else [x]
+    features = [x[n] for n in names] if names else [x]
+    targets = [y] if weights is None else [y, weights]
+    columns = features + targets
 
     def gather(group_indices):
         usable = len(group_indices) - len(group_indices) % batch_size
         wanted = group_indices[:usable]
         order = np.argsort(wanted, kind="stable")
         values = []
-        for column in (*columns, y):
+        for column in columns:
             rows = np.asarray(column[wanted[order]])
             restored = np.empty_like(rows)
             restored[order] = rows
             values.append(restored.reshape(usable // batch_size, batch_size, *rows.shape[1:]))
         return tuple(values)
 
-    signature = [tf.TensorSpec((None, batch_size, *c.shape[1:]), tf.as_dtype(c.dtype)) for c in (*columns, y)]
-    batch_bytes = batch_size * sum(int(np.prod(c.shape[1:])) * np.dtype(c.dtype).itemsize for c in (*columns, y))
+    signature = [tf.TensorSpec((None, batch_size, *c.shape[1:]), tf.as_dtype(c.dtype)) for c in columns]
+    batch_bytes = batch_size * sum(int(np.prod(c.shape[1:])) * np.dtype(c.dtype).itemsize for c in columns)
     batches_per_read = max(1, min(BATCHES_PER_READ, READ_BYTES // max(batch_bytes, 1)))
 
     def to_tensors(group_indices):
         values = tf.numpy_function(gather, [group_indices], [s.dtype for s in signature], stateful=False)
         values = [tf.ensure_shape(v, s.shape) for v, s in zip(values, signature)]
-        return tf.data.Dataset.from_tensor_slices((dict(zip(names, values[:-1])) if names else values[0], values[-1]))
+        inputs = dict(zip(names, values[: len(features)])) if names else values[0]
+        return tf.data.Dataset.from_tensor_slices((inputs, *values[len(features):]))
 
     def one_pass(pass_index):
         dataset = tf.data.Dataset.from_tensor_slices(indices)
@@ -129,8 +157,8 @@ def indexed_batches(x, y, indices: np.ndarray, batch_size: int, shuffle: bool, s
 
 
 def element_batches(dataset, batch_size: int, shuffle: bool, seed: int, buffer: int, share: tuple[int, int] = (0, 1), endless: bool = False):
-    """This process's share of each global batch of a dataset of single (x, y) elements, for one
-    pass or endless passes: seeded shuffle within `buffer` elements, remainder dropped, prefetched."""
+    """This process's share of each global batch of a dataset of single (x, y) or (x, y, weight)
+    elements, for one pass or endless passes: seeded shuffle within `buffer` elements, remainder dropped, prefetched."""
     import tensorflow as tf
 
     def one_pass(pass_index):
@@ -153,43 +181,58 @@ def first_batch(dataset) -> tuple:
     return next(iter(dataset.take(1).as_numpy_iterator()))
 
 
-def check_fits_model(element_spec, model, loss_name: str) -> None:
-    """ConfigError when the data's features do not fit the model's inputs (shape or kind of
-    dtype) or its labels do not fit the model's output under the loss, before training starts.
-    `element_spec` is the (features, labels) spec of one batch."""
-    features, labels = element_spec
-    inputs = {t.name.split(":")[0]: t for t in model.inputs} if isinstance(features, dict) else None
-    if isinstance(features, dict):
-        missing = sorted(set(inputs) - set(features))
+def check_fits_model(element_spec, signature, loss_name: str) -> None:
+    """ConfigError when the data's features do not fit the model's inputs (shape or kind of dtype;
+    a size the model leaves open fits any), its labels do not fit the model's output under the
+    loss, or its sample weights do not fit the labels, before training starts. `element_spec` is
+    the spec of one batch: (features, labels) or (features, labels, sample weights); `signature`
+    is the model's (meshrun.build.Signature)."""
+    features, labels, *weights = element_spec
+    if isinstance(features, dict) and signature.named:
+        missing = sorted(s.name for s in signature.inputs if s.name not in features)
         if missing:
             raise ConfigError("data", f"the model's inputs {missing} are missing from the data, which has {sorted(features)}")
-        pairs = [(f"input {name!r}", features[name], inputs[name]) for name in sorted(inputs)]
+        pairs = [(f"input {s.name!r}", features[s.name], s) for s in signature.inputs]
+    elif isinstance(features, dict) or signature.named:
+        given = sorted(features) if isinstance(features, dict) else "one unnamed tensor"
+        wanted = [s.name for s in signature.inputs] if signature.named else "one unnamed tensor"
+        raise ConfigError("data", f"the data's features ({given}) do not fit the model's inputs ({wanted})")
     else:
-        pairs = [("input", features, model.inputs[0])]
-    for what, spec, tensor in pairs:
-        expected = tuple(tensor.shape[1:])
-        if tuple(spec.shape[1:]) != expected:
+        pairs = [("input", features, signature.inputs[0])]
+    for what, spec, expected in pairs:
+        if not _fits(tuple(spec.shape[1:]), expected.shape):
             raise ConfigError(
-                "data", f"features of shape {_shape(spec.shape[1:])} do not fit the model's {what} of shape {_shape(expected)}"
+                "data", f"features of shape {shape_text(spec.shape[1:])} do not fit the model's {what} of shape {shape_text(expected.shape)}"
             )
-        if _kind(spec.dtype.name) != _kind(str(tensor.dtype)):
+        if _kind(spec.dtype.name) != _kind(expected.dtype):
             raise ConfigError(
-                "data", f"features of dtype {spec.dtype.name} do not fit the model's {what} of dtype {tensor.dtype}"
+                "data", f"features of dtype {spec.dtype.name} do not fit the model's {what} of dtype {expected.dtype}"
             )
-    _check_labels(labels, tuple(model.outputs[0].shape[1:]), loss_name)
+    if len(signature.outputs) == 1:
+        _check_labels(labels, signature.outputs[0].shape, loss_name)
+    if weights and tuple(weights[0].shape[1:]) not in ((), tuple(labels.shape[1:])):
+        raise ConfigError(
+            "data", f"sample weights of shape {shape_text(weights[0].shape[1:])} do not fit labels of shape {shape_text(labels.shape[1:])}: "
+            "give one weight per sample or one per label"
+        )
+
+
+def _fits(shape: tuple, expected: tuple) -> bool:
+    """Whether a shape fits an expected one in which None stands for any size."""
+    return len(shape) == len(expected) and all(e is None or s is None or s == e for s, e in zip(shape, expected))
 
 
 def _check_labels(labels, output: tuple, loss_name: str) -> None:
     shape = tuple(labels.shape[1:])
     sparse = "sparse" in loss_name
     expected = output[:-1] if sparse else output
-    if sparse and shape == output[:-1] + (1,):
+    if sparse and _fits(shape, output[:-1] + (1,)):
         expected = shape
-    if shape != expected:
+    if not _fits(shape, expected):
         raise ConfigError(
             "data",
-            f"labels of shape {_shape(shape)} do not fit the loss {loss_name} on the model's output of shape "
-            f"{_shape(output)}; it expects labels of shape {_shape(expected)}"
+            f"labels of shape {shape_text(shape)} do not fit the loss {loss_name} on the model's output of shape "
+            f"{shape_text(output)}; it expects labels of shape {shape_text(expected)}"
             + (" (class indices)" if sparse else ""),
         )
     if sparse and _kind(labels.dtype.name) != "int":
@@ -202,7 +245,3 @@ def _kind(dtype: str) -> str:
     if dtype == "string":
         return "string"
     return "float"
-
-
-def _shape(shape) -> str:
-    return "(" + ", ".join("?" if d is None else str(d) for d in shape) + ")"

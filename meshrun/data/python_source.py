@@ -5,20 +5,20 @@
       kwargs: {path: /data/train.csv}
 
 meshrun calls `function(split=..., seed=..., **kwargs)` with split "train", then "eval". It must
-return a tf.data.Dataset, or an iterable, of single (features, labels) samples; meshrun shuffles,
-batches and shards them. This is the only place meshrun imports user code, and only the module
-named here. A dataset of unknown size (a generator, say) needs data.num_samples (and
-data.eval_samples) to know what an epoch is.
+return a tf.data.Dataset, or an iterable, of single (features, labels) or (features, labels,
+sample weight) samples; meshrun shuffles, batches and shards them. The module is imported with the
+working dir on the import path (meshrun.user_code). A dataset of unknown size (a generator, say)
+needs data.num_samples (and data.eval_samples) to know what an epoch is.
 """
 
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass, field
 from typing import Optional
 
 from meshrun.data import pipeline
 from meshrun.data.registry import DataContext, SourceSpec, register_source
+from meshrun import user_code
 from meshrun.errors import ConfigError
 
 
@@ -34,36 +34,21 @@ class PythonOptions:
     shuffle_buffer: int = 10000
 
     def __post_init__(self):
-        if not self.factory or ":" not in self.factory:
-            raise ConfigError("data.factory", f"got {self.factory!r}; expected module:function, e.g. mypackage.data:make_dataset")
+        user_code.check_reference("data.factory", self.factory, "mypackage.data:make_dataset")
         if self.shuffle_buffer <= 0:
             raise ConfigError("data.shuffle_buffer", f"got {self.shuffle_buffer}; expected a positive integer")
-
-
-def import_factory(name: str):
-    """The function `module:function` names (a ConfigError when it does not import)."""
-    module_name, _, function_name = name.partition(":")
-    try:
-        module = importlib.import_module(module_name)
-    except Exception as err:  # the user's module may fail in any way while importing
-        raise ConfigError("data.factory", f"got {name!r}: cannot import {module_name!r} ({type(err).__name__}: {err})") from None
-    function = getattr(module, function_name, None)
-    if not callable(function):
-        raise ConfigError("data.factory", f"got {name!r}: module {module_name!r} has no function {function_name!r}")
-    return function
 
 
 def make_split(options: PythonOptions, split: str, context: DataContext, size_key: str, size: Optional[int]):
     """The factory's dataset for `split` as a tf.data.Dataset, and how many samples it holds."""
     import tensorflow as tf
 
-    function = import_factory(options.factory)
+    function = user_code.load_callable("data.factory", options.factory)
+    user_code.check_kwargs("data.kwargs", function, options.factory, options.kwargs, fixed=("split", "seed"))
 
     def call():
-        try:
-            return function(split=split, seed=context.seed, **options.kwargs)
-        except Exception as err:  # user code: any failure is reported as the factory's
-            raise ConfigError("data.factory", f"{options.factory}(split={split!r}) raised {type(err).__name__}: {err}") from None
+        described = f"{options.factory}(split={split!r})"
+        return user_code.call("data.factory", described, function, split=split, seed=context.seed, **options.kwargs)
 
     made = call()
     if not isinstance(made, tf.data.Dataset):
@@ -77,18 +62,21 @@ def make_split(options: PythonOptions, split: str, context: DataContext, size_ke
 
 
 def _from_iterable(made, call, factory: str, split: str):
-    """A dataset of the (features, labels) pairs an iterable yields; each pass over it calls the
-    factory again (a generator can be read only once)."""
+    """A dataset of the (features, labels[, sample weight]) tuples an iterable yields; each pass
+    over it calls the factory again (a generator can be read only once)."""
     import tensorflow as tf
 
     try:
-        features, labels = next(iter(made))
+        first = tuple(next(iter(made)))
+        if len(first) not in (2, 3):
+            raise ValueError
     except (TypeError, ValueError, StopIteration):
         raise ConfigError(
             "data.factory",
-            f"{factory}(split={split!r}) returned {type(made).__name__}, not a tf.data.Dataset or an iterable of (features, labels) pairs",
+            f"{factory}(split={split!r}) returned {type(made).__name__}, not a tf.data.Dataset or an iterable of "
+            "(features, labels) or (features, labels, sample weight) tuples",
         ) from None
-    signature = tf.nest.map_structure(lambda v: tf.TensorSpec.from_tensor(tf.convert_to_tensor(v)), (features, labels))
+    signature = tf.nest.map_structure(lambda v: tf.TensorSpec.from_tensor(tf.convert_to_tensor(v)), first)
     return tf.data.Dataset.from_generator(lambda: iter(call()), output_signature=signature)
 
 

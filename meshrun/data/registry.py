@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Optional
 
 from meshrun.registry import Registry
 
@@ -17,7 +17,8 @@ from meshrun.registry import Registry
 @dataclass(frozen=True)
 class DataContext:
     """What a source needs from the run: the model (its spec and options: input shapes, data
-    family), the global batch size, the seed, and which share of each global batch this process
+    family; the built model's signature and loss), the global batch size, the seed, and which
+    share of each global batch this process
     feeds. The mesh decides the shares: each global batch is cut into `shard_count` equal, adjacent
     parts over the batch axis and this process feeds part `shard_index` (with the batch axis inside
     one process, or one process, that is the whole batch; processes that share batch-axis devices
@@ -30,6 +31,8 @@ class DataContext:
     shard_index: int = 0
     shard_count: int = 1
     process_count: int = 1
+    signature: Any = None  # what the built model takes and gives (meshrun.build.Signature)
+    loss: str = ""  # the Keras loss function the run trains with, e.g. sparse_categorical_crossentropy
 
     @property
     def process_batch_size(self) -> int:
@@ -44,12 +47,16 @@ class DataContext:
 
 @dataclass(frozen=True)
 class SourceSpec:
-    """A registered data source: its options and how to load it."""
+    """A registered data source: its options and how to load it, and, for a source that can say so
+    without loading anything (reading file headers or its own config), the model inputs its
+    features make: `declared_inputs(options)` -> InputSpecs by name (None for one unnamed tensor),
+    or None."""
 
     name: str
     options: type
     load: Callable[[Any, DataContext], Any]
     description: str = ""
+    declared_inputs: Optional[Callable[[Any], Optional[dict]]] = None
 
 
 _REGISTRY: Registry["SourceSpec"] = Registry("data source")

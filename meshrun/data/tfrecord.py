@@ -7,6 +7,7 @@ by a feature spec written in the config:
       features: {image: {dtype: float32, shape: [28, 28, 1]}, label: {dtype: int64, shape: []}}
       inputs: [image]      # one name: the model gets a tensor; several: a dict by name
       label: label
+      sample_weight: null  # or the name of a feature of per-sample (or per-label) weights
 
 Before training every file is read through once (records counted, CRCs checked), so a corrupt file
 or a spec that does not parse is a config error. With several processes each reads its own files
@@ -40,6 +41,7 @@ class TFRecordOptions:
     features: dict = field(default_factory=dict)
     inputs: tuple[str, ...] = ("x",)
     label: str = "y"
+    sample_weight: Optional[str] = None
     compression: Optional[str] = None
     shuffle: bool = True
     shuffle_buffer: int = 10000
@@ -52,10 +54,10 @@ class TFRecordOptions:
         for name, spec in self.features.items():
             if not isinstance(spec, dict) or spec.get("dtype") not in DTYPES or not isinstance(spec.get("shape"), (list, tuple)):
                 raise ConfigError(f"data.features.{name}", f"got {spec!r}; expected {{dtype: {' | '.join(DTYPES)}, shape: [..]}}")
-        for name in (*self.inputs, self.label):
-            if name not in self.features:
-                raise ConfigError("data.inputs" if name in self.inputs else "data.label",
-                                  f"got {name!r}, which is not in data.features ({one_of(sorted(self.features))})")
+        for key, names in (("data.inputs", self.inputs), ("data.label", (self.label,)), ("data.sample_weight", (self.sample_weight,) if self.sample_weight else ())):
+            for name in names:
+                if name not in self.features:
+                    raise ConfigError(key, f"got {name!r}, which is not in data.features ({one_of(sorted(self.features))})")
         if self.compression not in (None, *COMPRESSION):
             raise ConfigError("data.compression", f"got {self.compression!r}; valid: null, {one_of(COMPRESSION)}")
         if self.shuffle_buffer <= 0:
@@ -91,9 +93,20 @@ def _parser(options: TFRecordOptions):
     def parse(record):
         parsed = tf.io.parse_single_example(record, spec)
         inputs = parsed[options.inputs[0]] if len(options.inputs) == 1 else {n: parsed[n] for n in options.inputs}
+        if options.sample_weight:
+            return inputs, parsed[options.label], parsed[options.sample_weight]
         return inputs, parsed[options.label]
 
     return parse
+
+
+def declared_inputs(options: TFRecordOptions) -> dict:
+    """The model inputs the feature spec makes (one unnamed input for a single name)."""
+    from meshrun.models.registry import InputSpec
+
+    named = len(options.inputs) > 1
+    return {(name if named else None): InputSpec(name if named else None, tuple(options.features[name]["shape"]), options.features[name]["dtype"])
+            for name in options.inputs}
 
 
 def _records(files: list[str], options: TFRecordOptions, context: DataContext, shuffle: bool, endless: bool = False):
@@ -146,4 +159,4 @@ def load(options: TFRecordOptions, context: DataContext) -> pipeline.Datasets:
     )
 
 
-SPEC = register_source(SourceSpec("tfrecord", TFRecordOptions, load, "TFRecord files by glob, parsed by a feature spec"))
+SPEC = register_source(SourceSpec("tfrecord", TFRecordOptions, load, "TFRecord files by glob, parsed by a feature spec", declared_inputs=declared_inputs))

@@ -5,6 +5,9 @@ model's code: its options dataclass (configurable sizes, checked by meshrun.sche
 raises ConfigError for values that do not fit together), a `build(options)` function that imports
 keras only when called, the layout configs written for it (under configs/layout/, the first being
 its default), the synthetic data family that matches its inputs, and its training loss.
+
+Besides the zoo (models meshrun defines), specs may build the user's models: what those know only
+once the model exists (its inputs, its loss, its layout map) comes through the optional hooks below.
 """
 
 from __future__ import annotations
@@ -17,18 +20,44 @@ from meshrun.registry import Registry
 
 
 @dataclass(frozen=True)
+class InputSpec:
+    """One input of a model, per sample: its name (None: the model takes one unnamed tensor), shape
+    without the batch dimension (None: any size) and dtype."""
+
+    name: Optional[str]
+    shape: tuple[Optional[int], ...]
+    dtype: str = "float32"
+
+
+@dataclass(frozen=True)
 class ModelSpec:
     """A registered model: how to configure it, build it, feed it, train it, and which layouts fit it.
 
     - `data`: the synthetic data family of meshrun.data that matches the model's inputs.
-    - `loss(options)`: the Keras loss (a name or a loss object) used when train.loss is null.
+    - `loss(options)`: the Keras loss (a name or a loss object) used when train.loss is null; None:
+      the model has none of its own (the loss it was compiled with, else train.loss is required).
     - `tokens_per_sample(options)`: for sequence models, the tokens one sample carries (reported
       as timing.tokens_per_s).
-    - `analytic_flops(options, batch_size)`: a closed-form FLOPs estimate of one train step,
+    - `analytic_flops(options, batch_size, variables)`: a closed-form FLOPs estimate of one train
+      step (`variables`: the plan's placements, for models whose sizes the options do not give),
       reported beside XLA's count.
     - `metrics(options)`: the Keras metrics to report with the model's own loss (e.g. accuracy).
     - `language_model`: its own loss is the mean next-token cross-entropy, so the evaluation also
       reports perplexity, exp(loss).
+    - `zoo`: one of meshrun's own models (False for the specs that build the user's models).
+    - `inputs(options)`: the inputs the model trains on, as InputSpecs by name (None for one
+      unnamed input); the built model is called on them, and they are what the data must fit.
+      None (or no hook): the model's own inputs, or, for a model not built yet, the inputs the
+      data source declares.
+    - `build_abstract(options)`: the build used for the abstract description, where it differs
+      from `build` (no weights read from a preset).
+    - `layout_rules(options, mesh)`: the model's own layout map as LayoutRules (`layout=from_model`);
+      None: the model has none.
+    - `layout_advice(options, variables, mesh)`: warnings of the plan about how the variables are
+      placed that only the model knows to give (a layout map known to be wrong for it).
+    - `label(options)`: how reports name the model (default: its registered name).
+    - `sample_weight_input`: the input whose values weigh each label when the data gives no
+      sample weights (a language model's padding mask).
     """
 
     name: str
@@ -36,23 +65,39 @@ class ModelSpec:
     build: Callable[[Any], Any]
     layouts: tuple[str, ...]
     data: str
-    loss: Callable[[Any], Any]
+    loss: Optional[Callable[[Any], Any]]
     description: str = ""
     tokens_per_sample: Optional[Callable[[Any], int]] = None
-    analytic_flops: Optional[Callable[[Any, int], float]] = None
+    analytic_flops: Optional[Callable[[Any, int, Any], float]] = None
     metrics: Optional[Callable[[Any], list]] = None
     language_model: bool = False
+    zoo: bool = True
+    inputs: Optional[Callable[[Any], Optional[dict]]] = None
+    build_abstract: Optional[Callable[[Any], Any]] = None
+    layout_rules: Optional[Callable[[Any, Any], tuple]] = None
+    layout_advice: Optional[Callable[[Any, Any, Any], list]] = None
+    label: Optional[Callable[[Any], str]] = None
+    sample_weight_input: Optional[str] = None
 
     @property
     def default_layout(self) -> str:
         """The layout config picked when a run selects this model and no layout."""
         return self.layouts[0]
 
+    def name_of(self, options) -> str:
+        """How reports name a model of this spec built with `options`."""
+        return self.label(options) if self.label else self.name
+
 
 _REGISTRY: Registry["ModelSpec"] = Registry("model")
 register_model = _REGISTRY.register
 get_model = _REGISTRY.get
 model_names = _REGISTRY.names
+
+
+def zoo_model_names() -> list[str]:
+    """The names of meshrun's own models (not the specs that build the user's)."""
+    return [name for name in model_names() if get_model(name).zoo]
 
 
 def fill_from_preset(options, presets: dict[str, dict[str, Any]]) -> None:

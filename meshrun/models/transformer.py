@@ -84,7 +84,7 @@ def matmul_params(options: TransformerOptions) -> int:
     return options.layers * per_block + 2 * d + d * options.vocab
 
 
-def analytic_flops(options: TransformerOptions, batch_size: int) -> float:
+def analytic_flops(options: TransformerOptions, batch_size: int, variables=None) -> float:
     """6 * N * tokens for one train step (forward 2N, backward 4N per token), N = matmul_params.
     It leaves out attention's score and value products (12 * layers * seq_len * d_model per token)."""
     return 6.0 * matmul_params(options) * batch_size * options.seq_len
