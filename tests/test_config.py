@@ -44,6 +44,7 @@ REQUIRED = {
     ("data", "arrays"): ["data.path=train.npz"],
     ("data", "tfrecord"): ["data.files=train-*.tfrecord", "data.features={x:{dtype:float32,shape:[784]},y:{dtype:int64,shape:[]}}"],
     ("data", "python"): ["data.factory=mydata:make"],
+    ("model", "python"): ["model.factory=mymodels:build"],
 }
 
 
