@@ -56,6 +56,7 @@ report: the comparison table and summary files of an existing sweep dir, or of a
   meshrun report multirun/2026-11-21/10-00-00      # re-render a sweep's table and files
   meshrun train model=transformer mesh=2x4         # models: dense_model, cnn, transformer, two_tower
   meshrun train model=python model.factory=mymodels:build train.loss=mse         # your own Keras model
+  meshrun train model=keras_hub model.task=LlamaCausalLM 'model.backbone={...}' layout=from_model
   meshrun train recipe=transformer_2d              # a complete experiment from recipes/
   meshrun plan model=transformer model.preset=7b mesh=1x8 layout=transformer_tp
   meshrun train --cfg job                         # print the composed config

@@ -45,6 +45,7 @@ REQUIRED = {
     ("data", "tfrecord"): ["data.files=train-*.tfrecord", "data.features={x:{dtype:float32,shape:[784]},y:{dtype:int64,shape:[]}}"],
     ("data", "python"): ["data.factory=mydata:make"],
     ("model", "python"): ["model.factory=mymodels:build"],
+    ("model", "keras_hub"): ["model.task=LlamaCausalLM", "model.backbone={vocabulary_size:512}"],
 }
 
 

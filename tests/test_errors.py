@@ -43,12 +43,12 @@ CASES = {
     ),
     "invalid regex": (["mesh=2x4", "layout.rules={*kernel:[null,model]}"], ["layout.rules.*kernel", "regular expression"]),
     # unknown names
-    "unknown model": (["model=resnet"], ["model: unknown option 'resnet'", "available: cnn, dense_model, python, transformer or two_tower"]),
-    "unknown layout": (["layout=tp"], ["layout: unknown option 'tp'", "cnn, dense_model, replicated, transformer_2d"]),
+    "unknown model": (["model=resnet"], ["model: unknown option 'resnet'", "available: cnn, dense_model, keras_hub, python, transformer or two_tower"]),
+    "unknown layout": (["layout=tp"], ["layout: unknown option 'tp'", "replicated, transformer_2d"]),
     "unknown named mesh": (["mesh=data_paralel"], ["mesh: unknown option 'data_paralel'", "did you mean data_parallel?"]),
     "unknown data": (["data=imagenet"], ["data: unknown option 'imagenet'", "available: arrays, classes, python, synthetic or tfrecord"]),
     "unknown recipe": (["recipe=nope"], ["recipe: unknown option 'nope'", "seeds_model_parallel"]),
-    "unknown model name key": (["model.name=resnet"], ["model.name", "'resnet'", "available models: cnn, dense_model, python, transformer or two_tower"]),
+    "unknown model name key": (["model.name=resnet"], ["model.name", "'resnet'", "available models: cnn, dense_model, keras_hub, python, transformer or two_tower"]),
     # the model zoo: bad sizes and bad layouts for each model
     "transformer heads do not divide d_model": (
         ["model=transformer", "model.heads=5"],

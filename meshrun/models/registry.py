@@ -6,8 +6,10 @@ raises ConfigError for values that do not fit together), a `build(options)` func
 keras only when called, the layout configs written for it (under configs/layout/, the first being
 its default), the synthetic data family that matches its inputs, and its training loss.
 
-Besides the zoo (models meshrun defines), specs may build the user's models: what those know only
-once the model exists (its inputs, its loss, its layout map) comes through the optional hooks below.
+Besides the zoo (models meshrun defines), two specs build the user's models: `python` (any Keras
+model from the user's `module:function`) and `keras_hub` (KerasHub architectures by class). What
+they know only once the model exists (its inputs, its loss, its layout map) comes through the
+optional hooks below.
 """
 
 from __future__ import annotations

@@ -1,0 +1,264 @@
+"""keras_hub: KerasHub causal language models, by class and constructor arguments or from a local
+preset dir (keras-hub is an optional dependency: pip install 'meshrun[hub]').
+
+    meshrun train model=keras_hub model.task=LlamaCausalLM \
+      'model.backbone={vocabulary_size:512,num_layers:2,num_query_heads:8,num_key_value_heads:4,hidden_dim:64,intermediate_dim:128}' \
+      model.seq_len=32 mesh=2x4 layout=from_model
+
+- The backbone is `Task.backbone_cls(**model.backbone)`, randomly initialised, or the architecture
+  and weights of `model.preset`, a local dir as `save_to_preset` writes it (nothing is downloaded).
+  The task is built with preprocessor=None and compile=False: the data holds token ids.
+- Inputs {token_ids, padding_mask} of model.seq_len tokens, the next tokens as labels. The loss is
+  the next-token cross-entropy averaged over the labels that weigh (the data's sample weights,
+  else the padding mask), `reduction="mean_with_sample_weight"`: the task's own default divides by
+  every position, padding included, so padded data would get a wrong loss and perplexity.
+- layout=from_model turns the backbone's own `get_layout_map` into rules (KerasHub has one for
+  Llama, Gemma, Qwen, QwenMoe and Qwen3Moe). Its Llama and Qwen maps use Gemma's q/k/v axes on
+  kernels laid out (hidden, heads, head_dim): the heads land on the batch axis (which must then
+  divide them) and the untied head `token_embedding/reverse_embeddings` has no rule (keras-hub
+  #2795, #2807). The plan warns about both; meshrun's own layouts llama_tp, llama_fsdp, llama_2d
+  (Llama, Mistral, Qwen) and gemma_tp, gemma_fsdp, gemma_2d place them Megatron style.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+from meshrun import user_code
+from meshrun.errors import ConfigError, closest, one_of
+from meshrun.models.registry import InputSpec, ModelSpec, class_accuracy, register_model, require_positive
+
+HANDLE = re.compile(r"^[a-z]+://|^[\w.-]+$")  # kaggle://..., hf://..., or a bare preset name
+# Backbones whose variable paths meshrun's own layouts are written for, by layout family.
+FAMILIES = {"LlamaBackbone": "llama", "MistralBackbone": "llama", "QwenBackbone": "llama", "GemmaBackbone": "gemma"}
+# Attention kernels and the dimension that holds their heads: Llama-style (hidden, heads, head_dim),
+# Gemma-style (heads, hidden, head_dim).
+HEAD_DIMENSIONS = ((re.compile(r".*self_attention/(query|key|value)/kernel"), 1), (re.compile(r".*decoder_block_\d+/attention/(query|key|value)/kernel"), 0))
+UNTIED_HEAD = "token_embedding/reverse_embeddings"
+# Keyword arguments a backbone's **kwargs passes on to keras.Model.
+LAYER_KEYWORDS = ("name", "trainable", "dtype")
+
+
+@dataclass(frozen=True)
+class KerasHubOptions:
+    """Which KerasHub causal LM (`task`, a class of keras_hub.models such as LlamaCausalLM), its
+    backbone's constructor arguments (`backbone`) or a local preset dir (`preset`), and the
+    sequence length it trains on (`seq_len`: synthetic data is made this long, and other data must
+    have it)."""
+
+    task: Optional[str] = None
+    backbone: dict = field(default_factory=dict)
+    preset: Optional[str] = None
+    seq_len: int = 128
+
+    def __post_init__(self):
+        require_positive(self, "seq_len")
+        if self.preset:
+            _check_preset(self.preset)
+            if self.backbone:
+                raise ConfigError("model.backbone", f"got {self.backbone} with model.preset: a preset holds its backbone's arguments; leave model.backbone empty")
+        elif not self.task:
+            raise ConfigError("model.task", "is required: a KerasHub causal LM class, e.g. LlamaCausalLM or GemmaCausalLM (or model.preset=DIR)")
+        elif not self.backbone:
+            raise ConfigError(
+                "model.backbone",
+                f"is required with model.task={self.task}: the backbone's constructor arguments, e.g. "
+                "{vocabulary_size:512,num_layers:2,num_query_heads:8,num_key_value_heads:4,hidden_dim:64,intermediate_dim:128}",
+            )
+
+
+def _check_preset(preset: str) -> None:
+    path = Path(preset).expanduser()
+    if (path / "config.json").is_file():
+        return
+    if not path.exists() and HANDLE.match(preset):
+        raise ConfigError("model.preset", f"got {preset!r}, a preset handle; meshrun downloads nothing: download the preset first "
+                                          "(e.g. keras_hub.models.CausalLM.from_preset(...).save_to_preset(DIR)) and give the dir")
+    raise ConfigError("model.preset", f"got {preset!r}, which is not a preset dir (one holding config.json, as save_to_preset writes)")
+
+
+def _keras_hub():
+    from meshrun.devices import import_tensorflow
+
+    import_tensorflow()  # keras_hub imports it: quietly first
+    try:
+        import keras_hub
+    except ImportError:
+        raise ConfigError("model", "model=keras_hub needs the keras-hub package, which is not installed: pip install 'meshrun[hub]'") from None
+    return keras_hub
+
+
+def task_class(options: KerasHubOptions):
+    """The KerasHub causal LM class of `options`: model.task, or the one a preset was saved from."""
+    keras_hub = _keras_hub()
+    causal = sorted(n for n in dir(keras_hub.models) if n.endswith("CausalLM") and n != "CausalLM")
+    if options.task is None:
+        return keras_hub.models.CausalLM  # from_preset picks the preset's own class
+    if options.task in causal:
+        return getattr(keras_hub.models, options.task)
+    if isinstance(getattr(keras_hub.models, options.task, None), type):
+        raise ConfigError("model.task", f"got {options.task!r}, which is not a causal language model; meshrun trains those: {one_of(causal)}")
+    hint = closest(options.task, causal, n=1)
+    raise ConfigError("model.task", f"got {options.task!r}; {'did you mean ' + hint[0] + '? ' if hint else ''}valid: {one_of(causal)}")
+
+
+def build(options: KerasHubOptions, load_weights: bool = True):
+    """The task with preprocessor=None and compile=False: from the preset dir (with its weights
+    when `load_weights`), else around a new backbone made from model.backbone."""
+    task = task_class(options)
+    if options.preset:
+        described = f"{task.__name__}.from_preset({options.preset!r})"
+        return user_code.call("model.preset", described, task.from_preset, preset=str(Path(options.preset).expanduser()),
+                              preprocessor=None, compile=False, load_weights=load_weights)
+    backbone_cls = task.backbone_cls
+    name = backbone_cls.__name__
+    user_code.check_kwargs("model.backbone", backbone_cls, name, options.backbone, passed_on=LAYER_KEYWORDS)
+    arguments = ", ".join(f"{k}={v!r}" for k, v in options.backbone.items())
+    backbone = user_code.call("model.backbone", f"{name}({arguments})", backbone_cls, **options.backbone)
+    return task(backbone=backbone, preprocessor=None, compile=False)
+
+
+def build_abstract(options: KerasHubOptions):
+    """The task as `build` makes it, without reading a preset's weights (the plan needs shapes)."""
+    return build(options, load_weights=False)
+
+
+def inputs(options: KerasHubOptions) -> dict:
+    """token_ids and padding_mask of model.seq_len tokens."""
+    return {name: InputSpec(name, (options.seq_len,), "int32") for name in ("token_ids", "padding_mask")}
+
+
+def label(options: KerasHubOptions) -> str:
+    """The model as reports name it: its class, and the preset it came from."""
+    return f"{options.task or 'CausalLM'} from {options.preset}" if options.preset else options.task
+
+
+def next_token_loss(options: KerasHubOptions):
+    """Cross-entropy of the logits over the labels that weigh: divided by the sum of the sample
+    weights (the real tokens), not by every position."""
+    import keras
+
+    return keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="mean_with_sample_weight", name="next_token_crossentropy")
+
+
+def analytic_flops(options: KerasHubOptions, batch_size: int, variables) -> float:
+    """6 * N * tokens for one train step, N the parameters that take part in a matmul for every
+    token: all but the input embedding table when the head has its own (untied), and but position
+    embeddings and non-float state. Attention's score and value products are left out."""
+    paths = {p.path for p in variables}
+    untied = UNTIED_HEAD in paths
+
+    def in_matmuls(p) -> bool:
+        lookup = p.path == "token_embedding/embeddings" and untied
+        return not lookup and "position_embedding" not in p.path and p.dtype.startswith(("float", "bfloat"))
+
+    params = sum(math.prod(p.shape) for p in variables if in_matmuls(p))
+    return 6.0 * params * batch_size * options.seq_len
+
+
+def layout_rules(options: KerasHubOptions, mesh) -> tuple:
+    """The backbone's own layout map (get_layout_map) as LayoutRules of origin from_model, for the
+    batch axis and the mesh's other axis as the model axis."""
+    from keras import distribution as kd
+
+    from meshrun.schema import LayoutRule
+
+    backbone_cls = _backbone_class(options)
+    if not hasattr(backbone_cls, "get_layout_map"):
+        raise ConfigError(
+            "layout.from_model",
+            f"got true, but KerasHub's {backbone_cls.__name__} has no get_layout_map (KerasHub writes one for Llama, Gemma, Qwen, "
+            f"QwenMoe and Qwen3Moe); {_layouts_hint(backbone_cls)}",
+        )
+    model_axis = _model_axis(mesh)
+    # The map only needs the mesh's shape and axis names: placeholders stand in for devices, so a
+    # mesh is planned on any machine.
+    device_mesh = kd.DeviceMesh(tuple(mesh.shape), list(mesh.axis_names), devices=[f"device:{i}" for i in range(math.prod(mesh.shape))])
+    layouts = backbone_cls.get_layout_map(device_mesh, model_parallel_dim_name=model_axis, data_parallel_dim_name=mesh.batch_axis)
+    return tuple(LayoutRule(pattern, tuple(layouts[pattern].axes), origin="from_model", optional=True) for pattern in layouts)
+
+
+def _backbone_class(options: KerasHubOptions):
+    if options.task is not None:
+        return task_class(options).backbone_cls
+    import json
+
+    config = json.loads((Path(options.preset).expanduser() / "config.json").read_text())
+    return getattr(_keras_hub().models, config["class_name"])
+
+
+def _model_axis(mesh) -> str:
+    """The axis KerasHub's map shards weights over: `model`, else the one axis besides the batch's."""
+    others = [a for a in mesh.axis_names if a != mesh.batch_axis]
+    if "model" in others:
+        return "model"
+    if len(others) == 1:
+        return others[0]
+    raise ConfigError(
+        "layout.from_model",
+        f"got true on mesh axes {list(mesh.axis_names)}: KerasHub's map needs the batch axis and one model axis "
+        "(a 2-D mesh, or an axis named model)",
+    )
+
+
+def _layouts_hint(backbone_cls) -> str:
+    family = next((f for name, f in FAMILIES.items() if any(c.__name__ == name for c in backbone_cls.__mro__)), None)
+    if family:
+        return f"use meshrun's layout={family}_tp ({family}_fsdp, {family}_2d), or write layout.rules"
+    return "write layout.rules for its variable paths (meshrun plan lists them), or use layout=replicated"
+
+
+def layout_advice(options: KerasHubOptions, variables, mesh) -> list[str]:
+    """Warnings about placements KerasHub's maps are known to get wrong: attention heads split over
+    the batch axis, and an untied output head left whole on every device."""
+    warnings = []
+    batch_size = mesh.axis_size(mesh.batch_axis)
+    on_batch = {}
+    for p in variables:
+        heads = next((dim for pattern, dim in HEAD_DIMENSIONS if pattern.fullmatch(p.path)), None)
+        if heads is not None and batch_size > 1 and p.spec[heads] == mesh.batch_axis:
+            on_batch.setdefault(p.rule, []).append(p)
+    for rule, placed in on_batch.items():
+        first = placed[0]
+        warnings.append(
+            f"rule {rule!r} ({first.origin}) splits the attention heads of {first.path} and {len(placed) - 1} more kernels over the batch "
+            f"axis {mesh.batch_axis!r}: every step gathers them across data replicas, and the batch axis must divide the heads; "
+            "KerasHub's Llama and Qwen maps put q/k/v axes in Gemma's order (keras-hub #2795): use layout=llama_tp for heads over the model axis"
+        )
+    from meshrun.plan import LARGE_REPLICATED_BYTES, format_bytes
+
+    head = next((p for p in variables if p.path == UNTIED_HEAD), None)
+    if head is not None and head.replicated and head.bytes >= LARGE_REPLICATED_BYTES and (mesh.size or 1) > 1:
+        warnings.append(
+            f"{UNTIED_HEAD}, the untied output head ({format_bytes(head.bytes)}), matches no rule, so every device holds all of it "
+            f"(KerasHub's maps have none, keras-hub #2807): add layout.extra_rules={{{UNTIED_HEAD}:[null,model]}} or use layout=llama_tp"
+        )
+    return warnings
+
+
+SPEC = register_model(
+    ModelSpec(
+        name="keras_hub",
+        options=KerasHubOptions,
+        build=build,
+        layouts=("replicated", "from_model", "llama_tp", "llama_fsdp", "llama_2d", "gemma_tp", "gemma_fsdp", "gemma_2d"),
+        data="padded_tokens",
+        loss=next_token_loss,
+        description="KerasHub causal language models (model.task, model.backbone or model.preset)",
+        metrics=class_accuracy,
+        tokens_per_sample=lambda options: options.seq_len,
+        analytic_flops=analytic_flops,
+        language_model=True,
+        zoo=False,
+        inputs=inputs,
+        build_abstract=build_abstract,
+        layout_rules=layout_rules,
+        layout_advice=layout_advice,
+        label=label,
+        sample_weight_input="padding_mask",
+    )
+)
