@@ -147,8 +147,8 @@ def next_token_loss(options: KerasHubOptions):
 
 def analytic_flops(options: KerasHubOptions, batch_size: int, variables) -> float:
     """6 * N * tokens for one train step, N the parameters that take part in a matmul for every
-    token: all but the input embedding table when the head has its own (untied), and but position
-    embeddings and non-float state. Attention's score and value products are left out."""
+    token: all of them except the input embedding table when the head has its own (untied),
+    position embeddings and non-float state. Attention's score and value products are left out."""
     paths = {p.path for p in variables}
     untied = UNTIED_HEAD in paths
 
