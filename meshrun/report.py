@@ -43,11 +43,20 @@ def _console() -> Console:
     return console if console.is_terminal else Console(width=max(console.width, 120))
 
 
+def _print_whole(console: Console, table: Table) -> None:
+    """Prints `table`; off a terminal (a log, a pipe) at its natural width, so no cell is cut or
+    folded to fit a width nobody reads it at."""
+    if not console.is_terminal:
+        natural = console.measure(table, options=console.options.update(max_width=1 << 16)).maximum
+        console.width = max(console.width, natural)
+    console.print(table)
+
+
 def render(metrics: dict, console: Console | None = None) -> None:
     """Prints the run summary and the placed sharding of every variable."""
     console = console or _console()
-    console.print(summary_table(metrics))
-    console.print(sharding_table(metrics["sharding"]))
+    _print_whole(console, summary_table(metrics))
+    _print_whole(console, sharding_table(metrics["sharding"]))
 
 
 def summary_table(m: dict) -> Table:
@@ -172,10 +181,10 @@ def _optimizer_text(train: dict) -> str:
 def render_plan(plan: dict, console: Console | None = None) -> None:
     """Prints a plan: one row per variable, the totals per device, and the lint."""
     console = console or _console()
-    console.print(plan_table(plan))
-    console.print(totals_table(plan))
+    _print_whole(console, plan_table(plan))
+    _print_whole(console, totals_table(plan))
     if plan["errors"] or plan["warnings"]:
-        console.print(lint_table(plan))
+        _print_whole(console, lint_table(plan))
 
 
 def plan_table(plan: dict) -> Table:
@@ -238,37 +247,66 @@ def lint_table(plan: dict) -> Table:
 
 def render_sweep(rows: list[dict], console: Console | None = None) -> None:
     """Prints the comparison of a sweep's jobs (one line per job in CI logs too)."""
-    (console or _console()).print(sweep_table(rows))
+    _print_whole(console or _console(), sweep_table(rows))
 
 
-def sweep_table(rows: list[dict]) -> Table:
-    """One row per job, fastest first, the best marked; failed jobs last with their reason."""
-    lm = any(r["tokens_per_s"] for r in rows)
-    models = sorted({str(r["model"]) for r in rows})
-    layouts = sorted({str(r["layout"]) for r in rows})
+def rate_column(rows: list[dict]) -> str:
+    """The throughput column the rows are ranked by: tokens_per_s when every successful run has it
+    (all language models), else samples_per_s, which every run has."""
+    ok = [r for r in rows if r["status"] == "ok"]
+    return "tokens_per_s" if ok and all(r["tokens_per_s"] for r in ok) else "samples_per_s"
+
+
+def sweep_title(rows: list[dict]) -> str:
+    """What a comparison is of: the job count, the model(s), the layout when it is one, and what
+    varies between the jobs (mesh, layout, model)."""
+    models, layouts = _known(rows, "model"), _known(rows, "layout")
     title = f"meshrun sweep: {len(rows)} jobs of {', '.join(models)}"
     if len(layouts) == 1:
         title += f", layout {layouts[0]}"
-    table = Table(title=escape(title + f"; fastest first ({'tokens' if lm else 'samples'}/s)"))
-    columns = ["", "job", "mesh", *(["layout"] if len(layouts) > 1 else []), "status", "compile s",
+    varies = varying_keys(rows)
+    return title + (f"; varying {', '.join(varies)}" if varies else "")
+
+
+def varying_keys(rows: list[dict]) -> list[str]:
+    """Which of mesh, model and layout differ between the jobs."""
+    return [key for key in ("mesh", "model", "layout") if len(_known(rows, key)) > 1]
+
+
+def _known(rows: list[dict], key: str) -> list[str]:
+    """The distinct values of `key` in the rows that have one (a job that failed early may not)."""
+    return sorted({str(r[key]) for r in rows if r[key] is not None})
+
+
+def sweep_table(rows: list[dict]) -> Table:
+    """One row per job, fastest first, the best marked in its status; failed jobs last with their
+    reason; a model or layout column where they vary. A figure a run does not have shows as -."""
+    unit = rate_column(rows)
+    lm = unit == "tokens_per_s"
+    varying = [key for key in varying_keys(rows) if key != "mesh"]
+    table = Table(title=escape(sweep_title(rows) + f"; fastest first ({'tokens' if lm else 'samples'}/s)"))
+    columns = ["job", "mesh", *varying, "status", "compile s",
                "step ms", "p90 ms", "tokens/s" if lm else "samples/s", "eval loss", "peak/device"]
     errors = any(r["status"] != "ok" for r in rows)
     for column in columns + (["error"] if errors else []):
-        left = column in ("", "job", "mesh", "layout", "status", "error")
+        left = column in ("job", "mesh", "model", "layout", "status", "error")
         table.add_column(column, justify="left" if left else "right", no_wrap=column != "error")
     for r in rows:
-        head = ["[bold green]best[/bold green]" if r["best"] else "", r["job"], r["mesh"],
-                *([escape(str(r["layout"]))] if len(layouts) > 1 else [])]
+        head = [r["job"], r["mesh"], *(escape(str(r[key])) for key in varying)]
         if r["status"] != "ok":
             table.add_row(*head, "[red]error[/red]", *[""] * 6, escape(r["error"] or ""))
             continue
-        rate = r["tokens_per_s"] if lm else r["samples_per_s"]
         peak = f"{format_bytes(r['peak_bytes_per_device'])} {r['peak_source']}" if r["peak_bytes_per_device"] else "n/a"
         table.add_row(
-            *head, "ok", f"{r['compile_s']:.2f}", f"{r['step_time_ms']:.2f}", f"{r['step_time_p90_ms']:.2f}",
-            f"{rate:,.0f}", f"{r['eval_loss']:.5f}", peak, *([""] if errors else []),
+            *head, "[bold green]best[/bold green]" if r["best"] else "ok", _figure(r["compile_s"], ".2f"),
+            _figure(r["step_time_ms"], ".2f"), _figure(r["step_time_p90_ms"], ".2f"), _figure(r[unit], ",.0f"),
+            _figure(r["eval_loss"], ".5f"), peak, *([""] if errors else []),
         )
     return table
+
+
+def _figure(value, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
 
 
 def _spec(spec) -> str:

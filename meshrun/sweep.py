@@ -9,13 +9,16 @@ from __future__ import annotations
 import csv
 import io
 import json
+import logging
 import os
 import re
 from pathlib import Path
 
-from meshrun.errors import ConfigError, one_of
-from meshrun.report import METRICS_FILE, render_sweep, write_atomic
+from meshrun.errors import ConfigError, first_line, one_of
+from meshrun.report import METRICS_FILE, rate_column, render_sweep, sweep_title, varying_keys, write_atomic
 from meshrun.schema import format_shape
+
+log = logging.getLogger("meshrun")
 
 SUMMARY_FILES = ("summary.csv", "summary.json", "summary.png")
 COLUMNS = (
@@ -38,6 +41,8 @@ def mesh_shapes(device_count: int, rank: int) -> list[tuple[int, ...]]:
 def compare(run_dirs, out_dir) -> list[dict]:
     """Prints the comparison of `run_dirs` and writes the summary files into `out_dir`."""
     rows = summary_rows(run_dirs, relative_to=out_dir)
+    if not rows:
+        raise ConfigError("report", f"none of the {len(run_dirs)} metrics.json files found could be read (see the warnings above)")
     render_sweep(rows)
     for path in write_summary(rows, out_dir):
         print(f"wrote {path}")
@@ -76,10 +81,11 @@ def find_runs(paths) -> list[Path]:
 
 
 def summary_rows(run_dirs, relative_to) -> list[dict]:
-    """One row per run, sorted by throughput (tokens/s for language models, else samples/s), failed
-    runs last; the fastest successful run has best=True."""
-    rows = [_row(Path(d), json.loads((Path(d) / METRICS_FILE).read_text()), Path(relative_to)) for d in run_dirs]
-    rows.sort(key=lambda r: (r["status"] != "ok", -(_throughput(r) or 0.0)))
+    """One row per readable run, sorted by throughput (tokens/s when every run is a language model,
+    else samples/s), failed runs last; the fastest successful run has best=True."""
+    rows = [row for row in (_read_row(Path(d), Path(relative_to)) for d in run_dirs) if row is not None]
+    unit = rate_column(rows)
+    rows.sort(key=lambda r: (r["status"] != "ok", -(r[unit] or 0.0)))
     if rows and rows[0]["status"] == "ok":
         rows[0]["best"] = True
     return rows
@@ -107,35 +113,59 @@ def to_csv(rows: list[dict]) -> str:
 
 
 def plot_png(rows: list[dict]) -> bytes:
-    """A PNG with two bar charts per job: median step time (p90 as a whisker) and throughput."""
+    """The sweep figure as PNG bytes."""
+    buffer = io.BytesIO()
+    sweep_figure(rows).savefig(buffer, format="png", dpi=100, metadata={"Software": None})
+    return buffer.getvalue()
+
+
+def sweep_figure(rows: list[dict]):
+    """Two bar charts of the jobs in the table's order (fastest first, the best marked): median step
+    time (p90 as a whisker) and throughput, titled like the table."""
     import matplotlib
 
     matplotlib.use("Agg")
     from matplotlib.figure import Figure
 
-    jobs = sorted(rows, key=lambda r: _natural_key(r["job"]))
-    labels = [f"{r['job']}: {r['mesh']}" for r in jobs]
-    ok = [r["status"] == "ok" for r in jobs]
-    step = [r["step_time_ms"] if o else 0.0 for r, o in zip(jobs, ok)]
-    whisker = [max(r["step_time_p90_ms"] - r["step_time_ms"], 0.0) if o else 0.0 for r, o in zip(jobs, ok)]
-    rate = [(_throughput(r) or 0.0) if o else 0.0 for r, o in zip(jobs, ok)]
-    unit = "tokens/s" if any(r["tokens_per_s"] for r in jobs) else "samples/s"
+    varying = [key for key in varying_keys(rows) if key != "mesh"]
+    labels = [" ".join([f"{r['job']}: {r['mesh']}", *(str(r[key]) for key in varying)]) for r in rows]
+    ok = [r["status"] == "ok" for r in rows]
+    unit = rate_column(rows)
+    step = [r["step_time_ms"] or 0.0 if o else 0.0 for r, o in zip(rows, ok)]
+    whisker = [max((r["step_time_p90_ms"] or 0.0) - (r["step_time_ms"] or 0.0), 0.0) if o else 0.0 for r, o in zip(rows, ok)]
+    rate = [r[unit] or 0.0 if o else 0.0 for r, o in zip(rows, ok)]
+    colours = ["tab:orange" if r["best"] else "tab:blue" for r in rows]
 
-    figure = Figure(figsize=(max(6.0, 1.2 * len(jobs) + 2), 6.5), layout="constrained")
+    figure = Figure(figsize=(max(6.0, 1.2 * len(rows) + 2), 6.5), layout="constrained")
     top, bottom = figure.subplots(2, 1, sharex=True)
-    positions = range(len(jobs))
-    top.bar(positions, step, yerr=[[0] * len(jobs), whisker], color="tab:blue", capsize=4)
+    positions = range(len(rows))
+    top.bar(positions, step, yerr=[[0] * len(rows), whisker], color=colours, capsize=4)
     top.set_ylabel("step time, ms (median; whisker: p90)")
-    bottom.bar(positions, rate, color="tab:green")
-    bottom.set_ylabel(unit)
+    bottom.bar(positions, rate, color=["tab:orange" if r["best"] else "tab:green" for r in rows])
+    bottom.set_ylabel(unit.replace("_per_s", "/s"))
     bottom.set_xticks(list(positions), labels, rotation=30, ha="right")
-    for index, good in enumerate(ok):
-        if not good:
+    for index, row in enumerate(rows):
+        if row["best"]:
+            bottom.annotate("best", (index, rate[index]), ha="center", va="bottom", color="tab:orange")
+        elif row["status"] != "ok":
             top.annotate("error", (index, 0), ha="center", va="bottom", color="tab:red")
-    figure.suptitle(f"meshrun sweep: {len(jobs)} jobs")
-    buffer = io.BytesIO()
-    figure.savefig(buffer, format="png", dpi=100, metadata={"Software": None})
-    return buffer.getvalue()
+    figure.suptitle(sweep_title(rows))
+    return figure
+
+
+def _read_row(run_dir: Path, relative_to: Path) -> dict | None:
+    """The summary row of one run, or None (with one warning line) when its metrics.json cannot be
+    read or was not written by meshrun train."""
+    path = run_dir / METRICS_FILE
+    try:
+        metrics = json.loads(path.read_text())
+        if not isinstance(metrics, dict) or metrics.get("status") not in ("ok", "error"):
+            raise ValueError("not a metrics.json of meshrun train (no status ok or error)")
+        return _row(run_dir, metrics, relative_to)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
+        reason = f"no {err} in it" if isinstance(err, KeyError) else first_line(err)
+        log.warning(f"skipped {path}: {reason}")
+        return None
 
 
 def _row(run_dir: Path, m: dict, relative_to: Path) -> dict:
@@ -163,10 +193,6 @@ def _row(run_dir: Path, m: dict, relative_to: Path) -> dict:
         "run_dir": os.path.relpath(run_dir.resolve(), relative_to.resolve()),
         "error": m.get("error"),
     }
-
-
-def _throughput(row: dict):
-    return row["tokens_per_s"] or row["samples_per_s"]
 
 
 def _round(value, digits: int = 6):

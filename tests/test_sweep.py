@@ -22,15 +22,15 @@ def test_mesh_shapes_are_every_ordered_factorisation():
     assert all(a * b * c == 8 for a, b, c in three)
 
 
-def fake_run(folder, name, mesh, samples_per_s, tokens_per_s=None, status="ok"):
+def fake_run(folder, name, mesh, samples_per_s, tokens_per_s=None, status="ok", model="m", layout="l"):
     """A run dir with the metrics.json fields the sweep summary reads."""
     run_dir = folder / name
     run_dir.mkdir(parents=True)
-    metrics = {"status": status, "error": None if status == "ok" else "mesh.shape: no", "choices": {"mesh": mesh, "layout": "l"}}
+    metrics = {"status": status, "error": None if status == "ok" else "mesh.shape: no", "choices": {"mesh": mesh, "layout": layout}}
     if status == "ok":
         metrics |= {
             "mesh": {"shape": [int(d) for d in mesh.split("x")]},
-            "model": {"name": "m"},
+            "model": {"name": model},
             "timing": {"compile_s": 1.0, "step_time_s": 16 / samples_per_s, "step_time_p90_s": 20 / samples_per_s,
                        "samples_per_s": samples_per_s, "tokens_per_s": tokens_per_s},
             "eval": {"loss": 0.5},
@@ -56,6 +56,46 @@ def test_rows_are_sorted_by_throughput_with_the_best_marked_and_failures_last(tm
 def test_language_models_are_ranked_by_tokens(tmp_path):
     runs = [fake_run(tmp_path, "0", "8x1", 100.0, tokens_per_s=9000.0), fake_run(tmp_path, "1", "1x8", 200.0, tokens_per_s=3000.0)]
     assert [r["mesh"] for r in sweep.summary_rows(runs, relative_to=tmp_path)] == ["8x1", "1x8"]
+
+
+def test_report_compares_any_mix_of_runs_and_skips_files_it_cannot_read(tmp_path):
+    lm = fake_run(tmp_path / "runs", "lm", "2x4", 100.0, tokens_per_s=3200.0, model="transformer", layout="transformer_tp")
+    mlp = fake_run(tmp_path / "runs", "mlp", "2x4", 400.0, model="dense_model", layout="replicated")
+    sparse = fake_run(tmp_path / "runs", "sparse", "8x1", 200.0, model="dense_model", layout="replicated")
+    metrics = json.loads((sparse / "metrics.json").read_text())
+    del metrics["timing"]["compile_s"], metrics["eval"]["loss"]
+    (sparse / "metrics.json").write_text(json.dumps(metrics))
+    for name, text in {"broken": "{not json", "foreign": '{"accuracy": 0.9}', "half": '{"status": "ok"}'}.items():
+        (tmp_path / "runs" / name).mkdir()
+        (tmp_path / "runs" / name / "metrics.json").write_text(text)
+
+    done = run_meshrun(["report", str(tmp_path / "runs"), "--out", str(tmp_path / "cmp")], tmp_path)
+    assert done.returncode == 0, done.stderr
+    skipped = done.stderr.strip().splitlines()
+    assert len(skipped) == 3 and all(line.startswith("skipped ") for line in skipped), done.stderr
+    assert "runs/half/metrics.json: no 'step_time_s' in it" in done.stderr
+    assert "runs/broken/metrics.json: Expecting property name" in done.stderr
+    assert "runs/foreign/metrics.json: not a metrics.json of meshrun train" in done.stderr
+    rows = json.loads((tmp_path / "cmp" / "summary.json").read_text())["rows"]
+    assert [(r["job"], r["best"]) for r in rows] == [("mlp", True), ("sparse", False), ("lm", False)]  # by samples/s
+    assert "fastest first (samples/s)" in done.stdout and "varying mesh, model, layout" in done.stdout
+    sparse_line = next(line for line in done.stdout.splitlines() if "sparse" in line)
+    assert sparse_line.count(" - ") == 2  # no compile time, no eval loss
+
+    only_broken = tmp_path / "runs" / "broken"
+    failed = run_meshrun(["report", str(only_broken)], tmp_path)
+    assert failed.returncode == 2 and failed.stderr.strip().splitlines()[-1].startswith("meshrun: error: report: none of the 1")
+
+
+def test_the_figure_orders_jobs_like_the_table_and_names_what_varies(tmp_path):
+    runs = [fake_run(tmp_path, "0", "8x1", 100.0), fake_run(tmp_path, "1", "4x2", 300.0), fake_run(tmp_path, "2", "1x8", 0, status="error")]
+    rows = sweep.summary_rows(runs, relative_to=tmp_path)
+    figure = sweep.sweep_figure(rows)
+    assert figure._suptitle.get_text() == "meshrun sweep: 3 jobs of m, layout l; varying mesh"
+    top, bottom = figure.axes
+    assert [t.get_text() for t in bottom.get_xticklabels()] == ["1: 4x2", "0: 8x1", "2: 1x8"]
+    assert [a.get_text() for a in bottom.texts] == ["best"] and bottom.texts[0].xy[0] == 0
+    assert [a.get_text() for a in top.texts] == ["error"]
 
 
 def test_summary_files(tmp_path):
@@ -170,3 +210,14 @@ def test_compilation_cache_is_on_by_default_and_can_be_moved_or_switched_off(tmp
     assert off.returncode == 0, off.stderr
     assert read_metrics(tmp_path / "b")["cache"] == {"enabled": False, "dir": None}
     assert not (tmp_path / "unused").exists()
+
+
+@pytest.mark.e2e
+def test_a_multirun_over_two_models_ends_with_their_comparison(tmp_path):
+    sweep_dir = tmp_path / "sweep"
+    done = run_meshrun(["train", "-m", "model=dense_model,transformer", "mesh=2x4", *FAST, f"hydra.sweep.dir={sweep_dir}"], tmp_path)
+    assert done.returncode == 0, done.stderr[-2000:]
+    rows = json.loads((sweep_dir / "summary.json").read_text())["rows"]
+    assert sorted(r["model"] for r in rows) == ["dense_model", "transformer"] and all(r["status"] == "ok" for r in rows)
+    assert rows[0]["samples_per_s"] >= rows[1]["samples_per_s"] and rows[0]["best"]
+    assert "varying model, layout; fastest first (samples/s)" in done.stdout
