@@ -1,6 +1,8 @@
 """Config composition: every option of every group composes into a valid RunConfig (no jax)."""
 
 import importlib.resources
+import re
+from pathlib import Path
 
 import pytest
 from hydra import compose, initialize_config_module
@@ -155,3 +157,11 @@ def test_layout_rules_override_replaces_the_rules():
 def test_unknown_appended_key_is_rejected_with_suggestion():
     with pytest.raises(ConfigError, match=r"^train\.epoch: unknown key \(got 3\); did you mean train\.epochs\?"):
         composed("+train.epoch=3")
+
+
+def test_sizes_in_configs_recipes_and_readme_use_the_plans_binary_units():
+    repo = Path(__file__).parents[1]
+    texts = [*repo.glob("configs/**/*.yaml"), *repo.glob("recipes/*.yaml"), repo / "README.md"]
+    decimal = re.compile(r"\b\d[\d.,]*\s?(?:GB|MB|KB|kB)\b")
+    found = [f"{path.relative_to(repo)}: {m.group()}" for path in texts for m in decimal.finditer(path.read_text())]
+    assert found == [], "write GiB/MiB/KiB as the plan does"

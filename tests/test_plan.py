@@ -485,6 +485,9 @@ def test_7b_transformer_plans_fast_in_little_memory_with_exact_bytes(tmp_path):
         "optimizer_bytes": 2 * params_per_device + scalar_bytes,
         "total_bytes": 3 * params_per_device + scalar_bytes,
     }
+    # The recipe of this plan states its figures as the plan prints them.
+    recipe = (Path(__file__).parents[1] / "recipes" / "transformer_7b_tp.yaml").read_text()
+    assert f"{format_bytes(params_per_device)} of parameters and {format_bytes(2 * params_per_device)} of Adam" in recipe
     assert plan["outputs"] == [
         {"path": "head/output", "shape": [None, P7B["seq_len"], vocab], "rule": "head/output", "spec": ["data", None, "model"]}
     ]

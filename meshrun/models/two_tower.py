@@ -8,7 +8,7 @@ Variable paths: user_embedding/embeddings (num_users, embedding_dim), item_embed
 (num_items, embedding_dim), {user,item}_tower/{kernel,bias}, {user,item}_projection/{kernel,bias}.
 
 The tables hold nearly all the parameters; the `large` preset's tables (100M users, 10M items,
-128 wide) take 56 GB in float32, more than one device holds, so the two_tower layout (its default)
+128 wide) take 52.5 GiB in float32, more than one device holds, so the two_tower layout (its default)
 shards their rows over the `model` axis. Loss: binary cross-entropy on the logit; data: synthetic
 id pairs with learnable labels.
 """
