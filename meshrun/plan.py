@@ -170,7 +170,8 @@ def make_plan(model_name: str, mesh: MeshConfig, rules: tuple[LayoutRule, ...], 
         slots=slots,
         outputs=outputs,
         errors=check.errors,
-        warnings=(*_replicated_warnings(variables, mesh), *_unmatched_warnings(check.unmatched_optional),
+        warnings=(*_idle_axis_warnings(variables, mesh), *_replicated_warnings(variables, mesh),
+                  *_unmatched_warnings(check.unmatched_optional),
                   *(advice(variables, mesh) if advice else ())),
         processes=processes,
     )
@@ -202,6 +203,17 @@ def _place_slot(slot, variables: dict[str, Placement], check: RuleCheck, mesh: M
         rule = LayoutRule(mirrored.rule, mirrored.spec, origin=mirrored.origin) if mirrored.rule else None
         return _place(slot.tensor, rule, mesh, reference=slot.reference)
     return _place(slot.tensor, check.assigned.get(slot.tensor.path), mesh)
+
+
+def _idle_axis_warnings(variables, mesh: MeshConfig) -> list[str]:
+    """Mesh axes besides the batch axis that shard no variable: their devices all do the same work."""
+    used = {axis for p in variables for axis in p.spec if axis}
+    return [
+        f"mesh axis {axis!r} (size {mesh.axis_size(axis)}) shards no variable, so every step is computed "
+        f"{mesh.axis_size(axis)} times over; pick a layout that uses it (layout=...) or give it size 1"
+        for axis in mesh.axis_names
+        if axis != mesh.batch_axis and axis not in used and mesh.axis_size(axis) > 1
+    ]
 
 
 def _replicated_warnings(variables, mesh: MeshConfig) -> list[str]:

@@ -104,6 +104,8 @@ def _run(config: RunConfig, context: RunContext) -> RunResult:
     planned = build_lib.plan_model(config, mesh, device_set.processes)
     spec, options, placement = planned.spec, planned.options, planned.plan
     placement.raise_first_error()
+    for warning in placement.warnings:
+        log.warning(warning)
     build_lib.check_loss(config.train.loss, spec, options, planned.abstract)
 
     distribution = distribution_lib.make_distribution(mesh, planned.rules, device_set.devices)

@@ -29,6 +29,7 @@ from meshrun.schema import LayoutRule, MeshConfig
 
 MESH_2X4 = MeshConfig(shape=(2, 4), axis_names=("data", "model"), batch_axis="data")
 MESH_1X1 = MeshConfig(shape=(1, 1), axis_names=("data", "model"), batch_axis="data")
+MESH_8X1 = MeshConfig(shape=(8, 1), axis_names=("data", "model"), batch_axis="data")  # no axis left idle by replication
 MIB = 1 << 20
 GIB = 1 << 30
 
@@ -208,7 +209,7 @@ def test_large_replicated_warning_needs_one_mib_and_more_than_one_device():
 def test_large_replicated_warnings_are_capped_and_summarised():
     # 13 replicated variables of 1..13 MiB: the 10 largest are listed, largest first, then one line.
     variables = [var(f"table_{n}", n * MIB // 4) for n in range(1, 14)]
-    plan = plan_of(variables, optimizer=False)
+    plan = plan_of(variables, mesh=MESH_8X1, optimizer=False)
     assert len(plan.warnings) == MAX_LISTED + 1 == 11
     listed = [w.split(" ", 1)[0] for w in plan.warnings[:MAX_LISTED]]
     assert listed == [f"table_{n}" for n in range(13, 3, -1)]
@@ -219,7 +220,7 @@ def test_large_replicated_warnings_are_capped_and_summarised():
     )
     assert format_bytes(rest) == "6.00 MiB"
 
-    exactly_ten = plan_of(variables[:MAX_LISTED], optimizer=False)
+    exactly_ten = plan_of(variables[:MAX_LISTED], mesh=MESH_8X1, optimizer=False)
     assert len(exactly_ten.warnings) == MAX_LISTED
     assert not any(w.startswith("...") for w in exactly_ten.warnings)
 
@@ -582,6 +583,19 @@ def test_lint_errors_exit_2_with_one_stderr_line_each(tmp_path, overrides, error
     assert len(plan["errors"]) == errors
     assert all(e.startswith("layout.rules") for e in plan["errors"])
     assert done.stderr.splitlines() == [f"meshrun: error: {e}" for e in plan["errors"]]
+
+
+IDLE_MODEL_AXIS = ("mesh axis 'model' (size 4) shards no variable, so every step is computed 4 times over; "
+                   "pick a layout that uses it (layout=...) or give it size 1")
+
+
+@pytest.mark.e2e
+def test_a_mesh_axis_that_shards_nothing_is_a_warning(tmp_path):
+    done = run_plan(["-m", "layout=replicated,dense_model", "mesh=2x4", "--json"], tmp_path)
+    assert done.returncode == 0, done.stderr
+    replicated, dense = [json.loads(line) for line in done.stdout.splitlines()]
+    assert replicated["warnings"] == [IDLE_MODEL_AXIS]
+    assert dense["warnings"] == []
 
 
 @pytest.mark.e2e

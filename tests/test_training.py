@@ -70,11 +70,14 @@ def test_metrics_describe_mesh_devices_and_timing(runs):
     assert len(timing["epoch_s"]) == 2
 
 
-def test_replicated_layout_on_a_2d_mesh_is_data_parallel():
+def test_replicated_layout_on_a_2d_mesh_is_data_parallel(caplog):
     # keras 3.15's DataParallel raises on a 2-D mesh; meshrun's ModelParallel without rules does not.
     metrics = train_run("2x4", rules={})
     assert all(all(a is None for a in v["spec"]) for v in metrics["sharding"].values())
     assert metrics["history"]["loss"][-1] > 0
+    idle = [r for r in caplog.records if "shards no variable" in r.message]
+    assert [(r.name, r.levelname) for r in idle] == [("meshrun", "WARNING")]
+    assert idle[0].message.startswith("mesh axis 'model' (size 4) shards no variable")
 
 
 def test_a_mesh_smaller_than_the_process_uses_the_first_devices():
