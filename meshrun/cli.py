@@ -458,6 +458,10 @@ def hydra_error_line(err: Exception, overrides: list[str]) -> str:
     if isinstance(err, ConfigCompositionException) and first_line(err).startswith("Could not override"):
         key = _quoted(first_line(err))
         given = next((o for o in overrides if o.lstrip("+~").split("=", 1)[0] == key), key)
+        other = schema.other_choice_hint(key)
+        if other:
+            chosen = {"model": "model", "data": "data source"}[key.split(".")[0]]
+            return f"{key}: not a key of the chosen {chosen} (got override {given!r}); {other}"
         hint = closest(key, schema.known_keys(), n=1)
         return (
             f"{key}: no such key (got override {given!r}); "

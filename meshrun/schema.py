@@ -317,6 +317,27 @@ def known_keys() -> list[str]:
     return sorted(set(keys))
 
 
+def choices_with_key(key: str) -> list[str]:
+    """The model and data choices that have `key` as an option ('data.path' -> ['data=arrays']):
+    a key the chosen model or data source lacks may belong to another one."""
+    group, _, name = key.partition(".")
+    owners = {"model": lambda: {n: registry.get_model(n).options for n in registry.model_names()},
+              "data": lambda: {n: data_sources.get_source(n).options for n in data_sources.source_names()}}
+    if group not in owners:
+        return []
+    return [f"{group}={choice}" for choice, options in owners[group]().items()
+            if name in {f.name for f in dataclasses.fields(options)}]
+
+
+def other_choice_hint(key: str) -> str:
+    """Says which model or data choices have `key` ('data.path is a key of data=arrays; add
+    data=arrays'), or '' when none has it."""
+    owners = choices_with_key(key)
+    if not owners:
+        return ""
+    return f"{key} is a key of {one_of(owners)}; add {owners[0] if len(owners) == 1 else 'one of them'}"
+
+
 # --- mesh ---------------------------------------------------------------------------------------
 
 _SHAPE_TEXT = re.compile(r"^-?\d+(x-?\d+)*$")
@@ -593,8 +614,9 @@ def _reject_unknown(raw: Mapping[str, Any], allowed, prefix: str) -> None:
         if key in allowed:
             continue
         dotted = f"{prefix}.{key}" if prefix else str(key)
-        suggestions = closest(dotted, known_keys(), n=1)
-        hint = f"did you mean {suggestions[0]}? " if suggestions else ""
+        other = other_choice_hint(dotted)
+        suggestions = [] if other else closest(dotted, known_keys(), n=1)
+        hint = f"{other}; " if other else f"did you mean {suggestions[0]}? " if suggestions else ""
         valid = [f"{prefix}.{a}" if prefix else a for a in allowed]
         raise ConfigError(dotted, f"unknown key (got {raw[key]!r}); {hint}valid keys: {one_of(valid)}")
 

@@ -90,6 +90,13 @@ CASES = {
     "appended missing key": (["+train.epoch=3"], ["train.epoch: unknown key (got 3)", "did you mean train.epochs?"]),
     "unknown top-level key": (["+trian.epochs=3"], ["trian: unknown key", "valid keys"]),
     "unknown model option": (["+model.hiden=3"], ["model.hiden: unknown key", "did you mean model.hidden?"]),
+    "key of another data source": (["data.path=train.npz"], [
+        "data.path: not a key of the chosen data source (got override 'data.path=train.npz'); "
+        "data.path is a key of data=arrays; add data=arrays"]),
+    "appended key of another model": (["+model.factory=m:f"], [
+        "model.factory: unknown key (got 'm:f'); model.factory is a key of model=python; add model=python; valid keys"]),
+    "key of two other models": (["model=transformer", "model.hidden=64"], [
+        "model.hidden is a key of model=cnn or model=dense_model; add one of them"]),
     # Hydra's own
     "malformed override": (["mesh=="], ["malformed override 'mesh=='", "key=value"]),
 }
