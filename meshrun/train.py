@@ -138,7 +138,8 @@ def _run(config: RunConfig, context: RunContext) -> RunResult:
     )
     metrics = build_lib.make_metrics(config.train.metrics, loss_function, config.train.loss is None, spec, options, compiled)
     _check_monitor(config.train, build_lib.metric_names(metrics))
-    data_lib.pipeline.check_fits_model(datasets.train.element_spec, signature, loss_function)
+    input_key = next((f"model.{k}" for k in ("input_shape", "seq_len") if getattr(options, k, None) is not None), None)
+    data_lib.pipeline.check_fits_model(datasets.train.element_spec, signature, loss_function, input_key)
     # With sample weights (a padding mask), metrics count only the samples (tokens) that weigh.
     model.compile(optimizer=optimizer, loss=loss, **({"weighted_metrics": metrics} if datasets.weighted else {"metrics": metrics}))
     built_at = time.time()

@@ -471,7 +471,8 @@ BAD = {
     ),
     "feature shape does not fit the model": (
         lambda d, f: npz_args(d, x=features(64, shape=(28, 28, 1))),
-        ["data: features of shape (28, 28, 1) do not fit the model's input of shape (8, 8, 1)"],
+        ["data: features of shape (28, 28, 1) do not fit the model's input of shape (8, 8, 1); "
+         "set model.input_shape=[28,28,1] to build the model for this data"],
     ),
     "int features into dense_model": (
         lambda d, f: npz_args(d, x=features(64).astype(np.int32)),
@@ -485,7 +486,12 @@ BAD = {
     "one-hot labels under a sparse loss": (
         lambda d, f: npz_args(d, y=np.eye(10, dtype=np.float32)[classes(64)]),
         ["data: labels of shape (10) do not fit the loss sparse_categorical_crossentropy", "output of shape (10)",
-         "expects labels of shape () (class indices)"],
+         "expects labels of shape () (class indices); for one-hot labels set train.loss=categorical_crossentropy"],
+    ),
+    "class labels under the default mse loss": (
+        lambda d, f: [*npz_args(d), "train.loss=mean_squared_error"],
+        ["data: labels of shape () do not fit the loss mean_squared_error",
+         "; for integer class labels set train.loss=sparse_categorical_crossentropy"],
     ),
     "int labels of the wrong shape": (
         lambda d, f: npz_args(d, y=np.zeros((64, 3), dtype=np.int64)),
@@ -497,7 +503,8 @@ BAD = {
     ),
     "class labels under a dense loss": (
         lambda d, f: [*npz_args(d), "train.loss=categorical_crossentropy"],
-        ["data: labels of shape () do not fit the loss categorical_crossentropy", "expects labels of shape (10)"],
+        ["data: labels of shape () do not fit the loss categorical_crossentropy",
+         "expects labels of shape (10); for integer class labels set train.loss=sparse_categorical_crossentropy"],
     ),
     "arrays fewer samples than one global batch": (
         lambda d, f: npz_args(d, count=8),

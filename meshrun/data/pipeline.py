@@ -181,12 +181,13 @@ def first_batch(dataset) -> tuple:
     return next(iter(dataset.take(1).as_numpy_iterator()))
 
 
-def check_fits_model(element_spec, signature, loss_name: str) -> None:
+def check_fits_model(element_spec, signature, loss_name: str, input_key: str | None = None) -> None:
     """ConfigError when the data's features do not fit the model's inputs (shape or kind of dtype;
     a size the model leaves open fits any), its labels do not fit the model's output under the
     loss, or its sample weights do not fit the labels, before training starts. `element_spec` is
     the spec of one batch: (features, labels) or (features, labels, sample weights); `signature`
-    is the model's (meshrun.build.Signature)."""
+    is the model's (meshrun.build.Signature); `input_key`, where given, is the model option that
+    sets its input shape (model.input_shape or model.seq_len), named in the fix."""
     features, labels, *weights = element_spec
     if isinstance(features, dict) and signature.named:
         missing = sorted(s.name for s in signature.inputs if s.name not in features)
@@ -202,7 +203,8 @@ def check_fits_model(element_spec, signature, loss_name: str) -> None:
     for what, spec, expected in pairs:
         if not _fits(tuple(spec.shape[1:]), expected.shape):
             raise ConfigError(
-                "data", f"features of shape {shape_text(spec.shape[1:])} do not fit the model's {what} of shape {shape_text(expected.shape)}"
+                "data", f"features of shape {shape_text(spec.shape[1:])} do not fit the model's {what} of shape "
+                f"{shape_text(expected.shape)}{_input_fix(input_key, tuple(spec.shape[1:]))}"
             )
         if _kind(spec.dtype.name) != _kind(expected.dtype):
             raise ConfigError(
@@ -215,6 +217,15 @@ def check_fits_model(element_spec, signature, loss_name: str) -> None:
             "data", f"sample weights of shape {shape_text(weights[0].shape[1:])} do not fit labels of shape {shape_text(labels.shape[1:])}: "
             "give one weight per sample or one per label"
         )
+
+
+def _input_fix(input_key: str | None, shape: tuple) -> str:
+    """How to build the model for data of `shape` instead, where one option sets the input shape."""
+    if input_key == "model.seq_len" and len(shape) == 1 and shape[0]:
+        return f"; set model.seq_len={shape[0]} to build the model for this data"
+    if input_key == "model.input_shape" and None not in shape:
+        return f"; set model.input_shape=[{','.join(map(str, shape))}] to build the model for this data"
+    return ""
 
 
 def _fits(shape: tuple, expected: tuple) -> bool:
@@ -233,10 +244,19 @@ def _check_labels(labels, output: tuple, loss_name: str) -> None:
             "data",
             f"labels of shape {shape_text(shape)} do not fit the loss {loss_name} on the model's output of shape "
             f"{shape_text(output)}; it expects labels of shape {shape_text(expected)}"
-            + (" (class indices)" if sparse else ""),
+            + (" (class indices)" if sparse else "") + _loss_fix(labels, shape, output, sparse),
         )
     if sparse and _kind(labels.dtype.name) != "int":
         raise ConfigError("data", f"labels of dtype {labels.dtype.name} do not fit the loss {loss_name}: it expects integer class indices")
+
+
+def _loss_fix(labels, shape: tuple, output: tuple, sparse: bool) -> str:
+    """The loss that would fit: class indices want a sparse cross-entropy, one-hot rows a dense one."""
+    if not sparse and _kind(labels.dtype.name) == "int" and (_fits(shape, output[:-1]) or _fits(shape, output[:-1] + (1,))):
+        return "; for integer class labels set train.loss=sparse_categorical_crossentropy"
+    if sparse and _fits(shape, output):
+        return "; for one-hot labels set train.loss=categorical_crossentropy"
+    return ""
 
 
 def _kind(dtype: str) -> str:
