@@ -244,7 +244,7 @@ class Checkpointing(keras.callbacks.Callback):
             self.progress.history.setdefault(name, []).append(float(value))
         self.progress.epoch = epoch + 1
         self.progress.step_in_epoch = 0
-        if self.config.every_epoch and finite(logs):  # a diverged state is never kept
+        if self.config.saves_every_epoch and finite(logs):  # a diverged state is never kept
             self._save()
 
     def on_train_end(self, logs=None):

@@ -189,19 +189,26 @@ class CacheConfig:
 class CheckpointConfig:
     """Sharded checkpoints: every `every_steps` training steps and/or at the end of every epoch,
     keeping the newest `keep`, written in the background (`async_save`), into `dir` (None: the run
-    dir's checkpoints/). `export` also writes the final model as model.keras into the run dir."""
+    dir's checkpoints/). `every_epoch` left None means yes when a dir is given without every_steps:
+    naming a checkpoint dir asks for checkpoints. `export` also writes the final model as model.keras
+    into the run dir."""
 
     every_steps: Optional[int] = None
-    every_epoch: bool = False
+    every_epoch: Optional[bool] = None
     keep: int = 3
     dir: Optional[str] = None
     async_save: bool = True
     export: bool = False
 
     @property
+    def saves_every_epoch(self) -> bool:
+        """Whether a checkpoint is written at the end of every epoch."""
+        return self.every_epoch if self.every_epoch is not None else bool(self.dir) and not self.every_steps
+
+    @property
     def saves(self) -> bool:
         """Whether the run writes checkpoints at all."""
-        return bool(self.every_steps) or self.every_epoch
+        return bool(self.every_steps) or self.saves_every_epoch
 
 
 @dataclass(frozen=True)

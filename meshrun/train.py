@@ -277,13 +277,18 @@ def _checkpoint_plan(config: RunConfig, context: RunContext, processes: int):
 
 
 def _check_step_counts(config: RunConfig, total_steps: int) -> None:
-    """Switches that count training steps must fit in the run's `total_steps`."""
+    """Switches that count training steps must fit in the run's `total_steps` (a checkpoint
+    schedule that never fires is only a warning: the run is still worth its result)."""
     accumulate = config.train.grad_accum_steps
     if accumulate > total_steps:
         raise ConfigError(
             "train.grad_accum_steps",
             f"got {accumulate}, more than the run's {total_steps} training steps; no update would be applied: valid 1 to {total_steps}",
         )
+    every = config.checkpoint.every_steps
+    if every and every > total_steps:
+        log.warning(f"checkpoint.every_steps={every} is more than the run's {total_steps} training steps, so it never saves; "
+                    f"give at most {total_steps} or checkpoint.every_epoch=true")
     steps = config.profile.steps
     if steps is not None and steps[1] > total_steps:
         raise ConfigError("profile.steps", f"got {list(steps)}; the run has {total_steps} training steps: valid 1 <= first <= last <= {total_steps}")

@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import (
+    FAST,
     layout_rules,
     one_error_line,
     read_metrics,
@@ -138,6 +139,22 @@ def test_the_exported_model_loads_in_plain_keras_without_meshrun(tmp_path):
     done = subprocess.run([sys.executable, "-I", "-c", script], cwd=tmp_path, capture_output=True, text=True, env=env, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.split()[-2:] == ["158810", "d2"]
+
+
+@pytest.mark.e2e
+def test_naming_a_checkpoint_dir_saves_every_epoch_and_a_schedule_that_never_fires_warns(tmp_path):
+    checkpoints = tmp_path / "checkpoints"
+    args = ["train", "mesh=2x4", "layout=dense_model", *FAST, f"checkpoint.dir={checkpoints}"]
+    done = run_meshrun([*args, f"hydra.run.dir={tmp_path / 'run'}"], tmp_path)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert read_metrics(tmp_path / "run")["checkpoint"]["saved_steps"] == [8, 16]
+    assert sorted(p.name for p in checkpoints.iterdir()) == ["16", "8"]
+
+    never = run_meshrun([*args, "checkpoint.every_steps=100", "resume=never", f"hydra.run.dir={tmp_path / 'never'}"], tmp_path)
+    assert never.returncode == 0, never.stderr[-2000:]
+    assert ("checkpoint.every_steps=100 is more than the run's 16 training steps, so it never saves; "
+            "give at most 16 or checkpoint.every_epoch=true") in never.stdout  # the log's console lines
+    assert read_metrics(tmp_path / "never")["checkpoint"]["saved_steps"] == []
 
 
 # --- the command line: faults and bad input -------------------------------------------------------
