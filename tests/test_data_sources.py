@@ -406,7 +406,7 @@ def test_python_generator_pipeline_knows_its_elements(factories):
 
     context = DataContext(model=None, model_options=None, batch_size=16, seed=1)
     options = PythonOptions(factory=f"{factories}:generator", num_samples=64, kwargs={"n": 20})
-    dataset, count = make_split(options, "train", context, "data.num_samples", options.num_samples)
+    dataset, count = make_split(options, "train", context, options.num_samples)
     assert count == 64
     samples = list(dataset.as_numpy_iterator())
     assert len(samples) == 20 and samples[0][0].shape == (8, 8, 1)
@@ -588,8 +588,12 @@ BAD = {
         lambda d, f: ["data=python", f"data.factory={f}:broken"],
         ["data.factory:", "broken(split='train') raised RuntimeError: no data today"],
     ),
-    "generator without num_samples": (
+    "generator without either size": (
         lambda d, f: ["data=python", f"data.factory={f}:generator"],
+        ["data.num_samples, data.eval_samples: are required: the train and eval datasets from", "do not know their size; set both"],
+    ),
+    "generator without num_samples": (
+        lambda d, f: ["data=python", f"data.factory={f}:generator", "data.eval_samples=32"],
         ["data.num_samples: is required: the train dataset from", "does not know its size"],
     ),
     "generator without eval_samples": (

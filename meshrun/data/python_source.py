@@ -39,8 +39,9 @@ class PythonOptions:
             raise ConfigError("data.shuffle_buffer", f"got {self.shuffle_buffer}; expected a positive integer")
 
 
-def make_split(options: PythonOptions, split: str, context: DataContext, size_key: str, size: Optional[int]):
-    """The factory's dataset for `split` as a tf.data.Dataset, and how many samples it holds."""
+def make_split(options: PythonOptions, split: str, context: DataContext, size: Optional[int]):
+    """The factory's dataset for `split` as a tf.data.Dataset, and how many samples it holds: its
+    own count, else `size` (None when neither is known)."""
     import tensorflow as tf
 
     function = user_code.load_callable("data.factory", options.factory)
@@ -54,11 +55,7 @@ def make_split(options: PythonOptions, split: str, context: DataContext, size_ke
     if not isinstance(made, tf.data.Dataset):
         made = _from_iterable(made, call, options.factory, split)
     count = int(made.cardinality())
-    if count < 0:
-        if size is None:
-            raise ConfigError(size_key, f"is required: the {split} dataset from {options.factory} does not know its size")
-        count = size
-    return made, count
+    return made, (count if count >= 0 else size)
 
 
 def _from_iterable(made, call, factory: str, split: str):
@@ -82,8 +79,9 @@ def _from_iterable(made, call, factory: str, split: str):
 
 def load(options: PythonOptions, context: DataContext) -> pipeline.Datasets:
     """Calls the factory for both splits, then shards, shuffles and batches what it returns."""
-    train, count = make_split(options, "train", context, "data.num_samples", options.num_samples)
-    evaluation, eval_count = make_split(options, "eval", context, "data.eval_samples", options.eval_samples)
+    train, count = make_split(options, "train", context, options.num_samples)
+    evaluation, eval_count = make_split(options, "eval", context, options.eval_samples)
+    _require_sizes({"train": ("data.num_samples", count), "eval": ("data.eval_samples", eval_count)}, options.factory)
     pipeline.check_enough(count, context.batch_size, "data.num_samples", f"the train dataset from {options.factory}")
     pipeline.check_enough(eval_count, context.batch_size, "data.eval_samples", f"the eval dataset from {options.factory}")
     # Each process reads only its own elements (every shard_count-th), so a global batch holds
@@ -100,6 +98,16 @@ def load(options: PythonOptions, context: DataContext) -> pipeline.Datasets:
         sample_batch=pipeline.first_batch(train_batches),
         info={"train_samples": count, "eval_samples": eval_count, "factory": options.factory},
     )
+
+
+def _require_sizes(splits: dict, factory: str) -> None:
+    """One error naming every size key still needed (both at once, not one per run)."""
+    missing = {split: key for split, (key, count) in splits.items() if count is None}
+    if len(missing) == 2:
+        raise ConfigError(", ".join(missing.values()),
+                          f"are required: the train and eval datasets from {factory} do not know their size; set both")
+    for split, key in missing.items():
+        raise ConfigError(key, f"is required: the {split} dataset from {factory} does not know its size")
 
 
 SPEC = register_source(SourceSpec("python", PythonOptions, load, "a dataset from the user's module:function"))
