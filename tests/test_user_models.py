@@ -68,6 +68,13 @@ def broken(hidden=32):
     raise ValueError("hidden must be even\\nsecond line")
 
 
+def samples(split, seed):
+    import numpy as np
+
+    rng = np.random.default_rng(seed + (split == "eval"))
+    return [(rng.standard_normal(16).astype("float32"), np.int32(i % 4)) for i in range(128 if split == "train" else 32)]
+
+
 NOT_CALLABLE = 3
 '''
 FUNCTIONAL_RULES = "layout.rules={dense_1/kernel:[null,model],dense_1/bias:[model]}"
@@ -205,12 +212,14 @@ def test_the_console_script_imports_the_factory_from_the_working_dir(workdir, tm
     command = [str(script)] if script.exists() else [sys.executable, "-P", "-m", "meshrun"]
     run_dir = tmp_path / "run"
     args = ["train", "model=python", f"model.factory={MODULE}:functional", SPARSE, "mesh=2x4", FUNCTIONAL_RULES, *FAST,
-            f"hydra.run.dir={run_dir}"]
+            "data=python", f"data.factory={MODULE}:samples", f"hydra.run.dir={run_dir}"]
     import subprocess
 
     done = subprocess.run([*command, *args], cwd=workdir, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
-    assert read_metrics(run_dir)["sharding"]["dense_1/kernel"]["spec"] == [None, "model"]
+    metrics = read_metrics(run_dir)
+    assert metrics["sharding"]["dense_1/kernel"]["spec"] == [None, "model"]
+    assert metrics["data"]["factory"] == f"{MODULE}:samples" and metrics["data"]["train_samples"] == 128
     assert done.stderr == ""  # no TensorFlow start-up noise
 
 
