@@ -74,10 +74,10 @@ def run(config: RunConfig, context: RunContext) -> RunResult:
         distribution_lib.reset()
 
 
-def _budget_start(context: RunContext) -> float:
-    """When train.max_time starts counting: at process start for the first run of a process
-    (imports, device set-up and compilation count), at its own start for a later job of a
-    multirun, which shares the process."""
+def _job_start(context: RunContext) -> float:
+    """When this job began, which its start-up and wall times and train.max_time count from: at
+    process start for the first run of a process (imports and device set-up count), at its own
+    start for a later job of a multirun, which shares the process."""
     return context.started_at if len(_runs_started) <= 1 else _runs_started[-1]
 
 
@@ -162,6 +162,7 @@ def _run(config: RunConfig, context: RunContext) -> RunResult:
         model.save(Path(context.run_dir) / EXPORT_FILE)
     step_costs = costs_lib.train_step_costs(model, datasets.sample_batch)
     finished_at = time.time()
+    job_start = _job_start(context)
 
     batch = config.train.batch_size
     tokens_per_step = batch * spec.tokens_per_sample(options) if spec.tokens_per_sample else None
@@ -219,8 +220,8 @@ def _run(config: RunConfig, context: RunContext) -> RunResult:
             "seed": config.train.seed,
         },
         "timing": {
-            "startup_s": built_at - context.started_at,
-            "time_to_first_step_s": stats.first_step_at - context.started_at,
+            "startup_s": built_at - job_start,
+            "time_to_first_step_s": stats.first_step_at - job_start,
             "compile_s": stats.compile_s,
             "step_time_s": stats.step_time_s,
             "step_time_p90_s": stats.step_time_p90_s,
@@ -232,7 +233,7 @@ def _run(config: RunConfig, context: RunContext) -> RunResult:
             "eval_s": eval_s,
             "cost_analysis_s": step_costs.seconds,
             "checkpoint_s": hooks.checkpointing.seconds,
-            "wall_s": finished_at - context.started_at,
+            "wall_s": finished_at - job_start,
         },
         "cache": {"enabled": config.cache.enabled, "dir": cache_dir},
         "flops": flops_metrics(step_costs, stats.step_time_s, device_set, config, spec, placement),
@@ -353,7 +354,7 @@ def _callbacks(config: RunConfig, context: RunContext, checkpoints: Path, start,
     first = start.global_step
     budget = None
     if train.max_time is not None:
-        budget = callbacks_lib.TimeBudget(_budget_start(context) + train.max_time, first, several_processes=device_set.processes > 1)
+        budget = callbacks_lib.TimeBudget(_job_start(context) + train.max_time, first, several_processes=device_set.processes > 1)
     hooks = RunHooks(
         timer=StepTimer(async_safe=not device_set.emulated),
         guard=callbacks_lib.StopOnNaN(first, steps_per_epoch) if train.stop_on_nan else None,

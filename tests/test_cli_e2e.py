@@ -102,6 +102,10 @@ def test_multirun_over_mesh_shapes_in_one_process(tmp_path):
     assert first["mesh"]["shape"] == [8, 1] and second["mesh"]["shape"] == [1, 8]
     assert sorted(first["sharding"]) == sorted(second["sharding"])  # no `_1` suffixes in job 2
     assert second["history"]["loss"] == pytest.approx(first["history"]["loss"], abs=1e-5)
+    # Job 1 counts from its own start, not from the process's (which would include all of job 0).
+    later, earlier = second["timing"], first["timing"]
+    assert later["time_to_first_step_s"] < earlier["wall_s"]  # cumulative, it would include all of job 0's wall
+    assert 0 < later["startup_s"] < later["time_to_first_step_s"] < later["wall_s"]
 
 
 def test_recipe_runs_the_seeds_model_parallel_example(tmp_path):
