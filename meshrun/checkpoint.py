@@ -38,9 +38,25 @@ def _ocp():
     import orbax.checkpoint
 
     # Orbax logs every step of every save at INFO through absl; meshrun reports checkpoints itself.
-    logging.getLogger("absl").setLevel(logging.WARNING)
+    absl = logging.getLogger("absl")
+    absl.setLevel(logging.WARNING)
+    if not any(isinstance(f, _ExpectedOrbaxWarnings) for f in absl.filters):
+        absl.addFilter(_ExpectedOrbaxWarnings())
 
     return orbax.checkpoint
+
+
+class _ExpectedOrbaxWarnings(logging.Filter):
+    """Turns Orbax's warnings about what meshrun does on purpose (a read-only manager to find
+    checkpoints, jax.Array's type handler registered again) into INFO records: they go to
+    train.log, not the console, where they would tell the user nothing."""
+
+    EXPECTED = ("CheckpointManagerOptions.read_only=True", "Given directory is read only", "Type handler registry type")
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno == logging.WARNING and record.getMessage().startswith(self.EXPECTED):
+            record.levelno, record.levelname = logging.INFO, "INFO"
+        return True
 
 
 @dataclass

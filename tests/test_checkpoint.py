@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -227,5 +228,14 @@ def test_a_two_process_job_checkpoints_and_resumes_on_another_mesh(tmp_path):
     assert second.returncode == 0, second.stderr[-2000:]
     metrics = read_metrics(tmp_path / "second")
     assert metrics["checkpoint"]["resumed_from"] == str(checkpoints / "16") and metrics["devices"]["processes"] == 2
+    # Only meshrun's lines carry its label on the console; jax's and Orbax's INFO lines (and the
+    # warnings Orbax gives about meshrun's read-only look for checkpoints) go to train.log only.
+    logged = [line for line in second.stdout.splitlines() if re.match(r"\[\d\d:\d\d:\d\d\]\[", line)]
+    assert any("resumed from checkpoint" in line for line in logged)
+    assert all("][meshrun] " in line for line in logged), logged
+    assert "Given directory is read only" not in second.stdout and "JAX distributed service" not in second.stdout
+    train_log = (tmp_path / "second" / "train.log").read_text()
+    assert "][absl] Given directory is read only=" in train_log
+    assert "][jax._src.distributed] Connecting to JAX distributed service" in train_log
     whole = train_in_process(config(epochs=3)).metrics
     assert metrics["history"]["loss"] == pytest.approx(whole["history"]["loss"], abs=1e-5)
