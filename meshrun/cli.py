@@ -39,14 +39,15 @@ from meshrun.errors import ConfigError, RunFailed, closest, first_line, one_of
 COMMANDS = ("train", "plan", "sweep", "report")
 USAGE = """\
 usage: meshrun train  [OVERRIDE ...] [-m] [--cfg job] [--help]
-       meshrun plan   [OVERRIDE ...] [-m] [--json]
+       meshrun plan   [OVERRIDE ...] [-m] [--json] [--full]
        meshrun sweep  [OVERRIDE ...]
        meshrun report DIR [DIR ...] [--out DIR]
 
 train: trains a Keras model on a device mesh described by Hydra config, then prints and writes a
 report (metrics.json and plan.json in the run dir).
 plan: trains nothing and allocates no model memory; shows where every variable lives and how many
-bytes land on each device, and lints the layout (exit 2 on errors). --json prints it as JSON.
+bytes land on each device, and lints the layout (exit 2 on errors). Repeated blocks share a row
+(block_{0..31}/...) unless --full; --json prints it all as JSON.
 sweep: trains on every mesh shape of the available devices (a multirun) and compares the jobs.
 report: the comparison table and summary files of an existing sweep dir, or of any run dirs.
 
@@ -113,13 +114,15 @@ def main(argv: Optional[list[str]] = None) -> None:
     if command == "report":
         report_command(rest)
         return
-    _JOB.update(command=command, json="--json" in rest, isolate=False, sweep_dir=None, runs=[])
-    rest = [arg for arg in rest if arg != "--json"]
+    _JOB.update(command=command, json="--json" in rest, full="--full" in rest, isolate=False, sweep_dir=None, runs=[])
+    rest = [arg for arg in rest if arg not in ("--json", "--full")]
     # Hydra's argument parser takes -m only before the overrides; users put it anywhere.
     multirun = [arg for arg in rest if arg in ("-m", "--multirun")]
     rest = multirun[:1] + [arg for arg in rest if arg not in ("-m", "--multirun")]
     if _JOB["json"] and command != "plan":
         _fail("--json: only `meshrun plan` prints JSON; `meshrun train` writes metrics.json into its run dir", status=2)
+    if _JOB["full"] and command != "plan":
+        _fail("--full: only `meshrun plan` takes it (a row per variable instead of one per repeated block)", status=2)
     # Let Hydra's errors reach us whole, so they can be worded as one line below.
     os.environ["HYDRA_FULL_ERROR"] = "1"
     Plugins.instance().register(MeshShapeSource)
@@ -197,7 +200,7 @@ def _hydra_main(cfg: DictConfig) -> None:
         _JOB.update(sweep_dir=hydra_cfg.sweep.dir)
     try:
         if _JOB["command"] == "plan":
-            plan_job(cfg, hydra_cfg, as_json=_JOB["json"])
+            plan_job(cfg, hydra_cfg, as_json=_JOB["json"], full=_JOB["full"])
         elif _JOB["isolate"]:
             _JOB["runs"].append(hydra_cfg.runtime.output_dir)
             isolated_job(hydra_cfg)
@@ -208,6 +211,15 @@ def _hydra_main(cfg: DictConfig) -> None:
         _report_job_failure(str(err), status=2, hydra_cfg=hydra_cfg)
     except RunFailed as err:
         _report_job_failure(str(err), status=1, hydra_cfg=hydra_cfg)
+
+
+def job_choices(hydra_cfg) -> tuple[dict, list]:
+    """The job's config group choices (model, layout, mesh, ...; Hydra's own left out) and its
+    command-line overrides."""
+    # Unresolved: an override string such as train.seed=${x} must not be read as an interpolation.
+    all_choices = OmegaConf.to_container(hydra_cfg.runtime.choices, resolve=False)
+    choices = {k: v for k, v in all_choices.items() if not k.startswith("hydra")}
+    return choices, OmegaConf.to_container(hydra_cfg.overrides.task, resolve=False)
 
 
 def _report_job_failure(message: str, status: int, hydra_cfg) -> None:
@@ -226,10 +238,7 @@ def train_job(cfg: DictConfig, hydra_cfg) -> None:
     Config errors leave no run dir. With distributed.local_processes the job's processes are
     started here instead; in a multi-process job only process 0 reports and writes files."""
     run_dir = hydra_cfg.runtime.output_dir
-    # Unresolved: an override string such as train.seed=${x} must not be read as an interpolation.
-    all_choices = OmegaConf.to_container(hydra_cfg.runtime.choices, resolve=False)
-    choices = {k: v for k, v in all_choices.items() if not k.startswith("hydra")}
-    overrides = OmegaConf.to_container(hydra_cfg.overrides.task, resolve=False)
+    choices, overrides = job_choices(hydra_cfg)
     keep_job = hydra_cfg.mode == RunMode.MULTIRUN or bool(os.environ.get(SWEEP_JOB_ENV))
     # A process started by meshrun's local launcher leaves the job's verdict and files to it.
     owns_run_dir = not os.environ.get(processes.LAUNCHED_ENV)
@@ -283,8 +292,9 @@ def train_job(cfg: DictConfig, hydra_cfg) -> None:
     report.render(result.metrics)
 
 
-def plan_job(cfg: DictConfig, hydra_cfg, as_json: bool) -> None:
-    """One `meshrun plan` job: validate, plan from shapes alone, print; lint errors exit 2."""
+def plan_job(cfg: DictConfig, hydra_cfg, as_json: bool, full: bool = False) -> None:
+    """One `meshrun plan` job: validate, plan from shapes alone, print (JSON with the job's config
+    choices and overrides, so the lines of `plan -m` can be told apart); lint errors exit 2."""
     config = schema.parse_run_config(resolved(cfg))
     devices.prepare_for_plan(config.devices, config.mesh)
     from meshrun import (  # imports jax and keras: only after the devices are set
@@ -293,12 +303,13 @@ def plan_job(cfg: DictConfig, hydra_cfg, as_json: bool) -> None:
     )
 
     plan = train.plan(config, processes.job_size(config.distributed, os.environ))
-    data = plan.to_dict()
+    choices, overrides = job_choices(hydra_cfg)
+    data = {**plan.to_dict(), "layout": choices.get("layout"), "choices": choices, "overrides": overrides}
     if as_json:
         multirun = hydra_cfg.mode == RunMode.MULTIRUN
         print(json.dumps(data) if multirun else json.dumps(data, indent=2))
     else:
-        report.render_plan(data)
+        report.render_plan(data, full=full)
     if plan.errors:
         for error in plan.errors[:-1]:
             print(f"meshrun: error: {error}", file=sys.stderr)

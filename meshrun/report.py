@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+from dataclasses import dataclass
 from pathlib import Path
 
 from rich.console import Console
@@ -47,9 +49,13 @@ def _print_whole(console: Console, table: Table) -> None:
     """Prints `table`; off a terminal (a log, a pipe) at its natural width, so no cell is cut or
     folded to fit a width nobody reads it at."""
     if not console.is_terminal:
-        natural = console.measure(table, options=console.options.update(max_width=1 << 16)).maximum
-        console.width = max(console.width, natural)
+        console.width = max(console.width, _natural_width(console, table))
     console.print(table)
+
+
+def _natural_width(console: Console, table: Table) -> int:
+    """How wide `table` is with no width to keep to."""
+    return console.measure(table, options=console.options.update(max_width=1 << 16)).maximum
 
 
 def render(metrics: dict, console: Console | None = None) -> None:
@@ -178,29 +184,89 @@ def _optimizer_text(train: dict) -> str:
     return text + f"; {train.get('precision', 'float32')}"
 
 
-def render_plan(plan: dict, console: Console | None = None) -> None:
-    """Prints a plan: one row per variable, the totals per device, and the lint."""
+def render_plan(plan: dict, console: Console | None = None, full: bool = False) -> None:
+    """Prints a plan: the variables (repeated blocks as one row each unless `full`), the totals
+    per device, and the lint."""
     console = console or _console()
-    _print_whole(console, plan_table(plan))
+    table = plan_table(plan, full)
+    excess = _natural_width(console, table) - console.width
+    if console.is_terminal and excess > 0:  # cut the rule column short rather than wrap or squeeze paths
+        longest_rule = max((len(_rule_text(v)) for v in plan["variables"]), default=0)
+        table = plan_table(plan, full, rule_width=max(12, longest_rule - excess))
+    _print_whole(console, table)
     _print_whole(console, totals_table(plan))
     if plan["errors"] or plan["warnings"]:
         _print_whole(console, lint_table(plan))
 
 
-def plan_table(plan: dict) -> Table:
-    """Every variable: path, shape, dtype, the rule that matched, PartitionSpec, bytes per device."""
+def plan_table(plan: dict, full: bool = False, rule_width: int | None = None) -> Table:
+    """Every variable: path, shape, dtype, the rule that matched, PartitionSpec, bytes per device.
+    Unless `full`, variables that differ only by a block index and are placed alike share one row
+    (block_{0..31}/mlp_up/kernel) with the bytes of one, their count and the bytes of all. Paths never
+    wrap; rules longer than `rule_width` end in an ellipsis."""
     mesh = plan["mesh"]
-    table = Table(title=escape(f"plan: {plan['model']['name']} on mesh {_shape(mesh['shape'])} {tuple(mesh['axis_names'])}"))
-    table.add_column("path", overflow="fold")
-    table.add_column("shape", no_wrap=True)
-    table.add_column("dtype", no_wrap=True)
-    table.add_column("rule", overflow="fold")
-    table.add_column("spec", no_wrap=True)
-    table.add_column("bytes/device", justify="right", no_wrap=True)
-    for v in plan["variables"]:
-        table.add_row(escape(v["path"]), _shape(v["shape"]), v["dtype"], escape(_rule_text(v)),
-                      _spec(v["spec"]), format_bytes(v["bytes_per_device"]))
+    rows = [PlanRow([v], v["path"]) for v in plan["variables"]] if full else collapse_blocks(plan["variables"])
+    grouped = any(len(r.members) > 1 for r in rows)
+    dtypes = sorted({v["dtype"] for v in plan["variables"]})
+    title = f"plan: {plan['model']['name']} on mesh {_shape(mesh['shape'])} {tuple(mesh['axis_names'])}"
+    table = Table(title=escape(title + (f", all {dtypes[0]}" if len(dtypes) == 1 else "")))
+    columns = ["path", "shape", *(["dtype"] if len(dtypes) > 1 else []), "rule", "spec", "bytes/device",
+               *(["x count = all"] if grouped else [])]
+    cells = []
+    for row in rows:
+        v, count = row.members[0], len(row.members)
+        text = {"path": escape(row.path), "shape": _shape(v["shape"]), "dtype": v["dtype"], "rule": escape(_rule_text(v)),
+                "spec": _spec(v["spec"]), "bytes/device": format_bytes(v["bytes_per_device"]),
+                "x count = all": f"x {count} = {format_bytes(count * v['bytes_per_device'])}" if count > 1 else ""}
+        cells.append([text[c] for c in columns])
+    for index, column in enumerate(columns):
+        # Paths keep their whole text; the rule gives way first (rule_width), then the others.
+        widest = max([len(column), *(len(row[index]) for row in cells)])
+        limits = {"path": {"min_width": widest}, "rule": {"max_width": rule_width, "min_width": min(widest, 6)}}
+        table.add_column(column, justify="right" if column in ("bytes/device", "x count = all") else "left", no_wrap=True,
+                         overflow="ellipsis", **limits.get(column, {"min_width": min(widest, 8)}))
+    for row in cells:
+        table.add_row(*row)
     return table
+
+
+@dataclass(frozen=True)
+class PlanRow:
+    """One row of the plan table: the variables it stands for (placed alike) and the path shown."""
+
+    members: list
+    path: str
+
+
+_BLOCK_INDEX = re.compile(r"(?<=_)\d+(?=/|$)")
+
+
+def collapse_blocks(variables: list[dict]) -> list[PlanRow]:
+    """Groups variables whose paths differ only in the numbers after an underscore (block_0/...,
+    block_1/...) and whose shape, dtype, rule and spec agree; each group's path shows the numbers
+    it spans (block_{0..31}/attention/query/kernel). Rows keep the order of first appearance."""
+    groups: dict[tuple, list] = {}
+    for v in variables:
+        key = (_BLOCK_INDEX.sub("#", v["path"]), tuple(v["shape"]), v["dtype"], v.get("rule"), v.get("origin"), tuple(v["spec"]))
+        groups.setdefault(key, []).append(v)
+    rows = []
+    for (pattern, *_), members in groups.items():
+        if len(members) == 1:
+            rows.append(PlanRow(members, members[0]["path"]))
+            continue
+        positions = zip(*(map(int, _BLOCK_INDEX.findall(m["path"])) for m in members))
+        spans = iter([_span(sorted(set(numbers))) for numbers in positions])
+        rows.append(PlanRow(members, re.sub("#", lambda _: next(spans), pattern)))
+    return rows
+
+
+def _span(numbers: list[int]) -> str:
+    """0..31 as {0..31}, a lone number as itself, anything else as {0,2,5}."""
+    if len(numbers) == 1:
+        return str(numbers[0])
+    if numbers == list(range(numbers[0], numbers[-1] + 1)):
+        return f"{{{numbers[0]}..{numbers[-1]}}}"
+    return "{" + ",".join(map(str, numbers)) + "}"
 
 
 def _rule_text(placed: dict) -> str:

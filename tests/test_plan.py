@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -501,19 +502,19 @@ def test_7b_transformer_plans_fast_in_little_memory_with_exact_bytes(tmp_path):
 
 
 def plan_env(tmp_path: Path) -> dict:
-    """Environment for a plan subprocess: a private TMPDIR (to see that plan's scratch run dir goes)
-    and a wide console, so rich does not fold paths across lines."""
+    """Environment for a plan subprocess: a private TMPDIR (to see that plan's scratch run dir goes)."""
     scratch = tmp_path / "tmpdir"
     scratch.mkdir()
-    return {**os.environ, "TMPDIR": str(scratch), "COLUMNS": "220"}
+    return {**os.environ, "TMPDIR": str(scratch)}
 
 
-def run_plan(args, tmp_path):
-    """`python -m meshrun plan ARGS` in an empty working dir below tmp_path; returns the
-    CompletedProcess after checking that it left nothing behind, neither there nor in TMPDIR."""
+def run_plan(args, tmp_path, env=None):
+    """`python -m meshrun plan ARGS` in an empty working dir below tmp_path (with `env` added to
+    the environment); returns the CompletedProcess after checking that it left nothing behind,
+    neither there nor in TMPDIR."""
     cwd = tmp_path / "work"
-    cwd.mkdir()
-    env = plan_env(tmp_path)
+    cwd.mkdir(parents=True)
+    env = {**plan_env(tmp_path), **(env or {})}
     done = subprocess.run(
         [sys.executable, "-m", "meshrun", "plan", *args],
         cwd=cwd, env=env, capture_output=True, text=True, timeout=120, check=False,
@@ -546,12 +547,12 @@ def test_json_for_the_default_tiny_transformer(tmp_path):
 
 @pytest.mark.e2e
 def test_tables_name_every_variable_and_the_totals(tmp_path):
-    done = run_plan(["model=transformer", "mesh=2x4"], tmp_path)
+    done = run_plan(["model=transformer", "mesh=2x4", "--full"], tmp_path)
     assert done.returncode == 0, done.stderr
     out = done.stdout
-    assert "plan: transformer on mesh 2x4 ('data', 'model')" in out
+    assert "plan: transformer on mesh 2x4 ('data', 'model'), all float32" in out  # one dtype: no dtype column
     assert "per device (8 devices)" in out
-    for header in ("path", "shape", "dtype", "rule", "spec", "bytes/device"):
+    for header in ("path", "shape", "rule", "spec", "bytes/device"):
         assert header in out
     assert "block_1/attention/attention_output/kernel" in out
     assert "(token_embedding|head)/embeddings" in out
@@ -585,6 +586,30 @@ def test_lint_errors_exit_2_with_one_stderr_line_each(tmp_path, overrides, error
     assert done.stderr.splitlines() == [f"meshrun: error: {e}" for e in plan["errors"]]
 
 
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+@pytest.mark.e2e
+def test_a_plan_collapses_repeated_blocks_and_never_wraps_a_path(tmp_path):
+    narrow = run_plan(["model=transformer", "model.layers=12", "mesh=2x4"], tmp_path / "narrow",
+                      env={"COLUMNS": "100", "TTY_COMPATIBLE": "1"})
+    assert narrow.returncode == 0, narrow.stderr
+    lines = ANSI.sub("", narrow.stdout).splitlines()
+    assert max(map(len, lines)) <= 100
+    rows = [line for line in lines if line.startswith("│ ")]
+    paths = [row.split("│")[1].strip() for row in rows]
+    assert "block_{0..11}/attention/query/kernel" in paths and "block_{0..11}/ln_{1..2}/gamma" in paths
+    assert "token_embedding/embeddings" in paths and not any(p.startswith("block_0/") for p in paths)
+    assert len(rows) < 40  # 12 blocks of 16 variables each would be 199 rows
+
+    full = run_plan(["model=transformer", "model.layers=12", "mesh=2x4", "--full"], tmp_path / "full")
+    assert full.returncode == 0, full.stderr
+    full_paths = [line.split("│")[1].strip() for line in full.stdout.splitlines() if line.startswith("│ ")]
+    assert "block_11/attention/query/kernel" in full_paths and not any("{" in p for p in full_paths)
+    piped_widths = {len(line) for line in full.stdout.splitlines() if line.startswith("│ block_")}
+    assert len(piped_widths) == 1  # off a terminal the table is printed whole, one line per row
+
+
 IDLE_MODEL_AXIS = ("mesh axis 'model' (size 4) shards no variable, so every step is computed 4 times over; "
                    "pick a layout that uses it (layout=...) or give it size 1")
 
@@ -606,6 +631,10 @@ def test_multirun_prints_one_json_line_per_job(tmp_path):
     assert len(lines) == 2, done.stdout[:2000]
     plans = [json.loads(line) for line in lines]
     assert [p["mesh"]["shape"] for p in plans] == [[2, 4], [1, 8]]
+    # Each line says which job it is: the layout, every config group choice and the overrides.
+    assert [p["layout"] for p in plans] == ["transformer_tp", "transformer_tp"]
+    assert [(p["choices"]["model"], p["choices"]["mesh"]) for p in plans] == [("transformer", "2x4"), ("transformer", "1x8")]
+    assert [p["overrides"] for p in plans] == [["model=transformer", "mesh=2x4"], ["model=transformer", "mesh=1x8"]]
     assert [p["status"] for p in plans] == ["ok", "ok"]
     assert plans[0]["model"]["params"] == plans[1]["model"]["params"]
     embedding = [next(v for v in p["variables"] if v["path"] == "token_embedding/embeddings") for p in plans]
