@@ -103,8 +103,27 @@ class MeshShapeSource(ConfigSource):
 
 
 def main(argv: Optional[list[str]] = None) -> None:
-    """Entry point of the `meshrun` console script and of `python -m meshrun`."""
-    argv = list(sys.argv[1:] if argv is None else argv)
+    """Entry point of the `meshrun` console script and of `python -m meshrun` (argv None), and of
+    in-process callers (tests) with their own argv. Run as a program, the process ends as soon as
+    its output is written (processes.exit_now), except in a multi-process job, whose processes
+    leave through jax's shutdown barrier together."""
+    _JOB["as_program"] = argv is None
+    if argv is not None:
+        _main(list(argv))
+        return
+    try:
+        _main(sys.argv[1:])
+        status = 0
+    except SystemExit as ended:
+        if ended.code is not None and not isinstance(ended.code, int):
+            raise
+        status = ended.code or 0
+    if processes.joined():
+        sys.exit(status)
+    processes.exit_now(status)
+
+
+def _main(argv: list[str]) -> None:
     if not argv or argv[0] in ("-h", "--help", "help"):
         print(USAGE, end="")
         return
@@ -151,16 +170,18 @@ def main(argv: Optional[list[str]] = None) -> None:
     if "-m" in overrides and command != "plan" and not processes.follows():
         status = finish_sweep(_JOB["sweep_dir"], _JOB["runs"], _FAILED_JOBS)
     if status and processes.joined():
-        processes.leave_now(status)
+        processes.exit_now(status)
     if status:
         sys.exit(status)
 
 
 # Exit statuses of the jobs of this invocation that failed (a multirun has several jobs).
 _FAILED_JOBS: list[int] = []
-# This invocation: its command, whether `plan` prints JSON, whether multirun jobs each run in a
-# process of their own, and (filled in by the jobs) the sweep dir and the run dirs of its jobs.
-_JOB: dict = {"command": "train", "json": False, "isolate": False, "sweep_dir": None, "runs": []}
+# This invocation: its command, whether `plan` prints JSON and every variable (--full), whether
+# multirun jobs each run in a process of their own, whether it runs as the meshrun program (its
+# process ends when it is done), and (filled in by the jobs) the sweep dir and its jobs' run dirs.
+_JOB: dict = {"command": "train", "json": False, "full": False, "isolate": False, "sweep_dir": None, "runs": [],
+              "as_program": False}
 
 
 class RecordSweepDir(Callback):
@@ -270,7 +291,9 @@ def train_job(cfg: DictConfig, hydra_cfg) -> None:
                 processes.route_output(run_dir, identity.process_id)
         from meshrun import train  # imports jax and keras: only after devices.prepare
 
-        context = train.RunContext(run_dir=run_dir, choices=choices, overrides=overrides, identity=identity)
+        process_ends_after = _JOB["as_program"] and hydra_cfg.mode != RunMode.MULTIRUN
+        context = train.RunContext(run_dir=run_dir, choices=choices, overrides=overrides, identity=identity,
+                                   process_ends_after=process_ends_after)
         result = train.run(config, context)
     except ConfigError as err:
         reject(str(err))

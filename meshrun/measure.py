@@ -31,6 +31,8 @@ def _peak():
     with open('/proc/self/status') as status, open(os.environ['MESHRUN_PEAK_FILE'], 'w') as out:
         out.write(next(line.split()[1] for line in status if line.startswith('VmHWM:')))
 atexit.register(_peak)
+from meshrun import processes
+processes.on_exit_now(_peak)  # meshrun ends its process without running atexit
 sys.argv = ['meshrun', *sys.argv[1:]]
 runpy.run_module('meshrun', run_name='__main__', alter_sys=True)
 """

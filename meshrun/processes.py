@@ -190,13 +190,26 @@ def follows() -> bool:
     return bool(_JOINED) and not _JOINED[0].is_first
 
 
-def leave_now(status: int) -> None:
-    """Exits a failed process of a job at once. A normal exit would wait in jax's shutdown barrier
-    for the other processes, which wait in a collective for this one: nobody would ever exit."""
+_EXIT_HOOKS: list[Callable[[], None]] = []
+
+
+def on_exit_now(hook: Callable[[], None]) -> None:
+    """Registers `hook` to run when exit_now ends the process (which skips atexit)."""
+    _EXIT_HOOKS.append(hook)
+
+
+def exit_now(status: int) -> None:
+    """Ends the process at once, once its output and logs are flushed: the interpreter's own exit
+    (jax's and TensorFlow's clean-up, about 1.5 s) is work nobody waits for. Also how a failed
+    process of a job leaves: a normal exit would wait in jax's shutdown barrier for the other
+    processes, which wait in a collective for this one, so nobody would ever exit."""
+    for hook in _EXIT_HOOKS:
+        hook()
     logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(status)
+
 
 
 def _give_up(identity: Identity, timeout_s: int, on_timeout: Callable[[str], None]) -> None:
@@ -209,7 +222,7 @@ def _give_up(identity: Identity, timeout_s: int, on_timeout: Callable[[str], Non
     try:
         on_timeout(message)
     finally:
-        leave_now(2)
+        exit_now(2)
 
 
 def split_address(address: str) -> tuple[str, int]:

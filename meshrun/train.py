@@ -49,6 +49,9 @@ class RunContext:
     overrides: list = field(default_factory=list)
     started_at: float = field(default_factory=process_start_time)
     identity: Identity = ONE_PROCESS
+    # The process ends right after this run (one run of the meshrun program): Keras' session is
+    # left as it is instead of cleared, which can take seconds (collecting tf.data's graphs).
+    process_ends_after: bool = False
 
 
 @dataclass(frozen=True)
@@ -69,9 +72,17 @@ def run(config: RunConfig, context: RunContext) -> RunResult:
     Raises ConfigError for anything wrong with the config, before any training starts."""
     _runs_started.append(time.time())
     try:
-        return _run(config, context)
-    finally:
+        result = _run(config, context)
+    except BaseException:
         distribution_lib.reset()
+        raise
+    # The session is cleared before metrics.json is written, so its cost is in the figures.
+    teardown_started = time.time()
+    if not context.process_ends_after:
+        distribution_lib.reset()
+    ended = time.time()
+    result.metrics["timing"].update(teardown_s=ended - teardown_started, wall_s=ended - _job_start(context))
+    return result
 
 
 def _job_start(context: RunContext) -> float:
@@ -161,7 +172,6 @@ def _run(config: RunConfig, context: RunContext) -> RunResult:
         Path(context.run_dir).mkdir(parents=True, exist_ok=True)
         model.save(Path(context.run_dir) / EXPORT_FILE)
     step_costs = costs_lib.train_step_costs(model, datasets.sample_batch)
-    finished_at = time.time()
     job_start = _job_start(context)
 
     batch = config.train.batch_size
@@ -233,7 +243,7 @@ def _run(config: RunConfig, context: RunContext) -> RunResult:
             "eval_s": eval_s,
             "cost_analysis_s": step_costs.seconds,
             "checkpoint_s": hooks.checkpointing.seconds,
-            "wall_s": finished_at - job_start,
+            # teardown_s and wall_s: added by run() once the session is cleared
         },
         "cache": {"enabled": config.cache.enabled, "dir": cache_dir},
         "flops": flops_metrics(step_costs, stats.step_time_s, device_set, config, spec, placement),

@@ -16,7 +16,7 @@ REQUIRED = {
     "devices.count", "devices.processes", "model.name", "model.params", "train.global_batch_size",
     "train.steps_per_epoch", "timing.startup_s", "timing.compile_s", "timing.step_time_s",
     "timing.step_time_p90_s", "timing.samples_per_s", "timing.epoch_s", "timing.eval_s",
-    "timing.wall_s", "timing.tokens_per_s", "history.loss", "eval.loss", "sharding", "flops.per_step",
+    "timing.wall_s", "timing.teardown_s", "timing.tokens_per_s", "history.loss", "eval.loss", "sharding", "flops.per_step",
     "flops.per_s", "flops.mfu", "flops.analytic_per_step", "memory.peak_bytes_per_device",
     "memory.live_peak_bytes_per_device", "memory.params_bytes_per_device", "memory.optimizer_bytes_per_device",
 }
@@ -44,6 +44,7 @@ def test_train_writes_a_complete_metrics_json(tmp_path):
     assert metrics["sharding"]["d1/kernel"]["spec"] == [None, "model"]
     assert len(metrics["history"]["loss"]) == 2 == len(metrics["timing"]["epoch_s"])
     assert 0 < metrics["timing"]["startup_s"] < metrics["timing"]["wall_s"]
+    assert metrics["timing"]["teardown_s"] < 0.01  # the process ends right after: no session to clear
     assert "emulating 8 CPU devices" in done.stdout + done.stderr
     assert "placed variables" in done.stdout  # the rich report
     assert (run_dir / ".hydra" / "config.yaml").exists()
@@ -106,6 +107,7 @@ def test_multirun_over_mesh_shapes_in_one_process(tmp_path):
     later, earlier = second["timing"], first["timing"]
     assert later["time_to_first_step_s"] < earlier["wall_s"]  # cumulative, it would include all of job 0's wall
     assert 0 < later["startup_s"] < later["time_to_first_step_s"] < later["wall_s"]
+    assert earlier["teardown_s"] > 0 and later["teardown_s"] > 0  # jobs sharing a process clear the session, counted in wall_s
 
 
 def test_recipe_runs_the_seeds_model_parallel_example(tmp_path):
