@@ -211,7 +211,6 @@ def exit_now(status: int) -> None:
     os._exit(status)
 
 
-
 def _give_up(identity: Identity, timeout_s: int, on_timeout: Callable[[str], None]) -> None:
     where = identity.coordinator or "the coordinator SLURM's environment names"
     message = (

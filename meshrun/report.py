@@ -200,8 +200,8 @@ def render_plan(plan: dict, console: Console | None = None, full: bool = False) 
 
 
 def plan_table(plan: dict, full: bool = False, rule_width: int | None = None) -> Table:
-    """Every variable: path, shape, dtype, the rule that matched, PartitionSpec, bytes per device.
-    Unless `full`, variables that differ only by a block index and are placed alike share one row
+    """Every variable: path, shape, dtype (in the title when there is one), the rule that matched,
+    PartitionSpec, bytes per device. Unless `full`, variables that differ only by a block index and are placed alike share one row
     (block_{0..31}/mlp_up/kernel) with the bytes of one, their count and the bytes of all. Paths never
     wrap; rules longer than `rule_width` end in an ellipsis."""
     mesh = plan["mesh"]
