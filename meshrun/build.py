@@ -288,7 +288,8 @@ def make_metrics(names, loss_name_: str, own_loss: bool, model_spec: ModelSpec, 
     if own_loss:
         if model_spec.metrics:
             return model_spec.metrics(options)
-        return [*(compiled or {}).get("metrics", []), *(compiled or {}).get("weighted_metrics", [])]
+        compiled = compiled or {}
+        return [*compiled.get("metrics", []), *compiled.get("weighted_metrics", [])]
     return ["accuracy"] if "crossentropy" in loss_name_ else []
 
 
