@@ -1,7 +1,7 @@
 """meshrun: a config-driven training launcher for Keras 3 distribution on JAX.
 
 Importing this package is cheap and imports neither jax nor keras: the device count has to be set
-before they load, which happens in `meshrun.devices`.
+before they load, which happens in `meshrun.placement.devices`.
 """
 
 import time

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 import tempfile
 import time
 from dataclasses import dataclass
+
+from meshrun.launch.spawn import Role, spawn
 
 
 @dataclass(frozen=True)
@@ -31,8 +32,11 @@ def _peak():
     with open('/proc/self/status') as status, open(os.environ['MESHRUN_PEAK_FILE'], 'w') as out:
         out.write(next(line.split()[1] for line in status if line.startswith('VmHWM:')))
 atexit.register(_peak)
-from meshrun import processes
-processes.on_exit_now(_peak)  # meshrun ends its process without running atexit
+_exit = os._exit
+def _exit_with_peak(status):  # meshrun ends its process with os._exit, which skips atexit
+    _peak()
+    _exit(status)
+os._exit = _exit_with_peak
 sys.argv = ['meshrun', *sys.argv[1:]]
 runpy.run_module('meshrun', run_name='__main__', alter_sys=True)
 """
@@ -45,7 +49,7 @@ def run_measured(args: list[str], cwd, timeout: float = 120, env=None) -> Measur
         peak_file = os.path.join(scratch, "peak")
         child_env = {**(os.environ if env is None else env), "MESHRUN_PEAK_FILE": peak_file}
         started = time.perf_counter()
-        proc = subprocess.Popen([sys.executable, "-c", _WRAPPER, *args], cwd=cwd, stdout=out, stderr=err, env=child_env)
+        proc = spawn(args, Role.USER, stdout=out, stderr=err, env=child_env, cwd=cwd, entry=("-c", _WRAPPER))
         try:
             proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:

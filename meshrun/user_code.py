@@ -15,7 +15,8 @@ import os
 import sys
 from typing import Any, Callable
 
-from meshrun.errors import ConfigError, closest, first_line, one_of
+from meshrun.errors import ConfigError
+from meshrun.wording import did_you_mean, error_text, one_of
 
 
 def check_reference(key: str, value: Any, example: str) -> None:
@@ -35,16 +36,15 @@ def load_callable(key: str, reference: str) -> Callable:
     except ModuleNotFoundError as err:
         if err.name and module_name.startswith(err.name):  # the module itself, not one it imports
             raise ConfigError(key, f"got {reference!r}: no module {module_name!r} {_where_searched()}") from None
-        raise ConfigError(key, f"got {reference!r}: importing {module_name!r} failed ({type(err).__name__}: {first_line(err)})") from None
+        raise ConfigError(key, f"got {reference!r}: importing {module_name!r} failed ({error_text(err)})") from None
     except Exception as err:  # the user's module may fail in any way while importing
-        raise ConfigError(key, f"got {reference!r}: importing {module_name!r} failed ({type(err).__name__}: {first_line(err)})") from None
+        raise ConfigError(key, f"got {reference!r}: importing {module_name!r} failed ({error_text(err)})") from None
     if not hasattr(module, attribute):
         names = [n for n in dir(module) if not n.startswith("_") and callable(getattr(module, n))]
-        hint = closest(attribute, names, n=1)
         raise ConfigError(
             key,
             f"got {reference!r}: module {module_name!r} has no function {attribute!r} ({getattr(module, '__file__', None) or 'a namespace'}); "
-            + (f"did you mean {hint[0]}? " if hint else "")
+            + did_you_mean(attribute, names)
             + f"it has: {one_of(sorted(names)[:12])}",
         )
     function = getattr(module, attribute)
@@ -67,11 +67,10 @@ def check_kwargs(key: str, function: Callable, reference: str, kwargs: dict, fix
     named = [n for n, p in params.items() if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and n not in fixed]
     unknown = [k for k in kwargs if k not in named and k not in (passed_on or ()) and not takes_any]
     if unknown:
-        hint = closest(unknown[0], named, n=1)
         raise ConfigError(
             key,
             f"got {unknown[0]!r}, which {reference} does not take; "
-            + (f"did you mean {hint[0]}? " if hint else "")
+            + did_you_mean(unknown[0], named)
             + f"it takes: {one_of(named) if named else 'no keyword arguments'}",
         )
     missing = [n for n in named if params[n].default is inspect.Parameter.empty and n not in kwargs
@@ -88,7 +87,7 @@ def call(key: str, described: str, function: Callable, **kwargs) -> Any:
     except ConfigError:
         raise
     except Exception as err:  # user code: any failure is reported as the call's
-        raise ConfigError(key, f"{described} raised {type(err).__name__}: {first_line(err)}") from None
+        raise ConfigError(key, f"{described} raised {error_text(err)}") from None
 
 
 def _working_dir_importable() -> None:

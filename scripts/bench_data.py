@@ -133,8 +133,8 @@ def throughput(args, work: Path) -> dict:
 def pipeline_rate(shape: str, args, train_file: Path, eval_file: Path) -> dict:
     """Samples/s of the run's arrays training dataset in this process: host batches alone, and
     batches placed on the run's data sharding (blocking on each)."""
-    from meshrun import devices
-    from meshrun.schema import parse_run_config
+    from meshrun.config import parse_run_config
+    from meshrun.placement import devices
 
     config = parse_run_config({
         "mesh": {"shape": shape}, "layout": {"rules": layout_rules(args.layout)}, "model": {"name": "dense_model"},
@@ -145,7 +145,7 @@ def pipeline_rate(shape: str, args, train_file: Path, eval_file: Path) -> dict:
     import jax
 
     from meshrun import data as data_lib
-    from meshrun import distribution as distribution_lib
+    from meshrun.placement import distribution as distribution_lib
     from meshrun.models import get_model
 
     device_set = devices.discover(config.devices, config.mesh)

@@ -69,8 +69,8 @@ def main() -> None:
     import meshrun.configs
     from omegaconf import OmegaConf
 
-    from meshrun import devices
-    from meshrun.schema import parse_run_config
+    from meshrun.config import parse_run_config
+    from meshrun.placement import devices
 
     rules = OmegaConf.to_container(OmegaConf.load(Path(meshrun.configs.__file__).parent / "layout" / "dense_model.yaml"))["rules"]
 
@@ -83,7 +83,7 @@ def main() -> None:
 
     first = run_config(meshes[0], 0, False, False, args.num_samples, args.epochs)
     devices.prepare(first.devices, first.mesh)
-    from meshrun import train
+    from meshrun.run.train import RunContext, train
 
     results = {"epochs": args.epochs, "num_samples": args.num_samples, "repeats": args.repeats,
                "interleaved": {mesh: {name: [] for name in INTERLEAVED} for mesh in meshes}, "runs": {mesh: {name: [] for name in VARIANTS} for mesh in meshes}}
@@ -93,7 +93,7 @@ def main() -> None:
                 for name, (tensorboard, csv) in INTERLEAVED.items():
                     with gated_hooks() as gaps, contextlib.redirect_stdout(devnull):
                         config = run_config(mesh, 1, tensorboard, csv, args.num_samples * 2, INTERLEAVED_EPOCHS)
-                        train.run(config, train.RunContext(run_dir=str(Path(work) / f"interleaved-{mesh}-{repeat}-{tensorboard}")))
+                        train(config, RunContext(run_dir=str(Path(work) / f"interleaved-{mesh}-{repeat}-{tensorboard}")))
                     on, off = statistics.mean(gaps[True]), statistics.mean(gaps[False])
                     results["interleaved"][mesh][name].append(
                         {"on_ms": on * 1e3, "off_ms": off * 1e3, "ratio": on / off, "steps": len(gaps[True]) + len(gaps[False])})
@@ -106,10 +106,9 @@ def main() -> None:
                     run_dir = Path(work) / f"{mesh}-{repeat}-{name.replace(' ', '_')}" if writes else ""
                     with contextlib.redirect_stdout(devnull):
                         config = run_config(mesh, verbose, tensorboard, csv, args.num_samples, args.epochs)
-                        metrics = train.run(config, train.RunContext(run_dir=str(run_dir))).metrics
-                    timing = metrics["timing"]
-                    results["runs"][mesh][name].append({"step_ms": timing["step_time_s"] * 1e3, "train_s": sum(timing["epoch_s"][1:])})
-                    print(f"repeat {repeat + 1}, {mesh}, {name}: step {timing['step_time_s'] * 1e3:.3f} ms", flush=True)
+                        timing = train(config, RunContext(run_dir=str(run_dir))).metrics.timing
+                    results["runs"][mesh][name].append({"step_ms": timing.step_time_s * 1e3, "train_s": sum(timing.epoch_s[1:])})
+                    print(f"repeat {repeat + 1}, {mesh}, {name}: step {timing.step_time_s * 1e3:.3f} ms", flush=True)
     results["ratios"] = {}
     for mesh in meshes:
         runs = results["runs"][mesh]
@@ -128,8 +127,8 @@ def gated_hooks():
     """Lets the step log and the progress bar take steps only in even epochs (2, 4, ... counted
     from 1) and yields the step gaps measured meanwhile, by whether they did: {True: [...],
     False: [...]} in seconds. Epoch 1 and the first step of each epoch are left out."""
-    from meshrun.callbacks import StepLog
-    from meshrun.progress import EpochProgress
+    from meshrun.logs.progress import EpochProgress
+    from meshrun.logs.steplog import StepLog
 
     gaps = {True: [], False: []}
     state = {"batch": None, "at": 0.0, "on": False}
@@ -158,15 +157,15 @@ def gated_hooks():
 def hook_cost(calls: int = 5000) -> dict:
     """Microseconds of work per step of the step log (every sink; its hook and writing the records
     until closed) and of the progress bar (its hook), for `calls` steps outside training."""
-    from meshrun.callbacks import StepLog
-    from meshrun.progress import EpochProgress
-    from meshrun.schema import TrainConfig
-    from meshrun.sinks import open_sinks
+    from meshrun.config import TrainConfig
+    from meshrun.logs.progress import EpochProgress
+    from meshrun.logs.sinks import open_sinks
+    from meshrun.logs.steplog import StepLog
 
     costs = {}
     with tempfile.TemporaryDirectory(prefix="bench-logging-hooks-") as work, open(os.devnull, "w") as devnull:
         hooks = {
-            "step log, every sink": StepLog(lambda: open_sinks(Path(work), True, True), TrainConfig(), calls, 0),
+            "step log, every sink": StepLog(lambda: open_sinks(Path(work), {"tensorboard", "csv"}), TrainConfig(), calls, 0),
             "progress bar": EpochProgress("bar", 1, 16, console=Console(file=devnull, force_terminal=True)),
         }
         for name, hook in hooks.items():

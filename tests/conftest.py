@@ -5,6 +5,7 @@ import os
 import subprocess
 import sys
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 import absl.logging
@@ -58,18 +59,27 @@ def in_tmp(tmp_path, monkeypatch):
     return tmp_path
 
 
-def train_in_process(raw: dict, run_dir=None):
+@dataclass(frozen=True)
+class Trained:
+    """A run trained in this process: its metrics as metrics.json holds them, and its plan."""
+
+    metrics: dict
+    plan: object
+
+
+def train_in_process(raw: dict, run_dir=None) -> Trained:
     """Validates the config dict `raw` and trains it in this test process (8 CPU devices), writing
-    into `run_dir` only what the config asks for (checkpoints, an export); returns the RunResult
-    (metrics and plan)."""
-    from meshrun import devices
-    from meshrun.schema import parse_run_config
+    into `run_dir` only what the config asks for (checkpoints, an export); returns its metrics (as
+    metrics.json would hold them) and plan."""
+    from meshrun.config import parse_run_config
+    from meshrun.placement import devices
 
     parsed = parse_run_config(raw)
     devices.prepare(parsed.devices, parsed.mesh)
-    from meshrun import train
+    from meshrun.run.train import RunContext, train
 
-    return train.run(parsed, train.RunContext(run_dir=str(run_dir or tempfile.mkdtemp(prefix="meshrun-run-"))))
+    trained = train(parsed, RunContext(run_dir=str(run_dir or tempfile.mkdtemp(prefix="meshrun-run-"))))
+    return Trained(metrics=trained.metrics.to_json(), plan=trained.plan)
 
 
 def fast_run_in_process(mesh_shape: str, layout: str) -> dict:

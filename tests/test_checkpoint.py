@@ -53,7 +53,7 @@ def assert_same_weights(first, second, tolerance):
 
 
 def test_find_never_auto_and_paths(tmp_path):
-    from meshrun.checkpoint import find
+    from meshrun.training.checkpoint import find
 
     assert find("never", tmp_path) is None
     assert find("auto", tmp_path / "none-yet") is None
@@ -67,7 +67,7 @@ def test_find_never_auto_and_paths(tmp_path):
 
 
 def test_a_checkpoint_dir_that_cannot_be_written_is_a_config_error(tmp_path):
-    from meshrun.checkpoint import check_writable
+    from meshrun.training.checkpoint import check_writable
 
     (tmp_path / "a-file").write_text("")
     with pytest.raises(ConfigError, match="not a writable dir") as caught:
@@ -80,7 +80,7 @@ def test_a_checkpoint_dir_that_cannot_be_written_is_a_config_error(tmp_path):
     [({"checkpoint": {"every_steps": 0}}, "checkpoint.every_steps"), ({"checkpoint": {"keep": 0}}, "checkpoint.keep"), ({"resume": ""}, "resume")],
 )
 def test_bad_checkpoint_settings(raw, key):
-    from meshrun.schema import parse_run_config
+    from meshrun.config import parse_run_config
 
     with pytest.raises(ConfigError) as caught:
         parse_run_config({"mesh": {"shape": "2x4"}, "model": {"name": "dense_model"}, **raw})
@@ -88,7 +88,7 @@ def test_bad_checkpoint_settings(raw, key):
 
 
 def test_resume_defaults_to_auto_only_with_a_checkpoint_dir():
-    from meshrun.schema import parse_run_config
+    from meshrun.config import parse_run_config
 
     base = {"mesh": {"shape": "2x4"}, "model": {"name": "dense_model"}}
     assert parse_run_config(base).resume_mode == "never"

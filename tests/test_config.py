@@ -6,13 +6,12 @@ from pathlib import Path
 
 import pytest
 from hydra import compose, initialize_config_module
-from hydra.core.plugins import Plugins
 from omegaconf import OmegaConf
 
-from meshrun import cli
+from meshrun import app
 from meshrun.errors import ConfigError
 from meshrun.models import get_model, model_names
-from meshrun.schema import LayoutRule, parse_run_config
+from meshrun.config import LayoutRule, parse_run_config
 
 GROUPS = ("mesh", "layout", "model", "data", "train", "devices", "recipe")
 
@@ -24,7 +23,7 @@ def group_options(group):
 
 
 def composed(*overrides):
-    Plugins.instance().register(cli.MeshShapeSource)
+    app.register_config_sources()
     with initialize_config_module(config_module="meshrun.configs", version_base="1.3"):
         cfg = compose(config_name="meshrun", overrides=list(overrides))
     return parse_run_config(OmegaConf.to_container(cfg, resolve=True))
@@ -56,7 +55,7 @@ REQUIRED = {
     [(g, o) for g in GROUPS for o in group_options(g) if g != "layout"],
 )
 def test_every_option_composes(group, option):
-    config = composed(*cli.prepare_overrides([f"{group}={option}", *REQUIRED.get((group, option), [])]))
+    config = composed(*app.prepare_overrides([f"{group}={option}", *REQUIRED.get((group, option), [])]))
     if group == "model":
         assert config.model.name == option
 
@@ -64,7 +63,7 @@ def test_every_option_composes(group, option):
 @pytest.mark.parametrize("layout", group_options("layout"))
 def test_every_layout_composes_with_its_model(layout):
     model = model_of_layout(layout)
-    config = composed(*cli.prepare_overrides([f"model={model}", f"layout={layout}", "mesh=2x4", *REQUIRED.get(("model", model), [])]))
+    config = composed(*app.prepare_overrides([f"model={model}", f"layout={layout}", "mesh=2x4", *REQUIRED.get(("model", model), [])]))
     assert config.model.name == model
 
 
@@ -74,8 +73,8 @@ def test_each_model_brings_its_default_layout(name):
     assert spec.layouts, name
     assert set(spec.layouts) <= set(group_options("layout")), name
     required = REQUIRED.get(("model", name), [])
-    config = composed(*cli.prepare_overrides([f"model={name}", *required]))
-    expected = composed(*cli.prepare_overrides([f"model={name}", f"layout={spec.default_layout}", *required]))
+    config = composed(*app.prepare_overrides([f"model={name}", *required]))
+    expected = composed(*app.prepare_overrides([f"model={name}", f"layout={spec.default_layout}", *required]))
     assert config.layout == expected.layout, name
 
 
@@ -115,7 +114,7 @@ def test_presets_fill_what_is_not_set():
     ],
 )
 def test_any_mesh_shape_is_a_mesh_option(shape, expected_shape, expected_names):
-    config = composed(*cli.prepare_overrides([f"mesh={shape}"]))
+    config = composed(*app.prepare_overrides([f"mesh={shape}"]))
     assert config.mesh.shape == expected_shape
     assert config.mesh.axis_names == expected_names
     assert config.mesh.batch_axis == "data"
@@ -149,7 +148,7 @@ def test_model_sizes_are_configurable():
 
 
 def test_layout_rules_override_replaces_the_rules():
-    overrides = cli.prepare_overrides(["mesh=2x4", "layout=dense_model", "layout.rules={d1/kernel:[null,model]}"])
+    overrides = app.prepare_overrides(["mesh=2x4", "layout=dense_model", "layout.rules={d1/kernel:[null,model]}"])
     config = composed(*overrides)
     assert config.layout.rules == (LayoutRule("d1/kernel", (None, "model")),)
 

@@ -6,7 +6,7 @@ import logging
 import numpy as np
 import pytest
 
-from meshrun import hardware
+from meshrun.report import hardware
 
 GiB = 2**30
 
@@ -59,27 +59,28 @@ def test_mfu_is_achieved_over_peak_and_propagates_none():
 
 
 def test_private_keras_names_still_exist():
-    from meshrun import costs
+    from meshrun import compat
 
-    costs.check_keras_internals()  # raises RuntimeError naming whatever Keras removed
+    compat.check("keras")  # raises DependencyError naming whatever Keras removed
     import keras
     from keras.src.backend.jax import trainer
 
     for name in ("_get_jax_state", "_get_state_sharding_spec", "train_step", "jit_compile"):
-        assert hasattr(keras.Model, name), f"keras.Model.{name} is gone: update meshrun/costs.py"
+        assert hasattr(keras.Model, name), f"keras.Model.{name} is gone: update meshrun/compat.py"
     assert hasattr(trainer, "_distribute_data"), (
-        "keras.src.backend.jax.trainer._distribute_data is gone: update meshrun/costs.py"
+        "keras.src.backend.jax.trainer._distribute_data is gone: update meshrun/compat.py"
     )
 
 
-def test_a_missing_private_name_is_a_runtime_error_naming_it(monkeypatch):
+def test_a_missing_private_name_is_a_dependency_error_naming_it(monkeypatch):
     from keras.src.backend.jax import trainer
 
-    from meshrun import costs
+    from meshrun import compat
+    from meshrun.errors import DependencyError
 
     monkeypatch.delattr(trainer, "_distribute_data")
-    with pytest.raises(RuntimeError, match=r"keras\.src\.backend\.jax\.trainer\._distribute_data"):
-        costs.check_keras_internals()
+    with pytest.raises(DependencyError, match=r"keras\.src\.backend\.jax\.trainer\._distribute_data"):
+        compat.check("keras")
 
 
 B = 16  # global batch: 8 per replica on the 'data' axis of size 2
@@ -102,8 +103,9 @@ def after_fit():
     import keras
     from keras import distribution as kd
 
-    from meshrun import costs, distribution
-    from meshrun.schema import LayoutRule, MeshConfig
+    from meshrun.placement import distribution
+    from meshrun.report import costs
+    from meshrun.config import LayoutRule, MeshConfig
 
     mesh = MeshConfig(shape=(2, 4), axis_names=("data", "model"), batch_axis="data")
     rules = (LayoutRule("d1/kernel", (None, "model")), LayoutRule("d2/output", ("data", None)))
@@ -187,6 +189,6 @@ def test_the_model_is_untouched_and_still_evaluates(after_fit):
 
 @pytest.mark.integration
 def test_live_peak_bytes_is_none_on_cpu(after_fit):
-    from meshrun import costs
+    from meshrun.report import costs
 
     assert costs.live_peak_bytes(after_fit["devices"]) is None

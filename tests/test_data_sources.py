@@ -661,7 +661,7 @@ def test_the_fit_check_takes_sizes_a_model_leaves_open_as_any_size():
     fixed size still has to match; labels and sample weights are checked against the output."""
     import tensorflow as tf
 
-    from meshrun.build import Signature
+    from meshrun.models.build import Signature
     from meshrun.data.pipeline import check_fits_model
     from meshrun.errors import ConfigError
     from meshrun.models.registry import InputSpec

@@ -14,7 +14,7 @@ from conftest import read_metrics
 
 from meshrun import cli
 from meshrun.measure import run_measured
-from meshrun.plan import format_bytes
+from meshrun.wording import format_bytes
 
 pytestmark = pytest.mark.integration
 
@@ -103,7 +103,7 @@ def test_the_loss_counts_only_real_tokens_and_the_export_loads_with_keras_hub(ru
     import keras
     import keras_hub  # noqa: F401  (registers the classes the .keras file names)
 
-    from meshrun.build import Signature
+    from meshrun.models.build import Signature
     from meshrun.data.registry import DataContext
     from meshrun.data.synthetic import padded_tokens
     from meshrun.models.registry import InputSpec

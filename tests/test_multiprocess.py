@@ -24,9 +24,10 @@ from conftest import (
 )
 
 from meshrun.errors import ConfigError
-from meshrun.plan import process_layout
-from meshrun.processes import Identity, free_port, identify
-from meshrun.schema import DistributedConfig, MeshConfig, parse_distributed
+from meshrun.placement.plan import process_layout
+from meshrun.launch.identity import Identity, identify
+from meshrun.launch.join import free_port
+from meshrun.config import DistributedConfig, MeshConfig, parse_distributed
 
 TWO = "distributed.local_processes=2"
 
@@ -87,7 +88,7 @@ def test_bad_distributed_settings_name_the_key(raw, key, words):
 
 
 def test_local_processes_emulate_cpu_devices_only():
-    from meshrun.schema import parse_run_config
+    from meshrun.config import parse_run_config
 
     raw = {"mesh": {"shape": "2x4"}, "model": {"name": "dense_model"}, "distributed": {"local_processes": 2}}
     assert parse_run_config(raw).distributed.local_processes == 2

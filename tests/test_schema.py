@@ -3,7 +3,7 @@
 import pytest
 
 from meshrun.errors import ConfigError
-from meshrun.schema import MeshConfig, check_batch, parse_mesh, parse_mesh_shape
+from meshrun.config import MeshConfig, check_batch, parse_mesh, parse_mesh_shape
 
 
 @pytest.mark.parametrize("text,shape", [("8", (8,)), ("2x4", (2, 4)), ("2x2x2", (2, 2, 2)), ([1, -1], (1, -1))])

@@ -8,7 +8,8 @@ import shutil
 import pytest
 from conftest import FAST, read_metrics, run_meshrun
 
-from meshrun import cli, sweep
+from meshrun import cli
+from meshrun.report import sweep
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

@@ -3,7 +3,7 @@
 import pytest
 
 import meshrun
-from meshrun.timing import percentile, process_start_time, summarize
+from meshrun.logs.timing import percentile, process_start_time, summarize
 
 
 def test_compile_is_the_first_step_and_steady_steps_exclude_epoch_boundaries():

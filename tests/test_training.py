@@ -4,8 +4,8 @@ the mesh shape, and jobs in one process do not leak into each other."""
 import pytest
 from conftest import train_in_process
 
-from meshrun import devices
-from meshrun.schema import parse_run_config
+from meshrun.placement import devices
+from meshrun.config import parse_run_config
 
 pytestmark = pytest.mark.integration
 
@@ -86,7 +86,7 @@ def test_a_mesh_smaller_than_the_process_uses_the_first_devices():
 
 
 def test_batch_axis_is_the_one_configured():
-    from meshrun import distribution
+    from meshrun.placement import distribution
 
     parsed = parse_run_config({"mesh": {"shape": "2x4", "batch_axis": "model"}, "model": {"name": "dense_model"}})
     found = devices.discover(parsed.devices, parsed.mesh)
@@ -99,10 +99,10 @@ def test_batch_axis_is_the_one_configured():
 
 
 def test_describe_lists_variables_outputs_and_optimizer_slots_without_allocating():
-    from meshrun import build
+    from meshrun.models import build
     from meshrun.models import get_model
 
-    from meshrun.schema import parse_data
+    from meshrun.config import parse_data
 
     spec = get_model("dense_model")
     abstract = build.describe(spec, spec.options(), parse_data({}), "adam", 1e-3)

@@ -18,8 +18,8 @@ from conftest import (
 )
 
 from meshrun.errors import ConfigError
-from meshrun.schedule import keras_schedule, learning_rate_at
-from meshrun.schema import TrainConfig, parse_run_config
+from meshrun.training.schedule import keras_schedule, learning_rate_at
+from meshrun.config import TrainConfig, parse_run_config
 
 
 def config(mesh="2x4", epochs=2, **train) -> dict:
@@ -120,20 +120,15 @@ def test_the_default_callbacks_leave_keras_free_to_fetch_step_logs_asynchronousl
     loop's thread."""
     from keras.src.callbacks.callback_list import CallbackList
 
-    from meshrun.callbacks import (
-        EarlyStopping,
-        StepLog,
-        StepProfiler,
-        StopOnNaN,
-        TimeBudget,
-    )
-    from meshrun.checkpoint import Checkpointing, Progress
-    from meshrun.progress import EpochProgress
-    from meshrun.schema import CheckpointConfig
-    from meshrun.sinks import open_sinks
+    from meshrun.config import CheckpointConfig
+    from meshrun.logs.progress import EpochProgress
+    from meshrun.logs.sinks import open_sinks
+    from meshrun.logs.steplog import StepLog
+    from meshrun.training.callbacks import EarlyStopping, StepProfiler, StopOnNaN, TimeBudget
+    from meshrun.training.checkpoint import Checkpointing, Progress
 
     budget = TimeBudget(deadline=0.0, first_step=0)
-    callbacks = [StepLog(lambda: open_sinks(tmp_path, tensorboard=True, csv_files=True), TrainConfig(), 16, 0), StopOnNaN(0, 8), budget,
+    callbacks = [StepLog(lambda: open_sinks(tmp_path, {"tensorboard", "csv"}), TrainConfig(), 16, 0), StopOnNaN(0, 8), budget,
                  EarlyStopping(monitor="loss"), StepProfiler(2, 3, tmp_path / "profile", 0), EpochProgress("bar", 2, 16),
                  Checkpointing(CheckpointConfig(every_epoch=True), tmp_path / "epochs", Progress(), None, budget)]
     assert CallbackList(callbacks)._async_train
@@ -240,7 +235,7 @@ def test_the_progress_bar_shows_step_time_and_throughput():
     import numpy as np
     from rich.console import Console
 
-    from meshrun.progress import EpochProgress
+    from meshrun.logs.progress import EpochProgress
 
     screen = io.StringIO()
     bar = EpochProgress("bar", epochs=2, batch_size=8, console=Console(file=screen, force_terminal=True, width=160))

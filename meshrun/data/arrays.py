@@ -30,7 +30,8 @@ import numpy as np
 
 from meshrun.data import pipeline
 from meshrun.data.registry import DataContext, SourceSpec, register_source
-from meshrun.errors import ConfigError, one_of
+from meshrun.errors import ConfigError
+from meshrun.wording import one_of
 
 log = logging.getLogger("meshrun")
 

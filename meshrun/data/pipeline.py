@@ -21,7 +21,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from meshrun.errors import ConfigError, shape_text
+from meshrun.errors import ConfigError
+from meshrun.wording import shape_text
 
 
 @dataclass(frozen=True)

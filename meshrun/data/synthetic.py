@@ -22,7 +22,8 @@ import numpy as np
 
 from meshrun.data import pipeline
 from meshrun.data.registry import DataContext, SourceSpec, register_source
-from meshrun.errors import ConfigError, one_of, shape_text
+from meshrun.errors import ConfigError
+from meshrun.wording import one_of, shape_text
 
 TASKS = ("default", "classes")
 ACTIVE_IDS = 100

@@ -25,7 +25,8 @@ import numpy as np
 
 from meshrun.data import pipeline
 from meshrun.data.registry import DataContext, SourceSpec, register_source
-from meshrun.errors import ConfigError, one_of
+from meshrun.errors import ConfigError
+from meshrun.wording import first_line, one_of
 
 log = logging.getLogger("meshrun")
 DTYPES = ("float32", "int64", "string")
@@ -80,7 +81,7 @@ def _count(files: list[str], options: TFRecordOptions, key: str) -> int:
         try:
             total += int(tf.data.TFRecordDataset(file, compression_type=options.compression).reduce(np.int64(0), lambda n, _: n + 1))
         except (tf.errors.DataLossError, tf.errors.InvalidArgumentError) as err:
-            reason = str(err).strip().splitlines()[0][:160]
+            reason = first_line(err, limit=160)
             raise ConfigError(key, f"{file!r} is corrupt or not a TFRecord file ({reason})") from None
     return total
 
@@ -130,7 +131,7 @@ def _check_parses(files: list[str], options: TFRecordOptions) -> None:
         for _ in first:
             pass
     except tf.errors.InvalidArgumentError as err:
-        reason = str(err).strip().splitlines()[0][:200]
+        reason = first_line(err, limit=200)
         raise ConfigError("data.features", f"does not parse the records of {files[0]!r} ({reason})") from None
 
 

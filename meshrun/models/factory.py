@@ -20,7 +20,8 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from meshrun import user_code
-from meshrun.errors import ConfigError, one_of
+from meshrun.errors import ConfigError
+from meshrun.wording import one_of
 from meshrun.models.registry import InputSpec, ModelSpec, register_model
 
 DTYPES = ("float16", "bfloat16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "bool")

@@ -29,7 +29,8 @@ from pathlib import Path
 from typing import Optional
 
 from meshrun import user_code
-from meshrun.errors import ConfigError, closest, one_of
+from meshrun.errors import ConfigError
+from meshrun.wording import did_you_mean, format_bytes, one_of
 from meshrun.models.registry import InputSpec, ModelSpec, class_accuracy, register_model, require_positive
 
 HANDLE = re.compile(r"^[a-z]+://|^[\w.-]+$")  # kaggle://..., hf://..., or a bare preset name
@@ -82,7 +83,7 @@ def _check_preset(preset: str) -> None:
 
 
 def _keras_hub():
-    from meshrun.devices import import_tensorflow
+    from meshrun.placement.devices import import_tensorflow
 
     import_tensorflow()  # keras_hub imports it: quietly first
     try:
@@ -102,8 +103,7 @@ def task_class(options: KerasHubOptions):
         return getattr(keras_hub.models, options.task)
     if isinstance(getattr(keras_hub.models, options.task, None), type):
         raise ConfigError("model.task", f"got {options.task!r}, which is not a causal language model; meshrun trains those: {one_of(causal)}")
-    hint = closest(options.task, causal, n=1)
-    raise ConfigError("model.task", f"got {options.task!r}; {'did you mean ' + hint[0] + '? ' if hint else ''}valid: {one_of(causal)}")
+    raise ConfigError("model.task", f"got {options.task!r}; {did_you_mean(options.task, causal)}valid: {one_of(causal)}")
 
 
 def build(options: KerasHubOptions, load_weights: bool = True):
@@ -165,7 +165,7 @@ def layout_rules(options: KerasHubOptions, mesh) -> tuple:
     batch axis and the mesh's other axis as the model axis."""
     from keras import distribution as kd
 
-    from meshrun.schema import LayoutRule
+    from meshrun.config.schema import LayoutRule
 
     backbone_cls = _backbone_class(options)
     if not hasattr(backbone_cls, "get_layout_map"):
@@ -229,7 +229,7 @@ def layout_advice(options: KerasHubOptions, variables, mesh) -> list[str]:
             f"axis {mesh.batch_axis!r}: every step gathers them across data replicas, and the batch axis must divide the heads; "
             "KerasHub's Llama and Qwen maps put q/k/v axes in Gemma's order (keras-hub #2795): use layout=llama_tp for heads over the model axis"
         )
-    from meshrun.plan import LARGE_REPLICATED_BYTES, format_bytes
+    from meshrun.placement.plan import LARGE_REPLICATED_BYTES
 
     head = next((p for p in variables if p.path == UNTIED_HEAD), None)
     if head is not None and head.replicated and head.bytes >= LARGE_REPLICATED_BYTES and (mesh.size or 1) > 1:

@@ -106,14 +106,11 @@ def fill_from_preset(options, presets: dict[str, dict[str, Any]]) -> None:
     """For an options dataclass with a `preset` field: sets every field left at None to the
     preset's value (options are frozen, so this runs in __post_init__). Unknown preset names are
     a ConfigError on `model.preset`."""
-    from meshrun.errors import ConfigError, closest, one_of
+    from meshrun.errors import ConfigError
+    from meshrun.wording import did_you_mean, one_of
 
     if options.preset not in presets:
-        hint = closest(options.preset, presets, n=1)
-        raise ConfigError(
-            "model.preset",
-            f"got {options.preset!r}; {'did you mean ' + hint[0] + '? ' if hint else ''}valid: {one_of(presets)}",
-        )
+        raise ConfigError("model.preset", f"got {options.preset!r}; {did_you_mean(options.preset, presets)}valid: {one_of(presets)}")
     for key, value in presets[options.preset].items():
         if getattr(options, key) is None:
             object.__setattr__(options, key, value)

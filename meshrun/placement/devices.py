@@ -8,8 +8,10 @@ import os
 import sys
 from dataclasses import dataclass
 
+from meshrun import compat
+from meshrun.config.schema import CacheConfig, DevicesConfig, MeshConfig
 from meshrun.errors import ConfigError
-from meshrun.schema import CacheConfig, DevicesConfig, MeshConfig, format_shape
+from meshrun.wording import first_line, format_shape
 
 log = logging.getLogger("meshrun")
 
@@ -46,7 +48,7 @@ def prepare(devices: DevicesConfig, mesh: MeshConfig, processes: int = 1) -> Non
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
     # With platform=auto jax probes for TPUs and GPUs and logs each miss at INFO.
-    logging.getLogger("jax._src.xla_bridge").setLevel(logging.WARNING)
+    logging.getLogger(compat.JAX_PLATFORM_LOGGER).setLevel(logging.WARNING)
     if devices.platform != "auto":
         os.environ["JAX_PLATFORMS"] = _JAX_PLATFORMS[devices.platform]
     if "jax" not in sys.modules:
@@ -128,7 +130,7 @@ def discover(devices: DevicesConfig, mesh: MeshConfig) -> DeviceSet:
     try:
         found = jax.devices()
     except (RuntimeError, AssertionError) as err:  # jax asserts when a platform plugin is missing
-        reason = str(err).strip().splitlines()[0] if str(err).strip() else "its jax plugin is not installed"
+        reason = first_line(err) or "its jax plugin is not installed"
         raise ConfigError(
             "devices.platform",
             f"got {devices.platform!r} but jax cannot use that platform ({reason}); valid here: auto or cpu",

@@ -10,21 +10,21 @@ naming that process and its log; no process outlives the launcher (they die with
 
 from __future__ import annotations
 
-import ctypes
 import json
 import logging
 import os
 import signal
 import subprocess
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from meshrun import processes as processes_lib
+from meshrun.config.schema import DistributedConfig
 from meshrun.errors import ConfigError, RunFailed
-from meshrun.schema import DistributedConfig
+from meshrun.launch.join import check_port_free, free_port, log_path
+from meshrun.launch.spawn import Role, spawn
+from meshrun.wording import ERROR_PREFIX
 
 log = logging.getLogger("meshrun")
 
@@ -51,8 +51,8 @@ def run_local(config: DistributedConfig, run_dir: str, overrides: list[str]) -> 
     removing what they wrote), RunFailed when one fails, naming it and its log."""
     count = config.local_processes
     if config.port is not None:
-        processes_lib.check_port_free(config.port, "distributed.port", config.port)
-    coordinator = f"localhost:{config.port or processes_lib.free_port()}"
+        check_port_free(config.port, "distributed.port", config.port)
+    coordinator = f"localhost:{config.port or free_port()}"
     kept = [o for o in overrides if o.lstrip("+~").split("=", 1)[0] not in _OWN_KEYS]
     log.info(f"starting {count} processes on this machine (coordinator {coordinator}); logs in {run_dir}/process-*.log")
     Path(run_dir).mkdir(parents=True, exist_ok=True)
@@ -68,33 +68,16 @@ def run_local(config: DistributedConfig, run_dir: str, overrides: list[str]) -> 
 
 
 def _start(process_id: int, count: int, coordinator: str, run_dir: str, overrides: list[str]) -> subprocess.Popen:
-    command = [
-        sys.executable, "-m", "meshrun", "train", *overrides, "devices.platform=cpu",
-        f"hydra.run.dir={run_dir}", "hydra.output_subdir=null",
+    args = [
+        "train", *overrides, "devices.platform=cpu", f"hydra.run.dir={run_dir}", "hydra.output_subdir=null",
         f"distributed.coordinator={coordinator}", f"distributed.num_processes={count}", f"distributed.process_id={process_id}",
     ]
-    log_file = open(processes_lib.log_path(run_dir, process_id), "ab")
-    with log_file:
-        return subprocess.Popen(
-            command,
-            stdout=None if process_id == 0 else log_file,
-            stderr=log_file,
-            env={**os.environ, processes_lib.LAUNCHED_ENV: "1"},
-            start_new_session=True,  # its own process group: stopping it stops its children too
-            preexec_fn=_die_with_parent,
-        )
-
-
-def _die_with_parent() -> None:
-    """In the child, before exec: ask Linux to kill it when the launcher dies, however it dies."""
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except OSError:  # not Linux: the launcher's own signal handling still stops the processes
-        pass
+    with open(log_path(run_dir, process_id), "ab") as log_file:
+        return spawn(args, Role.LOCAL_PROCESS, stdout=None if process_id == 0 else log_file, stderr=log_file, own_group=True)
 
 
 def _write_processes_file(run_dir: str, coordinator: str, started: list[subprocess.Popen]) -> None:
-    entries = [{"process_id": i, "pid": p.pid, "log": str(processes_lib.log_path(run_dir, i))} for i, p in enumerate(started)]
+    entries = [{"process_id": i, "pid": p.pid, "log": str(log_path(run_dir, i))} for i, p in enumerate(started)]
     path = Path(run_dir) / PROCESSES_FILE
     path.write_text(json.dumps({"coordinator": coordinator, "processes": entries}, indent=2) + "\n")
 
@@ -110,7 +93,7 @@ def _watch(started: list[subprocess.Popen], run_dir: str) -> Optional[Failure]:
             failed = [i for i, code in enumerate(codes) if code not in (None, 0)]
             if failed:
                 first = min(failed, key=lambda i: _blame_order(codes[i], i))
-                return Failure(first, codes[first], processes_lib.log_path(run_dir, first))
+                return Failure(first, codes[first], log_path(run_dir, first))
             if all(code == 0 for code in codes):
                 return None
             if codes[0] == 0:  # the job is done: process 0 has written its results
@@ -175,11 +158,11 @@ def _last_error_line(log_file: Path) -> str:
         lines = log_file.read_text(errors="replace").splitlines()
     except OSError:
         return ""
-    said = [line.split("meshrun: error: ", 1)[1] for line in lines if "meshrun: error: " in line]
+    said = [line.split(ERROR_PREFIX, 1)[1] for line in lines if ERROR_PREFIX in line]
     return said[-1].strip() if said else ""
 
 
 def _remove_launch_files(run_dir: str, count: int) -> None:
     for process_id in range(count):
-        processes_lib.log_path(run_dir, process_id).unlink(missing_ok=True)
+        log_path(run_dir, process_id).unlink(missing_ok=True)
     (Path(run_dir) / PROCESSES_FILE).unlink(missing_ok=True)

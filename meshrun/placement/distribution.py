@@ -15,7 +15,7 @@ from __future__ import annotations
 import keras
 from keras import distribution as kd
 
-from meshrun.schema import LayoutRule, MeshConfig
+from meshrun.config.schema import LayoutRule, MeshConfig
 
 
 def device_mesh(mesh: MeshConfig, devices) -> kd.DeviceMesh:

@@ -24,9 +24,11 @@ from typing import Optional
 import jax
 import keras
 
-from meshrun.callbacks import finite
+from meshrun import compat
+from meshrun.config.schema import CheckpointConfig
 from meshrun.errors import ConfigError
-from meshrun.schema import CheckpointConfig, format_shape
+from meshrun.training.callbacks import finite
+from meshrun.wording import format_shape
 
 log = logging.getLogger("meshrun")
 
@@ -34,8 +36,11 @@ STATE, PROGRESS = "state", "progress"
 
 
 def _ocp():
-    """Orbax, imported only by runs that checkpoint or resume (it adds about 0.2 s to start-up)."""
+    """Orbax, imported only by runs that checkpoint or resume (it adds about 0.2 s to start-up), its
+    private names checked once (meshrun.compat)."""
     import orbax.checkpoint
+
+    compat.ensure("orbax")
 
     # Orbax logs every step of every save at INFO through absl; meshrun reports checkpoints itself.
     absl = logging.getLogger("absl")
@@ -103,7 +108,7 @@ def _steps(root: Path) -> list[int]:
     ocp = _ocp()
     if not root.is_dir():
         return []
-    return [step for step in ocp.utils.checkpoint_steps(root) if (root / str(step) / "_CHECKPOINT_METADATA").is_file()]
+    return [step for step in ocp.utils.checkpoint_steps(root) if (root / str(step)).is_dir() and compat.is_complete_checkpoint(root / str(step))]
 
 
 def find(resume: str, default_dir: Path) -> Optional[ResumePoint]:
@@ -180,8 +185,8 @@ def _check_fits(saved: dict, groups: dict, point: ResumePoint) -> None:
             if shape != tuple(variable.shape):
                 raise ConfigError(
                     "resume",
-                    f"checkpoint {point} does not fit this model: {path} is {format_shape(shape) or 'a scalar'} there "
-                    f"but {format_shape(variable.shape) or 'a scalar'} here",
+                    f"checkpoint {point} does not fit this model: {path} is {format_shape(shape, scalar='a scalar')} there "
+                    f"but {format_shape(variable.shape, scalar='a scalar')} here",
                 )
 
 
@@ -277,7 +282,7 @@ class Checkpointing(keras.callbacks.Callback):
             return
         ocp = _ocp()
         started = time.perf_counter()
-        self.model.jax_state_sync()  # the JAX trainer keeps the live state off the variables during an epoch
+        compat.sync_training_state(self.model)  # the JAX trainer keeps the live state off the variables during an epoch
         state = {group: {path: v.value for path, v in variables.items()} for group, variables in _groups(self.model).items()}
         progress = asdict(self.progress)  # history: completed epochs only
         self._manager.save(

@@ -12,8 +12,9 @@ import re
 from dataclasses import dataclass
 from typing import Optional
 
-from meshrun.errors import ConfigError, closest, one_of, shape_text
-from meshrun.schema import LayoutRule, MeshConfig, format_shape
+from meshrun.config.schema import LayoutRule, MeshConfig
+from meshrun.errors import ConfigError
+from meshrun.wording import closest, format_shape, one_of, shape_text
 
 
 @dataclass(frozen=True)

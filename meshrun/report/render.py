@@ -1,41 +1,18 @@
-"""Reports: `metrics.json` and `plan.json` in the run dir for scripts, rich tables for people (the
-run summary, the placed variables, and `meshrun plan`'s placement and lint)."""
+"""The rich tables people read: a run's summary and its placed variables (from RunMetrics), the plan
+of `meshrun plan` with its lint, and the comparison of a sweep's runs. Files are written elsewhere
+(meshrun.files); what a run's summary shows is declared with its figures (meshrun.run.metrics)."""
 
 from __future__ import annotations
 
-import json
-import os
 import re
 from dataclasses import dataclass
-from pathlib import Path
 
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from meshrun.plan import format_bytes
-
-METRICS_FILE = "metrics.json"
-PLAN_FILE = "plan.json"
-
-
-def write_json(data: dict, run_dir: str | os.PathLike, name: str) -> Path:
-    """Writes `data` as JSON file `name` into `run_dir` atomically."""
-    path = Path(run_dir) / name
-    write_atomic(path, (json.dumps(data, indent=2, sort_keys=False) + "\n").encode())
-    return path
-
-
-def write_atomic(path: Path, data: bytes) -> None:
-    """Writes `data` to `path` through a temporary file, so a reader never sees half a file."""
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
-
-
-def error_metrics(message: str, run_dir: str, choices: dict, overrides: list) -> dict:
-    """The metrics.json of a run that failed after it started."""
-    return {"status": "error", "error": message, "run_dir": run_dir, "choices": choices, "overrides": overrides}
+from meshrun.run.metrics import PlacedVariable, RunMetrics
+from meshrun.wording import format_bytes, format_shape, spec_text
 
 
 def _console() -> Console:
@@ -58,89 +35,33 @@ def _natural_width(console: Console, table: Table) -> int:
     return console.measure(table, options=console.options.update(max_width=1 << 16)).maximum
 
 
-def render(metrics: dict, console: Console | None = None) -> None:
+def render(metrics: RunMetrics, console: Console | None = None) -> None:
     """Prints the run summary and the placed sharding of every variable."""
     console = console or _console()
     _print_whole(console, summary_table(metrics))
-    _print_whole(console, sharding_table(metrics["sharding"]))
+    _print_whole(console, sharding_table(metrics.sharding))
 
 
-def summary_table(m: dict) -> Table:
-    """One row per headline figure of a finished run."""
-    t = timing = m["timing"]
-    model = m["model"].get("label") or m["model"]["name"]
-    table = Table(title=escape(f"meshrun: {model} on mesh {_shape(m['mesh']['shape'])}"), show_header=False)
+def summary_table(metrics: RunMetrics) -> Table:
+    """One row per headline figure of a finished run (the rows RunMetrics declares)."""
+    model = metrics.model.label or metrics.model.name
+    table = Table(title=escape(f"meshrun: {model} on mesh {format_shape(metrics.mesh.shape)}"), show_header=False)
     table.add_column("what", style="bold")
     table.add_column("value")
-    rows = [
-        ("status", m["status"]),
-        ("mesh", f"{_shape(m['mesh']['shape'])} {tuple(m['mesh']['axis_names'])}, batch axis {m['mesh']['batch_axis']!r}"),
-        ("devices", f"{m['devices']['count']} x {m['devices']['kind']}" + (" (emulated)" if m["devices"]["emulated"] else "")
-         + (f", {m['devices']['processes']} processes x {m['devices']['per_process']}" if m["devices"].get("processes", 1) > 1 else "")),
-        ("model", f"{model}, {m['model']['params']:,} parameters"),
-        ("batch", _batch_text(m["train"])),
-        ("optimizer", _optimizer_text(m["train"])),
-        ("start-up", f"{t['startup_s']:.2f} s to model built, {t['time_to_first_step_s']:.2f} s to first step"),
-        ("compile", f"{timing['compile_s']:.3f} s (first step)"),
-        ("step time", f"{timing['step_time_s'] * 1e3:.2f} ms median, {timing['step_time_p90_s'] * 1e3:.2f} ms p90 "
-                      f"({timing['steady_steps']} steps)"),
-        ("throughput", f"{timing['samples_per_s']:,.0f} samples/s"
-                       + (f", {timing['tokens_per_s']:,.0f} tokens/s" if timing.get("tokens_per_s") else "")),
-        ("flops", _flops_text(m["flops"])),
-        ("memory", _memory_text(m["memory"])),
-        ("epochs", ", ".join(f"{s:.2f}" for s in timing["epoch_s"]) + " s"),
-        ("loss", " -> ".join(f"{v:.5f}" for v in m["history"].get("loss", []))),
-        *([("validation", _validation_text(m["history"]))] if any(k.startswith("val_") for k in m["history"]) else []),
-        ("eval", ", ".join(f"{k} {v:.5f}" for k, v in m["eval"].items()) + f" ({timing['eval_s']:.2f} s)"),
-        *([("stopped", _stopped_text(m["train"]["stopped"]))] if m["train"].get("stopped") else []),
-        ("wall", f"{timing['wall_s']:.2f} s"),
-        ("run dir", m.get("run_dir", "")),
-        *([("logs", ", ".join(Path(p).name for p in m["logs"].values()))] if m.get("logs") else []),
-        *([("profile", _profile_text(m["profile"]))] if m.get("profile") else []),
-    ]
-    for name, value in rows:
+    for name, value in metrics.summary():
         table.add_row(name, escape(str(value)))
     return table
-
-
-def _batch_text(train: dict) -> str:
-    text = (f"{train['global_batch_size']} global, {train['per_replica_batch_size']} per replica, "
-            f"{train['steps_per_epoch']} steps/epoch x {train['epochs']} epochs")
-    accumulate = train.get("grad_accum_steps", 1)
-    if accumulate > 1:
-        text += (f"; gradients of {accumulate} steps averaged into each update: {train['samples_per_update']} samples "
-                 f"per update, {train['updates']} updates")
-    return text
-
-
-def _validation_text(history: dict) -> str:
-    return "; ".join(f"{name} " + " -> ".join(f"{v:.5f}" for v in values) for name, values in history.items() if name.startswith("val_"))
-
-
-def _stopped_text(stopped: dict) -> str:
-    if stopped["reason"] == "max_time":
-        text = f"train.max_time reached: stopped after step {stopped['step']}"
-    else:
-        text = f"early stopping: no improvement, stopped after epoch {stopped['epoch']}"
-    return text + (f"; checkpoint {stopped['checkpoint']}" if stopped.get("checkpoint") else "")
-
-
-def _profile_text(profile: dict) -> str:
-    if not profile["traced"]:
-        return f"steps {profile['steps'][0]}-{profile['steps'][1]} were not reached; no trace"
-    first, last = profile["traced"]
-    return f"steps {first}-{last} traced into {profile['dir']} (tensorboard --logdir {profile['dir']}, or perfetto_trace.json.gz in ui.perfetto.dev)"
 
 
 SHARDING_ROWS = 12  # more variables than this: the largest, and the rest in metrics.json, so the report fits a screen
 
 
-def sharding_table(sharding: dict) -> Table:
+def sharding_table(sharding: dict[str, PlacedVariable]) -> Table:
     """Where each variable lives: shape, PartitionSpec as placed, and the rule behind it (the
     largest SHARDING_ROWS variables when there are more; metrics.json holds them all)."""
     shown = sharding
     if len(sharding) > SHARDING_ROWS:
-        largest = sorted(sharding, key=lambda path: sharding[path]["bytes_per_device"], reverse=True)[:SHARDING_ROWS]
+        largest = sorted(sharding, key=lambda path: sharding[path].bytes_per_device, reverse=True)[:SHARDING_ROWS]
         shown = {path: sharding[path] for path in sharding if path in largest}
     title = "placed variables" if shown is sharding else f"placed variables: the {len(shown)} largest of {len(sharding)} (all in metrics.json)"
     table = Table(title=title)
@@ -149,39 +70,10 @@ def sharding_table(sharding: dict) -> Table:
     table.add_column("spec", no_wrap=True)
     table.add_column("rule", overflow="fold")
     table.add_column("bytes/device", justify="right", no_wrap=True)
-    for path, info in shown.items():
-        table.add_row(escape(path), _shape(info["shape"]), _spec(info["spec"]), escape(_rule_text(info)),
-                      format_bytes(info["bytes_per_device"]))
+    for path, placed in shown.items():
+        table.add_row(escape(path), format_shape(placed.shape, "scalar"), spec_text(placed.spec),
+                      escape(_rule_text(placed.rule, placed.origin)), format_bytes(placed.bytes_per_device))
     return table
-
-
-def _flops_text(flops: dict) -> str:
-    if flops["per_step"] is None:
-        return "not reported by XLA on this platform"
-    text = f"{flops['per_step']:.3g} per step (XLA), {flops['per_s']:.3g}/s"
-    if flops["analytic_per_step"]:
-        text += f"; 6·N·tokens {flops['analytic_per_step']:.3g}"
-    return text + (f"; MFU {flops['mfu']:.1%}" if flops["mfu"] is not None else "; MFU n/a (no peak known)")
-
-
-def _memory_text(memory: dict) -> str:
-    text = (f"{format_bytes(memory['params_bytes_per_device'])} params + "
-            f"{format_bytes(memory['optimizer_bytes_per_device'])} optimizer per device")
-    if memory["peak_bytes_per_device"] is not None:
-        text += f"; step peak {format_bytes(memory['peak_bytes_per_device'])} (compiled estimate)"
-    if memory["live_peak_bytes_per_device"] is not None:
-        text += f", {format_bytes(memory['live_peak_bytes_per_device'])} live"
-    return text
-
-
-def _optimizer_text(train: dict) -> str:
-    text = f"{train['optimizer']}, learning rate {train['learning_rate']:g}"
-    if train.get("lr_schedule", "constant") != "constant":
-        warmup = f" after {train['warmup_steps']} warm-up steps" if train.get("warmup_steps") else ""
-        text += f" {train['lr_schedule']}{warmup} to {train['min_learning_rate']:g}"
-    if train.get("clip_norm"):
-        text += f", gradients clipped to norm {train['clip_norm']:g}"
-    return text + f"; {train.get('precision', 'float32')}"
 
 
 def render_plan(plan: dict, console: Console | None = None, full: bool = False) -> None:
@@ -191,7 +83,7 @@ def render_plan(plan: dict, console: Console | None = None, full: bool = False) 
     table = plan_table(plan, full)
     excess = _natural_width(console, table) - console.width
     if console.is_terminal and excess > 0:  # cut the rule column short rather than wrap or squeeze paths
-        longest_rule = max((len(_rule_text(v)) for v in plan["variables"]), default=0)
+        longest_rule = max((len(_rule_text(v.get("rule"), v.get("origin"))) for v in plan["variables"]), default=0)
         table = plan_table(plan, full, rule_width=max(12, longest_rule - excess))
     _print_whole(console, table)
     _print_whole(console, totals_table(plan))
@@ -208,15 +100,15 @@ def plan_table(plan: dict, full: bool = False, rule_width: int | None = None) ->
     rows = [PlanRow([v], v["path"]) for v in plan["variables"]] if full else collapse_blocks(plan["variables"])
     grouped = any(len(r.members) > 1 for r in rows)
     dtypes = sorted({v["dtype"] for v in plan["variables"]})
-    title = f"plan: {plan['model']['name']} on mesh {_shape(mesh['shape'])} {tuple(mesh['axis_names'])}"
+    title = f"plan: {plan['model']['name']} on mesh {format_shape(mesh['shape'])} {tuple(mesh['axis_names'])}"
     table = Table(title=escape(title + (f", all {dtypes[0]}" if len(dtypes) == 1 else "")))
     columns = ["path", "shape", *(["dtype"] if len(dtypes) > 1 else []), "rule", "spec", "bytes/device",
                *(["x count = all"] if grouped else [])]
     cells = []
     for row in rows:
         v, count = row.members[0], len(row.members)
-        text = {"path": escape(row.path), "shape": _shape(v["shape"]), "dtype": v["dtype"], "rule": escape(_rule_text(v)),
-                "spec": _spec(v["spec"]), "bytes/device": format_bytes(v["bytes_per_device"]),
+        text = {"path": escape(row.path), "shape": format_shape(v["shape"], "scalar"), "dtype": v["dtype"], "rule": escape(_rule_text(v.get("rule"), v.get("origin"))),
+                "spec": spec_text(v["spec"]), "bytes/device": format_bytes(v["bytes_per_device"]),
                 "x count = all": f"x {count} = {format_bytes(count * v['bytes_per_device'])}" if count > 1 else ""}
         cells.append([text[c] for c in columns])
     for index, column in enumerate(columns):
@@ -269,12 +161,11 @@ def _span(numbers: list[int]) -> str:
     return "{" + ",".join(map(str, numbers)) + "}"
 
 
-def _rule_text(placed: dict) -> str:
+def _rule_text(rule: str | None, origin: str | None) -> str:
     """The rule that placed a variable, with its origin unless it was written in the layout."""
-    if not placed.get("rule"):
+    if not rule:
         return "replicated"
-    origin = placed.get("origin")
-    return placed["rule"] + (f" ({origin})" if origin and origin != "rules" else "")
+    return rule + (f" ({origin})" if origin and origin != "rules" else "")
 
 
 def totals_table(plan: dict) -> Table:
@@ -373,11 +264,3 @@ def sweep_table(rows: list[dict]) -> Table:
 
 def _figure(value, spec: str) -> str:
     return "-" if value is None else format(value, spec)
-
-
-def _spec(spec) -> str:
-    return "(" + ", ".join("None" if a is None else str(a) for a in spec) + ")"
-
-
-def _shape(shape) -> str:
-    return "x".join(str(d) for d in shape) if shape else "scalar"

@@ -1,7 +1,7 @@
 """The placement plan: where every variable and optimizer slot of a model lives on the mesh and how
 many bytes it puts on each device, worked out from shapes alone, before anything is allocated.
 
-`make_plan` is plain arithmetic over an abstract model (meshrun.build.describe) and the layout
+`make_plan` is plain arithmetic over an abstract model (meshrun.models.build.describe) and the layout
 rules; `meshrun plan` prints it, and a training run checks its rules with it and writes it as
 plan.json. Bytes per device are exact: a sharded dimension holds size / axis size elements on every
 device (rules that do not divide are errors), a replicated one holds all of them.
@@ -13,10 +13,12 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Optional
 
+from meshrun.config.schema import AxisSpec, LayoutRule, MeshConfig
 from meshrun.errors import ConfigError
-from meshrun.layout import RuleCheck, TensorSpec, check_rules
-from meshrun.schema import AxisSpec, LayoutRule, MeshConfig, format_shape
+from meshrun.placement.layout import RuleCheck, TensorSpec, check_rules
+from meshrun.wording import format_bytes, format_shape
 
+PLAN_FILE = "plan.json"  # beside metrics.json in a run dir: the plan the run was checked against
 # A replicated variable at least this large, on a mesh of more than one device, gets a warning.
 LARGE_REPLICATED_BYTES = 1 << 20
 MAX_LISTED = 10
@@ -237,16 +239,6 @@ def _replicated_warnings(variables, mesh: MeshConfig) -> list[str]:
 def _unmatched_warnings(rules) -> list[str]:
     """The model's own rules that match none of its variables (KerasHub writes one map for a family)."""
     return [f"the model's own rule {rule.pattern!r} matches no variable of this model" for rule in rules if rule.origin == "from_model"]
-
-
-def format_bytes(count: int) -> str:
-    """Bytes in binary units: 512 B, 1.5 KiB, 2.00 GiB."""
-    value = float(count)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if value < 1024 or unit == "TiB":
-            return f"{count} B" if unit == "B" else f"{value:.2f} {unit}"
-        value /= 1024
-    return f"{count} B"
 
 
 def _placement_dict(p: Placement) -> dict:

@@ -20,6 +20,8 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
+from meshrun import compat
+
 RECENT_STEPS = 50  # the step time shown is the mean over this many of the latest steps
 UPDATE_EVERY_S = 0.25  # the bar takes new figures at most this often (rich redraws it twice a second)
 
@@ -29,12 +31,11 @@ def metrics_text(logs: dict) -> str:
     return "  ".join(f"{name} {float(value):.4f}" for name, value in (logs or {}).items())
 
 
+@compat.mark_async_safe
 class EpochProgress(keras.callbacks.Callback):
     """Shows training as it goes: `bar` (a rich bar per epoch, kept on screen when the epoch ends)
     or `lines` (a line per epoch). Step times are the gaps between the ends of recent steps. Per
     step it only notes the time; the bar is updated at most every UPDATE_EVERY_S."""
-
-    async_safe = True
 
     def __init__(self, mode: str, epochs: int, batch_size: int, console: Console | None = None):
         super().__init__()

@@ -1,17 +1,12 @@
 """XLA's cost and memory analysis of a model's real, compiled train step: FLOPs per step (global and
 per device) and the compiled per-device memory estimate, plus the live peak where devices report it.
 
-This is the one module that uses private Keras internals (keras 3.15, JAX backend). A Keras upgrade
-should re-check these names; `check_keras_internals()` fails loudly when one is gone:
-- `keras.Model._get_jax_state`: the (trainable, non-trainable, optimizer, metrics) state tuple
-  that fit passes to the train step.
-- `keras.Model._get_state_sharding_spec`: the state shardings Keras gives `jax.jit` as
-  `out_shardings`.
-- `keras.src.backend.jax.trainer._distribute_data`: how fit places a batch on the mesh.
-It also rebuilds the jit of `JAXTrainer.make_train_function` (keras/src/backend/jax/trainer.py):
-`jax.jit(model.train_step, donate_argnums=0, out_shardings=(None, state shardings))`. With the same
-function, arguments and shardings, jax's in-process caches return the step fit already compiled, so
-reading the costs after fit costs about a millisecond instead of a compile.
+It rebuilds the jit of `JAXTrainer.make_train_function` (keras/src/backend/jax/trainer.py):
+`jax.jit(model.train_step, donate_argnums=0, out_shardings=(None, state shardings))`, with the
+training state, its shardings and the batch placement fit uses, which only private Keras names give
+(reached through meshrun.compat). With the same function, arguments and shardings, jax's in-process
+caches return the step fit already compiled, so reading the costs after fit costs about a
+millisecond instead of a compile.
 
 Nothing is executed: the step is lowered and compiled only, so the donated state (the model's own
 variable arrays) is never consumed and the model stays usable.
@@ -19,7 +14,6 @@ variable arrays) is never consumed and the model stays usable.
 
 from __future__ import annotations
 
-import importlib
 import time
 from dataclasses import dataclass
 
@@ -27,9 +21,7 @@ import jax
 import keras
 import numpy as np
 
-_MODEL_INTERNALS = ("_get_jax_state", "_get_state_sharding_spec")
-_TRAINER_MODULE = "keras.src.backend.jax.trainer"
-_TRAINER_INTERNALS = ("_distribute_data",)
+from meshrun import compat
 
 
 @dataclass(frozen=True)
@@ -52,31 +44,11 @@ class StepCosts:
     seconds: float  # lowering + compile + analysis
 
 
-def check_keras_internals():
-    """Checks that the private Keras names this module relies on still exist; returns
-    `_distribute_data`. Raises RuntimeError naming the first missing one."""
-    for name in _MODEL_INTERNALS:
-        if not hasattr(keras.Model, name):
-            raise RuntimeError(
-                f"meshrun.costs needs the private Keras attribute keras.Model.{name}, which "
-                f"keras {keras.__version__} does not have; update meshrun/costs.py"
-            )
-    module = importlib.import_module(_TRAINER_MODULE)
-    for name in _TRAINER_INTERNALS:
-        if not hasattr(module, name):
-            raise RuntimeError(
-                f"meshrun.costs needs the private Keras name {_TRAINER_MODULE}.{name}, which "
-                f"keras {keras.__version__} does not have; update meshrun/costs.py"
-            )
-    return module._distribute_data
-
-
 def train_step_costs(model, batch) -> StepCosts:
     """XLA's FLOPs and memory figures for one step of `model.fit` on `batch`, one batch as this
     process feeds it ((x, y) numpy arrays; x may be a dict; with several processes, this
     process's share of the global batch), read after fit under the distribution still in force.
     The model's variables are left as they are."""
-    distribute_data = check_keras_internals()
     if getattr(keras.config, "is_nnx_enabled", lambda: False)():
         raise RuntimeError("meshrun.costs does not support Keras' Flax NNX mode")
     if getattr(model, "train_function", None) is None:
@@ -87,15 +59,10 @@ def train_step_costs(model, batch) -> StepCosts:
     start = time.perf_counter()
     out_shardings = None
     if keras.distribution.distribution() is not None:
-        out_shardings = (None, model._get_state_sharding_spec())
+        out_shardings = (None, compat.state_shardings(model))
     step = jax.jit(model.train_step, donate_argnums=0, out_shardings=out_shardings)
-    state = model._get_jax_state(
-        trainable_variables=True,
-        non_trainable_variables=True,
-        optimizer_variables=True,
-        metrics_variables=True,
-    )
-    data = distribute_data(keras.tree.map_structure(_as_fit_feeds_it, tuple(batch)))
+    state = compat.training_state(model)
+    data = compat.distribute_data(keras.tree.map_structure(_as_fit_feeds_it, tuple(batch)))
     lowered = step.lower(state, data)
     compiled = lowered.compile()
 

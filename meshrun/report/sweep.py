@@ -1,7 +1,8 @@
 """Mesh-shape sweeps: which shapes to try, and the comparison of finished runs (the rows of the
 sweep table and the files summary.csv, summary.json and summary.png in the sweep dir).
 
-Everything here reads and writes plain files and dicts (each run's metrics.json); no jax.
+Each run's metrics.json is read as RunMetrics (meshrun.run.metrics); the rows are plain dicts, the
+content of summary.json. No jax.
 """
 
 from __future__ import annotations
@@ -14,9 +15,11 @@ import os
 import re
 from pathlib import Path
 
-from meshrun.errors import ConfigError, first_line, one_of
-from meshrun.report import METRICS_FILE, rate_column, render_sweep, sweep_title, varying_keys, write_atomic
-from meshrun.schema import format_shape
+from meshrun.errors import ConfigError
+from meshrun.files import write_atomic
+from meshrun.report.render import rate_column, render_sweep, sweep_title, varying_keys
+from meshrun.run.metrics import METRICS_FILE, MemoryFigures, ModelFigures, RunMetrics, TimingFigures
+from meshrun.wording import first_line, format_shape, one_of
 
 log = logging.getLogger("meshrun")
 
@@ -158,40 +161,37 @@ def _read_row(run_dir: Path, relative_to: Path) -> dict | None:
     read or was not written by meshrun train."""
     path = run_dir / METRICS_FILE
     try:
-        metrics = json.loads(path.read_text())
-        if not isinstance(metrics, dict) or metrics.get("status") not in ("ok", "error"):
-            raise ValueError("not a metrics.json of meshrun train (no status ok or error)")
-        return _row(run_dir, metrics, relative_to)
+        return _row(run_dir, RunMetrics.from_json(json.loads(path.read_text())), relative_to)
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
         reason = f"no {err} in it" if isinstance(err, KeyError) else first_line(err)
         log.warning(f"skipped {path}: {reason}")
         return None
 
 
-def _row(run_dir: Path, m: dict, relative_to: Path) -> dict:
-    ok = m.get("status") == "ok"
-    timing = m.get("timing", {})
-    memory = m.get("memory", {})
-    live = memory.get("live_peak_bytes_per_device")
-    compiled = memory.get("peak_bytes_per_device")
-    choices = m.get("choices", {})
+def _row(run_dir: Path, m: RunMetrics, relative_to: Path) -> dict:
+    # A section the file lacks reads as one whose figures are all None.
+    timing, memory, model = m.timing or TimingFigures(), m.memory or MemoryFigures(), m.model or ModelFigures()
+    if m.ok and (timing.step_time_s is None or timing.step_time_p90_s is None):
+        raise KeyError("step_time_s" if timing.step_time_s is None else "step_time_p90_s")  # a successful run has its step time
+    live, compiled = memory.live_peak_bytes_per_device, memory.peak_bytes_per_device
+    choices = m.choices or {}
     return {
         "job": run_dir.name,
-        "mesh": format_shape(m["mesh"]["shape"]) if "mesh" in m else str(choices.get("mesh", "?")),
-        "model": m.get("model", {}).get("label") or m.get("model", {}).get("name") or choices.get("model"),
+        "mesh": format_shape(m.mesh.shape) if m.mesh else str(choices.get("mesh", "?")),
+        "model": model.label or model.name or choices.get("model"),
         "layout": choices.get("layout"),
-        "status": m.get("status", "error"),
+        "status": m.status,
         "best": False,
-        "compile_s": _round(timing.get("compile_s")) if ok else None,
-        "step_time_ms": _round(timing["step_time_s"] * 1e3) if ok else None,
-        "step_time_p90_ms": _round(timing["step_time_p90_s"] * 1e3) if ok else None,
-        "samples_per_s": _round(timing.get("samples_per_s")) if ok else None,
-        "tokens_per_s": _round(timing.get("tokens_per_s")) if ok else None,
-        "eval_loss": _round(m.get("eval", {}).get("loss")) if ok else None,
+        "compile_s": _round(timing.compile_s) if m.ok else None,
+        "step_time_ms": _round(timing.step_time_s * 1e3) if m.ok else None,
+        "step_time_p90_ms": _round(timing.step_time_p90_s * 1e3) if m.ok else None,
+        "samples_per_s": _round(timing.samples_per_s) if m.ok else None,
+        "tokens_per_s": _round(timing.tokens_per_s) if m.ok else None,
+        "eval_loss": _round((m.eval or {}).get("loss")) if m.ok else None,
         "peak_bytes_per_device": live if live is not None else compiled,
         "peak_source": ("live" if live is not None else "compiled") if (live or compiled) else None,
         "run_dir": os.path.relpath(run_dir.resolve(), relative_to.resolve()),
-        "error": m.get("error"),
+        "error": m.error,
     }
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 
-from meshrun.schema import TrainConfig
+from meshrun.config.schema import TrainConfig
 
 
 def learning_rate_at(train: TrainConfig, step: int, total_steps: int) -> float:

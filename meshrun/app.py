@@ -1,0 +1,263 @@
+"""The Hydra app: composes each job's config from meshrun's config tree (overrides, -m multiruns, run
+dirs, `mesh=AxB` shapes made on demand, a switch for every log sink), hands every job to
+meshrun.jobs as a plain `Job`, and words Hydra's and OmegaConf's own errors as one line. The only
+module that knows about Hydra; it imports neither jax nor keras.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import sys
+import tempfile
+from typing import List, Optional
+
+import hydra
+from hydra.core.config_store import ConfigStore
+from hydra.core.hydra_config import HydraConfig
+from hydra.core.object_type import ObjectType
+from hydra.core.plugins import Plugins
+from hydra.errors import ConfigCompositionException, MissingConfigException, OverrideParseException
+from hydra.experimental.callback import Callback
+from hydra.plugins.config_source import ConfigResult, ConfigSource
+from hydra.types import RunMode
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from meshrun import compat, jobs
+from meshrun.config import known_keys, other_choice_hint, parse_run_config
+from meshrun.errors import ConfigError
+from meshrun.logs import sinks
+from meshrun.placement import devices
+from meshrun.wording import did_you_mean, first_line, one_of, say_error
+
+# Hydra settings for `meshrun plan`: it writes nothing, so its jobs get a throw-away run dir and no
+# log files.
+PLAN_HYDRA_OVERRIDES = ("hydra.output_subdir=null", "hydra/job_logging=none", "hydra/hydra_logging=none", "hydra.job.name=plan")
+# Config keys holding free-form mappings: `key={...}` on the command line replaces the mapping.
+MAPPING_KEYS = ("layout.rules", "layout.extra_rules", "data.features", "data.kwargs", "model.kwargs", "model.backbone")
+CONFIG_MODULE = "meshrun.configs"
+
+
+class MeshShapeSource(ConfigSource):
+    """Serves `mesh=AxB[xC]` for any shape: Hydra asks it for `mesh/<name>` configs whose name
+    starts with a digit (or -digit) and gets `shape: <name>`; meshrun.config parses and checks it."""
+
+    def __init__(self, provider: str, path: str) -> None:
+        super().__init__(provider=provider, path=path)
+
+    @staticmethod
+    def scheme() -> str:
+        return "meshrun-shapes"
+
+    def load_config(self, config_path: str) -> ConfigResult:
+        name = config_path.rsplit("/", 1)[-1].removesuffix(".yaml")
+        return ConfigResult(
+            config=OmegaConf.create({"shape": name, "axis_names": None, "batch_axis": None}),
+            path=f"{self.scheme()}://{self.path}",
+            provider=self.provider,
+            header={"package": None},
+        )
+
+    def available(self) -> bool:
+        return True
+
+    def is_group(self, config_path: str) -> bool:
+        return config_path.strip("/") in ("", "mesh")
+
+    def is_config(self, config_path: str) -> bool:
+        group, _, name = config_path.strip("/").rpartition("/")
+        return group == "mesh" and re.match(r"^-?\d", name.removesuffix(".yaml")) is not None
+
+    def list(self, config_path: str, results_filter: Optional[ObjectType]) -> List[str]:
+        return []
+
+
+class RecordSweepDir(Callback):
+    """A Hydra callback (configs/meshrun.yaml) that notes a multirun's sweep dir in the launching
+    process: with Hydra's submitit launcher no job runs there, but the comparison is made there."""
+
+    def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
+        jobs.current().sweep_dir = config.hydra.sweep.dir
+
+
+def register_config_sources() -> None:
+    """Puts meshrun's generated configs where Hydra looks: mesh shapes on demand, and
+    `logging/sinks`, an off switch for every registered log sink (configs/logging/default.yaml
+    includes it), so that a new sink needs no config file of its own."""
+    Plugins.instance().register(MeshShapeSource)
+    ConfigStore.instance().store(group="logging", name="sinks", node={name: False for name in sinks.switch_names()}, provider="meshrun")
+
+
+def run(invocation: jobs.Invocation) -> int:
+    """Runs the invocation's jobs through Hydra; returns its exit status (2 for a config error)."""
+    os.environ["HYDRA_FULL_ERROR"] = "1"  # Hydra's errors reach us whole, to be worded as one line
+    register_config_sources()
+    try:
+        compat.ensure("hydra")
+        overrides = expand_overrides(invocation)
+    except ConfigError as err:
+        say_error(str(err))
+        return 2
+    with jobs.running(invocation):
+        try:
+            _run_hydra(invocation, overrides)
+        except Exception as err:  # jobs catch their own errors: what gets here is Hydra's composition
+            say_error(hydra_error_line(err, invocation.overrides))
+            return 2
+        return jobs.finish(invocation)
+
+
+def expand_overrides(invocation: jobs.Invocation) -> list[str]:
+    """The overrides Hydra gets: `meshrun sweep`'s mesh shapes filled in, and the user's rewritten
+    where Hydra would read them otherwise (`prepare_overrides`). Decides whether multirun jobs need
+    processes of their own. The invocation keeps the overrides as the user meant them."""
+    rest = invocation.overrides
+    if invocation.command == "sweep":
+        rest = ["-m", *sweep_overrides(rest)]
+    invocation.overrides = rest
+    overrides = prepare_overrides(rest)
+    if invocation.command != "plan" and invocation.multirun:
+        invocation.isolate = jobs_need_own_processes([o for o in overrides if o != "-m"])
+    return overrides
+
+
+def _run_hydra(invocation: jobs.Invocation, overrides: list[str]) -> None:
+    """Runs Hydra's app once over `overrides` (all jobs of a multirun), each job through meshrun.jobs."""
+
+    @hydra.main(version_base="1.3", config_path=f"pkg://{CONFIG_MODULE}", config_name="meshrun")
+    def app(cfg: DictConfig) -> None:
+        hydra_cfg = HydraConfig.get()
+        if hydra_cfg.mode == RunMode.MULTIRUN:
+            invocation.sweep_dir = hydra_cfg.sweep.dir
+        jobs.run_job(invocation, job_of(cfg, hydra_cfg))
+
+    scratch = tempfile.mkdtemp(prefix="meshrun-plan-") if invocation.command == "plan" else None
+    hydra_args = [*PLAN_HYDRA_OVERRIDES, f"hydra.run.dir={scratch}", f"hydra.sweep.dir={scratch}"] if scratch else []
+    saved_argv = sys.argv
+    sys.argv = [f"meshrun {invocation.command}", *overrides, *hydra_args]
+    try:
+        app()
+    finally:
+        sys.argv = saved_argv
+        if scratch:
+            shutil.rmtree(scratch, ignore_errors=True)
+
+
+def job_of(cfg: DictConfig, hydra_cfg) -> jobs.Job:
+    """The job Hydra is running, as meshrun.jobs takes it: its config (resolved when the job asks),
+    run dir, name, number in a multirun, group choices (Hydra's own left out) and overrides."""
+    # Unresolved: an override string such as train.seed=${x} must not be read as an interpolation.
+    all_choices = OmegaConf.to_container(hydra_cfg.runtime.choices, resolve=False)
+    choices = {k: v for k, v in all_choices.items() if not k.startswith("hydra")}
+    return jobs.Job(
+        resolve=lambda: resolved(cfg), run_dir=hydra_cfg.runtime.output_dir, name=hydra_cfg.job.name,
+        number=hydra_cfg.job.num if hydra_cfg.mode == RunMode.MULTIRUN else None,
+        choices=choices, overrides=OmegaConf.to_container(hydra_cfg.overrides.task, resolve=False),
+    )
+
+
+def resolved(cfg: DictConfig) -> dict:
+    """The composed config as plain data, interpolations resolved (a broken one is a ConfigError)."""
+    try:
+        return OmegaConf.to_container(cfg, resolve=True)
+    except OmegaConfBaseException as err:
+        raise ConfigError(getattr(err, "full_key", "") or "config", first_line(err)) from None
+
+
+def prepare_overrides(overrides: list[str]) -> list[str]:
+    """Adjusts overrides Hydra would otherwise take differently from what users mean: `mesh=8` (a
+    1-D shape: Hydra reads 8 as a number, and group options must be strings) and `layout.rules={...}`
+    and the other MAPPING_KEYS (Hydra merges a dict into the existing one, and rejects new keys in
+    it; users mean replace)."""
+    rewritten = []
+    for override in overrides:
+        key, _, value = override.partition("=")
+        if key == "mesh" and re.fullmatch(r"[\w,-]+", value):
+            quoted = [f"'{v}'" if re.fullmatch(r"-?\d+", v) else v for v in value.split(",")]
+            rewritten.append("mesh=" + ",".join(quoted))
+        elif key in MAPPING_KEYS:
+            rewritten += [f"~{key}", "+" + override]
+        else:
+            rewritten.append(override)
+    return rewritten
+
+
+def composed(overrides: list[str]) -> dict:
+    """The config the overrides compose (one job's: no sweep values), resolved."""
+    from hydra import compose, initialize_config_module
+
+    with initialize_config_module(config_module=CONFIG_MODULE, version_base="1.3"):
+        return resolved(compose(config_name="meshrun", overrides=overrides))
+
+
+def jobs_need_own_processes(overrides: list[str]) -> bool:
+    """Whether the jobs of a multirun need different device counts; says so when they do. The
+    count of a job is its mesh size, or devices.cpu_devices for a mesh holding -1."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    try:
+        counts = set()
+        for job in compat.split_sweep(OverridesParser.create().parse_overrides(overrides)):
+            config = parse_run_config(composed(job))
+            counts.add(devices.cpu_devices_needed(config.mesh, config.devices))
+    except Exception:  # a job that does not compose fails in the multirun itself, with its reason
+        return False
+    if len(counts) < 2:
+        return False
+    print(f"meshrun: jobs need different device counts ({one_of(sorted(counts))}): running each job in its own process")
+    return True
+
+
+def sweep_overrides(overrides: list[str]) -> list[str]:
+    """`meshrun sweep`'s overrides: the user's, with `mesh=` set to every shape of the available
+    devices for the mesh's number of axes (from the config the other overrides compose)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    from meshrun.report.sweep import mesh_shapes
+    from meshrun.wording import format_shape
+
+    kept = [o for o in overrides if o != "-m" and not o.startswith("mesh=")]
+    chosen = [o for o in overrides if o.startswith("mesh=")][-1:]
+    parser = OverridesParser.create()
+    fixed = [o for o in prepare_overrides(kept + chosen) if not parser.parse_override(o).is_sweep_override()]
+    config = parse_run_config(composed(fixed))
+    count = devices.available_count(config.devices)
+    shapes = [format_shape(s) for s in mesh_shapes(count, len(config.mesh.shape))]
+    print(f"meshrun sweep: {len(shapes)} mesh shapes of {count} devices: {', '.join(shapes)}")
+    return [*kept, "mesh=" + ",".join(shapes)]
+
+
+def hydra_error_line(err: Exception, overrides: list[str]) -> str:
+    """Words a Hydra or OmegaConf error as one line naming the key, the value and what is valid."""
+    if isinstance(err, MissingConfigException) and err.missing_cfg_file and err.options is not None:
+        group, _, option = err.missing_cfg_file.rpartition("/")
+        return f"{group}: unknown option {option!r}; {did_you_mean(option, err.options)}available: {one_of(sorted(err.options))}"
+    if isinstance(err, OverrideParseException):
+        return (
+            f"malformed override {err.override!r} ({first_line(err)}); write overrides as key=value, "
+            "e.g. mesh=2x4 train.epochs=5, quoting values with special characters"
+        )
+    if isinstance(err, ConfigCompositionException) and first_line(err).startswith("Could not override"):
+        key = _quoted(first_line(err))
+        given = next((o for o in overrides if o.lstrip("+~").split("=", 1)[0] == key), key)
+        other = other_choice_hint(key)
+        if other:
+            chosen = {"model": "model", "data": "data source"}[key.split(".")[0]]
+            return f"{key}: not a key of the chosen {chosen} (got override {given!r}); {other}"
+        hint = did_you_mean(key, known_keys()).strip() or "run `meshrun train --cfg job` to see every key"
+        return f"{key}: no such key (got override {given!r}); {hint}"
+    return " ".join(first_line(e) for e in _chain(err) if first_line(e))[:500]
+
+
+def _chain(err: BaseException):
+    while err is not None:
+        yield err
+        err = err.__cause__
+
+
+def _quoted(text: str) -> str:
+    found = re.search(r"'([^']+)'", text)
+    return found.group(1) if found else text
+

@@ -1,0 +1,200 @@
+"""The one place meshrun uses what its dependencies do not promise to keep: private attributes,
+internal modules and undocumented conventions of Keras, JAX, Hydra and Orbax.
+
+Each such name is listed below with what meshrun needs it for, and reached only through the
+functions of this module. A group is checked once per process before its first use (`ensure`), so a
+release that moves a name stops meshrun with one line naming the package, its version, the name and
+the versions meshrun works with, instead of a traceback in the middle of training.
+
+Importing this module imports none of those packages.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import importlib.metadata
+import inspect
+import re
+from dataclasses import dataclass
+
+from meshrun.errors import DependencyError
+
+
+@dataclass(frozen=True)
+class PrivateName:
+    """A name of a dependency that is not its public API: the distribution that ships it, the
+    module, the attribute path inside it ('' for the module itself), what meshrun needs it for,
+    and, for a convention rather than a name, text its source must contain."""
+
+    package: str
+    module: str
+    attribute: str
+    purpose: str
+    source_contains: str = ""
+
+    @property
+    def dotted(self) -> str:
+        return f"{self.module}.{self.attribute}" if self.attribute else self.module
+
+
+PRIVATE_NAMES = {
+    "keras": (
+        PrivateName("keras", "keras.src.backend.jax.trainer", "_distribute_data",
+                    "placing a batch on the mesh as fit does, to lower the real train step for XLA's cost analysis"),
+        PrivateName("keras", "keras", "Model._get_jax_state", "the training state fit passes to the train step (cost analysis)"),
+        PrivateName("keras", "keras", "Model._get_state_sharding_spec", "the state shardings fit gives jax.jit (cost analysis)"),
+        PrivateName("keras", "keras", "Model.jax_state_sync", "writing the live training state back to the variables before a checkpoint"),
+        PrivateName("keras", "keras", "Layer._flatten_layers", "every layer of a model, whose <layer>/output paths layout rules may match"),
+        PrivateName("keras", "keras.src.callbacks.callback_list", "CallbackList",
+                    "letting Keras fetch step logs on worker threads while meshrun's callbacks run (their async_safe attribute)",
+                    source_contains="async_safe"),
+        PrivateName("jax", "jax._src.xla_bridge", "", "the logger of jax's platform probes, kept off the console"),
+        PrivateName("jax", "jax._src.profiler", "", "the logger of the profiler, which names every file it converts"),
+    ),
+    "hydra": (
+        PrivateName("hydra-core", "hydra._internal.core_plugins.basic_sweeper", "BasicSweeper.split_arguments",
+                    "the jobs of a multirun, to tell whether they need different device counts"),
+    ),
+    "orbax": (
+        PrivateName("orbax-checkpoint", "orbax.checkpoint._src.metadata.checkpoint", "step_metadata_file_path",
+                    "telling a complete checkpoint from a numbered dir that is not one"),
+    ),
+}
+
+JAX_PLATFORM_LOGGER = "jax._src.xla_bridge"
+JAX_PROFILER_LOGGER = "jax._src.profiler"
+ASYNC_SAFE = "async_safe"  # the attribute Keras' CallbackList reads on each callback
+
+
+def check(group: str) -> None:
+    """Raises DependencyError for the first name of `group` (keras, hydra, orbax) that the installed
+    package lacks."""
+    for name in PRIVATE_NAMES[group]:
+        found = _lookup(name)
+        if found is None:
+            raise _missing(name)
+        if name.source_contains and name.source_contains not in inspect.getsource(found):
+            raise _missing(name, f"no longer reads {name.source_contains!r}")
+
+
+@functools.cache
+def ensure(group: str) -> None:
+    """`check(group)`, once per process."""
+    check(group)
+
+
+def _lookup(name: PrivateName):
+    try:
+        found = importlib.import_module(name.module)
+    except ImportError:
+        return None
+    for part in filter(None, name.attribute.split(".")):
+        found = getattr(found, part, None)
+        if found is None:
+            return None
+    return found
+
+
+def _missing(name: PrivateName, what: str = "") -> DependencyError:
+    version = _installed(name.package)
+    wanted = _required(name.package)
+    advice = f"; meshrun works with {name.package}{wanted} (pip install '{name.package}{wanted}')" if wanted else ""
+    problem = f"{name.dotted} {what}" if what else f"has no {name.dotted}"
+    return DependencyError(
+        name.package,
+        f"{name.package} {version} {problem}, which meshrun uses for {name.purpose}{advice}",
+    )
+
+
+def _installed(package: str) -> str:
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return "(not installed)"
+
+
+def _required(package: str) -> str:
+    """The version range meshrun's own metadata asks for `package` ('' when it names none)."""
+    try:
+        requirements = importlib.metadata.requires("meshrun") or []
+    except importlib.metadata.PackageNotFoundError:
+        return ""
+    for requirement in requirements:
+        found = re.match(rf"^{re.escape(package)}\s*([<>=!~][^;]*)", requirement)
+        if found:
+            return found.group(1).strip()
+    return ""
+
+
+# --- keras -----------------------------------------------------------------------------------------
+
+
+def distribute_data(batch):
+    """`batch` placed on the mesh of the distribution in force, as fit places it."""
+    ensure("keras")
+    from keras.src.backend.jax import trainer
+
+    return trainer._distribute_data(batch)
+
+
+def training_state(model):
+    """The (trainable, non-trainable, optimizer, metrics) state tuple fit passes to the train step."""
+    ensure("keras")
+    return model._get_jax_state(
+        trainable_variables=True, non_trainable_variables=True, optimizer_variables=True, metrics_variables=True,
+    )
+
+
+def state_shardings(model):
+    """The shardings of the training state, as fit gives them to jax.jit as out_shardings."""
+    ensure("keras")
+    return model._get_state_sharding_spec()
+
+
+def sync_training_state(model) -> None:
+    """Writes the state the JAX trainer keeps off the variables during an epoch back onto them."""
+    ensure("keras")
+    model.jax_state_sync()
+
+
+def sublayers(model) -> list:
+    """Every layer inside `model`, nested ones included (not the model itself)."""
+    ensure("keras")
+    return list(model._flatten_layers(include_self=False))
+
+
+def mark_async_safe(callback, safe: bool = True):
+    """Tells Keras whether it may call the per-step hooks of `callback` (a class or an instance)
+    from worker threads while its loop dispatches the next steps; returns `callback`, so it serves
+    as a class decorator."""
+    setattr(callback, ASYNC_SAFE, safe)
+    return callback
+
+
+def is_async_safe(callback) -> bool:
+    """Whether Keras may call the per-step hooks of `callback` from worker threads."""
+    return bool(getattr(callback, ASYNC_SAFE, False))
+
+
+# --- hydra -----------------------------------------------------------------------------------------
+
+
+def split_sweep(parsed_overrides) -> list[list[str]]:
+    """The jobs of a multirun: the override list of each job, as Hydra's basic sweeper makes them."""
+    ensure("hydra")
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+
+    (jobs,) = BasicSweeper.split_arguments(parsed_overrides, max_batch_size=None)
+    return jobs
+
+
+# --- orbax -----------------------------------------------------------------------------------------
+
+
+def is_complete_checkpoint(step_dir) -> bool:
+    """Whether `step_dir` holds the metadata file Orbax writes last into a finished checkpoint."""
+    ensure("orbax")
+    from orbax.checkpoint._src.metadata import checkpoint
+
+    return checkpoint.step_metadata_file_path(step_dir).is_file()

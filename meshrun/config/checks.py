@@ -1,0 +1,180 @@
+"""Range checks of a parsed config: values that are well typed but out of range, or that do not fit
+together (a batch that the batch axis does not divide, a rule naming an axis the mesh lacks). Each
+raises a ConfigError naming the key, the value and what would be valid."""
+
+from __future__ import annotations
+
+import re
+from typing import Optional
+
+from meshrun.config.schema import (
+    FILL,
+    LR_SCHEDULES,
+    PLATFORMS,
+    PRECISIONS,
+    VERBOSITY,
+    DevicesConfig,
+    DistributedConfig,
+    EarlyStoppingConfig,
+    MeshConfig,
+    ProfileConfig,
+    RunConfig,
+    TrainConfig,
+)
+from meshrun.errors import ConfigError
+from meshrun.wording import format_shape, one_of
+
+
+def check_values(config: RunConfig) -> None:
+    """Range checks that the types alone do not cover."""
+    positive = {
+        "train.batch_size": config.train.batch_size,
+        "train.epochs": config.train.epochs,
+        "devices.cpu_devices": config.devices.cpu_devices,
+    }
+    for key, value in positive.items():
+        if value <= 0:
+            raise ConfigError(key, f"got {value}; expected a positive integer")
+    if config.train.learning_rate <= 0:
+        raise ConfigError("train.learning_rate", f"got {config.train.learning_rate}; expected a positive number")
+    if config.devices.peak_flops is not None and config.devices.peak_flops <= 0:
+        raise ConfigError("devices.peak_flops", f"got {config.devices.peak_flops}; expected a positive FLOP/s figure, e.g. 9.89e14")
+    _check_training_values(config.train)
+    _check_profile(config.profile)
+    if config.train.verbose not in VERBOSITY:
+        raise ConfigError("train.verbose", f"got {config.train.verbose}; valid: {one_of(VERBOSITY)}")
+    if config.devices.platform not in PLATFORMS:
+        raise ConfigError("devices.platform", f"got {config.devices.platform!r}; valid: {one_of(PLATFORMS)}")
+    check_batch(config.train.batch_size, config.mesh)
+    checkpoint = config.checkpoint
+    if checkpoint.every_steps is not None and checkpoint.every_steps <= 0:
+        raise ConfigError("checkpoint.every_steps", f"got {checkpoint.every_steps}; expected a positive number of steps (null: none)")
+    if checkpoint.keep <= 0:
+        raise ConfigError("checkpoint.keep", f"got {checkpoint.keep}; expected a positive number of checkpoints to keep")
+    distributed = config.distributed
+    if distributed.launches_locally:
+        if config.devices.platform not in ("auto", "cpu"):
+            raise ConfigError(
+                "distributed.local_processes",
+                f"got {distributed.local_processes} with devices.platform={config.devices.platform}; local processes emulate "
+                "CPU devices only: on accelerators run one process (it uses every device) or start one per host with distributed=auto",
+            )
+        check_processes(config.mesh, config.devices, distributed.local_processes, "distributed.local_processes")
+    elif distributed.num_processes is not None:
+        check_processes(config.mesh, config.devices, distributed.num_processes, "distributed.num_processes")
+    synthetic = config.data.options
+    if config.data.name == "synthetic":  # other sources count their samples when they load
+        for key in ("num_samples", "eval_samples"):
+            if getattr(synthetic, key) < config.train.batch_size:
+                raise ConfigError(
+                    f"data.{key}",
+                    f"got {getattr(synthetic, key)}; fewer samples than one global batch (train.batch_size={config.train.batch_size})",
+                )
+
+
+def _check_training_values(train: TrainConfig) -> None:
+    if train.precision not in PRECISIONS:
+        raise ConfigError("train.precision", f"got {train.precision!r}; valid: {one_of(PRECISIONS)}")
+    if train.lr_schedule not in LR_SCHEDULES:
+        raise ConfigError("train.lr_schedule", f"got {train.lr_schedule!r}; valid: {one_of(LR_SCHEDULES)}")
+    if train.warmup_steps < 0:
+        raise ConfigError("train.warmup_steps", f"got {train.warmup_steps}; expected 0 or more steps")
+    if train.warmup_steps and train.lr_schedule != "cosine":
+        raise ConfigError("train.warmup_steps", f"got {train.warmup_steps} with train.lr_schedule={train.lr_schedule}; warm-up comes with cosine")
+    if not 0 <= train.min_learning_rate <= train.learning_rate:
+        raise ConfigError("train.min_learning_rate", f"got {train.min_learning_rate}; valid: 0 to train.learning_rate ({train.learning_rate})")
+    if train.clip_norm is not None and train.clip_norm <= 0:
+        raise ConfigError("train.clip_norm", f"got {train.clip_norm}; expected a positive global norm (null: no clipping)")
+    if train.grad_accum_steps < 1:
+        raise ConfigError("train.grad_accum_steps", f"got {train.grad_accum_steps}; expected 1 (no accumulation) or more steps per update")
+    if train.eval_every is not None and train.eval_every < 1:
+        raise ConfigError("train.eval_every", f"got {train.eval_every}; expected a positive number of epochs (null: evaluate at the end only)")
+    if train.max_time is not None and train.max_time <= 0:
+        raise ConfigError("train.max_time", f"got {train.max_time:g}; expected a positive duration such as 3600, 90m or 1:30:00 (null: no limit)")
+    _check_early_stopping(train.early_stopping, train.eval_every)
+
+
+EARLY_STOPPING_MODES = ("auto", "min", "max")
+
+
+def _check_early_stopping(early: EarlyStoppingConfig, eval_every: Optional[int]) -> None:
+    key = "train.early_stopping"
+    if early.mode not in EARLY_STOPPING_MODES:
+        raise ConfigError(f"{key}.mode", f"got {early.mode!r}; valid: {one_of(EARLY_STOPPING_MODES)}")
+    if early.patience < 0:
+        raise ConfigError(f"{key}.patience", f"got {early.patience}; expected 0 or more epochs")
+    if early.min_delta < 0:
+        raise ConfigError(f"{key}.min_delta", f"got {early.min_delta}; expected 0 or more")
+    if early.monitor is not None and early.monitor.startswith("val_") and eval_every is None:
+        raise ConfigError(
+            f"{key}.monitor",
+            f"got {early.monitor!r} with train.eval_every=null; val_ metrics exist only when training evaluates: "
+            f"set train.eval_every=1, or monitor a training metric such as loss",
+        )
+
+
+def _check_profile(profile: ProfileConfig) -> None:
+    steps = profile.steps
+    if steps is None:
+        return
+    if len(steps) != 2 or not 1 <= steps[0] <= steps[1]:
+        raise ConfigError("profile.steps", f"got {list(steps)}; expected [first, last] training steps with 1 <= first <= last, e.g. [10,20]")
+
+
+def check_batch(batch_size: int, mesh: MeshConfig) -> None:
+    """The global batch must split evenly over the batch axis (checked again once -1 is filled)."""
+    if FILL in mesh.shape and mesh.shape[mesh.axis_names.index(mesh.batch_axis)] == FILL:
+        return
+    size = mesh.axis_size(mesh.batch_axis)
+    if batch_size % size:
+        lower = batch_size - batch_size % size
+        valid = f"{lower} or {lower + size}" if lower else str(size)
+        raise ConfigError(
+            "train.batch_size",
+            f"got {batch_size}, which does not divide by the batch axis {mesh.batch_axis!r} of size "
+            f"{size}; use a multiple of {size}, e.g. {valid}",
+        )
+
+
+def check_rule_axes(key: str, axes: tuple, mesh: MeshConfig) -> None:
+    """ConfigError on `key` when a rule names an axis the mesh lacks or uses one axis twice."""
+    for axis in axes:
+        if axis is not None and axis not in mesh.axis_names:
+            raise ConfigError(
+                key,
+                f"got axis {axis!r}, which is not in the mesh; valid: {one_of([*mesh.axis_names, 'null'])}",
+            )
+    used = [a for a in axes if a is not None]
+    if len(set(used)) != len(used):
+        raise ConfigError(key, f"got {list(axes)}; a mesh axis may shard only one dimension")
+
+
+def check_distributed_values(config: DistributedConfig) -> None:
+    """Range checks of the distributed section on its own."""
+    if config.local_processes < 1:
+        raise ConfigError("distributed.local_processes", f"got {config.local_processes}; expected a positive integer (1: one process)")
+    if config.num_processes is not None and config.num_processes < 1:
+        raise ConfigError("distributed.num_processes", f"got {config.num_processes}; expected a positive integer")
+    if config.process_id is not None and config.num_processes is not None and not 0 <= config.process_id < config.num_processes:
+        raise ConfigError(
+            "distributed.process_id",
+            f"got {config.process_id}; valid: 0 to {config.num_processes - 1} (distributed.num_processes={config.num_processes})",
+        )
+    if config.coordinator is not None and not re.fullmatch(r"[\w.\-]+:\d{1,5}|\[[0-9a-fA-F:]+\]:\d{1,5}", config.coordinator):
+        raise ConfigError("distributed.coordinator", f"got {config.coordinator!r}; expected host:port of process 0, e.g. node01:12345")
+    if config.port is not None and not 0 < config.port < 65536:
+        raise ConfigError("distributed.port", f"got {config.port}; expected a TCP port, 1 to 65535 (null: pick a free one)")
+    if config.timeout_s <= 0:
+        raise ConfigError("distributed.timeout_s", f"got {config.timeout_s}; expected a positive number of seconds")
+
+
+def check_processes(mesh: MeshConfig, devices: DevicesConfig, processes: int, key: str) -> None:
+    """The job's devices must split evenly over its processes (each holds the same number). For
+    a mesh holding -1 that is known before jax starts only for emulated CPU devices."""
+    if mesh.size is None and devices.platform != "cpu" and key != "distributed.local_processes":
+        return
+    total = mesh.size or devices.cpu_devices
+    if total % processes:
+        valid = [n for n in range(1, total + 1) if total % n == 0]
+        what = f"mesh {format_shape(mesh.shape)}'s {total} devices" if mesh.size else f"devices.cpu_devices={total}"
+        raise ConfigError(key, f"got {processes}, but {what} do not split evenly over {processes} processes; valid: {one_of(valid)}")

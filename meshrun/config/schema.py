@@ -1,0 +1,288 @@
+"""Typed run configuration: the dataclasses every library module takes. `meshrun.config.parse`
+turns a composed config (a plain dict) into them and `meshrun.config.checks` holds the value checks,
+so that every bad value is a `ConfigError` naming its key before anything runs.
+
+Nothing here imports jax or keras. Checks that need the model's variables (layout rules against
+shapes) live in `meshrun.placement.layout`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from meshrun.errors import ConfigError
+from meshrun.wording import format_shape
+
+PLATFORMS = ("auto", "cpu", "gpu", "tpu")
+VERBOSITY = (0, 1, 2)
+DEFAULT_AXIS_NAMES = {1: ("data",), 2: ("data", "model")}
+FILL = -1  # a mesh dimension of -1 takes every device the others leave
+
+
+@dataclass(frozen=True)
+class MeshConfig:
+    """The device mesh: its shape (one dimension may be -1, filled at device setup), axis names
+    and the axis the batch is split over."""
+
+    shape: tuple[int, ...]
+    axis_names: tuple[str, ...]
+    batch_axis: str
+
+    def resolved(self, device_count: int) -> "MeshConfig":
+        """This mesh with a -1 dimension replaced so the product is `device_count`."""
+        if FILL not in self.shape:
+            return self
+        known = 1
+        for size in self.shape:
+            if size != FILL:
+                known *= size
+        if device_count % known:
+            raise ConfigError(
+                "mesh.shape",
+                f"got {format_shape(self.shape)}: the other dimensions ({known}) do not divide "
+                f"the {device_count} available devices",
+            )
+        return dataclasses.replace(
+            self, shape=tuple(device_count // known if s == FILL else s for s in self.shape)
+        )
+
+    @property
+    def size(self) -> Optional[int]:
+        """How many devices the mesh needs, or None while it still holds a -1."""
+        if FILL in self.shape:
+            return None
+        total = 1
+        for size in self.shape:
+            total *= size
+        return total
+
+    def axis_size(self, axis: str) -> int:
+        """The number of devices along mesh axis `axis`."""
+        return self.shape[self.axis_names.index(axis)]
+
+
+AxisSpec = Optional[str]
+
+
+# Where a layout rule came from: written in the layout config (a layout file or layout.rules),
+# added on top of it (layout.extra_rules), or taken from the model's own layout map (from_model).
+RULE_ORIGINS = ("rules", "extra_rules", "from_model")
+
+
+@dataclass(frozen=True)
+class LayoutRule:
+    """One layout rule: a regex matched against variable and `<layer>/output` paths with
+    re.fullmatch, and the mesh axis (or None) for each dimension of what it matches. `origin` says
+    where it came from (RULE_ORIGINS); an `optional` rule may match nothing (a family layout's rule
+    for a variable some members lack, or a rule of the model's own map), where any other rule that
+    matches nothing is an error."""
+
+    pattern: str
+    axes: tuple[AxisSpec, ...]
+    origin: str = "rules"
+    optional: bool = False
+
+    @property
+    def key(self) -> str:
+        """The config key a problem with this rule is reported under."""
+        return "layout.from_model" if self.origin == "from_model" else f"layout.{self.origin}.{self.pattern}"
+
+
+@dataclass(frozen=True)
+class LayoutConfig:
+    """The layout rules in the order they were written, those added on top (`extra_rules`), and
+    whether the model's own layout map replaces `rules` (`from_model`, resolved once the model and
+    mesh are known: meshrun.build.layout_rules)."""
+
+    rules: tuple[LayoutRule, ...] = ()
+    extra_rules: tuple[LayoutRule, ...] = ()
+    from_model: bool = False
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Which registered model to build, and its options (the model's own dataclass)."""
+
+    name: str
+    options: Any
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    """Which registered data source feeds the run, and its options (the source's own dataclass)."""
+
+    name: str = "synthetic"
+    options: Any = None
+
+
+PRECISIONS = ("float32", "mixed_bfloat16", "mixed_float16")
+LR_SCHEDULES = ("constant", "cosine", "linear")
+
+
+@dataclass(frozen=True)
+class EarlyStoppingConfig:
+    """Stop training once `monitor` (a logged metric: loss, accuracy, val_loss, ...; None: never
+    stop early) has not improved by `min_delta` for `patience` epochs; `mode` min, max or auto
+    (max for accuracy-like names, else min)."""
+
+    monitor: Optional[str] = None
+    patience: int = 3
+    min_delta: float = 0.0
+    mode: str = "auto"
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """How to train: global batch size, epochs, optimizer, learning rate and its schedule
+    (constant, cosine with `warmup_steps` of linear warm-up, or linear decay, both ending at
+    `min_learning_rate`), gradient clipping by global norm, the Keras dtype policy, loss (None:
+    the model's own), metrics, seed, console verbosity, whether a NaN/Inf loss stops the run,
+    gradient accumulation (`grad_accum_steps` steps of `batch_size` per optimizer update), evaluation
+    every `eval_every` epochs, a wall-clock budget (`max_time`) and early stopping."""
+
+    batch_size: int = 16
+    epochs: int = 3
+    optimizer: str = "adam"
+    learning_rate: float = 0.001
+    lr_schedule: str = "constant"
+    warmup_steps: int = 0
+    min_learning_rate: float = 0.0
+    clip_norm: Optional[float] = None
+    precision: str = "float32"
+    loss: Optional[str] = None  # None: the model's own loss
+    metrics: Optional[tuple[str, ...]] = None  # None: the model's own (with its loss), else accuracy for cross-entropy
+    seed: int = 1337
+    verbose: int = 1
+    stop_on_nan: bool = True
+    grad_accum_steps: int = 1
+    eval_every: Optional[int] = None
+    max_time: Optional[float] = None  # seconds from process start; the config may say "90m", "2h", "1:30:00"
+    early_stopping: EarlyStoppingConfig = field(default_factory=EarlyStoppingConfig)
+
+
+@dataclass(frozen=True)
+class DevicesConfig:
+    """Which platform to run on, how many CPU devices to emulate for a mesh holding -1, and the
+    peak FLOP/s of one device where meshrun's table does not know the device kind."""
+
+    platform: str = "auto"
+    cpu_devices: int = 8
+    peak_flops: Optional[float] = None
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    """XLA's persistent compilation cache: on by default, in `dir` (None: the user's cache dir,
+    $XDG_CACHE_HOME/meshrun/xla or ~/.cache/meshrun/xla)."""
+
+    enabled: bool = True
+    dir: Optional[str] = None
+
+
+@dataclass(frozen=True)
+class CheckpointConfig:
+    """Sharded checkpoints: every `every_steps` training steps and/or at the end of every epoch,
+    keeping the newest `keep`, written in the background (`async_save`), into `dir` (None: the run
+    dir's checkpoints/). `every_epoch` left None means yes when a dir is given without every_steps:
+    naming a checkpoint dir asks for checkpoints. `export` also writes the final model as model.keras
+    into the run dir."""
+
+    every_steps: Optional[int] = None
+    every_epoch: Optional[bool] = None
+    keep: int = 3
+    dir: Optional[str] = None
+    async_save: bool = True
+    export: bool = False
+
+    @property
+    def saves_every_epoch(self) -> bool:
+        """Whether a checkpoint is written at the end of every epoch."""
+        return self.every_epoch if self.every_epoch is not None else bool(self.dir) and not self.every_steps
+
+    @property
+    def saves(self) -> bool:
+        """Whether the run writes checkpoints at all."""
+        return bool(self.every_steps) or self.saves_every_epoch
+
+
+@dataclass(frozen=True)
+class LoggingConfig:
+    """Which copies of the step log a run writes besides log.jsonl (always written): the sinks
+    switched on with `logging.<name>=true`, by name (meshrun.logs.sinks registers them: tensorboard,
+    csv, ...)."""
+
+    sinks: frozenset[str] = frozenset()
+
+
+@dataclass(frozen=True)
+class ProfileConfig:
+    """A JAX profiler trace of training steps `steps` = (first, last), counted from 1 as in
+    log.jsonl, written into `dir` (None: <run dir>/profile); None: no trace."""
+
+    steps: Optional[tuple[int, ...]] = None
+    dir: Optional[str] = None
+
+
+RESUME_MODES = ("auto", "never")
+
+
+DISTRIBUTED_MODES = ("off", "auto", "explicit")
+
+
+@dataclass(frozen=True)
+class DistributedConfig:
+    """How many processes form the job and how they find each other: `off` (one process),
+    `auto` (read SLURM's or the KERAS_DISTRIBUTION_* / JAX_* environment), `explicit` (the
+    coordinator, num_processes and process_id given here; setting them implies it), or
+    `local_processes` processes started on this machine by meshrun itself. `timeout_s` bounds
+    how long a process waits for the others to join; `port` is the coordinator's port for
+    local_processes (None: a free one)."""
+
+    mode: str = "off"
+    local_processes: int = 1
+    coordinator: Optional[str] = None
+    num_processes: Optional[int] = None
+    process_id: Optional[int] = None
+    port: Optional[int] = None
+    timeout_s: int = 120
+
+    @property
+    def launches_locally(self) -> bool:
+        """Whether meshrun starts the job's processes itself, on this machine."""
+        return self.local_processes > 1
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """Everything one training run needs, validated."""
+
+    mesh: MeshConfig
+    layout: LayoutConfig
+    model: ModelConfig
+    data: DataConfig = field(default_factory=lambda: _default_data())
+    train: TrainConfig = field(default_factory=TrainConfig)
+    devices: DevicesConfig = field(default_factory=DevicesConfig)
+    cache: CacheConfig = field(default_factory=CacheConfig)
+    distributed: DistributedConfig = field(default_factory=DistributedConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+    profile: ProfileConfig = field(default_factory=ProfileConfig)
+    resume: Optional[str] = None  # auto, never or a checkpoint path; None: auto with checkpoint.dir, else never
+
+    @property
+    def resume_mode(self) -> str:
+        """auto, never or a path: what `resume` means once its default is filled in."""
+        if self.resume is not None:
+            return self.resume
+        return "auto" if self.checkpoint.dir else "never"
+
+
+def _default_data() -> DataConfig:
+    from meshrun.config.parse import parse_data  # the parser needs these types first
+
+    return parse_data({})
+
+
+TOP_LEVEL_KEYS = ("mesh", "layout", "model", "data", "train", "devices", "cache", "distributed", "checkpoint", "logging", "profile", "resume")

@@ -1,0 +1,158 @@
+"""Joining a multi-process job through `jax.distributed` with a bounded wait and a one-line error,
+sending the output of every process but the first to a log file in the run dir, and leaving the
+process quickly once its work is done.
+
+Nothing here imports jax until `join` runs, after `meshrun.placement.devices.prepare`. Whether this
+process has joined is jax's own state (jax.distributed can be initialised once per process: a
+multirun inside an srun step runs every job in the same processes).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from meshrun.errors import ConfigError
+from meshrun.launch.identity import Identity
+
+log = logging.getLogger("meshrun")
+
+
+def join(identity: Identity, timeout_s: int, on_timeout: Callable[[str], None]) -> None:
+    """Joins the job: process 0 checks its port is free and starts the coordinator, the others
+    wait for it to answer; then jax.distributed forms the job. If that takes longer than
+    `timeout_s`, `on_timeout(message)` is called and the process exits with status 2 (jax would
+    otherwise abort with a C++ stack trace)."""
+    if not identity.several or joined():
+        return
+    started = time.monotonic()
+    if identity.coordinator is not None:
+        host, port = split_address(identity.coordinator)
+        if identity.is_first:
+            check_port_free(port, "distributed.coordinator", identity.coordinator)
+        else:
+            _wait_for_coordinator(host, port, identity, timeout_s)
+    left = max(1.0, timeout_s - (time.monotonic() - started))
+    watchdog = threading.Timer(left, _give_up, args=(identity, timeout_s, on_timeout))
+    watchdog.daemon = True
+    watchdog.start()
+    import jax
+
+    log.info(f"process {identity.process_id} of {identity.num_processes} joining the job ({identity.source})")
+    jax.distributed.initialize(
+        coordinator_address=identity.coordinator,
+        num_processes=identity.num_processes,
+        process_id=identity.process_id,
+        local_device_ids=list(identity.local_device_ids) if identity.local_device_ids else None,
+        # Longer than the watchdog, so that meshrun, not jax's abort, reports a job that never forms.
+        initialization_timeout=int(left) + 30,
+    )
+    watchdog.cancel()
+
+
+def joined() -> bool:
+    """Whether this process has joined a multi-process job."""
+    jax = sys.modules.get("jax")
+    return jax is not None and jax.distributed.is_initialized()
+
+
+def follows() -> bool:
+    """Whether this process has joined a job as a process other than 0 (which reports for all)."""
+    return joined() and sys.modules["jax"].process_index() != 0
+
+
+def exit_now(status: int) -> None:
+    """Ends the process at once, once its output and logs are flushed: the interpreter's own exit
+    (jax's and TensorFlow's clean-up, about 1.5 s) is work nobody waits for. Also how a failed
+    process of a job leaves: a normal exit would wait in jax's shutdown barrier for the other
+    processes, which wait in a collective for this one, so nobody would ever exit."""
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)
+
+
+def _give_up(identity: Identity, timeout_s: int, on_timeout: Callable[[str], None]) -> None:
+    where = identity.coordinator or "the coordinator SLURM's environment names"
+    message = (
+        f"distributed.num_processes: process {identity.process_id} of {identity.num_processes} waited {timeout_s} s "
+        f"at {where} but the job did not form; start all {identity.num_processes} processes, each with its own "
+        "distributed.process_id (or raise distributed.timeout_s)"
+    )
+    try:
+        on_timeout(message)
+    finally:
+        exit_now(2)
+
+
+def split_address(address: str) -> tuple[str, int]:
+    """host:port (or [v6]:port) as (host, port)."""
+    host, _, port = address.rpartition(":")
+    return host.strip("[]"), int(port)
+
+
+def check_port_free(port: int, key: str, given: object) -> None:
+    """ConfigError when something on this machine already listens on `port` (the coordinator
+    binds every address on it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        try:
+            probe.bind(("", port))
+        except OSError:
+            raise ConfigError(
+                key, f"got {given!r}, but port {port} is already in use on this machine; pick a free port"
+                + (" or leave distributed.port unset to get one" if key == "distributed.port" else "")
+            ) from None
+
+
+def free_port() -> int:
+    """A TCP port nothing listens on right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("", 0))
+        return probe.getsockname()[1]
+
+
+def _wait_for_coordinator(host: str, port: int, identity: Identity, timeout_s: int) -> None:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            with socket.create_connection((host, port), timeout=2):
+                return
+        except OSError:
+            if time.monotonic() >= deadline:
+                raise ConfigError(
+                    "distributed.coordinator",
+                    f"got {identity.coordinator!r}, but nothing answered there within {timeout_s} s "
+                    f"(process {identity.process_id} of {identity.num_processes}); start process 0 and give every "
+                    "process its host:port",
+                ) from None
+            time.sleep(0.25)
+
+
+def log_path(run_dir: str, process_id: int) -> Path:
+    """The log file of process `process_id` in the run dir."""
+    return Path(run_dir) / f"process-{process_id}.log"
+
+
+def route_output(run_dir: str, process_id: int) -> Path:
+    """Sends this process's stdout, stderr and log records to its own log file in the run dir
+    (appending), for every process but the first; returns the file."""
+    path = log_path(run_dir, process_id)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(descriptor, 1)
+    os.dup2(descriptor, 2)
+    os.close(descriptor)
+    root = logging.getLogger()
+    for handler in list(root.handlers):
+        if isinstance(handler, logging.FileHandler):  # the run's main log belongs to process 0
+            root.removeHandler(handler)
+            handler.close()
+    return path

@@ -1,0 +1,65 @@
+"""The one way meshrun starts meshrun processes: `python -m meshrun ARGS --role=ROLE`.
+
+The role says why the process was started, and so who owns its run dir and its verdict:
+- `user`: started by a person, a script or a scheduler (the default): it owns its run dir.
+- `local-process`: one process of a `distributed.local_processes` job; the local launcher owns the
+  run dir and the job's verdict, and cleans up after a rejected config.
+- `sweep-job`: one job of a multirun run in a process of its own (its device count differs from the
+  others'); a config error is recorded as the job's row (metrics.json with status error) instead of
+  removing its run dir, as a job of an in-process multirun would be.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import enum
+import signal
+import subprocess
+import sys
+from collections.abc import Mapping, Sequence
+
+
+class Role(enum.Enum):
+    """Why a meshrun process runs (see the module doc)."""
+
+    USER = "user"
+    LOCAL_PROCESS = "local-process"
+    SWEEP_JOB = "sweep-job"
+
+
+ROLE_FLAG = "--role"
+MODULE_ENTRY = ("-m", "meshrun")
+
+
+def parse_role(arg: str) -> Role | None:
+    """The role `--role=NAME` names, or None when `arg` is not that flag; ValueError for an unknown
+    role."""
+    flag, _, value = arg.partition("=")
+    if flag != ROLE_FLAG:
+        return None
+    return Role(value)
+
+
+def command(args: Sequence[str], role: Role, entry: Sequence[str] = MODULE_ENTRY) -> list[str]:
+    """The command line of a meshrun process with `args` (command and overrides) in `role`;
+    `entry` is how Python starts meshrun (`-m meshrun`, or `-c CODE` for a wrapper that does)."""
+    return [sys.executable, *entry, *args, f"{ROLE_FLAG}={role.value}"]
+
+
+def spawn(args: Sequence[str], role: Role, *, stdout=None, stderr=None, env: Mapping[str, str] | None = None,
+          cwd=None, own_group: bool = False, entry: Sequence[str] = MODULE_ENTRY) -> subprocess.Popen:
+    """Starts meshrun with `args` in `role`. With `own_group` the process leads a process group of
+    its own (stopping the group stops its children too) and is killed when this process dies,
+    however it dies (Linux)."""
+    return subprocess.Popen(
+        command(args, role, entry), stdout=stdout, stderr=stderr, env=None if env is None else dict(env), cwd=cwd,
+        start_new_session=own_group, preexec_fn=_die_with_parent if own_group else None,
+    )
+
+
+def _die_with_parent() -> None:
+    """In the child, before exec: ask Linux to kill it when its parent dies."""
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except OSError:  # not Linux: the launcher's own signal handling still stops the processes
+        pass

@@ -1,0 +1,163 @@
+"""The last phase of a run: what metrics.json holds (RunMetrics), from what `prepare` decided and
+what `execute` found out. Plain arithmetic; nothing is measured here."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import meshrun
+from meshrun.report import hardware
+from meshrun.run.execute import Outcome, local_devices
+from meshrun.run.metrics import (
+    CacheFigures,
+    CheckpointFigures,
+    CompiledMemory,
+    DataFigures,
+    DeviceFigures,
+    FlopsFigures,
+    LayoutFigures,
+    MemoryFigures,
+    MeshFigures,
+    ModelFigures,
+    ProcessFigures,
+    RunMetrics,
+    TimingFigures,
+    TrainFigures,
+)
+from meshrun.run.prepare import RunSetup
+
+
+@dataclass(frozen=True)
+class Ending:
+    """How the run ended: the seconds spent clearing Keras' session, and when it was done."""
+
+    teardown_s: float
+    ended_at: float
+
+
+def collect(setup: RunSetup, outcome: Outcome, ending: Ending) -> RunMetrics:
+    """The metrics of a finished run."""
+    import jax
+    import keras
+
+    config, context = setup.config, setup.context
+    return RunMetrics(
+        status="ok", error=None, run_dir=context.run_dir, choices=context.choices, overrides=context.overrides,
+        mesh=MeshFigures(list(setup.devices.mesh.shape), list(setup.devices.mesh.axis_names), setup.devices.mesh.batch_axis),
+        devices=_devices(setup), distributed=ProcessFigures(**context.identity.describe()), layout=_layout(setup),
+        model=_model(setup, outcome), data=_data(setup), train=_train(setup, outcome), timing=_timing(setup, outcome, ending),
+        cache=CacheFigures(enabled=config.cache.enabled, dir=setup.cache_dir), flops=_flops(setup, outcome),
+        memory=_memory(setup, outcome), checkpoint=_checkpoint(setup, outcome), logs=outcome.logs, profile=outcome.profile,
+        history=outcome.history, eval=outcome.evaluation, sharding=outcome.placed,
+        versions={"meshrun": meshrun.__version__, "keras": keras.__version__, "jax": jax.__version__},
+    )
+
+
+def _devices(setup: RunSetup) -> DeviceFigures:
+    found = setup.devices
+    return DeviceFigures(platform=found.platform, kind=found.kind, count=len(found.devices), available=found.available,
+                         emulated=found.emulated, processes=found.processes, per_process=len(local_devices(found.devices)))
+
+
+def _layout(setup: RunSetup) -> LayoutFigures:
+    rules = setup.placement.rules
+    return LayoutFigures(rules={r.pattern: list(r.axes) for r in rules}, origins={r.pattern: r.origin for r in rules},
+                         from_model=setup.config.layout.from_model)
+
+
+def _model(setup: RunSetup, outcome: Outcome) -> ModelFigures:
+    spec, options = setup.placement.spec, setup.placement.options
+    signature = setup.placement.abstract.signature.describe()
+    return ModelFigures(name=spec.name, label=spec.name_of(options), params=outcome.params, options=_jsonable(asdict(options)),
+                        inputs=signature["inputs"], outputs=signature["outputs"])
+
+
+def _data(setup: RunSetup) -> DataFigures:
+    config, data = setup.config, setup.data
+    return DataFigures(
+        source=config.data.name, details={**_jsonable(asdict(config.data.options)), **setup.datasets.info},
+        global_batch_size=data.batch_size, process_batch_size=data.process_batch_size, processes=data.process_count,
+        process_share={"index": data.shard_index, "count": data.shard_count},
+    )
+
+
+def _train(setup: RunSetup, outcome: Outcome) -> TrainFigures:
+    train, mesh = setup.config.train, setup.devices.mesh
+    return TrainFigures(
+        global_batch_size=train.batch_size, per_replica_batch_size=train.batch_size // mesh.axis_size(mesh.batch_axis),
+        steps_per_epoch=setup.datasets.steps_per_epoch, epochs=train.epochs, optimizer=train.optimizer,
+        learning_rate=train.learning_rate, lr_schedule=train.lr_schedule, warmup_steps=train.warmup_steps,
+        min_learning_rate=train.min_learning_rate, clip_norm=train.clip_norm, precision=train.precision,
+        grad_accum_steps=train.grad_accum_steps, samples_per_update=train.batch_size * train.grad_accum_steps,
+        updates=outcome.updates, eval_every=train.eval_every, max_time_s=train.max_time,
+        early_stopping=asdict(train.early_stopping) if train.early_stopping.monitor else None,
+        stopped=outcome.stopped, loss=outcome.loss, seed=train.seed,
+    )
+
+
+def _timing(setup: RunSetup, outcome: Outcome, ending: Ending) -> TimingFigures:
+    started, steps, batch = setup.context.started_at, outcome.steps, setup.config.train.batch_size
+    spec, options = setup.placement.spec, setup.placement.options
+    tokens_per_step = batch * spec.tokens_per_sample(options) if spec.tokens_per_sample else None
+    return TimingFigures(
+        startup_s=outcome.built_at - started, time_to_first_step_s=steps.first_step_at - started,
+        compile_s=steps.compile_s, step_time_s=steps.step_time_s, step_time_p90_s=steps.step_time_p90_s,
+        steady_steps=steps.steady_steps, async_log_fetch=outcome.async_log_fetch, samples_per_s=batch / steps.step_time_s,
+        tokens_per_s=tokens_per_step / steps.step_time_s if tokens_per_step else None, epoch_s=steps.epoch_s,
+        eval_s=outcome.eval_s, cost_analysis_s=outcome.costs.seconds, checkpoint_s=outcome.checkpoint_s,
+        teardown_s=ending.teardown_s, wall_s=ending.ended_at - started,
+    )
+
+
+def _flops(setup: RunSetup, outcome: Outcome) -> FlopsFigures:
+    """FLOPs of one step as XLA counts them, the rate achieved, and utilisation where the peak of
+    the device kind is known (from devices.peak_flops, else meshrun's table; never guessed)."""
+    config, found, costs = setup.config, setup.devices, outcome.costs
+    per_step = costs.flops_per_step
+    per_s = per_step / outcome.steps.step_time_s if per_step is not None else None
+    if config.devices.peak_flops is not None:
+        peak, source = config.devices.peak_flops, "devices.peak_flops"
+    else:
+        peak = hardware.peak_flops(found.kind) if not found.emulated else None
+        source = "table" if peak is not None else None
+    spec, options = setup.placement.spec, setup.placement.options
+    analytic = spec.analytic_flops(options, config.train.batch_size, setup.plan.variables) if spec.analytic_flops else None
+    return FlopsFigures(
+        per_step=per_step, per_step_per_device=costs.flops_per_step_per_device, per_s=per_s, peak_per_device=peak,
+        peak_source=source, mfu=hardware.mfu(per_s, len(found.devices), peak), analytic_per_step=analytic,
+        analytic_over_xla=analytic / per_step if analytic and per_step else None,
+    )
+
+
+def _memory(setup: RunSetup, outcome: Outcome) -> MemoryFigures:
+    """Bytes per device: the placed variables and optimizer slots (read from the arrays) beside the
+    plan's figures, XLA's compiled estimate of the step, and the live peak where the platform
+    reports one."""
+    costs, plan = outcome.costs, setup.plan
+    return MemoryFigures(
+        params_bytes_per_device=sum(v.bytes_per_device for v in outcome.placed.values()),
+        optimizer_bytes_per_device=outcome.optimizer_bytes_per_device,
+        planned_params_bytes_per_device=plan.params_bytes_per_device,
+        planned_optimizer_bytes_per_device=plan.optimizer_bytes_per_device,
+        peak_bytes_per_device=costs.peak_bytes_per_device,
+        compiled=CompiledMemory(argument_bytes=costs.argument_bytes, output_bytes=costs.output_bytes, temp_bytes=costs.temp_bytes,
+                                alias_bytes=costs.alias_bytes, generated_code_bytes=costs.generated_code_bytes),
+        live_peak_bytes_per_device=outcome.live_peak_bytes_per_device,
+    )
+
+
+def _checkpoint(setup: RunSetup, outcome: Outcome) -> CheckpointFigures:
+    config, resume = setup.config, setup.checkpoints.resume
+    return CheckpointFigures(
+        dir=str(setup.checkpoints.root) if outcome.saved_steps or config.checkpoint.saves else None,
+        saved_steps=outcome.saved_steps, resumed_from=str(resume) if resume else None,
+        resumed_at_step=setup.checkpoints.start.global_step if resume else None, exported=outcome.exported,
+    )
+
+
+def _jsonable(value):
+    if isinstance(value, tuple):
+        return list(value)
+    if isinstance(value, dict):
+        return {k: _jsonable(v) for k, v in value.items()}
+    return value

@@ -1,0 +1,190 @@
+"""The second phase of a run: build the model under the run's distribution, fit it, evaluate it,
+export it, and read what the report needs off the placed arrays and XLA's analysis of the step.
+Everything it needs was checked by `prepare`; what it found out is an `Outcome`.
+
+Importing this module imports jax and keras: call `meshrun.placement.devices.prepare` first.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+import jax
+import keras
+
+from meshrun.logs.timing import StepStats
+from meshrun.models.build import build_model, check_paths_match
+from meshrun.report import costs as costs_lib
+from meshrun.run.hooks import RunHooks, make_hooks
+from meshrun.run.metrics import PlacedVariable, ProfileFigures
+from meshrun.run.prepare import RunSetup
+from meshrun.training import objectives
+from meshrun.training.schedule import keras_schedule
+
+EXPORT_FILE = "model.keras"
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What a finished run found out: when the model was built, the step times, the per-epoch
+    history and the final evaluation, XLA's costs of the step, every variable as placed (read back
+    from the arrays), what the hooks saw (early stop, checkpoints, logs, trace) and the export."""
+
+    built_at: float
+    steps: StepStats
+    async_log_fetch: bool
+    history: dict
+    evaluation: dict
+    eval_s: float
+    costs: costs_lib.StepCosts
+    placed: dict[str, PlacedVariable]
+    params: int
+    optimizer_bytes_per_device: int
+    live_peak_bytes_per_device: Optional[int]
+    updates: int
+    loss: str
+    stopped: Optional[dict]
+    logs: dict
+    profile: Optional[ProfileFigures]
+    checkpoint_s: float
+    saved_steps: list
+    exported: Optional[str]
+
+
+def execute(setup: RunSetup) -> Outcome:
+    """Builds, trains, evaluates and exports the model of `setup`, and measures it."""
+    model, loss = build(setup)
+    built_at = time.time()
+    hooks = make_hooks(setup)
+    history = fit(model, setup, hooks)
+    eval_started = time.perf_counter()
+    evaluation = evaluate(model, setup)
+    eval_s = time.perf_counter() - eval_started
+    exported = export(model, setup)
+    return Outcome(
+        built_at=built_at, steps=hooks.timer.stats(), async_log_fetch=hooks.async_log_fetch, history=history,
+        evaluation=evaluation, eval_s=eval_s, costs=costs_lib.train_step_costs(model, setup.datasets.sample_batch),
+        placed=placed_variables(model, setup), params=int(model.count_params()),
+        optimizer_bytes_per_device=sum(_bytes_on_one_device(v) for v in model.optimizer.variables),
+        live_peak_bytes_per_device=costs_lib.live_peak_bytes(local_devices(setup.devices.devices)),
+        updates=int(model.optimizer.iterations), loss=objectives.loss_name(loss), stopped=hooks.stopped(),
+        logs=hooks.log_files(), profile=hooks.profile(), checkpoint_s=hooks.checkpointing.seconds,
+        saved_steps=hooks.checkpointing.saved_steps, exported=exported,
+    )
+
+
+def build(setup: RunSetup):
+    """The model, built and compiled under the run's distribution and dtype policy, its initial
+    weights drawn from the run's seed, and the loss it was compiled with. Every Keras object, the
+    optimizer's variables included, must be created under the distribution."""
+    config, placement = setup.config, setup.placement
+    spec, options = placement.spec, placement.options
+    keras.distribution.set_distribution(setup.distribution)
+    keras.config.set_dtype_policy(config.train.precision)  # reset to float32 by distribution.reset
+    keras.utils.set_random_seed(config.train.seed)
+    model, _ = build_model(spec, options, config.data)  # prepare's abstract builds left a fresh session
+    check_paths_match(model, placement.abstract, spec, options)
+    compiled = objectives.compiled_objectives(model)
+    train = config.train
+    optimizer = objectives.make_optimizer(
+        train.optimizer, keras_schedule(train, setup.total_steps), train.clip_norm,
+        loss_scaling=train.precision == "mixed_float16", accumulate=train.grad_accum_steps,
+    )
+    loss = objectives.make_loss(train.loss, spec, options, compiled)
+    metrics = objectives.make_metrics(train.metrics, setup.objectives.loss_function, train.loss is None, spec, options, compiled)
+    # With sample weights (a padding mask), metrics count only the samples (tokens) that weigh.
+    weighing = {"weighted_metrics": metrics} if setup.datasets.weighted else {"metrics": metrics}
+    model.compile(optimizer=optimizer, loss=loss, **weighing)
+    return model, loss
+
+
+def fit(model, setup: RunSetup, hooks: RunHooks) -> dict:
+    """Trains from the run's start (a fresh one, or the checkpoint it resumes) to the last epoch;
+    returns the per-epoch history. Raises Diverged when the NaN guard stopped training."""
+    try:
+        history = _fit(model, setup.datasets, setup.config.train, hooks.all, setup.checkpoints.start)
+    finally:
+        hooks.finish()
+    hooks.check_finite()
+    return history
+
+
+def _fit(model, datasets, train, callbacks: list, start) -> dict:
+    """Trains from `start` to the last epoch and returns the per-epoch history (epochs before
+    `start` come from its checkpoint). A half-done epoch runs first, for its remaining steps;
+    each fit call reads the data stream from the global step it starts at. Evaluates every
+    `train.eval_every` epochs (if set). Ends early once a callback stops training."""
+    history = {name: list(values) for name, values in start.history.items()}
+    steps_per_epoch = datasets.steps_per_epoch
+    spans = []  # (first epoch, end epoch, steps per epoch)
+    epoch = start.epoch
+    if start.step_in_epoch:
+        spans.append((epoch, epoch + 1, steps_per_epoch - start.step_in_epoch))
+        epoch += 1
+    if epoch < train.epochs:
+        spans.append((epoch, train.epochs, steps_per_epoch))
+    step = start.global_step
+    validation = {"validation_data": datasets.eval, "validation_freq": train.eval_every} if train.eval_every else {}
+    for first, end, steps in spans:
+        fitted = model.fit(
+            datasets.train.skip(step) if step else datasets.train,
+            initial_epoch=first, epochs=end, steps_per_epoch=steps, verbose=0, callbacks=callbacks,
+            shuffle=False,  # the tf.data pipeline shuffles, seeded
+            **validation,
+        )
+        for name, values in fitted.history.items():
+            history.setdefault(name, []).extend(float(v) for v in values)
+        if model.stop_training:
+            break
+        step += (end - first) * steps
+    return history
+
+
+def evaluate(model, setup: RunSetup) -> dict:
+    """The final evaluation: every compiled metric, and perplexity for a language model."""
+    evaluation = {name: float(value) for name, value in model.evaluate(setup.datasets.eval, verbose=0, return_dict=True).items()}
+    if setup.placement.spec.language_model and "loss" in evaluation:
+        evaluation["perplexity"] = math.exp(min(evaluation["loss"], 700.0))  # exp overflows a float past ~709
+    return evaluation
+
+
+def export(model, setup: RunSetup) -> Optional[str]:
+    """Writes the trained model as model.keras into the run dir when checkpoint.export asks; its path."""
+    if not setup.config.checkpoint.export:
+        return None
+    path = Path(setup.context.run_dir) / EXPORT_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    model.save(path)
+    return str(path)
+
+
+def placed_variables(model, setup: RunSetup) -> dict[str, PlacedVariable]:
+    """Every model variable as placed: its shape, the PartitionSpec and bytes per device read back
+    from the array, and the rule that placed it (None: replicated, no rule matched) with its
+    origin. The run's variables have the plan's paths (meshrun.models.build.check_paths_match)."""
+    planned = {p.path: p for p in setup.plan.variables}
+    placed = {}
+    for variable in model.variables:
+        spec = variable.value.sharding.spec
+        placed[variable.path] = PlacedVariable(
+            shape=list(variable.shape),
+            dtype=str(variable.dtype),
+            spec=[list(axis) if isinstance(axis, tuple) else axis for axis in spec] + [None] * (len(variable.shape) - len(spec)),
+            bytes_per_device=_bytes_on_one_device(variable),
+            rule=planned[variable.path].rule,
+            origin=planned[variable.path].origin,
+        )
+    return placed
+
+
+def local_devices(devices) -> list:
+    """The devices of `devices` that belong to this process (all of them with one process)."""
+    return [d for d in devices if d.process_index == jax.process_index()]
+
+
+def _bytes_on_one_device(variable) -> int:
+    return int(variable.value.addressable_shards[0].data.nbytes)

@@ -1,0 +1,113 @@
+"""The Keras callbacks of a run, made from its setup, and what they found out: step times, the
+checkpoints saved, why training stopped early, where the step log and the profiler trace went."""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+from rich.console import Console
+
+from meshrun import compat
+from meshrun.logs import sinks
+from meshrun.logs.progress import EpochProgress, progress_mode
+from meshrun.logs.steplog import StepLog
+from meshrun.logs.step_timer import StepTimer
+from meshrun.run.metrics import ProfileFigures
+from meshrun.run.prepare import RunSetup
+from meshrun.training import callbacks
+from meshrun.training.checkpoint import Checkpointing
+
+PROFILE_DIR = "profile"
+
+
+@dataclass
+class RunHooks:
+    """The Keras callbacks of a run, and what they found out."""
+
+    timer: StepTimer
+    checkpointing: Checkpointing
+    guard: Optional[callbacks.StopOnNaN] = None
+    step_log: Optional[StepLog] = None
+    budget: Optional[callbacks.TimeBudget] = None
+    early: Optional[callbacks.EarlyStopping] = None
+    profiler: Optional[callbacks.StepProfiler] = None
+    progress: Optional[EpochProgress] = None
+
+    @property
+    def all(self) -> list:
+        """The callbacks in the order Keras calls them: the timer, then checkpoints (a checkpoint
+        that does not fit is rejected before anything else starts), then the rest."""
+        optional = (self.guard, self.budget, self.early, self.profiler, self.step_log, self.progress)
+        return [self.timer, self.checkpointing, *(c for c in optional if c is not None)]
+
+    def finish(self) -> None:
+        """After the last fit: waits for checkpoints still being written and closes the step log."""
+        try:
+            self.checkpointing.finish()
+        finally:
+            if self.step_log is not None:
+                self.step_log.close()
+
+    def check_finite(self) -> None:
+        """Raises Diverged, naming the step, when the NaN guard stopped training."""
+        if self.guard is not None:
+            self.guard.check(self.checkpointing.last_saved)
+
+    @property
+    def async_log_fetch(self) -> bool:
+        """Whether Keras fetched step logs on its worker threads."""
+        return compat.is_async_safe(self.timer)
+
+    def stopped(self) -> Optional[dict]:
+        """Why training ended before its last epoch, and where (None: it ran to the end)."""
+        if self.budget is not None and self.budget.stopped_at is not None:
+            return {"reason": "max_time", "step": self.budget.stopped_at, "checkpoint": self.checkpointing.last_saved}
+        if self.early is not None and self.early.stopped_after is not None:
+            return {"reason": "early_stopping", "epoch": self.early.stopped_after, "checkpoint": self.checkpointing.last_saved}
+        return None
+
+    def log_files(self) -> dict:
+        """Where the step log went: file paths by kind."""
+        return {sink.kind: str(sink.path) for sink in (self.step_log.sinks if self.step_log else [])}
+
+    def profile(self) -> Optional[ProfileFigures]:
+        """The profiler trace: its dir, the steps asked for and traced, and its files."""
+        if self.profiler is None:
+            return None
+        p = self.profiler
+        return ProfileFigures(dir=str(p.directory), steps=[p.first, p.last], traced=list(p.traced) if p.traced else None,
+                              files=p.trace_files())
+
+
+def make_hooks(setup: RunSetup) -> RunHooks:
+    """The run's callbacks. The step log, progress bar and profiler run in the first process only;
+    the others log a line per epoch into their logs."""
+    config, context = setup.config, setup.context
+    train, start = config.train, setup.checkpoints.start
+    first = start.global_step
+    budget = None
+    if train.max_time is not None:
+        budget = callbacks.TimeBudget(context.started_at + train.max_time, first, several_processes=setup.devices.processes > 1)
+    hooks = RunHooks(
+        timer=StepTimer(async_safe=not setup.devices.emulated),
+        guard=callbacks.StopOnNaN(first, setup.datasets.steps_per_epoch) if train.stop_on_nan else None,
+        checkpointing=Checkpointing(config.checkpoint, setup.checkpoints.root, start, setup.checkpoints.resume, budget=budget),
+        budget=budget,
+    )
+    early = train.early_stopping
+    if early.monitor is not None:
+        hooks.early = callbacks.EarlyStopping(monitor=early.monitor, patience=early.patience, min_delta=early.min_delta,
+                                              mode=early.mode, verbose=0)
+    if context.identity.is_first and context.run_dir:
+        run_dir = Path(context.run_dir)
+        hooks.step_log = StepLog(functools.partial(sinks.open_sinks, run_dir, config.logging.sinks), train, setup.total_steps, first)
+        if config.profile.steps is not None:
+            where = Path(config.profile.dir).expanduser() if config.profile.dir else run_dir / PROFILE_DIR
+            hooks.profiler = callbacks.StepProfiler(*config.profile.steps, where, first)
+    mode = progress_mode(train.verbose, context.identity.is_first, Console().is_terminal)
+    if mode is not None:
+        hooks.progress = EpochProgress(mode, train.epochs, train.batch_size)
+    return hooks

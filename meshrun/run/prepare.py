@@ -1,0 +1,267 @@
+"""The first phase of a run: every check that needs no allocation, so that all config errors come
+before anything is built. `prepare` answers, in this order: the devices and the mesh, the checkpoint
+to resume from, where every variable goes (the model built by shapes only, and the layout's lint),
+the loss and the metric names, this process's share of each batch, the data (seeded) and whether it
+fits the model, and the step counts. `meshrun plan` reuses its placement step (`place`).
+
+Importing this module imports jax and keras: call `meshrun.placement.devices.prepare` first.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+import keras
+
+from meshrun import compat
+from meshrun import data as data_lib
+from meshrun.config import RunConfig, check_batch, check_processes, check_rule_axes
+from meshrun.config.schema import LayoutRule, MeshConfig, TrainConfig
+from meshrun.errors import ConfigError
+from meshrun.launch.identity import ONE_PROCESS, Identity
+from meshrun.models import get_model
+from meshrun.models.build import AbstractModel, abstract_session, describe
+from meshrun.models.registry import ModelSpec
+from meshrun.placement import devices as devices_lib
+from meshrun.placement import distribution as distribution_lib
+from meshrun.placement.plan import Plan, make_plan
+from meshrun.training import checkpoint as checkpoint_lib
+from meshrun.training import objectives
+from meshrun.wording import format_shape, one_of
+
+log = logging.getLogger("meshrun")
+
+
+@dataclass(frozen=True)
+class RunContext:
+    """Facts about the launch that the config does not hold: where the run writes, what was chosen
+    on the command line, when the job started (its start-up, wall time and train.max_time count
+    from there), this process's place in a multi-process job, and whether the process ends right
+    after this run (then Keras' session is left as it is instead of cleared, which can take
+    seconds)."""
+
+    run_dir: str = ""
+    choices: dict = field(default_factory=dict)
+    overrides: list = field(default_factory=list)
+    started_at: float = field(default_factory=time.time)
+    identity: Identity = ONE_PROCESS
+    process_ends_after: bool = False
+
+
+@dataclass(frozen=True)
+class CheckpointPlan:
+    """Where the run's checkpoints go, the checkpoint it resumes from (None: a fresh start) and the
+    progress that checkpoint holds."""
+
+    root: Path
+    resume: Optional[checkpoint_lib.ResumePoint]
+    start: checkpoint_lib.Progress
+
+
+@dataclass(frozen=True)
+class Placement:
+    """The run's model before it is built: its spec and options, its abstract description, the
+    layout rules in force and where they place everything."""
+
+    spec: ModelSpec
+    options: Any
+    abstract: AbstractModel
+    rules: tuple[LayoutRule, ...]
+    plan: Plan
+
+
+@dataclass(frozen=True)
+class Objectives:
+    """What the run trains with, by name: the loss as the report names it, the Keras loss function
+    (what the labels must fit), and the names Keras logs (loss first, then the metrics)."""
+
+    loss: str
+    loss_function: str
+    logged: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class RunSetup:
+    """Everything checked and decided before the build: the hand-over from `prepare` to `execute`."""
+
+    config: RunConfig
+    context: RunContext
+    devices: devices_lib.DeviceSet
+    cache_dir: Optional[str]
+    checkpoints: CheckpointPlan
+    placement: Placement
+    objectives: Objectives
+    distribution: Any  # keras.distribution.ModelParallel, not yet in force
+    data: data_lib.DataContext
+    datasets: data_lib.Datasets
+    total_steps: int
+
+    @property
+    def plan(self) -> Plan:
+        return self.placement.plan
+
+
+def prepare(config: RunConfig, context: RunContext) -> RunSetup:
+    """Checks everything about the run that can be known before building it; raises ConfigError
+    for the first problem. Nothing is allocated on the devices."""
+    compat.ensure("keras")
+    cache_dir = devices_lib.set_compilation_cache(config.cache)  # before anything compiles
+    found = devices_lib.discover(config.devices, config.mesh)
+    check_batch(config.train.batch_size, found.mesh)
+    _say_devices(found, config)
+    checkpoints = plan_checkpoints(config, context.run_dir, found.processes)
+    placement = place(config, found.mesh, found.processes)
+    placement.plan.raise_first_error()
+    for warning in placement.plan.warnings:
+        log.warning(warning)
+    named = check_objectives(config.train, placement)
+    distribution = distribution_lib.make_distribution(found.mesh, placement.rules, found.devices)
+    data = _data_context(config, placement, named, distribution, found.processes)
+    datasets = load_data(config, placement, data)
+    total_steps = count_steps(config, datasets.steps_per_epoch)
+    return RunSetup(config, context, found, cache_dir, checkpoints, placement, named, distribution, data, datasets, total_steps)
+
+
+def place_for_plan(config: RunConfig, processes: int = 1) -> Placement:
+    """The placement of `meshrun plan`, for a job of `processes` processes. A mesh with a -1 is
+    filled in from the devices here (as a run would); an explicit shape is planned as written,
+    whatever devices this machine has."""
+    mesh = config.mesh
+    if mesh.size is None:
+        mesh = devices_lib.discover(config.devices, mesh).mesh
+        check_batch(config.train.batch_size, mesh)
+        check_processes(mesh, config.devices, processes, "distributed.num_processes")
+    return place(config, mesh, processes)
+
+
+def place(config: RunConfig, mesh: MeshConfig, processes: int = 1) -> Placement:
+    """Where the configured model's variables and optimizer slots go on `mesh` (no -1 left) for a
+    job of `processes` processes, worked out from shapes alone."""
+    spec = get_model(config.model.name)
+    options = config.model.options
+    rules = layout_rules(config, spec, options, mesh)
+    train = config.train
+    abstract = describe(spec, options, config.data, train.optimizer, train.learning_rate, train.precision)
+    advice = (lambda variables, on: spec.layout_advice(options, variables, on)) if spec.layout_advice else None
+    plan = make_plan(spec.name_of(options), mesh, rules, abstract, train.optimizer, processes, advice=advice)
+    return Placement(spec=spec, options=options, abstract=abstract, rules=rules, plan=plan)
+
+
+def layout_rules(config: RunConfig, spec: ModelSpec, options, mesh: MeshConfig) -> tuple[LayoutRule, ...]:
+    """The run's layout rules: the layout config's, or the model's own layout map
+    (layout.from_model), followed by layout.extra_rules."""
+    layout = config.layout
+    if not layout.from_model:
+        return layout.rules + layout.extra_rules
+    if spec.layout_rules is None:
+        raise ConfigError(
+            "layout.from_model",
+            f"got true, but {spec.name_of(options)} has no layout map of its own; pick one of its layouts "
+            f"(layout={one_of(spec.layouts)}) or write layout.rules",
+        )
+    own = tuple(spec.layout_rules(options, mesh))
+    for rule in own:
+        check_rule_axes(rule.key, rule.axes, mesh)
+    return own + layout.extra_rules
+
+
+def plan_checkpoints(config: RunConfig, run_dir: str, processes: int) -> CheckpointPlan:
+    """Where checkpoints go, which one to resume from, and the progress it holds (a bad resume
+    path, an unwritable dir or nothing left to train are ConfigErrors)."""
+    root = checkpoint_lib.directory(config.checkpoint, run_dir)
+    if config.checkpoint.export and processes > 1:
+        raise ConfigError("checkpoint.export", "got true with several processes; a .keras file is written by one process, so export from a one-process run (resume from the checkpoint there)")
+    if config.checkpoint.saves or config.train.max_time is not None:  # the budget's stop saves a checkpoint
+        checkpoint_lib.check_writable(root)
+    point = checkpoint_lib.find(config.resume_mode, root)
+    start = checkpoint_lib.read_progress(point) if point else checkpoint_lib.Progress()
+    if point and start.epoch >= config.train.epochs:
+        raise ConfigError(
+            "resume",
+            f"checkpoint {point} is at the end of training (epoch {start.epoch} of {config.train.epochs}); nothing is left to "
+            "train: raise train.epochs, or start again with resume=never",
+        )
+    return CheckpointPlan(root, point, start)
+
+
+def check_objectives(train: TrainConfig, placement: Placement) -> Objectives:
+    """The loss and metric names the run will log (a ConfigError for a name Keras does not know, a
+    run without any loss, or an early-stopping monitor the run does not log). The loss and metrics
+    are made in an abstract session, so nothing is allocated; the run makes its own."""
+    spec, options, compiled = placement.spec, placement.options, placement.abstract.compiled
+    with abstract_session(), keras.StatelessScope(initialize_variables=False):
+        loss = objectives.make_loss(train.loss, spec, options, compiled)
+        function = objectives.loss_function(loss)
+        metrics = objectives.make_metrics(train.metrics, function, train.loss is None, spec, options, compiled)
+        named = Objectives(objectives.loss_name(loss), function, tuple(objectives.metric_names(metrics)))
+    _check_monitor(train, list(named.logged))
+    return named
+
+
+def _check_monitor(train: TrainConfig, names: list[str]) -> None:
+    """Early stopping must monitor a metric the run logs."""
+    monitor = train.early_stopping.monitor
+    if monitor is None:
+        return
+    logged = names + ([f"val_{name}" for name in names] if train.eval_every else [])
+    if monitor not in logged:
+        raise ConfigError("train.early_stopping.monitor", f"got {monitor!r}, which this run does not log; valid: {one_of(logged)}")
+
+
+def _data_context(config: RunConfig, placement: Placement, named: Objectives, distribution, processes: int) -> data_lib.DataContext:
+    """What the data source needs to know about the run, this process's share of each batch included."""
+    shard_index, shard_count = distribution_lib.batch_share(distribution, config.train.batch_size)
+    return data_lib.DataContext(
+        model=placement.spec, model_options=placement.options, batch_size=config.train.batch_size, seed=config.train.seed,
+        shard_index=shard_index, shard_count=shard_count, process_count=processes,
+        signature=placement.abstract.signature, loss=named.loss_function,
+    )
+
+
+def load_data(config: RunConfig, placement: Placement, data: data_lib.DataContext) -> data_lib.Datasets:
+    """The run's data pipelines, seeded (tf.data's shuffle order follows TensorFlow's global seed
+    too), and checked against the model's inputs and the loss (a ConfigError when they do not fit)."""
+    devices_lib.import_tensorflow()  # before set_random_seed imports it
+    keras.utils.set_random_seed(config.train.seed)
+    datasets = data_lib.make_datasets(config.data.name, config.data.options, data)
+    weight_input = placement.spec.sample_weight_input
+    if weight_input and not datasets.weighted:
+        datasets = data_lib.pipeline.weighted_by_input(datasets, weight_input)
+    options = placement.options
+    input_key = next((f"model.{k}" for k in ("input_shape", "seq_len") if getattr(options, k, None) is not None), None)
+    data_lib.pipeline.check_fits_model(datasets.train.element_spec, data.signature, data.loss, input_key)
+    return datasets
+
+
+def count_steps(config: RunConfig, steps_per_epoch: int) -> int:
+    """The run's training steps; switches that count steps must fit in them (a checkpoint schedule
+    that never fires is only a warning: the run is still worth its result)."""
+    total_steps = config.train.epochs * steps_per_epoch
+    accumulate = config.train.grad_accum_steps
+    if accumulate > total_steps:
+        raise ConfigError(
+            "train.grad_accum_steps",
+            f"got {accumulate}, more than the run's {total_steps} training steps; no update would be applied: valid 1 to {total_steps}",
+        )
+    every = config.checkpoint.every_steps
+    if every and every > total_steps:
+        log.warning(f"checkpoint.every_steps={every} is more than the run's {total_steps} training steps, so it never saves; "
+                    f"give at most {total_steps} or checkpoint.every_epoch=true")
+    steps = config.profile.steps
+    if steps is not None and steps[1] > total_steps:
+        raise ConfigError("profile.steps", f"got {list(steps)}; the run has {total_steps} training steps: valid 1 <= first <= last <= {total_steps}")
+    return total_steps
+
+
+def _say_devices(found: devices_lib.DeviceSet, config: RunConfig) -> None:
+    shape = format_shape(found.mesh.shape)
+    spread = f" over {found.processes} processes" if found.processes > 1 else ""
+    if found.emulated:
+        reason = "no accelerator found" if config.devices.platform == "auto" else "devices.platform=cpu"
+        log.info(f"{reason}; emulating {found.available} CPU devices{spread}, using {len(found.devices)} for mesh {shape}")
+    else:
+        log.info(f"using {len(found.devices)} {found.kind} devices{spread} for mesh {shape}")
