@@ -1,0 +1,107 @@
+"""metrics.json through its one definition (meshrun.run.metrics.RunMetrics): a run's file reads back
+into the same types and writes the same JSON, a new figure is one field that shows in the report, a
+failed run holds only its head; and the log sinks behind their registry, where a new sink gets its
+`logging.<name>` switch without a config file."""
+
+import dataclasses
+import io
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from conftest import fast_run_in_process
+from rich.console import Console
+
+from meshrun import cli
+from meshrun.report.render import summary_table
+from meshrun.run.metrics import RunMetrics, TimingFigures, figure
+
+
+@pytest.fixture(scope="module")
+def written() -> dict:
+    """The metrics.json content of a small run of the seeds' model on 2x4."""
+    return fast_run_in_process("2x4", "dense_model")
+
+
+@pytest.mark.integration
+def test_a_runs_metrics_read_back_into_their_types_and_write_the_same_json(written):
+    metrics = RunMetrics.from_json(written)
+    assert metrics.ok and metrics.mesh.shape == [2, 4] and metrics.timing.step_time_s > 0
+    assert metrics.sharding["d1/kernel"].spec == [None, "model"] and metrics.sharding["d1/kernel"].rule == "d1/kernel"
+    assert metrics.data.source == "synthetic" and metrics.data.details["family"] == "regression"  # beside data's own keys
+    assert json.dumps(metrics.to_json()) == json.dumps(written)  # the same keys, in the same order
+
+
+@pytest.mark.integration
+def test_a_new_figure_is_one_field_and_shows_in_the_report(written):
+    @dataclass(frozen=True)
+    class Timing(TimingFigures):
+        data_wait_s: float = figure("data wait", "{:.2f} s waiting for input")
+
+    base = RunMetrics.from_json(written)
+    timing = Timing(**dataclasses.asdict(base.timing), data_wait_s=0.25)
+    metrics = dataclasses.replace(base, timing=timing)
+    assert metrics.to_json()["timing"]["data_wait_s"] == 0.25
+    rows = dict(metrics.summary())
+    assert rows["data wait"] == "0.25 s waiting for input"
+    assert list(rows)[-1] == "data wait"  # a row SUMMARY_ROWS does not list comes after those
+    console = Console(file=io.StringIO(), width=200)
+    console.print(summary_table(metrics))
+    assert "0.25 s waiting for input" in console.file.getvalue()
+
+
+@pytest.mark.integration
+def test_the_summary_rows_read_as_before(written):
+    rows = dict(RunMetrics.from_json(written).summary())
+    assert list(rows)[:6] == ["status", "mesh", "devices", "model", "batch", "optimizer"]
+    assert rows["mesh"] == "2x4 ('data', 'model'), batch axis 'data'"
+    assert rows["devices"] == "8 x cpu (emulated)"
+    assert rows["batch"] == "16 global, 8 per replica, 8 steps/epoch x 2 epochs"
+    assert rows["optimizer"] == "adam, learning rate 0.001; float32"
+    assert rows["flops"].endswith("/s; MFU n/a (no peak known)") and "per step (XLA)" in rows["flops"]
+    assert rows["loss"] == " -> ".join(f"{v:.5f}" for v in written["history"]["loss"])
+
+
+def test_a_failed_runs_metrics_hold_only_the_head():
+    failed = RunMetrics.failed("mesh.shape: no", "runs/3", {"mesh": "3x1"}, ["mesh=3x1"], exit_status=2)
+    assert failed.to_json() == {"status": "error", "error": "mesh.shape: no", "run_dir": "runs/3", "choices": {"mesh": "3x1"},
+                                "overrides": ["mesh=3x1"], "exit_status": 2}
+    assert RunMetrics.from_json(failed.to_json()) == failed
+    with pytest.raises(ValueError, match="not a metrics.json of meshrun train"):
+        RunMetrics.from_json({"accuracy": 0.9})
+    with pytest.raises(TypeError, match="MeshFigures is given as str"):
+        RunMetrics.from_json({"status": "ok", "mesh": "2x4"})
+
+
+class Lines:
+    """A sink for the test: the steps' losses, one per line, in lines.txt."""
+
+    kind = "lines"
+
+    def __init__(self, run_dir: Path):
+        self.path = run_dir / "lines.txt"
+        self._file = open(self.path, "a")
+
+    def step(self, record: dict) -> None:
+        self._file.write(f"{record['step']} {record['loss']:.6f}\n")
+
+    def epoch(self, record: dict) -> None:
+        self._file.flush()
+
+    def close(self) -> None:
+        self._file.close()
+
+
+@pytest.mark.integration
+def test_a_registered_sink_gets_its_switch_and_a_run_writes_it(in_tmp, monkeypatch):
+    from meshrun.logs import sinks
+
+    monkeypatch.setitem(sinks._REGISTRY._specs, "lines", sinks.SinkSpec("lines", Lines, "the losses, a line per step"))
+    assert sinks.switch_names() == ["csv", "lines", "tensorboard"]
+    cli.main(["train", "mesh=2x4", "train.verbose=0", "train.epochs=1", "data.num_samples=64", "data.eval_samples=32",
+              "logging.lines=true", "hydra.run.dir=run"])
+    written = (in_tmp / "run" / "lines.txt").read_text().splitlines()
+    assert [int(line.split()[0]) for line in written] == list(range(1, 5))
+    metrics = json.loads((in_tmp / "run" / "metrics.json").read_text())
+    assert metrics["logs"] == {"jsonl": str(in_tmp / "run" / "log.jsonl"), "lines": str(in_tmp / "run" / "lines.txt")}
