@@ -94,15 +94,13 @@ def run(invocation: jobs.Invocation) -> int:
     """Runs the invocation's jobs through Hydra; returns its exit status (2 for a config error)."""
     os.environ["HYDRA_FULL_ERROR"] = "1"  # Hydra's errors reach us whole, to be worded as one line
     register_config_sources()
-    try:
-        compat.ensure("hydra")
-        overrides = expand_overrides(invocation)
-    except ConfigError as err:
-        say_error(str(err))
-        return 2
     with jobs.running(invocation):
         try:
-            _run_hydra(invocation, overrides)
+            compat.ensure("hydra")
+            _run_hydra(invocation, expand_overrides(invocation))
+        except ConfigError as err:
+            say_error(str(err))
+            return 2
         except Exception as err:  # jobs catch their own errors: what gets here is Hydra's composition
             say_error(hydra_error_line(err, invocation.overrides))
             return 2

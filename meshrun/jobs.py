@@ -131,10 +131,13 @@ class RunDir:
     A process started by the local launcher owns nothing (the launcher does), and once a
     multi-process job has formed only process 0 owns it."""
 
-    path: str
     job: Job
     keeps_rejected: bool
     launched: bool
+
+    @property
+    def path(self) -> str:
+        return self.job.run_dir
 
     def owned(self, identity: Identity) -> bool:
         return not self.launched and (identity.is_first or not join_lib.joined())
@@ -181,7 +184,7 @@ def train_job(invocation: Invocation, job: Job) -> None:
     distributed.local_processes the job's processes are started here instead; in a multi-process
     job only process 0 reports and writes files."""
     started_at = invocation.start_job(job.run_dir)
-    run_dir = RunDir(job.run_dir, job, keeps_rejected=job.number is not None or invocation.role is Role.SWEEP_JOB,
+    run_dir = RunDir(job, keeps_rejected=job.number is not None or invocation.role is Role.SWEEP_JOB,
                      launched=invocation.role is Role.LOCAL_PROCESS)
     identity = ONE_PROCESS
     try:
@@ -267,7 +270,7 @@ def isolated_job(invocation: Invocation, job: Job) -> None:
     if status == 0:
         return
     if not (Path(job.run_dir) / METRICS_FILE).exists():  # the process died before it could say why
-        RunDir(job.run_dir, job, keeps_rejected=True, launched=False).record(f"the job's process exited with status {status}", 1)
+        RunDir(job, keeps_rejected=True, launched=False).record(f"the job's process exited with status {status}", 1)
     invocation.failures.append(2 if status == 2 else 1)
 
 

@@ -222,3 +222,15 @@ def test_a_multirun_over_two_models_ends_with_their_comparison(tmp_path):
     assert sorted(r["model"] for r in rows) == ["dense_model", "transformer"] and all(r["status"] == "ok" for r in rows)
     assert rows[0]["samples_per_s"] >= rows[1]["samples_per_s"] and rows[0]["best"]
     assert "varying model, layout; fastest first (samples/s)" in done.stdout
+
+
+@pytest.mark.parametrize("args, expected", [
+    (["model=resnet"], "meshrun: error: model: unknown option 'resnet'; available: cnn, dense_model, keras_hub, python, transformer or two_tower"),
+    (["train.epoch=3"], "meshrun: error: train.epoch: no such key (got override 'train.epoch=3'); did you mean train.epochs?"),
+])
+def test_a_sweep_over_a_config_that_does_not_compose_is_one_line(args, expected, in_tmp, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["sweep", *args])
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines() == [expected]
+    assert list(in_tmp.iterdir()) == []

@@ -147,18 +147,19 @@ def compile_recorded():
 
 
 @contextlib.contextmanager
-def abstract_session(precision: str = "float32"):
+def abstract_session(precision: str = "float32", collect: bool = True):
     """A fresh Keras session under dtype policy `precision` for building things by shape only:
     inside it, variables created in `keras.StatelessScope(initialize_variables=False)` are deferred,
     and leaving it clears the session, which forgets them, so nothing is ever allocated (a
     7B-parameter model is described in seconds and a few hundred MB). The session is left fresh
-    too: layer and seed-generator names restart and the policy is float32 again."""
+    too: layer and seed-generator names restart and the policy is float32 again. `collect`: run
+    Python's garbage collector on leaving (worth it after a large model)."""
     keras.backend.clear_session(free_memory=False)  # the names restart; nothing to collect yet
     keras.config.set_dtype_policy(precision)
     try:
         yield
     finally:
-        keras.backend.clear_session()
+        keras.backend.clear_session(free_memory=collect)
 
 
 def describe(spec: ModelSpec, options, data, optimizer_name: str, learning_rate: float, precision: str = "float32") -> AbstractModel:

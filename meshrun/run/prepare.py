@@ -123,7 +123,9 @@ def prepare(config: RunConfig, context: RunContext) -> RunSetup:
     data = _data_context(config, placement, named, distribution, found.processes)
     datasets = load_data(config, placement, data)
     total_steps = count_steps(config, datasets.steps_per_epoch)
-    return RunSetup(config, context, found, cache_dir, checkpoints, placement, named, distribution, data, datasets, total_steps)
+    return RunSetup(config=config, context=context, devices=found, cache_dir=cache_dir, checkpoints=checkpoints,
+                    placement=placement, objectives=named, distribution=distribution, data=data, datasets=datasets,
+                    total_steps=total_steps)
 
 
 def place_for_plan(config: RunConfig, processes: int = 1) -> Placement:
@@ -193,7 +195,7 @@ def check_objectives(train: TrainConfig, placement: Placement) -> Objectives:
     run without any loss, or an early-stopping monitor the run does not log). The loss and metrics
     are made in an abstract session, so nothing is allocated; the run makes its own."""
     spec, options, compiled = placement.spec, placement.options, placement.abstract.compiled
-    with abstract_session(), keras.StatelessScope(initialize_variables=False):
+    with abstract_session(collect=False), keras.StatelessScope(initialize_variables=False):
         loss = objectives.make_loss(train.loss, spec, options, compiled)
         function = objectives.loss_function(loss)
         metrics = objectives.make_metrics(train.metrics, function, train.loss is None, spec, options, compiled)
