@@ -94,7 +94,7 @@ class LayoutRule:
 class LayoutConfig:
     """The layout rules in the order they were written, those added on top (`extra_rules`), and
     whether the model's own layout map replaces `rules` (`from_model`, resolved once the model and
-    mesh are known: meshrun.build.layout_rules)."""
+    mesh are known: meshrun.run.prepare.layout_rules)."""
 
     rules: tuple[LayoutRule, ...] = ()
     extra_rules: tuple[LayoutRule, ...] = ()

@@ -187,7 +187,7 @@ def check_fits_model(element_spec, signature, loss_name: str, input_key: str | N
     a size the model leaves open fits any), its labels do not fit the model's output under the
     loss, or its sample weights do not fit the labels, before training starts. `element_spec` is
     the spec of one batch: (features, labels) or (features, labels, sample weights); `signature`
-    is the model's (meshrun.build.Signature); `input_key`, where given, is the model option that
+    is the model's (meshrun.models.build.Signature); `input_key`, where given, is the model option that
     sets its input shape (model.input_shape or model.seq_len), named in the fix."""
     features, labels, *weights = element_spec
     if isinstance(features, dict) and signature.named:

@@ -1,6 +1,6 @@
 """The data-source registry: each source module registers a SourceSpec under a name at import.
 
-A spec carries the source's options dataclass (its config keys, checked by meshrun.schema) and a
+A spec carries the source's options dataclass (its config keys, checked by meshrun.config) and a
 `load(options, context)` function that imports tensorflow only when called and returns the run's
 Datasets. Everything a source may need to know about the run is in the DataContext.
 """
@@ -31,7 +31,7 @@ class DataContext:
     shard_index: int = 0
     shard_count: int = 1
     process_count: int = 1
-    signature: Any = None  # what the built model takes and gives (meshrun.build.Signature)
+    signature: Any = None  # what the built model takes and gives (meshrun.models.build.Signature)
     loss: str = ""  # the Keras loss function the run trains with, e.g. sparse_categorical_crossentropy
 
     @property

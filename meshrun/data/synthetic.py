@@ -175,7 +175,7 @@ def load(options: SyntheticOptions, context: DataContext) -> pipeline.Datasets:
         if not all(hasattr(context.model_options, a) for a in ("input_shape", "num_classes")):
             raise ConfigError("data.task", f"got 'classes', which needs a model with input_shape and num_classes, not {context.model.name}")
         family = "classes"
-    generate = FAMILIES[family]  # sizes against the batch are checked with the config (meshrun.schema)
+    generate = FAMILIES[family]  # sizes against the batch are checked with the config (meshrun.config.checks)
     train = generate(context, options.num_samples, seed=context.seed)
     evaluation = generate(context, options.eval_samples, seed=context.seed + 1)
     batch, rows = context.batch_size, slice(0, context.process_batch_size)

@@ -1,7 +1,7 @@
 """The model registry: each model module registers a ModelSpec under a name at import time.
 
 A spec carries everything meshrun needs to know about a model family, keras-hub style, beside the
-model's code: its options dataclass (configurable sizes, checked by meshrun.schema; the dataclass
+model's code: its options dataclass (configurable sizes, checked by meshrun.config; the dataclass
 raises ConfigError for values that do not fit together), a `build(options)` function that imports
 keras only when called, the layout configs written for it (under configs/layout/, the first being
 its default), the synthetic data family that matches its inputs, and its training loss.
