@@ -152,3 +152,18 @@ def test_unknown_command(capsys):
 def test_usage_without_command(capsys):
     cli.main([])
     assert "usage: meshrun train" in capsys.readouterr().out
+
+
+def test_an_unknown_role_is_one_line(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["train", "--role=boss"])
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err.strip() == "meshrun: error: --role: got 'boss'; valid: user, local-process or sweep-job"
+
+
+def test_meshrun_processes_are_started_with_their_role():
+    import sys
+
+    from meshrun.launch.spawn import Role, command
+
+    assert command(["train", "mesh=2x4"], Role.SWEEP_JOB) == [sys.executable, "-m", "meshrun", "train", "mesh=2x4", "--role=sweep-job"]

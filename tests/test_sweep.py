@@ -197,6 +197,22 @@ def test_jobs_needing_different_device_counts_run_in_their_own_processes(tmp_pat
 
 
 @pytest.mark.e2e
+def test_a_job_in_a_process_of_its_own_that_cannot_run_is_recorded_too(tmp_path):
+    # Different device counts: each job runs as `meshrun train --role=sweep-job`, which keeps a
+    # rejected job's run dir with its reason instead of removing it. hidden=202 divides by 2, not 4.
+    sweep_dir = tmp_path / "sweep"
+    done = run_meshrun(["train", "-m", "mesh=2x2,2x4", "layout=dense_model", "model.hidden=202", *FAST,
+                        f"hydra.sweep.dir={sweep_dir}"], tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "running each job in its own process" in done.stdout
+    ok, failed = read_metrics(sweep_dir / "0"), read_metrics(sweep_dir / "1")
+    assert ok["status"] == "ok" and failed["status"] == "error" and failed["exit_status"] == 2
+    assert failed["error"].startswith("layout.rules.d1/kernel: shards dimension 1 of variable 'd1/kernel' (size 202")
+    rows = json.loads((sweep_dir / "summary.json").read_text())["rows"]
+    assert [(r["mesh"], r["status"]) for r in rows] == [("2x2", "ok"), ("2x4", "error")]
+
+
+@pytest.mark.e2e
 def test_compilation_cache_is_on_by_default_and_can_be_moved_or_switched_off(tmp_path):
     cache = tmp_path / "xla-cache"
     done = run_meshrun(["train", "mesh=2x4", *FAST, f"cache.dir={cache}", f"hydra.run.dir={tmp_path / 'a'}"], tmp_path)
