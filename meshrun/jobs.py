@@ -36,8 +36,7 @@ class Invocation:
     """One `meshrun` command and what its jobs did: the command, its flags and Hydra overrides, the
     role this process was started in, whether it runs as the meshrun program (the process ends when
     the command is done) and whether multirun jobs each run in a process of their own; then, as the
-    jobs run, the sweep dir, each train job's run dir, the exit statuses of the jobs that failed, and
-    how many train jobs this process has started."""
+    jobs run, the sweep dir, each train job's run dir and the exit statuses of the jobs that failed."""
 
     command: str
     overrides: list[str]
@@ -49,7 +48,6 @@ class Invocation:
     sweep_dir: Optional[str] = None
     runs: list[str] = field(default_factory=list)
     failures: list[int] = field(default_factory=list)
-    jobs_started: int = 0
 
     @property
     def multirun(self) -> bool:
@@ -60,8 +58,7 @@ class Invocation:
         count from: process start for the first job of the process (imports and device set-up
         count), the job's own start for a later one, which shares the process."""
         self.runs.append(run_dir)
-        self.jobs_started += 1
-        return process_start_time() if self.jobs_started == 1 else time.time()
+        return process_start_time() if len(self.runs) == 1 else time.time()
 
     def exit_status(self) -> int:
         """The invocation's exit status: the worst failed job's; for a multirun, 0 if any job

@@ -60,14 +60,14 @@ def _devices(setup: RunSetup) -> DeviceFigures:
 
 
 def _layout(setup: RunSetup) -> LayoutFigures:
-    rules = setup.placement.rules
+    rules = setup.planned.rules
     return LayoutFigures(rules={r.pattern: list(r.axes) for r in rules}, origins={r.pattern: r.origin for r in rules},
                          from_model=setup.config.layout.from_model)
 
 
 def _model(setup: RunSetup, outcome: Outcome) -> ModelFigures:
-    spec, options = setup.placement.spec, setup.placement.options
-    signature = setup.placement.abstract.signature.describe()
+    spec, options = setup.planned.spec, setup.planned.options
+    signature = setup.planned.abstract.signature.describe()
     return ModelFigures(name=spec.name, label=spec.name_of(options), params=outcome.params, options=_jsonable(asdict(options)),
                         inputs=signature["inputs"], outputs=signature["outputs"])
 
@@ -97,7 +97,7 @@ def _train(setup: RunSetup, outcome: Outcome) -> TrainFigures:
 
 def _timing(setup: RunSetup, outcome: Outcome, ending: Ending) -> TimingFigures:
     started, steps, batch = setup.context.started_at, outcome.steps, setup.config.train.batch_size
-    spec, options = setup.placement.spec, setup.placement.options
+    spec, options = setup.planned.spec, setup.planned.options
     tokens_per_step = batch * spec.tokens_per_sample(options) if spec.tokens_per_sample else None
     return TimingFigures(
         startup_s=outcome.built_at - started, time_to_first_step_s=steps.first_step_at - started,
@@ -120,7 +120,7 @@ def _flops(setup: RunSetup, outcome: Outcome) -> FlopsFigures:
     else:
         peak = hardware.peak_flops(found.kind) if not found.emulated else None
         source = "table" if peak is not None else None
-    spec, options = setup.placement.spec, setup.placement.options
+    spec, options = setup.planned.spec, setup.planned.options
     analytic = spec.analytic_flops(options, config.train.batch_size, setup.plan.variables) if spec.analytic_flops else None
     return FlopsFigures(
         per_step=per_step, per_step_per_device=costs.flops_per_step_per_device, per_s=per_s, peak_per_device=peak,

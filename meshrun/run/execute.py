@@ -81,7 +81,7 @@ def build(setup: RunSetup):
     """The model, built and compiled under the run's distribution and dtype policy, its initial
     weights drawn from the run's seed, and the loss it was compiled with. Every Keras object, the
     optimizer's variables included, must be created under the distribution."""
-    config, placement = setup.config, setup.placement
+    config, placement = setup.config, setup.planned
     spec, options = placement.spec, placement.options
     keras.distribution.set_distribution(setup.distribution)
     keras.config.set_dtype_policy(config.train.precision)  # reset to float32 by distribution.reset
@@ -147,7 +147,7 @@ def _fit(model, datasets, train, callbacks: list, start) -> dict:
 def evaluate(model, setup: RunSetup) -> dict:
     """The final evaluation: every compiled metric, and perplexity for a language model."""
     evaluation = {name: float(value) for name, value in model.evaluate(setup.datasets.eval, verbose=0, return_dict=True).items()}
-    if setup.placement.spec.language_model and "loss" in evaluation:
+    if setup.planned.spec.language_model and "loss" in evaluation:
         evaluation["perplexity"] = math.exp(min(evaluation["loss"], 700.0))  # exp overflows a float past ~709
     return evaluation
 

@@ -63,7 +63,7 @@ class CheckpointPlan:
 
 
 @dataclass(frozen=True)
-class Placement:
+class PlannedModel:
     """The run's model before it is built: its spec and options, its abstract description, the
     layout rules in force and where they place everything."""
 
@@ -93,7 +93,7 @@ class RunSetup:
     devices: devices_lib.DeviceSet
     cache_dir: Optional[str]
     checkpoints: CheckpointPlan
-    placement: Placement
+    planned: PlannedModel
     objectives: Objectives
     distribution: Any  # keras.distribution.ModelParallel, not yet in force
     data: data_lib.DataContext
@@ -102,7 +102,7 @@ class RunSetup:
 
     @property
     def plan(self) -> Plan:
-        return self.placement.plan
+        return self.planned.plan
 
 
 def prepare(config: RunConfig, context: RunContext) -> RunSetup:
@@ -114,22 +114,22 @@ def prepare(config: RunConfig, context: RunContext) -> RunSetup:
     check_batch(config.train.batch_size, found.mesh)
     _say_devices(found, config)
     checkpoints = plan_checkpoints(config, context.run_dir, found.processes)
-    placement = place(config, found.mesh, found.processes)
-    placement.plan.raise_first_error()
-    for warning in placement.plan.warnings:
+    planned = place(config, found.mesh, found.processes)
+    planned.plan.raise_first_error()
+    for warning in planned.plan.warnings:
         log.warning(warning)
-    named = check_objectives(config.train, placement)
-    distribution = distribution_lib.make_distribution(found.mesh, placement.rules, found.devices)
-    data = _data_context(config, placement, named, distribution, found.processes)
-    datasets = load_data(config, placement, data)
+    named = check_objectives(config.train, planned)
+    distribution = distribution_lib.make_distribution(found.mesh, planned.rules, found.devices)
+    data = _data_context(config, planned, named, distribution, found.processes)
+    datasets = load_data(config, planned, data)
     total_steps = count_steps(config, datasets.steps_per_epoch)
     return RunSetup(config=config, context=context, devices=found, cache_dir=cache_dir, checkpoints=checkpoints,
-                    placement=placement, objectives=named, distribution=distribution, data=data, datasets=datasets,
+                    planned=planned, objectives=named, distribution=distribution, data=data, datasets=datasets,
                     total_steps=total_steps)
 
 
-def place_for_plan(config: RunConfig, processes: int = 1) -> Placement:
-    """The placement of `meshrun plan`, for a job of `processes` processes. A mesh with a -1 is
+def place_for_plan(config: RunConfig, processes: int = 1) -> PlannedModel:
+    """The planned model of `meshrun plan`, for a job of `processes` processes. A mesh with a -1 is
     filled in from the devices here (as a run would); an explicit shape is planned as written,
     whatever devices this machine has."""
     mesh = config.mesh
@@ -140,7 +140,7 @@ def place_for_plan(config: RunConfig, processes: int = 1) -> Placement:
     return place(config, mesh, processes)
 
 
-def place(config: RunConfig, mesh: MeshConfig, processes: int = 1) -> Placement:
+def place(config: RunConfig, mesh: MeshConfig, processes: int = 1) -> PlannedModel:
     """Where the configured model's variables and optimizer slots go on `mesh` (no -1 left) for a
     job of `processes` processes, worked out from shapes alone."""
     spec = get_model(config.model.name)
@@ -150,7 +150,7 @@ def place(config: RunConfig, mesh: MeshConfig, processes: int = 1) -> Placement:
     abstract = describe(spec, options, config.data, train.optimizer, train.learning_rate, train.precision)
     advice = (lambda variables, on: spec.layout_advice(options, variables, on)) if spec.layout_advice else None
     plan = make_plan(spec.name_of(options), mesh, rules, abstract, train.optimizer, processes, advice=advice)
-    return Placement(spec=spec, options=options, abstract=abstract, rules=rules, plan=plan)
+    return PlannedModel(spec=spec, options=options, abstract=abstract, rules=rules, plan=plan)
 
 
 def layout_rules(config: RunConfig, spec: ModelSpec, options, mesh: MeshConfig) -> tuple[LayoutRule, ...]:
@@ -190,11 +190,11 @@ def plan_checkpoints(config: RunConfig, run_dir: str, processes: int) -> Checkpo
     return CheckpointPlan(root, point, start)
 
 
-def check_objectives(train: TrainConfig, placement: Placement) -> Objectives:
+def check_objectives(train: TrainConfig, planned: PlannedModel) -> Objectives:
     """The loss and metric names the run will log (a ConfigError for a name Keras does not know, a
     run without any loss, or an early-stopping monitor the run does not log). The loss and metrics
     are made in an abstract session, so nothing is allocated; the run makes its own."""
-    spec, options, compiled = placement.spec, placement.options, placement.abstract.compiled
+    spec, options, compiled = planned.spec, planned.options, planned.abstract.compiled
     with abstract_session(collect=False), keras.StatelessScope(initialize_variables=False):
         loss = objectives.make_loss(train.loss, spec, options, compiled)
         function = objectives.loss_function(loss)
@@ -214,26 +214,26 @@ def _check_monitor(train: TrainConfig, names: list[str]) -> None:
         raise ConfigError("train.early_stopping.monitor", f"got {monitor!r}, which this run does not log; valid: {one_of(logged)}")
 
 
-def _data_context(config: RunConfig, placement: Placement, named: Objectives, distribution, processes: int) -> data_lib.DataContext:
+def _data_context(config: RunConfig, planned: PlannedModel, named: Objectives, distribution, processes: int) -> data_lib.DataContext:
     """What the data source needs to know about the run, this process's share of each batch included."""
     shard_index, shard_count = distribution_lib.batch_share(distribution, config.train.batch_size)
     return data_lib.DataContext(
-        model=placement.spec, model_options=placement.options, batch_size=config.train.batch_size, seed=config.train.seed,
+        model=planned.spec, model_options=planned.options, batch_size=config.train.batch_size, seed=config.train.seed,
         shard_index=shard_index, shard_count=shard_count, process_count=processes,
-        signature=placement.abstract.signature, loss=named.loss_function,
+        signature=planned.abstract.signature, loss=named.loss_function,
     )
 
 
-def load_data(config: RunConfig, placement: Placement, data: data_lib.DataContext) -> data_lib.Datasets:
+def load_data(config: RunConfig, planned: PlannedModel, data: data_lib.DataContext) -> data_lib.Datasets:
     """The run's data pipelines, seeded (tf.data's shuffle order follows TensorFlow's global seed
     too), and checked against the model's inputs and the loss (a ConfigError when they do not fit)."""
     devices_lib.import_tensorflow()  # before set_random_seed imports it
     keras.utils.set_random_seed(config.train.seed)
     datasets = data_lib.make_datasets(config.data.name, config.data.options, data)
-    weight_input = placement.spec.sample_weight_input
+    weight_input = planned.spec.sample_weight_input
     if weight_input and not datasets.weighted:
         datasets = data_lib.pipeline.weighted_by_input(datasets, weight_input)
-    options = placement.options
+    options = planned.options
     input_key = next((f"model.{k}" for k in ("input_shape", "seq_len") if getattr(options, k, None) is not None), None)
     data_lib.pipeline.check_fits_model(datasets.train.element_spec, data.signature, data.loss, input_key)
     return datasets
