@@ -6,6 +6,7 @@ module that knows about Hydra; it imports neither jax nor keras.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
@@ -76,7 +77,7 @@ class MeshShapeSource(ConfigSource):
 
 class RecordSweepDir(Callback):
     """A Hydra callback (configs/meshrun.yaml) that notes a multirun's sweep dir in the launching
-    process: with Hydra's submitit launcher no job runs there, but the comparison is made there."""
+    process, where the comparison is made (with Hydra's submitit launcher no job runs there)."""
 
     def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
         jobs.current().sweep_dir = config.hydra.sweep.dir
@@ -125,11 +126,8 @@ def _run_hydra(invocation: jobs.Invocation, overrides: list[str]) -> None:
     """Runs Hydra's app once over `overrides` (all jobs of a multirun), each job through meshrun.jobs."""
 
     @hydra.main(version_base="1.3", config_path=f"pkg://{CONFIG_MODULE}", config_name="meshrun")
-    def app(cfg: DictConfig) -> None:
-        hydra_cfg = HydraConfig.get()
-        if hydra_cfg.mode == RunMode.MULTIRUN:
-            invocation.sweep_dir = hydra_cfg.sweep.dir
-        jobs.run_job(invocation, job_of(cfg, hydra_cfg))
+    def app(cfg: DictConfig) -> None:  # a multirun's sweep dir is noted by RecordSweepDir
+        jobs.run_job(invocation, job_of(cfg, HydraConfig.get()))
 
     scratch = tempfile.mkdtemp(prefix="meshrun-plan-") if invocation.command == "plan" else None
     hydra_args = [*PLAN_HYDRA_OVERRIDES, f"hydra.run.dir={scratch}", f"hydra.sweep.dir={scratch}"] if scratch else []
@@ -182,12 +180,14 @@ def prepare_overrides(overrides: list[str]) -> list[str]:
     return rewritten
 
 
-def composed(overrides: list[str]) -> dict:
-    """The config the overrides compose (one job's: no sweep values), resolved."""
+@contextlib.contextmanager
+def composer():
+    """Yields a function that composes one job's config from its overrides (no sweep values),
+    resolved; every call shares one Hydra context."""
     from hydra import compose, initialize_config_module
 
     with initialize_config_module(config_module=CONFIG_MODULE, version_base="1.3"):
-        return resolved(compose(config_name="meshrun", overrides=overrides))
+        yield lambda overrides: resolved(compose(config_name="meshrun", overrides=overrides))
 
 
 def jobs_need_own_processes(overrides: list[str]) -> bool:
@@ -197,9 +197,10 @@ def jobs_need_own_processes(overrides: list[str]) -> bool:
 
     try:
         counts = set()
-        for job in compat.split_sweep(OverridesParser.create().parse_overrides(overrides)):
-            config = parse_run_config(composed(job))
-            counts.add(devices.cpu_devices_needed(config.mesh, config.devices))
+        with composer() as compose:
+            for job in compat.split_sweep(OverridesParser.create().parse_overrides(overrides)):
+                config = parse_run_config(compose(job))
+                counts.add(devices.cpu_devices_needed(config.mesh, config.devices))
     except Exception:  # a job that does not compose fails in the multirun itself, with its reason
         return False
     if len(counts) < 2:
@@ -220,7 +221,8 @@ def sweep_overrides(overrides: list[str]) -> list[str]:
     chosen = [o for o in overrides if o.startswith("mesh=")][-1:]
     parser = OverridesParser.create()
     fixed = [o for o in prepare_overrides(kept + chosen) if not parser.parse_override(o).is_sweep_override()]
-    config = parse_run_config(composed(fixed))
+    with composer() as compose:
+        config = parse_run_config(compose(fixed))
     count = devices.available_count(config.devices)
     shapes = [format_shape(s) for s in mesh_shapes(count, len(config.mesh.shape))]
     print(f"meshrun sweep: {len(shapes)} mesh shapes of {count} devices: {', '.join(shapes)}")

@@ -44,8 +44,7 @@ def render(metrics: RunMetrics, console: Console | None = None) -> None:
 
 def summary_table(metrics: RunMetrics) -> Table:
     """One row per headline figure of a finished run (the rows RunMetrics declares)."""
-    model = metrics.model.label or metrics.model.name
-    table = Table(title=escape(f"meshrun: {model} on mesh {format_shape(metrics.mesh.shape)}"), show_header=False)
+    table = Table(title=escape(f"meshrun: {metrics.model.called} on mesh {format_shape(metrics.mesh.shape)}"), show_header=False)
     table.add_column("what", style="bold")
     table.add_column("value")
     for name, value in metrics.summary():

@@ -178,7 +178,7 @@ def _row(run_dir: Path, m: RunMetrics, relative_to: Path) -> dict:
     return {
         "job": run_dir.name,
         "mesh": format_shape(m.mesh.shape) if m.mesh else str(choices.get("mesh", "?")),
-        "model": model.label or model.name or choices.get("model"),
+        "model": model.called or choices.get("model"),
         "layout": choices.get("layout"),
         "status": m.status,
         "best": False,

@@ -109,11 +109,16 @@ class ModelFigures:
     and gives per sample."""
 
     name: str = figure()
-    label: str = figure("model", lambda label, model: label or model.name)
+    label: str = figure("model", lambda _, model: model.called)
     params: int = figure("model", "{:,} parameters")
     options: dict = figure()
     inputs: list = figure()
     outputs: list = figure()
+
+    @property
+    def called(self) -> Optional[str]:
+        """How reports name the model: its label, else its registered name."""
+        return self.label or self.name
 
 
 @dataclass(frozen=True)
