@@ -75,6 +75,52 @@ class MeshShapeSource(ConfigSource):
         return []
 
 
+class FileOptionSource(ConfigSource):
+    """Serves a config group option given as the path of a YAML file (`layout=./my_layout.yaml`,
+    `layout=/abs/saved.yaml`, such as `meshrun plan --save-layout` writes): Hydra asks it for
+    `<group>/<path>` and gets the file's content as that group's config."""
+
+    def __init__(self, provider: str, path: str) -> None:
+        super().__init__(provider=provider, path=path)
+
+    @staticmethod
+    def scheme() -> str:
+        return "meshrun-files"
+
+    def load_config(self, config_path: str) -> ConfigResult:
+        return ConfigResult(
+            config=OmegaConf.load(option_file(config_path)),
+            path=f"{self.scheme()}://{self.path}",
+            provider=self.provider,
+            header={"package": None},
+        )
+
+    def available(self) -> bool:
+        return True
+
+    def is_group(self, config_path: str) -> bool:
+        return config_path.strip("/") == ""
+
+    def is_config(self, config_path: str) -> bool:
+        return option_file(config_path) is not None
+
+    def list(self, config_path: str, results_filter: Optional[ObjectType]) -> List[str]:
+        return []
+
+
+YAML_SUFFIXES = (".yaml", ".yml")
+
+
+def option_file(config_path: str) -> Optional[str]:
+    """The YAML file a config path `<group>/<file path>` names (Hydra may add `.yaml` once more),
+    or None when it names no existing YAML file."""
+    _, _, rest = config_path.partition("/")
+    for candidate in (rest, rest.removesuffix(".yaml")):
+        if candidate.endswith(YAML_SUFFIXES) and os.path.isfile(candidate):
+            return candidate
+    return None
+
+
 class RecordSweepDir(Callback):
     """A Hydra callback (configs/meshrun.yaml) that notes a multirun's sweep dir in the launching
     process, where the comparison is made (with Hydra's submitit launcher no job runs there)."""
@@ -88,6 +134,7 @@ def register_config_sources() -> None:
     `logging/sinks`, an off switch for every registered log sink (configs/logging/default.yaml
     includes it), so that a new sink needs no config file of its own."""
     Plugins.instance().register(MeshShapeSource)
+    Plugins.instance().register(FileOptionSource)
     ConfigStore.instance().store(group="logging", name="sinks", node={name: False for name in sinks.switch_names()}, provider="meshrun")
 
 
@@ -233,6 +280,10 @@ def hydra_error_line(err: Exception, overrides: list[str]) -> str:
     """Words a Hydra or OmegaConf error as one line naming the key, the value and what is valid."""
     if isinstance(err, MissingConfigException) and err.missing_cfg_file and err.options is not None:
         group, _, option = err.missing_cfg_file.rpartition("/")
+        path = err.missing_cfg_file.partition("/")[2]
+        if path.endswith(YAML_SUFFIXES):
+            head = err.missing_cfg_file.partition("/")[0]
+            return f"{head}: got {path!r}, which is not a file; give the path of a YAML file (such as `meshrun plan --save-layout` writes) or one of {one_of(sorted(err.options))}"
         return f"{group}: unknown option {option!r}; {did_you_mean(option, err.options)}available: {one_of(sorted(err.options))}"
     if isinstance(err, OverrideParseException):
         return (

@@ -6,6 +6,7 @@ this module imports neither Hydra, jax nor keras.
 
 from __future__ import annotations
 
+import os
 import sys
 from typing import Optional
 
@@ -17,7 +18,7 @@ from meshrun.wording import one_of, say_error
 COMMANDS = ("train", "plan", "sweep", "report")
 USAGE = """\
 usage: meshrun train  [OVERRIDE ...] [-m] [--cfg job] [--help]
-       meshrun plan   [OVERRIDE ...] [-m] [--json] [--full]
+       meshrun plan   [OVERRIDE ...] [-m] [--json] [--full] [--save-layout FILE.yaml]
        meshrun sweep  [OVERRIDE ...]
        meshrun report DIR [DIR ...] [--out DIR]
 
@@ -25,19 +26,23 @@ train: trains a Keras model on a device mesh described by Hydra config, then pri
 report (metrics.json and plan.json in the run dir).
 plan: trains nothing and allocates no model memory; shows where every variable lives and how many
 bytes land on each device, and lints the layout (exit 2 on errors). Repeated blocks share a row
-(block_{0..31}/...) unless --full; --json prints it all as JSON.
-sweep: trains on every mesh shape of the available devices (a multirun) and compares the jobs.
+(block_{0..31}/...) unless --full; --json prints it all as JSON; --save-layout writes the rules in force
+(hand-written, the model's own or layout=auto's) as a layout file that layout=FILE.yaml loads.
+sweep: trains on every mesh shape of the available devices (a multirun; layout=a,b varies the layout too)
+and compares the jobs; with devices.memory_gib, jobs whose plan does not fit are recorded, not run.
 report: the comparison table and summary files of an existing sweep dir, or of any run dirs.
 
   meshrun train mesh=2x4 layout=dense_model        # a 2x4 (data, model) mesh, the seeds' rules
   meshrun train -m mesh=8x1,4x2,2x4,1x8 layout=dense_model
   meshrun sweep layout=dense_model                 # the same four shapes, found for you
+  meshrun sweep model=transformer layout=auto,transformer_tp devices.memory_gib=80   # meshes x layouts that fit
   meshrun report multirun/2026-11-21/10-00-00      # re-render a sweep's table and files
   meshrun train model=transformer mesh=2x4         # models: dense_model, cnn, transformer, two_tower
   meshrun train model=python model.factory=mymodels:build train.loss=mse         # your own Keras model
   meshrun train model=keras_hub model.task=LlamaCausalLM 'model.backbone={...}' layout=from_model
   meshrun train recipe=transformer_2d              # a complete experiment from recipes/
   meshrun plan model=transformer model.preset=7b mesh=1x8 layout=transformer_tp
+  meshrun plan model=transformer mesh=1x8 layout=auto --save-layout tp.yaml    # then: layout=./tp.yaml
   meshrun train --cfg job                         # print the composed config
   meshrun train --help                            # config groups and their options
 """
@@ -100,6 +105,7 @@ def parse(command: str, args: list[str], as_program: bool):
         raise ConfigError("--json", "only `meshrun plan` prints JSON; `meshrun train` writes metrics.json into its run dir")
     if full and command != "plan":
         raise ConfigError("--full", "only `meshrun plan` takes it (a row per variable instead of one per repeated block)")
+    args, save_layout = _take_save_layout(command, args)
     role = Role.USER
     for arg in (a for a in args if a.startswith(f"{ROLE_FLAG}=")):
         try:
@@ -109,7 +115,41 @@ def parse(command: str, args: list[str], as_program: bool):
     overrides = [a for a in args if a not in flags and not a.startswith(f"{ROLE_FLAG}=")]
     multirun = any(a in ("-m", "--multirun") for a in overrides)
     overrides = ["-m"] * multirun + [a for a in overrides if a not in ("-m", "--multirun")]
-    return Invocation(command=command, overrides=overrides, role=role, as_json=as_json, full=full, as_program=as_program)
+    if save_layout and multirun:
+        raise ConfigError("--save-layout", f"got {save_layout!r} with -m; a layout file holds the rules of one job: plan one job at a time")
+    return Invocation(command=command, overrides=overrides, role=role, as_json=as_json, full=full, as_program=as_program,
+                      save_layout=save_layout)
+
+
+SAVE_LAYOUT = "--save-layout"
+
+
+def _take_save_layout(command: str, args: list[str]) -> tuple[list[str], Optional[str]]:
+    """`--save-layout FILE` (or `--save-layout=FILE`) taken out of `args`; the file must be a .yaml
+    path that can be written (checked now, so that a bad one costs no planning)."""
+    for index, arg in enumerate(args):
+        if arg == SAVE_LAYOUT or arg.startswith(f"{SAVE_LAYOUT}="):
+            given = arg.partition("=")[2] if "=" in arg else (args[index + 1] if index + 1 < len(args) else "")
+            rest = args[:index] + args[index + (1 if "=" in arg else 2):]
+            break
+    else:
+        return args, None
+    if command != "plan":
+        raise ConfigError(SAVE_LAYOUT, "only `meshrun plan` takes it (it writes the layout rules the plan places by)")
+    check_layout_path(given)
+    return rest, given
+
+
+def check_layout_path(path: str) -> None:
+    """ConfigError unless `path` is a .yaml file path whose directory exists and can be written."""
+    if not path or path.startswith("-"):
+        raise ConfigError(SAVE_LAYOUT, f"got {path!r}; give the path of the layout file to write, e.g. --save-layout my_layout.yaml")
+    if not path.endswith((".yaml", ".yml")):
+        raise ConfigError(SAVE_LAYOUT, f"got {path!r}; a layout file is YAML: give a path ending in .yaml (layout=PATH loads it back)")
+    folder = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path) or not os.path.isdir(folder) or not os.access(folder, os.W_OK):
+        reason = "is a directory" if os.path.isdir(path) else "its directory does not exist" if not os.path.isdir(folder) else "its directory is not writable"
+        raise ConfigError(SAVE_LAYOUT, f"got {path!r}, which cannot be written: {reason}; give a path in a writable directory")
 
 
 def leave(status: int) -> None:

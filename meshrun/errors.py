@@ -20,5 +20,15 @@ class DependencyError(ConfigError):
     missing, before anything is built."""
 
 
+class DoesNotFit(ConfigError):
+    """A job whose planned bytes per device exceed a device's memory: it is not run. A multirun
+    records it as a `does not fit` row with the figures (`needed` and `available` bytes)."""
+
+    def __init__(self, key: str, message: str, needed: int, available: int):
+        super().__init__(key, message)
+        self.needed = needed
+        self.available = available
+
+
 class RunFailed(Exception):
     """Training started but failed; the run dir holds metrics.json (status: error) and the log."""

@@ -11,6 +11,7 @@ import contextvars
 import json
 import os
 import shutil
+import sys
 import time
 import traceback
 from collections.abc import Callable
@@ -19,7 +20,7 @@ from pathlib import Path
 from typing import Optional
 
 from meshrun.config import RunConfig, parse_run_config
-from meshrun.errors import ConfigError, RunFailed
+from meshrun.errors import ConfigError, DoesNotFit, RunFailed
 from meshrun.files import write_json
 from meshrun.launch import join as join_lib
 from meshrun.launch.identity import ONE_PROCESS, Identity, identify, job_size, say_if_alone
@@ -43,6 +44,7 @@ class Invocation:
     role: Role = Role.USER
     as_json: bool = False
     full: bool = False
+    save_layout: Optional[str] = None
     as_program: bool = False
     isolate: bool = False
     sweep_dir: Optional[str] = None
@@ -139,14 +141,18 @@ class RunDir:
     def owned(self, identity: Identity) -> bool:
         return not self.launched and (identity.is_first or not join_lib.joined())
 
-    def reject(self, message: str, identity: Identity) -> None:
-        """A config error of the job: recorded or cleaned up, as the owner decides."""
+    def reject(self, err: ConfigError | str, identity: Identity) -> None:
+        """A config error of the job: recorded or cleaned up, as the owner decides (a job that
+        does not fit a device's memory is recorded as such, with its figures)."""
         if not self.owned(identity):
             return
-        if self.keeps_rejected:
-            self.record(message, exit_status=2)
-        else:
+        if not self.keeps_rejected:
             self.discard()
+        elif isinstance(err, DoesNotFit):
+            metrics = RunMetrics.not_fitting(str(err), self.path, self.job.choices, self.job.overrides, err.needed, err.available)
+            write_json(metrics.to_json(), self.path, METRICS_FILE)
+        else:
+            self.record(str(err), exit_status=2)
 
     def record(self, message: str, exit_status: Optional[int] = None) -> None:
         """Writes metrics.json with status error and `message`."""
@@ -194,7 +200,7 @@ def train_job(invocation: Invocation, job: Job) -> None:
         identity = enter(config, invocation, run_dir)
         trained = _train(config, invocation, job, identity, started_at)
     except ConfigError as err:
-        run_dir.reject(str(err), identity)
+        run_dir.reject(err, identity)
         raise
     except RunFailed as err:  # from the local launcher: the job's verdict replaces process 0's
         run_dir.record(str(err), exit_status=1)
@@ -247,7 +253,8 @@ def plan_job(invocation: Invocation, job: Job) -> None:
     from meshrun.report.render import render_plan  # imports rich only; the plan imports jax and keras
     from meshrun.run.prepare import place_for_plan
 
-    plan = place_for_plan(config, job_size(config.distributed, os.environ)).plan
+    planned = place_for_plan(config, job_size(config.distributed, os.environ))
+    plan = planned.plan
     data = {**plan.to_dict(), "layout": job.choices.get("layout"), "choices": job.choices, "overrides": job.overrides}
     if invocation.as_json:
         print(json.dumps(data) if job.number is not None else json.dumps(data, indent=2))
@@ -257,6 +264,12 @@ def plan_job(invocation: Invocation, job: Job) -> None:
         for error in plan.errors[:-1]:
             say_error(str(error))
         raise plan.errors[-1]
+    if invocation.save_layout:
+        from meshrun.placement.layout_file import save_layout
+
+        save_layout(invocation.save_layout, planned.rules, plan, job.overrides)
+        print(f"wrote {invocation.save_layout} ({len(planned.rules)} rules); load it with layout={invocation.save_layout}",
+              file=sys.stderr if invocation.as_json else sys.stdout)
 
 
 def isolated_job(invocation: Invocation, job: Job) -> None:

@@ -35,9 +35,9 @@ def test_every_group_has_options():
 
 
 def model_of_layout(layout):
-    """The model a layout config is written for (replicated fits them all)."""
+    """The model a layout config is written for (replicated and auto fit them all)."""
     owners = [name for name in model_names() if layout in get_model(name).layouts]
-    return owners[0] if layout == "replicated" else owners[-1]
+    return owners[0] if layout in ("replicated", "auto") else owners[-1]
 
 
 # Data sources that read the user's files or code, and models that are the user's, need to be told where.

@@ -173,6 +173,22 @@ def test_user_model_losses_do_not_depend_on_the_mesh(mesh_runs, name):
         assert metrics["eval"]["loss"] == pytest.approx(reference["eval"]["loss"], abs=1e-5), mesh
 
 
+@pytest.mark.parametrize("name,extra", [("functional", []), ("subclassed", ["model.input_shape=[16]"])])
+def test_layout_auto_shards_a_user_model_without_rules(mesh_runs, in_workdir, tmp_path, name, extra):
+    run_dir = tmp_path / "auto"
+    auto = ["layout=auto", "layout.min_bytes=1KiB", "layout.fsdp=true", "mesh=2x4"]
+    metrics = train([f"model.factory={MODULE}:{name}", SPARSE, *FAST, *auto, *extra], run_dir)
+    assert_placed_as_planned(run_dir)
+    kernel = "dense_1/kernel" if name == "functional" else "tower/dense/kernel"
+    # (16, 32): the only variable of 1 KiB or more; no width to tell, so model takes rows, data the rest.
+    assert metrics["sharding"][kernel]["spec"] == ["model", "data"]
+    assert metrics["sharding"][kernel]["origin"] == "auto"
+    assert [p for p, v in metrics["sharding"].items() if v["rule"]] == [kernel]
+    reference = mesh_runs[(name, "2x4")][0]
+    assert metrics["history"]["loss"] == pytest.approx(reference["history"]["loss"], abs=1e-5)
+    assert metrics["eval"]["loss"] == pytest.approx(reference["eval"]["loss"], abs=1e-5)
+
+
 def test_a_compiled_model_brings_its_loss_and_metrics(in_workdir, tmp_path):
     metrics = train([f"model.factory={MODULE}:compiled", "mesh=2x4", *FAST], tmp_path / "run")
     assert set(metrics["eval"]) == {"loss", "top2"}

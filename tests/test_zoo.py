@@ -15,10 +15,15 @@ MESHES = ("8x1", "2x4", "1x8")
 COMBOS = [(model, layout) for model in zoo_model_names() for layout in get_model(model).layouts]
 
 
+# The zoo's models are small: layout=auto shards variables of 1 KiB or more, and fully, so that on 2x4
+# it splits over both axes, on 8x1 over the batch axis and on 1x8 over the model axis.
+AUTO = {"auto": True, "min_bytes": "1KiB", "fsdp": True}
+
+
 def raw_config(model, layout, shape):
     return {
         "mesh": {"shape": shape},
-        "layout": {"rules": layout_rules(layout)},
+        "layout": AUTO if layout == "auto" else {"rules": layout_rules(layout)},
         "model": {"name": model},
         "data": {"num_samples": 64, "eval_samples": 32},
         "train": {"epochs": 2, "verbose": 0},
@@ -66,6 +71,17 @@ def test_losses_agree_across_mesh_shapes(runs, model, layout):
         metrics = runs[(model, layout, shape)].metrics
         assert metrics["history"]["loss"] == pytest.approx(reference["history"]["loss"], abs=1e-4), shape
         assert metrics["eval"]["loss"] == pytest.approx(reference["eval"]["loss"], abs=1e-4), shape
+
+
+@pytest.mark.parametrize("model", zoo_model_names())
+def test_auto_layout_trains_like_the_replicated_run(runs, model):
+    for shape in MESHES:
+        auto, replicated = runs[(model, "auto", shape)].metrics, runs[(model, "replicated", shape)].metrics
+        assert auto["history"]["loss"] == pytest.approx(replicated["history"]["loss"], abs=1e-4), shape
+        assert auto["eval"]["loss"] == pytest.approx(replicated["eval"]["loss"], abs=1e-4), shape
+        origins = {v["origin"] for v in auto["sharding"].values() if v["rule"]}
+        assert origins == {"auto"}, shape
+        assert auto["memory"]["params_bytes_per_device"] < replicated["memory"]["params_bytes_per_device"], shape
 
 
 @pytest.mark.parametrize("model,layout", [c for c in COMBOS if c[1] != "replicated"])

@@ -39,6 +39,8 @@ def check_values(config: RunConfig) -> None:
         raise ConfigError("train.learning_rate", f"got {config.train.learning_rate}; expected a positive number")
     if config.devices.peak_flops is not None and config.devices.peak_flops <= 0:
         raise ConfigError("devices.peak_flops", f"got {config.devices.peak_flops}; expected a positive FLOP/s figure, e.g. 9.89e14")
+    if config.devices.memory_gib is not None and config.devices.memory_gib <= 0:
+        raise ConfigError("devices.memory_gib", f"got {config.devices.memory_gib}; expected the memory of one device in GiB, a positive number such as 80")
     _check_training_values(config.train)
     _check_profile(config.profile)
     if config.train.verbose not in VERBOSITY:

@@ -14,6 +14,7 @@ from typing import Any, Optional, Union
 from meshrun import data as data_sources
 from meshrun.config.checks import check_distributed_values, check_rule_axes, check_values
 from meshrun.config.schema import (
+    DEFAULT_AUTO_MIN_BYTES,
     DEFAULT_AXIS_NAMES,
     DISTRIBUTED_MODES,
     FILL,
@@ -63,8 +64,7 @@ def parse_run_config(raw: Mapping[str, Any]) -> RunConfig:
 
 def known_keys() -> list[str]:
     """Every dotted key a config may set (for 'did you mean' suggestions)."""
-    keys = ["mesh.shape", "mesh.axis_names", "mesh.batch_axis", "layout.rules", "layout.extra_rules", "layout.optional",
-            "layout.from_model", "model.name", "data.name", "resume"]
+    keys = ["mesh.shape", "mesh.axis_names", "mesh.batch_axis", *(f"layout.{k}" for k in LAYOUT_KEYS), "model.name", "data.name", "resume"]
     sections = (("train", TrainConfig), ("devices", DevicesConfig), ("cache", CacheConfig), ("distributed", DistributedConfig),
                 ("checkpoint", CheckpointConfig), ("profile", ProfileConfig), ("train.early_stopping", EarlyStoppingConfig))
     for section, cls in sections:
@@ -81,12 +81,15 @@ def choices_with_key(key: str) -> list[str]:
     """The model and data choices that have `key` as an option ('data.path' -> ['data=arrays']):
     a key the chosen model or data source lacks may belong to another one."""
     group, _, name = key.partition(".")
-    owners = {"model": lambda: {n: registry.get_model(n).options for n in registry.model_names()},
-              "data": lambda: {n: data_sources.get_source(n).options for n in data_sources.source_names()}}
+    owners = {"model": lambda: {n: _field_names(registry.get_model(n).options) for n in registry.model_names()},
+              "data": lambda: {n: _field_names(data_sources.get_source(n).options) for n in data_sources.source_names()}}
     if group not in owners:
         return []
-    return [f"{group}={choice}" for choice, options in owners[group]().items()
-            if name in {f.name for f in dataclasses.fields(options)}]
+    return [f"{group}={choice}" for choice, names in owners[group]().items() if name in names]
+
+
+def _field_names(cls) -> set[str]:
+    return {f.name for f in dataclasses.fields(cls)}
 
 
 def other_choice_hint(key: str) -> str:
@@ -173,25 +176,54 @@ def _example_names(rank: int) -> list[str]:
 # --- layout -------------------------------------------------------------------------------------
 
 
+LAYOUT_KEYS = ("rules", "extra_rules", "optional", "from_model", "auto", "min_bytes", "fsdp")
+
+
 def parse_layout(raw: Mapping[str, Any], mesh: MeshConfig) -> LayoutConfig:
     """Validates the layout section: `rules` and `extra_rules` (compilable regexes, list values, axes
-    that exist in the mesh), `optional` (patterns of `rules` that may match nothing) and
-    `from_model` (the model's own layout map instead of `rules`)."""
-    _reject_unknown(raw, ("rules", "extra_rules", "optional", "from_model"), prefix="layout")
-    from_model = raw.get("from_model") or False
-    if not isinstance(from_model, bool):
-        raise ConfigError("layout.from_model", f"got {from_model!r}; expected true or false")
+    that exist in the mesh), `optional` (patterns of `rules` that may match nothing), and what may
+    replace `rules`: `from_model` (the model's own layout map) or `auto` (rules derived from the
+    model's variables, with `min_bytes` and `fsdp`)."""
+    _reject_unknown(raw, LAYOUT_KEYS, prefix="layout")
+    from_model, auto, fsdp = (_switch(raw, f"layout.{name}") for name in ("from_model", "auto", "fsdp"))
     optional = raw.get("optional") or ()
     if isinstance(optional, str) or not all(isinstance(p, str) for p in optional):
         raise ConfigError("layout.optional", f"got {optional!r}; expected a list of patterns of layout.rules")
     rules = _parse_rules(raw, "rules", mesh, optional=frozenset(optional))
-    if from_model and rules:
+    replaced_by = "layout.from_model" if from_model else "layout.auto" if auto else None
+    if from_model and auto:
+        raise ConfigError("layout.auto", "got true with layout.from_model=true; choose one: the model's own map (layout=from_model) or derived rules (layout=auto)")
+    if replaced_by and rules:
         raise ConfigError(
             "layout.rules",
-            f"got {len(rules)} rule{'s' if len(rules) > 1 else ''} with layout.from_model=true, where the model gives the rules; "
+            f"got {len(rules)} rule{'s' if len(rules) > 1 else ''} with {replaced_by}=true, which gives the rules; "
             "add yours on top with layout.extra_rules={...}",
         )
-    return LayoutConfig(rules=rules, extra_rules=_parse_rules(raw, "extra_rules", mesh), from_model=from_model)
+    min_bytes = parse_size("layout.min_bytes", raw.get("min_bytes", DEFAULT_AUTO_MIN_BYTES))
+    return LayoutConfig(rules=rules, extra_rules=_parse_rules(raw, "extra_rules", mesh), from_model=from_model,
+                        auto=auto, min_bytes=min_bytes, fsdp=fsdp)
+
+
+def _switch(raw: Mapping[str, Any], key: str) -> bool:
+    value = raw.get(key.rpartition(".")[2]) or False
+    if not isinstance(value, bool):
+        raise ConfigError(key, f"got {value!r}; expected true or false")
+    return value
+
+
+_SIZE_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "m": 1000**2, "mb": 1000**2, "g": 1000**3, "gb": 1000**3,
+               "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30}
+_SIZE_TEXT = re.compile(r"^(\d+(?:\.\d+)?)\s*([a-z]*)$")
+
+
+def parse_size(key: str, value: Any) -> int:
+    """Bytes from a size written as a number of bytes or with a unit: 1MiB, 512KiB, 4MB, 1.5GiB."""
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    found = _SIZE_TEXT.match(str(value).strip().lower()) if isinstance(value, (str, float)) and not isinstance(value, bool) else None
+    if found and found.group(2) in _SIZE_UNITS:
+        return int(float(found.group(1)) * _SIZE_UNITS[found.group(2)])
+    raise ConfigError(key, f"got {value!r}; expected a size in bytes: a number, or a number with a unit such as 512KiB, 1MiB, 4MB or 1.5GiB")
 
 
 def _parse_rules(raw: Mapping[str, Any], origin: str, mesh: MeshConfig, optional: frozenset = frozenset()) -> tuple[LayoutRule, ...]:

@@ -67,8 +67,10 @@ AxisSpec = Optional[str]
 
 
 # Where a layout rule came from: written in the layout config (a layout file or layout.rules),
-# added on top of it (layout.extra_rules), or taken from the model's own layout map (from_model).
-RULE_ORIGINS = ("rules", "extra_rules", "from_model")
+# added on top of it (layout.extra_rules), taken from the model's own layout map (from_model), or
+# derived from the model's variables and the mesh (auto).
+RULE_ORIGINS = ("rules", "extra_rules", "from_model", "auto")
+DEFAULT_AUTO_MIN_BYTES = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -87,18 +89,25 @@ class LayoutRule:
     @property
     def key(self) -> str:
         """The config key a problem with this rule is reported under."""
-        return "layout.from_model" if self.origin == "from_model" else f"layout.{self.origin}.{self.pattern}"
+        if self.origin in ("from_model", "auto"):
+            return f"layout.{self.origin}"
+        return f"layout.{self.origin}.{self.pattern}"
 
 
 @dataclass(frozen=True)
 class LayoutConfig:
     """The layout rules in the order they were written, those added on top (`extra_rules`), and
-    whether the model's own layout map replaces `rules` (`from_model`, resolved once the model and
-    mesh are known: meshrun.run.prepare.layout_rules)."""
+    whether the model's own layout map (`from_model`) or rules derived from its variables (`auto`,
+    meshrun.placement.auto: variables of at least `min_bytes`, fully sharded over the batch axis
+    too with `fsdp`) replace `rules`; both are resolved once the model and mesh are known
+    (meshrun.run.prepare.layout_rules)."""
 
     rules: tuple[LayoutRule, ...] = ()
     extra_rules: tuple[LayoutRule, ...] = ()
     from_model: bool = False
+    auto: bool = False
+    min_bytes: int = DEFAULT_AUTO_MIN_BYTES
+    fsdp: bool = False
 
 
 @dataclass(frozen=True)
@@ -164,12 +173,20 @@ class TrainConfig:
 
 @dataclass(frozen=True)
 class DevicesConfig:
-    """Which platform to run on, how many CPU devices to emulate for a mesh holding -1, and the
-    peak FLOP/s of one device where meshrun's table does not know the device kind."""
+    """Which platform to run on, how many CPU devices to emulate for a mesh holding -1, the
+    peak FLOP/s of one device where meshrun's table does not know the device kind, and the memory
+    of one device in GiB for planning (None: what the accelerator reports; unknown on CPU). A job
+    whose planned bytes per device exceed it does not run."""
 
     platform: str = "auto"
     cpu_devices: int = 8
     peak_flops: Optional[float] = None
+    memory_gib: Optional[float] = None
+
+    @property
+    def memory_bytes(self) -> Optional[int]:
+        """devices.memory_gib in bytes (None: not given)."""
+        return None if self.memory_gib is None else int(self.memory_gib * (1 << 30))
 
 
 @dataclass(frozen=True)

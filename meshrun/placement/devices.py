@@ -7,6 +7,7 @@ import logging
 import os
 import sys
 from dataclasses import dataclass
+from typing import Optional
 
 from meshrun import compat
 from meshrun.config.schema import CacheConfig, DevicesConfig, MeshConfig
@@ -30,6 +31,22 @@ class DeviceSet:
     available: int
     emulated: bool
     processes: int
+
+
+def device_memory(config: DevicesConfig, found: Optional[DeviceSet] = None):
+    """The memory of one device that a plan must fit in: devices.memory_gib where given, else the
+    smallest allocator limit the accelerators report (none on CPU); None when unknown."""
+    from meshrun.placement.plan import DeviceMemory
+
+    if config.memory_bytes is not None:
+        return DeviceMemory(config.memory_bytes, f"devices.memory_gib={config.memory_gib:g}")
+    if found is None or found.emulated:
+        return None
+    import jax
+
+    local = [d for d in found.devices if d.process_index == jax.process_index()]
+    limits = [stats["bytes_limit"] for stats in (d.memory_stats() for d in local) if stats and "bytes_limit" in stats]
+    return DeviceMemory(min(limits), f"what the {found.kind} reports") if limits else None
 
 
 def cpu_devices_needed(mesh: MeshConfig, devices: DevicesConfig) -> int:

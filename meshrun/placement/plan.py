@@ -10,11 +10,11 @@ device (rules that do not divide are errors), a replicated one holds all of them
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Optional
 
 from meshrun.config.schema import AxisSpec, LayoutRule, MeshConfig
-from meshrun.errors import ConfigError
+from meshrun.errors import ConfigError, DoesNotFit
 from meshrun.placement.layout import RuleCheck, TensorSpec, check_rules
 from meshrun.wording import format_bytes, format_shape
 
@@ -47,6 +47,15 @@ class Placement:
 
 
 @dataclass(frozen=True)
+class DeviceMemory:
+    """The memory of one device the plan must fit in, and where that figure came from
+    (devices.memory_gib, or what the accelerator reports)."""
+
+    bytes: int
+    source: str
+
+
+@dataclass(frozen=True)
 class Plan:
     """A model's placement on a mesh: variables, optimizer slots, output constraints, per-device
     totals, and the lint: errors (the run would be rejected) and warnings."""
@@ -60,6 +69,7 @@ class Plan:
     errors: tuple[ConfigError, ...]
     warnings: tuple[str, ...]
     processes: int = 1
+    memory: Optional[DeviceMemory] = None
 
     @property
     def params_bytes_per_device(self) -> int:
@@ -119,6 +129,8 @@ class Plan:
                 "total_bytes": self.total_bytes_per_device,
             },
             "largest_replicated": [{"path": p.path, "bytes": p.bytes} for p in self.largest_replicated()],
+            **({"device_memory": {"bytes": self.memory.bytes, "source": self.memory.source,
+                                  "fits": self.total_bytes_per_device <= self.memory.bytes}} if self.memory else {}),
             "processes": process_layout(self.mesh, self.processes),
             "errors": [str(e) for e in self.errors],
             "warnings": list(self.warnings),
@@ -150,10 +162,11 @@ def process_layout(mesh: MeshConfig, processes: int) -> dict:
 
 
 def make_plan(model_name: str, mesh: MeshConfig, rules: tuple[LayoutRule, ...], abstract, optimizer: str, processes: int = 1,
-              advice=None) -> Plan:
+              advice=None, memory: Optional[DeviceMemory] = None) -> Plan:
     """Places the abstract model's variables and optimizer slots by `rules` on `mesh` (no -1 left),
-    for a job of `processes` processes. `advice(variables, mesh)`, where given, adds the model's own
-    warnings about the placement (a layout map it is known to get wrong)."""
+    for a job of `processes` processes; with `memory`, a total per device beyond it is an error
+    (DoesNotFit, after any layout error). `advice(variables, mesh)`, where given, adds warnings about
+    the placement (layout=auto's, or the model's own about a layout map it is known to get wrong)."""
     check = check_rules(rules, mesh, list(abstract.tensors))
     variables = tuple(_place(t, check.assigned.get(t.path), mesh) for t in abstract.variables)
     by_path = {p.path: p for p in variables}
@@ -164,7 +177,7 @@ def make_plan(model_name: str, mesh: MeshConfig, rules: tuple[LayoutRule, ...], 
         for t in abstract.tensors
         if t.is_output and t.path in check.assigned
     )
-    return Plan(
+    plan = Plan(
         model=model_name,
         mesh=mesh,
         optimizer=optimizer,
@@ -176,6 +189,24 @@ def make_plan(model_name: str, mesh: MeshConfig, rules: tuple[LayoutRule, ...], 
                   *_unmatched_warnings(check.unmatched_optional),
                   *(advice(variables, mesh) if advice else ())),
         processes=processes,
+        memory=memory,
+    )
+    too_large = _beyond_memory(plan)
+    return replace(plan, errors=(*plan.errors, too_large)) if too_large else plan
+
+
+def _beyond_memory(plan: Plan) -> Optional[DoesNotFit]:
+    """DoesNotFit when the plan's parameters and optimizer state exceed one device's memory."""
+    if plan.memory is None or plan.total_bytes_per_device <= plan.memory.bytes:
+        return None
+    needed, available = plan.total_bytes_per_device, plan.memory.bytes
+    return DoesNotFit(
+        "devices.memory_gib",
+        f"does not fit: the plan puts {format_bytes(needed)} on each device of mesh {format_shape(plan.mesh.shape)} "
+        f"({format_bytes(plan.params_bytes_per_device)} parameters + {format_bytes(plan.optimizer_bytes_per_device)} "
+        f"{plan.optimizer} state), more than the {format_bytes(available)} of one device ({plan.memory.source}); "
+        "shard more (layout=auto, layout.fsdp=true, a larger mesh) or give the real memory",
+        needed=needed, available=available,
     )
 
 

@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from meshrun.run.metrics import PlacedVariable, RunMetrics
+from meshrun.run.metrics import DOES_NOT_FIT, PlacedVariable, RunMetrics
 from meshrun.wording import format_bytes, format_shape, spec_text
 
 
@@ -176,6 +176,10 @@ def totals_table(plan: dict) -> Table:
     table.add_row("parameters", format_bytes(per_device["params_bytes"]))
     table.add_row(f"optimizer state ({plan['optimizer']})", format_bytes(per_device["optimizer_bytes"]))
     table.add_row("total", format_bytes(per_device["total_bytes"]))
+    memory = plan.get("device_memory")
+    if memory:
+        verdict = "fits" if memory["fits"] else "[red]does not fit[/red]"
+        table.add_row("device memory", f"{format_bytes(memory['bytes'])} ({escape(memory['source'])}): {verdict}")
     processes = plan.get("processes") or {"count": 1}
     if processes["count"] > 1:
         crossing = ", ".join(processes["axes_across_processes"]) or "none"
@@ -240,7 +244,8 @@ def sweep_table(rows: list[dict]) -> Table:
     unit = rate_column(rows)
     lm = unit == "tokens_per_s"
     varying = [key for key in varying_keys(rows) if key != "mesh"]
-    table = Table(title=escape(sweep_title(rows) + f"; fastest first ({'tokens' if lm else 'samples'}/s)"))
+    fitting = " among those that fit" if any(r["status"] == DOES_NOT_FIT for r in rows) else ""
+    table = Table(title=escape(sweep_title(rows) + f"; fastest first{fitting} ({'tokens' if lm else 'samples'}/s)"))
     columns = ["job", "mesh", *varying, "status", "compile s",
                "step ms", "p90 ms", "tokens/s" if lm else "samples/s", "eval loss", "peak/device"]
     errors = any(r["status"] != "ok" for r in rows)
@@ -249,6 +254,10 @@ def sweep_table(rows: list[dict]) -> Table:
         table.add_column(column, justify="left" if left else "right", no_wrap=column != "error")
     for r in rows:
         head = [r["job"], r["mesh"], *(escape(str(r[key])) for key in varying)]
+        if r["status"] == DOES_NOT_FIT:
+            needed = format_bytes(r["peak_bytes_per_device"]) + " planned" if r["peak_bytes_per_device"] else "-"
+            table.add_row(*head, "[yellow]does not fit[/yellow]", *[""] * 5, needed, escape(r["error"] or ""))
+            continue
         if r["status"] != "ok":
             table.add_row(*head, "[red]error[/red]", *[""] * 6, escape(r["error"] or ""))
             continue

@@ -18,8 +18,8 @@ from pathlib import Path
 from meshrun.errors import ConfigError
 from meshrun.files import write_atomic
 from meshrun.report.render import rate_column, render_sweep, sweep_title, varying_keys
-from meshrun.run.metrics import METRICS_FILE, MemoryFigures, ModelFigures, RunMetrics, TimingFigures
-from meshrun.wording import first_line, format_shape, one_of
+from meshrun.run.metrics import DOES_NOT_FIT, METRICS_FILE, MemoryFigures, ModelFigures, RunMetrics, TimingFigures
+from meshrun.wording import first_line, format_bytes, format_shape, one_of
 
 log = logging.getLogger("meshrun")
 
@@ -85,10 +85,12 @@ def find_runs(paths) -> list[Path]:
 
 def summary_rows(run_dirs, relative_to) -> list[dict]:
     """One row per readable run, sorted by throughput (tokens/s when every run is a language model,
-    else samples/s), failed runs last; the fastest successful run has best=True."""
+    else samples/s), then the jobs that did not fit a device's memory, failed runs last; the fastest
+    successful run has best=True."""
     rows = [row for row in (_read_row(Path(d), Path(relative_to)) for d in run_dirs) if row is not None]
     unit = rate_column(rows)
-    rows.sort(key=lambda r: (r["status"] != "ok", -(r[unit] or 0.0)))
+    rank = {"ok": 0, DOES_NOT_FIT: 1}
+    rows.sort(key=lambda r: (rank.get(r["status"], 2), -(r[unit] or 0.0)))
     if rows and rows[0]["status"] == "ok":
         rows[0]["best"] = True
     return rows
@@ -151,7 +153,8 @@ def sweep_figure(rows: list[dict]):
         if row["best"]:
             bottom.annotate("best", (index, rate[index]), ha="center", va="bottom", color="tab:orange")
         elif row["status"] != "ok":
-            top.annotate("error", (index, 0), ha="center", va="bottom", color="tab:red")
+            text = "does not fit" if row["status"] == DOES_NOT_FIT else "error"
+            top.annotate(text, (index, 0), ha="center", va="bottom", color="tab:red")
     figure.suptitle(sweep_title(rows))
     return figure
 
@@ -173,7 +176,7 @@ def _row(run_dir: Path, m: RunMetrics, relative_to: Path) -> dict:
     timing, memory, model = m.timing or TimingFigures(), m.memory or MemoryFigures(), m.model or ModelFigures()
     if m.ok and (timing.step_time_s is None or timing.step_time_p90_s is None):
         raise KeyError("step_time_s" if timing.step_time_s is None else "step_time_p90_s")  # a successful run has its step time
-    live, compiled = memory.live_peak_bytes_per_device, memory.peak_bytes_per_device
+    live, compiled, planned = memory.live_peak_bytes_per_device, memory.peak_bytes_per_device, memory.needed_bytes_per_device
     choices = m.choices or {}
     return {
         "job": run_dir.name,
@@ -188,11 +191,19 @@ def _row(run_dir: Path, m: RunMetrics, relative_to: Path) -> dict:
         "samples_per_s": _round(timing.samples_per_s) if m.ok else None,
         "tokens_per_s": _round(timing.tokens_per_s) if m.ok else None,
         "eval_loss": _round((m.eval or {}).get("loss")) if m.ok else None,
-        "peak_bytes_per_device": live if live is not None else compiled,
-        "peak_source": ("live" if live is not None else "compiled") if (live or compiled) else None,
+        "peak_bytes_per_device": next((b for b in (live, compiled, planned) if b is not None), None),
+        "peak_source": next((name for name, b in (("live", live), ("compiled", compiled), ("planned", planned)) if b), None),
         "run_dir": os.path.relpath(run_dir.resolve(), relative_to.resolve()),
-        "error": m.error,
+        "error": _fit_text(memory) if m.status == DOES_NOT_FIT else m.error,
     }
+
+
+def _fit_text(memory: MemoryFigures) -> str:
+    """A job that did not fit, in a few words (its metrics.json has the whole reason)."""
+    needed, available = memory.needed_bytes_per_device, memory.device_memory_bytes
+    if needed is None or available is None:
+        return "does not fit a device's memory"
+    return f"needs {format_bytes(needed)} per device for parameters and optimizer state; a device has {format_bytes(available)}"
 
 
 def _round(value, digits: int = 6):

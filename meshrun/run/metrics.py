@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional, Union
 
-from meshrun.wording import format_bytes, format_shape
+from meshrun.wording import format_bytes, format_shape, one_of
 
 METRICS_FILE = "metrics.json"
 SUMMARY_ROWS = (
@@ -268,6 +268,8 @@ class MemoryFigures:
     peak_bytes_per_device: int = figure("memory", _bytes_text("step peak {} (compiled estimate)"), "; ")
     compiled: CompiledMemory = figure()
     live_peak_bytes_per_device: int = figure("memory", _bytes_text("{} live"))
+    needed_bytes_per_device: int = figure(omit_if_none=True)  # a job that does not fit: what its plan needs
+    device_memory_bytes: int = figure(omit_if_none=True)  # and what one device has
 
 
 @dataclass(frozen=True)
@@ -326,6 +328,8 @@ def _eval_text(evaluation, metrics) -> Optional[str]:
 
 
 HEAD = ("status", "error", "run_dir", "choices", "overrides")
+DOES_NOT_FIT = "does_not_fit"  # a job not run: its plan exceeds a device's memory
+STATUSES = ("ok", "error", DOES_NOT_FIT)
 
 
 @dataclass(frozen=True)
@@ -364,6 +368,13 @@ class RunMetrics:
         """The metrics of a run that failed: what it was, and why."""
         return cls(status="error", error=message, run_dir=run_dir, choices=choices, overrides=overrides, exit_status=exit_status)
 
+    @classmethod
+    def not_fitting(cls, message: str, run_dir: str, choices: dict, overrides: list, needed: int, available: int) -> "RunMetrics":
+        """The metrics of a job that was not run because its plan exceeds a device's memory: the
+        bytes per device it needs and the bytes one device has."""
+        memory = MemoryFigures(needed_bytes_per_device=needed, device_memory_bytes=available)
+        return cls(status=DOES_NOT_FIT, error=message, run_dir=run_dir, choices=choices, overrides=overrides, exit_status=2, memory=memory)
+
     @property
     def ok(self) -> bool:
         return self.status == "ok"
@@ -379,8 +390,8 @@ class RunMetrics:
     def from_json(cls, data) -> "RunMetrics":
         """Reads metrics.json's content; ValueError when it is not a meshrun run's (no status ok or
         error), TypeError when a section is not a mapping."""
-        if not isinstance(data, Mapping) or data.get("status") not in ("ok", "error"):
-            raise ValueError("not a metrics.json of meshrun train (no status ok or error)")
+        if not isinstance(data, Mapping) or data.get("status") not in STATUSES:
+            raise ValueError(f"not a metrics.json of meshrun train (no status {one_of(STATUSES)})")
         return from_json(cls, data)
 
     def summary(self) -> list[tuple[str, str]]:

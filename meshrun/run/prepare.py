@@ -20,7 +20,7 @@ import keras
 from meshrun import compat
 from meshrun import data as data_lib
 from meshrun.config import RunConfig, check_batch, check_processes, check_rule_axes
-from meshrun.config.schema import LayoutRule, MeshConfig, TrainConfig
+from meshrun.config.schema import DEFAULT_AUTO_MIN_BYTES, LayoutRule, MeshConfig, TrainConfig
 from meshrun.errors import ConfigError
 from meshrun.launch.identity import ONE_PROCESS, Identity
 from meshrun.models import get_model
@@ -28,7 +28,8 @@ from meshrun.models.build import AbstractModel, abstract_session, describe
 from meshrun.models.registry import ModelSpec
 from meshrun.placement import devices as devices_lib
 from meshrun.placement import distribution as distribution_lib
-from meshrun.placement.plan import Plan, make_plan
+from meshrun.placement.auto import derive_layout
+from meshrun.placement.plan import DeviceMemory, Plan, make_plan
 from meshrun.training import checkpoint as checkpoint_lib
 from meshrun.training import objectives
 from meshrun.wording import format_shape, one_of
@@ -114,7 +115,7 @@ def prepare(config: RunConfig, context: RunContext) -> RunSetup:
     check_batch(config.train.batch_size, found.mesh)
     _say_devices(found, config)
     checkpoints = plan_checkpoints(config, context.run_dir, found.processes)
-    planned = place(config, found.mesh, found.processes)
+    planned = place(config, found.mesh, found.processes, devices_lib.device_memory(config.devices, found))
     planned.plan.raise_first_error()
     for warning in planned.plan.warnings:
         log.warning(warning)
@@ -137,28 +138,39 @@ def place_for_plan(config: RunConfig, processes: int = 1) -> PlannedModel:
         mesh = devices_lib.discover(config.devices, mesh).mesh
         check_batch(config.train.batch_size, mesh)
         check_processes(mesh, config.devices, processes, "distributed.num_processes")
-    return place(config, mesh, processes)
+    return place(config, mesh, processes, devices_lib.device_memory(config.devices))
 
 
-def place(config: RunConfig, mesh: MeshConfig, processes: int = 1) -> PlannedModel:
+def place(config: RunConfig, mesh: MeshConfig, processes: int = 1, memory: Optional[DeviceMemory] = None) -> PlannedModel:
     """Where the configured model's variables and optimizer slots go on `mesh` (no -1 left) for a
-    job of `processes` processes, worked out from shapes alone."""
+    job of `processes` processes, worked out from shapes alone, and whether they fit in `memory`."""
     spec = get_model(config.model.name)
     options = config.model.options
-    rules = layout_rules(config, spec, options, mesh)
     train = config.train
     abstract = describe(spec, options, config.data, train.optimizer, train.learning_rate, train.precision)
-    advice = (lambda variables, on: spec.layout_advice(options, variables, on)) if spec.layout_advice else None
-    plan = make_plan(spec.name_of(options), mesh, rules, abstract, train.optimizer, processes, advice=advice)
+    rules, notes = layout_rules(config, spec, options, mesh, abstract)
+
+    def advice(variables, on) -> list[str]:
+        return [*notes, *(spec.layout_advice(options, variables, on) if spec.layout_advice else ())]
+
+    plan = make_plan(spec.name_of(options), mesh, rules, abstract, train.optimizer, processes, advice=advice, memory=memory)
     return PlannedModel(spec=spec, options=options, abstract=abstract, rules=rules, plan=plan)
 
 
-def layout_rules(config: RunConfig, spec: ModelSpec, options, mesh: MeshConfig) -> tuple[LayoutRule, ...]:
-    """The run's layout rules: the layout config's, or the model's own layout map
-    (layout.from_model), followed by layout.extra_rules."""
+def layout_rules(config: RunConfig, spec: ModelSpec, options, mesh: MeshConfig,
+                 abstract: AbstractModel) -> tuple[tuple[LayoutRule, ...], tuple[str, ...]]:
+    """The run's layout rules and what the plan should warn about them: the layout config's rules,
+    the model's own layout map (layout.from_model) or rules derived from its variables
+    (layout.auto, which warns when it shards nothing), followed by layout.extra_rules."""
     layout = config.layout
+    if layout.auto:
+        derived = derive_layout(list(abstract.variables), mesh, layout.min_bytes, layout.fsdp, taken=layout.extra_rules)
+        return derived.rules + layout.extra_rules, (derived.warning,) if derived.warning else ()
+    ignored = [f"layout.{k}={v}" for k, v in (("fsdp", "true" if layout.fsdp else None),
+                                              ("min_bytes", layout.min_bytes if layout.min_bytes != DEFAULT_AUTO_MIN_BYTES else None)) if v]
+    notes = (f"{' and '.join(ignored)} steer{'s' if len(ignored) == 1 else ''} layout=auto only; this layout's rules are used as written",) if ignored else ()
     if not layout.from_model:
-        return layout.rules + layout.extra_rules
+        return layout.rules + layout.extra_rules, notes
     if spec.layout_rules is None:
         raise ConfigError(
             "layout.from_model",
@@ -168,7 +180,7 @@ def layout_rules(config: RunConfig, spec: ModelSpec, options, mesh: MeshConfig) 
     own = tuple(spec.layout_rules(options, mesh))
     for rule in own:
         check_rule_axes(rule.key, rule.axes, mesh)
-    return own + layout.extra_rules
+    return own + layout.extra_rules, notes
 
 
 def plan_checkpoints(config: RunConfig, run_dir: str, processes: int) -> CheckpointPlan:

@@ -1,0 +1,154 @@
+"""`layout=auto`: layout rules derived from a model's real variables and the mesh, so that any model
+can be sharded without hand-written rules.
+
+Every variable of at least `min_bytes` is split over each mesh axis besides the batch axis (the
+largest axis first) along a dimension that divides by the axis size: tensor parallelism. With
+`fsdp`, it is also split over the batch axis along another dimension: fully sharded data
+parallelism. Which dimension:
+
+- The model's width is the dimension size shared by the most large variables (d_model in a
+  transformer). Tensor parallelism prefers the outermost dimension that is not the width, so that
+  q/k/v and the output projection split by heads, MLP kernels by their hidden size (column- then
+  row-parallel) and embeddings by rows (the vocabulary); dimensions under MIN_SPLIT_SIZE (kernel
+  windows) come last. FSDP prefers the width, then the largest dimension left.
+- Embedding tables (paths ending in `/embeddings`) split by rows first.
+
+The result is ordinary rules with origin `auto`: the rules of paths that differ only by a number
+(a block index) are collapsed into one pattern (`block_\\d+/mlp_up/kernel`) where that pattern
+matches exactly those paths and they all get the same axes. Plain Python over shapes; no jax.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from dataclasses import dataclass
+from typing import Optional
+
+from meshrun.config.schema import AxisSpec, LayoutRule, MeshConfig
+from meshrun.placement.layout import TensorSpec, matching_rules
+from meshrun.wording import format_bytes, format_shape
+
+ORIGIN = "auto"
+MIN_SPLIT_SIZE = 8  # smaller dimensions (a conv kernel's window) are split only when nothing else divides
+_NUMBER = re.compile(r"\d+")
+
+
+@dataclass(frozen=True)
+class AutoLayout:
+    """What `layout=auto` decided: its rules, and a warning when it shards nothing (why, and the
+    largest variable, which is what a user would want sharded)."""
+
+    rules: tuple[LayoutRule, ...]
+    warning: Optional[str] = None
+
+
+def derive_layout(variables: list[TensorSpec], mesh: MeshConfig, min_bytes: int, fsdp: bool,
+                  taken: tuple[LayoutRule, ...] = ()) -> AutoLayout:
+    """The rules of `layout=auto` for `variables` on `mesh`. Variables matched by one of `taken`
+    (layout.extra_rules, which take precedence) are left to those."""
+    free = [v for v in variables if not matching_rules(taken, v.path)]
+    large = [v for v in free if v.shape and _bytes(v) >= min_bytes]
+    width = model_width(large)
+    placed = {v.path: axes for v in large if (axes := place_variable(v.shape, mesh, fsdp, width, _is_embedding(v.path)))}
+    rules = collapse(placed, [v.path for v in variables])
+    return AutoLayout(rules=rules, warning=None if rules else _nothing_placed(free, large, mesh, min_bytes, fsdp))
+
+
+def model_width(variables: list[TensorSpec]) -> Optional[int]:
+    """The dimension size shared by the most of `variables` (each counted once; sizes under
+    MIN_SPLIT_SIZE left out), the larger size on a tie; None when no size is shared."""
+    counts = Counter(size for v in variables for size in set(v.shape) if size >= MIN_SPLIT_SIZE)
+    if not counts:
+        return None
+    size, count = max(counts.items(), key=lambda item: (item[1], item[0]))
+    return size if count > 1 else None
+
+
+def place_variable(shape: tuple[int, ...], mesh: MeshConfig, fsdp: bool, width: Optional[int],
+                   embedding: bool = False) -> Optional[tuple[AxisSpec, ...]]:
+    """The axes for one large variable, or None when no axis of the mesh divides any dimension."""
+    axes: list[AxisSpec] = [None] * len(shape)
+    model_axes = sorted((a for a in mesh.axis_names if a != mesh.batch_axis and mesh.axis_size(a) > 1),
+                        key=lambda a: -mesh.axis_size(a))
+    for axis in model_axes:
+        _split(axes, shape, axis, mesh.axis_size(axis), _tensor_parallel_order(shape, width, embedding))
+    if fsdp and mesh.axis_size(mesh.batch_axis) > 1:
+        _split(axes, shape, mesh.batch_axis, mesh.axis_size(mesh.batch_axis), _fsdp_order(shape, width))
+    return tuple(axes) if any(axes) else None
+
+
+def _split(axes: list[AxisSpec], shape, axis: str, size: int, order: list[int]) -> None:
+    """Puts `axis` on the first dimension in `order` that is free and divides by its size."""
+    for dim in order:
+        if axes[dim] is None and shape[dim] % size == 0:
+            axes[dim] = axis
+            return
+
+
+def _tensor_parallel_order(shape, width: Optional[int], embedding: bool) -> list[int]:
+    dims = list(range(len(shape)))
+    if embedding:
+        return dims  # rows (the vocabulary) first
+    return sorted(dims, key=lambda d: (shape[d] == width, shape[d] < MIN_SPLIT_SIZE, d))
+
+
+def _fsdp_order(shape, width: Optional[int]) -> list[int]:
+    return sorted(range(len(shape)), key=lambda d: (shape[d] != width, -shape[d], d))
+
+
+def collapse(placed: dict[str, tuple[AxisSpec, ...]], all_paths: list[str]) -> tuple[LayoutRule, ...]:
+    """Rules for `placed` (path -> axes): one pattern for the paths that differ only by numbers
+    where the pattern matches exactly those paths (among `all_paths`) and gives them all the same
+    axes, else one rule per path (its exact name)."""
+    groups: dict[str, list[str]] = {}
+    for path in placed:
+        groups.setdefault(_number_pattern(path), []).append(path)
+    rules = []
+    for pattern, paths in groups.items():
+        axes = {placed[p] for p in paths}
+        covers = [p for p in all_paths if re.fullmatch(pattern, p)]
+        if len(paths) > 1 and len(axes) == 1 and sorted(covers) == sorted(paths):
+            rules.append(LayoutRule(pattern, placed[paths[0]], origin=ORIGIN))
+        else:
+            rules += [LayoutRule(re.escape(p), placed[p], origin=ORIGIN) for p in paths]
+    return tuple(rules)
+
+
+def _number_pattern(path: str) -> str:
+    """`path` as a regex in which every number may be any number: block_3/mlp/kernel -> block_\\d+/mlp/kernel."""
+    pieces = _NUMBER.split(path)
+    return r"\d+".join(re.escape(piece) for piece in pieces)
+
+
+def _is_embedding(path: str) -> bool:
+    """An Embedding layer's table (vocabulary, width); a reverse embedding (width, vocabulary) is
+    left to the width rule, which splits its vocabulary too."""
+    return path.rsplit("/", 1)[-1] == "embeddings"
+
+
+def _bytes(variable: TensorSpec) -> int:
+    count = variable.itemsize
+    for size in variable.shape:
+        count *= size
+    return count
+
+
+def _nothing_placed(free, large, mesh: MeshConfig, min_bytes: int, fsdp: bool) -> Optional[str]:
+    """The warning for a mesh on which auto shards nothing, naming the largest variable."""
+    if (mesh.size or 1) <= 1 or not free:
+        return None
+    largest = max(free, key=_bytes)
+    named = f"the largest is {largest.path} ({format_shape(largest.shape, 'scalar')}, {format_bytes(_bytes(largest))})"
+    others = [a for a in mesh.axis_names if a != mesh.batch_axis and mesh.axis_size(a) > 1]
+    if not others and not fsdp:
+        return (f"layout=auto shards nothing on mesh {format_shape(mesh.shape)}: no axis besides the batch axis "
+                f"{mesh.batch_axis!r} has more than one device, so every variable is replicated ({named}); "
+                "layout.fsdp=true splits variables over the batch axis too")
+    if not large:
+        return (f"layout=auto shards nothing: no variable reaches layout.min_bytes={format_bytes(min_bytes)}, so every "
+                f"variable is replicated ({named}); lower layout.min_bytes to shard smaller ones")
+    used = others + ([mesh.batch_axis] if fsdp else [])
+    sizes = ", ".join(f"{a}={mesh.axis_size(a)}" for a in used)
+    return (f"layout=auto shards nothing on mesh {format_shape(mesh.shape)}: no dimension of any variable of at least "
+            f"{format_bytes(min_bytes)} divides by the axis sizes ({sizes}), so every variable is replicated ({named})")
