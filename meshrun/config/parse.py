@@ -81,15 +81,12 @@ def choices_with_key(key: str) -> list[str]:
     """The model and data choices that have `key` as an option ('data.path' -> ['data=arrays']):
     a key the chosen model or data source lacks may belong to another one."""
     group, _, name = key.partition(".")
-    owners = {"model": lambda: {n: _field_names(registry.get_model(n).options) for n in registry.model_names()},
-              "data": lambda: {n: _field_names(data_sources.get_source(n).options) for n in data_sources.source_names()}}
+    owners = {"model": lambda: {n: registry.get_model(n).options for n in registry.model_names()},
+              "data": lambda: {n: data_sources.get_source(n).options for n in data_sources.source_names()}}
     if group not in owners:
         return []
-    return [f"{group}={choice}" for choice, names in owners[group]().items() if name in names]
-
-
-def _field_names(cls) -> set[str]:
-    return {f.name for f in dataclasses.fields(cls)}
+    return [f"{group}={choice}" for choice, options in owners[group]().items()
+            if name in {f.name for f in dataclasses.fields(options)}]
 
 
 def other_choice_hint(key: str) -> str:
@@ -217,13 +214,13 @@ _SIZE_TEXT = re.compile(r"^(\d+(?:\.\d+)?)\s*([a-z]*)$")
 
 
 def parse_size(key: str, value: Any) -> int:
-    """Bytes from a size written as a number of bytes or with a unit: 1MiB, 512KiB, 4MB, 1.5GiB."""
+    """Bytes from a size written as a number of bytes or with a unit: 1MiB, 512KiB, 1.5GiB (KB, MB and GB are powers of 1000)."""
     if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
         return value
     found = _SIZE_TEXT.match(str(value).strip().lower()) if isinstance(value, (str, float)) and not isinstance(value, bool) else None
     if found and found.group(2) in _SIZE_UNITS:
         return int(float(found.group(1)) * _SIZE_UNITS[found.group(2)])
-    raise ConfigError(key, f"got {value!r}; expected a size in bytes: a number, or a number with a unit such as 512KiB, 1MiB, 4MB or 1.5GiB")
+    raise ConfigError(key, f"got {value!r}; expected a size in bytes: a number, or a number with a unit such as 512KiB, 1MiB or 1.5GiB")
 
 
 def _parse_rules(raw: Mapping[str, Any], origin: str, mesh: MeshConfig, optional: frozenset = frozenset()) -> tuple[LayoutRule, ...]:
