@@ -174,6 +174,9 @@ def test_auto_on_the_zoo_transformer_is_within_15_percent_of_the_hand_written_la
     # On 8x1 without fsdp there is nothing but the batch axis: replicated, and it says so.
     replicated = next(j for j in jobs if key(j) == ("8x1", "auto", False))
     assert any("layout=auto shards nothing" in w and "token_embedding/embeddings" in w for w in replicated["warnings"])
+    # The keys of auto are keys of every layout (a sweep over layouts sets them); others say they ignore them.
+    hand = next(j for j in jobs if key(j) == ("1x8", "transformer_tp", True))
+    assert "layout.fsdp=true and layout.min_bytes=1024 only steer layout=auto; this layout's rules are used as written" in hand["warnings"]
     auto_1x8 = next(j for j in jobs if key(j) == ("1x8", "auto", False))
     rules = {v["rule"] for v in auto_1x8["variables"] if v.get("origin") == "auto"}
     assert r"block_\d+/mlp_up/kernel" in rules and len(rules) < 15

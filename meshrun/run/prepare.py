@@ -166,9 +166,7 @@ def layout_rules(config: RunConfig, spec: ModelSpec, options, mesh: MeshConfig,
     if layout.auto:
         derived = derive_layout(list(abstract.variables), mesh, layout.min_bytes, layout.fsdp, taken=layout.extra_rules)
         return derived.rules + layout.extra_rules, (derived.warning,) if derived.warning else ()
-    ignored = [f"layout.{k}={v}" for k, v in (("fsdp", "true" if layout.fsdp else None),
-                                              ("min_bytes", layout.min_bytes if layout.min_bytes != DEFAULT_AUTO_MIN_BYTES else None)) if v]
-    notes = (f"{' and '.join(ignored)} steer{'s' if len(ignored) == 1 else ''} layout=auto only; this layout's rules are used as written",) if ignored else ()
+    notes = _auto_keys_ignored(layout)
     if not layout.from_model:
         return layout.rules + layout.extra_rules, notes
     if spec.layout_rules is None:
@@ -181,6 +179,17 @@ def layout_rules(config: RunConfig, spec: ModelSpec, options, mesh: MeshConfig,
     for rule in own:
         check_rule_axes(rule.key, rule.axes, mesh)
     return own + layout.extra_rules, notes
+
+
+def _auto_keys_ignored(layout) -> tuple[str, ...]:
+    """A warning when layout.fsdp or layout.min_bytes is set for a layout other than auto (they are
+    keys of every layout, so that a sweep over layouts can set them)."""
+    ignored = ["layout.fsdp=true"] if layout.fsdp else []
+    if layout.min_bytes != DEFAULT_AUTO_MIN_BYTES:
+        ignored.append(f"layout.min_bytes={layout.min_bytes}")
+    if not ignored:
+        return ()
+    return (f"{' and '.join(ignored)} only steer layout=auto; this layout's rules are used as written",)
 
 
 def plan_checkpoints(config: RunConfig, run_dir: str, processes: int) -> CheckpointPlan:
