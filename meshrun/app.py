@@ -41,12 +41,25 @@ MAPPING_KEYS = ("layout.rules", "layout.extra_rules", "data.features", "data.kwa
 CONFIG_MODULE = "meshrun.configs"
 
 
-class MeshShapeSource(ConfigSource):
-    """Serves `mesh=AxB[xC]` for any shape: Hydra asks it for `mesh/<name>` configs whose name
-    starts with a digit (or -digit) and gets `shape: <name>`; meshrun.config parses and checks it."""
+class ServedConfigs(ConfigSource):
+    """What meshrun's own config sources share: configs made on request, none to list."""
 
     def __init__(self, provider: str, path: str) -> None:
         super().__init__(provider=provider, path=path)
+
+    def result(self, config) -> ConfigResult:
+        return ConfigResult(config=config, path=f"{self.scheme()}://{self.path}", provider=self.provider, header={"package": None})
+
+    def available(self) -> bool:
+        return True
+
+    def list(self, config_path: str, results_filter: Optional[ObjectType]) -> List[str]:
+        return []
+
+
+class MeshShapeSource(ServedConfigs):
+    """Serves `mesh=AxB[xC]` for any shape: Hydra asks it for `mesh/<name>` configs whose name
+    starts with a digit (or -digit) and gets `shape: <name>`; meshrun.config parses and checks it."""
 
     @staticmethod
     def scheme() -> str:
@@ -54,15 +67,7 @@ class MeshShapeSource(ConfigSource):
 
     def load_config(self, config_path: str) -> ConfigResult:
         name = config_path.rsplit("/", 1)[-1].removesuffix(".yaml")
-        return ConfigResult(
-            config=OmegaConf.create({"shape": name, "axis_names": None, "batch_axis": None}),
-            path=f"{self.scheme()}://{self.path}",
-            provider=self.provider,
-            header={"package": None},
-        )
-
-    def available(self) -> bool:
-        return True
+        return self.result(OmegaConf.create({"shape": name, "axis_names": None, "batch_axis": None}))
 
     def is_group(self, config_path: str) -> bool:
         return config_path.strip("/") in ("", "mesh")
@@ -71,41 +76,24 @@ class MeshShapeSource(ConfigSource):
         group, _, name = config_path.strip("/").rpartition("/")
         return group == "mesh" and re.match(r"^-?\d", name.removesuffix(".yaml")) is not None
 
-    def list(self, config_path: str, results_filter: Optional[ObjectType]) -> List[str]:
-        return []
 
-
-class FileOptionSource(ConfigSource):
+class FileOptionSource(ServedConfigs):
     """Serves a config group option given as the path of a YAML file (`layout=./my_layout.yaml`,
     `layout=/abs/saved.yaml`, such as `meshrun plan --save-layout` writes): Hydra asks it for
     `<group>/<path>` and gets the file's content as that group's config."""
-
-    def __init__(self, provider: str, path: str) -> None:
-        super().__init__(provider=provider, path=path)
 
     @staticmethod
     def scheme() -> str:
         return "meshrun-files"
 
     def load_config(self, config_path: str) -> ConfigResult:
-        return ConfigResult(
-            config=OmegaConf.load(option_file(config_path)),
-            path=f"{self.scheme()}://{self.path}",
-            provider=self.provider,
-            header={"package": None},
-        )
-
-    def available(self) -> bool:
-        return True
+        return self.result(OmegaConf.load(option_file(config_path)))
 
     def is_group(self, config_path: str) -> bool:
         return config_path.strip("/") == ""
 
     def is_config(self, config_path: str) -> bool:
         return option_file(config_path) is not None
-
-    def list(self, config_path: str, results_filter: Optional[ObjectType]) -> List[str]:
-        return []
 
 
 YAML_SUFFIXES = (".yaml", ".yml")
