@@ -41,3 +41,7 @@ class Preempted(Exception):
     def __init__(self, message: str, exit_status: int):
         super().__init__(message)
         self.exit_status = exit_status
+
+    @property
+    def signum(self) -> int:
+        return self.exit_status - 128

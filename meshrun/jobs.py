@@ -25,7 +25,7 @@ from meshrun.errors import ConfigError, DoesNotFit, Preempted, RunFailed
 from meshrun.files import write_json
 from meshrun.launch import join as join_lib
 from meshrun.launch.identity import ONE_PROCESS, Identity, identify, job_size, say_if_alone
-from meshrun.launch.spawn import Role, spawn
+from meshrun.launch.spawn import ForwardedStop, Role, spawn
 from meshrun.logs.timing import process_start_time
 from meshrun.placement import devices
 from meshrun.training import preemption
@@ -112,6 +112,7 @@ def run_job(invocation: Invocation, job: Job) -> None:
     """Runs one job; a job that fails says why in one line and is counted, the others go on. Once
     a stop signal has stopped a job, the multirun's later jobs are not run."""
     if invocation.preempted:
+        _remove_hydra_leftovers(job)
         return
     try:
         if invocation.command == "plan":
@@ -126,8 +127,24 @@ def run_job(invocation: Invocation, job: Job) -> None:
         _job_failed(invocation, job, str(err), status=1)
     except Preempted as stop:
         print(f"meshrun: {(f'job {job.number}: ' if job.number is not None else '')}{stop}", file=sys.stderr)
+        if stop.signum == preemption.scheduler_signal():
+            # submitit requeues the job with this invocation as it is now: as it was when it began
+            invocation.runs.remove(job.run_dir)
+            preemption.hand_on(stop.signum)  # on the first task, requeues and ends the process
         invocation.failures.append(stop.exit_status)
         invocation.preempted = True
+
+
+def _remove_hydra_leftovers(job: Job) -> None:
+    """Removes what Hydra made in the run dir of a job that is not run (its config under .hydra,
+    its empty log), and the dir if nothing else is in it."""
+    run_dir = Path(job.run_dir)
+    shutil.rmtree(run_dir / ".hydra", ignore_errors=True)
+    log_file = run_dir / f"{job.name}.log"
+    if log_file.is_file() and log_file.stat().st_size == 0:
+        log_file.unlink()
+    with contextlib.suppress(OSError):
+        run_dir.rmdir()
 
 
 def _job_failed(invocation: Invocation, job: Job, message: str, status: int) -> None:
@@ -210,8 +227,10 @@ def train_job(invocation: Invocation, job: Job) -> None:
 
             run_local(config.distributed, job.run_dir, job.overrides)
             return  # process 0 has printed the report and written the run's files
-        identity = enter(config, invocation, run_dir)
-        trained = _train(config, invocation, job, identity, started_at)
+        with preemption.StopSignals() as signals:  # from here on, a stop signal stops training at its first step
+            identity = enter(config, invocation, run_dir)
+            signals.catch()  # from jax, which set its own SIGTERM handler when the process joined the job
+            trained = _train(config, invocation, job, identity, started_at)
     except ConfigError as err:
         run_dir.reject(err, identity)
         raise
@@ -249,7 +268,8 @@ def _train(config: RunConfig, invocation: Invocation, job: Job, identity: Identi
     from meshrun.train import RunContext, train  # imports jax and keras: only after devices.prepare
 
     context = RunContext(run_dir=job.run_dir, choices=job.choices, overrides=job.overrides, started_at=started_at,
-                         identity=identity, process_ends_after=invocation.as_program and job.number is None)
+                         identity=identity, process_ends_after=invocation.as_program and job.number is None,
+                         requeued=int(os.environ.get("SLURM_RESTART_COUNT") or 0) > 0)
     return train(config, context)
 
 
@@ -292,11 +312,20 @@ def plan_job(invocation: Invocation, job: Job) -> None:
 
 def isolated_job(invocation: Invocation, job: Job) -> None:
     """Runs one multirun job as `meshrun train` in a process of its own (jobs needing different
-    device counts cannot share one: jax fixes the count when it starts), into the job's own run dir."""
+    device counts cannot share one: jax fixes the count when it starts), into the job's own run dir.
+    A stop signal to this process is passed on to the job, which stops with a checkpoint."""
     invocation.runs.append(job.run_dir)
-    status = spawn(["train", *job.overrides, f"hydra.run.dir={job.run_dir}"], Role.SWEEP_JOB).wait()
+    process = spawn(["train", *job.overrides, f"hydra.run.dir={job.run_dir}"], Role.SWEEP_JOB, own_group=True)
+    with ForwardedStop([process]) as forwarded:
+        try:
+            status = process.wait()
+        except KeyboardInterrupt:  # a second Ctrl-C
+            process.kill()
+            raise
     if status == 0:
         return
+    if forwarded.stopped(status):
+        raise Preempted(forwarded.stopped_line(job.run_dir), preemption.exit_status(forwarded.signum))
     if not (Path(job.run_dir) / METRICS_FILE).exists():  # the process died before it could say why
         RunDir(job, keeps_rejected=True, launched=False).record(f"the job's process exited with status {status}", 1)
     invocation.failures.append(2 if status == 2 else 1)

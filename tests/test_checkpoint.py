@@ -91,9 +91,10 @@ def test_resume_defaults_to_auto_only_with_a_checkpoint_dir():
     from meshrun.config import parse_run_config
 
     base = {"mesh": {"shape": "2x4"}, "model": {"name": "dense_model"}}
-    assert parse_run_config(base).resume_mode == "never"
-    assert parse_run_config({**base, "checkpoint": {"dir": "/x"}}).resume_mode == "auto"
-    assert parse_run_config({**base, "checkpoint": {"dir": "/x"}, "resume": "never"}).resume_mode == "never"
+    assert parse_run_config(base).resume_mode() == "never"
+    assert parse_run_config({**base, "checkpoint": {"dir": "/x"}}).resume_mode() == "auto"
+    assert parse_run_config({**base, "checkpoint": {"dir": "/x"}, "resume": "never"}).resume_mode(requeued=True) == "never"
+    assert parse_run_config(base).resume_mode(requeued=True) == "auto"
 
 
 # --- resuming, in this process (8 devices) -------------------------------------------------------

@@ -170,3 +170,44 @@ def test_a_second_ctrl_c_stops_at_once_with_one_line(tmp_path):
     assert stderr.strip().splitlines() == [
         "meshrun: error: interrupted; stopped at once (a first Ctrl-C during training stops at a step boundary with a checkpoint)"
     ], stderr[-3000:]
+
+
+def test_sigterm_while_a_two_process_job_starts_up_ends_it_with_143_and_one_line(tmp_path):
+    """A signal before training began (the processes still importing, joining or building): the
+    launcher passes it on and the job ends with 143 and one line, not as a failed job, whether
+    the processes caught it (they stop after their first step, with its checkpoint) or were still
+    too early to (killed by it, nothing to save)."""
+    run_dir = tmp_path / "run"
+    process = start_meshrun(["train", "distributed.local_processes=2", "mesh=2x4", "layout=dense_model", "train.verbose=0",
+                             f"hydra.run.dir={run_dir}"], tmp_path)
+    deadline = time.monotonic() + 60
+    while not (run_dir / "processes.json").exists():
+        assert process.poll() is None and time.monotonic() < deadline, process.communicate()[1][-3000:]
+        time.sleep(0.01)
+    process.send_signal(signal.SIGTERM)
+    _, stderr = process.communicate(timeout=120)
+    lines = stderr.strip().splitlines()
+    assert process.returncode == 143 and len(lines) == 1, stderr[-3000:]
+    assert lines[0].startswith("meshrun: SIGTERM received: ")
+    if (run_dir / "metrics.json").exists():
+        assert read_metrics(run_dir)["train"]["stopped"]["step"] == 1 and (run_dir / "checkpoints" / "1").is_dir()
+    else:
+        assert "stopped before training began; nothing was saved" in lines[0]
+
+
+@pytest.mark.parametrize("shapes", ["2x4,4x2", "2x4,2x2"], ids=["jobs-in-this-process", "jobs-in-their-own-processes"])
+def test_sigterm_to_a_multirun_stops_its_job_with_a_checkpoint_and_runs_no_later_job(tmp_path, shapes):
+    """In a multirun the signal stops the running job (in this process, or passed on to the job's
+    own process when the jobs' device counts differ) and the jobs after it are not started."""
+    sweep_dir = tmp_path / "sweep"
+    process = start_meshrun(["train", "-m", f"mesh={shapes}", "layout=dense_model", "data.num_samples=8192", "train.verbose=0",
+                             f"hydra.sweep.dir={sweep_dir}"], tmp_path)
+    wait_for_steps(sweep_dir / "0", process, 50)
+    process.send_signal(signal.SIGTERM)
+    _, stderr = process.communicate(timeout=120)
+    assert process.returncode == 143, stderr[-3000:]
+    stopped = read_metrics(sweep_dir / "0")
+    step = stopped["train"]["stopped"]["step"]
+    assert stopped["status"] == "preempted" and (sweep_dir / "0" / "checkpoints" / str(step)).is_dir()
+    assert f"job 0: SIGTERM received: stopped after step {step}" in stderr
+    assert not (sweep_dir / "1").exists()

@@ -286,14 +286,14 @@ class RunConfig:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     profile: ProfileConfig = field(default_factory=ProfileConfig)
-    resume: Optional[str] = None  # auto, never or a checkpoint path; None: auto with checkpoint.dir, else never
+    resume: Optional[str] = None  # auto, never or a checkpoint path; None: auto with checkpoint.dir or when requeued, else never
 
-    @property
-    def resume_mode(self) -> str:
-        """auto, never or a path: what `resume` means once its default is filled in."""
+    def resume_mode(self, requeued: bool = False) -> str:
+        """auto, never or a path: what `resume` means once its default is filled in (auto with a
+        checkpoint dir, or in a job its scheduler `requeued`, whose run dir holds its checkpoints)."""
         if self.resume is not None:
             return self.resume
-        return "auto" if self.checkpoint.dir else "never"
+        return "auto" if self.checkpoint.dir or requeued else "never"
 
 
 def _default_data() -> DataConfig:

@@ -25,7 +25,7 @@ from typing import Optional
 from meshrun.config.schema import DistributedConfig
 from meshrun.errors import ConfigError, Preempted, RunFailed
 from meshrun.launch.join import check_port_free, free_port, log_path
-from meshrun.launch.spawn import Role, spawn
+from meshrun.launch.spawn import ForwardedStop, Role, spawn
 from meshrun.training import preemption
 from meshrun.wording import ERROR_PREFIX
 
@@ -46,6 +46,7 @@ class Stopped:
     checkpoint of the step they agreed on and exited with 128 + the signal's number)."""
 
     signum: int
+    line: str  # where the job stopped, as process 0 wrote it
 
 
 @dataclass(frozen=True)
@@ -76,7 +77,7 @@ def run_local(config: DistributedConfig, run_dir: str, overrides: list[str]) -> 
     if ending is None:
         return
     if isinstance(ending, Stopped):
-        raise Preempted(_stopped_line(run_dir, ending.signum), preemption.exit_status(ending.signum))
+        raise Preempted(ending.line, preemption.exit_status(ending.signum))
     raise _explain(ending, count, run_dir)
 
 
@@ -100,52 +101,29 @@ def _watch(started: list[subprocess.Popen], run_dir: str) -> Optional[Failure | 
     to the launcher (SIGTERM, SIGUSR1, the first Ctrl-C) is passed on to every process, which then
     stop together with a checkpoint (returns Stopped); a second Ctrl-C, or SIGHUP, stops them all
     at once."""
-    forwarded: list[int] = []
-
-    def forward(signum, frame):
-        if forwarded and signum == signal.SIGINT:
-            raise KeyboardInterrupt
-        if not forwarded:
-            forwarded.append(signum)
-            for process in started:
-                try:
-                    os.killpg(process.pid, signum)
-                except ProcessLookupError:
-                    pass
-
-    previous = {sig: signal.signal(sig, forward) for sig in preemption.STOP_SIGNALS}
-    previous[signal.SIGHUP] = signal.signal(signal.SIGHUP, _raise_interrupt)
+    forwarded = ForwardedStop(started)
+    previous_hup = signal.signal(signal.SIGHUP, _raise_interrupt)
     first_done_at = None
     try:
-        while True:
-            codes = [p.poll() for p in started]
-            done = (0, preemption.exit_status(forwarded[0])) if forwarded else (0,)
-            failed = [i for i, code in enumerate(codes) if code not in (None, *done)]
-            if failed:
-                first = min(failed, key=lambda i: _blame_order(codes[i], i))
-                return Failure(first, codes[first], log_path(run_dir, first))
-            if all(code in done for code in codes):
-                return Stopped(forwarded[0]) if forwarded and any(code != 0 for code in codes) else None
-            if codes[0] in done:  # the job is done: process 0 has written its results
-                first_done_at = first_done_at or time.monotonic()
-                if time.monotonic() - first_done_at > _FINISH_GRACE_S:
-                    late = [i for i, code in enumerate(codes) if code is None]
-                    log.warning(f"processes {late} had not exited {_FINISH_GRACE_S} s after process 0 finished; stopping them")
-                    return None
-            time.sleep(_POLL_S)
+        with forwarded:
+            while True:
+                codes = [p.poll() for p in started]
+                failed = [i for i, code in enumerate(codes) if code not in (None, 0) and not forwarded.stopped(code)]
+                if failed:
+                    first = min(failed, key=lambda i: _blame_order(codes[i], i))
+                    return Failure(first, codes[first], log_path(run_dir, first))
+                if all(code is not None for code in codes):
+                    return Stopped(forwarded.signum, forwarded.stopped_line(run_dir)) if any(codes) else None
+                if codes[0] is not None:  # the job is done: process 0 has written its results
+                    first_done_at = first_done_at or time.monotonic()
+                    if time.monotonic() - first_done_at > _FINISH_GRACE_S:
+                        late = [i for i, code in enumerate(codes) if code is None]
+                        log.warning(f"processes {late} had not exited {_FINISH_GRACE_S} s after process 0 finished; stopping them")
+                        return None
+                time.sleep(_POLL_S)
     finally:
         _stop(started)
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-
-
-def _stopped_line(run_dir: str, signum: int) -> str:
-    """Where the job stopped, as process 0 wrote it into metrics.json."""
-    try:
-        stopped = json.loads((Path(run_dir) / "metrics.json").read_text())["train"]["stopped"]
-        return preemption.stopped_line(stopped)
-    except (OSError, ValueError, KeyError, TypeError):
-        return f"{preemption.signal_name(signum)} received: the job's processes stopped (see {run_dir})"
+        signal.signal(signal.SIGHUP, previous_hup)
 
 
 def _blame_order(returncode: int, process_id: int) -> tuple:

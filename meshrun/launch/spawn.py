@@ -13,10 +13,17 @@ from __future__ import annotations
 
 import ctypes
 import enum
+import json
+import os
 import signal
 import subprocess
 import sys
+import threading
 from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Optional
+
+from meshrun.training import preemption
 
 
 class Role(enum.Enum):
@@ -63,3 +70,50 @@ def _die_with_parent() -> None:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     except OSError:  # not Linux: the launcher's own signal handling still stops the processes
         pass
+
+
+class ForwardedStop:
+    """While entered (on the main thread), passes the first stop signal this process gets
+    (SIGTERM, SIGUSR1, Ctrl-C) on to the process groups of `processes` (started with `own_group`),
+    which then stop with a checkpoint and exit with 128 + its number; `signum` remembers it. A
+    second Ctrl-C raises KeyboardInterrupt here, for the caller to stop them at once."""
+
+    def __init__(self, processes: Sequence[subprocess.Popen]):
+        self.processes = processes
+        self.signum: Optional[int] = None
+        self._previous: dict = {}
+
+    def __enter__(self) -> ForwardedStop:
+        if threading.current_thread() is threading.main_thread():
+            self._previous = {sig: signal.signal(sig, self._forward) for sig in preemption.STOP_SIGNALS}
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        self._previous = {}
+
+    def _forward(self, signum, frame) -> None:
+        if self.signum is not None:
+            if signum == signal.SIGINT:
+                raise KeyboardInterrupt
+            return
+        self.signum = signum
+        for process in self.processes:
+            try:
+                os.killpg(process.pid, signum)
+            except ProcessLookupError:
+                pass
+
+    def stopped(self, returncode: Optional[int]) -> bool:
+        """Whether `returncode` is how a process ends that the forwarded signal stopped: 128 + its
+        number after saving, or killed by it before it could catch it (while it started up)."""
+        return self.signum is not None and returncode in (preemption.exit_status(self.signum), -self.signum)
+
+    def stopped_line(self, run_dir: str) -> str:
+        """Where the stopped job stopped, as its (first) process wrote it into metrics.json."""
+        try:
+            stopped = json.loads((Path(run_dir) / "metrics.json").read_text())["train"]["stopped"]
+            return preemption.stopped_line(stopped)
+        except (OSError, ValueError, KeyError, TypeError):
+            return f"{preemption.signal_name(self.signum)} received: the job stopped before training began; nothing was saved (see {run_dir})"

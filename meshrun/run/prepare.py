@@ -52,6 +52,7 @@ class RunContext:
     identity: Identity = ONE_PROCESS
     process_ends_after: bool = False
     unreadable_checkpoints: frozenset = frozenset()  # steps resume=auto passes over (found unreadable)
+    requeued: bool = False  # the scheduler started this job again (SLURM_RESTART_COUNT): resume by default
 
 
 @dataclass(frozen=True)
@@ -115,7 +116,7 @@ def prepare(config: RunConfig, context: RunContext) -> RunSetup:
     found = devices_lib.discover(config.devices, config.mesh)
     check_batch(config.train.batch_size, found.mesh)
     _say_devices(found, config)
-    checkpoints = plan_checkpoints(config, context.run_dir, found.processes, context.unreadable_checkpoints)
+    checkpoints = plan_checkpoints(config, context, found.processes)
     planned = place(config, found.mesh, found.processes, devices_lib.device_memory(config.devices, found))
     planned.plan.raise_first_error()
     for warning in planned.plan.warnings:
@@ -193,15 +194,15 @@ def _auto_keys_ignored(layout) -> tuple[str, ...]:
     return (f"{' and '.join(ignored)} only steer layout=auto; this layout's rules are used as written",)
 
 
-def plan_checkpoints(config: RunConfig, run_dir: str, processes: int, unreadable: frozenset = frozenset()) -> CheckpointPlan:
+def plan_checkpoints(config: RunConfig, context: RunContext, processes: int) -> CheckpointPlan:
     """Where checkpoints go, which one to resume from, and the progress it holds (a bad resume
     path, an unwritable dir or nothing left to train are ConfigErrors)."""
-    root = checkpoint_lib.directory(config.checkpoint, run_dir)
+    root = checkpoint_lib.directory(config.checkpoint, context.run_dir)
     if config.checkpoint.export and processes > 1:
         raise ConfigError("checkpoint.export", "got true with several processes; a .keras file is written by one process, so export from a one-process run (resume from the checkpoint there)")
     if config.checkpoint.saves or config.train.max_time is not None:  # the budget's stop saves a checkpoint
         checkpoint_lib.check_writable(root)
-    point = checkpoint_lib.find(config.resume_mode, root, unreadable)
+    point = checkpoint_lib.find(config.resume_mode(context.requeued), root, context.unreadable_checkpoints)
     start = checkpoint_lib.read_progress(point) if point else checkpoint_lib.Progress()
     if point and start.epoch >= config.train.epochs:
         raise ConfigError(

@@ -4,21 +4,25 @@ the scheduler understands (128 + the signal's number, as a shell reports a proce
 
 - SIGTERM: SLURM's preemption and `scancel`, Kubernetes' grace period, `kill`;
 - SIGUSR1: what `sbatch --signal=B:USR1@120` sends some seconds before the time limit;
-- SIGINT: Ctrl-C, the first time; a second Ctrl-C interrupts at once.
+- SIGINT: Ctrl-C, the first time; a second Ctrl-C interrupts at once;
+- under Hydra's submitit launcher, also submitit's own signal (SIGUSR2 unless
+  SUBMITIT_PREEMPT_SIGNAL names another), sent before the time limit or on preemption: once the
+  checkpoint is saved, submitit's handler gets it and requeues the job (`hand_on`).
 """
 
 from __future__ import annotations
 
+import os
 import signal
 import threading
-from typing import Optional
+from typing import Mapping, Optional
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
 
 
 def exit_status(signum: int) -> int:
     """The exit status of a run stopped by signal `signum`: 143 for SIGTERM, 138 for SIGUSR1, 130
-    for SIGINT."""
+    for SIGINT, 140 for submitit's SIGUSR2."""
     return 128 + int(signum)
 
 
@@ -26,23 +30,63 @@ def signal_name(signum: int) -> str:
     return signal.Signals(signum).name
 
 
+def scheduler_signal(environ: Mapping[str, str] = os.environ) -> Optional[int]:
+    """The signal with which submitit asks the SLURM job this process runs to checkpoint and be
+    requeued (None outside a submitit job)."""
+    if environ.get("SUBMITIT_EXECUTOR") != "slurm":
+        return None
+    return getattr(signal, "SIG" + environ.get("SUBMITIT_PREEMPT_SIGNAL", "USR2"), None)
+
+
+def caught_signals() -> tuple[int, ...]:
+    """The signals a run stops on here: STOP_SIGNALS, and submitit's in a submitit job."""
+    extra = scheduler_signal()
+    return STOP_SIGNALS if extra is None or extra in STOP_SIGNALS else (*STOP_SIGNALS, extra)
+
+
+_active: Optional[StopSignals] = None
+
+
 class StopSignals:
-    """While entered (on the main thread; elsewhere it catches nothing), catches STOP_SIGNALS: the
-    first is remembered in `received` for the run to stop at its next step boundary; a second
-    SIGINT raises KeyboardInterrupt at once. The handlers in force before are put back on leaving."""
+    """While entered (on the main thread; elsewhere it catches nothing), catches the stop signals
+    (`caught_signals`): the first is remembered in `received` for the run to stop at its next step
+    boundary; a second SIGINT raises KeyboardInterrupt at once. The handlers in force before are
+    put back on leaving. Entered while another is, it is that one, its handlers set again: a
+    signal caught while the job started up (before its training entered its own) stops the
+    training at its first step."""
 
     def __init__(self):
         self.received: Optional[int] = None
         self._previous: dict = {}
+        self._outer: Optional[StopSignals] = None
 
     def __enter__(self) -> StopSignals:
+        global _active
+        if _active is not None:
+            self._outer = _active
+            _active.catch()
+            return _active
         if threading.current_thread() is threading.main_thread():
-            self._previous = {sig: signal.signal(sig, self._handle) for sig in STOP_SIGNALS}
+            self._previous = {sig: signal.signal(sig, self._handle) for sig in caught_signals()}
+            _active = self
         return self
 
+    def catch(self) -> None:
+        """Takes the signals back from whoever set handlers for them since (joining a
+        multi-process job installs jax's own SIGTERM handler, which would swallow it)."""
+        if self._previous and threading.current_thread() is threading.main_thread():
+            for sig in self._previous:
+                signal.signal(sig, self._handle)
+
     def __exit__(self, *exc) -> None:
+        global _active
+        if self._outer is not None:
+            self._outer = None
+            return
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
+        if self._previous:
+            _active = None
         self._previous = {}
 
     def _handle(self, signum, frame) -> None:
@@ -50,6 +94,15 @@ class StopSignals:
             self.received = signum
         elif signum == signal.SIGINT:
             raise KeyboardInterrupt
+
+
+def hand_on(signum: int) -> None:
+    """After a run stopped by submitit's signal (`scheduler_signal`) has saved its checkpoint and
+    written its files: gives the signal to the handler submitit installed, which requeues the job
+    (on the first task; the requeued job resumes from the checkpoint) and ends the process."""
+    handler = signal.getsignal(signum)
+    if callable(handler):
+        handler(signum, None)
 
 
 def stopped_line(stopped: dict) -> str:
