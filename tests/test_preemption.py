@@ -5,6 +5,8 @@ uninterrupted run. A save that fails stops the run with one line and leaves the 
 it usable; a checkpoint whose files were damaged later is passed over by resume=auto."""
 
 import json
+import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -133,6 +135,36 @@ def test_a_checkpoint_dir_that_vanishes_mid_run_stops_it_with_one_line_and_the_l
     done = run_meshrun([*args[:-3], f"resume={moved}", f"hydra.run.dir={tmp_path / 'resumed'}"], tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     assert read_metrics(tmp_path / "resumed")["checkpoint"]["resumed_at_step"] == 200
+
+
+def test_a_full_disk_stops_the_run_with_one_line_and_the_last_checkpoint_resumes_exactly(tmp_path, uninterrupted):
+    """A real full disk: the checkpoint dir is a 2600 KiB tmpfs, room for one checkpoint of the
+    MLP (about 1.8 MiB) but not two. The save at step 400 stops the run with one line naming the
+    dir and ENOSPC; the checkpoint of step 200 resumes to an uninterrupted run's losses. The
+    tmpfs lives in a mount namespace of its own (unshare), so both runs go in one shell script."""
+    if shutil.which("unshare") is None or subprocess.run(["unshare", "--user", "--map-root-user", "--mount", "true"]).returncode:
+        pytest.skip("no mount namespace here (unshare --user --map-root-user --mount fails), so no small tmpfs to fill")
+    disk, checkpoints = tmp_path / "disk", tmp_path / "disk" / "checkpoints"
+    disk.mkdir()
+    meshrun = [sys.executable, "-m", "meshrun", *ARGS]
+    script = "\n".join([
+        f"mount -t tmpfs -o size=2600k tmpfs {disk} || exit 99",
+        shlex.join([*meshrun, f"checkpoint.dir={checkpoints}", "checkpoint.every_steps=200", f"hydra.run.dir={tmp_path / 'full'}"])
+        + f" 2> {tmp_path / 'full.err'}; echo $? > {tmp_path / 'full.status'}",
+        shlex.join([*meshrun, f"resume={checkpoints}", f"hydra.run.dir={tmp_path / 'resumed'}"]),
+    ])
+    done = subprocess.run(["unshare", "--user", "--map-root-user", "--mount", "sh", "-c", script], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, (done.stderr[-3000:], (tmp_path / "full.err").read_text()[-3000:])
+    lines = (tmp_path / "full.err").read_text().strip().splitlines()
+    assert (tmp_path / "full.status").read_text().strip() == "1" and len(lines) == 1, lines
+    assert lines[0].startswith(f"meshrun: error: training failed: CheckpointNotSaved: saving step 400 into {checkpoints} failed "
+                               "(OSError: [Errno 28] No space left on device: the checkpoint takes about ")
+    assert lines[0].endswith(f"the newest complete checkpoint is {checkpoints / '200'} (traceback in {tmp_path / 'full'}/error.log)")
+    resumed = read_metrics(tmp_path / "resumed")
+    assert resumed["checkpoint"]["resumed_at_step"] == 200
+    assert resumed["history"]["loss"] == pytest.approx(uninterrupted["history"]["loss"], abs=1e-6)
+    assert resumed["eval"]["loss"] == pytest.approx(uninterrupted["eval"]["loss"], abs=1e-6)
 
 
 def test_resume_auto_passes_over_a_damaged_newest_checkpoint_and_still_ends_exactly(tmp_path, uninterrupted):

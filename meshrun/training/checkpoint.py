@@ -15,6 +15,7 @@ on one mesh (or layout) resumes on another.
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import os
 import time
@@ -29,7 +30,7 @@ from meshrun import compat
 from meshrun.config.schema import CheckpointConfig
 from meshrun.errors import ConfigError
 from meshrun.training.callbacks import finite
-from meshrun.wording import error_text, first_line, format_shape
+from meshrun.wording import error_text, first_line, format_bytes, format_shape
 
 log = logging.getLogger("meshrun")
 
@@ -306,6 +307,7 @@ class Checkpointing(keras.callbacks.Callback):
         compat.sync_training_state(self.model)  # the JAX trainer keeps the live state off the variables during an epoch
         state = {group: {path: v.value for path, v in variables.items()} for group, variables in _groups(self.model).items()}
         progress = asdict(self.progress)  # history: completed epochs only
+        self._check_space(state, self.progress.global_step)
         with self._saving(self.progress.global_step):
             if self._manager is None:
                 self._manager = _manager(self.root, self.config)
@@ -315,6 +317,18 @@ class Checkpointing(keras.callbacks.Callback):
             )
         self.saved_steps.append(self.progress.global_step)
         self.seconds += time.perf_counter() - started
+
+    def _check_space(self, state: dict, step: int) -> None:
+        """CheckpointNotSaved, before anything is written, when the disk under the checkpoint dir
+        has less room than the checkpoint takes (its arrays' bytes): a write that runs out of
+        space in Orbax's background thread leaves a half-written dir and a burst of tracebacks
+        from its event loop."""
+        needed = sum(int(array.nbytes) for group in state.values() for array in group.values())
+        free = _free_bytes(self.root)
+        if free is not None and free < needed:
+            full = OSError(errno.ENOSPC, f"{os.strerror(errno.ENOSPC)}: the checkpoint takes about {format_bytes(needed)}, "
+                                         f"{format_bytes(free)} are free")
+            raise CheckpointNotSaved(f"saving step {step} into {self.root} failed ({error_text(full)}); {self._newest_complete()}")
 
     @contextlib.contextmanager
     def _saving(self, step: Optional[int]):
@@ -326,9 +340,11 @@ class Checkpointing(keras.callbacks.Callback):
         except Exception as err:
             cause = next((e for e in _causes(err) if isinstance(e, OSError)), err)
             what = f"saving step {step}" if step is not None else "finishing the checkpoints being written"
-            kept = _steps(self.root) if self.root.is_dir() else []
-            newest = f"the newest complete checkpoint is {self.root / str(max(kept))}" if kept else "no complete checkpoint is there"
-            raise CheckpointNotSaved(f"{what} into {self.root} failed ({error_text(cause)}); {newest}") from err
+            raise CheckpointNotSaved(f"{what} into {self.root} failed ({error_text(cause)}); {self._newest_complete()}") from err
+
+    def _newest_complete(self) -> str:
+        kept = _steps(self.root) if self.root.is_dir() else []
+        return f"the newest complete checkpoint is {self.root / str(max(kept))}" if kept else "no complete checkpoint is there"
 
     def finish(self) -> None:
         """Waits for checkpoints still being written, then releases Orbax's resources."""
@@ -339,6 +355,19 @@ class Checkpointing(keras.callbacks.Callback):
             self._manager.wait_until_finished()
         self._manager.close()
         self.seconds += time.perf_counter() - started
+
+
+def _free_bytes(root: Path) -> Optional[int]:
+    """The bytes free to this user on the file system of `root` (or of its nearest existing
+    parent); None where the file system reports no size (some network and FUSE file systems)."""
+    path = root
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    try:
+        stats = os.statvfs(path)
+    except OSError:
+        return None
+    return stats.f_bavail * stats.f_frsize if stats.f_blocks else None
 
 
 def _causes(err: BaseException):
