@@ -133,7 +133,7 @@ def test_usr2_to_a_submitit_job_saves_submitit_requeues_it_and_it_finishes_exact
             subprocess.run(["scancel", job_id], timeout=30)
     assert launcher.returncode == 0, stderr[-3000:]
     task_0 = (sweep_dir / ".submitit" / job_id / f"{job_id}_0_log.err").read_text()
-    assert "SIGUSR2 received: stopped after step" in task_0, task_0[-3000:]
+    assert "SIGUSR2 received: stopped after step" in task_0 and "submitit requeues the job, which resumes from it" in task_0, task_0[-3000:]
     check_resumed_exactly(sweep_dir / "0", two_process_whole)
     rows = json.loads((sweep_dir / "summary.json").read_text())["rows"]
     assert [r["status"] for r in rows] == ["ok"]

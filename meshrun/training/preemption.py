@@ -109,5 +109,8 @@ def stopped_line(stopped: dict) -> str:
     """What a run stopped by a signal says (`stopped`: metrics.json's train.stopped): the signal,
     the step and the checkpoint to resume from."""
     where = f"; checkpoint {stopped['checkpoint']}" if stopped.get("checkpoint") else "; no checkpoint was saved"
+    requeued = scheduler_signal()
+    if requeued is not None and stopped["signal"] == signal_name(requeued):
+        return f"{stopped['signal']} received: stopped after step {stopped['step']}{where}; submitit requeues the job, which resumes from it"
     return (f"{stopped['signal']} received: stopped after step {stopped['step']}{where}; the same command resumes from it "
             "when checkpoint.dir is set (else add resume=<that checkpoint's dir>)")
