@@ -85,6 +85,14 @@ def test_a_mesh_smaller_than_the_process_uses_the_first_devices():
     assert metrics["devices"]["count"] == 4 and metrics["devices"]["available"] == 8
 
 
+def test_a_mesh_of_one_device_trains_and_reports_its_variables_whole():
+    # One GPU is a 1x1 mesh: Keras' arrays then carry a SingleDeviceSharding, which has no spec.
+    metrics = train_run("1x1", rules={})
+    assert metrics["devices"]["count"] == 1
+    assert metrics["sharding"]["d1/kernel"]["spec"] == [None, None]
+    assert metrics["sharding"]["d1/kernel"]["bytes_per_device"] == 784 * 200 * 4
+
+
 def test_batch_axis_is_the_one_configured():
     from meshrun.placement import distribution
 

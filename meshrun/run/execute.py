@@ -181,16 +181,23 @@ def placed_variables(model, setup: RunSetup) -> dict[str, PlacedVariable]:
     planned = {p.path: p for p in setup.plan.variables}
     placed = {}
     for variable in model.variables:
-        spec = variable.value.sharding.spec
         placed[variable.path] = PlacedVariable(
             shape=list(variable.shape),
             dtype=str(variable.dtype),
-            spec=[list(axis) if isinstance(axis, tuple) else axis for axis in spec] + [None] * (len(variable.shape) - len(spec)),
+            spec=partition_spec(variable.value, len(variable.shape)),
             bytes_per_device=_bytes_on_one_device(variable),
             rule=planned[variable.path].rule,
             origin=planned[variable.path].origin,
         )
     return placed
+
+
+def partition_spec(array, rank: int) -> list:
+    """The PartitionSpec of `array` as a list of `rank` entries (a mesh axis, a list of axes, or
+    None). On a mesh of one device Keras' arrays carry a SingleDeviceSharding, which has no spec:
+    every dimension is whole, as in a replicated array."""
+    spec = getattr(array.sharding, "spec", None) or ()
+    return [list(axis) if isinstance(axis, tuple) else axis for axis in spec] + [None] * (rank - len(spec))
 
 
 def local_devices(devices) -> list:
