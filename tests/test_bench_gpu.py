@@ -129,18 +129,21 @@ def test_a_failed_run_is_recorded_and_the_benchmark_exits_1(tmp_path):
 def test_targets_say_by_how_much_a_gpu_run_misses_them():
     bench_gpu = load_script()
     results = {
-        "transformer-1b": {"ratios": {"meshrun/keras": 1.10}, "memory": {"live_over_planned": 1.05},
+        "transformer-1b": {"ratios": {"meshrun/keras": 1.10}, "memory": {"live_over_planned": 1.05, "live_over_compiled": 0.7},
                            "variants": {"meshrun": {"mfu_xla": 0.31}}},
-        "mlp": {"ratios": {"meshrun/keras": 1.01}, "memory": {"live_over_planned": 3.0}, "variants": {"meshrun": {"mfu_xla": 0.01}}},
+        "mlp": {"ratios": {"meshrun/keras": 1.01}, "memory": {"live_over_planned": 3.0, "live_over_compiled": None},
+                "variants": {"meshrun": {"mfu_xla": 0.01}}},
     }
     rows = {row["target"]: row for row in bench_gpu.targets(results, {"platform": "gpu"})}
     assert rows["transformer-1b: meshrun/keras step"]["verdict"] == "missed"
     assert rows["transformer-1b: meshrun/keras step"]["off_by"] == pytest.approx(0.10)
     assert rows["transformer-1b: live peak / plan"]["verdict"] == "met"
+    assert rows["transformer-1b: live peak / compiled estimate"]["off_by"] == pytest.approx(-0.3)
     assert rows["transformer-1b: MFU (XLA FLOPs)"]["verdict"] == "missed"
     assert rows["transformer-1b: MFU (XLA FLOPs)"]["off_by"] == pytest.approx(-0.09)
     assert rows["mlp: meshrun/keras step"]["verdict"] == "met" and rows["mlp: meshrun/keras step"]["off_by"] is None
     assert rows["mlp: live peak / plan"]["verdict"] == "missed"
+    assert rows["mlp: live peak / compiled estimate"]["verdict"] == "n/a"  # no figure: never a verdict
 
 
 def test_a_model_out_of_device_memory_is_measured_again_with_half_the_batch(monkeypatch):
