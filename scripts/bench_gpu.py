@@ -130,25 +130,37 @@ def main():
     print(f"{environment['device_count']} x {environment['device_kind']} ({environment['platform']}), {scale} set, "
           f"precision {precision}, {args.repeats} repeat(s)", flush=True)
     workdir = Path(tempfile.mkdtemp(prefix="bench_gpu-"))
+    out = Path(args.json_out) if args.json_out else workdir / "bench_gpu.json"
     results, failed = {}, {}
+
+    def report(complete: bool) -> dict:
+        return {"environment": environment, "scale": scale, "precision": precision, "settings": settings(args),
+                "models": results, "skipped": skipped, "failed": failed, "targets": targets(results, environment),
+                "complete": complete, "wall_s": time.perf_counter() - started}
+
     for model in models:
+        model_started = time.perf_counter()
         try:
             results[model.name] = bench_model(model, environment, precision, args, workdir)
+            results[model.name]["wall_s"] = time.perf_counter() - model_started
         except RunFailed as err:  # the other models are still measured
             print(f"{err}\n{err.stderr[-4000:]}", file=sys.stderr, flush=True)
             failed[model.name] = str(err)
-    report = {
-        "environment": environment, "scale": scale, "precision": precision, "settings": settings(args),
-        "models": results, "skipped": skipped, "failed": failed, "targets": targets(results, environment),
-        "wall_s": time.perf_counter() - started,
-    }
-    print_report(report)
-    out = Path(args.json_out) if args.json_out else workdir / "bench_gpu.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=2) + "\n")
-    print(f"results: {out} ({report['wall_s']:.1f} s)")
+        write_json(out, report(complete=False))  # what is measured survives a benchmark cut short
+    final = report(complete=True)
+    print_report(final)
+    write_json(out, final)
+    print(f"results: {out} ({final['wall_s']:.1f} s)")
     if failed:
         sys.exit(1)
+
+
+def write_json(path: Path, report: dict) -> None:
+    """Writes the report as JSON, replacing the file whole."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_suffix(".partial")
+    partial.write_text(json.dumps(report, indent=2) + "\n")
+    partial.replace(path)
 
 
 def parse_args():

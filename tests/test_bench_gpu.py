@@ -36,6 +36,7 @@ def bench(tmp_path_factory):
 def test_every_model_and_variant_is_measured(bench):
     _, report = bench
     assert report["environment"]["platform"] == "cpu" and report["scale"] == "small"
+    assert report["complete"] is True and report["failed"] == {} and report["skipped"] == {}
     assert {name: set(model["variants"]) for name, model in report["models"].items()} == EXPECTED
     for name, model in report["models"].items():
         steps = model["steps"]
