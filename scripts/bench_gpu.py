@@ -129,7 +129,8 @@ def main():
     precision = args.precision or default_precision(environment)
     print(f"{environment['device_count']} x {environment['device_kind']} ({environment['platform']}), {scale} set, "
           f"precision {precision}, {args.repeats} repeat(s)", flush=True)
-    workdir = Path(tempfile.mkdtemp(prefix="bench_gpu-"))
+    workdir = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="bench_gpu-"))
+    workdir.mkdir(parents=True, exist_ok=True)
     out = Path(args.json_out) if args.json_out else workdir / "bench_gpu.json"
     results, failed = {}, {}
 
@@ -181,7 +182,8 @@ def parse_args():
                         help="compile in every run (default: each variant's later repeats load its first run's compiled steps)")
     parser.add_argument("--profile", action="store_true", help="also one untimed meshrun run per model with a profiler trace")
     parser.add_argument("--meshrun-override", action="append", default=[], help="extra Hydra override for meshrun (repeatable)")
-    parser.add_argument("--json-out", default=None, help="results JSON (default: in a new temp dir)")
+    parser.add_argument("--json-out", default=None, help="results JSON (default: in the work dir)")
+    parser.add_argument("--workdir", default=None, help="where the runs' dirs, traces and caches go (default: a new temp dir, kept)")
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)  # one run in this process (internal)
     return parser.parse_args()
 

@@ -25,8 +25,9 @@ def load_script():
 @pytest.fixture(scope="module")
 def bench(tmp_path_factory):
     """One run of the small set on CPU (about 45 s on 2 cores): its exit status, stdout and JSON."""
-    out = tmp_path_factory.mktemp("bench_gpu") / "bench.json"
-    done = subprocess.run([sys.executable, str(SCRIPT), "--scale", "small", "--json-out", str(out)],
+    workdir = tmp_path_factory.mktemp("bench_gpu")
+    out = workdir / "bench.json"
+    done = subprocess.run([sys.executable, str(SCRIPT), "--scale", "small", "--json-out", str(out), "--workdir", str(workdir)],
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     return done.stdout, json.loads(out.read_text())
@@ -120,7 +121,7 @@ def test_stdout_has_the_tables_and_the_versions(bench):
 def test_a_failed_run_is_recorded_and_the_benchmark_exits_1(tmp_path):
     out = tmp_path / "bench.json"
     done = subprocess.run([sys.executable, str(SCRIPT), "--scale", "small", "--models", "mlp", "--meshrun-override", "no_such.key=1",
-                           "--json-out", str(out)], capture_output=True, text=True, timeout=120)
+                           "--json-out", str(out), "--workdir", str(tmp_path)], capture_output=True, text=True, timeout=120)
     assert done.returncode == 1, done.stderr[-2000:]
     assert "no_such.key" in done.stderr
     report = json.loads(out.read_text())
