@@ -117,7 +117,8 @@ def test_resuming_mid_epoch_trains_exactly_like_the_uninterrupted_run(tmp_path):
 
 
 @pytest.mark.integration
-@pytest.mark.parametrize("mesh, layout", [("8x1", "dense_model"), ("1x8", "dense_model"), ("4x2", "dense_model"), ("2x4", "replicated")])
+@pytest.mark.parametrize("mesh, layout", [("8x1", "dense_model"), ("1x8", "dense_model"), ("4x2", "dense_model"), ("2x4", "replicated"),
+                                          ("1x1", "replicated")])
 def test_a_checkpoint_from_2x4_resumes_on_other_meshes_and_layouts(tmp_path_factory, mesh, layout):
     base = tmp_path_factory.getbasetemp() / "from-2x4"
     checkpoints = base / "checkpoints"

@@ -85,12 +85,30 @@ def test_a_mesh_smaller_than_the_process_uses_the_first_devices():
     assert metrics["devices"]["count"] == 4 and metrics["devices"]["available"] == 8
 
 
-def test_a_mesh_of_one_device_trains_and_reports_its_variables_whole():
-    # One GPU is a 1x1 mesh: Keras' arrays then carry a SingleDeviceSharding, which has no spec.
+def test_a_mesh_of_one_device_trains_like_the_others_and_reports_its_variables_whole(runs):
+    # One GPU is a 1x1 mesh: it trains without a Keras distribution (batches by device_put), and
+    # Keras' arrays then carry a SingleDeviceSharding, which has no spec.
     metrics = train_run("1x1", rules={})
     assert metrics["devices"]["count"] == 1
     assert metrics["sharding"]["d1/kernel"]["spec"] == [None, None]
     assert metrics["sharding"]["d1/kernel"]["bytes_per_device"] == 784 * 200 * 4
+    assert metrics["history"]["loss"] == pytest.approx(runs["8x1"]["history"]["loss"], abs=1e-5)
+    assert metrics["eval"]["loss"] == pytest.approx(runs["8x1"]["eval"]["loss"], abs=1e-5)
+
+
+def test_only_a_one_process_mesh_of_the_default_device_trains_without_a_keras_distribution():
+    import jax
+
+    from meshrun.config.schema import MeshConfig
+    from meshrun.placement import distribution
+
+    def made(shape, devices):
+        return distribution.make_distribution(MeshConfig(shape=shape, axis_names=("data", "model"), batch_axis="data"), (), devices)
+
+    assert distribution.in_force(made((1, 1), jax.devices()[:1])) is None
+    for shape, chosen in (((1, 1), jax.devices()[1:2]), ((2, 1), jax.devices()[:2])):
+        kept = made(shape, chosen)
+        assert distribution.in_force(kept) is kept, (shape, chosen)
 
 
 def test_batch_axis_is_the_one_configured():

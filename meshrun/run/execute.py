@@ -19,6 +19,7 @@ import keras
 from meshrun import compat
 from meshrun.logs.timing import StepStats
 from meshrun.models.build import build_model, check_paths_match
+from meshrun.placement import distribution as distribution_lib
 from meshrun.report import costs as costs_lib
 from meshrun.run.feed import keras_input
 from meshrun.run.hooks import RunHooks, make_hooks
@@ -95,7 +96,7 @@ def build(setup: RunSetup):
     optimizer's variables included, must be created under the distribution."""
     config, placement = setup.config, setup.planned
     spec, options = placement.spec, placement.options
-    keras.distribution.set_distribution(setup.distribution)
+    keras.distribution.set_distribution(distribution_lib.in_force(setup.distribution))
     keras.config.set_dtype_policy(config.train.precision)  # reset to float32 by distribution.reset
     compat.set_random_seed(config.train.seed)
     model, _ = build_model(spec, options, config.data)  # prepare's abstract builds left a fresh session
