@@ -28,9 +28,9 @@ from meshrun.launch.identity import ONE_PROCESS, Identity, identify, job_size, s
 from meshrun.launch.spawn import ForwardedStop, Role, spawn
 from meshrun.logs.timing import process_start_time
 from meshrun.placement import devices
-from meshrun.training import preemption
 from meshrun.placement.plan import PLAN_FILE
 from meshrun.run.metrics import METRICS_FILE, PREEMPTED, RunMetrics
+from meshrun.training import preemption
 from meshrun.wording import error_text, say_error
 
 

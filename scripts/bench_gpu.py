@@ -399,17 +399,10 @@ def step_stats(first_step_s: float, gaps: list[float], warmup: int) -> dict:
     steady = gaps[warmup:]
     if len(steady) < 2:
         raise ValueError(f"only {len(steady)} steady steps after {warmup} warm-up steps")
+    from meshrun.logs.timing import percentile
+
     return {"first_step_s": first_step_s, "step_s": statistics.median(steady), "step_p90_s": percentile(steady, 90),
             "steady_steps": len(steady)}
-
-
-def percentile(values: list[float], q: float) -> float:
-    """The q-th percentile (0..100) by linear interpolation."""
-    ordered = sorted(values)
-    position = (len(ordered) - 1) * q / 100.0
-    low = int(position)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
 
 
 # --- the figures -------------------------------------------------------------------------------------

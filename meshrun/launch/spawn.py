@@ -23,6 +23,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Optional
 
+from meshrun.run.metrics import METRICS_FILE
 from meshrun.training import preemption
 
 
@@ -113,7 +114,7 @@ class ForwardedStop:
     def stopped_line(self, run_dir: str) -> str:
         """Where the stopped job stopped, as its (first) process wrote it into metrics.json."""
         try:
-            stopped = json.loads((Path(run_dir) / "metrics.json").read_text())["train"]["stopped"]
+            stopped = json.loads((Path(run_dir) / METRICS_FILE).read_text())["train"]["stopped"]
             return preemption.stopped_line(stopped)
         except (OSError, ValueError, KeyError, TypeError):
             return f"{preemption.signal_name(self.signum)} received: the job stopped before training began; nothing was saved (see {run_dir})"

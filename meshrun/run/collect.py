@@ -7,7 +7,7 @@ from dataclasses import asdict, dataclass
 
 import meshrun
 from meshrun.report import hardware
-from meshrun.run.execute import Outcome, local_devices
+from meshrun.run.execute import Outcome, local_devices, stopped_by_signal
 from meshrun.run.metrics import (
     PREEMPTED,
     CacheFigures,
@@ -26,7 +26,6 @@ from meshrun.run.metrics import (
     TrainFigures,
 )
 from meshrun.run.prepare import RunSetup
-from meshrun.training.callbacks import GracefulStop
 
 
 @dataclass(frozen=True)
@@ -43,7 +42,7 @@ def collect(setup: RunSetup, outcome: Outcome, ending: Ending) -> RunMetrics:
     import keras
 
     config, context = setup.config, setup.context
-    preempted = outcome.stopped is not None and outcome.stopped["reason"] == GracefulStop.SIGNAL
+    preempted = stopped_by_signal(outcome.stopped)
     return RunMetrics(
         status=PREEMPTED if preempted else "ok", error=None, run_dir=context.run_dir, choices=context.choices,
         overrides=context.overrides, exit_status=outcome.stopped["exit_status"] if preempted else None,

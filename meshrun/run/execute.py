@@ -70,7 +70,7 @@ def execute(setup: RunSetup) -> Outcome:
         hooks = make_hooks(setup, signals)
         history = fit(model, setup, hooks)
     stopped = hooks.stopped()
-    if stopped is not None and stopped["reason"] == GracefulStop.SIGNAL:
+    if stopped_by_signal(stopped):
         evaluation, eval_s, exported, costs = {}, 0.0, None, costs_lib.StepCosts.unknown()
     else:
         eval_started = time.perf_counter()
@@ -88,6 +88,11 @@ def execute(setup: RunSetup) -> Outcome:
         logs=hooks.log_files(), profile=hooks.profile(), checkpoint_s=hooks.checkpointing.seconds,
         saved_steps=hooks.checkpointing.saved_steps, exported=exported,
     )
+
+
+def stopped_by_signal(stopped: Optional[dict]) -> bool:
+    """Whether training ended on a stop signal (`stopped`: RunHooks.stopped)."""
+    return stopped is not None and stopped["reason"] == GracefulStop.SIGNAL
 
 
 def build(setup: RunSetup):

@@ -17,8 +17,7 @@ from meshrun.logs.steplog import StepLog
 from meshrun.logs.step_timer import StepTimer
 from meshrun.run.metrics import ProfileFigures
 from meshrun.run.prepare import RunSetup
-from meshrun.training import callbacks
-from meshrun.training import preemption
+from meshrun.training import callbacks, preemption
 from meshrun.training.checkpoint import Checkpointing
 
 PROFILE_DIR = "profile"
