@@ -18,6 +18,8 @@ import contextlib
 import errno
 import logging
 import os
+import sys
+import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -250,7 +252,8 @@ class Checkpointing(keras.callbacks.Callback):
             for group, variables in groups.items()
         }
         try:
-            restored = reader.restore(point.step, args=ocp.args.Composite(**{STATE: ocp.args.StandardRestore(target)}))[STATE]
+            with _stderr_held_back():
+                restored = reader.restore(point.step, args=ocp.args.Composite(**{STATE: ocp.args.StandardRestore(target)}))[STATE]
         except Exception as err:  # TensorStore's errors, for files changed after the save
             raise UnreadableCheckpoint(point, first_line(err, limit=120)) from err
         finally:
@@ -355,6 +358,48 @@ class Checkpointing(keras.callbacks.Callback):
             self._manager.wait_until_finished()
         self._manager.close()
         self.seconds += time.perf_counter() - started
+
+
+@contextlib.contextmanager
+def _stderr_held_back(quiet_s: float = 0.2, wait_s: float = 2.0):
+    """Holds back what is written to file descriptor 2 while an Orbax read runs. When a read fails,
+    TensorStore's reads still in flight call back into the event loop Orbax has already closed
+    and each prints a traceback straight from C++ ("Event loop is closed"), around meshrun's one
+    line. On success what was held back is written out; on failure it waits until the output
+    has been quiet for `quiet_s` (at most `wait_s`) and logs it at debug level instead."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    failed = False
+    with tempfile.TemporaryFile() as held:
+        os.dup2(held.fileno(), 2)
+        try:
+            yield
+        except BaseException:
+            failed = True
+            raise
+        finally:
+            if failed:
+                _wait_until_quiet(held, quiet_s, wait_s)
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            held.seek(0)
+            text = held.read()
+            if text and not failed:
+                os.write(2, text)
+            elif text:
+                log.debug(f"held back from stderr after a failed read: {text.decode(errors='replace')}")
+
+
+def _wait_until_quiet(held, quiet_s: float, wait_s: float) -> None:
+    deadline, size, quiet_since = time.monotonic() + wait_s, -1, time.monotonic()
+    while time.monotonic() < deadline:
+        now_size = os.fstat(held.fileno()).st_size
+        if now_size != size:
+            size, quiet_since = now_size, time.monotonic()
+        elif time.monotonic() - quiet_since >= quiet_s:
+            return
+        time.sleep(0.02)
 
 
 def _free_bytes(root: Path) -> Optional[int]:
