@@ -3,7 +3,7 @@
 import pytest
 
 import meshrun
-from meshrun.logs.timing import percentile, process_start_time, summarize
+from meshrun.logs.timing import faults_per_step, percentile, process_start_time, summarize
 
 
 def test_compile_is_the_first_step_and_steady_steps_exclude_epoch_boundaries():
@@ -26,3 +26,17 @@ def test_process_start_precedes_the_import_of_meshrun():
     started = process_start_time()
     assert started <= meshrun.IMPORTED_AT + 0.02  # /proc/uptime has 10 ms resolution
     assert meshrun.IMPORTED_AT - started < 600
+
+
+def test_faults_per_step_is_the_median_of_steady_steps_after_the_warm_up():
+    # Two epochs of 60 steps: the first 51 fault their pools in, then one step in ten grows the
+    # heap; the faults between the epochs (evaluation, say) fall in no step.
+    counts, total = [], 0
+    for step in range(120):
+        total += 1000 if step <= 50 or step == 60 else (400 if step % 10 == 0 else 3)
+        counts.append(total)
+    ends = [float(s) for s in range(120)]
+    stats = summarize(0.0, [ends[:60], ends[60:]], epoch_s=[60.0, 60.0], faults_by_epoch=[counts[:60], counts[60:]])
+    assert stats.minor_faults_per_step == 3
+    assert faults_per_step([[0, 9, 14, 19, 24]]) == 5  # a short run: the warm-up is its first half
+    assert faults_per_step([[7]]) is None and summarize(0.0, [[1.0]], [1.0]).minor_faults_per_step is None

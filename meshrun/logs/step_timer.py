@@ -1,8 +1,10 @@
-"""How long each training step really took: a Keras callback.
+"""How long each training step really took, and how many page faults it cost: a Keras callback.
 
 Step times are taken when each step's results are ready on the devices, not when Python dispatched
 it: Keras calls the batch-end hook only after it has fetched the step's logs from the devices.
-Where that happens depends on `async_safe` (see StepTimer).
+Where that happens depends on `async_safe` (see StepTimer). The process's minor page faults are
+read at the same moments: a steady step that faults thousands of pages is paying for an allocator
+that gives its buffers back every step (meshrun.allocator).
 """
 
 from __future__ import annotations
@@ -12,12 +14,13 @@ import time
 
 import keras
 
-from meshrun import compat
+from meshrun import allocator, compat
 from meshrun.logs.timing import StepStats, summarize
 
 
 class StepTimer(keras.callbacks.Callback):
-    """Records when each training step finished and how long each epoch took.
+    """Records when each training step finished (and the process's minor page faults by then) and
+    how long each epoch took.
 
     With `async_safe=True` Keras fetches logs and calls the hook from a pool of worker threads
     while the loop dispatches the next steps (its default without callbacks: no pipeline bubble
@@ -31,7 +34,7 @@ class StepTimer(keras.callbacks.Callback):
         super().__init__()
         compat.mark_async_safe(self, async_safe)
         self._lock = threading.Lock()
-        self._ends: dict[tuple[int, int], float] = {}
+        self._ends: dict[tuple[int, int], tuple[float, int]] = {}
         self._epoch = 0
         self._epoch_started = 0.0
         self.epoch_s: list[float] = []
@@ -49,9 +52,9 @@ class StepTimer(keras.callbacks.Callback):
 
     def on_train_batch_end(self, batch, logs=None):
         # Runs once this step's logs have been fetched from the devices: the step is done.
-        now = time.perf_counter()
+        now, faults = time.perf_counter(), allocator.minor_faults()
         with self._lock:
-            self._ends[(self._epoch, batch)] = now
+            self._ends[(self._epoch, batch)] = (now, faults)
 
     def on_epoch_end(self, epoch, logs=None):
         self.epoch_s.append(time.perf_counter() - self._epoch_started)
@@ -59,10 +62,13 @@ class StepTimer(keras.callbacks.Callback):
     def stats(self) -> StepStats:
         """The step statistics of the finished fit."""
         by_epoch: dict[int, list[float]] = {}
-        for (epoch, _batch), end in sorted(self._ends.items()):
-            ends = by_epoch.setdefault(epoch, [])
+        faults_by_epoch: dict[int, list[int]] = {}
+        for (epoch, _batch), (end, faults) in sorted(self._ends.items()):
+            ends, counts = by_epoch.setdefault(epoch, []), faults_by_epoch.setdefault(epoch, [])
             # Worker threads may record a hair out of order; a step cannot end before its predecessor.
             ends.append(max(end, ends[-1]) if ends else end)
-        stats = summarize(self.first_begin, [by_epoch[e] for e in sorted(by_epoch)], list(self.epoch_s))
+            counts.append(max(faults, counts[-1]) if counts else faults)
+        epochs = sorted(by_epoch)
+        stats = summarize(self.first_begin, [by_epoch[e] for e in epochs], list(self.epoch_s), [faults_by_epoch[e] for e in epochs])
         stats.first_step_at = self.first_begin_wall
         return stats

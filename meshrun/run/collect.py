@@ -105,7 +105,8 @@ def _timing(setup: RunSetup, outcome: Outcome, ending: Ending) -> TimingFigures:
     return TimingFigures(
         startup_s=outcome.built_at - started, time_to_first_step_s=steps.first_step_at - started,
         compile_s=steps.compile_s, step_time_s=steps.step_time_s, step_time_p90_s=steps.step_time_p90_s,
-        steady_steps=steps.steady_steps, async_log_fetch=outcome.async_log_fetch, samples_per_s=batch / steps.step_time_s,
+        steady_steps=steps.steady_steps, minor_faults_per_step=steps.minor_faults_per_step,
+        async_log_fetch=outcome.async_log_fetch, samples_per_s=batch / steps.step_time_s,
         tokens_per_s=tokens_per_step / steps.step_time_s if tokens_per_step else None, epoch_s=steps.epoch_s,
         eval_s=outcome.eval_s, cost_analysis_s=outcome.costs.seconds, checkpoint_s=outcome.checkpoint_s,
         teardown_s=ending.teardown_s, wall_s=ending.ended_at - started,

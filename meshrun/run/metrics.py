@@ -204,6 +204,7 @@ class TimingFigures:
     samples_per_s: float = figure("throughput", "{:,.0f} samples/s")
     tokens_per_s: float = figure("throughput", "{:,.0f} tokens/s")
     epoch_s: list = figure("epochs", _epochs_text)
+    minor_faults_per_step: float = figure("step time", "{:,.0f} minor page faults/step")
     eval_s: float = figure()  # shown with the evaluation
     cost_analysis_s: float = figure()
     checkpoint_s: float = figure()
