@@ -1,5 +1,5 @@
 """The one place meshrun uses what its dependencies do not promise to keep: private attributes,
-internal modules and undocumented conventions of Keras, JAX, Hydra and Orbax.
+internal modules and undocumented conventions of Keras, JAX, Hydra, Orbax and TensorFlow.
 
 Each such name is listed below with what meshrun needs it for, and reached only through the
 functions of this module. A group is checked once per process before its first use (`ensure`), so a
@@ -65,6 +65,10 @@ PRIVATE_NAMES = {
         PrivateName("orbax-checkpoint", "orbax.checkpoint._src.metadata.checkpoint", "step_metadata_file_path",
                     "telling a complete checkpoint from a numbered dir that is not one"),
     ),
+    "tensorflow": (
+        PrivateName("tensorflow-cpu", "tensorflow", "data.Dataset._as_serialized_graph",
+                    "telling whether a tf.data pipeline holds a generator dataset (which changes the process's malloc policy)"),
+    ),
 }
 
 JAX_PLATFORM_LOGGER = "jax._src.xla_bridge"
@@ -73,8 +77,8 @@ ASYNC_SAFE = "async_safe"  # the attribute Keras' CallbackList reads on each cal
 
 
 def check(group: str) -> None:
-    """Raises DependencyError for the first name of `group` (keras, hydra, orbax) that the installed
-    package lacks."""
+    """Raises DependencyError for the first name of `group` (keras, hydra, orbax, tensorflow) that the
+    installed package lacks."""
     for name in PRIVATE_NAMES[group]:
         found = _lookup(name)
         if found is None:
@@ -248,3 +252,17 @@ def is_complete_checkpoint(step_dir) -> bool:
     from orbax.checkpoint._src.metadata import checkpoint
 
     return checkpoint.step_metadata_file_path(step_dir).is_file()
+
+
+# --- tensorflow ------------------------------------------------------------------------------------
+
+
+def dataset_ops(dataset) -> set[str]:
+    """The op names of a tf.data pipeline's graph, the ops of its functions (flat_map, interleave,
+    from_generator's own) included. Serializing the graph runs none of them."""
+    ensure("tensorflow")
+    import tensorflow as tf
+
+    serialized = dataset._as_serialized_graph(external_state_policy=tf.data.experimental.ExternalStatePolicy.IGNORE)
+    graph = tf.compat.v1.GraphDef.FromString(serialized.numpy())
+    return {node.op for node in graph.node} | {node.op for function in graph.library.function for node in function.node_def}

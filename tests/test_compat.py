@@ -10,7 +10,7 @@ from meshrun import cli, compat
 
 
 def test_every_private_name_exists_in_the_installed_packages():
-    assert set(compat.PRIVATE_NAMES) == {"keras", "hydra", "orbax"}
+    assert set(compat.PRIVATE_NAMES) == {"keras", "hydra", "orbax", "tensorflow"}
     for group in compat.PRIVATE_NAMES:
         compat.check(group)
 
@@ -63,4 +63,23 @@ def test_orbax_without_a_name_meshrun_uses_stops_a_checkpointing_run_with_one_li
     version = importlib.metadata.version("orbax-checkpoint")
     assert line.startswith(f"meshrun: error: orbax-checkpoint: orbax-checkpoint {version} has no "
                            "orbax.checkpoint._src.metadata.checkpoint.step_metadata_file_path")
+    assert not (in_tmp / "run").exists()
+
+
+@pytest.mark.integration
+def test_tensorflow_without_a_name_meshrun_uses_stops_a_tf_data_run_with_one_line(in_tmp, capsys, monkeypatch, unchecked):
+    """A tf.data pipeline is looked into for a generator dataset before training (meshrun.run.feed)."""
+    import tensorflow as tf
+
+    (in_tmp / "tf_data_factory.py").write_text(
+        "import numpy as np, tensorflow as tf\n"
+        "def make(split, seed):\n"
+        "    return tf.data.Dataset.from_tensor_slices((np.zeros((64, 28, 28, 1), 'float32'), np.zeros((64, 10), 'float32')))\n"
+    )
+    monkeypatch.syspath_prepend(str(in_tmp))
+    monkeypatch.delattr(tf.data.Dataset, "_as_serialized_graph")
+    line = rejected(["data=python", "data.factory=tf_data_factory:make", "hydra.run.dir=run"], capsys)
+    version = importlib.metadata.version("tensorflow-cpu")
+    assert line.startswith(f"meshrun: error: tensorflow-cpu: tensorflow-cpu {version} has no "
+                           "tensorflow.data.Dataset._as_serialized_graph, which meshrun uses for telling whether a tf.data")
     assert not (in_tmp / "run").exists()

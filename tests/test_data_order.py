@@ -155,12 +155,46 @@ def test_a_source_that_runs_short_of_its_declared_samples_says_so():
         feed[2]
 
 
-def test_a_keras_hub_task_gets_the_same_batches_as_a_tf_dataset():
-    """KerasHub's fit takes tf.data (or Grain) datasets only: the stream goes as one."""
-    from meshrun.run.feed import as_tf_dataset
+def assert_equal_batches(got: list, expected: list):
+    assert len(got) == len(expected)
+    for ours, theirs in zip(got, expected):
+        for a, b in zip(ours, theirs, strict=True):
+            for name in sorted(a) if isinstance(a, dict) else [None]:
+                np.testing.assert_array_equal(a if name is None else a[name], b if name is None else b[name])
 
-    x, y, w = columns(48, weights=True, named=True)
-    stream = indexed_batches(x, y, np.arange(48), 8, shuffle=True, seed=2, weights=w)
-    dataset = as_tf_dataset(stream)
-    assert int(dataset.cardinality()) == 6
-    assert_same_batches(stream, dataset, count=6)
+
+def test_a_keras_hub_task_gets_the_same_batches_as_a_grain_dataset():
+    """KerasHub's fit takes tf.data or Grain datasets only: the stream goes as a Grain one, read
+    in its order, its state the position (a restored iterator reads on from there), and as Keras
+    reads it."""
+    from keras.src.trainers.data_adapters import get_data_adapter
+
+    from meshrun.run.grain_feed import BatchesDataset
+
+    x, y, w = columns(80, weights=True, named=True)
+    stream = indexed_batches(x, y, np.arange(80), 8, shuffle=True, seed=2, weights=w, endless=True)
+    expected = list(itertools.islice(stream, 25))
+    iterator = iter(BatchesDataset(stream))
+    assert_equal_batches(list(itertools.islice(iterator, 7)), expected[:7])
+    state = iterator.get_state()
+    assert state == {"position": 7}
+    restored = iter(BatchesDataset(stream))
+    restored.set_state(state)
+    assert_equal_batches(list(itertools.islice(restored, 18)), expected[7:])
+    adapter = get_data_adapter(BatchesDataset(stream))
+    assert_equal_batches(list(itertools.islice(adapter.get_jax_iterator(), 3)), expected[:3])
+
+
+def test_a_finite_stream_as_a_grain_dataset_repeats_pass_after_pass():
+    """Keras reads validation data from one iterator across a fit's validations, `steps` at a time."""
+    from meshrun.run.grain_feed import BatchesDataset
+
+    x, y, _ = columns(48)
+    evaluation = indexed_batches(x, y, np.arange(48), 8, shuffle=False, seed=2)
+    one_pass = list(evaluation)
+    iterator = iter(BatchesDataset(evaluation))
+    assert_equal_batches(list(itertools.islice(iterator, 15)), (one_pass * 3)[:15])
+    iterator.set_state({"position": 8})
+    assert_equal_batches([next(iterator)], [one_pass[2]])
+    empty = indexed_batches(x[:4], y[:4], np.arange(4), 8, shuffle=False, seed=2)
+    assert list(BatchesDataset(empty)) == []

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from meshrun.data import tf_data
 from meshrun.data.batches import ArraySpec, Batches
 from meshrun.errors import ConfigError
 from meshrun.wording import shape_text
@@ -42,6 +43,12 @@ class Datasets:
     def weighted(self) -> bool:
         """Whether each batch carries sample weights (a third element)."""
         return len(self.train.element_spec) == 3
+
+    def hold_generator(self) -> bool:
+        """Whether the training or evaluation pipeline is a tf.data one holding a generator dataset
+        (tf.data.Dataset.from_generator), whose first iterator sets glibc's mmap threshold for the
+        whole process (meshrun.allocator)."""
+        return any(tf_data.is_dataset(p) and tf_data.has_generator(p) for p in (self.train, self.eval))
 
 
 def weighted_by_input(datasets: Datasets, name: str) -> Datasets:

@@ -14,7 +14,10 @@ from __future__ import annotations
 
 import sys
 
+from meshrun import compat
 from meshrun.data import order
+
+GENERATOR_OP = "GeneratorDataset"  # the op tf.data.Dataset.from_generator builds
 
 
 def seeded_tensorflow(seed: int):
@@ -81,6 +84,13 @@ def exactly(dataset, batches: int):
 def first_batch(dataset) -> tuple:
     """The first batch of `dataset` (a batched pipeline) as numpy arrays."""
     return next(iter(dataset.take(1).as_numpy_iterator()))
+
+
+def has_generator(dataset) -> bool:
+    """Whether the tf.data pipeline `dataset` holds a generator dataset (tf.data.Dataset.from_generator,
+    at any depth), whose first iterator sets glibc's mmap threshold for the whole process
+    (meshrun.allocator)."""
+    return GENERATOR_OP in compat.dataset_ops(dataset)
 
 
 def is_dataset(value) -> bool:

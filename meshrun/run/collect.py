@@ -48,7 +48,8 @@ def collect(setup: RunSetup, outcome: Outcome, ending: Ending) -> RunMetrics:
         overrides=context.overrides, exit_status=outcome.stopped["exit_status"] if preempted else None,
         mesh=MeshFigures(list(setup.devices.mesh.shape), list(setup.devices.mesh.axis_names), setup.devices.mesh.batch_axis),
         devices=_devices(setup), distributed=ProcessFigures(**context.identity.describe()), layout=_layout(setup),
-        model=_model(setup, outcome), data=_data(setup), train=_train(setup, outcome), timing=_timing(setup, outcome, ending),
+        model=_model(setup, outcome), data=_data(setup, outcome), train=_train(setup, outcome),
+        timing=_timing(setup, outcome, ending),
         cache=CacheFigures(enabled=config.cache.enabled, dir=setup.cache_dir), flops=_flops(setup, outcome),
         memory=_memory(setup, outcome), checkpoint=_checkpoint(setup, outcome), logs=outcome.logs, profile=outcome.profile,
         history=outcome.history, eval=outcome.evaluation, sharding=outcome.placed,
@@ -75,10 +76,11 @@ def _model(setup: RunSetup, outcome: Outcome) -> ModelFigures:
                         inputs=signature["inputs"], outputs=signature["outputs"])
 
 
-def _data(setup: RunSetup) -> DataFigures:
+def _data(setup: RunSetup, outcome: Outcome) -> DataFigures:
     config, data = setup.config, setup.data
     return DataFigures(
-        source=config.data.name, details={**_jsonable(asdict(config.data.options)), **setup.datasets.info},
+        source=config.data.name, loader=outcome.loader, allocator_restored=outcome.allocator_restored,
+        details={**_jsonable(asdict(config.data.options)), **setup.datasets.info},
         global_batch_size=data.batch_size, process_batch_size=data.process_batch_size, processes=data.process_count,
         process_share={"index": data.shard_index, "count": data.shard_count},
     )

@@ -16,12 +16,12 @@ from typing import Optional
 import jax
 import keras
 
-from meshrun import compat
+from meshrun import allocator, compat
 from meshrun.logs.timing import StepStats
 from meshrun.models.build import build_model, check_paths_match
 from meshrun.placement import distribution as distribution_lib
 from meshrun.report import costs as costs_lib
-from meshrun.run.feed import keras_input
+from meshrun.run import feed
 from meshrun.run.hooks import RunHooks, make_hooks
 from meshrun.run.metrics import PlacedVariable, ProfileFigures
 from meshrun.run.prepare import RunSetup
@@ -36,7 +36,8 @@ EXPORT_FILE = "model.keras"
 class Outcome:
     """What a finished run found out: when the model was built, the step times, the per-epoch
     history and the final evaluation, XLA's costs of the step, every variable as placed (read back
-    from the arrays), what the hooks saw (early stop, checkpoints, logs, trace) and the export."""
+    from the arrays), what the hooks saw (early stop, checkpoints, logs, trace, the allocator put
+    back), the export, and which loader fed Keras (meshrun.run.feed)."""
 
     built_at: float
     steps: StepStats
@@ -57,13 +58,17 @@ class Outcome:
     checkpoint_s: float
     saved_steps: list
     exported: Optional[str]
+    loader: str
+    allocator_restored: bool
 
 
 def execute(setup: RunSetup) -> Outcome:
     """Builds, trains, evaluates and exports the model of `setup`, and measures it. A stop signal
     while it builds or trains (meshrun.training.preemption) stops training at the next step
     boundary with a checkpoint there; the run then skips evaluation, export and XLA's analysis,
-    to be done before the scheduler's grace period ends."""
+    to be done before the scheduler's grace period ends. Training runs under meshrun's allocator
+    policy (meshrun.allocator)."""
+    allocator.set_training_policy()
     with preemption.StopSignals() as signals:
         model, loss = build(setup)
         built_at = time.time()
@@ -74,7 +79,7 @@ def execute(setup: RunSetup) -> Outcome:
         evaluation, eval_s, exported, costs = {}, 0.0, None, costs_lib.StepCosts.unknown()
     else:
         eval_started = time.perf_counter()
-        evaluation = evaluate(model, setup)
+        evaluation = evaluate(model, setup, hooks.evaluation)
         eval_s = time.perf_counter() - eval_started
         exported = export(model, setup)
         costs = costs_lib.train_step_costs(model, setup.datasets.sample_batch)
@@ -87,6 +92,7 @@ def execute(setup: RunSetup) -> Outcome:
         updates=int(model.optimizer.iterations), loss=objectives.loss_name(loss), stopped=stopped,
         logs=hooks.log_files(), profile=hooks.profile(), checkpoint_s=hooks.checkpointing.seconds,
         saved_steps=hooks.checkpointing.saved_steps, exported=exported,
+        loader=feed.loader(setup.datasets.train, model), allocator_restored=hooks.allocator_restored,
     )
 
 
@@ -146,10 +152,13 @@ def _fit(model, datasets, train, callbacks: list, start) -> dict:
     if epoch < train.epochs:
         spans.append((epoch, train.epochs, steps_per_epoch))
     step = start.global_step
-    validation = {"validation_data": keras_input(datasets.eval, model), "validation_freq": train.eval_every} if train.eval_every else {}
+    validation = {}
+    if train.eval_every:
+        validation = {"validation_data": feed.keras_input(datasets.eval, model), "validation_freq": train.eval_every,
+                      "validation_steps": feed.evaluation_steps(datasets.eval, model)}
     for first, end, steps in spans:
         fitted = model.fit(
-            keras_input(datasets.train.skip(step) if step else datasets.train, model),
+            feed.keras_input(datasets.train.skip(step) if step else datasets.train, model),
             initial_epoch=first, epochs=end, steps_per_epoch=steps, verbose=0, callbacks=callbacks,
             shuffle=False,  # the pipeline shuffles, seeded
             **validation,
@@ -162,9 +171,12 @@ def _fit(model, datasets, train, callbacks: list, start) -> dict:
     return history
 
 
-def evaluate(model, setup: RunSetup) -> dict:
+def evaluate(model, setup: RunSetup, callbacks: list) -> dict:
     """The final evaluation: every compiled metric, and perplexity for a language model."""
-    evaluation = {name: float(value) for name, value in model.evaluate(keras_input(setup.datasets.eval, model), verbose=0, return_dict=True).items()}
+    data = setup.datasets.eval
+    evaluated = model.evaluate(feed.keras_input(data, model), steps=feed.evaluation_steps(data, model), verbose=0,
+                               return_dict=True, callbacks=callbacks)
+    evaluation = {name: float(value) for name, value in evaluated.items()}
     if setup.planned.spec.language_model and "loss" in evaluation:
         evaluation["perplexity"] = math.exp(min(evaluation["loss"], 700.0))  # exp overflows a float past ~709
     return evaluation

@@ -1,5 +1,6 @@
 """The Keras callbacks of a run, made from its setup, and what they found out: step times, the
-checkpoints saved, why training stopped early, where the step log and the profiler trace went."""
+checkpoints saved, why training stopped early, where the step log and the profiler trace went,
+whether the allocator's policy was put back after a generator pipeline changed it."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from meshrun.logs import sinks
 from meshrun.logs.progress import EpochProgress, progress_mode
 from meshrun.logs.steplog import StepLog
 from meshrun.logs.step_timer import StepTimer
+from meshrun.run.feed import AllocatorGuard
 from meshrun.run.metrics import ProfileFigures
 from meshrun.run.prepare import RunSetup
 from meshrun.training import callbacks, preemption
@@ -35,13 +37,24 @@ class RunHooks:
     early: Optional[callbacks.EarlyStopping] = None
     profiler: Optional[callbacks.StepProfiler] = None
     progress: Optional[EpochProgress] = None
+    allocator: Optional[AllocatorGuard] = None
 
     @property
     def all(self) -> list:
         """The callbacks in the order Keras calls them: the timer, then checkpoints (a checkpoint
         that does not fit is rejected before anything else starts), then the rest."""
-        optional = (self.guard, self.stopper, self.early, self.profiler, self.step_log, self.progress)
+        optional = (self.guard, self.stopper, self.early, self.profiler, self.step_log, self.progress, self.allocator)
         return [self.timer, self.checkpointing, *(c for c in optional if c is not None)]
+
+    @property
+    def evaluation(self) -> list:
+        """The callbacks of the final evaluation."""
+        return [self.allocator] if self.allocator is not None else []
+
+    @property
+    def allocator_restored(self) -> bool:
+        """Whether the run put glibc's large-block policy back after its pipeline changed it."""
+        return self.allocator is not None and self.allocator.restored
 
     def finish(self) -> None:
         """After the last fit: waits for checkpoints still being written and closes the step log."""
@@ -98,6 +111,7 @@ def make_hooks(setup: RunSetup, signals: Optional[preemption.StopSignals] = None
         guard=callbacks.StopOnNaN(first, setup.datasets.steps_per_epoch) if train.stop_on_nan else None,
         checkpointing=Checkpointing(config.checkpoint, setup.checkpoints.root, start, setup.checkpoints.resume, stopper=stopper),
         stopper=stopper,
+        allocator=AllocatorGuard() if setup.generator_in_pipeline else None,
     )
     early = train.early_stopping
     if early.monitor is not None:

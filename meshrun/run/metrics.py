@@ -124,9 +124,13 @@ class ModelFigures:
 @dataclass(frozen=True)
 class DataFigures:
     """The data source, its settings and what it reported (`details`, which metrics.json holds
-    beside the other keys), and how each global batch is shared between processes."""
+    beside the other keys), how each global batch is shared between processes, which loader fed
+    Keras (pydataset, grain or tf.data) and whether glibc's large-block policy was put back after a
+    tf.data generator changed it."""
 
     source: str = figure()
+    loader: str = figure()
+    allocator_restored: bool = figure()
     details: dict = figure(flatten=True)
     global_batch_size: int = figure()
     process_batch_size: int = figure()
@@ -200,6 +204,7 @@ class TimingFigures:
     step_time_s: float = figure("step time", lambda s, _: None if s is None else f"{s * 1e3:.2f} ms median")
     step_time_p90_s: float = figure("step time", lambda s, _: None if s is None else f"{s * 1e3:.2f} ms p90")
     steady_steps: int = figure("step time", "({} steps)", " ")
+    minor_faults_per_step: float = figure("step time", "{:,.0f} minor page faults/step")
     async_log_fetch: bool = figure()
     samples_per_s: float = figure("throughput", "{:,.0f} samples/s")
     tokens_per_s: float = figure("throughput", "{:,.0f} tokens/s")
