@@ -111,6 +111,14 @@ def generator(split, seed, n=64):
         yield x[i], y[i]
 
 
+def grain_samples(split, seed, n=64, side=8, label_dtype="int64"):
+    import grain
+
+    x, y = _arrays(split, seed, n)
+    x = np.resize(x, (n, side, side, 1))
+    return grain.MapDataset.source([(x[i], y[i].astype(label_dtype)) for i in range(n)])
+
+
 def number(split, seed):
     return 42
 
@@ -434,6 +442,14 @@ def test_python_factory_returning_a_generator(factories, in_tmp):
     assert len(metrics["history"]["loss"]) == 2 and metrics["timing"]["steady_steps"] == 6
 
 
+def test_python_factory_returning_a_grain_dataset(factories, in_tmp):
+    """A Grain MapDataset of samples knows its size; it is read as an iterable (the PyDataset feeds
+    this model)."""
+    metrics = train(["data=python", f"data.factory={factories}:grain_samples", "+data.kwargs.n=48"], in_tmp / "run")
+    assert (metrics["data"]["train_samples"], metrics["data"]["eval_samples"]) == (48, 48)
+    assert metrics["data"]["loader"] == "pydataset" and metrics["data"]["allocator_restored"] is False
+
+
 def test_python_generator_pipeline_knows_its_elements(factories):
     """What the source makes of a generator before training: the declared sizes and the samples,
     made again for each pass."""
@@ -620,6 +636,14 @@ BAD = {
     "factory returning no dataset": (
         lambda d, f: ["data=python", f"data.factory={f}:number", "data.num_samples=64", "data.eval_samples=32"],
         ["data.factory:", f"{FACTORIES}:number(split='train') returned int, not a tf.data.Dataset or an iterable"],
+    ),
+    "grain source of the wrong shape": (
+        lambda d, f: ["data=python", f"data.factory={f}:grain_samples", "+data.kwargs.side=7"],
+        ["data: features of shape (7, 7, 1) do not fit the model's input of shape (8, 8, 1)"],
+    ),
+    "grain source of the wrong dtype": (
+        lambda d, f: ["data=python", f"data.factory={f}:grain_samples", "+data.kwargs.label_dtype=float32"],
+        ["data: labels of dtype float32 do not fit the loss sparse_categorical_crossentropy: it expects integer class indices"],
     ),
     "factory that raises": (
         lambda d, f: ["data=python", f"data.factory={f}:broken"],

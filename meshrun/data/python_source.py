@@ -15,7 +15,7 @@ generator, say) needs data.num_samples (and data.eval_samples) to know what an e
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sized
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -57,7 +57,7 @@ class Split:
 
 def make_split(options: PythonOptions, split: str, context: DataContext, size: Optional[int]) -> Split:
     """The factory's dataset for `split` and how many samples it holds: its own count (a
-    tf.data.Dataset's cardinality), else `size`."""
+    tf.data.Dataset's cardinality, the length of a list or a grain.MapDataset), else `size`."""
     function = user_code.load_callable("data.factory", options.factory)
     if "tensorflow" in sys.modules:  # the user's module imported it: hide its GPUs before it runs
         tf_data.seeded_tensorflow(context.seed)
@@ -71,7 +71,8 @@ def make_split(options: PythonOptions, split: str, context: DataContext, size: O
     if tf_data.is_dataset(made):
         count = int(made.cardinality())
         return Split(count if count >= 0 else size, dataset=made)
-    return Split(size, make=lambda: iter(call()), first=_first_element(made, options.factory, split))
+    count = len(made) if isinstance(made, Sized) else size  # a list, a grain.MapDataset
+    return Split(count, make=lambda: iter(call()), first=_first_element(made, options.factory, split))
 
 
 def _first_element(made, factory: str, split: str) -> tuple:
