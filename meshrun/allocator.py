@@ -17,9 +17,16 @@ fault its buffers in afresh, step after step:
 
 `set_training_policy` fixes both thresholds where the dynamic policy would end up for a program that
 frees large blocks all the time: blocks from 32 MiB are mmapped, a heap is trimmed once 128 MiB lie
-free at its top. It holds until something calls mallopt again (TensorFlow's generator dataset does,
-once per process: meshrun.run.feed sets it again after the pipeline's first batch). No jax, keras or
-TensorFlow here.
+free at its top; and it pads each heap's growth by 64 MiB (M_TOP_PAD), which also keeps a thread's
+extra heap that has emptied instead of unmapping it (glibc unmaps an empty extra heap whatever the
+trim threshold, and the next step maps and faults it in again). It holds until something calls
+mallopt again (TensorFlow's generator dataset does, once per process: meshrun.run.feed sets it again
+after the pipeline's first batch).
+
+What stays: a step that cannot reuse a freed block grows the heap and faults the new pages in once
+(the zoo transformer's 31 MiB logits gradient, say, when smaller blocks took part of its old place);
+Python 3.11 maps a 16 KiB frame stack for every call into Python from a foreign thread (each element
+of a generator dataset). No jax, keras or TensorFlow here.
 """
 
 from __future__ import annotations
