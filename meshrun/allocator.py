@@ -63,9 +63,10 @@ def _glibc() -> Optional[ctypes.CDLL]:
 
 
 def set_training_policy() -> bool:
-    """Fixes glibc's mmap threshold at MMAP_THRESHOLD and its trim threshold at TRIM_THRESHOLD, so
-    the large blocks a training step frees stay in the heap for the next step. True when they were
-    set; False where the C library is not glibc (its allocator is left as it is)."""
+    """Fixes glibc's mmap threshold at MMAP_THRESHOLD, its trim threshold at TRIM_THRESHOLD and its
+    top pad at TOP_PAD, so the large blocks a training step frees stay in the heap for the next
+    step. True when they were set; False where the C library is not glibc (its allocator is left as
+    it is). It is the process's policy from then on, also when meshrun runs as a library."""
     libc = _glibc()
     if libc is None:
         return False

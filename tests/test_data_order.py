@@ -198,3 +198,14 @@ def test_a_finite_stream_as_a_grain_dataset_repeats_pass_after_pass():
     assert_equal_batches([next(iterator)], [one_pass[2]])
     empty = indexed_batches(x[:4], y[:4], np.arange(4), 8, shuffle=False, seed=2)
     assert list(BatchesDataset(empty)) == []
+
+
+def test_a_generator_dataset_is_found_at_any_depth_of_a_tf_data_pipeline():
+    """What meshrun looks for before training a tf.data pipeline (TensorFlow's generator dataset sets
+    glibc's mmap threshold for the whole process; meshrun.allocator)."""
+    tf = tf_data.seeded_tensorflow(0)
+    generated = tf.data.Dataset.from_generator(lambda: iter(range(4)), output_signature=tf.TensorSpec((), tf.int64))
+    sliced = tf.data.Dataset.from_tensor_slices(np.arange(4))
+    assert tf_data.has_generator(generated.shuffle(4).batch(2).prefetch(1))
+    assert tf_data.has_generator(tf.data.Dataset.range(3).interleave(lambda _: generated, cycle_length=2))
+    assert not tf_data.has_generator(sliced.map(lambda v: v * 2).batch(2))

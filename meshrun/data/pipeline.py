@@ -44,7 +44,7 @@ class Datasets:
         """Whether each batch carries sample weights (a third element)."""
         return len(self.train.element_spec) == 3
 
-    def hold_generator(self) -> bool:
+    def holds_generator(self) -> bool:
         """Whether the training or evaluation pipeline is a tf.data one holding a generator dataset
         (tf.data.Dataset.from_generator), whose first iterator sets glibc's mmap threshold for the
         whole process (meshrun.allocator)."""

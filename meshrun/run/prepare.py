@@ -129,7 +129,7 @@ def prepare(config: RunConfig, context: RunContext) -> RunSetup:
     total_steps = count_steps(config, datasets.steps_per_epoch)
     return RunSetup(config=config, context=context, devices=found, cache_dir=cache_dir, checkpoints=checkpoints,
                     planned=planned, objectives=named, distribution=distribution, data=data, datasets=datasets,
-                    total_steps=total_steps, generator_in_pipeline=datasets.hold_generator())
+                    total_steps=total_steps, generator_in_pipeline=datasets.holds_generator())
 
 
 def place_for_plan(config: RunConfig, processes: int = 1) -> PlannedModel:
