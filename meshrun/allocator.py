@@ -7,7 +7,7 @@ thresholds start low (128 KiB, 256 KiB) and rise with the largest mmapped block 
 32 MiB), unless something fixes them with `mallopt`. Two things make a training step on the host
 fault its buffers in afresh, step after step:
 
-- The first GeneratorDataset TensorFlow constructs in a process (`tf.data.Dataset.from_generator`)
+- The first GeneratorDataset TensorFlow constructs in a process (a tf.data pipeline over a generator)
   calls `mallopt(M_MMAP_THRESHOLD, 128 KiB)` (`ApplyPython311MemoryPatch` in its op's constructor).
   XLA's CPU runtime then maps its temporary buffer and larger activations every step: a KerasHub
   Llama of 2 layers went from 3.5 to 8.8 ms and from 1 to 3,000 minor faults a step.

@@ -259,7 +259,7 @@ def is_complete_checkpoint(step_dir) -> bool:
 
 def dataset_ops(dataset) -> set[str]:
     """The op names of a tf.data pipeline's graph, the ops of its functions (flat_map, interleave,
-    from_generator's own) included. Serializing the graph runs none of them."""
+    a GeneratorDataset's own) included. Serializing the graph runs none of them."""
     ensure("tensorflow")
     import tensorflow as tf
 

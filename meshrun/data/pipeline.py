@@ -46,7 +46,7 @@ class Datasets:
 
     def holds_generator(self) -> bool:
         """Whether the training or evaluation pipeline is a tf.data one holding a generator dataset
-        (tf.data.Dataset.from_generator), whose first iterator sets glibc's mmap threshold for the
+        (GeneratorDataset: a Python generator's elements), whose first iterator sets glibc's mmap threshold for the
         whole process (meshrun.allocator)."""
         return any(tf_data.is_dataset(p) and tf_data.has_generator(p) for p in (self.train, self.eval))
 

@@ -17,7 +17,7 @@ import sys
 from meshrun import compat
 from meshrun.data import order
 
-GENERATOR_OP = "GeneratorDataset"  # the op tf.data.Dataset.from_generator builds
+GENERATOR_OP = "GeneratorDataset"  # the op of a tf.data pipeline over a Python generator
 
 
 def seeded_tensorflow(seed: int):
@@ -87,8 +87,8 @@ def first_batch(dataset) -> tuple:
 
 
 def has_generator(dataset) -> bool:
-    """Whether the tf.data pipeline `dataset` holds a generator dataset (tf.data.Dataset.from_generator,
-    at any depth), whose first iterator sets glibc's mmap threshold for the whole process
+    """Whether the tf.data pipeline `dataset` holds a GeneratorDataset (a Python generator's
+    elements, at any depth), whose first iterator sets glibc's mmap threshold for the whole process
     (meshrun.allocator)."""
     return GENERATOR_OP in compat.dataset_ops(dataset)
 

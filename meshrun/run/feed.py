@@ -3,7 +3,7 @@ keras.utils.PyDataset (Keras fits from it natively, without TensorFlow), or, for
 (whose fit takes only tf.data or Grain datasets), as a Grain dataset over the same batches
 (meshrun.run.grain_feed).
 
-No TensorFlow dataset is built here: a `tf.data.Dataset.from_generator` would set glibc's mmap
+No TensorFlow dataset is built here: a tf.data GeneratorDataset would set glibc's mmap
 threshold for the whole process and make every XLA step on the host fault its buffers in afresh
 (meshrun.allocator). A user's own tf.data pipeline may hold one; `AllocatorGuard` then sets
 meshrun's allocator policy again once the pipeline's iterators exist.
