@@ -1,0 +1,456 @@
+"""The model's own tokenizer, run as fast as its library allows: `load_tokenizer(source, key)`.
+
+`source` is one of:
+
+- A KerasHub preset dir (config.json, tokenizer.json and assets/tokenizer/, as `save_to_preset`
+  writes). The tokenizer's class, vocabulary and special tokens are read through KerasHub, but text
+  is encoded by the library underneath, called directly on every core: SentencePiece (Gemma,
+  Llama 2, Mistral, ...) by `SentencePieceProcessor.encode(..., num_threads=cores)`, byte-level BPE
+  (GPT-2, Llama 3, Qwen, ...) by a Hugging Face `tokenizers.Tokenizer` built from the same
+  vocabulary and merges (GPT-2's split, byte-level alphabet) and its `encode_batch`.
+- A Hugging Face tokenizer.json, or a dir holding one (`tokenizers.Tokenizer.from_file`).
+
+The reference for a KerasHub tokenizer is KerasHub's own, as its tf.data pipelines run it (its
+TensorFlow graph). On load the fast encoder and the reference encode a probe text (punctuation,
+digits, runs of spaces, newlines, non-ASCII text, contractions); where the ids differ (a family
+that splits text its own way, such as Mistral's Tekken), the reference itself is used, backend
+"keras_hub", with a warning that tokenization will be slow. KerasHub 0.32's eager path for
+byte-level BPE (calling the tokenizer outside tf.data) passes its split regex to `tokenizers` as a
+literal string, so it splits nothing and can differ from the graph on runs of spaces; meshrun
+follows the graph, which splits as GPT-2 does.
+
+Importing this module imports none of jax, keras, keras_hub and tensorflow.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import itertools
+import json
+import logging
+import os
+import sys
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+
+from meshrun.errors import ConfigError
+from meshrun.wording import first_line
+
+log = logging.getLogger("meshrun")
+
+EXPECTED = ("expected a KerasHub preset dir (config.json, tokenizer.json and assets/, as save_to_preset writes) "
+            "or a Hugging Face tokenizer.json (or a dir holding one)")
+TOKENIZER_FILE = "tokenizer.json"  # KerasHub's tokenizer config in a preset, and Hugging Face's tokenizer
+PRESET_CONFIG_FILE = "config.json"
+PREPROCESSOR_FILE = "preprocessor.json"
+ASSETS_DIR = "assets"
+
+# Special tokens of a Hugging Face tokenizer.json, by name, first found wins.
+HF_END_TOKENS = ("<|end_of_text|>", "<|endoftext|>", "</s>", "<eos>", "<|im_end|>")
+HF_START_TOKENS = ("<|begin_of_text|>", "<s>", "<bos>")
+HF_PAD_TOKENS = ("<pad>",)
+
+# Texts the fast encoder and KerasHub's own must encode alike (each one apart, and as one batch).
+PROBE_TEXTS = (
+    "Hello, world! It's 3.14159 o'clock; we'll see 12,345 cats & 2024 dogs in 1999, won't we?",
+    "Instruction: Reverse the words: red blue\nResponse: ",
+    "Items:\n    - an indented item\n\n\n  two  spaces,   three   and trailing   ",
+    "Café naïve Zürich Ελλάδα 東京 🙂 “quoted” — 'single' x=y+1 {\"a\": [1, 2]}\r\n\tTHEY'RE DON'T I'M",
+    "<s></s><bos><eos><pad><|endoftext|><|begin_of_text|><|end_of_text|><|im_end|>",
+    "",
+    " ",
+    "\n\n",
+)
+
+_warned_slow: set[str] = set()
+_probe_verdicts: dict[tuple[str, str], bool] = {}  # (class, fingerprint) -> whether the library encoder agreed
+
+
+class TextTokenizer:
+    """The tokenizer a model was trained with, as data=text and generation use it: text to ids with
+    no special tokens added (`encode`), ids back to text (`decode`), the ids of its special tokens,
+    and a fingerprint of the files that define it (for token caches)."""
+
+    def __init__(self, encoder, *, description: str, vocabulary_size: int, start_id: Optional[int], end_id: Optional[int],
+                 pad_id: int, fingerprint: str):
+        self._encoder = encoder
+        self.description = description  # one line for logs and metrics.json
+        self.backend = encoder.backend  # "sentencepiece", "tokenizers" or "keras_hub"
+        self.vocabulary_size = vocabulary_size  # the size of its id space (largest id + 1)
+        self.start_id = start_id  # the token the model's preprocessor puts first (None: none)
+        self.end_id = end_id
+        self.pad_id = pad_id
+        self.fingerprint = fingerprint  # sha256 over the bytes of the tokenizer's files
+
+    def encode(self, texts: Sequence[str]) -> list[np.ndarray]:
+        """The int32 ids of each text, no special tokens added; many texts are encoded on every core."""
+        if isinstance(texts, str):
+            raise TypeError("TextTokenizer.encode takes a sequence of texts, not one str")
+        return [np.asarray(ids, dtype=np.int32) for ids in self._encoder.encode(list(texts))]
+
+    def encode_ragged(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+        """The ids of all texts end to end (int32) and each text's count: `encode` without an array
+        per text, for many texts at once (data=text)."""
+        encoded = self._encoder.encode(list(texts))
+        lengths = np.fromiter(map(len, encoded), dtype=np.int64, count=len(encoded))
+        values = np.fromiter(itertools.chain.from_iterable(encoded), dtype=np.int32, count=int(lengths.sum()))
+        return values, lengths
+
+    def decode(self, ids) -> str:
+        """The text of `ids` (a sequence or array of ints), special tokens skipped."""
+        return self._encoder.decode([int(i) for i in np.asarray(ids).reshape(-1)])
+
+    def token_id(self, token: str) -> Optional[int]:
+        """The id of a token string such as "<eos>", None if the tokenizer has no such token."""
+        return self._encoder.token_id(token)
+
+    def __repr__(self) -> str:
+        return f"TextTokenizer({self.description}, backend={self.backend})"
+
+
+def tokenizer_source(given: Optional[str], preset: Optional[str], missing_key: str) -> tuple[str, str]:
+    """Where a run's tokenizer comes from and the config key that names it: `given`
+    (data.tokenizer), else the model's preset; with neither, a ConfigError on `missing_key`."""
+    if given:
+        return given, "data.tokenizer"
+    if preset:
+        return preset, "model.preset"
+    raise ConfigError(missing_key, "needs a tokenizer: model.preset or data.tokenizer (a preset dir or a Hugging Face tokenizer.json); "
+                                   "a model made from model.backbone brings none")
+
+
+def check_fits_vocabulary(tokenizer: "TextTokenizer", source: str, key: str, vocabulary: int) -> None:
+    """ConfigError naming `key` (where the tokenizer came from) when it has more ids than the
+    model's `vocabulary`: its ids would index past the embedding. Fewer is fine (padded vocabularies)."""
+    if tokenizer.vocabulary_size > vocabulary:
+        raise ConfigError(key, f"got {source!r}, whose tokenizer has {tokenizer.vocabulary_size} ids, more than the model's vocabulary "
+                               f"of {vocabulary}; give the tokenizer the model was trained with")
+
+
+def load_tokenizer(source: str, key: str) -> TextTokenizer:
+    """The tokenizer at `source` (a KerasHub preset dir, or a Hugging Face tokenizer.json or a dir
+    holding one); anything else is a ConfigError blaming config key `key`."""
+    path = Path(str(source)).expanduser()
+    file = _tokenizer_file(path, source, key)
+    contents = _read_json(file, source, key)
+    if _is_keras_serialized(contents):
+        return _load_keras_hub(file.parent, source, key)
+    if isinstance(contents, dict) and isinstance(contents.get("model"), dict):
+        return _load_hugging_face(file, contents["model"].get("type", "?"), source, key)
+    raise ConfigError(key, f"got {source!r}, whose {file.name} is neither KerasHub's nor Hugging Face's; {EXPECTED}")
+
+
+def _tokenizer_file(path: Path, source, key: str) -> Path:
+    """The tokenizer.json that `path` is or holds."""
+    if not path.exists():
+        raise ConfigError(key, f"got {source!r}, which does not exist; {EXPECTED}")
+    if path.is_file():
+        return path
+    file = path / TOKENIZER_FILE
+    if file.is_file():
+        return file
+    if (path / PRESET_CONFIG_FILE).is_file():
+        raise ConfigError(key, f"got {source!r}, a preset with no tokenizer (no {TOKENIZER_FILE}); {EXPECTED}")
+    raise ConfigError(key, f"got {source!r}, a dir with no {TOKENIZER_FILE}; {EXPECTED}")
+
+
+def _read_json(file: Path, source, key: str):
+    try:
+        return json.loads(file.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as error:
+        raise ConfigError(key, f"got {source!r}, whose {file.name} is not readable JSON ({first_line(error)}); {EXPECTED}") from None
+
+
+def _is_keras_serialized(contents) -> bool:
+    return isinstance(contents, dict) and "class_name" in contents and "config" in contents
+
+
+def fingerprint_files(root: Path, files: Sequence[Path]) -> str:
+    """sha256 hex over the names (relative to `root`) and bytes of `files`, in name order."""
+    digest = hashlib.sha256()
+    for file in sorted(files, key=lambda f: f.relative_to(root).as_posix()):
+        for part in (file.relative_to(root).as_posix().encode(), file.read_bytes()):
+            digest.update(len(part).to_bytes(8, "little"))
+            digest.update(part)
+    return digest.hexdigest()
+
+
+def available_cores() -> int:
+    """The CPU cores this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
+def same_ids(encoded: Sequence, reference: Sequence) -> bool:
+    """Whether two encodings of the same texts hold the same ids, text by text."""
+    return len(encoded) == len(reference) and all(
+        np.array_equal(np.asarray(a, dtype=np.int64), np.asarray(b, dtype=np.int64)) for a, b in zip(encoded, reference)
+    )
+
+
+# --- Hugging Face tokenizer.json --------------------------------------------------------------------
+
+def _load_hugging_face(file: Path, model_type: str, source, key: str) -> TextTokenizer:
+    from tokenizers import Tokenizer
+
+    try:
+        tokenizer = Tokenizer.from_file(str(file))
+    except Exception as error:  # tokenizers raises plain Exception for a file it cannot parse
+        raise ConfigError(key, f"got {source!r}, whose {file.name} Hugging Face tokenizers cannot load ({first_line(error)}); {EXPECTED}") from None
+    encoder = HuggingFaceEncoder(tokenizer)
+    end = _first_token(encoder, HF_END_TOKENS)
+    pad = _first_token(encoder, HF_PAD_TOKENS)
+    return TextTokenizer(
+        encoder,
+        description=f"Hugging Face tokenizer ({model_type}) of {file.resolve()}",
+        vocabulary_size=max(tokenizer.get_vocab(with_added_tokens=True).values(), default=-1) + 1,  # the id space
+        start_id=_first_token(encoder, HF_START_TOKENS),
+        end_id=end,
+        pad_id=pad if pad is not None else (end if end is not None else 0),
+        fingerprint=fingerprint_files(file.parent, [file]),
+    )
+
+
+def _first_token(encoder, tokens: Sequence[str]) -> Optional[int]:
+    """The id of the first of `tokens` the tokenizer has."""
+    for token in tokens:
+        found = encoder.token_id(token)
+        if found is not None:
+            return found
+    return None
+
+
+class HuggingFaceEncoder:
+    """Encodes with a Hugging Face `tokenizers.Tokenizer` (Rust, a batch on every core)."""
+
+    backend = "tokenizers"
+    library = "Hugging Face tokenizers"
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+        # encode_batch_fast skips the offsets encode_batch computes (tokenizers >= 0.20)
+        self._encode_batch = getattr(tokenizer, "encode_batch_fast", tokenizer.encode_batch)
+
+    def encode(self, texts: list[str]) -> list[list[int]]:
+        return [encoding.ids for encoding in self._encode_batch(texts, add_special_tokens=False)]
+
+    def decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+    def token_id(self, token: str) -> Optional[int]:
+        return self.tokenizer.token_to_id(token)
+
+
+# --- KerasHub presets ------------------------------------------------------------------------------
+
+def _load_keras_hub(preset: Path, source, key: str) -> TextTokenizer:
+    if not (preset / PRESET_CONFIG_FILE).is_file():
+        raise ConfigError(key, f"got {source!r}, a KerasHub {TOKENIZER_FILE} with no {PRESET_CONFIG_FILE} beside it; {EXPECTED}")
+    layer = _keras_hub_layer(preset, source, key)
+    fingerprint = fingerprint_files(preset, _keras_hub_tokenizer_files(preset))
+    name = type(layer).__name__
+    reference = KerasHubGraphEncoder(layer)
+    encoder = _fast_encoder(layer)
+    if encoder is not None and not _agrees_on_probe(encoder, reference, (name, fingerprint)):
+        _warn_slow(f"{name} of {preset.resolve()}", f"does not encode a probe text as KerasHub does with {encoder.library}")
+        encoder = None
+    encoder = encoder or reference
+    start, end, pad = _keras_hub_special_ids(layer, preset)
+    return TextTokenizer(
+        encoder,
+        description=f"{name} ({encoder.library}) of {preset.resolve()}",
+        vocabulary_size=int(layer.vocabulary_size()),
+        start_id=start,
+        end_id=end,
+        pad_id=pad,
+        fingerprint=fingerprint,
+    )
+
+
+def _agrees_on_probe(encoder, reference, identity: tuple[str, str]) -> bool:
+    """Whether `encoder` encodes PROBE_TEXTS as KerasHub's `reference` does (once per process
+    for each tokenizer: the reference's graph takes a second or two to trace)."""
+    if identity not in _probe_verdicts:
+        _probe_verdicts[identity] = same_ids(encoder.encode(list(PROBE_TEXTS)), reference.encode(list(PROBE_TEXTS)))
+    return _probe_verdicts[identity]
+
+
+def _keras_hub_layer(preset: Path, source, key: str):
+    """The preset's tokenizer layer, as KerasHub loads it."""
+    keras_hub = _import_keras_hub(key)
+    try:
+        with _native_info_lines_dropped():
+            return keras_hub.tokenizers.Tokenizer.from_preset(str(preset))
+    except Exception as error:  # whatever a broken preset makes KerasHub raise
+        raise ConfigError(key, f"got {source!r}, whose tokenizer KerasHub cannot load ({first_line(error)}); {EXPECTED}") from None
+
+
+def _import_keras_hub(key: str):
+    from meshrun import compat
+    from meshrun.placement.devices import import_tensorflow
+
+    import_tensorflow()  # keras_hub imports it: quietly first
+    compat.import_keras()
+    try:
+        import keras_hub
+    except ImportError:
+        raise ConfigError(key, "a KerasHub preset's tokenizer needs the keras-hub package, which is not installed: pip install 'meshrun[hub]'") from None
+    return keras_hub
+
+
+@contextlib.contextmanager
+def _native_info_lines_dropped():
+    """Runs the block with the INFO lines native code prints straight to stderr left out (the
+    SentencePiece inside TensorFlow Text prints `LOG(INFO) precompiled_charsmap is empty` on
+    loading most models); its other lines are printed after the block."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as captured:
+        os.dup2(captured.fileno(), 2)
+        try:
+            yield
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            captured.seek(0)
+            kept = [line for line in captured.read().decode("utf-8", "replace").splitlines(keepends=True) if "LOG(INFO)" not in line]
+            sys.stderr.write("".join(kept))
+
+
+def _fast_encoder(layer):
+    """The library encoder for `layer` (None for a kind of tokenizer it has none for)."""
+    from keras_hub.tokenizers import BytePairTokenizer, SentencePieceTokenizer
+
+    if isinstance(layer, SentencePieceTokenizer) and layer.proto is not None:
+        return SentencePieceEncoder(layer.proto)
+    if isinstance(layer, BytePairTokenizer) and layer.vocabulary is not None:
+        return HuggingFaceEncoder(_byte_level_bpe(layer))
+    return None
+
+
+def _byte_level_bpe(layer):
+    """A Hugging Face tokenizer with `layer`'s vocabulary, merges and unsplittable tokens, splitting
+    text as GPT-2 does (KerasHub's graph path emulates that split)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    merges = [tuple(merge.split(" ")) for merge in layer.merges if merge and "#version:" not in merge]
+    tokenizer = Tokenizer(models.BPE(vocab=dict(layer.vocabulary), merges=merges))
+    tokenizer.add_special_tokens(list(layer.unsplittable_tokens or []))
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=bool(layer.add_prefix_space))
+    tokenizer.decoder = decoders.ByteLevel()
+    return tokenizer
+
+
+def _warn_slow(description: str, why: str) -> None:
+    if description not in _warned_slow:
+        _warned_slow.add(description)
+        log.warning(f"{description} {why}; tokenizing through KerasHub's TensorFlow graph instead, which is much slower")
+
+
+def _keras_hub_special_ids(layer, preset: Path) -> tuple[Optional[int], Optional[int], int]:
+    """(start, end, pad) ids: the start token only where the preset's preprocessor puts it first;
+    pad is the tokenizer's, else the end token."""
+    start = getattr(layer, "start_token_id", None)
+    end = getattr(layer, "end_token_id", None)
+    pad = getattr(layer, "pad_token_id", None)
+    if not _preprocessor_adds_start(preset):
+        start = None
+    if pad is None:
+        pad = end if end is not None else 0
+    return _optional_int(start), _optional_int(end), int(pad)
+
+
+def _optional_int(value) -> Optional[int]:
+    return None if value is None else int(value)
+
+
+def _preprocessor_adds_start(preset: Path) -> bool:
+    """Whether the preset's preprocessor puts the start token first (true where it has none saved:
+    KerasHub's causal LM preprocessors do by default)."""
+    try:
+        config = json.loads((preset / PREPROCESSOR_FILE).read_text(encoding="utf-8")).get("config", {})
+    except (OSError, ValueError):
+        return True
+    return bool(config.get("add_start_token", True))
+
+
+def _keras_hub_tokenizer_files(preset: Path) -> list[Path]:
+    """The files that define a preset's tokenizer: tokenizer.json and its assets."""
+    assets = preset / ASSETS_DIR / Path(TOKENIZER_FILE).stem
+    return [preset / TOKENIZER_FILE, *(f for f in assets.rglob("*") if f.is_file())]
+
+
+class SentencePieceEncoder:
+    """Encodes with a SentencePiece model (C++, a batch on every core)."""
+
+    backend = "sentencepiece"
+    library = "SentencePiece"
+
+    def __init__(self, proto: bytes):
+        import sentencepiece
+
+        self.processor = sentencepiece.SentencePieceProcessor(model_proto=proto)
+        self.threads = available_cores()
+
+    def encode(self, texts: list[str]) -> list[list[int]]:
+        return self.processor.encode(texts, out_type=int, num_threads=self.threads)
+
+    def decode(self, ids: list[int]) -> str:
+        return self.processor.decode(ids)  # control tokens (pad, bos, eos) decode to nothing
+
+    def token_id(self, token: str) -> Optional[int]:
+        found = self.processor.piece_to_id(token)  # the unknown token's id for a piece it lacks
+        return found if self.processor.id_to_piece(found) == token else None
+
+
+class KerasHubGraphEncoder:
+    """Encodes with a KerasHub tokenizer layer as tf.data runs it (a TensorFlow graph): the
+    reference the library encoders are checked against, and the fallback where they differ."""
+
+    backend = "keras_hub"
+    library = "KerasHub, TensorFlow graph"
+
+    def __init__(self, layer):
+        self.layer = layer
+        self._graph = None
+
+    def encode(self, texts: list[str]) -> list[np.ndarray]:
+        if not texts:
+            return []
+        import tensorflow as tf
+
+        values, row_splits = self._traced()(tf.constant(texts, dtype=tf.string))
+        return np.split(values.numpy(), row_splits.numpy()[1:-1])
+
+    def _traced(self):
+        if self._graph is None:
+            import tensorflow as tf
+
+            @tf.function(input_signature=[tf.TensorSpec([None], tf.string)])
+            def tokenize(texts):
+                ids = self.layer.tokenize(texts)
+                if not isinstance(ids, tf.RaggedTensor):
+                    ids = tf.RaggedTensor.from_tensor(ids)
+                return ids.flat_values, ids.row_splits
+
+            self._graph = tokenize
+        return self._graph
+
+    def decode(self, ids: list[int]) -> str:
+        special = set(self.layer.special_token_ids)
+        text = self.layer.detokenize([i for i in ids if i not in special])
+        return text.decode("utf-8") if isinstance(text, bytes) else str(text)
+
+    def token_id(self, token: str) -> Optional[int]:
+        try:
+            found = int(self.layer.token_to_id(token))
+            return found if self.layer.id_to_token(found) == token else None
+        except (ValueError, KeyError, IndexError):
+            return None

@@ -1,0 +1,264 @@
+"""Small KerasHub presets built locally, for the tests of fine-tuning on text (nothing is downloaded).
+
+Each builder trains a real tokenizer on the given text (SentencePiece for Gemma, byte-level BPE
+with Hugging Face `tokenizers` for GPT-2, Llama 3 and a Mistral with a Tekken tokenizer), builds a
+tiny causal LM around it (vocabulary 512, 2 layers, hidden size 64, sequence length 64) and writes
+a preset with `save_to_preset`, so tests read presets the way users' downloaded ones are read; each
+takes a second or two. `hf_tokenizer_json` writes a Hugging Face tokenizer.json alone.
+`corpus_text` and `instruction_records` are the texts to train on. Everything is deterministic:
+the same arguments give byte-identical tokenizer files, and Keras' seed is set before each model
+is built. Keras runs on jax (tests/conftest.py sets it); models are built with no distribution.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import random
+from pathlib import Path
+
+VOCABULARY_SIZE = 512
+SEQUENCE_LENGTH = 64
+SEED = 0
+
+# Tokens the byte-level BPE presets add after the trained ones (as the real models have them last).
+GPT2_SPECIAL_TOKENS = ("<|endoftext|>",)
+LLAMA3_SPECIAL_TOKENS = ("<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>")
+HF_SPECIAL_TOKENS = ("<|begin_of_text|>", "<|end_of_text|>")
+MISTRAL_SPECIAL_TOKENS = ("<s>", "</s>")
+# The pre-tokenization pattern of Mistral's Tekken tokenizers (tiktoken style): unlike GPT-2's split,
+# it cuts numbers into single digits and words at case changes.
+TEKKEN_SPLIT_PATTERN = (
+    r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+"
+    r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*"
+    r"|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+
+WORDS = (
+    "the a an this that every some no one two three four five six seven eight nine ten "
+    "cat dog bird fish horse river mountain city house garden tree flower road bridge ship train "
+    "boy girl man woman child teacher farmer doctor king queen friend stranger "
+    "red blue green yellow white black brown grey orange purple "
+    "big small old young quiet loud quick slow warm cold bright dark happy tired "
+    "runs walks sees finds takes gives makes keeps reads writes sings opens closes likes wants "
+    "ran walked saw found took gave made kept read wrote sang opened closed liked wanted "
+    "in on under over near behind through across with without before after "
+    "and but or so because while when if then "
+    "morning evening night day week year summer winter rain snow wind sun moon star sky"
+).split()
+YEARS = ("1999", "2000", "2010", "2012", "2020", "2021", "2023", "2024", "2025")
+CONTRACTIONS = ("it's", "don't", "we'll", "they're", "I've", "can't", "she'd", "you're")
+UNICODE_WORDS = ("café", "naïve", "résumé", "Zürich", "über", "東京", "Ελλάδα", "🙂")
+
+# Facts an instruction-tuned tiny model can learn: "What colour is the sky?" -> "blue".
+COLOUR_OF = {
+    "the sky": "blue", "grass": "green", "snow": "white", "coal": "black", "a banana": "yellow",
+    "blood": "red", "an orange": "orange", "a plum": "purple", "ash": "grey", "soil": "brown",
+}
+COLOURS = ("red", "blue", "green", "yellow", "white", "black")
+
+
+def corpus_text(size_bytes: int = 35_000, seed: int = 0) -> str:
+    """English-like plain text of about `size_bytes` characters: sentences drawn from a word list
+    (with numbers and years, punctuation, contractions, a little non-ASCII text and
+    instruction-style lines), paragraphs separated by blank lines, some of them indented lists (so
+    tokenizers learn runs of spaces)."""
+    rng = random.Random(seed)
+    paragraphs, size = [], 0
+    while size < size_bytes:
+        paragraphs.append(_paragraph(rng))
+        size += len(paragraphs[-1]) + 2
+    return "\n\n".join(paragraphs) + "\n"
+
+
+def _paragraph(rng: random.Random) -> str:
+    kind = rng.random()
+    if kind < 0.1:
+        record = instruction_records(1, seed=rng.randrange(1 << 30))[0]
+        return f"Instruction: {record['instruction']}\nResponse: {record['response']}"
+    if kind < 0.2:
+        return _indented_list(rng)
+    return " ".join(_sentence(rng) for _ in range(rng.randint(2, 6)))
+
+
+def _sentence(rng: random.Random) -> str:
+    kind = rng.random()
+    words = [rng.choice(WORDS) for _ in range(rng.randint(4, 14))]
+    if kind < 0.2:
+        words.insert(rng.randrange(len(words)), f"in {rng.choice(YEARS)}")
+    elif kind < 0.3:
+        words.insert(rng.randrange(len(words)), str(rng.choice([rng.randint(0, 99), rng.randint(100, 99_999)])))
+    if kind < 0.45:
+        words.insert(rng.randrange(len(words)), rng.choice(CONTRACTIONS))
+    if kind < 0.5:
+        words.insert(rng.randrange(len(words)), rng.choice(UNICODE_WORDS))
+    if kind > 0.8:
+        words[rng.randrange(len(words))] += ","
+    words[0] = words[0].capitalize()
+    return " ".join(words) + rng.choice((".", ".", ".", "?", "!", ":", ";"))
+
+
+def _indented_list(rng: random.Random) -> str:
+    items = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(1, 4))) for _ in range(rng.randint(2, 5))]
+    return "Items:\n" + "\n".join(f"    - {item}" for item in items)
+
+
+def instruction_records(n: int, seed: int = 0) -> list[dict]:
+    """`n` instruction/response pairs a tiny model can learn: reversing two or three colour words
+    ("Reverse the words: red blue" -> "blue red") and naming the colour of a thing ("What colour
+    is the sky?" -> "blue")."""
+    rng = random.Random(seed)
+    return [_reverse_record(rng) if rng.random() < 0.5 else _colour_record(rng) for _ in range(n)]
+
+
+def _reverse_record(rng: random.Random) -> dict:
+    words = [rng.choice(COLOURS) for _ in range(rng.randint(2, 3))]
+    return {"instruction": f"Reverse the words: {' '.join(words)}", "response": " ".join(reversed(words))}
+
+
+def _colour_record(rng: random.Random) -> dict:
+    thing = rng.choice(sorted(COLOUR_OF))
+    return {"instruction": f"What colour is {thing}?", "response": COLOUR_OF[thing]}
+
+
+# --- tokenizers -----------------------------------------------------------------------------------
+
+def sentencepiece_proto(text: str, vocabulary_size: int = VOCABULARY_SIZE) -> bytes:
+    """A SentencePiece model (serialized proto) trained on the lines of `text`, set up as Gemma's:
+    pad=0, eos=1, bos=2, unk=3, BPE with byte fallback, digits split, no whitespace normalisation
+    and no dummy prefix (so decoding gives back the text exactly)."""
+    import sentencepiece
+
+    model = io.BytesIO()
+    sentencepiece.SentencePieceTrainer.train(
+        sentence_iterator=iter([line for line in text.splitlines() if line.strip()]),
+        model_writer=model,
+        vocab_size=vocabulary_size,
+        model_type="bpe",
+        pad_id=0, eos_id=1, bos_id=2, unk_id=3,
+        pad_piece="<pad>", eos_piece="<eos>", bos_piece="<bos>", unk_piece="<unk>",
+        byte_fallback=True,
+        split_digits=True,
+        add_dummy_prefix=False,
+        remove_extra_whitespaces=False,
+        normalization_rule_name="identity",
+        allow_whitespace_only_pieces=True,
+        character_coverage=1.0,
+        num_threads=1,
+        minloglevel=2,
+    )
+    return model.getvalue()
+
+
+def byte_level_bpe(text: str, special_tokens: tuple[str, ...], vocabulary_size: int = VOCABULARY_SIZE):
+    """A Hugging Face byte-level BPE `tokenizers.Tokenizer` trained on `text`, with `special_tokens`
+    given the last ids, as GPT-2 and Llama 3 have theirs; `vocabulary_size` ids in all."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocabulary_size - len(special_tokens),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tokenizer.train_from_iterator(text.split("\n\n"), trainer)
+    tokenizer.add_special_tokens([AddedToken(token, special=True) for token in special_tokens])
+    return tokenizer
+
+
+def vocabulary_and_merges(tokenizer) -> tuple[dict[str, int], list[str]]:
+    """The vocabulary (with added tokens) and merge rules ("a b") of a HF BPE tokenizer, as
+    KerasHub's BytePairTokenizer takes them."""
+    model = json.loads(tokenizer.to_str())["model"]
+    merges = [merge if isinstance(merge, str) else " ".join(merge) for merge in model["merges"]]
+    return tokenizer.get_vocab(with_added_tokens=True), merges
+
+
+def hf_tokenizer_json(path, text: str) -> Path:
+    """Writes a Hugging Face byte-level BPE tokenizer.json (with <|begin_of_text|> and
+    <|end_of_text|>, no pad token) trained on `text` into dir `path`; returns the file's path."""
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    file = path / "tokenizer.json"
+    byte_level_bpe(text, HF_SPECIAL_TOKENS).save(str(file))
+    return file
+
+
+# --- presets --------------------------------------------------------------------------------------
+
+def gemma_preset(path, text: str, num_key_value_heads: int = 1) -> Path:
+    """A tiny Gemma (SentencePiece tokenizer trained on `text`) saved as a KerasHub preset in
+    `path`; returns `path`."""
+    import keras_hub
+
+    _seed()
+    tokenizer = keras_hub.models.GemmaTokenizer(proto=sentencepiece_proto(text))
+    backbone = keras_hub.models.GemmaBackbone(
+        vocabulary_size=VOCABULARY_SIZE, num_layers=2, num_query_heads=4, num_key_value_heads=num_key_value_heads,
+        hidden_dim=64, intermediate_dim=128, head_dim=16,
+    )
+    preprocessor = keras_hub.models.GemmaCausalLMPreprocessor(tokenizer, sequence_length=SEQUENCE_LENGTH)
+    return _save(keras_hub.models.GemmaCausalLM(backbone=backbone, preprocessor=preprocessor), path)
+
+
+def gpt2_preset(path, text: str) -> Path:
+    """A tiny GPT-2 (byte-level BPE trained on `text`, <|endoftext|> last) saved as a KerasHub
+    preset in `path`; returns `path`."""
+    import keras_hub
+
+    _seed()
+    vocabulary, merges = vocabulary_and_merges(byte_level_bpe(text, GPT2_SPECIAL_TOKENS))
+    tokenizer = keras_hub.models.GPT2Tokenizer(vocabulary=vocabulary, merges=merges)
+    backbone = keras_hub.models.GPT2Backbone(
+        vocabulary_size=VOCABULARY_SIZE, num_layers=2, num_heads=4, hidden_dim=64, intermediate_dim=128,
+        max_sequence_length=2 * SEQUENCE_LENGTH,
+    )
+    preprocessor = keras_hub.models.GPT2CausalLMPreprocessor(tokenizer, sequence_length=SEQUENCE_LENGTH)
+    return _save(keras_hub.models.GPT2CausalLM(backbone=backbone, preprocessor=preprocessor), path)
+
+
+def llama3_preset(path, text: str) -> Path:
+    """A tiny Llama 3 (byte-level BPE trained on `text`, Llama 3's five special tokens last) saved
+    as a KerasHub preset in `path`; returns `path`."""
+    import keras_hub
+
+    _seed()
+    vocabulary, merges = vocabulary_and_merges(byte_level_bpe(text, LLAMA3_SPECIAL_TOKENS))
+    tokenizer = keras_hub.models.Llama3Tokenizer(vocabulary=vocabulary, merges=merges)
+    backbone = keras_hub.models.Llama3Backbone(
+        vocabulary_size=VOCABULARY_SIZE, num_layers=2, num_query_heads=4, num_key_value_heads=2,
+        hidden_dim=64, intermediate_dim=128,
+    )
+    preprocessor = keras_hub.models.Llama3CausalLMPreprocessor(tokenizer, sequence_length=SEQUENCE_LENGTH)
+    return _save(keras_hub.models.Llama3CausalLM(backbone=backbone, preprocessor=preprocessor), path)
+
+
+def mistral_tekken_preset(path, text: str) -> Path:
+    """A tiny Mistral whose tokenizer is a Tekken byte-level BPE (trained on `text` with GPT-2's
+    split, but splitting text by TEKKEN_SPLIT_PATTERN as Mistral's newer models do) saved as a
+    KerasHub preset in `path`; returns `path`. A GPT-2-style encoder disagrees with it on numbers."""
+    import keras_hub
+
+    _seed()
+    vocabulary, merges = vocabulary_and_merges(byte_level_bpe(text, MISTRAL_SPECIAL_TOKENS))
+    tokenizer = keras_hub.tokenizers.MistralTekkenTokenizer(vocabulary=vocabulary, merges=merges, split_pattern=TEKKEN_SPLIT_PATTERN)
+    backbone = keras_hub.models.MistralBackbone(
+        vocabulary_size=VOCABULARY_SIZE, num_layers=2, num_query_heads=4, num_key_value_heads=2,
+        hidden_dim=64, intermediate_dim=128,
+    )
+    preprocessor = keras_hub.models.MistralCausalLMPreprocessor(tokenizer, sequence_length=SEQUENCE_LENGTH)
+    return _save(keras_hub.models.MistralCausalLM(backbone=backbone, preprocessor=preprocessor), path)
+
+
+def _seed() -> None:
+    import keras
+
+    keras.utils.set_random_seed(SEED)
+
+
+def _save(causal_lm, path) -> Path:
+    path = Path(path)
+    causal_lm.save_to_preset(str(path))
+    return path
