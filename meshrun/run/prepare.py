@@ -9,6 +9,7 @@ Importing this module imports jax and keras: call `meshrun.placement.devices.pre
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from dataclasses import dataclass, field
@@ -21,6 +22,7 @@ from meshrun import compat
 from meshrun import data as data_lib
 from meshrun.config import RunConfig, check_batch, check_processes, check_rule_axes
 from meshrun.config.schema import DEFAULT_AUTO_MIN_BYTES, LayoutRule, MeshConfig, TrainConfig
+from meshrun.data import ranges
 from meshrun.errors import ConfigError
 from meshrun.launch.identity import ONE_PROCESS, Identity
 from meshrun.models import get_model
@@ -259,7 +261,16 @@ def load_data(config: RunConfig, planned: PlannedModel, data: data_lib.DataConte
     options = planned.options
     input_key = next((f"model.{k}" for k in ("input_shape", "seq_len") if getattr(options, k, None) is not None), None)
     data_lib.pipeline.check_fits_model(datasets.train.element_spec, data.signature, data.loss, input_key)
-    return datasets
+    return _range_checked(datasets, ranges.limits(data.signature, data.loss, planned.spec.language_model, config.data.name))
+
+
+def _range_checked(datasets: data_lib.Datasets, limits: ranges.Limits) -> data_lib.Datasets:
+    """`datasets` checked for token ids and class labels out of the model's range: the first batch
+    now (a ConfigError before anything is built), every numpy batch as training reads it."""
+    if not limits.checks:
+        return datasets
+    ranges.check_batch(datasets.sample_batch, limits)
+    return dataclasses.replace(datasets, train=ranges.checked(datasets.train, limits), eval=ranges.checked(datasets.eval, limits))
 
 
 def count_steps(config: RunConfig, steps_per_epoch: int) -> int:
