@@ -15,12 +15,13 @@ from meshrun.launch import join
 from meshrun.launch.spawn import ROLE_FLAG, Role, parse_role
 from meshrun.wording import one_of, say_error
 
-COMMANDS = ("train", "plan", "sweep", "report")
+COMMANDS = ("train", "plan", "sweep", "report", "generate")
 USAGE = """\
 usage: meshrun train  [OVERRIDE ...] [-m] [--cfg job] [--help]
        meshrun plan   [OVERRIDE ...] [-m] [--json] [--full] [--save-layout FILE.yaml]
        meshrun sweep  [OVERRIDE ...]
        meshrun report DIR [DIR ...] [--out DIR]
+       meshrun generate RUN_DIR --prompt TEXT [--prompt TEXT ...] [--max-length N] [--json]
 
 train: trains a Keras model on a device mesh described by Hydra config, then prints and writes a
 report (metrics.json and plan.json in the run dir).
@@ -31,12 +32,15 @@ bytes land on each device, and lints the layout (exit 2 on errors). Repeated blo
 sweep: trains on every mesh shape of the available devices (a multirun; layout=a,b varies the layout too)
 and compares the jobs; with devices.memory_gib, jobs whose plan does not fit are recorded, not run.
 report: the comparison table and summary files of an existing sweep dir, or of any run dirs.
+generate: completes prompts with the model a KerasHub run trained, on the run's own mesh (meshrun
+generate --help).
 
   meshrun train mesh=2x4 layout=dense_model        # a 2x4 (data, model) mesh, the seeds' rules
   meshrun train -m mesh=8x1,4x2,2x4,1x8 layout=dense_model
   meshrun sweep layout=dense_model                 # the same four shapes, found for you
   meshrun sweep model=transformer layout=auto,transformer_tp devices.memory_gib=80   # meshes x layouts that fit
   meshrun report multirun/2026-11-21/10-00-00      # re-render a sweep's table and files
+  meshrun generate outputs/2026-11-25/10-00-00 --prompt 'Once upon a time'   # complete with a trained KerasHub LM
   meshrun train model=transformer mesh=2x4         # models: dense_model, cnn, transformer, two_tower
   meshrun train model=python model.factory=mymodels:build train.loss=mse         # your own Keras model
   meshrun train model=keras_hub model.task=LlamaCausalLM 'model.backbone={...}' layout=from_model
@@ -85,6 +89,10 @@ def run(args: list[str], as_program: bool) -> int:
 
             sweep.report(rest)
             return 0
+        if command == "generate":
+            from meshrun.text import generate_command
+
+            return generate_command.main(rest)
         invocation = parse(command, rest, as_program)
     except ConfigError as err:
         say_error(str(err))

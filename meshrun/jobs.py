@@ -21,6 +21,7 @@ from typing import Optional
 
 from meshrun import compat
 from meshrun.config import RunConfig, parse_run_config
+from meshrun.data import notes as data_notes
 from meshrun.errors import ConfigError, DoesNotFit, Preempted, RunFailed
 from meshrun.files import write_json
 from meshrun.launch import join as join_lib
@@ -293,7 +294,8 @@ def plan_job(invocation: Invocation, job: Job) -> None:
 
     planned = place_for_plan(config, job_size(config.distributed, os.environ))
     plan = planned.plan
-    data = {**plan.to_dict(), "layout": job.choices.get("layout"), "choices": job.choices, "overrides": job.overrides}
+    data = {**plan.to_dict(), "layout": job.choices.get("layout"), "choices": job.choices, "overrides": job.overrides,
+            "data": {"source": config.data.name, "notes": data_notes(config.data)}}
     if invocation.as_json:
         print(json.dumps(data) if job.number is not None else json.dumps(data, indent=2))
     else:

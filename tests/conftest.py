@@ -103,3 +103,36 @@ def layout_rules(name: str) -> dict:
 
     text = (importlib.resources.files("meshrun.configs") / "layout" / f"{name}.yaml").read_text()
     return yaml.safe_load(text)["rules"] or {}
+
+
+@dataclass(frozen=True)
+class TextFiles:
+    """The texts the fine-tuning tests train on (tests/presets.py makes them): `corpus` (35 KB of
+    plain text, paragraphs apart), `instructions` (a JSONL file of 400 learnable records with
+    `instruction` and `response`) and the tiny presets whose tokenizers were trained on both:
+    `gemma` (SentencePiece; 4 query and 4 key/value heads, so gemma_tp splits them on 2x4) and
+    `gpt2` (byte-level BPE)."""
+
+    root: Path
+    corpus: Path
+    instructions: Path
+    gemma: Path
+    gpt2: Path
+
+
+INSTRUCTION_PROMPT = "Instruction: {instruction} Response: "
+
+
+@pytest.fixture(scope="session")
+def text_files(tmp_path_factory) -> TextFiles:
+    """The fine-tuning tests' texts and presets, built once a session."""
+    from presets import corpus_text, gemma_preset, gpt2_preset, instruction_records
+
+    root = tmp_path_factory.mktemp("text")
+    corpus, instructions = root / "corpus.txt", root / "instructions.jsonl"
+    corpus.write_text(corpus_text())
+    records = instruction_records(400)
+    instructions.write_text("".join(json.dumps(r) + "\n" for r in records))
+    tokenizer_text = corpus.read_text() + "\n\n" + "\n".join(INSTRUCTION_PROMPT.format(**r) + r["response"] for r in records)
+    return TextFiles(root=root, corpus=corpus, instructions=instructions,
+                     gemma=gemma_preset(root / "gemma", tokenizer_text, num_key_value_heads=4), gpt2=gpt2_preset(root / "gpt2", tokenizer_text))

@@ -47,6 +47,8 @@ REQUIRED = {
     ("data", "python"): ["data.factory=mydata:make"],
     ("model", "python"): ["model.factory=mymodels:build"],
     ("model", "keras_hub"): ["model.task=LlamaCausalLM", "model.backbone={vocabulary_size:512}"],
+    ("data", "text"): [f"data.files={Path(__file__).parents[1] / 'README.md'}"],
+    ("recipe", "finetune_lora"): ["model.task=GemmaCausalLM", "model.backbone={vocabulary_size:512}", f"data.files={Path(__file__).parents[1] / 'README.md'}"],
 }
 
 

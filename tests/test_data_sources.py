@@ -678,7 +678,7 @@ BAD = {
     "missing data.factory": (lambda d, f: ["data=python"], ["data.factory: got None; expected module:function"]),
     "unknown data.name": (
         lambda d, f: ["data.name=nope"],
-        ["data.name: got 'nope'; available data sources: arrays, python, synthetic or tfrecord"],
+        ["data.name: got 'nope'; available data sources: arrays, python, synthetic, text or tfrecord"],
     ),
     "unknown data option": (
         lambda d, f: ["data=nope"],

@@ -46,7 +46,7 @@ CASES = {
     "unknown model": (["model=resnet"], ["model: unknown option 'resnet'", "available: cnn, dense_model, keras_hub, python, transformer or two_tower"]),
     "unknown layout": (["layout=tp"], ["layout: unknown option 'tp'", "replicated, transformer_2d"]),
     "unknown named mesh": (["mesh=data_paralel"], ["mesh: unknown option 'data_paralel'", "did you mean data_parallel?"]),
-    "unknown data": (["data=imagenet"], ["data: unknown option 'imagenet'", "available: arrays, classes, python, synthetic or tfrecord"]),
+    "unknown data": (["data=imagenet"], ["data: unknown option 'imagenet'", "available: arrays, classes, python, synthetic, text or tfrecord"]),
     "unknown recipe": (["recipe=nope"], ["recipe: unknown option 'nope'", "seeds_model_parallel"]),
     "unknown model name key": (["model.name=resnet"], ["model.name", "'resnet'", "available models: cnn, dense_model, keras_hub, python, transformer or two_tower"]),
     # the model zoo: bad sizes and bad layouts for each model
@@ -146,7 +146,7 @@ def test_unknown_command(capsys):
     with pytest.raises(SystemExit) as exit_info:
         cli.main(["trian"])
     assert exit_info.value.code == 2
-    assert capsys.readouterr().err.strip() == "meshrun: error: unknown command 'trian'; valid: train, plan, sweep or report (see meshrun --help)"
+    assert capsys.readouterr().err.strip() == "meshrun: error: unknown command 'trian'; valid: train, plan, sweep, report or generate (see meshrun --help)"
 
 
 def test_usage_without_command(capsys):

@@ -329,7 +329,7 @@ def test_to_dict_has_every_key_and_is_json():
     }
     assert data["status"] == "ok"
     assert data["processes"] == {"count": 1, "devices_per_process": 8, "axes_across_processes": [], "batch_shares": 1}
-    assert data["model"] == {"name": "toy", "params": 64 * 256 + 256}
+    assert data["model"] == {"name": "toy", "params": 64 * 256 + 256, "trainable_params": 64 * 256 + 256, "frozen_params": 0}
     assert data["mesh"] == {"shape": [2, 4], "axis_names": ["data", "model"], "batch_axis": "data", "devices": 8}
     assert data["optimizer"] == "adam"
     assert data["per_device"] == {
@@ -339,7 +339,7 @@ def test_to_dict_has_every_key_and_is_json():
     }
     assert data["variables"][0] == {
         "path": "dense/kernel", "shape": [64, 256], "dtype": "float32", "rule": "dense/kernel", "origin": "rules",
-        "spec": [None, "model"], "bytes": 65536, "bytes_per_device": 16384,
+        "spec": [None, "model"], "bytes": 65536, "bytes_per_device": 16384, "trainable": True,
     }
     assert data["variables"][1]["rule"] is None and data["variables"][1]["spec"] == [None] and "origin" not in data["variables"][1]
     slots = data["optimizer_variables"]
@@ -438,7 +438,7 @@ def test_7b_transformer_plans_fast_in_little_memory_with_exact_bytes(tmp_path):
     per_block = 4 * d * d + 4 * d + 2 * d * ff + ff + d + 4 * d  # attention, MLP, two layer norms
     assert params == layers * per_block + 2 * vocab * d + P7B["seq_len"] * d + 2 * d
     assert 6.7e9 < params < 6.8e9  # 7B-class
-    assert plan["model"] == {"name": "transformer", "params": params}
+    assert plan["model"] == {"name": "transformer", "params": params, "trainable_params": params, "frozen_params": 0}
 
     params_per_device = 0
     for path, shape in shapes.items():
@@ -460,7 +460,7 @@ def test_7b_transformer_plans_fast_in_little_memory_with_exact_bytes(tmp_path):
     assert variables["token_embedding/embeddings"]["rule"] == "(token_embedding|head)/embeddings"
     assert variables["block_0/ln_1/gamma"] == {
         "path": "block_0/ln_1/gamma", "shape": [4096], "dtype": "float32", "rule": None, "spec": [None],
-        "bytes": 16384, "bytes_per_device": 16384,
+        "bytes": 16384, "bytes_per_device": 16384, "trainable": True,
     }
 
     # Adam: a momentum and a velocity mirroring every variable, plus its own replicated scalars.

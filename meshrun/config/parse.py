@@ -71,10 +71,21 @@ def known_keys() -> list[str]:
         keys += [f"{section}.{f.name}" for f in dataclasses.fields(cls)]
     keys += [f"logging.{name}" for name in sinks.switch_names()]
     for name in registry.model_names():
-        keys += [f"model.{f.name}" for f in dataclasses.fields(registry.get_model(name).options)]
+        keys += _field_keys("model", registry.get_model(name).options)
     for name in data_sources.source_names():
         keys += [f"data.{f.name}" for f in dataclasses.fields(data_sources.get_source(name).options)]
     return sorted(set(keys))
+
+
+def _field_keys(prefix: str, cls) -> list[str]:
+    """`prefix.name` for every field of dataclass `cls`, and the fields of a nested one (model.lora.rank)."""
+    hints = typing.get_type_hints(cls)
+    keys = []
+    for f in dataclasses.fields(cls):
+        keys.append(f"{prefix}.{f.name}")
+        if dataclasses.is_dataclass(hints[f.name]):
+            keys += _field_keys(f"{prefix}.{f.name}", hints[f.name])
+    return keys
 
 
 def choices_with_key(key: str) -> list[str]:

@@ -149,7 +149,8 @@ class TrainConfig:
     `min_learning_rate`), gradient clipping by global norm, the Keras dtype policy, loss (None:
     the model's own), metrics, seed, console verbosity, whether a NaN/Inf loss stops the run,
     gradient accumulation (`grad_accum_steps` steps of `batch_size` per optimizer update), evaluation
-    every `eval_every` epochs, a wall-clock budget (`max_time`) and early stopping."""
+    every `eval_every` epochs, a wall-clock budget (`max_time`), early stopping, and prompts the
+    trained model completes at the end (`sample_prompts`, within `sample_max_length` tokens)."""
 
     batch_size: int = 16
     epochs: int = 3
@@ -169,6 +170,8 @@ class TrainConfig:
     eval_every: Optional[int] = None
     max_time: Optional[float] = None  # seconds from process start; the config may say "90m", "2h", "1:30:00"
     early_stopping: EarlyStoppingConfig = field(default_factory=EarlyStoppingConfig)
+    sample_prompts: Optional[tuple[str, ...]] = None  # completed after training (KerasHub causal LMs; meshrun.text.sampling)
+    sample_max_length: Optional[int] = None  # tokens of prompt and completion together; None: model.seq_len
 
 
 @dataclass(frozen=True)

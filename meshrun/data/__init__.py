@@ -7,7 +7,7 @@ factories import it, when they load; meshrun.data.pipeline says which pipeline f
 
 from __future__ import annotations
 
-from meshrun.data import arrays, python_source, synthetic, tfrecord  # noqa: F401  (register themselves)
+from meshrun.data import arrays, python_source, synthetic, text, tfrecord  # noqa: F401  (register themselves)
 from meshrun.data.pipeline import Datasets
 from meshrun.data.registry import DataContext, get_source, source_names
 
@@ -24,4 +24,10 @@ def declared_inputs(data) -> dict | None:
     return spec.declared_inputs(data.options) if spec.declared_inputs else None
 
 
-__all__ = ["DataContext", "Datasets", "declared_inputs", "get_source", "make_datasets", "source_names"]
+def notes(data) -> list[str]:
+    """What `meshrun plan` says about how the data source of `data` (a DataConfig) feeds the model."""
+    spec = get_source(data.name)
+    return list(spec.notes(data.options)) if spec.notes else []
+
+
+__all__ = ["DataContext", "Datasets", "declared_inputs", "get_source", "make_datasets", "notes", "source_names"]

@@ -51,13 +51,14 @@ class SourceSpec:
     """A registered data source: its options and how to load it, and, for a source that can say so
     without loading anything (reading file headers or its own config), the model inputs its
     features make: `declared_inputs(options)` -> InputSpecs by name (None for one unnamed tensor),
-    or None."""
+    or None; `notes(options)`: lines `meshrun plan` prints about how the data is fed."""
 
     name: str
     options: type
     load: Callable[[Any, DataContext], Any]
     description: str = ""
     declared_inputs: Optional[Callable[[Any], Optional[dict]]] = None
+    notes: Optional[Callable[[Any], list]] = None  # what `meshrun plan` says about the data, a line each
 
 
 _REGISTRY: Registry["SourceSpec"] = Registry("data source")

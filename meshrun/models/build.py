@@ -201,7 +201,7 @@ def check_paths_match(model, abstract: AbstractModel, spec: ModelSpec, options) 
 
 def _spec(variable) -> TensorSpec:
     dtype = keras.backend.standardize_dtype(variable.dtype)
-    return TensorSpec(variable.path, tuple(variable.shape), dtype=dtype, itemsize=_itemsize(dtype))
+    return TensorSpec(variable.path, tuple(variable.shape), dtype=dtype, itemsize=_itemsize(dtype), trainable=bool(variable.trainable))
 
 
 def _itemsize(dtype: str) -> int:

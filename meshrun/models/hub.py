@@ -18,6 +18,12 @@ preset dir (keras-hub is an optional dependency: pip install 'meshrun[hub]').
   divide them) and the untied head `token_embedding/reverse_embeddings` has no rule (keras-hub
   #2795, #2807). The plan warns about both; meshrun's own layouts llama_tp, llama_fsdp, llama_2d
   (Llama, Mistral, Qwen) and gemma_tp, gemma_fsdp, gemma_2d place them Megatron style.
+- model.lora.rank=R trains LoRA adapters on the target layers (query and value by default) and
+  freezes every other weight, in the plan's build and the run's alike (same variable paths:
+  `.../query/lora_kernel_a`, `.../lora_kernel_b`, which meshrun's layouts leave replicated).
+- checkpoint.export=true writes, beside model.keras, `preset/` (a KerasHub preset with the adapters
+  merged and model.preset's tokenizer) and for a LoRA run `adapter.lora.h5`
+  (meshrun.models.hub_export).
 """
 
 from __future__ import annotations
@@ -42,6 +48,51 @@ HEAD_DIMENSIONS = ((re.compile(r".*self_attention/(query|key|value)/kernel"), 1)
 UNTIED_HEAD = "token_embedding/reverse_embeddings"
 # Keyword arguments a backbone's **kwargs passes on to keras.Model.
 LAYER_KEYWORDS = ("name", "trainable", "dtype")
+DEFAULT_SEQ_LEN = 128  # model.seq_len without a preset
+
+
+@dataclass(frozen=True)
+class LoraOptions:
+    """LoRA adapters for fine-tuning (model.lora): `rank` of the low-rank update added to each
+    target layer's kernel (None: LoRA off, every weight trains), `alpha` the update's scale
+    numerator (the update is multiplied by alpha / rank; None: alpha = rank, a scale of 1), and
+    `targets` the names of the layers that get an adapter (None: the backbone's
+    default_lora_layer_names(), the attention query and value projections). With LoRA on, only the
+    adapters train: every other weight of the backbone is frozen, target layers' biases included."""
+
+    rank: Optional[int] = None
+    alpha: Optional[float] = None
+    targets: Optional[tuple[str, ...]] = None
+
+    def __post_init__(self):
+        if self.rank is None:
+            for key in ("alpha", "targets"):
+                if getattr(self, key) is not None:
+                    raise ConfigError(f"model.lora.{key}", f"got {_listed(getattr(self, key))} with model.lora.rank=null, which leaves LoRA off; "
+                                                           "set model.lora.rank (e.g. 8) to train adapters")
+            return
+        if self.rank <= 0:
+            raise ConfigError("model.lora.rank", f"got {self.rank}; valid: a positive integer (the adapters' rank, e.g. 8), or null for no LoRA")
+        if self.alpha is not None and self.alpha <= 0:
+            raise ConfigError("model.lora.alpha", f"got {self.alpha:g}; valid: a positive number (the update is scaled by alpha / rank), "
+                                                  "or null for alpha = rank")
+        if self.targets is not None and not self.targets:
+            raise ConfigError("model.lora.targets", "got an empty list; valid: layer names such as [query,value], or null for the backbone's default")
+
+    @property
+    def enabled(self) -> bool:
+        """Whether the model trains LoRA adapters (model.lora.rank is set)."""
+        return self.rank is not None
+
+    @property
+    def scale(self) -> float:
+        """alpha / rank: what the adapters' product is multiplied by."""
+        return (self.alpha or self.rank) / self.rank
+
+
+def _listed(value) -> str:
+    """A model.lora value as error messages show it."""
+    return repr(list(value)) if isinstance(value, tuple) else f"{value:g}" if isinstance(value, float) else repr(value)
 
 
 @dataclass(frozen=True)
@@ -49,17 +100,26 @@ class KerasHubOptions:
     """Which KerasHub causal LM (`task`, a class of keras_hub.models such as LlamaCausalLM), its
     backbone's constructor arguments (`backbone`) or a local preset dir (`preset`), and the
     sequence length it trains on (`seq_len`: synthetic data is made this long, and other data must
-    have it)."""
+    have it; None: the preset's preprocessor's, else DEFAULT_SEQ_LEN). A seq_len above the
+    backbone's max_sequence_length (where it has one) is an error before anything loads. `lora`:
+    LoRA adapters to fine-tune instead of every weight (LoraOptions)."""
 
     task: Optional[str] = None
     backbone: dict = field(default_factory=dict)
     preset: Optional[str] = None
-    seq_len: int = 128
+    seq_len: Optional[int] = None
+    lora: LoraOptions = field(default_factory=LoraOptions)
 
     def __post_init__(self):
-        require_positive(self, "seq_len")
         if self.preset:
             _check_preset(self.preset)
+        if self.seq_len is None:
+            object.__setattr__(self, "seq_len", preset_sequence_length(self.preset) if self.preset else DEFAULT_SEQ_LEN)
+        require_positive(self, "seq_len")
+        limit = max_sequence_length(self)
+        if limit is not None and self.seq_len > limit:
+            raise ConfigError("model.seq_len", f"got {self.seq_len}, more than the backbone's max_sequence_length {limit}; valid: 1 to {limit}")
+        if self.preset:
             if self.backbone:
                 raise ConfigError("model.backbone", f"got {self.backbone} with model.preset: a preset holds its backbone's arguments; leave model.backbone empty")
         elif not self.task:
@@ -72,6 +132,32 @@ class KerasHubOptions:
             )
 
 
+def _preset_config(preset: str, name: str) -> dict:
+    """The `config` of JSON file `name` of a preset dir ({} where the preset has no such file)."""
+    import json
+
+    path = Path(preset).expanduser() / name
+    if not path.is_file():
+        return {}
+    try:
+        return json.loads(path.read_text()).get("config", {})
+    except (ValueError, OSError) as err:
+        raise ConfigError("model.preset", f"cannot read {str(path)!r} ({err})") from None
+
+
+def preset_sequence_length(preset: str) -> int:
+    """The sequence length of a preset's own preprocessor (DEFAULT_SEQ_LEN where it has none)."""
+    return int(_preset_config(preset, "preprocessor.json").get("sequence_length") or DEFAULT_SEQ_LEN)
+
+
+def max_sequence_length(options: "KerasHubOptions") -> Optional[int]:
+    """The longest sequence the backbone takes (its position embedding's length), or None where it
+    has no such limit (rotary position encodings)."""
+    config = _preset_config(options.preset, "config.json") if options.preset else options.backbone
+    value = config.get("max_sequence_length")
+    return int(value) if isinstance(value, int) else None
+
+
 def _check_preset(preset: str) -> None:
     path = Path(preset).expanduser()
     if (path / "config.json").is_file():
@@ -82,7 +168,8 @@ def _check_preset(preset: str) -> None:
     raise ConfigError("model.preset", f"got {preset!r}, which is not a preset dir (one holding config.json, as save_to_preset writes)")
 
 
-def _keras_hub():
+def import_keras_hub():
+    """keras_hub, imported after TensorFlow is (quietly); a ConfigError saying how to install it when it is missing."""
     from meshrun.placement.devices import import_tensorflow
 
     import_tensorflow()  # keras_hub imports it: quietly first
@@ -95,7 +182,7 @@ def _keras_hub():
 
 def task_class(options: KerasHubOptions):
     """The KerasHub causal LM class of `options`: model.task, or the one a preset was saved from."""
-    keras_hub = _keras_hub()
+    keras_hub = import_keras_hub()
     causal = sorted(n for n in dir(keras_hub.models) if n.endswith("CausalLM") and n != "CausalLM")
     if options.task is None:
         return keras_hub.models.CausalLM  # from_preset picks the preset's own class
@@ -108,7 +195,14 @@ def task_class(options: KerasHubOptions):
 
 def build(options: KerasHubOptions, load_weights: bool = True):
     """The task with preprocessor=None and compile=False: from the preset dir (with its weights
-    when `load_weights`), else around a new backbone made from model.backbone."""
+    when `load_weights`), else around a new backbone made from model.backbone; with LoRA
+    adapters on its target layers when model.lora.rank is set (enable_lora)."""
+    task = _build_task(options, load_weights)
+    enable_lora(task.backbone, options.lora)
+    return task
+
+
+def _build_task(options: KerasHubOptions, load_weights: bool):
     task = task_class(options)
     if options.preset:
         described = f"{task.__name__}.from_preset({options.preset!r})"
@@ -127,14 +221,75 @@ def build_abstract(options: KerasHubOptions):
     return build(options, load_weights=False)
 
 
+def enable_lora(backbone, lora: LoraOptions) -> None:
+    """Puts LoRA adapters on the backbone's target layers as model.lora asks (nothing when its
+    rank is None): KerasHub's `enable_lora(rank, targets)`, which freezes every other layer, then
+    each adapter's `lora_alpha` (KerasHub passes none, so Keras uses alpha = rank) and the target
+    layers' own biases frozen too, so that only the adapters train. Target names that no Dense or
+    EinsumDense layer of the backbone has are a ConfigError listing the names it has."""
+    if not lora.enabled:
+        return
+    targets = list(lora.targets or backbone.default_lora_layer_names())
+    _check_lora_targets(backbone, lora, targets)
+    backbone.enable_lora(lora.rank, target_layer_names=targets)
+    for layer in adapted_layers(backbone):
+        layer.lora_alpha = lora.alpha or lora.rank
+        adapters = (layer.lora_kernel_a, layer.lora_kernel_b)
+        for variable in layer.weights:
+            if not any(variable is adapter for adapter in adapters):
+                variable.trainable = False
+
+
+def _check_lora_targets(backbone, lora: LoraOptions, targets: list[str]) -> None:
+    """ConfigError on model.lora.targets when a name given is not one of the backbone's Dense or
+    EinsumDense layers, or when none of KerasHub's default names is."""
+    valid = lora_layer_names(backbone)
+    name = type(backbone).__name__
+    if lora.targets is None:
+        if not set(targets) & set(valid):
+            raise ConfigError("model.lora.targets", f"got null, but {name} has none of KerasHub's default LoRA layers ({one_of(targets)}); "
+                                                    f"name the layers to adapt: {one_of(valid)}")
+        return
+    missing = [t for t in targets if t not in valid]
+    if missing:
+        raise ConfigError("model.lora.targets", f"got {list(lora.targets)}, but {name} has no Dense or EinsumDense layer named {missing[0]!r}; "
+                                                f"{did_you_mean(missing[0], valid)}valid: {one_of(valid)}")
+
+
+def lora_layer_names(backbone) -> list[str]:
+    """The names of the backbone's layers LoRA can adapt (Dense and EinsumDense, the kinds
+    KerasHub's save_lora_weights writes), sorted."""
+    import keras
+
+    from meshrun import compat
+
+    kinds = (keras.layers.Dense, keras.layers.EinsumDense)
+    return sorted({layer.name for layer in compat.sublayers(backbone) if isinstance(layer, kinds) and layer.weights})
+
+
+def adapted_layers(backbone) -> list:
+    """The backbone's layers that carry LoRA adapters."""
+    from meshrun import compat
+
+    return [layer for layer in compat.sublayers(backbone) if getattr(layer, "lora_enabled", False)]
+
+
+def export_formats(task, options: KerasHubOptions, run_dir: Path) -> dict[str, str]:
+    """KerasHub's own formats of the trained task beside model.keras (meshrun.models.hub_export)."""
+    from meshrun.models import hub_export
+
+    return hub_export.export(task, options, run_dir)
+
+
 def inputs(options: KerasHubOptions) -> dict:
     """token_ids and padding_mask of model.seq_len tokens."""
     return {name: InputSpec(name, (options.seq_len,), "int32") for name in ("token_ids", "padding_mask")}
 
 
 def label(options: KerasHubOptions) -> str:
-    """The model as reports name it: its class, and the preset it came from."""
-    return f"{options.task or 'CausalLM'} from {options.preset}" if options.preset else options.task
+    """The model as reports name it: its class, the preset it came from, and its LoRA rank."""
+    name = f"{options.task or 'CausalLM'} from {options.preset}" if options.preset else options.task
+    return f"{name}, LoRA rank {options.lora.rank}" if options.lora.enabled else name
 
 
 def next_token_loss(options: KerasHubOptions):
@@ -146,9 +301,11 @@ def next_token_loss(options: KerasHubOptions):
 
 
 def analytic_flops(options: KerasHubOptions, batch_size: int, variables) -> float:
-    """6 * N * tokens for one train step, N the parameters that take part in a matmul for every
-    token: all of them except the input embedding table when the head has its own (untied),
-    position embeddings and non-float state. Attention's score and value products are left out."""
+    """(4 * N + 2 * T) * tokens for one train step, N the parameters that take part in a matmul for
+    every token (all of them except the input embedding table when the head has its own (untied),
+    position embeddings and non-float state) and T those of them that train: 2 N for the forward
+    pass, 2 N for the gradients of the activations, 2 T for the gradients of the weights (6 N when
+    every weight trains; much less under LoRA). Attention's score and value products are left out."""
     paths = {p.path for p in variables}
     untied = UNTIED_HEAD in paths
 
@@ -156,8 +313,10 @@ def analytic_flops(options: KerasHubOptions, batch_size: int, variables) -> floa
         lookup = p.path == "token_embedding/embeddings" and untied
         return not lookup and "position_embedding" not in p.path and p.dtype.startswith(("float", "bfloat"))
 
-    params = sum(math.prod(p.shape) for p in variables if in_matmuls(p))
-    return 6.0 * params * batch_size * options.seq_len
+    matmuls = [p for p in variables if in_matmuls(p)]
+    params = sum(math.prod(p.shape) for p in matmuls)
+    trained = sum(math.prod(p.shape) for p in matmuls if p.trainable)
+    return (4.0 * params + 2.0 * trained) * batch_size * options.seq_len
 
 
 def layout_rules(options: KerasHubOptions, mesh) -> tuple:
@@ -188,7 +347,7 @@ def _backbone_class(options: KerasHubOptions):
     import json
 
     config = json.loads((Path(options.preset).expanduser() / "config.json").read_text())
-    return getattr(_keras_hub().models, config["class_name"])
+    return getattr(import_keras_hub().models, config["class_name"])
 
 
 def _model_axis(mesh) -> str:
@@ -260,5 +419,6 @@ SPEC = register_model(
         layout_advice=layout_advice,
         label=label,
         sample_weight_input="padding_mask",
+        export=export_formats,
     )
 )

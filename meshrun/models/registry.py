@@ -60,6 +60,8 @@ class ModelSpec:
     - `label(options)`: how reports name the model (default: its registered name).
     - `sample_weight_input`: the input whose values weigh each label when the data gives no
       sample weights (a language model's padding mask).
+    - `export(model, options, run_dir)`: with checkpoint.export, writes the model's own formats into
+      the run dir beside model.keras (KerasHub: a preset, LoRA adapters); returns {name: path}.
     """
 
     name: str
@@ -80,6 +82,7 @@ class ModelSpec:
     layout_advice: Optional[Callable[[Any, Any, Any], list]] = None
     label: Optional[Callable[[Any], str]] = None
     sample_weight_input: Optional[str] = None
+    export: Optional[Callable[[Any, Any, Any], dict]] = None
 
     @property
     def default_layout(self) -> str:

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from meshrun.config.schema import AxisSpec, LayoutRule, MeshConfig
-from meshrun.placement.layout import TensorSpec, matching_rules
+from meshrun.placement.layout import TensorSpec, is_lora_adapter, matching_rules
 from meshrun.wording import format_bytes, format_shape
 
 ORIGIN = "auto"
@@ -46,8 +46,9 @@ class AutoLayout:
 def derive_layout(variables: list[TensorSpec], mesh: MeshConfig, min_bytes: int, fsdp: bool,
                   taken: tuple[LayoutRule, ...] = ()) -> AutoLayout:
     """The rules of `layout=auto` for `variables` on `mesh`. Variables matched by one of `taken`
-    (layout.extra_rules, which take precedence) are left to those."""
-    free = [v for v in variables if not matching_rules(taken, v.path)]
+    (layout.extra_rules, which take precedence) are left to those; LoRA adapters stay replicated
+    (they are small, and splitting them only adds collectives)."""
+    free = [v for v in variables if not matching_rules(taken, v.path) and not is_lora_adapter(v.path)]
     large = [v for v in free if v.shape and _bytes(v) >= min_bytes]
     width = model_width(large)
     placed = {v.path: axes for v in large if (axes := place_variable(v.shape, mesh, fsdp, width, _is_embedding(v.path)))}

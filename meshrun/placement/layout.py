@@ -20,13 +20,24 @@ from meshrun.wording import closest, format_shape, one_of, shape_text
 @dataclass(frozen=True)
 class TensorSpec:
     """A variable or a `<layer>/output` of the model: its path, shape (None: unknown size, such as
-    the batch dimension of an output) and element type."""
+    the batch dimension of an output), element type, and whether it trains (False: frozen, such as
+    the weights LoRA leaves as they are; the optimizer keeps no state for it)."""
 
     path: str
     shape: tuple[Optional[int], ...]
     is_output: bool = False
     dtype: str = "float32"
     itemsize: int = 4
+    trainable: bool = True
+
+
+# The variables a LoRA adapter adds to a layer (Keras' Dense, EinsumDense and Embedding).
+LORA_ADAPTER = re.compile(r"(.*/)?lora_(kernel|embeddings)_[ab]")
+
+
+def is_lora_adapter(path: str) -> bool:
+    """Whether the variable at `path` is one of a LoRA adapter's two factors."""
+    return LORA_ADAPTER.fullmatch(path) is not None
 
 
 @dataclass(frozen=True)

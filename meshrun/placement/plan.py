@@ -15,7 +15,7 @@ from typing import Optional
 
 from meshrun.config.schema import AxisSpec, LayoutRule, MeshConfig
 from meshrun.errors import ConfigError, DoesNotFit
-from meshrun.placement.layout import RuleCheck, TensorSpec, check_rules
+from meshrun.placement.layout import RuleCheck, TensorSpec, check_rules, is_lora_adapter
 from meshrun.wording import format_bytes, format_shape
 
 PLAN_FILE = "plan.json"  # beside metrics.json in a run dir: the plan the run was checked against
@@ -27,8 +27,9 @@ MAX_LISTED = 10
 @dataclass(frozen=True)
 class Placement:
     """One variable on the mesh: the rule that placed it (None: no rule, replicated) and where that
-    rule came from (`origin`: rules, extra_rules or from_model), its PartitionSpec, and its bytes in
-    total and on each device. `reference` names the model variable an optimizer slot mirrors."""
+    rule came from (`origin`: rules, extra_rules or from_model), its PartitionSpec, its bytes in
+    total and on each device, and whether it trains (a frozen one has no optimizer slots).
+    `reference` names the model variable an optimizer slot mirrors."""
 
     path: str
     shape: tuple[int, ...]
@@ -39,6 +40,7 @@ class Placement:
     bytes_per_device: int
     reference: Optional[str] = None
     origin: Optional[str] = None
+    trainable: bool = True
 
     @property
     def replicated(self) -> bool:
@@ -87,6 +89,16 @@ class Plan:
     def params(self) -> int:
         return sum(math.prod(p.shape) for p in self.variables)
 
+    @property
+    def trainable_params(self) -> int:
+        """The parameters that train (all of them but frozen ones, such as those LoRA leaves)."""
+        return sum(math.prod(p.shape) for p in self.variables if p.trainable)
+
+    @property
+    def adapters(self) -> tuple[Placement, ...]:
+        """The variables of LoRA adapters (lora_kernel_a, lora_kernel_b)."""
+        return tuple(p for p in self.variables if is_lora_adapter(p.path))
+
     def largest_replicated(self, count: int = 5) -> list[Placement]:
         """The largest variables every device holds whole, largest first."""
         replicated = [p for p in self.variables if p.replicated and p.shape]
@@ -112,7 +124,8 @@ class Plan:
         """The plan as JSON-ready data (what `meshrun plan --json` prints and plan.json holds)."""
         return {
             "status": "error" if self.errors else "ok",
-            "model": {"name": self.model, "params": self.params},
+            "model": {"name": self.model, "params": self.params, "trainable_params": self.trainable_params,
+                      "frozen_params": self.params - self.trainable_params},
             "mesh": {
                 "shape": list(self.mesh.shape),
                 "axis_names": list(self.mesh.axis_names),
@@ -121,7 +134,7 @@ class Plan:
             },
             "optimizer": self.optimizer,
             "variables": [_placement_dict(p) for p in self.variables],
-            "optimizer_variables": [_placement_dict(p) for p in self.slots],
+            "optimizer_variables": [_placement_dict(p, slot=True) for p in self.slots],
             "outputs": list(self.outputs),
             "per_device": {
                 "params_bytes": self.params_bytes_per_device,
@@ -129,6 +142,7 @@ class Plan:
                 "total_bytes": self.total_bytes_per_device,
             },
             "largest_replicated": [{"path": p.path, "bytes": p.bytes} for p in self.largest_replicated()],
+            **({"lora_adapters": _adapters_dict(self.adapters)} if self.adapters else {}),
             **({"device_memory": {"bytes": self.memory.bytes, "source": self.memory.source,
                                   "fits": self.total_bytes_per_device <= self.memory.bytes}} if self.memory else {}),
             "processes": process_layout(self.mesh, self.processes),
@@ -186,7 +200,7 @@ def make_plan(model_name: str, mesh: MeshConfig, rules: tuple[LayoutRule, ...], 
         outputs=outputs,
         errors=check.errors,
         warnings=(*_idle_axis_warnings(variables, mesh), *_replicated_warnings(variables, mesh),
-                  *_unmatched_warnings(check.unmatched_optional),
+                  *_unmatched_warnings(check.unmatched_optional), *_adapter_rule_warnings(variables),
                   *(advice(variables, mesh) if advice else ())),
         processes=processes,
         memory=memory,
@@ -225,6 +239,7 @@ def _place(tensor: TensorSpec, rule: Optional[LayoutRule], mesh: MeshConfig, ref
         bytes_per_device=per_device,
         reference=reference,
         origin=rule.origin if rule else None,
+        trainable=tensor.trainable,
     )
 
 
@@ -272,8 +287,38 @@ def _unmatched_warnings(rules) -> list[str]:
     return [f"the model's own rule {rule.pattern!r} matches no variable of this model" for rule in rules if rule.origin == "from_model"]
 
 
-def _placement_dict(p: Placement) -> dict:
+def _adapter_rule_warnings(variables) -> list[str]:
+    """A warning for each rule that places LoRA adapters (meant for the kernels beside them, most
+    likely): adapters are small and are best replicated."""
+    placed: dict[tuple, list[Placement]] = {}
+    for p in variables:
+        if p.rule and is_lora_adapter(p.path):
+            placed.setdefault((p.rule, p.origin), []).append(p)
+    warnings = []
+    for (rule, origin), adapters in placed.items():
+        more = f" and {len(adapters) - 1} more adapter variables" if len(adapters) > 1 else ""
+        warnings.append(
+            f"rule '{rule}' ({origin}) also places the LoRA adapter {adapters[0].path}{more}: adapters are small and train "
+            "best replicated; if the rule is meant for the kernels, end it in /kernel so that it leaves them out"
+        )
+    return warnings
+
+
+def _adapters_dict(adapters: tuple[Placement, ...]) -> dict:
+    """The LoRA adapters in a few figures: how many variables, their parameters and bytes per
+    device, and how many of them a rule places (the rest are replicated)."""
+    return {
+        "variables": len(adapters),
+        "params": sum(math.prod(p.shape) for p in adapters),
+        "bytes_per_device": sum(p.bytes_per_device for p in adapters),
+        "placed_by_rules": sum(1 for p in adapters if p.rule),
+    }
+
+
+def _placement_dict(p: Placement, slot: bool = False) -> dict:
     data = asdict(p)
+    if slot:
+        del data["trainable"]  # slots are the optimizer's; whether they train says nothing
     data["shape"] = list(p.shape)
     data["spec"] = list(p.spec)
     for optional in ("reference", "origin"):

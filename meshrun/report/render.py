@@ -86,13 +86,16 @@ def render_plan(plan: dict, console: Console | None = None, full: bool = False) 
         table = plan_table(plan, full, rule_width=max(12, longest_rule - excess))
     _print_whole(console, table)
     _print_whole(console, totals_table(plan))
+    for note in plan.get("data", {}).get("notes", []):
+        console.print(escape(note))
     if plan["errors"] or plan["warnings"]:
         _print_whole(console, lint_table(plan))
 
 
 def plan_table(plan: dict, full: bool = False, rule_width: int | None = None) -> Table:
     """Every variable: path, shape, dtype (in the title when there is one), the rule that matched,
-    PartitionSpec, bytes per device. Unless `full`, variables that differ only by a block index and are placed alike share one row
+    PartitionSpec, bytes per device, and whether it trains (a column only when some are frozen,
+    as under LoRA). Unless `full`, variables that differ only by a block index and are placed alike share one row
     (block_{0..31}/mlp_up/kernel) with the bytes of one, their count and the bytes of all. Paths never
     wrap; rules longer than `rule_width` end in an ellipsis."""
     mesh = plan["mesh"]
@@ -101,14 +104,16 @@ def plan_table(plan: dict, full: bool = False, rule_width: int | None = None) ->
     dtypes = sorted({v["dtype"] for v in plan["variables"]})
     title = f"plan: {plan['model']['name']} on mesh {format_shape(mesh['shape'])} {tuple(mesh['axis_names'])}"
     table = Table(title=escape(title + (f", all {dtypes[0]}" if len(dtypes) == 1 else "")))
+    frozen = any(not v.get("trainable", True) for v in plan["variables"])
     columns = ["path", "shape", *(["dtype"] if len(dtypes) > 1 else []), "rule", "spec", "bytes/device",
-               *(["x count = all"] if grouped else [])]
+               *(["x count = all"] if grouped else []), *(["trains"] if frozen else [])]
     cells = []
     for row in rows:
         v, count = row.members[0], len(row.members)
         text = {"path": escape(row.path), "shape": format_shape(v["shape"], "scalar"), "dtype": v["dtype"], "rule": escape(_rule_text(v.get("rule"), v.get("origin"))),
                 "spec": spec_text(v["spec"]), "bytes/device": format_bytes(v["bytes_per_device"]),
-                "x count = all": f"x {count} = {format_bytes(count * v['bytes_per_device'])}" if count > 1 else ""}
+                "x count = all": f"x {count} = {format_bytes(count * v['bytes_per_device'])}" if count > 1 else "",
+                "trains": "yes" if v.get("trainable", True) else "frozen"}
         cells.append([text[c] for c in columns])
     for index, column in enumerate(columns):
         # Paths keep their whole text; the rule gives way first (rule_width), then the others.
@@ -138,7 +143,8 @@ def collapse_blocks(variables: list[dict]) -> list[PlanRow]:
     it spans (block_{0..31}/attention/query/kernel). Rows keep the order of first appearance."""
     groups: dict[tuple, list] = {}
     for v in variables:
-        key = (_BLOCK_INDEX.sub("#", v["path"]), tuple(v["shape"]), v["dtype"], v.get("rule"), v.get("origin"), tuple(v["spec"]))
+        key = (_BLOCK_INDEX.sub("#", v["path"]), tuple(v["shape"]), v["dtype"], v.get("rule"), v.get("origin"), tuple(v["spec"]),
+               v.get("trainable", True))
         groups.setdefault(key, []).append(v)
     rows = []
     for (pattern, *_), members in groups.items():
@@ -168,12 +174,19 @@ def _rule_text(rule: str | None, origin: str | None) -> str:
 
 
 def totals_table(plan: dict) -> Table:
-    """Per-device totals: parameters, optimizer state, and the largest replicated variables."""
-    per_device = plan["per_device"]
+    """Per-device totals: parameters, optimizer state (of the trainable ones), and the largest
+    replicated variables; how many parameters train when some are frozen, and the LoRA adapters."""
+    per_device, model = plan["per_device"], plan["model"]
     table = Table(title=f"per device ({plan['mesh']['devices']} devices)", show_header=False)
     table.add_column("what", style="bold")
     table.add_column("bytes", justify="right")
     table.add_row("parameters", format_bytes(per_device["params_bytes"]))
+    frozen = model.get("frozen_params")
+    if frozen:
+        table.add_row("trainable", f"{model['trainable_params']:,} of {model['params']:,} parameters ({frozen:,} frozen); "
+                                   "optimizer state only for those")
+    if plan.get("lora_adapters"):
+        table.add_row("LoRA adapters", _adapters_text(plan["lora_adapters"]))
     table.add_row(f"optimizer state ({plan['optimizer']})", format_bytes(per_device["optimizer_bytes"]))
     table.add_row("total", format_bytes(per_device["total_bytes"]))
     memory = plan.get("device_memory")
@@ -191,6 +204,13 @@ def totals_table(plan: dict) -> Table:
     for item in plan["largest_replicated"]:
         table.add_row(escape(f"replicated: {item['path']}"), format_bytes(item["bytes"]))
     return table
+
+
+def _adapters_text(adapters: dict) -> str:
+    """The LoRA adapters of a plan in a line: size, and how they are placed."""
+    count, placed = adapters["variables"], adapters["placed_by_rules"]
+    where = "all replicated (they are small)" if not placed else f"{placed} placed by rules, {count - placed} replicated"
+    return f"{count} variables, {adapters['params']:,} parameters, {format_bytes(adapters['bytes_per_device'])}: {where}"
 
 
 def lint_table(plan: dict) -> Table:

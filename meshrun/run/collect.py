@@ -52,7 +52,7 @@ def collect(setup: RunSetup, outcome: Outcome, ending: Ending) -> RunMetrics:
         timing=_timing(setup, outcome, ending),
         cache=CacheFigures(enabled=config.cache.enabled, dir=setup.cache_dir), flops=_flops(setup, outcome),
         memory=_memory(setup, outcome), checkpoint=_checkpoint(setup, outcome), logs=outcome.logs, profile=outcome.profile,
-        history=outcome.history, eval=outcome.evaluation, sharding=outcome.placed,
+        history=outcome.history, eval=outcome.evaluation, samples=outcome.samples, sharding=outcome.placed,
         versions={"meshrun": meshrun.__version__, "keras": keras.__version__, "jax": jax.__version__},
     )
 
@@ -72,7 +72,8 @@ def _layout(setup: RunSetup) -> LayoutFigures:
 def _model(setup: RunSetup, outcome: Outcome) -> ModelFigures:
     spec, options = setup.planned.spec, setup.planned.options
     signature = setup.planned.abstract.signature.describe()
-    return ModelFigures(name=spec.name, label=spec.name_of(options), params=outcome.params, options=_jsonable(asdict(options)),
+    return ModelFigures(name=spec.name, label=spec.name_of(options), params=outcome.params, trainable_params=outcome.trainable_params,
+                        options=_jsonable(asdict(options)),
                         inputs=signature["inputs"], outputs=signature["outputs"])
 
 
@@ -132,6 +133,7 @@ def _flops(setup: RunSetup, outcome: Outcome) -> FlopsFigures:
         per_step=per_step, per_step_per_device=costs.flops_per_step_per_device, per_s=per_s, peak_per_device=peak,
         peak_source=source, mfu=hardware.mfu(per_s, len(found.devices), peak), analytic_per_step=analytic,
         analytic_over_xla=analytic / per_step if analytic and per_step else None,
+        analytic_formula=(None if not analytic else "6·N·tokens" if setup.plan.trainable_params == setup.plan.params else "(4·N+2·T)·tokens"),
     )
 
 
@@ -153,11 +155,12 @@ def _memory(setup: RunSetup, outcome: Outcome) -> MemoryFigures:
 
 
 def _checkpoint(setup: RunSetup, outcome: Outcome) -> CheckpointFigures:
-    config, resume = setup.config, setup.checkpoints.resume
+    config, resume, exported = setup.config, setup.checkpoints.resume, outcome.exported or {}
     return CheckpointFigures(
         dir=str(setup.checkpoints.root) if outcome.saved_steps or config.checkpoint.saves else None,
         saved_steps=outcome.saved_steps, resumed_from=str(resume) if resume else None,
-        resumed_at_step=setup.checkpoints.start.global_step if resume else None, exported=outcome.exported,
+        resumed_at_step=setup.checkpoints.start.global_step if resume else None,
+        exported=exported.get("model"), exported_preset=exported.get("preset"), exported_adapter=exported.get("adapter"),
     )
 
 

@@ -25,6 +25,7 @@ from meshrun.run import feed
 from meshrun.run.hooks import RunHooks, make_hooks
 from meshrun.run.metrics import PlacedVariable, ProfileFigures
 from meshrun.run.prepare import RunSetup
+from meshrun.text import sampling
 from meshrun.training import objectives, preemption
 from meshrun.training.callbacks import GracefulStop
 from meshrun.training.schedule import keras_schedule
@@ -37,7 +38,8 @@ class Outcome:
     """What a finished run found out: when the model was built, the step times, the per-epoch
     history and the final evaluation, XLA's costs of the step, every variable as placed (read back
     from the arrays), what the hooks saw (early stop, checkpoints, logs, trace, the allocator put
-    back), the export, and which loader fed Keras (meshrun.run.feed)."""
+    back), the export, which loader fed Keras (meshrun.run.feed), and the completions of
+    train.sample_prompts."""
 
     built_at: float
     steps: StepStats
@@ -48,6 +50,7 @@ class Outcome:
     costs: costs_lib.StepCosts
     placed: dict[str, PlacedVariable]
     params: int
+    trainable_params: int
     optimizer_bytes_per_device: int
     live_peak_bytes_per_device: Optional[int]
     updates: int
@@ -57,15 +60,16 @@ class Outcome:
     profile: Optional[ProfileFigures]
     checkpoint_s: float
     saved_steps: list
-    exported: Optional[str]
+    exported: Optional[dict]  # by name: model (model.keras), and the model's own formats (KerasHub: preset, adapter)
     loader: str
     allocator_restored: bool
+    samples: Optional[list] = None  # train.sample_prompts and their completions (meshrun.text.sampling)
 
 
 def execute(setup: RunSetup) -> Outcome:
     """Builds, trains, evaluates and exports the model of `setup`, and measures it. A stop signal
     while it builds or trains (meshrun.training.preemption) stops training at the next step
-    boundary with a checkpoint there; the run then skips evaluation, export and XLA's analysis,
+    boundary with a checkpoint there; the run then skips evaluation, export, sampling and XLA's analysis,
     to be done before the scheduler's grace period ends. Training runs under meshrun's allocator
     policy (meshrun.allocator)."""
     allocator.set_training_policy()
@@ -76,23 +80,25 @@ def execute(setup: RunSetup) -> Outcome:
         history = fit(model, setup, hooks)
     stopped = hooks.stopped()
     if stopped_by_signal(stopped):
-        evaluation, eval_s, exported, costs = {}, 0.0, None, costs_lib.StepCosts.unknown()
+        evaluation, eval_s, exported, costs, samples = {}, 0.0, None, costs_lib.StepCosts.unknown(), None
     else:
         eval_started = time.perf_counter()
         evaluation = evaluate(model, setup, hooks.evaluation)
         eval_s = time.perf_counter() - eval_started
         exported = export(model, setup)
+        samples = sampling.sample(model, setup.sampling) if setup.sampling else None
         costs = costs_lib.train_step_costs(model, setup.datasets.sample_batch)
     return Outcome(
         built_at=built_at, steps=hooks.timer.stats(), async_log_fetch=hooks.async_log_fetch, history=history,
         evaluation=evaluation, eval_s=eval_s, costs=costs,
         placed=placed_variables(model, setup), params=int(model.count_params()),
+        trainable_params=sum(math.prod(v.shape) for v in model.trainable_variables),
         optimizer_bytes_per_device=sum(_bytes_on_one_device(v) for v in model.optimizer.variables),
         live_peak_bytes_per_device=costs_lib.live_peak_bytes(local_devices(setup.devices.devices)),
         updates=int(model.optimizer.iterations), loss=objectives.loss_name(loss), stopped=stopped,
         logs=hooks.log_files(), profile=hooks.profile(), checkpoint_s=hooks.checkpointing.seconds,
         saved_steps=hooks.checkpointing.saved_steps, exported=exported,
-        loader=feed.loader(setup.datasets.train, model), allocator_restored=hooks.allocator_restored,
+        loader=feed.loader(setup.datasets.train, model), allocator_restored=hooks.allocator_restored, samples=samples,
     )
 
 
@@ -182,14 +188,20 @@ def evaluate(model, setup: RunSetup, callbacks: list) -> dict:
     return evaluation
 
 
-def export(model, setup: RunSetup) -> Optional[str]:
-    """Writes the trained model as model.keras into the run dir when checkpoint.export asks; its path."""
+def export(model, setup: RunSetup) -> Optional[dict]:
+    """Writes the trained model as model.keras into the run dir when checkpoint.export asks, and the
+    model's own formats beside it (ModelSpec.export: a KerasHub preset and LoRA adapters); their
+    paths by name (model, and what the spec's export wrote), None without checkpoint.export.
+    Keras saves a LoRA-adapted kernel merged (kernel + alpha / rank * A @ B), so model.keras loads
+    as the plain architecture with the fine-tuned weights."""
     if not setup.config.checkpoint.export:
         return None
     path = Path(setup.context.run_dir) / EXPORT_FILE
     path.parent.mkdir(parents=True, exist_ok=True)
     model.save(path)
-    return str(path)
+    spec = setup.planned.spec
+    own = spec.export(model, setup.planned.options, path.parent) if spec.export else {}
+    return {"model": str(path), **own}
 
 
 def placed_variables(model, setup: RunSetup) -> dict[str, PlacedVariable]:

@@ -26,7 +26,7 @@ from meshrun.wording import format_bytes, format_shape, one_of
 METRICS_FILE = "metrics.json"
 SUMMARY_ROWS = (
     "status", "mesh", "devices", "model", "batch", "optimizer", "start-up", "compile", "step time", "throughput", "flops",
-    "memory", "epochs", "loss", "validation", "eval", "stopped", "wall", "run dir", "logs", "profile",
+    "memory", "epochs", "loss", "validation", "eval", "samples", "stopped", "wall", "run dir", "logs", "profile",
 )
 
 
@@ -103,6 +103,13 @@ class LayoutFigures:
     from_model: bool = figure()
 
 
+def _trainable_text(trainable: Optional[int], params: Optional[int]) -> Optional[str]:
+    """`N trainable (M frozen)` when some parameters do not train (LoRA, frozen layers), else nothing."""
+    if trainable is None or params is None or trainable == params:
+        return None
+    return f"{trainable:,} trainable ({params - trainable:,} frozen)"
+
+
 @dataclass(frozen=True)
 class ModelFigures:
     """The model: its registered name, how reports name it, its size and options, and what it takes
@@ -111,6 +118,7 @@ class ModelFigures:
     name: str = figure()
     label: str = figure("model", lambda _, model: model.called)
     params: int = figure("model", "{:,} parameters")
+    trainable_params: int = figure("model", lambda count, model: _trainable_text(count, model.params))
     options: dict = figure()
     inputs: list = figure()
     outputs: list = figure()
@@ -230,14 +238,15 @@ def _flops_text(per_step, flops) -> str:
         return "not reported by XLA on this platform"
     text = f"{per_step:.3g} per step (XLA), {flops.per_s:.3g}/s"
     if flops.analytic_per_step:
-        text += f"; 6·N·tokens {flops.analytic_per_step:.3g}"
+        text += f"; {flops.analytic_formula or '6·N·tokens'} {flops.analytic_per_step:.3g}"
     return text + (f"; MFU {flops.mfu:.1%}" if flops.mfu is not None else "; MFU n/a (no peak known)")
 
 
 @dataclass(frozen=True)
 class FlopsFigures:
     """XLA's FLOPs of one step, the rate achieved, the device peak and utilisation, and the
-    analytic 6·N·tokens estimate of the language models."""
+    analytic 6·N·tokens estimate of the language models ((4·N+2·T)·tokens when only T of the N
+    parameters train, as under LoRA: frozen weights get no weight gradients)."""
 
     per_step: float = figure("flops", _flops_text)
     per_step_per_device: float = figure()
@@ -247,6 +256,7 @@ class FlopsFigures:
     mfu: float = figure()
     analytic_per_step: float = figure()
     analytic_over_xla: float = figure()
+    analytic_formula: str = figure()  # 6·N·tokens, or (4·N+2·T)·tokens when only T of the N parameters train (LoRA)
 
 
 @dataclass(frozen=True)
@@ -282,13 +292,16 @@ class MemoryFigures:
 
 @dataclass(frozen=True)
 class CheckpointFigures:
-    """Where checkpoints went, the steps saved, what the run resumed from, and the export."""
+    """Where checkpoints went, the steps saved, what the run resumed from, and the exports
+    (model.keras; a KerasHub run's preset dir and LoRA adapters)."""
 
     dir: str = figure()
     saved_steps: list = figure()
     resumed_from: str = figure()
     resumed_at_step: int = figure()
-    exported: str = figure()
+    exported: str = figure("export")
+    exported_preset: str = figure("export")  # KerasHub: the trained task as a preset dir
+    exported_adapter: str = figure("export")  # and a LoRA run's adapters (.lora.h5)
 
 
 def _profile_text(profile, _) -> Optional[str]:
@@ -335,6 +348,11 @@ def _eval_text(evaluation, metrics) -> Optional[str]:
     return ", ".join(f"{name} {value:.5f}" for name, value in evaluation.items()) + f" ({seconds:.2f} s)"
 
 
+def _samples_text(samples, _) -> Optional[str]:
+    """Each prompt of train.sample_prompts and its completion, a line each: 'prompt' -> 'completion'."""
+    return "\n".join(f"{s['prompt']!r} -> {s['completion']!r}" for s in samples) if samples else None
+
+
 HEAD = ("status", "error", "run_dir", "choices", "overrides")
 DOES_NOT_FIT = "does_not_fit"  # a job not run: its plan exceeds a device's memory
 PREEMPTED = "preempted"  # stopped by a stop signal after saving a checkpoint; train.stopped says where
@@ -369,6 +387,7 @@ class RunMetrics:
     history: dict = figure("loss", lambda h, _: " -> ".join(f"{v:.5f}" for v in (h or {}).get("loss", [])),
                            also=(Shown("validation", _validation_text),))
     eval: dict = figure("eval", _eval_text)
+    samples: list = figure("samples", _samples_text)
     sharding: dict[str, PlacedVariable] = figure()
     versions: dict = figure()
 

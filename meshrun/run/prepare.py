@@ -1,7 +1,8 @@
 """The first phase of a run: every check that needs no allocation, so that all config errors come
 before anything is built. `prepare` answers, in this order: the devices and the mesh, the checkpoint
 to resume from, where every variable goes (the model built by shapes only, and the layout's lint),
-the loss and the metric names, this process's share of each batch, the data (seeded) and whether it
+the loss and the metric names, the prompts to complete after training (train.sample_prompts, with
+the run's tokenizer), this process's share of each batch, the data (seeded) and whether it
 fits the model, and the step counts. `meshrun plan` reuses its placement step (`place`).
 
 Importing this module imports jax and keras: call `meshrun.placement.devices.prepare` first.
@@ -32,6 +33,7 @@ from meshrun.placement import devices as devices_lib
 from meshrun.placement import distribution as distribution_lib
 from meshrun.placement.auto import derive_layout
 from meshrun.placement.plan import DeviceMemory, Plan, make_plan
+from meshrun.text.sampling import plan_sampling
 from meshrun.training import checkpoint as checkpoint_lib
 from meshrun.training import objectives
 from meshrun.wording import format_shape, one_of
@@ -105,6 +107,7 @@ class RunSetup:
     datasets: data_lib.Datasets
     total_steps: int
     generator_in_pipeline: bool = False  # a tf.data generator dataset: the run restores malloc's policy (meshrun.run.feed)
+    sampling: Any = None  # meshrun.text.sampling.SamplingPlan: prompts completed after training (None: none)
 
     @property
     def plan(self) -> Plan:
@@ -125,13 +128,14 @@ def prepare(config: RunConfig, context: RunContext) -> RunSetup:
     for warning in planned.plan.warnings:
         log.warning(warning)
     named = check_objectives(config.train, planned)
+    sampling = plan_sampling(config, planned, found.mesh, found.processes)
     distribution = distribution_lib.make_distribution(found.mesh, planned.rules, found.devices)
     data = _data_context(config, planned, named, distribution, found.processes)
     datasets = load_data(config, planned, data)
     total_steps = count_steps(config, datasets.steps_per_epoch)
     return RunSetup(config=config, context=context, devices=found, cache_dir=cache_dir, checkpoints=checkpoints,
                     planned=planned, objectives=named, distribution=distribution, data=data, datasets=datasets,
-                    total_steps=total_steps, generator_in_pipeline=datasets.holds_generator())
+                    total_steps=total_steps, generator_in_pipeline=datasets.holds_generator(), sampling=sampling)
 
 
 def place_for_plan(config: RunConfig, processes: int = 1) -> PlannedModel:

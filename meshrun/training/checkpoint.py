@@ -184,6 +184,31 @@ def read_progress(point: ResumePoint) -> Progress:
     return Progress(**restored[PROGRESS])
 
 
+def restore_weights(model, point: ResumePoint) -> None:
+    """Reads the model variables of checkpoint `point` into `model` (built under the distribution it
+    is to run with), each straight into its variable's sharding as resuming does; the optimizer's
+    and the metrics' state stay on disk (meshrun generate needs the weights alone)."""
+    ocp = _ocp()
+    variables = {v.path: v for v in model.variables}
+    options = ocp.CheckpointManagerOptions(read_only=True)
+    handlers = {STATE: ocp.PyTreeCheckpointHandler(), PROGRESS: ocp.JsonCheckpointHandler()}  # STATE read in part
+    reader = ocp.CheckpointManager(point.directory, options=options, item_handlers=handlers)
+    try:
+        _check_fits(reader.item_metadata(point.step)[STATE], {"model": variables}, point)
+        target = {"model": {path: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=v.value.sharding) for path, v in variables.items()}}
+        restore = ocp.args.PyTreeRestore(item=target, restore_args=ocp.checkpoint_utils.construct_restore_args(target), partial_restore=True)
+        with _stderr_held_back():
+            restored = reader.restore(point.step, args=ocp.args.Composite(**{STATE: restore}))[STATE]
+    except ConfigError:
+        raise
+    except Exception as err:  # TensorStore's errors, for files changed after the save
+        raise UnreadableCheckpoint(point, first_line(err, limit=120)) from err
+    finally:
+        reader.close()
+    for path, variable in variables.items():
+        variable.assign(restored["model"][path])
+
+
 def _groups(model) -> dict:
     """The variables a checkpoint holds, by group and path."""
     return {

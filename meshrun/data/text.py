@@ -1,0 +1,320 @@
+"""data=text: a KerasHub causal LM fine-tuned on text files, tokenized by the model's own tokenizer.
+
+    meshrun train model=keras_hub model.preset=DIR data=text 'data.files=[corpus/*.txt]' data.eval_fraction=0.05
+    meshrun train model=keras_hub model.preset=DIR data=text 'data.files=[data/*.jsonl]' \
+      'data.prompt="Instruction: {instruction} Response: "' 'data.completion="{response}"'
+
+- Files (meshrun.text.corpus): `.jsonl` records (text from `data.field`, or `data.prompt` and
+  `data.completion` templates over their fields: the loss counts the completion only), other
+  files plain text (one document each, or cut at `data.separator`).
+- The tokenizer is the preset's (model.preset), else `data.tokenizer` (a preset dir or a Hugging
+  Face tokenizer.json); meshrun.text.tokenizer encodes with its library directly.
+- Tokens are made once into the token cache (meshrun.text.cache) with a progress bar; a rerun on
+  the same inputs reads them from there and tokenizes nothing. Training reads the cache's rows
+  through the numpy feed, a batch at a time, without TensorFlow.
+- Rows (meshrun.text.examples): packed for plain text, one example a row (padded) for
+  prompt/completion data, as `data.packing` says.
+- Held-out text: `data.eval_files`, else `data.eval_fraction` of the examples (a fixed seeded
+  choice), else the run evaluates on its training text and says so.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import logging
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+import numpy as np
+
+from meshrun.data import pipeline
+from meshrun.data.arrays import open_array
+from meshrun.data.batches import ArraySpec, indexed_batches
+from meshrun.data.registry import DataContext, SourceSpec, register_source
+from meshrun.errors import ConfigError
+from meshrun.text import cache, corpus, examples
+from meshrun.wording import format_bytes, one_of
+
+log = logging.getLogger("meshrun")
+
+EVAL_SPLIT_SEED = 0  # the held-out examples do not change with train.seed
+TOKEN_INPUTS = ("padding_mask", "token_ids")
+
+
+@dataclass(frozen=True)
+class TextOptions:
+    """Which text, how it becomes examples and tokens, and where the tokens are cached."""
+
+    files: Any = ()  # paths or globs (a single string is one)
+    eval_files: Any = ()
+    eval_fraction: float = 0.0
+    separator: Optional[str] = None
+    field: str = "text"
+    prompt: Optional[str] = None
+    completion: Optional[str] = None
+    packing: Optional[bool] = None  # None: true for plain text, false for prompt/completion data
+    tokenizer: Optional[str] = None  # None: model.preset's
+    end_token: Optional[str] = None  # None: the tokenizer's end token
+    too_long: str = "drop"
+    cache_dir: Optional[str] = None
+    shuffle: bool = True
+
+    def __post_init__(self):
+        object.__setattr__(self, "files", _patterns(self.files, "data.files"))
+        object.__setattr__(self, "eval_files", _patterns(self.eval_files, "data.eval_files"))
+        if not self.files:
+            raise ConfigError("data.files", "is required for data=text: .txt or .jsonl files (paths or globs), e.g. 'data.files=[data/*.jsonl]'")
+        if (self.prompt is None) != (self.completion is None):
+            given, missing = ("data.prompt", "data.completion") if self.completion is None else ("data.completion", "data.prompt")
+            raise ConfigError(missing, f"is required with {given}: instruction data needs both templates, e.g. "
+                                       "data.prompt='Instruction: {instruction} Response: ' data.completion='{response}'")
+        if not 0.0 <= self.eval_fraction < 1.0:
+            raise ConfigError("data.eval_fraction", f"got {self.eval_fraction}; expected 0 <= eval_fraction < 1")
+        if self.eval_fraction and self.eval_files:
+            raise ConfigError("data.eval_fraction", f"got {self.eval_fraction} with data.eval_files; held-out text comes from one of them")
+        if self.too_long not in examples.TOO_LONG:
+            raise ConfigError("data.too_long", f"got {self.too_long!r}; valid: {one_of(examples.TOO_LONG)}")
+        if self.separator is not None:  # the command line cannot carry a newline: \n, \t and \r mean them
+            object.__setattr__(self, "separator", self.separator.replace("\\n", "\n").replace("\\t", "\t").replace("\\r", "\r"))
+        if self.separator == "":
+            raise ConfigError("data.separator", "got an empty string; give the text between documents (e.g. '\\n\\n') or null (a file is one document)")
+
+    @property
+    def format(self) -> corpus.CorpusFormat:
+        return corpus.CorpusFormat(separator=self.separator, field=self.field, prompt=self.prompt, completion=self.completion)
+
+    @property
+    def packs(self) -> bool:
+        """Whether examples are packed into rows: data.packing, by default for plain text only."""
+        return self.packing if self.packing is not None else self.prompt is None
+
+
+def _patterns(value, key: str) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    if isinstance(value, str):
+        return (value,)
+    if isinstance(value, (list, tuple)) and all(isinstance(v, str) and v for v in value):
+        return tuple(value)
+    raise ConfigError(key, f"got {value!r}; expected a path or glob, or a list of them")
+
+
+@dataclass(frozen=True)
+class Tokenized:
+    """The corpus as token rows (train and eval arrays by name, read from the cache), and what the
+    report says about it."""
+
+    arrays: dict
+    meta: dict
+    hit: bool
+
+
+def load(options: TextOptions, context: DataContext) -> pipeline.Datasets:
+    """Tokenizes the corpus (or reads its tokens from the cache) and batches its rows."""
+    seq_len, vocabulary = _model_shape(context)
+    tokenizer = _tokenizer(options, context, vocabulary)
+    framing = framing_for(options, tokenizer)
+    tokenized = tokenize_cached(options, tokenizer, framing, seq_len)
+    meta = tokenized.meta
+    train, evaluation = _split(tokenized.arrays, "train"), _split(tokenized.arrays, "eval")
+    eval_source = meta["eval_source"]
+    if evaluation is None:
+        evaluation = train
+        log.warning("data=text without data.eval_files or data.eval_fraction: evaluating on the training text (the perplexity is not held-out)")
+    train_rows, eval_rows = len(train[1]), len(evaluation[1])
+    pipeline.check_enough(train_rows, context.batch_size, "data.files", f"the training text ({train_rows} rows of {seq_len + 1} tokens)")
+    pipeline.check_enough(eval_rows, context.batch_size, "data.eval_files" if options.eval_files else "data.eval_fraction",
+                          f"the held-out text ({eval_source}: {eval_rows} rows)")
+    spec = ({"token_ids": ArraySpec((None, seq_len), np.dtype(np.int32)), "padding_mask": ArraySpec((None, seq_len), np.dtype(np.int32))},
+            ArraySpec((None, seq_len), np.dtype(np.int32)), ArraySpec((None, seq_len), np.dtype(np.float32)))
+
+    def batches(columns, shuffle: bool, endless: bool):
+        features, weights = columns
+        rows = np.arange(len(weights))
+        made = indexed_batches(features, weights, rows, context.batch_size, shuffle, context.seed, context.share, endless=endless)
+        return made.map(examples.model_batch, spec)
+
+    first = examples.model_batch(({k: np.asarray(v[: context.process_batch_size]) for k, v in train[0].items()},
+                                  np.asarray(train[1][: context.process_batch_size])))
+    return pipeline.Datasets(
+        train=batches(train, options.shuffle, endless=True),
+        eval=batches(evaluation, shuffle=False, endless=False),
+        steps_per_epoch=train_rows // context.batch_size,
+        sample_batch=first,
+        info={
+            "tokens": meta["train"]["trained_tokens"], "cache": "hit" if tokenized.hit else "miss", "cache_entry": str(meta["dir"]),
+            "tokenizer": tokenizer.description, "packed": options.packs, "padding_fraction": meta["train"]["padding_fraction"],
+            "train_examples": meta["train"]["examples"], "train_rows": train_rows, "eval_rows": eval_rows, "eval_source": eval_source,
+            "dropped_too_long": meta["train"]["dropped"] + meta.get("eval", {}).get("dropped", 0),
+        },
+    )
+
+
+def _model_shape(context: DataContext) -> tuple[int, int]:
+    """The model's sequence length and vocabulary (its logits' width); a model that does not take
+    {token_ids, padding_mask} is a ConfigError."""
+    signature = context.signature
+    names = tuple(sorted(s.name or "" for s in signature.inputs)) if signature is not None else ()
+    if names != TOKEN_INPUTS:
+        raise ConfigError("data", f"data=text feeds causal LMs taking token_ids and padding_mask (model=keras_hub), not {context.model.name}")
+    return int(signature.inputs[0].shape[0]), int(signature.outputs[0].shape[-1])
+
+
+def _tokenizer(options: TextOptions, context: DataContext, vocabulary: int):
+    """The tokenizer of data.tokenizer, else the preset's; one with more ids than the model has is a ConfigError."""
+    from meshrun.text.tokenizer import check_fits_vocabulary, load_tokenizer, tokenizer_source
+
+    source, key = tokenizer_source(options.tokenizer, getattr(context.model_options, "preset", None), "data.tokenizer")
+    tokenizer = load_tokenizer(source, key)
+    check_fits_vocabulary(tokenizer, source, key, vocabulary)
+    return tokenizer
+
+
+def framing_for(options: TextOptions, tokenizer) -> examples.Framing:
+    """The special tokens around every example: the tokenizer's start, its end (or data.end_token), its pad."""
+    if options.end_token is not None:
+        end = tokenizer.token_id(options.end_token)
+        if end is None:
+            raise ConfigError("data.end_token", f"got {options.end_token!r}, which {tokenizer.description} does not have; null takes its own end token")
+    else:
+        end = tokenizer.end_id
+        if end is None:
+            raise ConfigError("data.end_token", f"is required: {tokenizer.description} names no end token; give the token that ends a text")
+    return examples.Framing(start=tokenizer.start_id, end=int(end), pad=int(tokenizer.pad_id if tokenizer.pad_id is not None else end))
+
+
+def tokenize_cached(options: TextOptions, tokenizer, framing: examples.Framing, seq_len: int) -> Tokenized:
+    """The corpus's token rows from the cache, tokenized and written there first on a miss."""
+    files = corpus.expand(options.files, "data.files")
+    eval_files = corpus.expand(options.eval_files, "data.eval_files")
+    settings = {
+        "files": [str(f) for f in files], "eval_files": [str(f) for f in eval_files], "eval_fraction": options.eval_fraction,
+        "format": vars(options.format), "packing": options.packs, "too_long": options.too_long, "seq_len": seq_len,
+        "framing": vars(framing), "tokenizer": tokenizer.fingerprint,
+    }
+    directory = cache.root(options.cache_dir) / cache.key(settings, files + eval_files)
+    meta = cache.find(directory)
+    hit = meta is not None
+    if not hit:
+        arrays, meta = _tokenize(options, tokenizer, framing, seq_len, files, eval_files)
+        cache.write(directory, arrays, meta)
+        meta = cache.find(directory)
+    else:
+        count = len(files + eval_files)
+        log.info(f"tokens of the {count} file{'s' if count > 1 else ''} read from the token cache {directory}")
+    arrays = {name.removesuffix(".npy"): open_array(str(directory / name), "data.cache_dir") for name in meta["arrays"]}
+    return Tokenized(arrays, {**meta, "dir": directory}, hit)
+
+
+def _tokenize(options: TextOptions, tokenizer, framing: examples.Framing, seq_len: int, files, eval_files) -> tuple[dict, dict]:
+    """Reads and tokenizes the corpus into train (and eval) rows; returns the arrays and their metadata."""
+    started = time.perf_counter()
+    with collection_paused():
+        return _tokenize_all(options, tokenizer, framing, seq_len, files, eval_files, started)
+
+
+@contextlib.contextmanager
+def collection_paused():
+    """Python's cyclic garbage collector off while a corpus is read: its millions of small objects
+    would each time trigger collections that walk every object of the process (jax's and keras'
+    included), which took as long as reading the text."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+def _tokenize_all(options: TextOptions, tokenizer, framing: examples.Framing, seq_len: int, files, eval_files, started: float) -> tuple[dict, dict]:
+    train = corpus.read_examples(files, options.format, "data.files")
+    held_out = corpus.read_examples(eval_files, options.format, "data.eval_files") if eval_files else []
+    source = f"{one_of([str(f) for f in eval_files])}" if eval_files else None
+    if options.eval_fraction:
+        train, held_out = _hold_out(train, options.eval_fraction)
+        source = f"{options.eval_fraction:.0%} of the examples ({len(held_out)})"
+    total_bytes = sum(len(e.prompt) + len(e.text) for e in train + held_out)
+    with TokenizingProgress(total_bytes, tokenizer.description) as advance:
+        parts = {"train": _rows(train, tokenizer, framing, seq_len, options, advance)}
+        if held_out:
+            parts["eval"] = _rows(held_out, tokenizer, framing, seq_len, options, advance)
+    arrays, meta = {}, {"eval_source": source, "tokenizer": tokenizer.description}
+    for part, rows in parts.items():
+        arrays.update({f"{part}_tokens": rows.tokens, f"{part}_lengths": rows.lengths, f"{part}_weights": rows.weights})
+        meta[part] = {"examples": len(train if part == "train" else held_out), "rows": len(rows.lengths), "trained_tokens": rows.trained_tokens,
+                      "padding_fraction": round(rows.padding_fraction, 6), "dropped": rows.dropped}
+        if rows.dropped:
+            log.warning(f"data.too_long=drop: {rows.dropped} of the {part} examples make more than model.seq_len + 1 = {seq_len + 1} tokens "
+                        f"and were left out (the first: {rows.first_dropped}); raise model.seq_len to keep them")
+    seconds = time.perf_counter() - started
+    log.info(f"tokenized {format_bytes(total_bytes)} of text into {meta['train']['trained_tokens']:,} training tokens in {seconds:.1f} s "
+             f"({format_bytes(int(total_bytes / max(seconds, 1e-9)))}/s, {tokenizer.description})")
+    return arrays, meta
+
+
+def _hold_out(items: list, fraction: float) -> tuple[list, list]:
+    """`items` split into kept and held-out ones: a seeded choice of `fraction` of them (at least one), in file order."""
+    count = max(1, int(round(len(items) * fraction)))
+    chosen = set(np.random.default_rng(EVAL_SPLIT_SEED).choice(len(items), size=min(count, len(items) - 1), replace=False).tolist())
+    return [e for i, e in enumerate(items) if i not in chosen], [e for i, e in enumerate(items) if i in chosen]
+
+
+def _rows(items: list, tokenizer, framing, seq_len: int, options: TextOptions, advance) -> examples.Rows:
+    texts = examples.encode_all(tokenizer.encode_ragged, [e.text for e in items], advance)
+    prompts = None
+    if options.prompt is not None:
+        prompts = examples.framed_prompts(framing, examples.encode_all(tokenizer.encode_ragged, [e.prompt for e in items], advance))
+    rows = examples.to_rows(items, prompts, texts, framing, seq_len, options.packs, options.too_long)
+    if not len(rows.lengths):
+        raise ConfigError("data.files", f"the text makes no row of model.seq_len + 1 = {seq_len + 1} tokens "
+                                        f"({len(items)} examples{f', {rows.dropped} too long' if rows.dropped else ''})")
+    return rows
+
+
+class TokenizingProgress:
+    """A progress bar over the bytes tokenized, on a terminal; `advance(bytes)` moves it."""
+
+    def __init__(self, total: int, what: str):
+        self.total, self.what, self.bar = total, what, None
+
+    def __enter__(self):
+        if sys.stderr.isatty() and self.total > (1 << 20):
+            from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn
+
+            self.bar = Progress(TextColumn("tokenizing"), BarColumn(), DownloadColumn(), TransferSpeedColumn(), TimeRemainingColumn(), transient=True)
+            self.bar.start()
+            self.task = self.bar.add_task("tokenizing", total=self.total)
+        return self.advance
+
+    def advance(self, size: int) -> None:
+        if self.bar is not None:
+            self.bar.advance(self.task, size)
+
+    def __exit__(self, *exc):
+        if self.bar is not None:
+            self.bar.stop()
+
+
+def _split(arrays: dict, part: str) -> Optional[tuple]:
+    """({tokens, lengths}, weights) of part `part` of the cached arrays (None: the entry has none)."""
+    if f"{part}_tokens" not in arrays:
+        return None
+    return {"tokens": arrays[f"{part}_tokens"], "lengths": arrays[f"{part}_lengths"]}, arrays[f"{part}_weights"]
+
+
+def notes(options: TextOptions) -> list[str]:
+    """What packing (or not) means for attention, as `meshrun plan` says it."""
+    if options.packs:
+        return ["data=text packs examples (data.packing=true): they are joined with the end token and cut into rows of model.seq_len + 1 "
+                "tokens, no padding; KerasHub's causal LMs take no segment ids, so an example attends to the ones before it in its row "
+                "(data.packing=false: one example a row, padded)"]
+    return ["data=text puts one example a row (data.packing=false), right-padded: no example attends to another and padding weighs "
+            "nothing (data.packing=true packs them: no padding, but examples attend to those before them in a row)"]
+
+
+SPEC = register_source(SourceSpec("text", TextOptions, load, ".txt/.jsonl text tokenized by the model's tokenizer (KerasHub causal LMs)", notes=notes))

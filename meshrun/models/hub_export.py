@@ -1,0 +1,127 @@
+"""checkpoint.export for model=keras_hub: the trained task in KerasHub's own formats, loadable with
+no meshrun installed.
+
+- `<run dir>/preset/`: a KerasHub preset, LoRA adapters merged into the kernels, with the
+  preprocessor and tokenizer of model.preset (save_preset).
+- `<run dir>/adapter.lora.h5` for a LoRA run: the adapters in KerasHub's save_lora_weights format,
+  alpha / rank folded in (save_adapter).
+
+Both are written under a temporary name and renamed when complete.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from meshrun.models.hub import KerasHubOptions, adapted_layers, import_keras_hub
+from meshrun.wording import error_text
+
+log = logging.getLogger("meshrun")
+
+PRESET_DIR = "preset"  # checkpoint.export writes the trained task as a KerasHub preset into <run dir>/preset
+ADAPTER_FILE = "adapter.lora.h5"  # and a LoRA run's adapters (KerasHub's save_lora_weights format)
+PREPROCESSOR_FILES = ("preprocessor.json", "tokenizer.json")  # a preset holding either brings a preprocessor
+
+
+def export(task, options: KerasHubOptions, run_dir: Path) -> dict[str, str]:
+    """KerasHub's own formats of the trained task, written into `run_dir` beside model.keras:
+    `preset/` (save_preset) and, for a LoRA run, `adapter.lora.h5` (save_adapter). Returns their
+    paths by name (preset, adapter)."""
+    exported = {"preset": str(save_preset(task, options, run_dir / PRESET_DIR))}
+    if options.lora.enabled:
+        exported["adapter"] = str(save_adapter(task.backbone, options.lora, run_dir / ADAPTER_FILE))
+    return exported
+
+
+def save_preset(task, options: KerasHubOptions, directory: Path) -> Path:
+    """Writes the task as a KerasHub preset that plain `keras_hub.models.CausalLM.from_preset(dir)`
+    loads, no meshrun needed: LoRA adapters are merged into the kernels (Keras saves an adapted
+    kernel as kernel + alpha / rank * A @ B; the config holds the backbone's arguments, no LoRA),
+    with the preprocessor and tokenizer of model.preset where it has them (none otherwise, which
+    the log says). The preset is written into a temporary dir renamed to `directory` once complete,
+    so a failed export leaves nothing half-written."""
+    import os
+    import shutil
+
+    preprocessor = preset_preprocessor(options)
+    exporting = type(task)(backbone=task.backbone, preprocessor=preprocessor, compile=False) if preprocessor is not None else task
+    partial = directory.with_name(f".partial-{directory.name}-{os.getpid()}")
+    shutil.rmtree(partial, ignore_errors=True)  # left by a process killed while it wrote
+    partial.mkdir()
+    try:
+        exporting.save_to_preset(str(partial))
+        if options.lora.enabled:
+            _count_merged_parameters(partial, task.backbone)
+        if directory.exists():
+            shutil.rmtree(directory)
+        os.replace(partial, directory)
+    except BaseException:
+        shutil.rmtree(partial, ignore_errors=True)
+        raise
+    return directory
+
+
+def preset_preprocessor(options: KerasHubOptions):
+    """The CausalLMPreprocessor (with its tokenizer) of model.preset, or None when there is no
+    preset, it holds neither a preprocessor nor a tokenizer, or KerasHub cannot load them (said in
+    the log: the trained weights are still exported)."""
+    if options.preset is None or not any((Path(options.preset).expanduser() / name).is_file() for name in PREPROCESSOR_FILES):
+        source = f"model.preset {options.preset}" if options.preset else "a model built from model.backbone"
+        log.info(f"the exported preset has no tokenizer or preprocessor ({source} has none); "
+                 "give CausalLM.from_preset(..., preprocessor=...) one, or feed it token ids")
+        return None
+    keras_hub = import_keras_hub()
+    preset = str(Path(options.preset).expanduser())
+    try:
+        return keras_hub.models.CausalLMPreprocessor.from_preset(preset)
+    except Exception as err:  # the preset's own files decide; the export goes on without them
+        log.warning(f"the exported preset has no tokenizer or preprocessor: CausalLMPreprocessor.from_preset({preset!r}) "
+                    f"raised {error_text(err)}")
+        return None
+
+
+def _count_merged_parameters(preset: Path, backbone) -> None:
+    """Sets the preset's metadata.json parameter_count to the weights it holds: KerasHub counts the
+    backbone's variables, LoRA adapters included, which the merged preset does not hold."""
+    import json
+    import math
+
+    adapters = {id(v) for layer in adapted_layers(backbone) for v in (layer.lora_kernel_a, layer.lora_kernel_b)}
+    path = preset / "metadata.json"
+    metadata = json.loads(path.read_text())
+    metadata["parameter_count"] = sum(math.prod(v.shape) for v in backbone.variables if id(v) not in adapters)
+    path.write_text(json.dumps(metadata, indent=4))
+
+
+def save_adapter(backbone, lora: LoraOptions, path: Path) -> Path:
+    """Writes the LoRA adapters with KerasHub's `backbone.save_lora_weights`, alpha / rank folded
+    into every lora_kernel_b: KerasHub's `load_lora_weights` enables LoRA with alpha = rank (a
+    scale of 1), so the base model (model.preset) with this file loaded gives the trained model's
+    logits. Load it on the base preset with `backbone.enable_lora(rank, target_layer_names=targets)`
+    (for the default targets `load_lora_weights` enables them itself), then
+    `backbone.load_lora_weights(path)`. Written under a temporary name, renamed when complete."""
+    import os
+
+    partial = path.with_name(f".partial-{path.name}")  # KerasHub wants the name to end in .lora.h5
+    try:
+        backbone.save_lora_weights(str(partial))
+        if lora.scale != 1.0:
+            _scale_datasets(partial, "lora_kernel_b", lora.scale)
+        os.replace(partial, path)
+    except BaseException:
+        partial.unlink(missing_ok=True)
+        raise
+    return path
+
+
+def _scale_datasets(path: Path, name: str, factor: float) -> None:
+    """Multiplies every dataset called `name` in the HDF5 file at `path` by `factor`, in place."""
+    import h5py
+
+    def scale(key, item):
+        if isinstance(item, h5py.Dataset) and key.rsplit("/", 1)[-1] == name:
+            item[...] = item[...] * factor
+
+    with h5py.File(path, "r+") as file:
+        file.visititems(scale)

@@ -1,0 +1,100 @@
+"""The token cache: a corpus tokenized once, kept on disk as numpy files, read by rows.
+
+An entry is a directory named by a key over everything its tokens depend on: every byte of every
+file, the tokenizer's files, the templates, separator, field, packing, seq_len, the special
+tokens and the evaluation split. A changed input is a new key, so an entry is never stale. An
+entry is written into a temporary directory and renamed into place when complete: two runs
+tokenizing the same corpus at once both finish (the second rename finds the first one's entry,
+which holds the same tokens), and a run killed halfway leaves only a temporary directory, which
+a later run removes once the process that made it is gone.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import socket
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+
+FORMAT = 1  # raise when what an entry holds changes
+META = "meta.json"
+TEMPORARY = ".tmp-"
+
+
+def root(cache_dir: Optional[str]) -> Path:
+    """Where entries live: `cache_dir`, else $XDG_CACHE_HOME/meshrun/tokens (~/.cache without it)."""
+    if cache_dir:
+        return Path(cache_dir).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "meshrun" / "tokens"
+
+
+def key(settings: dict, files: tuple[Path, ...]) -> str:
+    """The key of the tokens of `files` made with `settings` (JSON-ready): sha256 over both,
+    every byte of every file included."""
+    digest = hashlib.sha256(json.dumps({"format": FORMAT, **settings}, sort_keys=True).encode())
+    for path in files:
+        digest.update(str(path.name).encode() + b"\0")
+        with open(path, "rb") as stream:
+            for block in iter(lambda: stream.read(1 << 20), b""):
+                digest.update(block)
+        digest.update(b"\0")
+    return digest.hexdigest()
+
+
+def find(directory: Path) -> Optional[dict]:
+    """The metadata of the complete entry at `directory`, or None (no entry, or one that cannot
+    be read: it is rebuilt)."""
+    try:
+        meta = json.loads((directory / META).read_text())
+    except (OSError, ValueError):
+        return None
+    if meta.get("format") != FORMAT or not all((directory / name).is_file() for name in meta.get("arrays", [])):
+        return None
+    return meta
+
+
+def write(directory: Path, arrays: dict[str, np.ndarray], meta: dict) -> None:
+    """Writes an entry (arrays as .npy files, then the metadata) into a temporary directory beside
+    `directory` and renames it into place; an entry already there (another run's) is kept."""
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    remove_abandoned(directory.parent)
+    staging = directory.parent / f"{TEMPORARY}{directory.name}-{socket.gethostname()}-{os.getpid()}"
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir()
+    try:
+        for name, array in arrays.items():
+            np.save(staging / name, array, allow_pickle=False)
+        (staging / META).write_text(json.dumps({**meta, "format": FORMAT, "arrays": [f"{n}.npy" for n in arrays]}, indent=2))
+        try:
+            os.rename(staging, directory)
+        except OSError:
+            if find(directory) is None:  # not another run's complete entry: replace it
+                shutil.rmtree(directory, ignore_errors=True)
+                os.rename(staging, directory)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def remove_abandoned(parent: Path) -> None:
+    """Removes temporary directories of this host's processes that are gone (killed mid-write)."""
+    host = socket.gethostname()
+    for staging in parent.glob(f"{TEMPORARY}*"):
+        name, _, pid = staging.name.rpartition("-")
+        if name.endswith(f"-{host}") and pid.isdigit() and not _alive(int(pid)):
+            shutil.rmtree(staging, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

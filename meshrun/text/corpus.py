@@ -1,0 +1,143 @@
+"""A text corpus as data=text reads it: the files its patterns name, and the examples in them.
+
+- A `.jsonl` file holds one JSON object a line: its text is the record's `field`, or, for
+  instruction data, a prompt and a completion made by format templates over its fields.
+- Any other file is UTF-8 text: one document, or several cut at `separator`.
+
+Every problem with the files is a ConfigError naming the key, the file and, for JSONL, the line.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import NamedTuple, Optional
+
+from meshrun.errors import ConfigError
+from meshrun.wording import one_of
+
+RECORD_SUFFIXES = (".jsonl",)
+
+
+@dataclass(frozen=True)
+class CorpusFormat:
+    """How examples are read from files: the separator of plain-text documents (None: a file is
+    one document), the JSONL field holding plain text, and the prompt and completion templates of
+    instruction data (None: plain text)."""
+
+    separator: Optional[str] = None
+    field: str = "text"
+    prompt: Optional[str] = None
+    completion: Optional[str] = None
+
+    @property
+    def instructions(self) -> bool:
+        """Whether examples are prompt/completion pairs (templates given)."""
+        return self.prompt is not None
+
+
+class Example(NamedTuple):
+    """One example: its prompt ("" for plain text), which the loss leaves out, and its text (the
+    document, or the completion), which the loss counts; read from `file`, at JSONL line `line`
+    or plain-text document `document` (counted from 1). A tuple: a corpus holds millions."""
+
+    prompt: str
+    text: str
+    file: str
+    line: int = 0
+    document: int = 0
+
+    @property
+    def where(self) -> str:
+        """Where it was read, as errors name it: FILE:LINE, or FILE document N."""
+        return f"{self.file}:{self.line}" if self.line else f"{self.file} document {self.document}"
+
+
+def expand(patterns: tuple[str, ...], key: str) -> tuple[Path, ...]:
+    """The files `patterns` (paths or globs) name, in the order given (a glob's matches sorted);
+    a pattern matching no file, or a dir, is a ConfigError on `key`."""
+    files = []
+    for pattern in patterns:
+        expanded = str(Path(pattern).expanduser())
+        matches = sorted(glob.glob(expanded, recursive=True)) if glob.has_magic(expanded) else [expanded]
+        found = [Path(m) for m in matches if Path(m).is_file()]
+        if not found:
+            what = "matches no file" if glob.has_magic(expanded) else "is not a file"
+            raise ConfigError(key, f"got {pattern!r}, which {what}; give .txt or .jsonl files (paths or globs, e.g. 'data/*.jsonl')")
+        files.extend(found)
+    return tuple(dict.fromkeys(files))  # a file named twice is read once
+
+
+def read_examples(files: tuple[Path, ...], corpus: CorpusFormat, key: str) -> list[Example]:
+    """Every example of `files`, in file order; an empty corpus is a ConfigError on `key`."""
+    examples = []
+    for path in files:
+        examples.extend(_records(path, corpus) if path.suffix in RECORD_SUFFIXES else _documents(path, corpus))
+    if not examples:
+        raise ConfigError(key, f"{one_of([str(f) for f in files])} hold no text: every file is empty")
+    return examples
+
+
+def _read_text(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as err:
+        raise ConfigError("data.files", f"{str(path)!r} is not UTF-8 text (byte {err.start}); convert it, e.g. iconv -t UTF-8") from None
+
+
+def _documents(path: Path, corpus: CorpusFormat) -> list[Example]:
+    if corpus.instructions:
+        raise ConfigError("data.prompt", f"is set, but {str(path)!r} is plain text; prompt and completion templates read .jsonl records")
+    text = _read_text(path)
+    parts = text.split(corpus.separator) if corpus.separator else [text]
+    name = str(path)
+    return [Example("", part, name, document=i + 1) for i, part in enumerate(parts) if part.strip()]
+
+
+def _records(path: Path, corpus: CorpusFormat) -> list[Example]:
+    examples, name = [], str(path)
+    for number, line in enumerate(_read_text(path).splitlines(), start=1):
+        if not line.strip():
+            continue
+        where = f"{name}:{number}"
+        record = _parse_record(line, where)
+        if corpus.instructions:
+            prompt = _fill("data.prompt", corpus.prompt, record, where)
+            completion = _fill("data.completion", corpus.completion, record, where)
+            if not completion.strip():
+                raise ConfigError("data.completion", f"gives an empty completion for {where}; the loss would count only its end token")
+            examples.append(Example(prompt, completion, name, line=number))
+        else:
+            examples.append(Example("", _field(record, corpus.field, where), name, line=number))
+    return examples
+
+
+def _parse_record(line: str, where: str) -> dict:
+    try:
+        record = json.loads(line)
+    except ValueError as err:
+        raise ConfigError("data.files", f"{where} is not JSON ({err})") from None
+    if not isinstance(record, dict):
+        raise ConfigError("data.files", f"{where} holds a JSON {type(record).__name__}, not an object of fields")
+    return record
+
+
+def _field(record: dict, field: str, where: str) -> str:
+    if field not in record:
+        raise ConfigError("data.field", f"got {field!r}, which {where} lacks; its fields: {one_of(sorted(record))}")
+    value = record[field]
+    if not isinstance(value, str):
+        raise ConfigError("data.field", f"got {field!r}: {where} holds a {type(value).__name__} there, not text")
+    return value
+
+
+def _fill(key: str, template: str, record: dict, where: str) -> str:
+    """`template` formatted with the record's fields."""
+    try:
+        return template.format_map(record)
+    except KeyError as err:
+        raise ConfigError(key, f"names field {err.args[0]!r}, which {where} lacks; its fields: {one_of(sorted(record))}") from None
+    except (ValueError, IndexError, AttributeError) as err:
+        raise ConfigError(key, f"got {template!r}, not a format template over the record's fields ({err}); write fields as {{name}}, braces as {{{{ }}}}") from None

@@ -1,0 +1,312 @@
+"""`meshrun generate RUN_DIR --prompt TEXT [--prompt TEXT ...] [--max-length N] [--json]`: the
+completions of prompts by the model a finished KerasHub run trained, loaded on the run's own mesh
+and layout (its composed config in RUN_DIR/.hydra/config.yaml; the devices set up as `train` sets
+them, before jax starts). The weights are the run's exported preset (RUN_DIR/preset), else its
+newest checkpoint, read into each variable's sharding as resuming reads it. Prompts are encoded,
+batched and decoded as `train.sample_prompts` does (meshrun.text.generate).
+
+Paths in the run's config (model.preset, data.tokenizer, data.files, checkpoint.dir) are read as
+they were at training: from the dir the run was launched in (Hydra's runtime.cwd), where it still
+exists. Every problem with the command line or the run dir is one line (a ConfigError).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import logging
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+from meshrun.errors import ConfigError
+from meshrun.text.generate import complete, encode_prompts
+from meshrun.text.sampling import HUB_MODEL, check_max_length, check_vocabulary, load_run_tokenizer, model_vocabulary
+from meshrun.wording import first_line
+
+USAGE = """\
+usage: meshrun generate RUN_DIR --prompt TEXT [--prompt TEXT ...] [--max-length N] [--json]
+
+Completes each prompt with the model a KerasHub run of `meshrun train` trained (model=keras_hub),
+loaded on the run's own mesh and layout: from the preset its export wrote (RUN_DIR/preset, with
+checkpoint.export=true), else from its newest checkpoint. Prompts are encoded as the run's examples
+were, with its tokenizer (data.tokenizer, else model.preset), and decoded greedily up to the end
+token, within --max-length tokens of prompt and completion (default: the run's model.seq_len).
+Prints 'prompt' -> 'completion' for each prompt; --json prints a JSON list of {prompt, completion}.
+
+  meshrun generate outputs/2026-11-25/10-00-00 --prompt 'Once upon a time' --prompt 'The cat'
+  meshrun generate outputs/2026-11-25/10-00-00 --prompt 'What colour is the sky?' --max-length 48 --json
+"""
+PROMPT, MAX_LENGTH, JSON, HELP = "--prompt", "--max-length", "--json", ("-h", "--help")
+RUN_DIR_KEY = "RUN_DIR"
+NO_WEIGHTS_HINT = "train with checkpoint.export=true or checkpoint.every_epoch=true"
+
+
+@dataclass(frozen=True)
+class Request:
+    """What `meshrun generate` was asked: the run dir (absolute), the prompts, the tokens of prompt
+    and completion together (None: the run's model.seq_len), and whether to print JSON."""
+
+    run_dir: Path
+    prompts: tuple[str, ...]
+    max_length: Optional[int]
+    as_json: bool
+
+
+@dataclass(frozen=True)
+class SavedRun:
+    """A finished run as its dir holds it: the dir, its config (meshrun.config.RunConfig)."""
+
+    path: Path
+    config: Any
+
+
+@dataclass(frozen=True)
+class Weights:
+    """Where a run's trained weights are: its exported preset dir, else a checkpoint
+    (meshrun.training.checkpoint.ResumePoint)."""
+
+    preset: Optional[Path] = None
+    checkpoint: Any = None
+
+
+def main(args: list[str]) -> int:
+    """Runs `meshrun generate ARGS`; returns its exit status (problems are ConfigErrors)."""
+    request = parse_request(args)
+    if request is None:
+        print(USAGE, end="")
+        return 0
+    with console_logging(), working_dir(launch_dir(request.run_dir)):
+        run = read_run(request.run_dir)
+        completions = generate(run, request)
+    print_completions(request.prompts, completions, request.as_json)
+    return 0
+
+
+def parse_request(args: list[str]) -> Optional[Request]:
+    """The request `args` make (None: they ask for --help); a ConfigError for anything else."""
+    rest, run_dirs, prompts, max_length, as_json = list(args), [], [], None, False
+    while rest:
+        arg = rest.pop(0)
+        flag = arg.partition("=")[0]
+        if arg in HELP:
+            return None
+        if flag in (PROMPT, MAX_LENGTH):
+            value = arg.partition("=")[2] if "=" in arg else _value_of(flag, rest)
+            if flag == PROMPT:
+                prompts.append(value)
+            else:
+                max_length = _max_length(value)
+        elif arg == JSON:
+            as_json = True
+        elif arg.startswith("-"):
+            raise ConfigError(arg, f"unknown flag of meshrun generate; valid: {PROMPT} TEXT, {MAX_LENGTH} N, {JSON}, --help")
+        else:
+            run_dirs.append(arg)
+    if len(run_dirs) != 1:
+        got = f"got {len(run_dirs)} ({', '.join(map(repr, run_dirs))})" if run_dirs else "is required"
+        raise ConfigError(RUN_DIR_KEY, f"{got}; give the one run dir of a KerasHub run of meshrun train, e.g. "
+                                       "meshrun generate outputs/DATE/TIME --prompt 'Once upon a time'")
+    if not prompts:
+        raise ConfigError(PROMPT, "is required: give the text to complete, e.g. --prompt 'Once upon a time' (repeat it for more)")
+    return Request(run_dir=Path(run_dirs[0]).expanduser().resolve(), prompts=tuple(prompts), max_length=max_length, as_json=as_json)
+
+
+def _value_of(flag: str, rest: list[str]) -> str:
+    if not rest:
+        raise ConfigError(flag, f"needs a value: {flag} TEXT" if flag == PROMPT else f"needs a value: {flag} N")
+    return rest.pop(0)
+
+
+def _max_length(value: str) -> int:
+    try:
+        length = int(value)
+    except ValueError:
+        length = 0
+    if length < 2:
+        raise ConfigError(MAX_LENGTH, f"got {value!r}; expected the tokens of prompt and completion together, a whole number of 2 or more")
+    return length
+
+
+def launch_dir(run_dir: Path) -> Optional[Path]:
+    """The dir the run was launched from (Hydra's runtime.cwd in .hydra/hydra.yaml), where it
+    still exists; None otherwise."""
+    from omegaconf import OmegaConf
+
+    try:
+        cwd = Path(str(OmegaConf.load(run_dir / ".hydra" / "hydra.yaml").hydra.runtime.cwd))
+    except Exception:  # no such file, or not Hydra's: the config's paths are read from here
+        return None
+    return cwd if cwd.is_dir() else None
+
+
+@contextlib.contextmanager
+def console_logging():
+    """Log records on stderr while the block runs as a run's console shows them (meshrun's own
+    lines, other libraries' warnings; meshrun.logs.console), in place of whatever format a library
+    would set up when it finds none."""
+    from meshrun.logs.console import ConsoleFilter, LineFormatter
+
+    handler = logging.StreamHandler(sys.stderr)
+    handler.addFilter(ConsoleFilter())
+    handler.setFormatter(LineFormatter())
+    root = logging.getLogger()
+    level = root.level
+    root.addHandler(handler)
+    root.setLevel(logging.INFO)
+    try:
+        yield
+    finally:
+        root.removeHandler(handler)
+        root.setLevel(level)
+
+
+@contextlib.contextmanager
+def working_dir(path: Optional[Path]):
+    """Runs the block in `path` (None: where it is), then returns to the working dir."""
+    if path is None:
+        yield
+        return
+    before = os.getcwd()
+    os.chdir(path)
+    try:
+        yield
+    finally:
+        os.chdir(before)
+
+
+def read_run(run_dir: Path) -> SavedRun:
+    """The run in `run_dir`, its config parsed and checked; a ConfigError for a dir that is not the
+    run dir of a KerasHub run of meshrun train."""
+    from meshrun.config import parse_run_config
+
+    if not run_dir.is_dir():
+        raise ConfigError(RUN_DIR_KEY, f"got {str(run_dir)!r}, which is not a directory; give the run dir of a meshrun train run (outputs/DATE/TIME)")
+    config_file = run_dir / ".hydra" / "config.yaml"
+    if not config_file.is_file():
+        raise ConfigError(RUN_DIR_KEY, f"got {str(run_dir)!r}, which holds no .hydra/config.yaml: not the run dir of a meshrun train run")
+    raw = _read_config(config_file)
+    model = (raw.get("model") or {}).get("name")
+    if model != HUB_MODEL:
+        raise ConfigError(RUN_DIR_KEY, f"got {str(run_dir)!r}, a run of model={model}; meshrun generate completes prompts with KerasHub "
+                                       "causal LMs (model=keras_hub)")
+    return SavedRun(path=run_dir, config=parse_run_config(raw))
+
+
+def _read_config(path: Path) -> dict:
+    from omegaconf import OmegaConf
+
+    try:
+        raw = OmegaConf.to_container(OmegaConf.load(path), resolve=True)
+    except Exception as err:  # OmegaConf's and YAML's errors
+        raise ConfigError(RUN_DIR_KEY, f"cannot read {str(path)!r} ({first_line(err)})") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(RUN_DIR_KEY, f"{str(path)!r} holds no config (a mapping)")
+    return raw
+
+
+def find_weights(run: SavedRun) -> Weights:
+    """The run's exported preset, else its newest complete checkpoint; a ConfigError when it has
+    neither. Imports jax (Orbax): set the devices up first."""
+    from meshrun.models import hub_export
+    from meshrun.training import checkpoint as checkpoint_lib
+
+    preset = run.path / hub_export.PRESET_DIR  # written by checkpoint.export=true
+    if (preset / "config.json").is_file():
+        return Weights(preset=preset)
+    point = checkpoint_lib.find("auto", checkpoint_lib.directory(run.config.checkpoint, str(run.path)))
+    if point is not None:
+        return Weights(checkpoint=point)
+    raise ConfigError(RUN_DIR_KEY, f"{str(run.path)!r} has no saved weights: {NO_WEIGHTS_HINT}")
+
+
+def generate(run: SavedRun, request: Request) -> list[str]:
+    """The completion of each prompt of `request` by the run's trained model on its mesh. The
+    tokenizer and the prompts' lengths are checked before the model is loaded."""
+    from meshrun import compat
+    from meshrun.placement import devices as devices_lib
+
+    config = run.config
+    options = config.model.options
+    devices_lib.prepare(config.devices, config.mesh)  # before jax is imported
+    compat.import_keras()  # before anything else imports it (meshrun.compat)
+    weights = find_weights(run)
+    tokenizer, framing = load_run_tokenizer(config, RUN_DIR_KEY)
+    max_length = check_max_length(request.max_length or options.seq_len, options, MAX_LENGTH)
+    prompts = list(request.prompts)
+    encode_prompts(tokenizer, framing, prompts, max_length, PROMPT, MAX_LENGTH)
+    from meshrun.placement import distribution as distribution_lib
+
+    try:
+        model, planned, mesh = load_model(config, weights)
+        check_vocabulary(tokenizer, config, model_vocabulary(planned.abstract.signature))
+        return complete(model, tokenizer, framing, prompts, max_length, mesh.axis_size(mesh.batch_axis), PROMPT, MAX_LENGTH)
+    finally:
+        distribution_lib.reset()
+
+
+def load_model(config, weights: Weights):
+    """The run's model with its trained weights, built under the run's distribution; its
+    PlannedModel and its mesh (no -1 left)."""
+    planned, mesh = enter_distribution(config)
+    if weights.preset is not None:
+        return _from_preset(planned, weights.preset), planned, mesh
+    return _from_checkpoint(config, planned, weights.checkpoint), planned, mesh
+
+
+def enter_distribution(config):
+    """Puts the run's distribution in force, as the run built it: its mesh over this machine's
+    devices, its layout rules (placed by the run's own planning step), its dtype policy. Returns
+    the PlannedModel and the mesh."""
+    from meshrun import compat
+    from meshrun.placement import devices as devices_lib
+    from meshrun.placement import distribution as distribution_lib
+    from meshrun.run.prepare import place
+
+    keras = compat.import_keras()
+    compat.ensure("keras")
+    devices_lib.set_compilation_cache(config.cache)
+    found = devices_lib.discover(config.devices, config.mesh)
+    planned = place(config, found.mesh)
+    planned.plan.raise_first_error()
+    distribution = distribution_lib.make_distribution(found.mesh, planned.rules, found.devices)
+    keras.distribution.set_distribution(distribution_lib.in_force(distribution))
+    keras.config.set_dtype_policy(config.train.precision)
+    return planned, found.mesh
+
+
+def _from_checkpoint(config, planned, point):
+    """The run's model built as the run built it, its weights read from checkpoint `point`."""
+    from meshrun.models.build import build_model, check_paths_match
+    from meshrun.training import checkpoint as checkpoint_lib
+
+    model, _ = build_model(planned.spec, planned.options, config.data, abstract=True)  # initial weights, replaced next
+    check_paths_match(model, planned.abstract, planned.spec, planned.options)
+    try:
+        checkpoint_lib.restore_weights(model, point)
+    except checkpoint_lib.UnreadableCheckpoint as err:
+        raise ConfigError(RUN_DIR_KEY, f"{err}: its files were changed after it was saved") from None
+    return model
+
+
+def _from_preset(planned, preset: Path):
+    """The run's task class loaded from its exported preset dir, with its weights (LoRA adapters
+    merged into the kernels by the export, so none are added)."""
+    from meshrun.models import hub
+
+    options = dataclasses.replace(planned.options, preset=str(preset), backbone={}, lora=hub.LoraOptions())
+    return hub.build(options)
+
+
+def print_completions(prompts: tuple[str, ...], completions: list[str], as_json: bool) -> None:
+    """Prints each prompt and its completion: a line each ('prompt' -> 'completion'), or a JSON list
+    of {prompt, completion}."""
+    pairs = [{"prompt": prompt, "completion": completion} for prompt, completion in zip(prompts, completions)]
+    if as_json:
+        print(json.dumps(pairs, indent=2, ensure_ascii=False))
+        return
+    for pair in pairs:
+        print(f"{pair['prompt']!r} -> {pair['completion']!r}")

@@ -1,0 +1,122 @@
+"""`train.sample_prompts`: after training and evaluation a run completes a few prompts with the
+model it trained (meshrun.text.generate) and records them in metrics.json (`samples`) and its
+summary. Everything sampling needs is checked in the prepare phase, before anything is built: the
+model is a KerasHub causal LM, the run has a tokenizer (data.tokenizer, else model.preset's), the
+tokenizer fits the model and every prompt fits `train.sample_max_length` (default model.seq_len).
+
+`meshrun generate RUN_DIR` (meshrun.text.generate_command) finds the run's tokenizer, its framing
+and checks its lengths with the same functions.
+
+Nothing here imports jax or keras.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Optional
+
+from meshrun.errors import ConfigError
+from meshrun.text.examples import Framing
+from meshrun.text.generate import complete, encode_prompts
+
+SAMPLE_KEY = "train.sample_prompts"
+LENGTH_KEY = "train.sample_max_length"
+HUB_MODEL = "keras_hub"
+
+
+@dataclass(frozen=True)
+class SamplingPlan:
+    """What the end of a run completes: the prompts, the run's tokenizer and the special tokens its
+    examples are framed with, the tokens of prompt and completion together (`max_length`), and the
+    size of the mesh's batch axis (the prompts' batch is padded to a multiple of it)."""
+
+    prompts: tuple[str, ...]
+    tokenizer: Any  # meshrun.text.tokenizer.TextTokenizer
+    framing: Framing
+    max_length: int
+    batch_multiple: int
+
+
+def plan_sampling(config, planned, mesh, processes: int) -> Optional[SamplingPlan]:
+    """The run's sampling plan (None: train.sample_prompts is empty), or the ConfigError of the
+    first thing that would keep it from sampling: `planned` is the run's PlannedModel, `mesh` its
+    mesh with no -1 left, `processes` the job's process count."""
+    train = config.train
+    if train.sample_max_length is not None and train.sample_max_length < 2:
+        raise ConfigError(LENGTH_KEY, f"got {train.sample_max_length}; expected the tokens of prompt and completion together, "
+                                      "2 or more (null: model.seq_len)")
+    prompts = tuple(train.sample_prompts or ())
+    if not prompts:
+        return None
+    if config.model.name != HUB_MODEL:
+        raise ConfigError(SAMPLE_KEY, f"got {len(prompts)} prompt(s) with model={config.model.name}; only KerasHub causal LMs "
+                                      "(model=keras_hub) complete prompts: leave train.sample_prompts empty")
+    if processes > 1:
+        raise ConfigError(SAMPLE_KEY, f"got {len(prompts)} prompt(s) in a job of {processes} processes; sample in a one-process run, "
+                                      "or after training with meshrun generate RUN_DIR --prompt TEXT")
+    options = planned.options
+    tokenizer, framing = load_run_tokenizer(config, SAMPLE_KEY)
+    check_vocabulary(tokenizer, config, model_vocabulary(planned.abstract.signature))
+    max_length = check_max_length(train.sample_max_length or options.seq_len, options, LENGTH_KEY)
+    encode_prompts(tokenizer, framing, list(prompts), max_length, SAMPLE_KEY, LENGTH_KEY)  # a prompt too long fails now
+    return SamplingPlan(prompts=prompts, tokenizer=tokenizer, framing=framing, max_length=max_length,
+                        batch_multiple=mesh.axis_size(mesh.batch_axis))
+
+
+def sample(model, plan: SamplingPlan) -> list[dict]:
+    """Each prompt of `plan` and its completion by `model`, as metrics.json records them."""
+    prompts = list(plan.prompts)
+    completions = complete(model, plan.tokenizer, plan.framing, prompts, plan.max_length, plan.batch_multiple, SAMPLE_KEY, LENGTH_KEY)
+    return [{"prompt": prompt, "completion": completion} for prompt, completion in zip(prompts, completions)]
+
+
+def tokenizer_source(config, key: str) -> tuple[str, str]:
+    """Where the run's tokenizer comes from and the key that says so: data.tokenizer (data=text
+    has one), else model.preset; a run with neither is a ConfigError naming `key`."""
+    from meshrun.text.tokenizer import tokenizer_source as source_of
+
+    return source_of(getattr(config.data.options, "tokenizer", None), getattr(config.model.options, "preset", None), key)
+
+
+def load_run_tokenizer(config, key: str):
+    """The run's tokenizer (meshrun.text.tokenizer.TextTokenizer) and the special tokens its
+    examples were framed with (`key`: what asked, for a run without a tokenizer)."""
+    from meshrun.text.tokenizer import load_tokenizer
+
+    source, source_key = tokenizer_source(config, key)
+    tokenizer = load_tokenizer(source, source_key)
+    return tokenizer, run_framing(config, tokenizer)
+
+
+def run_framing(config, tokenizer) -> Framing:
+    """The start, end and pad tokens the run's examples were made with: data=text's (its
+    data.end_token included), else the tokenizer's own (pad: the end token where it has no pad)."""
+    if config.data.name == "text":
+        from meshrun.data.text import framing_for
+
+        return framing_for(config.data.options, tokenizer)
+    end, pad = tokenizer.end_id, tokenizer.pad_id
+    return Framing(start=tokenizer.start_id, end=end, pad=int(pad if pad is not None else end if end is not None else 0))
+
+
+def model_vocabulary(signature) -> int:
+    """The vocabulary of a causal LM: the width of its logits (`signature`: its Signature)."""
+    return int(signature.outputs[0].shape[-1])
+
+
+def check_vocabulary(tokenizer, config, vocabulary: int) -> None:
+    """ConfigError, naming the key the tokenizer came from, when it has more ids than the model."""
+    from meshrun.text.tokenizer import check_fits_vocabulary
+
+    check_fits_vocabulary(tokenizer, *tokenizer_source(config, SAMPLE_KEY), vocabulary)
+
+
+def check_max_length(max_length: int, options, key: str) -> int:
+    """`max_length`, or a ConfigError naming `key` when the backbone cannot take that many tokens
+    (its position embedding is shorter; `options`: the run's KerasHubOptions)."""
+    from meshrun.models.hub import max_sequence_length
+
+    limit = max_sequence_length(options)
+    if limit is not None and max_length > limit:
+        raise ConfigError(key, f"got {max_length}, more than the backbone's max_sequence_length {limit}; valid: 2 to {limit}")
+    return max_length

@@ -1,0 +1,209 @@
+"""Completions of prompts by KerasHub causal LMs: `train.sample_prompts` at the end of a run and
+`meshrun generate RUN_DIR`, on a 2x4 mesh of 8 emulated CPU devices, with a tiny Gemma preset whose
+SentencePiece tokenizer is trained on local text (tests/presets.py). A completion is greedy from the
+ids a prompt is trained as ([start] + encode(prompt)), checked against a token-by-token argmax of
+the model's logits; it stops at the end token; one prompt on a batch axis of 2 completes; the CLI
+completes from a run's checkpoint and from an exported preset; bad input is one line with exit 2."""
+
+import json
+import shutil
+from io import StringIO
+
+import numpy as np
+import pytest
+from conftest import layout_rules, one_error_line, read_metrics, run_meshrun
+
+from meshrun import cli
+
+pytestmark = pytest.mark.integration
+
+PROMPT = "The cat"
+PROMPTS = [PROMPT, "A", "Every morning the old farmer walks"]  # three lengths: a batch of 4 rows on a batch axis of 2
+MAX_LENGTH = 24
+RUN = ["model=keras_hub", "mesh=2x4", "layout=gemma_tp", "model.seq_len=32", "train.epochs=1", "train.verbose=0",
+       "data.num_samples=32", "data.eval_samples=16"]
+
+
+@pytest.fixture(scope="module")
+def preset(text_files):
+    """A tiny Gemma preset (4 query and 4 key/value heads: gemma_tp splits them over the model axis)."""
+    return text_files.gemma
+
+
+@pytest.fixture(scope="module")
+def tokenizer(preset):
+    from meshrun.text.tokenizer import load_tokenizer
+
+    return load_tokenizer(str(preset), "model.preset")
+
+
+@pytest.fixture(scope="module")
+def trained(preset, tmp_path_factory):
+    """A LoRA run of the preset on 2x4 that checkpoints, exports and completes PROMPT; its run dir
+    and metrics."""
+    run_dir = tmp_path_factory.mktemp("runs") / "trained"
+    cli.main(["train", *RUN, f"model.preset={preset}", "model.lora.rank=4", "checkpoint.every_epoch=true", "checkpoint.export=true",
+              f"train.sample_prompts=['{PROMPT}']", f"train.sample_max_length={MAX_LENGTH}", f"hydra.run.dir={run_dir}"])
+    metrics = read_metrics(run_dir)
+    assert metrics["status"] == "ok", metrics["error"]
+    return run_dir, metrics
+
+
+@pytest.fixture(scope="module")
+def by_hand(preset, tokenizer):
+    """The preset's greedy continuation of each of PROMPTS (ids, up to MAX_LENGTH tokens in all,
+    no stop) worked out a token at a time: the argmax of the model's logits after [start] +
+    encode(prompt) and the tokens chosen so far, on one device (no distribution)."""
+    import keras_hub
+
+    model = keras_hub.models.CausalLM.from_preset(str(preset), preprocessor=None)
+    continuations = []
+    for prompt in PROMPTS:
+        ids = [tokenizer.start_id, *tokenizer.encode([prompt])[0].tolist()]
+        prompt_length = len(ids)
+        while len(ids) < MAX_LENGTH:
+            token_ids = np.zeros((1, MAX_LENGTH), "int32")
+            token_ids[0, : len(ids)] = ids
+            padding_mask = (np.arange(MAX_LENGTH) < len(ids))[None].astype("int32")
+            logits = model.predict_on_batch({"token_ids": token_ids, "padding_mask": padding_mask})
+            ids.append(int(np.argmax(logits[0, len(ids) - 1])))
+        continuations.append(ids[prompt_length:])
+    return continuations
+
+
+def up_to(ids: list[int], end: int) -> list[int]:
+    return ids[: ids.index(end)] if end in ids else ids
+
+
+def test_prompts_are_encoded_as_training_encodes_them(tokenizer):
+    from meshrun.text.examples import Framing
+    from meshrun.text.generate import encode_prompts, prompt_batch
+
+    framing = Framing(start=tokenizer.start_id, end=tokenizer.end_id, pad=tokenizer.pad_id)
+    encoded = encode_prompts(tokenizer, framing, PROMPTS, MAX_LENGTH, "key", "length_key")
+    for prompt, ids in zip(PROMPTS, encoded):
+        assert ids.tolist() == [tokenizer.start_id, *tokenizer.encode([prompt])[0].tolist()]
+    batch = prompt_batch(encoded[:1], MAX_LENGTH, multiple=2, pad=tokenizer.pad_id)  # one prompt, batch axis of 2
+    assert batch["token_ids"].shape == (2, MAX_LENGTH) and batch["padding_mask"].sum(axis=1).tolist() == [len(encoded[0])] * 2
+    assert batch["token_ids"][0, len(encoded[0]):].tolist() == [tokenizer.pad_id] * (MAX_LENGTH - len(encoded[0]))
+
+
+def test_completions_on_a_2x4_mesh_are_greedy_and_stop_at_the_end_token(preset, tokenizer, by_hand):
+    """The preset under gemma_tp on 2x4: each prompt's completion (a batch of 3 padded to 4, and one
+    prompt alone, padded to 2) is the greedy continuation worked out by hand; with an end token,
+    the completion stops before its first occurrence."""
+    import jax
+    import keras
+    import keras_hub
+
+    from meshrun.config.schema import LayoutRule, MeshConfig
+    from meshrun.placement import distribution as distribution_lib
+    from meshrun.text.examples import Framing
+    from meshrun.text.generate import complete
+
+    mesh = MeshConfig(shape=(2, 4), axis_names=("data", "model"), batch_axis="data")
+    rules = tuple(LayoutRule(pattern, tuple(axes)) for pattern, axes in layout_rules("gemma_tp").items())
+    keras.distribution.set_distribution(distribution_lib.make_distribution(mesh, rules, jax.devices()))
+    try:
+        model = keras_hub.models.CausalLM.from_preset(str(preset), preprocessor=None, compile=False)
+        assert model.get_layer("token_embedding").embeddings.value.sharding.spec[0] == "model"
+        endless = Framing(start=tokenizer.start_id, end=None, pad=tokenizer.pad_id)
+        completions = complete(model, tokenizer, endless, PROMPTS, MAX_LENGTH, 2, "key", "length_key")
+        assert completions == [tokenizer.decode(ids) for ids in by_hand]
+        end = by_hand[0][2]  # a token the model does generate: the third of the first continuation
+        stopping = Framing(start=tokenizer.start_id, end=end, pad=tokenizer.pad_id)
+        (alone,) = complete(model, tokenizer, stopping, [PROMPT], MAX_LENGTH, 2, "key", "length_key")
+        assert alone == tokenizer.decode(up_to(by_hand[0], end)) and len(up_to(by_hand[0], end)) <= 2
+    finally:
+        distribution_lib.reset()
+
+
+def test_a_run_completes_its_prompts_after_training(trained):
+    """One prompt, on a batch axis of 2: recorded in metrics.json and shown in the run's summary."""
+    from rich.console import Console
+
+    from meshrun.report.render import summary_table
+    from meshrun.run.metrics import RunMetrics
+
+    _, metrics = trained
+    (sample,) = metrics["samples"]
+    assert sample["prompt"] == PROMPT and isinstance(sample["completion"], str)
+    console = Console(file=StringIO(), width=200)
+    console.print(summary_table(RunMetrics.from_json(metrics)))
+    assert f"{PROMPT!r} -> {sample['completion']!r}" in console.file.getvalue()
+
+
+def test_meshrun_generate_completes_from_the_runs_export(trained, capsys):
+    """The run's exported preset (LoRA merged into the kernels) gives the completion the run
+    recorded at the end of training."""
+    run_dir, metrics = trained
+    assert (run_dir / "preset" / "config.json").is_file()
+    cli.main(["generate", str(run_dir), "--prompt", PROMPT, "--max-length", str(MAX_LENGTH)])
+    (sample,) = metrics["samples"]
+    assert capsys.readouterr().out.strip() == f"{PROMPT!r} -> {sample['completion']!r}"
+
+
+def test_meshrun_generate_completes_from_the_runs_checkpoint(trained, tmp_path):
+    """A copy of the run dir without its export: the command, in a process of its own, reads the
+    checkpoint at the end of training (its LoRA adapters apart) and gives the recorded completion."""
+    run_dir, metrics = trained
+    copy = tmp_path / "run"
+    shutil.copytree(run_dir, copy, ignore=shutil.ignore_patterns("preset"))
+    done = run_meshrun(["generate", str(copy), "--prompt", PROMPT, "--max-length", str(MAX_LENGTH), "--json"], tmp_path)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert json.loads(done.stdout) == metrics["samples"]
+    assert not done.stderr.strip()  # no library chatter
+
+
+def error_line(args: list[str], capsys) -> str:
+    """The one error line of `meshrun ARGS` run in this process, which must exit with status 2."""
+    with pytest.raises(SystemExit) as ended:
+        cli.main(args)
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert ended.value.code == 2 and len(lines) == 1 and lines[0].startswith("meshrun: error: "), lines
+    return lines[0]
+
+
+def test_bad_generate_input_is_one_line_with_exit_2(trained, tmp_path, capsys):
+    run_dir, _ = trained
+    run = str(run_dir)
+    no_weights = tmp_path / "no-weights"
+    shutil.copytree(run_dir / ".hydra", no_weights / ".hydra")
+    other_model = tmp_path / "dense"
+    (other_model / ".hydra").mkdir(parents=True)
+    (other_model / ".hydra" / "config.yaml").write_text("model:\n  name: dense_model\n")
+    cases = {
+        ("generate", "--prompt", "x"): "RUN_DIR: is required",
+        ("generate", run): "--prompt: is required",
+        ("generate", run, "--prompt", "x", "--max-length", "one"): "--max-length: got 'one'",
+        ("generate", run, "--prompt", "x", "--temperature", "1"): "--temperature: unknown flag",
+        ("generate", str(tmp_path / "nowhere"), "--prompt", "x"): "which is not a directory",
+        ("generate", str(tmp_path), "--prompt", "x"): "holds no .hydra/config.yaml",
+        ("generate", str(other_model), "--prompt", "x"): "a run of model=dense_model",
+        ("generate", str(no_weights), "--prompt", "x"): f"RUN_DIR: '{no_weights}' has no saved weights: train with checkpoint.export=true",
+        ("generate", run, "--prompt", PROMPTS[2], "--max-length", "4"): "which leaves no room to complete it within --max-length=4",
+    }
+    for args, expected in cases.items():
+        assert expected in error_line(list(args), capsys), args
+    done = run_meshrun(["generate", str(tmp_path / "nowhere"), "--prompt", "x"], tmp_path)  # the program itself
+    assert "RUN_DIR: got" in one_error_line(done)
+    cli.main(["generate", "--help"])
+    assert capsys.readouterr().out.startswith("usage: meshrun generate RUN_DIR --prompt TEXT")
+
+
+PRESET_RUN = ["model=keras_hub", "model.preset=PRESET", "mesh=2x4", "layout=gemma_tp", "model.seq_len=32"]
+
+
+@pytest.mark.parametrize("args, expected", [
+    (["model=dense_model", "mesh=2x4"], "train.sample_prompts: got 1 prompt(s) with model=dense_model"),
+    (["model=keras_hub", "model.task=GemmaCausalLM", "mesh=2x4", "model.seq_len=16",
+      "model.backbone={vocabulary_size:512,num_layers:1,num_query_heads:4,num_key_value_heads:4,hidden_dim:32,intermediate_dim:64,head_dim:8}"],
+     "train.sample_prompts: needs a tokenizer: model.preset or data.tokenizer"),
+    ([*PRESET_RUN, "train.sample_max_length=3"], "which leaves no room to complete it within train.sample_max_length=3"),
+    ([*PRESET_RUN, "train.sample_max_length=1"], "train.sample_max_length: got 1"),
+])
+def test_bad_sample_prompts_are_one_line_before_training(args, expected, preset, in_tmp, capsys):
+    args = [arg.replace("PRESET", str(preset)) for arg in args]
+    line = error_line(["train", *args, f"train.sample_prompts=['{PROMPTS[2]}']", "train.verbose=0"], capsys)
+    assert expected in line
+    assert not list(in_tmp.rglob("metrics.json"))  # rejected before anything ran

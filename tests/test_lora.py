@@ -1,0 +1,203 @@
+"""LoRA fine-tuning of a KerasHub causal LM (model.lora) on 8 emulated CPU devices: a tiny Gemma
+preset (tests/presets.py) trained with rank-4 adapters on mesh 2x4 under gemma_tp. Only the adapters
+train (the plan, the optimizer's slots and metrics.json say so); the exported preset loads in plain
+KerasHub with the adapters merged and the preset's tokenizer, and the base preset with the exported
+adapter gives the same logits; a LoRA run resumes from its checkpoint with the losses of an
+uninterrupted run; rules that catch adapters warn; bad values are one line with exit 2."""
+
+import json
+import math
+import subprocess
+import sys
+
+import pytest
+from conftest import read_metrics
+
+from meshrun import cli
+
+pytestmark = pytest.mark.integration
+
+RANK, ALPHA = 4, 8.0  # alpha / rank = 2, so the adapter file must carry the scale folded in
+LORA = [f"model.lora.rank={RANK}", f"model.lora.alpha={ALPHA}"]
+FAST = ["train.verbose=0", "train.epochs=2", "data.num_samples=64", "data.eval_samples=16", "model.seq_len=16"]
+ON_2X4 = ["mesh=2x4", "layout=gemma_tp"]
+
+
+@pytest.fixture(scope="module")
+def base_preset(text_files):
+    """A tiny Gemma preset with its SentencePiece tokenizer and preprocessor (4 query and 4
+    key/value heads, so that gemma_tp divides them over a model axis of 4)."""
+    return text_files.gemma
+
+
+def train(args: list[str], run_dir) -> dict:
+    cli.main(["train", "model=keras_hub", *args, f"hydra.run.dir={run_dir}"])
+    metrics = read_metrics(run_dir)
+    assert metrics["status"] == "ok", metrics["error"]
+    return metrics
+
+
+@pytest.fixture(scope="module")
+def lora_run(base_preset, tmp_path_factory):
+    """The LoRA run of two epochs, exported: its metrics and run dir."""
+    run_dir = tmp_path_factory.mktemp("lora") / "run"
+    return train([f"model.preset={base_preset}", *LORA, *ON_2X4, *FAST, "checkpoint.export=true"], run_dir), run_dir
+
+
+def is_adapter(path: str) -> bool:
+    return path.rsplit("/", 1)[-1] in ("lora_kernel_a", "lora_kernel_b")
+
+
+def test_only_the_adapters_train_and_the_optimizer_keeps_state_for_them_alone(lora_run):
+    metrics, run_dir = lora_run
+    adapters = {path: placed for path, placed in metrics["sharding"].items() if is_adapter(path)}
+    assert sorted(adapters) == sorted(f"decoder_block_{i}/attention/{layer}/lora_kernel_{ab}"
+                                      for i in range(2) for layer in ("query", "value") for ab in "ab")
+    adapter_params = sum(math.prod(placed["shape"]) for placed in adapters.values())
+    model = metrics["model"]
+    assert model["trainable_params"] == adapter_params < model["params"] / 5
+    assert model["label"].endswith(f"LoRA rank {RANK}") and model["options"]["lora"] == {"rank": RANK, "alpha": ALPHA, "targets": None}
+    plan = json.loads((run_dir / "plan.json").read_text())
+    assert plan["model"]["trainable_params"] == adapter_params
+    assert plan["model"]["frozen_params"] == model["params"] - adapter_params
+    assert {v["path"] for v in plan["variables"] if v["trainable"]} == set(adapters)
+    mirrored = {slot["reference"] for slot in plan["optimizer_variables"] if "reference" in slot}
+    assert mirrored == set(adapters)  # Adam's two moments of every adapter, of nothing else
+    assert plan["lora_adapters"] == {"variables": 8, "params": adapter_params, "placed_by_rules": 0,
+                                     "bytes_per_device": 4 * adapter_params}
+    assert all(placed["spec"] == [None] * len(placed["shape"]) and placed["rule"] is None for placed in adapters.values())
+    assert metrics["memory"]["planned_optimizer_bytes_per_device"] < 3 * 4 * adapter_params
+    assert metrics["memory"]["optimizer_bytes_per_device"] == metrics["memory"]["planned_optimizer_bytes_per_device"]
+    assert metrics["flops"]["analytic_formula"] == "(4·N+2·T)·tokens"  # frozen weights get no weight gradients
+    assert 0.7 < metrics["flops"]["analytic_over_xla"] < 1.3
+
+
+# Run by a plain Python with no meshrun imported: the exported preset, the base preset with the
+# exported adapter loaded, and model.keras, on the same tokens.
+CHECK_EXPORTS = """
+import json, sys
+import numpy as np
+import keras, keras_hub
+base_dir, run_dir, rank = sys.argv[1], sys.argv[2], int(sys.argv[3])
+tokens = {"token_ids": (np.arange(32).reshape(2, 16) * 7 + 3) % 512, "padding_mask": np.ones((2, 16), "int32")}
+merged = keras_hub.models.CausalLM.from_preset(run_dir + "/preset")
+base = keras_hub.models.CausalLM.from_preset(base_dir)
+base_logits = np.asarray(base(tokens))
+base_weights = {v.path: np.asarray(v) for v in base.backbone.variables}
+base.backbone.load_lora_weights(run_dir + "/adapter.lora.h5")
+adapted = {layer.name for layer in base.backbone._flatten_layers() if getattr(layer, "lora_enabled", False)}
+changed, merged_off = [], 0.0
+for layer in base.backbone._flatten_layers():
+    if getattr(layer, "lora_enabled", False):
+        delta = np.matmul(np.asarray(layer.lora_kernel_a), np.asarray(layer.lora_kernel_b))
+        expected = base_weights[layer._kernel.path] + delta
+        merged_kernel = {v.path: np.asarray(v) for v in merged.backbone.variables}[layer._kernel.path]
+        merged_off = max(merged_off, float(np.abs(merged_kernel - expected).max()))
+for v in merged.backbone.variables:
+    if not np.array_equal(np.asarray(v), base_weights[v.path]):
+        changed.append(v.path)
+text = "Instruction: What colour is the sky?"
+print(json.dumps({
+    "merged_vs_adapter": float(np.abs(np.asarray(merged(tokens)) - np.asarray(base(tokens))).max()),
+    "merged_vs_base": float(np.abs(np.asarray(merged(tokens)) - base_logits).max()),
+    "keras_file_vs_merged": float(np.abs(np.asarray(keras.saving.load_model(run_dir + "/model.keras")(tokens))
+                                         - np.asarray(merged(tokens))).max()),
+    "merged_kernels_off": merged_off, "changed": sorted(changed), "adapted": sorted(adapted),
+    "preprocessor": type(merged.preprocessor).__name__,
+    "same_tokens": np.asarray(merged.preprocessor.tokenizer(text)).tolist() == np.asarray(base.preprocessor.tokenizer(text)).tolist(),
+    "meshrun_imported": "meshrun" in sys.modules,
+}))
+"""
+
+
+def test_the_exports_load_in_plain_keras_hub_merged_and_as_base_plus_adapter(lora_run, base_preset, tmp_path):
+    """The preset holds the adapters merged (the base's weights but the adapted kernels, which
+    equal base + A @ B of the adapter file) and the base preset's tokenizer; base + adapter gives
+    its logits, which differ from the base's; model.keras holds the same model."""
+    metrics, run_dir = lora_run
+    assert metrics["checkpoint"]["exported"] == str(run_dir / "model.keras")
+    assert metrics["checkpoint"]["exported_preset"] == str(run_dir / "preset")
+    assert metrics["checkpoint"]["exported_adapter"] == str(run_dir / "adapter.lora.h5")
+    saved_config = (run_dir / "preset" / "config.json").read_text() + (run_dir / "preset" / "task.json").read_text()
+    assert "lora" not in saved_config
+    metadata = json.loads((run_dir / "preset" / "metadata.json").read_text())
+    assert metadata["parameter_count"] == metrics["model"]["params"] - metrics["model"]["trainable_params"]
+    assert not [p for p in run_dir.iterdir() if p.name.startswith(".partial")]
+    done = subprocess.run([sys.executable, "-c", CHECK_EXPORTS, str(base_preset), str(run_dir), str(RANK)],
+                          capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    found = json.loads(done.stdout.strip().splitlines()[-1])
+    assert found["merged_vs_adapter"] < 1e-4 < found["merged_vs_base"], found
+    assert found["keras_file_vs_merged"] < 1e-5, found
+    assert found["merged_kernels_off"] < 1e-6, found
+    assert found["changed"] == sorted(f"decoder_block_{i}/attention/{layer}/kernel" for i in range(2) for layer in ("query", "value"))
+    assert found["adapted"] == ["query", "value"]
+    assert found["preprocessor"] == "GemmaCausalLMPreprocessor" and found["same_tokens"] and not found["meshrun_imported"]
+
+
+def test_a_lora_run_resumes_with_the_losses_of_an_uninterrupted_one(lora_run, base_preset, tmp_path):
+    reference = lora_run[0]
+    first = [f"model.preset={base_preset}", *LORA, *ON_2X4, *FAST, "checkpoint.every_epoch=true", f"checkpoint.dir={tmp_path / 'checkpoints'}"]
+    train([*first, "train.epochs=1"], tmp_path / "first")
+    resumed = train(first, tmp_path / "resumed")
+    assert resumed["checkpoint"]["resumed_at_step"] == 4
+    assert resumed["history"]["loss"] == pytest.approx(reference["history"]["loss"], abs=1e-4)
+    assert resumed["eval"]["loss"] == pytest.approx(reference["eval"]["loss"], abs=1e-4)
+
+
+def plan_json(args: list[str], capsys) -> dict:
+    try:
+        cli.main(["plan", "model=keras_hub", *args, "model.seq_len=16", "--json"])
+    except SystemExit as exit_info:
+        assert exit_info.code == 2
+    return json.loads(capsys.readouterr().out)
+
+
+def test_a_rule_that_catches_adapters_is_a_warning_and_one_they_do_not_divide_is_an_error(base_preset, capsys):
+    """A rule written for the MLP's kernels that also matches the adapters of a LoRA on them
+    places them (a warning naming the rule); an adapter dimension the mesh cannot divide is a
+    layout error like any other."""
+    preset = f"model.preset={base_preset}"
+    catching = plan_json([preset, *LORA, "model.lora.targets=[ffw_gating]", "mesh=2x4",
+                          "layout.rules={decoder_block_\\d+/ffw_gating.*:[null,model]}"], capsys)
+    assert catching["status"] == "ok", catching["errors"]
+    warned = [w for w in catching["warnings"] if "LoRA adapter" in w]
+    assert len(warned) == 1, catching["warnings"]
+    assert warned[0].startswith("rule 'decoder_block_\\d+/ffw_gating.*' (rules) also places the LoRA adapter decoder_block_0/ffw_gating/lora_kernel_a "
+                                "and 3 more adapter variables"), warned[0]
+    assert catching["lora_adapters"]["placed_by_rules"] == 4
+    indivisible = plan_json([preset, *LORA, "mesh=1x8", "layout.rules={decoder_block_\\d+/attention/query/lora_kernel_a:[null,null,model]}"], capsys)
+    assert indivisible["status"] == "error"
+    assert any("lora_kernel_a" in e and "(size 4" in e for e in indivisible["errors"]), indivisible["errors"]
+
+
+def test_lora_in_the_plan_text(base_preset, capsys):
+    cli.main(["plan", "model=keras_hub", f"model.preset={base_preset}", *LORA, *ON_2X4, "model.seq_len=16"])
+    out = capsys.readouterr().out
+    assert "trains" in out and "frozen" in out
+    assert "optimizer state only for those" in out and "all replicated (they are small)" in out
+
+
+BAD = {
+    "rank 0": (["model.lora.rank=0"], "model.lora.rank: got 0; valid: a positive integer"),
+    "negative alpha": (["model.lora.rank=4", "model.lora.alpha=-2"], "model.lora.alpha: got -2; valid: a positive number"),
+    "alpha without a rank": (["model.lora.alpha=16"], "model.lora.alpha: got 16 with model.lora.rank=null, which leaves LoRA off"),
+    "a misspelt key": (["model.lora.rnak=4"], "model.lora.rnak: no such key (got override 'model.lora.rnak=4'); did you mean model.lora.rank?"),
+    "a layer the backbone lacks": (
+        ["model.lora.rank=4", "model.lora.targets=[quary,value]"],
+        "model.lora.targets: got ['quary', 'value'], but GemmaBackbone has no Dense or EinsumDense layer named 'quary'; did you mean query? "
+        "valid: attention_output, ffw_gating, ffw_gating_2, ffw_linear, key, query or value",
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(BAD))
+def test_bad_lora_values_are_one_line_with_exit_2(name, in_tmp, capsys):
+    args, expected = BAD[name]
+    gemma = ["model.task=GemmaCausalLM", "model.backbone={vocabulary_size:256,num_layers:1,num_query_heads:2,num_key_value_heads:1,hidden_dim:32,intermediate_dim:64,head_dim:16}"]
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["train", "model=keras_hub", *gemma, *args, "model.seq_len=16", "train.verbose=0"])
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert exit_info.value.code == 2 and len(lines) == 1, lines
+    assert lines[0].startswith(f"meshrun: error: {expected}"), lines[0]
+    assert list(in_tmp.iterdir()) == []
