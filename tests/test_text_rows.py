@@ -3,9 +3,9 @@ the file and line), how examples become token rows (which labels weigh, packing,
 token cache (keys that cover every input, entries never seen half-written)."""
 
 import json
-import multiprocessing
-import os
 import signal
+import subprocess
+import sys
 import time
 
 import numpy as np
@@ -153,46 +153,48 @@ def arrays(value: int) -> dict:
     return {"train_tokens": np.full((1000, 65), value, np.int32), "train_lengths": np.full(1000, 65, np.int32)}
 
 
-def write_entry(directory, value, barrier):
-    barrier.wait()
-    cache.write(directory, arrays(value), {"value": value})
+# A writer of a cache entry in a process of its own (no fork of this process, whose jax threads a
+# forked child could deadlock on); with a pause after each array when asked, to be killed mid-write.
+WRITER = """
+import sys, time
+import numpy as np
+from meshrun.text import cache
+directory, value, start_at, pause = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4])
+save = np.save
+def slow_save(*args, **kwargs):
+    save(*args, **kwargs)
+    time.sleep(pause)
+np.save = slow_save
+while time.time() < start_at:
+    time.sleep(0.001)
+cache.write(__import__("pathlib").Path(directory), {"train_tokens": np.full((1000, 65), value, np.int32),
+            "train_lengths": np.full(1000, 65, np.int32)}, {"value": value})
+"""
+
+
+def writer(directory, value: int, start_at: float = 0.0, pause: float = 0.0) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", WRITER, str(directory), str(value), str(start_at), str(pause)])
 
 
 def test_two_writers_at_once_leave_one_complete_entry(tmp_path):
     directory = tmp_path / "tokens" / "k"
-    barrier = multiprocessing.get_context("fork").Barrier(2)
-    writers = [multiprocessing.get_context("fork").Process(target=write_entry, args=(directory, 7, barrier)) for _ in range(2)]
-    for w in writers:
-        w.start()
-    for w in writers:
-        w.join(60)
-    assert [w.exitcode for w in writers] == [0, 0]
+    start_at = time.time() + 2  # both begin writing at this moment
+    writers = [writer(directory, 7, start_at) for _ in range(2)]
+    assert [w.wait(60) for w in writers] == [0, 0]
     meta = cache.find(directory)
     assert meta["value"] == 7 and sorted(meta["arrays"]) == ["train_lengths.npy", "train_tokens.npy"]
     assert np.load(directory / "train_tokens.npy").shape == (1000, 65)
     assert [p.name for p in directory.parent.iterdir()] == ["k"]  # no temporary dir left
 
 
-def slow_writer(directory):
-    original = np.save
-
-    def slow_save(*args, **kwargs):
-        original(*args, **kwargs)
-        time.sleep(30)
-
-    np.save = slow_save
-    cache.write(directory, arrays(1), {})
-
-
 def test_a_writer_killed_halfway_leaves_no_entry_and_its_leftovers_are_removed(tmp_path):
     directory = tmp_path / "tokens" / "k"
-    writer = multiprocessing.get_context("fork").Process(target=slow_writer, args=(directory,))
-    writer.start()
+    slow = writer(directory, 1, pause=30)
     deadline = time.time() + 30
-    while not list(directory.parent.glob(".tmp-*")) and time.time() < deadline:
+    while not list(directory.parent.glob(".tmp-*/*.npy")) and time.time() < deadline:
         time.sleep(0.05)
-    os.kill(writer.pid, signal.SIGKILL)
-    writer.join()
+    slow.send_signal(signal.SIGKILL)
+    slow.wait()
     assert cache.find(directory) is None and list(directory.parent.glob(".tmp-*"))
     cache.write(directory, arrays(3), {"value": 3})
     assert cache.find(directory)["value"] == 3
