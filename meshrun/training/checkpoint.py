@@ -167,10 +167,12 @@ def _manager(root: Path, config: CheckpointConfig):
     return ocp.CheckpointManager(root, options=options)
 
 
-def _reader(point: ResumePoint):
-    """A manager that reads (never writes or prunes) the checkpoints of `point`'s dir."""
+def _reader(point: ResumePoint, partial: bool = False):
+    """A manager that reads (never writes or prunes) the checkpoints of `point`'s dir; `partial`:
+    one that can read part of the state."""
     ocp = _ocp()
-    handlers = {STATE: ocp.StandardCheckpointHandler(), PROGRESS: ocp.JsonCheckpointHandler()}
+    state = ocp.PyTreeCheckpointHandler() if partial else ocp.StandardCheckpointHandler()
+    handlers = {STATE: state, PROGRESS: ocp.JsonCheckpointHandler()}
     options = ocp.CheckpointManagerOptions(read_only=True)
     return ocp.CheckpointManager(point.directory, options=options, item_handlers=handlers)
 
@@ -188,25 +190,35 @@ def restore_weights(model, point: ResumePoint) -> None:
     """Reads the model variables of checkpoint `point` into `model` (built under the distribution it
     is to run with), each straight into its variable's sharding as resuming does; the optimizer's
     and the metrics' state stay on disk (meshrun generate needs the weights alone)."""
+    groups = {"model": {v.path: v for v in model.variables}}
+    restored = _read(point, groups, partial=True)
+    for path, variable in groups["model"].items():
+        variable.assign(restored["model"][path])
+
+
+def _read(point: ResumePoint, groups: dict, partial: bool = False) -> dict:
+    """The arrays of checkpoint `point` for `groups` (variables by group and path), each read
+    straight into its variable's sharding; `partial`: only those groups, the rest left on disk.
+    A checkpoint that does not fit them is a ConfigError, one that cannot be read UnreadableCheckpoint."""
     ocp = _ocp()
-    variables = {v.path: v for v in model.variables}
-    options = ocp.CheckpointManagerOptions(read_only=True)
-    handlers = {STATE: ocp.PyTreeCheckpointHandler(), PROGRESS: ocp.JsonCheckpointHandler()}  # STATE read in part
-    reader = ocp.CheckpointManager(point.directory, options=options, item_handlers=handlers)
+    reader = _reader(point, partial)
     try:
-        _check_fits(reader.item_metadata(point.step)[STATE], {"model": variables}, point)
-        target = {"model": {path: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=v.value.sharding) for path, v in variables.items()}}
-        restore = ocp.args.PyTreeRestore(item=target, restore_args=ocp.checkpoint_utils.construct_restore_args(target), partial_restore=True)
-        with _stderr_held_back():
-            restored = reader.restore(point.step, args=ocp.args.Composite(**{STATE: restore}))[STATE]
-    except ConfigError:
-        raise
-    except Exception as err:  # TensorStore's errors, for files changed after the save
-        raise UnreadableCheckpoint(point, first_line(err, limit=120)) from err
+        _check_fits(reader.item_metadata(point.step)[STATE], groups, point)
+        target = {
+            group: {path: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=v.value.sharding) for path, v in variables.items()}
+            for group, variables in groups.items()
+        }
+        if partial:
+            restore = ocp.args.PyTreeRestore(item=target, restore_args=ocp.checkpoint_utils.construct_restore_args(target), partial_restore=True)
+        else:
+            restore = ocp.args.StandardRestore(target)
+        try:
+            with _stderr_held_back():
+                return reader.restore(point.step, args=ocp.args.Composite(**{STATE: restore}))[STATE]
+        except Exception as err:  # TensorStore's errors, for files changed after the save
+            raise UnreadableCheckpoint(point, first_line(err, limit=120)) from err
     finally:
         reader.close()
-    for path, variable in variables.items():
-        variable.assign(restored["model"][path])
 
 
 def _groups(model) -> dict:
@@ -267,22 +279,8 @@ class Checkpointing(keras.callbacks.Callback):
         if self._resume is None:
             return
         point, self._resume = self._resume, None
-        ocp = _ocp()
         groups = _groups(self.model)
-        reader = _reader(point)
-        saved = reader.item_metadata(point.step)[STATE]
-        _check_fits(saved, groups, point)
-        target = {
-            group: {path: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=v.value.sharding) for path, v in variables.items()}
-            for group, variables in groups.items()
-        }
-        try:
-            with _stderr_held_back():
-                restored = reader.restore(point.step, args=ocp.args.Composite(**{STATE: ocp.args.StandardRestore(target)}))[STATE]
-        except Exception as err:  # TensorStore's errors, for files changed after the save
-            raise UnreadableCheckpoint(point, first_line(err, limit=120)) from err
-        finally:
-            reader.close()
+        restored = _read(point, groups)
         for group in ("model", "optimizer"):
             for path, variable in groups[group].items():
                 variable.assign(restored[group][path])
