@@ -188,16 +188,17 @@ def hf_tokenizer_json(path, text: str) -> Path:
 
 # --- presets --------------------------------------------------------------------------------------
 
-def gemma_preset(path, text: str, num_key_value_heads: int = 1) -> Path:
+def gemma_preset(path, text: str, num_key_value_heads: int = 1, dropout: float = 0.0) -> Path:
     """A tiny Gemma (SentencePiece tokenizer trained on `text`) saved as a KerasHub preset in
-    `path`; returns `path`."""
+    `path`; returns `path`. With `dropout`, training draws random numbers (a resume must restore
+    their state)."""
     import keras_hub
 
     _seed()
     tokenizer = keras_hub.models.GemmaTokenizer(proto=sentencepiece_proto(text))
     backbone = keras_hub.models.GemmaBackbone(
         vocabulary_size=VOCABULARY_SIZE, num_layers=2, num_query_heads=4, num_key_value_heads=num_key_value_heads,
-        hidden_dim=64, intermediate_dim=128, head_dim=16,
+        hidden_dim=64, intermediate_dim=128, head_dim=16, dropout=dropout,
     )
     preprocessor = keras_hub.models.GemmaCausalLMPreprocessor(tokenizer, sequence_length=SEQUENCE_LENGTH)
     return _save(keras_hub.models.GemmaCausalLM(backbone=backbone, preprocessor=preprocessor), path)

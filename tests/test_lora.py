@@ -2,16 +2,20 @@
 preset (tests/presets.py) trained with rank-4 adapters on mesh 2x4 under gemma_tp. Only the adapters
 train (the plan, the optimizer's slots and metrics.json say so); the exported preset loads in plain
 KerasHub with the adapters merged and the preset's tokenizer, and the base preset with the exported
-adapter gives the same logits; a LoRA run resumes from its checkpoint with the losses of an
-uninterrupted run; rules that catch adapters warn; bad values are one line with exit 2."""
+adapter gives the same logits; a LoRA run on text stopped by SIGTERM and by SIGKILL resumes with
+the losses and adapters of an uninterrupted run; rules that catch adapters warn; bad values are one line with exit 2."""
 
 import json
 import math
+import signal
 import subprocess
 import sys
+import time
 
+import numpy as np
 import pytest
-from conftest import read_metrics
+from conftest import INSTRUCTION_PROMPT, read_metrics, run_meshrun
+from presets import gemma_preset
 
 from meshrun import cli
 
@@ -135,14 +139,59 @@ def test_the_exports_load_in_plain_keras_hub_merged_and_as_base_plus_adapter(lor
     assert found["preprocessor"] == "GemmaCausalLMPreprocessor" and found["same_tokens"] and not found["meshrun_imported"]
 
 
-def test_a_lora_run_resumes_with_the_losses_of_an_uninterrupted_one(lora_run, base_preset, tmp_path):
-    reference = lora_run[0]
-    first = [f"model.preset={base_preset}", *LORA, *ON_2X4, *FAST, "checkpoint.every_epoch=true", f"checkpoint.dir={tmp_path / 'checkpoints'}"]
-    train([*first, "train.epochs=1"], tmp_path / "first")
-    resumed = train(first, tmp_path / "resumed")
-    assert resumed["checkpoint"]["resumed_at_step"] == 4
-    assert resumed["history"]["loss"] == pytest.approx(reference["history"]["loss"], abs=1e-4)
-    assert resumed["eval"]["loss"] == pytest.approx(reference["eval"]["loss"], abs=1e-4)
+def test_a_lora_fine_tune_stopped_by_sigterm_then_killed_resumes_exactly(text_files, tmp_path):
+    """A LoRA fine-tune on text (dropout on, so training draws random numbers) is stopped by
+    SIGTERM, run again and killed with SIGKILL mid-epoch, then run a third time: it restores the
+    adapters, their optimizer state, the data position and the RNG each time, and ends with the
+    losses, eval loss and adapters of the run never interrupted."""
+    from presets import corpus_text
+
+    preset = gemma_preset(tmp_path / "preset", corpus_text(), num_key_value_heads=4, dropout=0.1)
+    checkpoints = tmp_path / "checkpoints"
+    command = ["train", "model=keras_hub", f"model.preset={preset}", *LORA, *ON_2X4, "data=text", f"data.files=[{text_files.instructions}]",
+               f"data.prompt='{INSTRUCTION_PROMPT}'", "data.completion='{response}'", "data.eval_fraction=0.1",
+               f"data.cache_dir={tmp_path / 'tokens'}", "train.epochs=2", "train.batch_size=8", "train.verbose=0",
+               "train.learning_rate=0.01", "checkpoint.every_steps=5", "checkpoint.keep=2", "checkpoint.export=true"]
+    whole = run_meshrun([*command, f"hydra.run.dir={tmp_path / 'whole'}"], tmp_path)
+    assert whole.returncode == 0, whole.stderr[-2000:]
+    resumed = [*command, f"checkpoint.dir={checkpoints}"]
+    stop_after(resumed, tmp_path / "stopped", checkpoints, at_step=20, stop=signal.SIGTERM, returncode=143)
+    stop_after(resumed, tmp_path / "killed", checkpoints, at_step=50, stop=signal.SIGKILL, returncode=-signal.SIGKILL)
+    final = run_meshrun([*resumed, f"hydra.run.dir={tmp_path / 'final'}"], tmp_path)
+    assert final.returncode == 0, final.stderr[-2000:]
+    stopped, metrics, reference = (read_metrics(tmp_path / name) for name in ("stopped", "final", "whole"))
+    assert stopped["status"] == "preempted" and stopped["train"]["stopped"]["signal"] == "SIGTERM"
+    assert 50 <= metrics["checkpoint"]["resumed_at_step"] < reference["train"]["updates"]
+    assert metrics["checkpoint"]["resumed_at_step"] % reference["train"]["steps_per_epoch"] != 0  # mid-epoch
+    assert metrics["history"]["loss"] == pytest.approx(reference["history"]["loss"], abs=1e-6)
+    assert metrics["eval"]["loss"] == pytest.approx(reference["eval"]["loss"], abs=1e-6)
+    adapters = [adapter_weights(tmp_path / name / "adapter.lora.h5") for name in ("final", "whole")]
+    assert adapters[0].keys() == adapters[1].keys() and sum(is_adapter(key) for key in adapters[0]) == 8
+    for key, value in adapters[0].items():
+        np.testing.assert_allclose(value, adapters[1][key], atol=1e-6, rtol=0)
+
+
+def stop_after(command: list[str], run_dir, checkpoints, at_step: int, stop: signal.Signals, returncode: int) -> None:
+    """Runs `meshrun COMMAND` and sends it `stop` once a checkpoint of step `at_step` or later is
+    complete on disk; asserts the run ended with `returncode`."""
+    run = subprocess.Popen([sys.executable, "-m", "meshrun", *command, f"hydra.run.dir={run_dir}"], cwd=run_dir.parent,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 240
+    while not any(p.name.isdigit() and int(p.name) >= at_step for p in checkpoints.glob("*")):
+        assert run.poll() is None and time.monotonic() < deadline, "the run ended before it could be stopped"
+        time.sleep(0.05)
+    run.send_signal(stop)
+    assert run.wait(timeout=120) == returncode
+
+
+def adapter_weights(path) -> dict:
+    """The arrays of an exported adapter file, by their path in it."""
+    import h5py
+
+    found = {}
+    with h5py.File(path, "r") as adapter:
+        adapter.visititems(lambda name, item: found.__setitem__(name, item[()]) if isinstance(item, h5py.Dataset) else None)
+    return found
 
 
 def plan_json(args: list[str], capsys) -> dict:
