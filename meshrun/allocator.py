@@ -74,6 +74,27 @@ def set_training_policy() -> bool:
     return all([bool(libc.mallopt(parameter, value)) for parameter, value in settings])
 
 
+class _MallInfo2(ctypes.Structure):
+    """glibc's struct mallinfo2 (malloc.h, glibc 2.33 and later)."""
+
+    _fields_ = [(name, ctypes.c_size_t) for name in
+                ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")]
+
+
+def bytes_in_use() -> Optional[int]:
+    """The bytes malloc has handed out and not had back, over all of glibc's arenas and mmapped
+    blocks (mallinfo2: uordblks + hblkhd); None where the C library is not glibc 2.33 or later.
+    Unlike the resident size, it leaves out what the allocator keeps after a free and the pages
+    of loaded libraries."""
+    libc = _glibc()
+    mallinfo2 = getattr(libc, "mallinfo2", None) if libc is not None else None
+    if mallinfo2 is None:
+        return None
+    mallinfo2.restype = _MallInfo2
+    found = mallinfo2()
+    return int(found.uordblks + found.hblkhd)
+
+
 def minor_faults() -> int:
     """Minor page faults of this process (all its threads) so far."""
     return resource.getrusage(resource.RUSAGE_SELF).ru_minflt

@@ -11,6 +11,7 @@ Importing this module imports none of those packages.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib
 import importlib.metadata
@@ -54,6 +55,17 @@ PRIVATE_NAMES = {
         PrivateName("keras", "keras.src.utils.module_utils", "LazyModule",
                     "seeding Keras without importing TensorFlow (keras.utils.set_random_seed imports it when installed)",
                     source_contains="self._available"),
+        PrivateName("keras", "keras.src.backend.jax.core", "JaxVariable._direct_assign",
+                    "putting a weight read from a file onto its shards without a whole copy on one device (load_onto_shards)",
+                    source_contains="self._value = value"),
+        PrivateName("keras", "keras.src.backend.jax.core", "JaxVariable._initialize_with_initializer",
+                    "starting a variable as zeros on its shards where a file's weights replace its initial values (load_onto_shards)",
+                    source_contains="self._initialize_layout()"),
+        PrivateName("keras", "keras.src.backend.common.variables", "Variable.__init__",
+                    "the dtype a variable stores, whatever autocast scope is in force (load_onto_shards)",
+                    source_contains="self._dtype"),
+        PrivateName("keras", "keras.src.backend.common.stateless_scope", "in_stateless_scope",
+                    "leaving what happens inside a StatelessScope to Keras (load_onto_shards)"),
         PrivateName("jax", "jax._src.xla_bridge", "", "the logger of jax's platform probes, kept off the console"),
         PrivateName("jax", "jax._src.profiler", "", "the logger of the profiler, which names every file it converts"),
     ),
@@ -210,6 +222,131 @@ def sync_training_state(model) -> None:
     """Writes the state the JAX trainer keeps off the variables during an epoch back onto them."""
     ensure("keras")
     model.jax_state_sync()
+
+
+@contextlib.contextmanager
+def load_onto_shards(on_placed=None):
+    """Where a model's weights are read from files under a distribution (from_preset), keeps every
+    device at the bytes the layout gives it. While in force:
+
+    - a variable that the distribution lays out starts as zeros made on its shards, instead of
+      running its initializer, whose values the file's replace next (XLA's random numbers for a
+      large variable take several times its size in temporaries, on the host with CPU devices);
+    - assigning an array held on the host (the numpy array Keras' weight loading read from the
+      file) to such a variable drops the old value and copies each device's slice of the array
+      straight onto that device. Keras' own assign copies the whole array onto one device first,
+      which runs out of memory for a preset larger than one device (keras #21634). `on_placed()`
+      runs after each such placement (where loading peaks).
+
+    Variables the files did not fill get their initializer's values when the block ends. Anything
+    else goes to Keras."""
+    ensure("keras")
+    from keras.src.backend.common.stateless_scope import in_stateless_scope
+    from keras.src.backend.jax.core import JaxVariable
+
+    waiting = {}  # id -> (variable, initializer): zeros until the files fill them, in creation order
+    keras_initialize, keras_assign = JaxVariable._initialize_with_initializer, JaxVariable.assign
+    had_own_assign = "assign" in JaxVariable.__dict__
+
+    def initialize(variable, initializer):
+        variable._initialize_layout()
+        sharding = _sharding_of(variable)
+        if sharding is None or in_stateless_scope():
+            return keras_initialize(variable, initializer)
+        variable._value = _zeros_on_shards(tuple(variable.shape), sharding, variable._dtype)
+        waiting[id(variable)] = (variable, initializer)
+
+    def assign(variable, value):
+        waiting.pop(id(variable), None)
+        sharding = _host_value_sharding(variable, value)
+        if sharding is None:
+            return keras_assign(variable, value)
+        variable._value = None  # the old value goes first (unless something else holds it): the new one takes its place
+        placed = _place_slices(value, tuple(variable.shape), sharding, variable._dtype)
+        if on_placed is not None:
+            on_placed()
+        variable._direct_assign(placed)
+        return placed
+
+    JaxVariable._initialize_with_initializer, JaxVariable.assign = initialize, assign
+    try:
+        yield
+    finally:
+        JaxVariable._initialize_with_initializer = keras_initialize
+        if had_own_assign:
+            JaxVariable.assign = keras_assign
+        else:
+            del JaxVariable.assign
+    for variable, initializer in waiting.values():
+        keras_initialize(variable, initializer)
+
+
+def _sharding_of(variable):
+    """The jax sharding of a variable's layout, or None when it has none."""
+    import jax
+    from keras.distribution import TensorLayout
+
+    layout = getattr(variable, "_layout", None)
+    sharding = layout.backend_layout if isinstance(layout, TensorLayout) else layout
+    return sharding if isinstance(sharding, jax.sharding.Sharding) else None
+
+
+def _host_value_sharding(variable, value):
+    """The sharding to put `value` on when load_onto_shards places it: a value on the host of the
+    variable's shape, assigned outside a StatelessScope to a variable with a layout; else None."""
+    import jax
+    from keras.src.backend.common.stateless_scope import in_stateless_scope
+
+    if isinstance(value, jax.Array) or in_stateless_scope():
+        return None
+    if not hasattr(value, "__getitem__") or tuple(getattr(value, "shape", ())) != tuple(variable.shape):
+        return None  # not an array, or Keras' own error about the shape
+    return _sharding_of(variable)
+
+
+def _place_slices(value, shape: tuple, sharding, dtype):
+    """`value` as a jax array of `sharding`, read a slice at a time: each local device gets a copy
+    of its slice alone, and the host holds one slice at once (devices that hold the same slice
+    share one read)."""
+    import numpy as np
+
+    stored = np.dtype(_jnp_dtype(dtype))
+    return _on_each_device(shape, sharding, lambda index: np.array(value[index], dtype=stored))
+
+
+def _zeros_on_shards(shape: tuple, sharding, dtype):
+    """Zeros of `shape` as a jax array of `sharding`, made shard by shard."""
+    import numpy as np
+
+    stored = np.dtype(_jnp_dtype(dtype))
+    return _on_each_device(shape, sharding, lambda index: np.zeros(_slice_shape(index, shape), dtype=stored))
+
+
+def _jnp_dtype(dtype):
+    import jax
+
+    return jax.numpy.dtype(dtype)
+
+
+def _slice_shape(index: tuple, shape: tuple) -> tuple:
+    return tuple(len(range(*part.indices(size))) for part, size in zip(index, shape))
+
+
+def _on_each_device(shape: tuple, sharding, read_slice):
+    """A jax array of `shape` and `sharding` whose shards are `read_slice(index)` (a numpy array),
+    made one distinct slice at a time and copied onto the devices that hold it."""
+    import jax
+
+    slices: dict = {}  # the slice's bounds -> its index and the devices that hold it
+    for device, index in sharding.addressable_devices_indices_map(shape).items():
+        bounds = tuple(part.indices(size) for part, size in zip(index, shape))
+        slices.setdefault(bounds, (index, []))[1].append(device)
+    shards = []
+    for index, devices in slices.values():
+        host = read_slice(index)
+        shards.extend(jax.device_put(host, device) for device in devices)
+        del host
+    return jax.make_array_from_single_device_arrays(shape, sharding, shards)
 
 
 def sublayers(model) -> list:

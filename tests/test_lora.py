@@ -72,6 +72,9 @@ def test_only_the_adapters_train_and_the_optimizer_keeps_state_for_them_alone(lo
     assert all(placed["spec"] == [None] * len(placed["shape"]) and placed["rule"] is None for placed in adapters.values())
     assert metrics["memory"]["planned_optimizer_bytes_per_device"] < 3 * 4 * adapter_params
     assert metrics["memory"]["optimizer_bytes_per_device"] == metrics["memory"]["planned_optimizer_bytes_per_device"]
+    # The preset went onto its shards (tests/test_load_onto_shards.py): no device held more than its planned weights.
+    assert metrics["memory"]["load_peak_bytes_per_device"] <= 1.3 * metrics["memory"]["planned_params_bytes_per_device"]
+    assert metrics["memory"]["load_peak_host_bytes"] > 0
     assert metrics["flops"]["analytic_formula"] == "(4·N+2·T)·tokens"  # frozen weights get no weight gradients
     assert 0.7 < metrics["flops"]["analytic_over_xla"] < 1.3
 

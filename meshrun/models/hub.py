@@ -28,6 +28,7 @@ preset dir (keras-hub is an optional dependency: pip install 'meshrun[hub]').
 
 from __future__ import annotations
 
+import contextlib
 import math
 import re
 from dataclasses import dataclass, field
@@ -203,11 +204,16 @@ def build(options: KerasHubOptions, load_weights: bool = True):
 
 
 def _build_task(options: KerasHubOptions, load_weights: bool):
+    from meshrun import compat
+    from meshrun.placement import load_memory
+
     task = task_class(options)
     if options.preset:
         described = f"{task.__name__}.from_preset({options.preset!r})"
-        return user_code.call("model.preset", described, task.from_preset, preset=str(Path(options.preset).expanduser()),
-                              preprocessor=None, compile=False, load_weights=load_weights)
+        loading = compat.load_onto_shards(on_placed=load_memory.sample) if load_weights else contextlib.nullcontext()
+        with loading:  # each weight straight onto its shards
+            return user_code.call("model.preset", described, task.from_preset, preset=str(Path(options.preset).expanduser()),
+                                  preprocessor=None, compile=False, load_weights=load_weights)
     backbone_cls = task.backbone_cls
     name = backbone_cls.__name__
     user_code.check_kwargs("model.backbone", backbone_cls, name, options.backbone, passed_on=LAYER_KEYWORDS)

@@ -139,8 +139,8 @@ def _flops(setup: RunSetup, outcome: Outcome) -> FlopsFigures:
 
 def _memory(setup: RunSetup, outcome: Outcome) -> MemoryFigures:
     """Bytes per device: the placed variables and optimizer slots (read from the arrays) beside the
-    plan's figures, XLA's compiled estimate of the step, and the live peak where the platform
-    reports one."""
+    plan's figures, XLA's compiled estimate of the step, the live peak where the platform
+    reports one, and the peaks of loading the model."""
     costs, plan = outcome.costs, setup.plan
     return MemoryFigures(
         params_bytes_per_device=sum(v.bytes_per_device for v in outcome.placed.values()),
@@ -151,6 +151,7 @@ def _memory(setup: RunSetup, outcome: Outcome) -> MemoryFigures:
         compiled=CompiledMemory(argument_bytes=costs.argument_bytes, output_bytes=costs.output_bytes, temp_bytes=costs.temp_bytes,
                                 alias_bytes=costs.alias_bytes, generated_code_bytes=costs.generated_code_bytes),
         live_peak_bytes_per_device=outcome.live_peak_bytes_per_device,
+        load_peak_bytes_per_device=outcome.load.bytes_per_device, load_peak_host_bytes=outcome.load.host_bytes,
     )
 
 

@@ -20,6 +20,7 @@ from meshrun import allocator, compat
 from meshrun.logs.timing import StepStats
 from meshrun.models.build import build_model, check_paths_match
 from meshrun.placement import distribution as distribution_lib
+from meshrun.placement.load_memory import LoadPeaks, LoadWatch
 from meshrun.report import costs as costs_lib
 from meshrun.run import feed
 from meshrun.run.hooks import RunHooks, make_hooks
@@ -53,6 +54,7 @@ class Outcome:
     trainable_params: int
     optimizer_bytes_per_device: int
     live_peak_bytes_per_device: Optional[int]
+    load: LoadPeaks
     updates: int
     loss: str
     stopped: Optional[dict]
@@ -74,7 +76,7 @@ def execute(setup: RunSetup) -> Outcome:
     policy (meshrun.allocator)."""
     allocator.set_training_policy()
     with preemption.StopSignals() as signals:
-        model, loss = build(setup)
+        model, loss, load = build(setup)
         built_at = time.time()
         hooks = make_hooks(setup, signals)
         history = fit(model, setup, hooks)
@@ -94,7 +96,7 @@ def execute(setup: RunSetup) -> Outcome:
         placed=placed_variables(model, setup), params=int(model.count_params()),
         trainable_params=sum(math.prod(v.shape) for v in model.trainable_variables),
         optimizer_bytes_per_device=sum(_bytes_on_one_device(v) for v in model.optimizer.variables),
-        live_peak_bytes_per_device=costs_lib.live_peak_bytes(local_devices(setup.devices.devices)),
+        live_peak_bytes_per_device=costs_lib.live_peak_bytes(local_devices(setup.devices.devices)), load=load,
         updates=int(model.optimizer.iterations), loss=objectives.loss_name(loss), stopped=stopped,
         logs=hooks.log_files(), profile=hooks.profile(), checkpoint_s=hooks.checkpointing.seconds,
         saved_steps=hooks.checkpointing.saved_steps, exported=exported,
@@ -109,14 +111,16 @@ def stopped_by_signal(stopped: Optional[dict]) -> bool:
 
 def build(setup: RunSetup):
     """The model, built and compiled under the run's distribution and dtype policy, its initial
-    weights drawn from the run's seed, and the loss it was compiled with. Every Keras object, the
-    optimizer's variables included, must be created under the distribution."""
+    weights drawn from the run's seed (or read from its preset, each weight straight onto its
+    shards), the loss it was compiled with, and the memory peaks of building it. Every Keras object,
+    the optimizer's variables included, must be created under the distribution."""
     config, placement = setup.config, setup.planned
     spec, options = placement.spec, placement.options
     keras.distribution.set_distribution(distribution_lib.in_force(setup.distribution))
     keras.config.set_dtype_policy(config.train.precision)  # reset to float32 by distribution.reset
     compat.set_random_seed(config.train.seed)
-    model, _ = build_model(spec, options, config.data)  # prepare's abstract builds left a fresh session
+    with LoadWatch(local_devices(setup.devices.devices)) as watch:
+        model, _ = build_model(spec, options, config.data)  # prepare's abstract builds left a fresh session
     check_paths_match(model, placement.abstract, spec, options)
     compiled = objectives.compiled_objectives(model)
     train = config.train
@@ -129,7 +133,7 @@ def build(setup: RunSetup):
     # With sample weights (a padding mask), metrics count only the samples (tokens) that weigh.
     weighing = {"weighted_metrics": metrics} if setup.datasets.weighted else {"metrics": metrics}
     model.compile(optimizer=optimizer, loss=loss, **weighing)
-    return model, loss
+    return model, loss, watch.peaks()
 
 
 def fit(model, setup: RunSetup, hooks: RunHooks) -> dict:

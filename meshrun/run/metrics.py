@@ -277,7 +277,9 @@ def _bytes_text(template: str):
 @dataclass(frozen=True)
 class MemoryFigures:
     """Bytes per device: placed variables and optimizer state (read from the arrays, and as
-    planned), XLA's estimate of the step and the live peak where the platform reports one."""
+    planned), XLA's estimate of the step and the live peak where the platform reports one; the
+    peaks of building the model and loading its weights, per device and on the host
+    (meshrun.placement.load_memory)."""
 
     params_bytes_per_device: int = figure("memory", _bytes_text("{} params +"))
     optimizer_bytes_per_device: int = figure("memory", _bytes_text("{} optimizer per device"), " ")
@@ -286,6 +288,8 @@ class MemoryFigures:
     peak_bytes_per_device: int = figure("memory", _bytes_text("step peak {} (compiled estimate)"), "; ")
     compiled: CompiledMemory = figure()
     live_peak_bytes_per_device: int = figure("memory", _bytes_text("{} live"))
+    load_peak_bytes_per_device: int = figure("memory", _bytes_text("loading peaked at {} per device"), "; ")  # sampled
+    load_peak_host_bytes: int = figure("memory", _bytes_text("{} host"))
     needed_bytes_per_device: int = figure(omit_if_none=True)  # a job that does not fit: what its plan needs
     device_memory_bytes: int = figure(omit_if_none=True)  # and what one device has
 

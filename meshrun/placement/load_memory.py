@@ -1,0 +1,110 @@
+"""What building a model and loading its weights costs in memory: the most bytes any one device
+held at once, and the most host memory the process took beyond what it held before
+(memory.load_peak_bytes_per_device and memory.load_peak_host_bytes in metrics.json).
+
+Both are sampled: on a thread of this module every few milliseconds, and wherever the loader calls
+`sample()` (meshrun.compat.load_onto_shards does after placing each weight read from a preset). Device bytes are the shards of jax's live arrays.
+Host bytes are what malloc has handed out and not had back (meshrun.allocator.bytes_in_use) less the
+bytes of the arrays held on CPU devices, whose buffers XLA allocates there: on emulated CPU devices
+as on a GPU machine, the figure is the host's own use (arrays read from files, staging copies,
+compilation), without the pages of libraries imported meanwhile or what the allocator keeps after a
+free.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from dataclasses import dataclass
+from typing import Optional
+
+import jax
+
+from meshrun import allocator
+
+SAMPLE_INTERVAL_S = 0.005
+
+
+@dataclass(frozen=True)
+class LoadPeaks:
+    """The most bytes one device held while the model was built and loaded, and the most host
+    memory the process took beyond what it held when loading began (None where the C library
+    does not say: meshrun.allocator.bytes_in_use)."""
+
+    bytes_per_device: int
+    host_bytes: Optional[int]
+
+
+class LoadWatch:
+    """Samples the bytes on `devices` and the host memory while in force (a context manager);
+    `peaks()` gives the largest of each."""
+
+    def __init__(self, devices, interval_s: float = SAMPLE_INTERVAL_S):
+        self._devices = list(devices)
+        self._interval_s = interval_s
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: Optional[threading.Thread] = None
+        self._host_at_start: Optional[int] = None
+        self._device_peak = 0
+        self._host_peak: Optional[int] = None
+
+    def __enter__(self) -> "LoadWatch":
+        self._host_at_start = self._sample_now()
+        _WATCHING.append(self)
+        self._thread = threading.Thread(target=self._sample_until_stopped, name="meshrun-load-watch", daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        _WATCHING.remove(self)
+        self._stop.set()
+        self._thread.join()
+        self.sample()
+
+    def sample(self) -> None:
+        """Takes one sample now."""
+        self._sample_now()
+
+    def peaks(self) -> LoadPeaks:
+        host = None if self._host_peak is None or self._host_at_start is None else max(0, self._host_peak - self._host_at_start)
+        return LoadPeaks(bytes_per_device=self._device_peak, host_bytes=host)
+
+    def _sample_until_stopped(self) -> None:
+        while not self._stop.wait(self._interval_s):
+            self._sample_now()
+
+    def _sample_now(self) -> Optional[int]:
+        with self._lock:
+            held = bytes_by_device()
+            self._device_peak = max([self._device_peak, *(held.get(d, 0) for d in self._devices)])
+            in_use = allocator.bytes_in_use()
+            if in_use is None:
+                return None
+            host = in_use - sum(count for device, count in held.items() if device.platform == "cpu")
+            self._host_peak = host if self._host_peak is None else max(self._host_peak, host)
+            return host
+
+
+_WATCHING: list[LoadWatch] = []
+
+
+def sample() -> None:
+    """Takes a sample now for every LoadWatch in force (none: nothing to do)."""
+    for watch in list(_WATCHING):
+        watch.sample()
+
+
+def bytes_by_device() -> dict:
+    """The bytes of jax's live arrays on each device of this process that holds any."""
+    held: dict = {}
+    for array in jax.live_arrays():
+        try:
+            sharding = array.sharding
+            shard_bytes = math.prod(sharding.shard_shape(array.shape)) * array.dtype.itemsize
+            devices = sharding.addressable_devices
+        except Exception:  # deleted while we looked, or a sharding without one shard shape
+            continue
+        for device in devices:
+            held[device] = held.get(device, 0) + shard_bytes
+    return held
