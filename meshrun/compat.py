@@ -305,12 +305,11 @@ def _host_value_sharding(variable, value):
 
 
 def _place_slices(value, shape: tuple, sharding, dtype):
-    """`value` as a jax array of `sharding`, read a slice at a time: each local device gets a copy
-    of its slice alone, and the host holds one slice at once (devices that hold the same slice
-    share one read)."""
+    """`value` (an array on the host) as a jax array of `sharding`: each local device gets a copy of
+    its slice alone, one distinct slice copied out at a time."""
     import numpy as np
 
-    stored = np.dtype(_jnp_dtype(dtype))
+    stored = _numpy_dtype(dtype)
     return _on_each_device(shape, sharding, lambda index: np.array(value[index], dtype=stored))
 
 
@@ -318,14 +317,16 @@ def _zeros_on_shards(shape: tuple, sharding, dtype):
     """Zeros of `shape` as a jax array of `sharding`, made shard by shard."""
     import numpy as np
 
-    stored = np.dtype(_jnp_dtype(dtype))
+    stored = _numpy_dtype(dtype)
     return _on_each_device(shape, sharding, lambda index: np.zeros(_slice_shape(index, shape), dtype=stored))
 
 
-def _jnp_dtype(dtype):
+def _numpy_dtype(dtype):
+    """The numpy dtype of a Keras dtype name (bfloat16 included)."""
     import jax
+    import numpy as np
 
-    return jax.numpy.dtype(dtype)
+    return np.dtype(jax.numpy.dtype(dtype))
 
 
 def _slice_shape(index: tuple, shape: tuple) -> tuple:

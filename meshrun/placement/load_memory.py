@@ -3,12 +3,12 @@ held at once, and the most host memory the process took beyond what it held befo
 (memory.load_peak_bytes_per_device and memory.load_peak_host_bytes in metrics.json).
 
 Both are sampled: on a thread of this module every few milliseconds, and wherever the loader calls
-`sample()` (meshrun.compat.load_onto_shards does after placing each weight read from a preset). Device bytes are the shards of jax's live arrays.
-Host bytes are what malloc has handed out and not had back (meshrun.allocator.bytes_in_use) less the
-bytes of the arrays held on CPU devices, whose buffers XLA allocates there: on emulated CPU devices
-as on a GPU machine, the figure is the host's own use (arrays read from files, staging copies,
-compilation), without the pages of libraries imported meanwhile or what the allocator keeps after a
-free.
+`sample()` (meshrun.compat.load_onto_shards does after placing each weight read from a preset).
+Device bytes are the shards of jax's live arrays. Host bytes are what malloc has handed out and not
+had back (meshrun.allocator.bytes_in_use) less the bytes of the arrays held on CPU devices, whose
+buffers XLA allocates there: on emulated CPU devices as on a GPU machine, the figure is the host's
+own use (arrays read from files, staging copies, compilation), without the pages of libraries
+imported meanwhile or what the allocator keeps after a free.
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ class LoadWatch:
         self._host_peak: Optional[int] = None
 
     def __enter__(self) -> "LoadWatch":
-        self._host_at_start = self._sample_now()
+        self._host_at_start = self.sample()
         _WATCHING.append(self)
         self._thread = threading.Thread(target=self._sample_until_stopped, name="meshrun-load-watch", daemon=True)
         self._thread.start()
@@ -62,19 +62,16 @@ class LoadWatch:
         self._thread.join()
         self.sample()
 
-    def sample(self) -> None:
-        """Takes one sample now."""
-        self._sample_now()
-
     def peaks(self) -> LoadPeaks:
         host = None if self._host_peak is None or self._host_at_start is None else max(0, self._host_peak - self._host_at_start)
         return LoadPeaks(bytes_per_device=self._device_peak, host_bytes=host)
 
     def _sample_until_stopped(self) -> None:
         while not self._stop.wait(self._interval_s):
-            self._sample_now()
+            self.sample()
 
-    def _sample_now(self) -> Optional[int]:
+    def sample(self) -> Optional[int]:
+        """Takes one sample now; returns the host bytes in use (None where they cannot be read)."""
         with self._lock:
             held = bytes_by_device()
             self._device_peak = max([self._device_peak, *(held.get(d, 0) for d in self._devices)])
