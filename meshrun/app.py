@@ -21,7 +21,9 @@ from hydra.core.object_type import ObjectType
 from hydra.core.plugins import Plugins
 from hydra.errors import ConfigCompositionException, MissingConfigException, OverrideParseException
 from hydra.experimental.callback import Callback
+from hydra.core.config_search_path import ConfigSearchPath
 from hydra.plugins.config_source import ConfigResult, ConfigSource
+from hydra.plugins.search_path_plugin import SearchPathPlugin
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
@@ -109,6 +111,16 @@ def option_file(config_path: str) -> Optional[str]:
     return None
 
 
+class MeshrunSearchPath(SearchPathPlugin):
+    """Adds meshrun's generated configs (mesh shapes, option files) to Hydra's search path as a
+    plugin rather than in configs/meshrun.yaml, so that a user's `hydra.searchpath=[file://DIR]`,
+    which replaces that list, adds their config groups without taking meshrun's away."""
+
+    def manipulate_search_path(self, search_path: ConfigSearchPath) -> None:
+        search_path.append(provider="meshrun", path=f"{MeshShapeSource.scheme()}://mesh")
+        search_path.append(provider="meshrun", path=f"{FileOptionSource.scheme()}://files")
+
+
 class RecordSweepDir(Callback):
     """A Hydra callback (configs/meshrun.yaml) that notes a multirun's sweep dir in the launching
     process, where the comparison is made (with Hydra's submitit launcher no job runs there)."""
@@ -123,6 +135,7 @@ def register_config_sources() -> None:
     includes it), so that a new sink needs no config file of its own."""
     Plugins.instance().register(MeshShapeSource)
     Plugins.instance().register(FileOptionSource)
+    Plugins.instance().register(MeshrunSearchPath)
     ConfigStore.instance().store(group="logging", name="sinks", node={name: False for name in sinks.switch_names()}, provider="meshrun")
 
 
@@ -199,12 +212,15 @@ def resolved(cfg: DictConfig) -> dict:
 
 def prepare_overrides(overrides: list[str]) -> list[str]:
     """Adjusts overrides Hydra would otherwise take differently from what users mean: `mesh=8` (a
-    1-D shape: Hydra reads 8 as a number, and group options must be strings) and `layout.rules={...}`
+    1-D shape: Hydra reads 8 as a number, and group options must be strings), `mesh=[2,4]` (a
+    list: Hydra would select several mesh configs at once) and `layout.rules={...}`
     and the other MAPPING_KEYS (Hydra merges a dict into the existing one, and rejects new keys in
     it; users mean replace)."""
     rewritten = []
     for override in overrides:
         key, _, value = override.partition("=")
+        if key == "mesh":
+            value = shapes_from_lists(value)
         if key == "mesh" and re.fullmatch(r"[\w,-]+", value):
             quoted = [f"'{v}'" if re.fullmatch(r"-?\d+", v) else v for v in value.split(",")]
             rewritten.append("mesh=" + ",".join(quoted))
@@ -215,6 +231,17 @@ def prepare_overrides(overrides: list[str]) -> list[str]:
     return rewritten
 
 
+SHAPE_LIST = r"\[\s*-?\d+(?:\s*,\s*-?\d+)*\s*\]"
+
+
+def shapes_from_lists(value: str) -> str:
+    """A mesh option written as a list, the way Hydra users write shapes (`mesh=[2,4]`, or a sweep
+    `mesh=[2,4],[4,2]`), in meshrun's shape form (`2x4`, `2x4,4x2`); any other value as given."""
+    if not re.fullmatch(rf"{SHAPE_LIST}(?:\s*,\s*{SHAPE_LIST})*", value.strip()):
+        return value
+    return ",".join("x".join(re.findall(r"-?\d+", shape)) for shape in re.findall(SHAPE_LIST, value))
+
+
 @contextlib.contextmanager
 def composer():
     """Yields a function that composes one job's config from its overrides (no sweep values),
@@ -223,6 +250,23 @@ def composer():
 
     with initialize_config_module(config_module=CONFIG_MODULE, version_base="1.3"):
         yield lambda overrides: resolved(compose(config_name="meshrun", overrides=overrides))
+
+
+def config_groups_text() -> str:
+    """The config groups and their options, one line each, as `meshrun COMMAND --help` lists them
+    (Hydra's own groups, and logging/sinks, which logging/default includes, left out; mesh also
+    takes any shape)."""
+    from hydra.core.global_hydra import GlobalHydra
+
+    register_config_sources()
+    lines = ["\nconfig groups (group=option):"]
+    with composer():
+        loader = GlobalHydra.instance().config_loader()
+        for group in sorted(g for g in loader.list_groups("") if g != "hydra"):
+            options = sorted(o for o in loader.get_group_options(group, ObjectType.CONFIG) if f"{group}/{o}" != "logging/sinks")
+            shapes = ", or any shape: mesh=2x4, mesh=[2,4]" if group == "mesh" else ""
+            lines.append(f"  {group}: {', '.join(options)}{shapes}")
+    return "\n".join(lines)
 
 
 def jobs_need_own_processes(overrides: list[str]) -> bool:
@@ -245,21 +289,28 @@ def jobs_need_own_processes(overrides: list[str]) -> bool:
 
 
 def sweep_overrides(overrides: list[str]) -> list[str]:
-    """`meshrun sweep`'s overrides: the user's, with `mesh=` set to every shape of the available
-    devices for the mesh's number of axes (from the config the other overrides compose)."""
+    """`meshrun sweep`'s overrides: the user's as they are when they give a mesh (one shape or
+    several: those are what they want run), else with `mesh=` set to every shape of the available
+    devices for the mesh's number of axes (that of `mesh.axis_names` when given, else of the
+    config the other overrides compose)."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     from meshrun.report.sweep import mesh_shapes
     from meshrun.wording import format_shape
 
-    kept = [o for o in overrides if o != "-m" and not o.startswith("mesh=")]
-    chosen = [o for o in overrides if o.startswith("mesh=")][-1:]
+    kept = [o for o in overrides if o != "-m"]
+    given = [o.partition("=")[2] for o in kept if o.startswith("mesh=")]
+    if given:
+        print(f"meshrun sweep: mesh={given[-1]} given: running that; leave mesh out to sweep every shape of the devices")
+        return kept
     parser = OverridesParser.create()
-    fixed = [o for o in prepare_overrides(kept + chosen) if not parser.parse_override(o).is_sweep_override()]
+    names = [o for o in kept if o.startswith("mesh.axis_names=")]
+    fixed = [o for o in prepare_overrides(kept) if o not in names and not parser.parse_override(o).is_sweep_override()]
     with composer() as compose:
         config = parse_run_config(compose(fixed))
+    rank = len(parser.parse_override(names[-1]).value()) if names else len(config.mesh.shape)
     count = devices.available_count(config.devices)
-    shapes = [format_shape(s) for s in mesh_shapes(count, len(config.mesh.shape))]
+    shapes = [format_shape(s) for s in mesh_shapes(count, rank)]
     print(f"meshrun sweep: {len(shapes)} mesh shapes of {count} devices: {', '.join(shapes)}")
     return [*kept, "mesh=" + ",".join(shapes)]
 

@@ -13,43 +13,12 @@ from typing import Optional
 from meshrun.errors import ConfigError
 from meshrun.launch import join
 from meshrun.launch.spawn import ROLE_FLAG, Role, parse_role
+from meshrun.usage import USAGE, command_help, versions_line
 from meshrun.wording import one_of, say_error
 
 COMMANDS = ("train", "plan", "sweep", "report", "generate")
-USAGE = """\
-usage: meshrun train  [OVERRIDE ...] [-m] [--cfg job] [--help]
-       meshrun plan   [OVERRIDE ...] [-m] [--json] [--full] [--save-layout FILE.yaml]
-       meshrun sweep  [OVERRIDE ...]
-       meshrun report DIR [DIR ...] [--out DIR]
-       meshrun generate RUN_DIR --prompt TEXT [--prompt TEXT ...] [--max-length N] [--json]
-
-train: trains a Keras model on a device mesh described by Hydra config, then prints and writes a
-report (metrics.json and plan.json in the run dir).
-plan: trains nothing and allocates no model memory; shows where every variable lives and how many
-bytes land on each device, and lints the layout (exit 2 on errors). Repeated blocks share a row
-(block_{0..31}/...) unless --full; --json prints it all as JSON; --save-layout writes the rules in force
-(hand-written, the model's own or layout=auto's) as a layout file that layout=FILE.yaml loads.
-sweep: trains on every mesh shape of the available devices (a multirun; layout=a,b varies the layout too)
-and compares the jobs; with devices.memory_gib, jobs whose plan does not fit are recorded, not run.
-report: the comparison table and summary files of an existing sweep dir, or of any run dirs.
-generate: completes prompts with the model a KerasHub run trained, on the run's own mesh (meshrun
-generate --help).
-
-  meshrun train mesh=2x4 layout=dense_model        # a 2x4 (data, model) mesh, the seeds' rules
-  meshrun train -m mesh=8x1,4x2,2x4,1x8 layout=dense_model
-  meshrun sweep layout=dense_model                 # the same four shapes, found for you
-  meshrun sweep model=transformer layout=auto,transformer_tp devices.memory_gib=80   # meshes x layouts that fit
-  meshrun report multirun/2026-11-21/10-00-00      # re-render a sweep's table and files
-  meshrun generate outputs/2026-11-25/10-00-00 --prompt 'Once upon a time'   # complete with a trained KerasHub LM
-  meshrun train model=transformer mesh=2x4         # models: dense_model, cnn, transformer, two_tower
-  meshrun train model=python model.factory=mymodels:build train.loss=mse         # your own Keras model
-  meshrun train model=keras_hub model.task=LlamaCausalLM 'model.backbone={...}' layout=from_model
-  meshrun train recipe=transformer_2d              # a complete experiment from recipes/
-  meshrun plan model=transformer model.preset=7b mesh=1x8 layout=transformer_tp
-  meshrun plan model=transformer mesh=1x8 layout=auto --save-layout tp.yaml    # then: layout=./tp.yaml
-  meshrun train --cfg job                         # print the composed config
-  meshrun train --help                            # config groups and their options
-"""
+HELP_FLAGS = ("-h", "--help")
+VERSION_FLAGS = ("-V", "--version")
 
 
 def main(argv: Optional[list[str]] = None) -> None:
@@ -76,13 +45,23 @@ def main(argv: Optional[list[str]] = None) -> None:
 
 def run(args: list[str], as_program: bool) -> int:
     """Runs the command `args` names; returns its exit status."""
-    if not args or args[0] in ("-h", "--help", "help"):
+    if not args or args[0] in (*HELP_FLAGS, "help"):
         print(USAGE, end="")
+        return 0
+    if args[0] in VERSION_FLAGS:
+        print(versions_line())
         return 0
     command, rest = args[0], args[1:]
     if command not in COMMANDS:
         say_error(f"unknown command {command!r}; valid: {one_of(COMMANDS)} (see meshrun --help)")
         return 2
+    if command != "generate" and any(a in HELP_FLAGS for a in rest):  # generate words its own help
+        print(command_help(command), end="")
+        if command in ("train", "plan", "sweep"):
+            from meshrun import app
+
+            print(app.config_groups_text())
+        return 0
     try:
         if command == "report":
             from meshrun.report import sweep

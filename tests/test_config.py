@@ -122,6 +122,27 @@ def test_any_mesh_shape_is_a_mesh_option(shape, expected_shape, expected_names):
     assert config.mesh.batch_axis == "data"
 
 
+@pytest.mark.parametrize("written, expected_shape", [("[2,4]", (2, 4)), ("[8]", (8,)), ("[1, 8]", (1, 8)), ("[-1,2]", (-1, 2))])
+def test_a_mesh_written_as_a_list_is_that_shape(written, expected_shape):
+    assert composed(*app.prepare_overrides([f"mesh={written}"])).mesh.shape == expected_shape
+
+
+def test_a_sweep_of_meshes_written_as_lists_sweeps_those_shapes():
+    assert app.prepare_overrides(["-m", "mesh=[2,4],[4,2]"]) == ["-m", "mesh=2x4,4x2"]
+
+
+def test_a_users_search_path_adds_their_groups_and_keeps_meshruns(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "conf" / "layout").mkdir(parents=True)
+    (tmp_path / "conf" / "layout" / "mine.yaml").write_text("rules:\n  d1/kernel: [null, model]\n")
+    (tmp_path / "saved.yaml").write_text("rules:\n  d2/kernel: [model, null]\n")
+    searchpath = f"hydra.searchpath=[file://{tmp_path / 'conf'}]"
+    mine = composed(*app.prepare_overrides([searchpath, "layout=mine", "mesh=1x8"]))
+    assert (mine.mesh.shape, [r.pattern for r in mine.layout.rules]) == ((1, 8), ["d1/kernel"])
+    saved = composed(*app.prepare_overrides([searchpath, "layout=./saved.yaml", "mesh=[2,4]"]))
+    assert (saved.mesh.shape, [r.pattern for r in saved.layout.rules]) == ((2, 4), ["d2/kernel"])
+
+
 def test_three_axis_mesh_takes_names_and_batch_axis():
     config = composed("mesh=2x2x2", "mesh.axis_names=[data,seq,model]", "mesh.batch_axis=seq")
     assert config.mesh.shape == (2, 2, 2)

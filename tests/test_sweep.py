@@ -23,6 +23,22 @@ def test_mesh_shapes_are_every_ordered_factorisation():
     assert all(a * b * c == 8 for a, b, c in three)
 
 
+@pytest.mark.parametrize("given, expected_meshes", [
+    ([], "mesh=8x1,4x2,2x4,1x8"),
+    (["mesh=2x4"], "mesh=2x4"),  # a shape given is the shape run, not its rank
+    (["mesh=[2,4],[4,2]"], "mesh=[2,4],[4,2]"),
+    (["mesh=model_parallel"], "mesh=model_parallel"),
+    (["mesh.axis_names=[data,model,seq]"], "mesh=8x1x1,4x2x1,4x1x2,2x4x1,2x2x2,2x1x4,1x8x1,1x4x2,1x2x4,1x1x8"),
+])
+def test_sweep_runs_the_meshes_given_else_every_shape_of_the_devices(given, expected_meshes, capsys):
+    from meshrun import app
+
+    app.register_config_sources()
+    overrides = app.sweep_overrides(["layout=dense_model", *given])
+    assert [o for o in overrides if o.startswith("mesh=")] == [expected_meshes]
+    assert capsys.readouterr().out.startswith("meshrun sweep: ")
+
+
 def fake_run(folder, name, mesh, samples_per_s, tokens_per_s=None, status="ok", model="m", layout="l"):
     """A run dir with the metrics.json fields the sweep summary reads."""
     run_dir = folder / name

@@ -1,0 +1,124 @@
+"""What `meshrun --help`, `meshrun COMMAND --help` and `meshrun --version` print: plain text, with
+no import of Hydra, jax or keras (the groups listed under train's, plan's and sweep's help come from
+meshrun.app)."""
+
+from __future__ import annotations
+
+from importlib import metadata
+
+USAGE = """\
+usage: meshrun train  [OVERRIDE ...] [-m] [--cfg job]
+       meshrun plan   [OVERRIDE ...] [-m] [--json] [--full] [--save-layout FILE.yaml]
+       meshrun sweep  [OVERRIDE ...]
+       meshrun report DIR [DIR ...] [--out DIR]
+       meshrun generate RUN_DIR --prompt TEXT [--prompt TEXT ...] [--max-length N] [--json]
+       meshrun COMMAND --help        # that command's flags, and the config groups it takes
+       meshrun --version             # meshrun's version and those of jax, jaxlib, keras and keras-hub
+
+train: trains a Keras model on a device mesh described by Hydra config, then prints and writes a
+report (metrics.json and plan.json in the run dir).
+plan: trains nothing and allocates no model memory; shows where every variable lives and how many
+bytes land on each device, and lints the layout (exit 2 on errors).
+sweep: trains on every mesh shape of the available devices (a multirun) and compares the jobs.
+report: the comparison table and summary files of an existing sweep dir, or of any run dirs.
+generate: completes prompts with the model a KerasHub run trained, on the run's own mesh.
+
+  meshrun train mesh=2x4 layout=dense_model        # a 2x4 (data, model) mesh, the seeds' rules
+  meshrun train -m mesh=8x1,4x2,2x4,1x8 layout=dense_model
+  meshrun sweep layout=dense_model                 # the same four shapes, found for you
+  meshrun sweep model=transformer layout=auto,transformer_tp devices.memory_gib=80   # meshes x layouts that fit
+  meshrun report multirun/2026-11-21/10-00-00      # re-render a sweep's table and files
+  meshrun generate outputs/2026-11-25/10-00-00 --prompt 'Once upon a time'   # complete with a trained KerasHub LM
+  meshrun train model=transformer mesh=2x4         # models: dense_model, cnn, transformer, two_tower
+  meshrun train model=python model.factory=mymodels:build train.loss=mse         # your own Keras model
+  meshrun train model=keras_hub model.task=LlamaCausalLM 'model.backbone={...}' layout=from_model
+  meshrun train recipe=transformer_2d              # a complete experiment from recipes/
+  meshrun plan model=transformer model.preset=7b mesh=1x8 layout=transformer_tp
+  meshrun plan model=transformer mesh=1x8 layout=auto --save-layout tp.yaml    # then: layout=./tp.yaml
+  meshrun train --cfg job                          # print the composed config
+  meshrun train --help                             # config groups and their options
+"""
+
+OVERRIDES = """\
+OVERRIDE: Hydra's key=value (train.epochs=5), group=option (model=transformer, layout=auto), or a
+mesh shape (mesh=2x4, mesh=[2,4]; -1 once: every remaining device). A user's config dir joins
+meshrun's with hydra.searchpath=[file://DIR]. `meshrun train --cfg job` prints the composed config.
+"""
+
+COMMAND_HELP = {
+    "train": """\
+usage: meshrun train [OVERRIDE ...] [-m] [--cfg job] [--hydra-help]
+
+Trains a Keras model on a device mesh described by Hydra config, then prints and writes a report
+(metrics.json, plan.json, epochs.csv and train.log in the run dir, outputs/DATE/TIME/).
+
+  -m, --multirun   one job per combination of comma-separated values (mesh=2x4,4x2 layout=a,b);
+                   the jobs are compared at the end (summary.csv, summary.json, summary.png)
+  --cfg job        print the composed config instead of training
+  --hydra-help     Hydra's own flags
+
+  meshrun train mesh=2x4 layout=dense_model
+  meshrun train -m mesh=8x1,4x2,2x4,1x8 layout=dense_model
+""",
+    "plan": """\
+usage: meshrun plan [OVERRIDE ...] [-m] [--json] [--full] [--save-layout FILE.yaml]
+
+Trains nothing and allocates no model memory: shows where every variable lives and how many bytes
+land on each device, and lints the layout (exit 2 on errors). Takes the overrides `meshrun train`
+takes, so a plan is of exactly the run those overrides would make.
+
+  --json                   print the plan as JSON lines (one per job) instead of tables
+  --full                   a row per variable (repeated blocks otherwise share a row: block_{0..31}/...)
+  --save-layout FILE.yaml  write the rules in force (hand-written, the model's own or layout=auto's) as a
+                           layout file that layout=FILE.yaml loads
+  -m, --multirun           plan every job of a multirun
+
+  meshrun plan model=transformer model.preset=7b mesh=1x8 layout=transformer_tp
+  meshrun plan model=transformer mesh=1x8 layout=auto --save-layout tp.yaml
+""",
+    "sweep": """\
+usage: meshrun sweep [OVERRIDE ...]
+
+Trains on every mesh shape of the available devices (a multirun: 8 devices, 2-D gives 8x1, 4x2, 2x4,
+1x8) and compares the jobs, fastest first (summary.csv, summary.json, summary.png in the sweep dir).
+With mesh=... given, it runs the shapes given instead; mesh.axis_names=[a,b,c] sweeps the shapes of
+that many axes. layout=a,b varies the layout too; with devices.memory_gib, jobs whose plan does not
+fit are recorded, not run.
+
+  meshrun sweep layout=dense_model
+  meshrun sweep model=transformer layout=auto,transformer_tp devices.memory_gib=80
+  meshrun sweep mesh.axis_names=[data,model,seq] layout=dense_model     # the ten 3-D shapes of 8 devices
+""",
+    "report": """\
+usage: meshrun report DIR [DIR ...] [--out DIR]
+
+The comparison table of the runs under the dirs given (a sweep dir, or any run dirs holding a
+metrics.json), fastest first; writes summary.csv, summary.json and summary.png into the one dir
+given, or into --out (the working dir when several are given and no --out).
+
+  --out DIR   where to write the summary files
+
+  meshrun report multirun/2026-11-21/10-00-00
+  meshrun report outputs/ other/run --out cmp/
+""",
+}
+
+VERSIONED = ("meshrun", "jax", "jaxlib", "keras", "keras-hub")
+
+
+def command_help(command: str) -> str:
+    """The help of one command: its usage, what it does, its flags and examples, and for the
+    commands that take overrides, how they are written."""
+    text = COMMAND_HELP[command]
+    return text + ("\n" + OVERRIDES if command in ("train", "plan", "sweep") else "")
+
+
+def versions_line() -> str:
+    """meshrun's version and those of the libraries that decide how it behaves, on one line."""
+    found = []
+    for name in VERSIONED:
+        try:
+            found.append(f"{name} {metadata.version(name)}")
+        except metadata.PackageNotFoundError:
+            found.append(f"{name} not installed")
+    return f"{found[0]} ({', '.join(found[1:])})"
