@@ -325,8 +325,14 @@ def hydra_error_line(err: Exception, overrides: list[str]) -> str:
             return f"{head}: got {path!r}, which is not a file; give the path of a YAML file (such as `meshrun plan --save-layout` writes) or one of {one_of(sorted(err.options))}"
         return f"{group}: unknown option {option!r}; {did_you_mean(option, err.options)}available: {one_of(sorted(err.options))}"
     if isinstance(err, OverrideParseException):
+        typed = as_typed(err.override, overrides)
+        if typed.lstrip("+~").partition("=")[0] in ("layout.rules", "layout.extra_rules"):
+            return (
+                f"malformed override {typed!r} ({first_line(err)}); in a rule's pattern on the command line, put a backslash "
+                r"before ( ) [ ] { } : = , and spaces, e.g. 'layout.rules={d\[12\]/kernel:[null,model],block_\(0|1\)/.*:[model]}'"
+            )
         return (
-            f"malformed override {err.override!r} ({first_line(err)}); write overrides as key=value, "
+            f"malformed override {typed!r} ({first_line(err)}); write overrides as key=value, "
             "e.g. mesh=2x4 train.epochs=5, quoting values with special characters"
         )
     if isinstance(err, ConfigCompositionException) and first_line(err).startswith("Could not override"):
@@ -339,6 +345,15 @@ def hydra_error_line(err: Exception, overrides: list[str]) -> str:
         hint = did_you_mean(key, known_keys()).strip() or "run `meshrun train --cfg job` to see every key"
         return f"{key}: no such key (got override {given!r}); {hint}"
     return " ".join(first_line(e) for e in _chain(err) if first_line(e))[:500]
+
+
+def as_typed(override: str, typed: list[str]) -> str:
+    """The override as the user typed it, for one prepare_overrides rewrote (`+layout.rules=...`
+    for `layout.rules=...`)."""
+    key, _, value = override.lstrip("+").partition("=")
+    if key in MAPPING_KEYS and override.startswith("+"):
+        return next((t for t in typed if t.lstrip("+").partition("=")[::2] == (key, value)), override)
+    return override
 
 
 def _chain(err: BaseException):

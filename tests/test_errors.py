@@ -99,6 +99,9 @@ CASES = {
         "model.hidden is a key of model=cnn or model=dense_model; add one of them"]),
     # Hydra's own
     "malformed override": (["mesh=="], ["malformed override 'mesh=='", "key=value"]),
+    "regex rule without escapes": (["layout.rules={d[12]/kernel:[null,model]}"], [
+        "malformed override 'layout.rules={d[12]/kernel:[null,model]}' (", "put a backslash before ( ) [ ] { } : = , and spaces",
+        r"'layout.rules={d\[12\]/kernel:[null,model],block_\(0|1\)/.*:[model]}'"]),
 }
 
 
