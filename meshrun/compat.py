@@ -78,10 +78,14 @@ PRIVATE_NAMES = {
                     "telling a complete checkpoint from a numbered dir that is not one"),
     ),
     "tensorflow": (
-        PrivateName("tensorflow-cpu", "tensorflow", "data.Dataset._as_serialized_graph",
+        PrivateName("tensorflow", "tensorflow", "data.Dataset._as_serialized_graph",
                     "telling whether a tf.data pipeline holds a generator dataset (which changes the process's malloc policy)"),
     ),
 }
+
+# Distributions that ship the same modules: the error names the one installed (meshrun[tf] installs
+# tensorflow-cpu; keras-hub's tensorflow-text, and so meshrun[dev], the full tensorflow).
+SAME_MODULES = {"tensorflow": ("tensorflow", "tensorflow-cpu")}
 
 JAX_PLATFORM_LOGGER = "jax._src.xla_bridge"
 JAX_PROFILER_LOGGER = "jax._src.profiler"
@@ -118,21 +122,33 @@ def _lookup(name: PrivateName):
 
 
 def _missing(name: PrivateName, what: str = "") -> DependencyError:
-    version = _installed(name.package)
-    wanted = _required(name.package)
-    advice = f"; meshrun works with {name.package}{wanted} (pip install '{name.package}{wanted}')" if wanted else ""
+    package = installed_distribution(name.package)
+    version = _installed(package)
+    wanted = _required(package)
+    advice = f"; meshrun works with {package}{wanted} (pip install '{package}{wanted}')" if wanted else ""
     problem = f"{name.dotted} {what}" if what else f"has no {name.dotted}"
     return DependencyError(
-        name.package,
-        f"{name.package} {version} {problem}, which meshrun uses for {name.purpose}{advice}",
+        package,
+        f"{package} {version} {problem}, which meshrun uses for {name.purpose}{advice}",
     )
+
+
+def installed_distribution(package: str) -> str:
+    """The distribution of `package`'s modules that is installed (SAME_MODULES), else `package`."""
+    for candidate in SAME_MODULES.get(package, ()):
+        if _installed(candidate) != NOT_INSTALLED:
+            return candidate
+    return package
 
 
 def _installed(package: str) -> str:
     try:
         return importlib.metadata.version(package)
     except importlib.metadata.PackageNotFoundError:
-        return "(not installed)"
+        return NOT_INSTALLED
+
+
+NOT_INSTALLED = "(not installed)"
 
 
 def _required(package: str) -> str:

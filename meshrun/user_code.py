@@ -36,9 +36,9 @@ def load_callable(key: str, reference: str) -> Callable:
     except ModuleNotFoundError as err:
         if err.name and module_name.startswith(err.name):  # the module itself, not one it imports
             raise ConfigError(key, f"got {reference!r}: no module {module_name!r} {_where_searched()}") from None
-        raise ConfigError(key, f"got {reference!r}: importing {module_name!r} failed ({error_text(err)})") from None
+        raise ConfigError(key, f"got {reference!r}: importing {module_name!r} failed ({_failure(err)})") from None
     except Exception as err:  # the user's module may fail in any way while importing
-        raise ConfigError(key, f"got {reference!r}: importing {module_name!r} failed ({error_text(err)})") from None
+        raise ConfigError(key, f"got {reference!r}: importing {module_name!r} failed ({_failure(err)})") from None
     if not hasattr(module, attribute):
         names = [n for n in dir(module) if not n.startswith("_") and callable(getattr(module, n))]
         raise ConfigError(
@@ -87,7 +87,17 @@ def call(key: str, described: str, function: Callable, **kwargs) -> Any:
     except ConfigError:
         raise
     except Exception as err:  # user code: any failure is reported as the call's
-        raise ConfigError(key, f"{described} raised {error_text(err)}") from None
+        raise ConfigError(key, f"{described} raised {_failure(err)}") from None
+
+
+def _failure(err: Exception) -> str:
+    """The user code's error as one line; for TensorFlow not being installed (a tf.data factory
+    run where meshrun is installed without its `tf` extra), how to install it."""
+    if isinstance(err, ModuleNotFoundError) and (err.name or "").partition(".")[0] == "tensorflow":
+        from meshrun.placement.devices import TENSORFLOW_INSTALL
+
+        return f"{error_text(err)}; TensorFlow is not installed: {TENSORFLOW_INSTALL}"
+    return error_text(err)
 
 
 def _working_dir_importable() -> None:

@@ -79,7 +79,19 @@ def test_tensorflow_without_a_name_meshrun_uses_stops_a_tf_data_run_with_one_lin
     monkeypatch.syspath_prepend(str(in_tmp))
     monkeypatch.delattr(tf.data.Dataset, "_as_serialized_graph")
     line = rejected(["data=python", "data.factory=tf_data_factory:make", "hydra.run.dir=run"], capsys)
-    version = importlib.metadata.version("tensorflow-cpu")
-    assert line.startswith(f"meshrun: error: tensorflow-cpu: tensorflow-cpu {version} has no "
+    installed = compat.installed_distribution("tensorflow")  # tensorflow (meshrun[dev]) or tensorflow-cpu (meshrun[tf])
+    version = importlib.metadata.version(installed)
+    assert line.startswith(f"meshrun: error: {installed}: {installed} {version} has no "
                            "tensorflow.data.Dataset._as_serialized_graph, which meshrun uses for telling whether a tf.data")
     assert not (in_tmp / "run").exists()
+
+
+def test_a_tensorflow_error_names_the_tensorflow_distribution_installed(monkeypatch):
+    """meshrun[tf] installs tensorflow-cpu, keras-hub's tensorflow-text the full tensorflow: the
+    error names the one there is, with the version range meshrun asks for it."""
+    installed = {"tensorflow-cpu": "2.21.0"}
+    monkeypatch.setattr(compat, "_installed", lambda package: installed.get(package, compat.NOT_INSTALLED))
+    assert compat.installed_distribution("tensorflow") == "tensorflow-cpu"
+    installed["tensorflow"] = "2.21.0"
+    assert compat.installed_distribution("tensorflow") == "tensorflow"
+    assert compat.installed_distribution("keras") == "keras"

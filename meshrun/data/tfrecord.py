@@ -137,6 +137,9 @@ def _check_parses(files: list[str], options: TFRecordOptions) -> None:
 
 def load(options: TFRecordOptions, context: DataContext) -> pipeline.Datasets:
     """Finds and checks the files, then parses and batches them."""
+    from meshrun.placement.devices import require_tensorflow
+
+    require_tensorflow("data", "data=tfrecord")
     train_files = _files(options.files, "data.files")
     tf_data.seeded_tensorflow(context.seed)
     count = _count(train_files, options, "data.files")

@@ -170,10 +170,11 @@ def _check_preset(preset: str) -> None:
 
 
 def import_keras_hub():
-    """keras_hub, imported after TensorFlow is (quietly); a ConfigError saying how to install it when it is missing."""
-    from meshrun.placement.devices import import_tensorflow
+    """keras_hub, imported after TensorFlow is (quietly), where TensorFlow is installed (KerasHub models need none: meshrun
+    feeds them through Grain); a ConfigError saying how to install keras_hub when it is missing."""
+    from meshrun.placement.devices import import_tensorflow_if_installed
 
-    import_tensorflow()  # keras_hub imports it: quietly first
+    import_tensorflow_if_installed()  # keras_hub imports it when it is installed: quietly first
     try:
         import keras_hub
     except ImportError:

@@ -17,7 +17,8 @@ that splits text its own way, such as Mistral's Tekken), the reference itself is
 "keras_hub", with a warning that tokenization will be slow. KerasHub 0.32's eager path for
 byte-level BPE (calling the tokenizer outside tf.data) passes its split regex to `tokenizers` as a
 literal string, so it splits nothing and can differ from the graph on runs of spaces; meshrun
-follows the graph, which splits as GPT-2 does.
+follows the graph, which splits as GPT-2 does. So a KerasHub preset's tokenizer needs TensorFlow
+(meshrun's `tf` extra; a ConfigError says so where it is missing); a Hugging Face tokenizer.json does not.
 
 Importing this module imports none of jax, keras, keras_hub and tensorflow.
 """
@@ -253,6 +254,10 @@ class HuggingFaceEncoder:
 def _load_keras_hub(preset: Path, source, key: str) -> TextTokenizer:
     if not (preset / PRESET_CONFIG_FILE).is_file():
         raise ConfigError(key, f"got {source!r}, a KerasHub {TOKENIZER_FILE} with no {PRESET_CONFIG_FILE} beside it; {EXPECTED}")
+    from meshrun.placement.devices import require_tensorflow
+
+    # The reference encoder is KerasHub's TensorFlow graph (KerasHubGraphEncoder).
+    require_tensorflow(key, "a KerasHub preset's tokenizer (checked against KerasHub's TensorFlow graph)")
     layer = _keras_hub_layer(preset, source, key)
     fingerprint = fingerprint_files(preset, _keras_hub_tokenizer_files(preset))
     name = type(layer).__name__
@@ -294,9 +299,9 @@ def _keras_hub_layer(preset: Path, source, key: str):
 
 def _import_keras_hub(key: str):
     from meshrun import compat
-    from meshrun.placement.devices import import_tensorflow
+    from meshrun.placement.devices import import_tensorflow_if_installed
 
-    import_tensorflow()  # keras_hub imports it: quietly first
+    import_tensorflow_if_installed()  # keras_hub imports it when it is installed: quietly first
     compat.import_keras()
     try:
         import keras_hub

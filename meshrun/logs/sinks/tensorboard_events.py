@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import socket
+import struct
 import time
 from pathlib import Path
 
@@ -16,21 +17,22 @@ class TensorBoard:
     """Event files in <run dir>/tensorboard: per step `train/<metric>`, `train/learning_rate` and
     `train/samples_per_s`; per epoch `epoch/<metric>` (val_* included) at the epoch's number.
 
-    An event file is a TFRecord file of `Event` protos, so TensorFlow's C++ record writer writes
-    it: about 6 µs a step here, against 40 µs for TensorBoard's own writer (its checksums are pure
-    Python and run on a thread that contends for the GIL) and 0.5 ms a scalar for tf.summary."""
+    An event file is a TFRecord file of `Event` protos, written by TFRecordFile byte for byte as
+    TensorFlow's TFRecordWriter writes it, with google-crc32c's C checksums and no TensorFlow: a
+    step's event costs 8-13 µs here with either writer (the protos most of it), against 40 µs for
+    TensorBoard's own writer (its checksums are pure Python and run on a thread that contends for
+    the GIL) and 0.5 ms a scalar for tf.summary."""
 
     kind = "tensorboard"
 
     def __init__(self, run_dir: Path):
-        import tensorflow as tf
         from tensorboard.compat.proto import event_pb2, summary_pb2
 
         self.path = run_dir / TENSORBOARD_DIR  # a dir of event files
         self.path.mkdir(parents=True, exist_ok=True)
         self._event, self._summary = event_pb2.Event, summary_pb2.Summary
         name = f"events.out.tfevents.{time.time():.6f}.{socket.gethostname()}.{os.getpid()}"
-        self._writer = tf.io.TFRecordWriter(str(self.path / name))
+        self._writer = TFRecordFile(self.path / name)
         self._writer.write(self._event(wall_time=time.time(), file_version="brain.Event:2").SerializeToString())
 
     def _write(self, step: int, values: dict) -> None:
@@ -48,6 +50,32 @@ class TensorBoard:
 
     def close(self) -> None:
         self._writer.close()
+
+
+class TFRecordFile:
+    """A TFRecord file written as TensorFlow's TFRecordWriter writes one (uncompressed): each record
+    is its length (uint64, little-endian), the masked CRC-32C of those 8 bytes, the data, and the
+    masked CRC-32C of the data (TensorFlow's and TensorBoard's readers check both)."""
+
+    def __init__(self, path: Path):
+        import google_crc32c
+
+        self._crc = google_crc32c.value
+        self._file = open(path, "wb")
+
+    def _masked_crc(self, data: bytes) -> bytes:
+        crc = self._crc(data)
+        return struct.pack("<I", (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF)
+
+    def write(self, data: bytes) -> None:
+        header = struct.pack("<Q", len(data))
+        self._file.write(header + self._masked_crc(header) + data + self._masked_crc(data))
+
+    def flush(self) -> None:
+        self._file.flush()
+
+    def close(self) -> None:
+        self._file.close()
 
 
 register_sink(SinkSpec("tensorboard", TensorBoard, "event files in <run dir>/tensorboard (tensorboard --logdir <run dir>/tensorboard)"))
