@@ -12,6 +12,7 @@ import re
 import shutil
 import sys
 import tempfile
+import textwrap
 from typing import List, Optional
 
 import hydra
@@ -344,7 +345,7 @@ def hydra_error_line(err: Exception, overrides: list[str]) -> str:
             return f"{key}: not a key of the chosen {chosen} (got override {given!r}); {other}"
         hint = did_you_mean(key, known_keys()).strip() or "run `meshrun train --cfg job` to see every key"
         return f"{key}: no such key (got override {given!r}); {hint}"
-    return " ".join(first_line(e) for e in _chain(err) if first_line(e))[:500]
+    return textwrap.shorten(" ".join(first_line(e) for e in _chain(err) if first_line(e)), 500, placeholder=" ...")
 
 
 def as_typed(override: str, typed: list[str]) -> str:

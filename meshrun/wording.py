@@ -53,8 +53,14 @@ def closest(word: str, candidates: Iterable[str], n: int = 3) -> list[str]:
 
 
 def did_you_mean(word: str, candidates: Iterable[str]) -> str:
-    """`did you mean X? ` for the candidate most like `word`, or '' when none is close."""
-    hint = closest(word, candidates, n=1)
+    """`did you mean X? ` for the candidate most like `word`, or '' when none is close.
+
+    Dotted names are compared at the depth of `word`: `modle` with the sections (model), not with
+    the keys in them, where the shortest one that starts like it (model.ff) would win and read
+    like a key cut short."""
+    depth = word.count(".") + 1
+    heads = dict.fromkeys(".".join(str(c).split(".")[:depth]) for c in candidates)
+    hint = closest(word, heads, n=1)
     return f"did you mean {hint[0]}? " if hint else ""
 
 

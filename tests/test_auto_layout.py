@@ -2,7 +2,7 @@
 
 - derive_layout on hand-built variables: which dimension each axis takes (heads, hidden size,
   embedding rows; the width for FSDP), min_bytes, extra_rules first, collapsed block patterns, and
-  the one warning when nothing can be sharded.
+  the one warning when nothing can be sharded; attention heads kept whole, and the warning saying so.
 - `layout.min_bytes` sizes and their errors.
 - Through the CLI: the 7B preset's bytes per device against the hand-written layouts, a saved layout
   loaded back with the same placement, `--save-layout` errors, and devices.memory_gib (a plan that
@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import re
 
 import pytest
@@ -67,6 +68,29 @@ def test_tensor_parallel_splits_heads_hidden_size_and_embedding_rows():
     assert specs["block_0/mlp_up/bias"] == (None,)  # 8 KiB < min_bytes
     assert {rule.origin for rule in layout.rules} == {"auto"}
     assert layout.warning is None
+
+
+@pytest.mark.parametrize("heads", [4, 2])
+def test_attention_keeps_its_heads_whole_and_says_when_the_model_axis_does_not_divide_them(heads):
+    # 4 heads split 4 ways by heads (not by head_dim, although 4 is a small dimension); 2 heads do
+    # not split 4 ways, and splitting head_dim instead would cut every head across devices.
+    variables = transformer_block_variables(heads=heads)
+    gemma_query = var("decoder_block_0/attention/query/kernel", heads, 512, 512 // heads)  # (heads, width, head_dim)
+    layout = derive_layout([*variables, gemma_query], MESH_2X4, min_bytes=64 * KIB, fsdp=False)
+    specs = placed(layout, [*variables, gemma_query], MESH_2X4)
+    by_heads = ("model",) if heads == 4 else (None,)
+    assert specs["block_0/attention/query/kernel"] == (None, *by_heads, None)
+    assert specs["block_1/attention/attention_output/kernel"] == (*by_heads, None, None)
+    assert specs["decoder_block_0/attention/query/kernel"] == (*by_heads, None, None)
+    assert specs["block_0/mlp_up/kernel"] == (None, "model")  # the rest as before
+    if heads == 4:
+        assert layout.warnings == ()
+        return
+    assert layout.warnings == (
+        "layout=auto keeps attention heads whole: block_0/attention/query/kernel (512x2x256) and 8 more attention variables "
+        "have 2 heads, which mesh axis 'model' (size 4) does not divide: kept replicated over 'model' rather than split "
+        "along head_dim; a 'model' axis whose size divides the heads shards them",
+    )
 
 
 def test_fsdp_adds_the_batch_axis_on_the_width_and_alone_on_a_mesh_without_a_model_axis():
@@ -146,6 +170,44 @@ def test_min_bytes_that_is_not_a_size_names_the_key_and_examples(bad):
 # --- through the CLI ------------------------------------------------------------------------------
 
 
+def plan_in_process(args: list[str], capsys) -> dict:
+    """The plan `meshrun plan ARGS --json` prints, run in this process."""
+    import jax  # noqa: F401  started here with conftest's 8 devices: a plan would start it with 1, and later tests need 8
+
+    from meshrun import cli
+
+    cli.main(["plan", *args, "--json"])
+    return json.loads(capsys.readouterr().out)
+
+
+@pytest.mark.integration
+def test_the_plan_says_which_attention_variables_auto_keeps_whole(capsys):
+    plan = plan_in_process(["model=transformer", "model.heads=2", "mesh=2x4", "layout=auto", "layout.min_bytes=1KiB"], capsys)
+    placed = {v["path"]: v for v in plan["variables"]}
+    assert placed["block_0/attention/query/kernel"]["spec"] == [None, None, None]  # 64x2x32: head_dim stays whole
+    assert placed["block_0/mlp_up/kernel"]["spec"] == [None, "model"]
+    kept = [w for w in plan["warnings"] if w.startswith("layout=auto keeps attention heads whole")]
+    assert len(kept) == 1 and "block_0/attention/query/kernel (64x2x32) and 7 more attention variables have 2 heads" in kept[0]
+
+
+@pytest.mark.integration
+def test_auto_keys_on_another_layout_are_one_grammatical_warning_said_once_a_process(tmp_path, caplog, capsys):
+    # A sweep over layout=auto,dense_model sets layout.min_bytes for auto: each job's plan keeps the
+    # warning, but a multirun's jobs (one process) say it once. 7KiB: a size no other test sets.
+    plan = plan_in_process(["mesh=2x4", "layout=dense_model", "layout.min_bytes=7KiB"], capsys)
+    said = "layout.min_bytes=7.00 KiB only steers layout=auto; this layout's rules are used as written"
+    assert said in plan["warnings"]
+    from meshrun.config import parse_run_config
+    from meshrun.run.prepare import RunContext, prepare
+
+    raw = {"mesh": {"shape": "2x4"}, "layout": {"rules": {"d1/kernel": [None, "model"]}, "min_bytes": "7KiB"},
+           "model": {"name": "dense_model"}, "data": {"name": "synthetic", "num_samples": 64, "eval_samples": 32}}
+    with caplog.at_level(logging.WARNING, logger="meshrun"):
+        setups = [prepare(parse_run_config(raw), RunContext(run_dir=str(tmp_path / str(job)))) for job in range(2)]
+    assert [r.message for r in caplog.records if "only steer" in r.message] == [said]
+    assert all(said in setup.plan.warnings for setup in setups)
+
+
 def plans(tmp_path, *overrides) -> list[dict]:
     """The JSON plans `meshrun plan -m OVERRIDES --json` prints, one per job."""
     done = run_meshrun(["plan", "-m", *overrides, "--json"], tmp_path)
@@ -176,7 +238,7 @@ def test_auto_on_the_zoo_transformer_is_within_15_percent_of_the_hand_written_la
     assert any("layout=auto shards nothing" in w and "token_embedding/embeddings" in w for w in replicated["warnings"])
     # The keys of auto are keys of every layout (a sweep over layouts sets them); others say they ignore them.
     hand = next(j for j in jobs if key(j) == ("1x8", "transformer_tp", True))
-    assert "layout.fsdp=true and layout.min_bytes=1024 only steer layout=auto; this layout's rules are used as written" in hand["warnings"]
+    assert "layout.fsdp=true and layout.min_bytes=1.00 KiB only steer layout=auto; this layout's rules are used as written" in hand["warnings"]
     auto_1x8 = next(j for j in jobs if key(j) == ("1x8", "auto", False))
     rules = {v["rule"] for v in auto_1x8["variables"] if v.get("origin") == "auto"}
     assert r"block_\d+/mlp_up/kernel" in rules and len(rules) < 15

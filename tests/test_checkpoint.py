@@ -208,7 +208,11 @@ def test_bad_resume_and_checkpoint_dirs_are_one_line_errors(in_tmp):
     cases = {
         f"resume={in_tmp / 'nowhere'}": "resume: got '{}', which does not exist".format(in_tmp / "nowhere"),
         f"resume={not_a_checkpoint.parent}": "which holds no complete checkpoint",
-        f"resume={source} model.hidden=100 train.epochs=2": "d1/kernel is 784x200 there but 784x100 here",
+        f"resume={source} model.hidden=100 train.epochs=2": "d1/kernel is 784x200 there but 784x100 here; it was written by "
+                                                              "model=dense_model with other options (model.hidden=200 there, 100 here)",
+        # another model: named before the progress, which would read as 'at the end of training'
+        f"checkpoint.dir={source} model=cnn train.epochs=1": f"resume: checkpoint {source}/8 was written by model=dense_model, "
+                                                             "and this run builds model=cnn; resume it with model=dense_model",
         f"resume={source}/8 train.epochs=1": "is at the end of training (epoch 1 of 1)",
         f"checkpoint.every_epoch=true checkpoint.dir={in_tmp.parent / (in_tmp.name + '-file')}/checkpoints": "checkpoint.dir: got ",
     }

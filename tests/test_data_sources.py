@@ -506,6 +506,15 @@ BAD = {
         lambda d, f: ((d / "text.npy").write_text("hello"), ["data=arrays", f"data.path={d}/text.npy", f"data.labels_path={d}/text.npy"])[1],
         ["data.path: cannot read", "text.npy", "as a numpy file"],
     ),
+    "features in a file that is neither .npz nor .npy": (
+        lambda d, f: (np.save(d / "x.npy", features(64)), np.save(d / "y.npy", classes(64)), (d / "x.npy").rename(d / "x.dat"),
+                      ["data=arrays", f"data.path={d}/x.dat", f"data.labels_path={d}/y.npy"])[-1],
+        ["data.path: got", "x.dat'; data=arrays reads .npz files (np.savez) or a .npy of features (np.save)"],
+    ),
+    "labels in a .npz": (
+        lambda d, f: (np.save(d / "x.npy", features(64)), ["data=arrays", f"data.path={d}/x.npy", f"data.labels_path={npz_args(d)[1][10:]}"])[1],
+        ["data.labels_path: got", "bad.npz'; expected a .npy file of labels"],
+    ),
     "npz key not present": (
         lambda d, f: [*npz_args(d), "data.features_key=images"],
         ["data.features_key: got 'images'", "bad.npz", "keys present: x or y"],
@@ -651,15 +660,17 @@ BAD = {
     ),
     "generator without either size": (
         lambda d, f: ["data=python", f"data.factory={f}:generator"],
-        ["data.num_samples, data.eval_samples: are required: the train and eval datasets from", "do not know their size; set both"],
+        ["data.num_samples, data.eval_samples: are required: the train and eval datasets from", "do not know their size; set both",
+         "(data.num_samples=N data.eval_samples=M), or return a list"],
     ),
     "generator without num_samples": (
         lambda d, f: ["data=python", f"data.factory={f}:generator", "data.eval_samples=32"],
-        ["data.num_samples: is required: the train dataset from", "does not know its size"],
+        ["data.num_samples: is required: the train dataset from", "does not know its size; set data.num_samples=N",
+         "or return a list"],
     ),
     "generator without eval_samples": (
         lambda d, f: ["data=python", f"data.factory={f}:generator", "data.num_samples=64"],
-        ["data.eval_samples: is required: the eval dataset from"],
+        ["data.eval_samples: is required: the eval dataset from", "set data.eval_samples=N"],
     ),
     "python fewer samples than one global batch": (
         lambda d, f: ["data=python", f"data.factory={f}:dataset", "+data.kwargs.n=8"],

@@ -88,7 +88,9 @@ CASES = {
     # keys that do not exist
     "override of missing key": (["train.epoch=3"], ["train.epoch: no such key", "'train.epoch=3'", "did you mean train.epochs?"]),
     "appended missing key": (["+train.epoch=3"], ["train.epoch: unknown key (got 3)", "did you mean train.epochs?"]),
-    "unknown top-level key": (["+trian.epochs=3"], ["trian: unknown key", "valid keys"]),
+    "unknown top-level key": (["+trian.epochs=3"], ["trian: unknown key", "did you mean train? valid keys"]),
+    # a misspelt section is matched with the sections, not cut from a key in one (model.ff)
+    "misspelt section": (["modle=cnn"], ["modle: no such key (got override 'modle=cnn'); did you mean model?"]),
     "unknown model option": (["+model.hiden=3"], ["model.hiden: unknown key", "did you mean model.hidden?"]),
     "key of another data source": (["data.path=train.npz"], [
         "data.path: not a key of the chosen data source (got override 'data.path=train.npz'); "

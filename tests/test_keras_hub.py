@@ -169,7 +169,9 @@ def test_a_local_preset_brings_its_weights(runs, tmp_path):
     keras.backend.clear_session()
     metrics = train([f"model.preset={tmp_path / 'preset'}", "mesh=8x1", "layout=llama_tp", *FAST, "train.epochs=1",
                      "train.learning_rate=1e-12", "checkpoint.export=true"], tmp_path / "run")
-    assert metrics["model"]["label"] == f"CausalLM from {tmp_path / 'preset'}"
+    label = f"LlamaCausalLM (preset {tmp_path / 'preset'})"  # the preset's own class, not the generic CausalLM
+    assert metrics["model"]["label"] == label
+    assert json.loads((tmp_path / "run" / "plan.json").read_text())["model"]["name"] == label
     exported = keras.saving.load_model(tmp_path / "run" / "model.keras")
     for variable in exported.backbone.variables:
         np.testing.assert_allclose(np.asarray(variable), saved[variable.path], atol=1e-6, err_msg=variable.path)
@@ -257,6 +259,11 @@ BAD = {
     "no layout map of its own": (
         ["model.task=MistralCausalLM", LLAMA[1], "layout=from_model", "mesh=2x4"],
         ["layout.from_model: got true, but KerasHub's MistralBackbone has no get_layout_map", "layout=llama_tp"],
+    ),
+    "no layout map and no family": (
+        ["model.task=GPT2CausalLM", "model.backbone={vocabulary_size:256,num_layers:2,num_heads:4,hidden_dim:64,intermediate_dim:128}",
+         "layout=from_model", "mesh=2x4"],
+        ["layout.from_model: got true, but KerasHub's GPT2Backbone has no get_layout_map", "use layout=auto (rules derived from its variables"],
     ),
     "from_model on a 1-D mesh": ([*LLAMA, "layout=from_model", "mesh=8"], ["layout.from_model: got true on mesh axes ['data']"]),
     "rules with from_model": ([*LLAMA, "layout=from_model", "mesh=2x4", "layout.rules={x:[null]}"], ["layout.rules: got 1 rule with layout.from_model=true"]),

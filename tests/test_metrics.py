@@ -3,6 +3,7 @@ into the same types and writes the same JSON, a new figure is one field that sho
 failed run holds only its head; and the log sinks behind their registry, where a new sink gets its
 `logging.<name>` switch without a config file."""
 
+import csv
 import dataclasses
 import io
 import json
@@ -105,3 +106,77 @@ def test_a_registered_sink_gets_its_switch_and_a_run_writes_it(in_tmp, monkeypat
     assert [int(line.split()[0]) for line in written] == list(range(1, 5))
     metrics = json.loads((in_tmp / "run" / "metrics.json").read_text())
     assert metrics["logs"] == {"jsonl": str(in_tmp / "run" / "log.jsonl"), "lines": str(in_tmp / "run" / "lines.txt")}
+
+
+# --- what the run's summary says about timing, partial epochs, logs and exports ------------------
+
+
+def summary_rows(metrics: dict) -> dict:
+    """The rows of the summary table of a run's metrics.json content, by name."""
+    return dict(RunMetrics.from_json(metrics).summary())
+
+
+@pytest.fixture(scope="module")
+def exported_run(tmp_path_factory):
+    """The seeds' model on 2x4 for 4 epochs of 64 steps, with the CSV log and an export: its
+    metrics.json content and run dir."""
+    from conftest import layout_rules, train_in_process
+
+    run_dir = tmp_path_factory.mktemp("exported")
+    raw = {"mesh": {"shape": "2x4"}, "layout": {"rules": layout_rules("dense_model")}, "model": {"name": "dense_model"},
+           "data": {"name": "synthetic", "num_samples": 1024, "eval_samples": 32}, "train": {"epochs": 4, "verbose": 0},
+           "logging": {"csv": True}, "checkpoint": {"export": True}}
+    return train_in_process(raw, run_dir).metrics, run_dir
+
+
+@pytest.mark.integration
+def test_throughput_agrees_with_the_wall_clock_of_the_epochs_after_the_first_not_with_the_median_step(exported_run):
+    metrics, run_dir = exported_run
+    timing, batch = metrics["timing"], metrics["train"]["global_batch_size"]
+    with open(run_dir / "epochs.csv", newline="") as file:
+        epochs = list(csv.DictReader(file))
+    assert [int(e["epoch_steps"]) for e in epochs] == timing["epoch_steps"] == [64] * 4
+    steady_steps = sum(int(e["epoch_steps"]) for e in epochs[1:])
+    wall = batch * steady_steps / sum(float(e["epoch_s"]) for e in epochs[1:])  # the step log's own clock
+    assert timing["throughput_steps"] == steady_steps == 192
+    assert timing["samples_per_s"] == pytest.approx(wall, rel=0.002)
+    assert timing["samples_per_s"] == pytest.approx(batch * 192 / timing["throughput_s"])
+    assert timing["samples_per_s"] != pytest.approx(batch / timing["step_time_s"], rel=1e-6)  # not the median step's
+    assert metrics["flops"]["per_s"] == pytest.approx(metrics["flops"]["per_step"] * timing["samples_per_s"] / batch)
+    mean_ms = timing["throughput_s"] / 192 * 1e3
+    assert summary_rows(metrics)["throughput"] == (f"{timing['samples_per_s']:,.0f} samples/s ({mean_ms:.2f} ms a step on "
+                                                   "average over the 192 steps after the first epoch)")
+
+
+@pytest.mark.integration
+def test_the_summary_lists_every_log_file_and_names_the_exported_files(exported_run):
+    metrics, run_dir = exported_run
+    assert metrics["logs"] == {"jsonl": str(run_dir / "log.jsonl"), "csv": str(run_dir / "steps.csv"),
+                               "epochs_csv": str(run_dir / "epochs.csv")}
+    rows = summary_rows(metrics)
+    assert rows["logs"] == "log.jsonl, steps.csv, epochs.csv"
+    assert rows["export"] == "model.keras" and (run_dir / "model.keras").is_file()
+    assert list(rows).index("export") == list(rows).index("logs") + 1
+
+
+@pytest.mark.integration
+def test_a_run_stopped_after_its_compiling_step_times_no_step_and_marks_the_cut_epoch(tmp_path, capsys):
+    """train.max_time passed before the first step: training stops after it, the step that compiled,
+    which must not pass for a training step (before: a 270 ms median 'step', 59 samples/s)."""
+    from conftest import layout_rules, train_in_process
+
+    raw = {"mesh": {"shape": "2x4"}, "layout": {"rules": layout_rules("dense_model")}, "model": {"name": "dense_model"},
+           "data": {"name": "synthetic", "num_samples": 128, "eval_samples": 32},
+           "train": {"epochs": 2, "verbose": 2, "max_time": 0.001}}
+    metrics = train_in_process(raw, tmp_path).metrics
+    timing = metrics["timing"]
+    assert metrics["train"]["stopped"]["step"] == 1 and timing["compile_s"] > 0
+    assert timing["step_time_s"] is None and timing["steady_steps"] == 0 and timing["samples_per_s"] is None
+    assert timing["epoch_steps"] == [1] and metrics["flops"]["per_s"] is None and metrics["flops"]["per_step"] > 0
+    rows = summary_rows(metrics)
+    assert rows["step time"] == "none timed: only the first step, which compiled, ran"
+    assert rows["throughput"] == "n/a: no step ran after the compiling one"
+    assert rows["epochs"] == f"{timing['epoch_s'][0]:.2f} s; epoch 1: 1 of 8 steps"
+    assert rows["flops"].endswith(" per step (XLA); MFU n/a (no peak known)")
+    line = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("epoch 1/2: "))
+    assert line.endswith("; stopped after 1 of 8 steps)")

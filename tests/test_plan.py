@@ -2,6 +2,8 @@
 
 - make_plan on hand-built abstract models: bytes per device against hand arithmetic, optimizer
   slots, totals, the largest replicated variables, the lint (errors and warnings), to_dict.
+- The tables as printed: rules whole on a narrow terminal, the model's parameter count, scattered
+  numbers (seed generators) folded into one row per kind; a regex rule typed as the README shows.
 - The 7B-class transformer on 1x8 in a fresh subprocess: under 60 s and 2 GiB peak RSS, and every
   number equal to shape arithmetic done here from the preset.
 - The CLI as a user runs it: JSON and tables, lint errors (exit 2, one stderr line each), -m
@@ -10,10 +12,12 @@
 
 from __future__ import annotations
 
+import io
 import json
 import math
 import os
 import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -329,7 +333,8 @@ def test_to_dict_has_every_key_and_is_json():
     }
     assert data["status"] == "ok"
     assert data["processes"] == {"count": 1, "devices_per_process": 8, "axes_across_processes": [], "batch_shares": 1}
-    assert data["model"] == {"name": "toy", "params": 64 * 256 + 256, "trainable_params": 64 * 256 + 256, "frozen_params": 0}
+    assert data["model"] == {"name": "toy", "params": 64 * 256 + 256, "params_bytes": (64 * 256 + 256) * 4,
+                             "trainable_params": 64 * 256 + 256, "frozen_params": 0}
     assert data["mesh"] == {"shape": [2, 4], "axis_names": ["data", "model"], "batch_axis": "data", "devices": 8}
     assert data["optimizer"] == "adam"
     assert data["per_device"] == {
@@ -361,6 +366,93 @@ def test_format_bytes():
     assert format_bytes(3_360_129_024) == "3.13 GiB"
     assert format_bytes(1 << 40) == "1.00 TiB"
     assert format_bytes(1 << 50) == "1024.00 TiB"  # no unit beyond TiB
+
+
+# --- the tables, rendered -------------------------------------------------------------------------
+
+
+def rendered(plan, width=None, terminal=False) -> str:
+    """What `meshrun plan` prints for `plan`: on a terminal `width` columns wide, or into a pipe."""
+    from rich.console import Console
+
+    from meshrun.report.render import render_plan
+
+    console = Console(file=io.StringIO(), width=width, force_terminal=terminal, color_system=None)
+    render_plan(plan.to_dict(), console=console)
+    return console.file.getvalue()
+
+
+def table_cells(text: str, column: str) -> list[str]:
+    """The whole text of `column` in each row of the plan table (the first table), its folded lines joined."""
+    lines = text.splitlines()
+    start = next(n for n, line in enumerate(lines) if line.startswith("┃"))
+    index = [cell.strip() for cell in lines[start].split("┃")].index(column)
+    cells = []
+    for line in lines[start + 1:]:
+        if line.startswith("└"):
+            break
+        if not line.startswith("│"):
+            continue
+        parts = [cell.strip() for cell in line.split("│")]
+        if parts[1]:  # a row's first line names its path; the lines after it continue its cells
+            cells.append(parts[index])
+        elif cells:
+            cells[-1] += parts[index]
+    return cells
+
+
+LONG_RULE = r"block_\d+/attention/(query|key|value|query_norm|key_norm)/kernel"
+
+
+def test_rules_are_shown_whole_on_a_narrow_terminal():
+    variables = [var(f"block_{n}/attention/{p}/kernel", 64, 8, 8) for n in range(2) for p in ("query", "key", "value")]
+    plan = plan_of(variables, [rule(LONG_RULE, None, "model", None)])
+    text = rendered(plan, width=90, terminal=True)
+    assert max(map(len, text.splitlines())) <= 90
+    assert table_cells(text, "rule")[:3] == [LONG_RULE] * 3
+
+
+def test_a_plan_counts_the_models_parameters():
+    plan = plan_of([var("dense/kernel", 64, 256), var("dense/bias", 256)], [rule("dense/kernel", None, "model")])
+    row = next(line for line in rendered(plan).splitlines() if "model parameters" in line)
+    assert "16,640 (65.00 KiB unsharded)" in row
+
+
+def test_seed_generators_share_a_row_per_kind_whatever_their_numbers():
+    # GPT-2's 36 layers: 3 seed generators each, numbered 1..108 across the model.
+    variables = [var("token_embedding/embeddings", 512, 64)]
+    for n in range(36):
+        variables += [var(f"transformer_layer_{n}/self_attention/seed_generator_{3 * n + 1}/seed_generator_state", 2,
+                          dtype="uint32", itemsize=4),
+                      *(var(f"transformer_layer_{n}/seed_generator_{3 * n + k}/seed_generator_state", 2, dtype="uint32", itemsize=4)
+                        for k in (2, 3))]
+    text = rendered(plan_of(variables, mesh=MESH_8X1))
+    paths = table_cells(text, "path")
+    assert paths == ["token_embedding/embeddings",
+                     "transformer_layer_{0..35}/self_attention/seed_generator_{36 in 1..106}/seed_generator_state",
+                     "transformer_layer_{0..35}/seed_generator_{72 in 2..108}/seed_generator_state"]
+    assert max(map(len, text.splitlines())) < 200
+
+
+# The README's example of regex rules on the command line (### Layout rules), run as written.
+README_REGEX_RULES = (r"meshrun plan model=transformer mesh=2x4 'layout.rules={block_\d+/attention/\(query|key|value\)/kernel:"
+                      r"[null,model,null],block_\[01\]/mlp_up/kernel:[null,model]}'")
+
+
+@pytest.mark.integration
+def test_the_readmes_regex_rules_parse_on_the_command_line_as_written(capsys):
+    import jax  # noqa: F401  started here with conftest's 8 devices: a plan would start it with 1, and later tests need 8
+
+    from meshrun import cli
+
+    assert README_REGEX_RULES in (Path(__file__).parents[1] / "README.md").read_text()
+    _meshrun, *args = shlex.split(README_REGEX_RULES)
+    cli.main([*args, "--json"])
+    plan = json.loads(capsys.readouterr().out)
+    rules = {v["path"]: (v["rule"], v["spec"]) for v in plan["variables"]}
+    assert rules["block_1/attention/value/kernel"] == (r"block_\d+/attention/(query|key|value)/kernel", [None, "model", None])
+    assert rules["block_0/mlp_up/kernel"] == ("block_[01]/mlp_up/kernel", [None, "model"])
+    assert plan["errors"] == []
 
 
 # --- the 7B-class transformer in a fresh process --------------------------------------------------
@@ -438,7 +530,8 @@ def test_7b_transformer_plans_fast_in_little_memory_with_exact_bytes(tmp_path):
     per_block = 4 * d * d + 4 * d + 2 * d * ff + ff + d + 4 * d  # attention, MLP, two layer norms
     assert params == layers * per_block + 2 * vocab * d + P7B["seq_len"] * d + 2 * d
     assert 6.7e9 < params < 6.8e9  # 7B-class
-    assert plan["model"] == {"name": "transformer", "params": params, "trainable_params": params, "frozen_params": 0}
+    assert plan["model"] == {"name": "transformer", "params": params, "params_bytes": params * 4, "trainable_params": params,
+                             "frozen_params": 0}
 
     params_per_device = 0
     for path, shape in shapes.items():
@@ -597,11 +690,11 @@ def test_a_plan_collapses_repeated_blocks_and_never_wraps_a_path(tmp_path):
     assert narrow.returncode == 0, narrow.stderr
     lines = ANSI.sub("", narrow.stdout).splitlines()
     assert max(map(len, lines)) <= 100
-    rows = [line for line in lines if line.startswith("│ ")]
-    paths = [row.split("│")[1].strip() for row in rows]
+    paths = table_cells(ANSI.sub("", narrow.stdout), "path")
     assert "block_{0..11}/attention/query/kernel" in paths and "block_{0..11}/ln_{1..2}/gamma" in paths
     assert "token_embedding/embeddings" in paths and not any(p.startswith("block_0/") for p in paths)
-    assert len(rows) < 40  # 12 blocks of 16 variables each would be 199 rows
+    assert len(paths) < 40  # 12 blocks of 16 variables each would be 199 rows
+    assert r"block_\d+/attention/(query|key|value)/kernel" in table_cells(ANSI.sub("", narrow.stdout), "rule")  # folded, whole
 
     full = run_plan(["model=transformer", "model.layers=12", "mesh=2x4", "--full"], tmp_path / "full")
     assert full.returncode == 0, full.stderr

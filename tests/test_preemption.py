@@ -4,6 +4,7 @@ preempted) and exit with 128 + the signal's number; the same command then resume
 uninterrupted run. A save that fails stops the run with one line and leaves the checkpoints before
 it usable; a checkpoint whose files were damaged later is passed over by resume=auto."""
 
+import csv
 import json
 import shlex
 import shutil
@@ -34,6 +35,12 @@ def uninterrupted(tmp_path_factory) -> dict:
     return read_metrics(folder / "run")
 
 
+def summary_rows(stdout: str) -> dict:
+    """The rows of the run summary a run printed, by name (the first column of its table)."""
+    cells = [line.split("│")[1:3] for line in stdout.splitlines() if line.startswith("│") and line.count("│") == 3]
+    return {name.strip(): value.strip() for name, value in cells}
+
+
 def start_meshrun(args: list[str], cwd: Path) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "meshrun", *args], cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
@@ -54,12 +61,12 @@ def wait_for_steps(run_dir: Path, process: subprocess.Popen, count: int, timeout
 def test_a_signal_mid_epoch_saves_and_the_same_command_resumes_exactly(tmp_path, stop_signal, uninterrupted):
     whole = uninterrupted
     checkpoints = tmp_path / "checkpoints"
-    args = [*ARGS, f"checkpoint.dir={checkpoints}"]
+    args = [*ARGS, f"checkpoint.dir={checkpoints}", "checkpoint.export=true", "logging.csv=true"]
     first_run = tmp_path / "first"
     process = start_meshrun([*args, f"hydra.run.dir={first_run}"], tmp_path)
     wait_for_steps(first_run, process, 50)
     process.send_signal(stop_signal)
-    _, stderr = process.communicate(timeout=120)
+    stdout, stderr = process.communicate(timeout=120)
     name = signal.Signals(stop_signal).name
     assert process.returncode == 128 + stop_signal, stderr[-3000:]
     stopped = read_metrics(first_run)
@@ -70,7 +77,18 @@ def test_a_signal_mid_epoch_saves_and_the_same_command_resumes_exactly(tmp_path,
     assert 50 <= step < 2 * STEPS_PER_EPOCH and step % STEPS_PER_EPOCH, "the signal landed mid-epoch"
     epoch = step // STEPS_PER_EPOCH + 1
     assert stopped["checkpoint"]["saved_steps"] == [STEPS_PER_EPOCH] * (epoch - 1) + [step] and (checkpoints / str(step)).is_dir()
-    assert stopped["eval"] == {} and len(stopped["history"]["loss"]) == epoch  # no evaluation; up to the epoch it stopped in
+    assert stopped["eval"] is None and len(stopped["history"]["loss"]) == epoch  # no evaluation; up to the epoch it stopped in
+    assert stopped["skipped"] == ["eval", "flops", "export"] and stopped["flops"]["per_step"] is None
+    in_epoch = step - (epoch - 1) * STEPS_PER_EPOCH
+    assert stopped["timing"]["epoch_steps"] == [STEPS_PER_EPOCH] * (epoch - 1) + [in_epoch]
+    with open(first_run / "epochs.csv", newline="") as file:
+        last = list(csv.DictReader(file))[-1]
+    assert (int(last["epoch_end"]), int(last["step"]), int(last["epoch_steps"])) == (epoch, step, in_epoch)
+    rows = summary_rows(stdout)  # what was skipped and why, and the cut epoch marked
+    skipped = f"skipped: {name} received after step {step}"
+    assert rows["eval"] == skipped + "; a run stopped by a signal only saves its checkpoint, to exit within the scheduler's grace period"
+    assert rows["flops"] == f"skipped (XLA's cost analysis, and the compiled memory estimate with it): {name} received after step {step}"
+    assert rows["export"] == skipped and rows["epochs"].endswith(f" s; epoch {epoch}: {in_epoch} of {STEPS_PER_EPOCH} steps")
     assert f"meshrun: {name} received: stopped after step {step}; checkpoint {checkpoints / str(step)}" in stderr
     assert "Traceback" not in stderr
 
@@ -78,7 +96,9 @@ def test_a_signal_mid_epoch_saves_and_the_same_command_resumes_exactly(tmp_path,
     done = run_meshrun([*args, f"hydra.run.dir={resumed_run}"], tmp_path)  # the same command
     assert done.returncode == 0, done.stderr[-3000:]
     resumed = read_metrics(resumed_run)
-    assert resumed["status"] == "ok" and resumed["checkpoint"]["resumed_at_step"] == step
+    assert resumed["status"] == "ok" and resumed["checkpoint"]["resumed_at_step"] == step and resumed["skipped"] is None
+    rows = summary_rows(done.stdout)
+    assert rows["export"] == "model.keras" and rows["epochs"].endswith(f" s; epoch {epoch}: {STEPS_PER_EPOCH - in_epoch} of {STEPS_PER_EPOCH} steps")
     assert resumed["history"]["loss"] == pytest.approx(whole["history"]["loss"], abs=1e-6)
     assert resumed["eval"]["loss"] == pytest.approx(whole["eval"]["loss"], abs=1e-6)
     assert json.loads((resumed_run / "metrics.json").read_text())["train"]["stopped"] is None

@@ -3,6 +3,7 @@ summary.csv/json/png), `meshrun report`, failed jobs that do not stop a sweep, j
 different device counts, and the persistent compilation cache."""
 
 import json
+import re
 import shutil
 
 import pytest
@@ -70,6 +71,20 @@ def test_rows_are_sorted_by_throughput_with_the_best_marked_and_failures_last(tm
     assert rows[0]["run_dir"] == "1"
 
 
+@pytest.mark.integration
+def test_the_layout_column_names_rules_given_on_the_command_line(tmp_path):
+    # A real run records its overrides as Hydra got them (layout.rules={...} as ~layout.rules +layout.rules={...}).
+    given = tmp_path / "given"
+    cli.main(["train", "mesh=2x4", "layout.rules={d1/kernel:[null,model]}", "layout.extra_rules={d2/kernel:[null,null]}", *FAST,
+              "train.epochs=1", f"hydra.run.dir={given}"])
+    chosen = fake_run(tmp_path, "chosen", "2x4", 100.0, layout="dense_model")
+    failed = fake_run(tmp_path, "failed", "2x4", 0, status="error", layout="replicated")  # no layout section: no counts
+    metrics = read_metrics(failed)
+    (failed / "metrics.json").write_text(json.dumps({**metrics, "overrides": ["~layout.rules", "+layout.rules={d1/kernel:[null,model]}"]}))
+    rows = {r["job"]: r["layout"] for r in sweep.summary_rows([given, chosen, failed], relative_to=tmp_path)}
+    assert rows == {"given": "1 rule from command line + 1 extra rule", "chosen": "dense_model", "failed": "rules from command line"}
+
+
 def test_language_models_are_ranked_by_tokens(tmp_path):
     runs = [fake_run(tmp_path, "0", "8x1", 100.0, tokens_per_s=9000.0), fake_run(tmp_path, "1", "1x8", 200.0, tokens_per_s=3000.0)]
     assert [r["mesh"] for r in sweep.summary_rows(runs, relative_to=tmp_path)] == ["8x1", "1x8"]
@@ -82,6 +97,10 @@ def test_report_compares_any_mix_of_runs_and_skips_files_it_cannot_read(tmp_path
     metrics = json.loads((sparse / "metrics.json").read_text())
     del metrics["timing"]["compile_s"], metrics["eval"]["loss"]
     (sparse / "metrics.json").write_text(json.dumps(metrics))
+    one_step = fake_run(tmp_path / "runs", "one_step", "4x2", 1.0, model="dense_model", layout="replicated")
+    metrics = json.loads((one_step / "metrics.json").read_text())  # stopped after its compiling step: nothing timed
+    metrics["timing"] |= {"step_time_s": None, "step_time_p90_s": None, "samples_per_s": None}
+    (one_step / "metrics.json").write_text(json.dumps(metrics))
     for name, text in {"broken": "{not json", "foreign": '{"accuracy": 0.9}', "half": '{"status": "ok"}'}.items():
         (tmp_path / "runs" / name).mkdir()
         (tmp_path / "runs" / name / "metrics.json").write_text(text)
@@ -90,11 +109,12 @@ def test_report_compares_any_mix_of_runs_and_skips_files_it_cannot_read(tmp_path
     assert done.returncode == 0, done.stderr
     skipped = done.stderr.strip().splitlines()
     assert len(skipped) == 3 and all(line.startswith("skipped ") for line in skipped), done.stderr
-    assert "runs/half/metrics.json: no 'step_time_s' in it" in done.stderr
+    assert "runs/half/metrics.json: no 'timing' in it" in done.stderr
     assert "runs/broken/metrics.json: Expecting property name" in done.stderr
     assert "runs/foreign/metrics.json: not a metrics.json of meshrun train" in done.stderr
     rows = json.loads((tmp_path / "cmp" / "summary.json").read_text())["rows"]
-    assert [(r["job"], r["best"]) for r in rows] == [("mlp", True), ("sparse", False), ("lm", False)]  # by samples/s
+    assert [(r["job"], r["best"]) for r in rows] == [("mlp", True), ("sparse", False), ("lm", False), ("one_step", False)]  # by samples/s
+    assert rows[-1]["step_time_ms"] is None and rows[-1]["samples_per_s"] is None
     assert "fastest first (samples/s)" in done.stdout and "varying mesh, model, layout" in done.stdout
     sparse_line = next(line for line in done.stdout.splitlines() if "sparse" in line)
     assert sparse_line.count(" - ") == 2  # no compile time, no eval loss
@@ -246,10 +266,16 @@ def test_compilation_cache_is_on_by_default_and_can_be_moved_or_switched_off(tmp
 
 
 @pytest.mark.e2e
-def test_a_multirun_over_two_models_ends_with_their_comparison(tmp_path):
+def test_a_multirun_over_two_models_ends_with_their_comparison(tmp_path, monkeypatch):
+    # A fresh matplotlib config dir: drawing summary.png builds its font cache and logs that
+    # (INFO), after the jobs, under Hydra's own logging config.
+    monkeypatch.setenv("MPLCONFIGDIR", str(tmp_path / "matplotlib"))
     sweep_dir = tmp_path / "sweep"
     done = run_meshrun(["train", "-m", "model=dense_model,transformer", "mesh=2x4", *FAST, f"hydra.sweep.dir={sweep_dir}"], tmp_path)
     assert done.returncode == 0, done.stderr[-2000:]
+    lines = (done.stdout + done.stderr).splitlines()
+    assert [line for line in lines if "[HYDRA]" in line and not re.search(r"\[HYDRA\] (Launching|\t#\d)", line)] == []
+    assert (tmp_path / "matplotlib").is_dir() and not [line for line in lines if "fontManager" in line]
     rows = json.loads((sweep_dir / "summary.json").read_text())["rows"]
     assert sorted(r["model"] for r in rows) == ["dense_model", "transformer"] and all(r["status"] == "ok" for r in rows)
     assert rows[0]["samples_per_s"] >= rows[1]["samples_per_s"] and rows[0]["best"]

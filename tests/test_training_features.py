@@ -202,7 +202,7 @@ def test_tensorboard_events_and_csv_files_hold_every_step_and_epoch(tmp_path):
     raw = {**config(eval_every=1), "logging": {"tensorboard": True, "csv": True}}
     metrics = train_in_process(raw, tmp_path).metrics
     assert metrics["logs"] == {"jsonl": str(tmp_path / "log.jsonl"), "tensorboard": str(tmp_path / "tensorboard"),
-                               "csv": str(tmp_path / "steps.csv")}
+                               "csv": str(tmp_path / "steps.csv"), "epochs_csv": str(tmp_path / "epochs.csv")}
     events = EventAccumulator(str(tmp_path / "tensorboard"), size_guidance={"scalars": 0})
     events.Reload()
     tags = events.Tags()["scalars"]
@@ -215,7 +215,7 @@ def test_tensorboard_events_and_csv_files_hold_every_step_and_epoch(tmp_path):
     assert rows[0].split(",") == list(steps[0]) and len(rows) == 17
     assert float(rows[5].split(",")[2]) == pytest.approx(steps[4]["loss"])
     epoch_rows = (tmp_path / "epochs.csv").read_text().splitlines()
-    assert epoch_rows[0] == "epoch_end,step,loss,val_loss" and len(epoch_rows) == 3
+    assert epoch_rows[0] == "epoch_end,step,epoch_steps,epoch_s,loss,val_loss" and len(epoch_rows) == 3
 
 
 @pytest.mark.integration

@@ -11,7 +11,8 @@ pread, the file's pages stay in the kernel's page cache and the process holds on
   Fortran-ordered arrays, have to be read into memory; meshrun warns), or a .npy of features with
   the labels in `data.labels_path`. A list of features keys feeds a model that takes a dict of
   inputs by those names (a KerasHub model: [token_ids, padding_mask]); `data.sample_weight_key`
-  names a member of per-sample (or per-label) weights.
+  names a member of per-sample (or per-label) weights. Files are told apart by their suffix
+  (any case); a path with another suffix is a ConfigError, not read as a .npy.
 - Evaluation data: `data.eval_path` (and `data.eval_labels_path`) laid out the same way, or else
   the last `data.validation_split` of the samples, or else none (the run evaluates on training data
   and says so).
@@ -59,7 +60,9 @@ class ArraysOptions:
         keys = [self.features_key] if isinstance(self.features_key, str) else self.features_key
         if not isinstance(keys, (list, tuple)) or not keys or not all(isinstance(k, str) and k for k in keys):
             raise ConfigError("data.features_key", f"got {self.features_key!r}; expected a member name, or a list of them")
-        if Path(self.path).suffix != ".npz" and (not isinstance(self.features_key, str) or self.sample_weight_key):
+        for key in ("path", "eval_path", "labels_path", "eval_labels_path"):
+            _check_suffix(f"data.{key}", getattr(self, key))
+        if not is_npz(self.path) and (not isinstance(self.features_key, str) or self.sample_weight_key):
             key = "data.sample_weight_key" if self.sample_weight_key else "data.features_key"
             raise ConfigError(key, f"needs a .npz file (several members), not {self.path!r}")
 
@@ -67,6 +70,26 @@ class ArraysOptions:
     def input_names(self) -> Optional[list[str]]:
         """The input names of a model taking a dict of inputs (None: one tensor)."""
         return None if isinstance(self.features_key, str) else list(self.features_key)
+
+
+def is_npz(path: str) -> bool:
+    """Whether `path` names a .npz file (by its suffix, in any case); else it is read as a .npy."""
+    return Path(path).suffix.lower() == ".npz"
+
+
+def _check_suffix(key: str, path: Optional[str]) -> None:
+    """ConfigError unless `path` (config key `key`) is None or ends in a suffix that data=arrays
+    reads: .npz or .npy for data.path and data.eval_path, .npy for the labels' paths. Any other
+    file would be read as a .npy and fail on its bytes, or worse, pass as one."""
+    if path is None:
+        return
+    suffix = Path(path).suffix.lower()
+    if "labels" in key:
+        if suffix != ".npy":
+            raise ConfigError(key, f"got {path!r}; expected a .npy file of labels (as np.save writes)")
+    elif suffix not in (".npz", ".npy"):
+        raise ConfigError(key, f"got {path!r}; data=arrays reads .npz files (np.savez) or a .npy of features "
+                               "(np.save) with its labels in data.labels_path")
 
 
 class FileRows:
@@ -107,7 +130,7 @@ def open_array(path: str, path_key: str, member: Optional[str] = None, member_ke
     if not file.is_file():
         raise ConfigError(path_key, f"got {path!r}, which is not a file")
     try:
-        if file.suffix == ".npz":
+        if is_npz(path):
             return _npz_member(file, member, member_key)
         with open(file, "rb") as raw:
             shape, fortran, dtype = _read_header(raw)
@@ -161,7 +184,7 @@ def _features_and_labels(path, labels_path, options: ArraysOptions, key: str):
     from `path` (config key data.<key>) and, for .npy, `labels_path`."""
     labels_key = f"data.{key.replace('path', 'labels_path')}"
     weights = None
-    if Path(path).suffix == ".npz":
+    if is_npz(path):
         names = options.input_names
         if names:
             x = {name: open_array(path, f"data.{key}", name, "data.features_key") for name in names}

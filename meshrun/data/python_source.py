@@ -126,14 +126,20 @@ def first_batch(batches) -> tuple:
     return next(iter(batches)) if isinstance(batches, Batches) else tf_data.first_batch(batches)
 
 
+SIZE_HINT = "or return a list (or a tf.data.Dataset of known cardinality), whose length meshrun takes"
+
+
 def _require_sizes(splits: dict, factory: str) -> None:
-    """One error naming every size key still needed (both at once, not one per run)."""
+    """One error naming every size key still needed (both at once, not one per run), and how to
+    give them."""
     missing = {split: key for split, (key, count) in splits.items() if count is None}
     if len(missing) == 2:
-        raise ConfigError(", ".join(missing.values()),
-                          f"are required: the train and eval datasets from {factory} do not know their size; set both")
+        keys = list(missing.values())
+        raise ConfigError(", ".join(keys), f"are required: the train and eval datasets from {factory} do not know their size; "
+                                           f"set both to the samples each yields ({keys[0]}=N {keys[1]}=M), {SIZE_HINT}")
     for split, key in missing.items():
-        raise ConfigError(key, f"is required: the {split} dataset from {factory} does not know its size")
+        raise ConfigError(key, f"is required: the {split} dataset from {factory} does not know its size; "
+                               f"set {key}=N, the samples it yields, {SIZE_HINT}")
 
 
 SPEC = register_source(SourceSpec("python", PythonOptions, load, "a dataset from the user's module:function"))

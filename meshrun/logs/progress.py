@@ -83,11 +83,16 @@ class EpochProgress(keras.callbacks.Callback):
 
     def on_epoch_end(self, epoch, logs=None):
         seconds = time.perf_counter() - self._epoch_started
+        planned = self.params["steps"]
+        # Training stopped in this epoch (a signal, the time budget): it ran fewer steps than planned.
+        cut = f"; stopped after {self._batches} of {planned} steps" if self._batches < planned else ""
         if self._bar is not None:
-            self._bar.update(self._task, completed=self._batches, speed=self._speed(), metrics=metrics_text(logs))
+            description = f"epoch {epoch + 1}/{self.epochs}" + (" (stopped)" if cut else "")
+            self._bar.update(self._task, completed=self._batches, speed=self._speed(), metrics=metrics_text(logs),
+                             description=description)
             return
         speed = self._speed() or f"{seconds:.2f} s"
-        print(f"epoch {epoch + 1}/{self.epochs}: {metrics_text(logs)}  ({seconds:.2f} s, {speed})", flush=True)
+        print(f"epoch {epoch + 1}/{self.epochs}: {metrics_text(logs)}  ({seconds:.2f} s, {speed}{cut})", flush=True)
 
     def on_train_end(self, logs=None):
         if self._bar is not None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import threading
 import time
+from typing import Optional
 
 import keras
 
@@ -19,8 +20,9 @@ from meshrun.logs.timing import StepStats, summarize
 
 
 class StepTimer(keras.callbacks.Callback):
-    """Records when each training step finished (and the process's minor page faults by then) and
-    how long each epoch took.
+    """Records when each training step finished (and the process's minor page faults by then), when
+    each epoch began, how long it took and when its training work ended (the throughput window of
+    meshrun.logs.timing).
 
     With `async_safe=True` Keras fetches logs and calls the hook from a pool of worker threads
     while the loop dispatches the next steps (its default without callbacks: no pipeline bubble
@@ -36,14 +38,15 @@ class StepTimer(keras.callbacks.Callback):
         self._lock = threading.Lock()
         self._ends: dict[tuple[int, int], tuple[float, int]] = {}
         self._epoch = 0
-        self._epoch_started = 0.0
-        self.epoch_s: list[float] = []
+        self._began: dict[int, float] = {}  # by epoch index
+        self._epoch_s: dict[int, float] = {}
+        self._trained_until: dict[int, Optional[float]] = {}  # the epoch's end, unless it evaluated
         self.first_begin = None
         self.first_begin_wall = None
 
     def on_epoch_begin(self, epoch, logs=None):
         self._epoch = epoch
-        self._epoch_started = time.perf_counter()
+        self._began[epoch] = time.perf_counter()
 
     def on_train_batch_begin(self, batch, logs=None):
         if self.first_begin is None:
@@ -57,7 +60,10 @@ class StepTimer(keras.callbacks.Callback):
             self._ends[(self._epoch, batch)] = (now, faults)
 
     def on_epoch_end(self, epoch, logs=None):
-        self.epoch_s.append(time.perf_counter() - self._epoch_started)
+        now = time.perf_counter()
+        self._epoch_s[epoch] = now - self._began[epoch]
+        # Keras evaluates validation_data before this hook: such an epoch's training ended at its last step.
+        self._trained_until[epoch] = None if any(name.startswith("val_") for name in logs or {}) else now
 
     def stats(self) -> StepStats:
         """The step statistics of the finished fit."""
@@ -68,7 +74,9 @@ class StepTimer(keras.callbacks.Callback):
             # Worker threads may record a hair out of order; a step cannot end before its predecessor.
             ends.append(max(end, ends[-1]) if ends else end)
             counts.append(max(faults, counts[-1]) if counts else faults)
-        epochs = sorted(by_epoch)
-        stats = summarize(self.first_begin, [by_epoch[e] for e in epochs], list(self.epoch_s), [faults_by_epoch[e] for e in epochs])
+        epochs = sorted(by_epoch)  # every epoch that ran runs at least the step it began with
+        until = [self._trained_until.get(e) or by_epoch[e][-1] for e in epochs]
+        stats = summarize(self.first_begin, [self._began[e] for e in epochs], [by_epoch[e] for e in epochs],
+                          [self._epoch_s[e] for e in sorted(self._epoch_s)], [faults_by_epoch[e] for e in epochs], until)
         stats.first_step_at = self.first_begin_wall
         return stats

@@ -14,7 +14,9 @@ from meshrun.training.schedule import learning_rate_at
 class StepLog(StepCounting):
     """Writes the run's log: for every training step its global step and epoch (both from 1), the
     running loss and metrics Keras reports, the learning rate, and the step's seconds and
-    samples/s (from the end of the previous step); for every epoch its logs. Each record goes to
+    samples/s (from the end of the previous step); for every epoch the global step it ended at, the
+    steps it ran (fewer than an epoch has where training was stopped in it, or resumed), its
+    seconds (start to end, evaluation included) and its logs. Each record goes to
     every sink (log.jsonl always; CSV and TensorBoard when asked), opened by `open_sinks()` when
     training begins (a run rejected before that writes nothing).
 
@@ -38,7 +40,8 @@ class StepLog(StepCounting):
         self._closing = False
         self._writer = None
         self._failure = None
-        self._last_end = time.perf_counter()
+        self._last_end = self._epoch_began = time.perf_counter()
+        self._batches = 0  # the steps the current epoch has run
 
     def on_train_begin(self, logs=None):
         if not self.sinks:
@@ -49,17 +52,22 @@ class StepLog(StepCounting):
 
     def on_epoch_begin(self, epoch, logs=None):
         super().on_epoch_begin(epoch, logs)
-        self._last_end = time.perf_counter()
+        self._last_end = self._epoch_began = time.perf_counter()
+        self._batches = 0
 
     def on_train_batch_end(self, batch, logs=None):
         with self._lock:
             now = time.perf_counter()
             seconds, self._last_end = now - self._last_end, now
+            self._batches = max(self._batches, batch + 1)
             self._pending.append(("step", self.step_number(batch), self._epoch + 1, logs, seconds))
 
     def on_epoch_end(self, epoch, logs=None):
+        # An epoch that training was stopped in ran fewer steps than Keras planned (self.params).
+        seconds, batches = time.perf_counter() - self._epoch_began, self._batches
+        record = {"epoch_end": epoch + 1, "step": self.step_number(batches - 1), "epoch_steps": batches, "epoch_s": seconds,
+                  **{k: float(v) for k, v in (logs or {}).items()}}
         super().on_epoch_end(epoch, logs)
-        record = {"epoch_end": epoch + 1, "step": self._steps_before_epoch, **{k: float(v) for k, v in (logs or {}).items()}}
         self._pending.append(("epoch", record))
         self._wake.set()
 

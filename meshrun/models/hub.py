@@ -133,17 +133,35 @@ class KerasHubOptions:
             )
 
 
-def _preset_config(preset: str, name: str) -> dict:
-    """The `config` of JSON file `name` of a preset dir ({} where the preset has no such file)."""
+def _preset_file(preset: str, name: str) -> dict:
+    """JSON file `name` of a preset dir ({} where the preset has no such file)."""
     import json
 
     path = Path(preset).expanduser() / name
     if not path.is_file():
         return {}
     try:
-        return json.loads(path.read_text()).get("config", {})
+        return json.loads(path.read_text())
     except (ValueError, OSError) as err:
         raise ConfigError("model.preset", f"cannot read {str(path)!r} ({err})") from None
+
+
+def _preset_config(preset: str, name: str) -> dict:
+    """The `config` of JSON file `name` of a preset dir ({} where the preset has no such file)."""
+    return _preset_file(preset, name).get("config", {})
+
+
+def task_name(options: KerasHubOptions) -> str:
+    """The name of the causal LM class a run builds: model.task, else the class the preset was
+    saved from (its task.json), else the one KerasHub picks for the preset's backbone
+    (GemmaBackbone: GemmaCausalLM)."""
+    if options.task or not options.preset:
+        return options.task
+    saved = _preset_file(options.preset, "task.json").get("class_name")
+    if saved:
+        return saved
+    backbone = _preset_file(options.preset, "config.json").get("class_name", "")
+    return backbone.removesuffix("Backbone") + "CausalLM" if backbone.endswith("Backbone") else "CausalLM"
 
 
 def preset_sequence_length(preset: str) -> int:
@@ -294,8 +312,9 @@ def inputs(options: KerasHubOptions) -> dict:
 
 
 def label(options: KerasHubOptions) -> str:
-    """The model as reports name it: its class, the preset it came from, and its LoRA rank."""
-    name = f"{options.task or 'CausalLM'} from {options.preset}" if options.preset else options.task
+    """The model as reports name it: its class, the preset it came from, and its LoRA rank
+    (`GemmaCausalLM (preset /models/gemma2), LoRA rank 8`)."""
+    name = f"{task_name(options)} (preset {options.preset})" if options.preset else options.task
     return f"{name}, LoRA rank {options.lora.rank}" if options.lora.enabled else name
 
 
@@ -372,10 +391,12 @@ def _model_axis(mesh) -> str:
 
 
 def _layouts_hint(backbone_cls) -> str:
+    """What to use for a backbone without a layout map: meshrun's layouts for its family, layout=auto."""
     family = next((f for name, f in FAMILIES.items() if any(c.__name__ == name for c in backbone_cls.__mro__)), None)
     if family:
-        return f"use meshrun's layout={family}_tp ({family}_fsdp, {family}_2d), or write layout.rules"
-    return "write layout.rules for its variable paths (meshrun plan lists them), or use layout=replicated"
+        return f"use meshrun's layout={family}_tp ({family}_fsdp, {family}_2d) or layout=auto, or write layout.rules"
+    return ("use layout=auto (rules derived from its variables and the mesh; `meshrun plan layout=auto` shows them), "
+            "write layout.rules for its variable paths (meshrun plan lists them), or use layout=replicated")
 
 
 def layout_advice(options: KerasHubOptions, variables, mesh) -> list[str]:

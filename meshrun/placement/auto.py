@@ -12,6 +12,10 @@ parallelism. Which dimension:
   row-parallel) and embeddings by rows (the vocabulary); dimensions under MIN_SPLIT_SIZE (kernel
   windows) come last. FSDP prefers the width, then the largest dimension left.
 - Embedding tables (paths ending in `/embeddings`) split by rows first.
+- Attention projections (the kernels and biases of layers named like Keras' MultiHeadAttention's:
+  query, key, value, attention_output) keep their heads whole: tensor parallelism splits only
+  their heads dimension, never head_dim, and leaves them replicated over an axis that does not
+  divide the heads (the plan says so in a warning).
 
 The result is ordinary rules with origin `auto`: the rules of paths that differ only by a number
 (a block index) are collapsed into one pattern (`block_\\d+/mlp_up/kernel`) where that pattern
@@ -27,20 +31,30 @@ from typing import Optional
 
 from meshrun.config.schema import AxisSpec, LayoutRule, MeshConfig
 from meshrun.placement.layout import TensorSpec, is_lora_adapter, matching_rules
-from meshrun.wording import format_bytes, format_shape
+from meshrun.wording import format_bytes, format_shape, one_of
 
 ORIGIN = "auto"
 MIN_SPLIT_SIZE = 8  # smaller dimensions (a conv kernel's window) are split only when nothing else divides
 _NUMBER = re.compile(r"\d+")
+# Layers whose variables hold attention heads: Keras' MultiHeadAttention and KerasHub's attention
+# layers name their projections so (zoo transformer, GPT-2, Llama, Gemma, Mistral, Qwen, ...).
+ATTENTION_LAYERS = frozenset({"query", "key", "value", "attention_output", "query_dense", "key_dense", "value_dense"})
 
 
 @dataclass(frozen=True)
 class AutoLayout:
-    """What `layout=auto` decided: its rules, and a warning when it shards nothing (why, and the
-    largest variable, which is what a user would want sharded)."""
+    """What `layout=auto` decided: its rules, a warning when it shards nothing (why, and the
+    largest variable, which is what a user would want sharded), and one for each mesh axis that
+    attention projections stay replicated over because it does not divide their heads."""
 
     rules: tuple[LayoutRule, ...]
     warning: Optional[str] = None
+    heads_kept_whole: tuple[str, ...] = ()
+
+    @property
+    def warnings(self) -> tuple[str, ...]:
+        """Every warning, for the plan's lint."""
+        return (*((self.warning,) if self.warning else ()), *self.heads_kept_whole)
 
 
 def derive_layout(variables: list[TensorSpec], mesh: MeshConfig, min_bytes: int, fsdp: bool,
@@ -51,9 +65,14 @@ def derive_layout(variables: list[TensorSpec], mesh: MeshConfig, min_bytes: int,
     free = [v for v in variables if not matching_rules(taken, v.path) and not is_lora_adapter(v.path)]
     large = [v for v in free if v.shape and _bytes(v) >= min_bytes]
     width = model_width(large)
-    placed = {v.path: axes for v in large if (axes := place_variable(v.shape, mesh, fsdp, width, _is_embedding(v.path)))}
+    placed = {}
+    for v in large:
+        axes = place_variable(v.shape, mesh, fsdp, width, _is_embedding(v.path), heads_dimension(v.path, v.shape, width))
+        if axes:
+            placed[v.path] = axes
     rules = collapse(placed, [v.path for v in variables])
-    return AutoLayout(rules=rules, warning=None if rules else _nothing_placed(free, large, mesh, min_bytes, fsdp))
+    return AutoLayout(rules=rules, warning=None if rules else _nothing_placed(free, large, mesh, min_bytes, fsdp),
+                      heads_kept_whole=_heads_kept_whole(large, mesh, width))
 
 
 def model_width(variables: list[TensorSpec]) -> Optional[int]:
@@ -67,16 +86,56 @@ def model_width(variables: list[TensorSpec]) -> Optional[int]:
 
 
 def place_variable(shape: tuple[int, ...], mesh: MeshConfig, fsdp: bool, width: Optional[int],
-                   embedding: bool = False) -> Optional[tuple[AxisSpec, ...]]:
-    """The axes for one large variable, or None when no axis of the mesh divides any dimension."""
+                   embedding: bool = False, heads_at: Optional[int] = None) -> Optional[tuple[AxisSpec, ...]]:
+    """The axes for one large variable, or None when no axis of the mesh divides any dimension.
+    `heads_at`: the dimension holding an attention projection's heads, the only one tensor
+    parallelism may split (None: not an attention projection)."""
     axes: list[AxisSpec] = [None] * len(shape)
-    model_axes = sorted((a for a in mesh.axis_names if a != mesh.batch_axis and mesh.axis_size(a) > 1),
-                        key=lambda a: -mesh.axis_size(a))
-    for axis in model_axes:
-        _split(axes, shape, axis, mesh.axis_size(axis), _tensor_parallel_order(shape, width, embedding))
+    order = [heads_at] if heads_at is not None else _tensor_parallel_order(shape, width, embedding)
+    for axis in _model_axes(mesh):
+        _split(axes, shape, axis, mesh.axis_size(axis), order)
     if fsdp and mesh.axis_size(mesh.batch_axis) > 1:
         _split(axes, shape, mesh.batch_axis, mesh.axis_size(mesh.batch_axis), _fsdp_order(shape, width))
     return tuple(axes) if any(axes) else None
+
+
+def _model_axes(mesh: MeshConfig) -> list[str]:
+    """The axes tensor parallelism splits over: every axis of more than one device besides the
+    batch axis, the largest first."""
+    return sorted((a for a in mesh.axis_names if a != mesh.batch_axis and mesh.axis_size(a) > 1), key=lambda a: -mesh.axis_size(a))
+
+
+def heads_dimension(path: str, shape: tuple[int, ...], width: Optional[int]) -> Optional[int]:
+    """The dimension holding the heads of an attention projection (a variable of a layer in
+    ATTENTION_LAYERS with two dimensions besides the width: heads, then head_dim, innermost), or
+    None for any other variable. Keras' and KerasHub's layouts: query (width, heads, head_dim),
+    Gemma's (heads, width, head_dim), attention_output (heads, head_dim, width), biases (heads, head_dim)."""
+    layer = path.rsplit("/", 2)[-2] if "/" in path else ""
+    others = [d for d, size in enumerate(shape) if size != width]
+    if layer not in ATTENTION_LAYERS or len(others) < 2:
+        return None
+    return others[-2]
+
+
+def _heads_kept_whole(large: list[TensorSpec], mesh: MeshConfig, width: Optional[int]) -> tuple[str, ...]:
+    """One warning per mesh axis that attention projections stay replicated over because it does
+    not divide their heads (splitting head_dim instead would cut every head across devices)."""
+    heads_of = {v.path: v.shape[d] for v in large if (d := heads_dimension(v.path, v.shape, width)) is not None}
+    warnings = []
+    for axis in _model_axes(mesh):
+        kept = [v for v in large if v.path in heads_of and heads_of[v.path] % mesh.axis_size(axis)]
+        if not kept:
+            continue
+        first = kept[0]
+        heads = sorted({heads_of[v.path] for v in kept})
+        more = f" and {len(kept) - 1} more attention variables" if len(kept) > 1 else ""
+        warnings.append(
+            f"layout=auto keeps attention heads whole: {first.path} ({format_shape(first.shape)}){more} "
+            f"{'have' if more else 'has'} {one_of(heads)} heads, which mesh axis {axis!r} (size {mesh.axis_size(axis)}) does not "
+            f"divide: kept replicated over {axis!r} rather than split along head_dim; a {axis!r} axis whose size divides "
+            "the heads shards them"
+        )
+    return tuple(warnings)
 
 
 def _split(axes: list[AxisSpec], shape, axis: str, size: int, order: list[int]) -> None:
@@ -141,7 +200,7 @@ def _nothing_placed(free, large, mesh: MeshConfig, min_bytes: int, fsdp: bool) -
         return None
     largest = max(free, key=_bytes)
     named = f"the largest is {largest.path} ({format_shape(largest.shape, 'scalar')}, {format_bytes(_bytes(largest))})"
-    others = [a for a in mesh.axis_names if a != mesh.batch_axis and mesh.axis_size(a) > 1]
+    others = _model_axes(mesh)
     if not others and not fsdp:
         return (f"layout=auto shards nothing on mesh {format_shape(mesh.shape)}: no axis besides the batch axis "
                 f"{mesh.batch_axis!r} has more than one device, so every variable is replicated ({named}); "

@@ -90,6 +90,11 @@ class Plan:
         return sum(math.prod(p.shape) for p in self.variables)
 
     @property
+    def params_bytes(self) -> int:
+        """The bytes of all parameters, unsharded (the model's whole size)."""
+        return sum(p.bytes for p in self.variables)
+
+    @property
     def trainable_params(self) -> int:
         """The parameters that train (all of them but frozen ones, such as those LoRA leaves)."""
         return sum(math.prod(p.shape) for p in self.variables if p.trainable)
@@ -124,8 +129,8 @@ class Plan:
         """The plan as JSON-ready data (what `meshrun plan --json` prints and plan.json holds)."""
         return {
             "status": "error" if self.errors else "ok",
-            "model": {"name": self.model, "params": self.params, "trainable_params": self.trainable_params,
-                      "frozen_params": self.params - self.trainable_params},
+            "model": {"name": self.model, "params": self.params, "params_bytes": self.params_bytes,
+                      "trainable_params": self.trainable_params, "frozen_params": self.params - self.trainable_params},
             "mesh": {
                 "shape": list(self.mesh.shape),
                 "axis_names": list(self.mesh.axis_names),

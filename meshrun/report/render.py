@@ -81,7 +81,7 @@ def render_plan(plan: dict, console: Console | None = None, full: bool = False) 
     console = console or _console()
     table = plan_table(plan, full)
     excess = _natural_width(console, table) - console.width
-    if console.is_terminal and excess > 0:  # cut the rule column short rather than wrap or squeeze paths
+    if console.is_terminal and excess > 0:  # fold the rule column onto more lines rather than wrap or squeeze paths
         longest_rule = max((len(_rule_text(v.get("rule"), v.get("origin"))) for v in plan["variables"]), default=0)
         table = plan_table(plan, full, rule_width=max(12, longest_rule - excess))
     _print_whole(console, table)
@@ -97,7 +97,7 @@ def plan_table(plan: dict, full: bool = False, rule_width: int | None = None) ->
     PartitionSpec, bytes per device, and whether it trains (a column only when some are frozen,
     as under LoRA). Unless `full`, variables that differ only by a block index and are placed alike share one row
     (block_{0..31}/mlp_up/kernel) with the bytes of one, their count and the bytes of all. Paths never
-    wrap; rules longer than `rule_width` end in an ellipsis."""
+    wrap; rules longer than `rule_width` fold onto more lines, whole (a regex cut short is no use)."""
     mesh = plan["mesh"]
     rows = [PlanRow([v], v["path"]) for v in plan["variables"]] if full else collapse_blocks(plan["variables"])
     grouped = any(len(r.members) > 1 for r in rows)
@@ -116,11 +116,14 @@ def plan_table(plan: dict, full: bool = False, rule_width: int | None = None) ->
                 "trains": "yes" if v.get("trainable", True) else "frozen"}
         cells.append([text[c] for c in columns])
     for index, column in enumerate(columns):
-        # Paths keep their whole text; the rule gives way first (rule_width), then the others.
+        # Paths keep their whole text; the rule gives way first (rule_width, folded whole), then the others.
         widest = max([len(column), *(len(row[index]) for row in cells)])
-        limits = {"path": {"min_width": widest}, "rule": {"max_width": rule_width, "min_width": min(widest, 6)}}
-        table.add_column(column, justify="right" if column in ("bytes/device", "x count = all") else "left", no_wrap=True,
-                         overflow="ellipsis", **limits.get(column, {"min_width": min(widest, 8)}))
+        # A set width keeps Rich from collapsing the folding rule column to nothing to fit the others.
+        rule_limits = {"width": rule_width} if rule_width else {"min_width": min(widest, 6)}
+        limits = {"path": {"min_width": widest}, "rule": rule_limits}
+        folded = column == "rule"
+        table.add_column(column, justify="right" if column in ("bytes/device", "x count = all") else "left", no_wrap=not folded,
+                         overflow="fold" if folded else "ellipsis", **limits.get(column, {"min_width": min(widest, 8)}))
     for row in cells:
         table.add_row(*row)
     return table
@@ -157,12 +160,18 @@ def collapse_blocks(variables: list[dict]) -> list[PlanRow]:
     return rows
 
 
+LISTED_NUMBERS = 5  # more scattered numbers than this are folded into a count (a model's seed generators)
+
+
 def _span(numbers: list[int]) -> str:
-    """0..31 as {0..31}, a lone number as itself, anything else as {0,2,5}."""
+    """0..31 as {0..31}, a lone number as itself, a few others as {0,2,5}, and more scattered ones
+    as their count and range: {72 in 2..108} (--full lists them)."""
     if len(numbers) == 1:
         return str(numbers[0])
     if numbers == list(range(numbers[0], numbers[-1] + 1)):
         return f"{{{numbers[0]}..{numbers[-1]}}}"
+    if len(numbers) > LISTED_NUMBERS:
+        return f"{{{len(numbers)} in {numbers[0]}..{numbers[-1]}}}"
     return "{" + ",".join(map(str, numbers)) + "}"
 
 
@@ -175,11 +184,13 @@ def _rule_text(rule: str | None, origin: str | None) -> str:
 
 def totals_table(plan: dict) -> Table:
     """Per-device totals: parameters, optimizer state (of the trainable ones), and the largest
-    replicated variables; how many parameters train when some are frozen, and the LoRA adapters."""
+    replicated variables; the model's parameter count, how many train when some are frozen, and the
+    LoRA adapters."""
     per_device, model = plan["per_device"], plan["model"]
     table = Table(title=f"per device ({plan['mesh']['devices']} devices)", show_header=False)
     table.add_column("what", style="bold")
     table.add_column("bytes", justify="right")
+    table.add_row("model parameters", f"{model['params']:,} ({format_bytes(model['params_bytes'])} unsharded)")
     table.add_row("parameters", format_bytes(per_device["params_bytes"]))
     frozen = model.get("frozen_params")
     if frozen:

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from meshrun.errors import ConfigError
 from meshrun.files import write_atomic
+from meshrun.logs import console
 from meshrun.report.render import rate_column, render_sweep, sweep_title, varying_keys
 from meshrun.run.metrics import DOES_NOT_FIT, METRICS_FILE, MemoryFigures, ModelFigures, RunMetrics, TimingFigures
 from meshrun.wording import first_line, format_bytes, format_shape, one_of
@@ -127,6 +128,7 @@ def plot_png(rows: list[dict]) -> bytes:
 def sweep_figure(rows: list[dict]):
     """Two bar charts of the jobs in the table's order (fastest first, the best marked): median step
     time (p90 as a whisker) and throughput, titled like the table."""
+    console.library_lines("matplotlib")  # before its import, which may build its font cache and say so
     import matplotlib
 
     matplotlib.use("Agg")
@@ -174,20 +176,20 @@ def _read_row(run_dir: Path, relative_to: Path) -> dict | None:
 def _row(run_dir: Path, m: RunMetrics, relative_to: Path) -> dict:
     # A section the file lacks reads as one whose figures are all None.
     timing, memory, model = m.timing or TimingFigures(), m.memory or MemoryFigures(), m.model or ModelFigures()
-    if m.ok and (timing.step_time_s is None or timing.step_time_p90_s is None):
-        raise KeyError("step_time_s" if timing.step_time_s is None else "step_time_p90_s")  # a successful run has its step time
+    if m.ok and m.timing is None:
+        raise KeyError("timing")  # a successful run has its timing section (null step times: only the compiling step ran)
     live, compiled, planned = memory.live_peak_bytes_per_device, memory.peak_bytes_per_device, memory.needed_bytes_per_device
     choices = m.choices or {}
     return {
         "job": run_dir.name,
         "mesh": format_shape(m.mesh.shape) if m.mesh else str(choices.get("mesh", "?")),
         "model": model.called or choices.get("model"),
-        "layout": choices.get("layout"),
+        "layout": layout_label(m),
         "status": m.status,
         "best": False,
         "compile_s": _round(timing.compile_s) if m.ok else None,
-        "step_time_ms": _round(timing.step_time_s * 1e3) if m.ok else None,
-        "step_time_p90_ms": _round(timing.step_time_p90_s * 1e3) if m.ok else None,
+        "step_time_ms": _round(_ms(timing.step_time_s)) if m.ok else None,
+        "step_time_p90_ms": _round(_ms(timing.step_time_p90_s)) if m.ok else None,
         "samples_per_s": _round(timing.samples_per_s) if m.ok else None,
         "tokens_per_s": _round(timing.tokens_per_s) if m.ok else None,
         "eval_loss": _round((m.eval or {}).get("loss")) if m.ok else None,
@@ -198,12 +200,39 @@ def _row(run_dir: Path, m: RunMetrics, relative_to: Path) -> dict:
     }
 
 
+def layout_label(m: RunMetrics) -> str | None:
+    """The layout a run placed by, as the comparison names it: the layout option chosen, or what
+    the command line made of it: `2 rules from command line` when layout.rules=... replaced the
+    option's rules, `transformer_tp + 1 extra rule` when layout.extra_rules=... added some (counts
+    from metrics.json's layout section; a run that failed before placing anything has none)."""
+    given = {o.lstrip("+~").partition("=")[0] for o in m.overrides or [] if "=" in o}
+    origins = list(m.layout.origins.values()) if m.layout and m.layout.origins is not None else None
+    label = (m.choices or {}).get("layout")
+    if "layout.rules" in given:
+        label = f"{_counted(origins, 'rules', 'rule')} from command line"
+    if "layout.extra_rules" in given:
+        label = f"{label} + {_counted(origins, 'extra_rules', 'extra rule')}"
+    return label
+
+
+def _counted(origins: list | None, origin: str, noun: str) -> str:
+    """`2 rules`: how many of `origins` are `origin`, or the bare plural when they are unknown."""
+    if origins is None:
+        return f"{noun}s"
+    count = origins.count(origin)
+    return f"{count} {noun}{'' if count == 1 else 's'}"
+
+
 def _fit_text(memory: MemoryFigures) -> str:
     """A job that did not fit, in a few words (its metrics.json has the whole reason)."""
     needed, available = memory.needed_bytes_per_device, memory.device_memory_bytes
     if needed is None or available is None:
         return "does not fit a device's memory"
     return f"needs {format_bytes(needed)} per device for parameters and optimizer state; a device has {format_bytes(available)}"
+
+
+def _ms(seconds):
+    return None if seconds is None else seconds * 1e3
 
 
 def _round(value, digits: int = 6):

@@ -52,7 +52,7 @@ def collect(setup: RunSetup, outcome: Outcome, ending: Ending) -> RunMetrics:
         timing=_timing(setup, outcome, ending),
         cache=CacheFigures(enabled=config.cache.enabled, dir=setup.cache_dir), flops=_flops(setup, outcome),
         memory=_memory(setup, outcome), checkpoint=_checkpoint(setup, outcome), logs=outcome.logs, profile=outcome.profile,
-        history=outcome.history, eval=outcome.evaluation, samples=outcome.samples, sharding=outcome.placed,
+        history=outcome.history, eval=outcome.evaluation, samples=outcome.samples, skipped=outcome.skipped, sharding=outcome.placed,
         versions={"meshrun": meshrun.__version__, "keras": keras.__version__, "jax": jax.__version__},
     )
 
@@ -102,6 +102,9 @@ def _train(setup: RunSetup, outcome: Outcome) -> TrainFigures:
 
 
 def _timing(setup: RunSetup, outcome: Outcome, ending: Ending) -> TimingFigures:
+    """Where the job's time went. Throughput is the samples (tokens) of the steps in the throughput
+    window over its seconds, so that it agrees with a clock outside; the median step leaves out the
+    slow ones and the epochs' starts (meshrun.logs.timing)."""
     started, steps, batch = setup.context.started_at, outcome.steps, setup.config.train.batch_size
     spec, options = setup.planned.spec, setup.planned.options
     tokens_per_step = batch * spec.tokens_per_sample(options) if spec.tokens_per_sample else None
@@ -109,10 +112,10 @@ def _timing(setup: RunSetup, outcome: Outcome, ending: Ending) -> TimingFigures:
         startup_s=outcome.built_at - started, time_to_first_step_s=steps.first_step_at - started,
         compile_s=steps.compile_s, step_time_s=steps.step_time_s, step_time_p90_s=steps.step_time_p90_s,
         steady_steps=steps.steady_steps, minor_faults_per_step=steps.minor_faults_per_step,
-        async_log_fetch=outcome.async_log_fetch, samples_per_s=batch / steps.step_time_s,
-        tokens_per_s=tokens_per_step / steps.step_time_s if tokens_per_step else None, epoch_s=steps.epoch_s,
-        eval_s=outcome.eval_s, cost_analysis_s=outcome.costs.seconds, checkpoint_s=outcome.checkpoint_s,
-        teardown_s=ending.teardown_s, wall_s=ending.ended_at - started,
+        async_log_fetch=outcome.async_log_fetch, samples_per_s=steps.rate(batch), tokens_per_s=steps.rate(tokens_per_step),
+        throughput_s=steps.throughput_s, throughput_steps=steps.throughput_steps, epoch_s=steps.epoch_s,
+        epoch_steps=steps.epoch_steps, eval_s=outcome.eval_s, cost_analysis_s=outcome.costs.seconds,
+        checkpoint_s=outcome.checkpoint_s, teardown_s=ending.teardown_s, wall_s=ending.ended_at - started,
     )
 
 
@@ -121,7 +124,7 @@ def _flops(setup: RunSetup, outcome: Outcome) -> FlopsFigures:
     the device kind is known (from devices.peak_flops, else meshrun's table; never guessed)."""
     config, found, costs = setup.config, setup.devices, outcome.costs
     per_step = costs.flops_per_step
-    per_s = per_step / outcome.steps.step_time_s if per_step is not None else None
+    per_s = outcome.steps.rate(per_step)
     if config.devices.peak_flops is not None:
         peak, source = config.devices.peak_flops, "devices.peak_flops"
     else:

@@ -24,7 +24,7 @@ from meshrun.placement.load_memory import LoadPeaks, LoadWatch
 from meshrun.report import costs as costs_lib
 from meshrun.run import feed
 from meshrun.run.hooks import RunHooks, make_hooks
-from meshrun.run.metrics import PlacedVariable, ProfileFigures
+from meshrun.run.metrics import SKIPPABLE, PlacedVariable, ProfileFigures
 from meshrun.run.prepare import RunSetup
 from meshrun.text import sampling
 from meshrun.training import objectives, preemption
@@ -46,7 +46,7 @@ class Outcome:
     steps: StepStats
     async_log_fetch: bool
     history: dict
-    evaluation: dict
+    evaluation: Optional[dict]  # None when skipped
     eval_s: float
     costs: costs_lib.StepCosts
     placed: dict[str, PlacedVariable]
@@ -66,6 +66,7 @@ class Outcome:
     loader: str
     allocator_restored: bool
     samples: Optional[list] = None  # train.sample_prompts and their completions (meshrun.text.sampling)
+    skipped: Optional[list] = None  # what a run stopped by a signal left out (skipped_after_signal)
 
 
 def execute(setup: RunSetup) -> Outcome:
@@ -81,8 +82,9 @@ def execute(setup: RunSetup) -> Outcome:
         hooks = make_hooks(setup, signals)
         history = fit(model, setup, hooks)
     stopped = hooks.stopped()
-    if stopped_by_signal(stopped):
-        evaluation, eval_s, exported, costs, samples = {}, 0.0, None, costs_lib.StepCosts.unknown(), None
+    skipped = skipped_after_signal(setup) if stopped_by_signal(stopped) else None
+    if skipped:
+        evaluation, eval_s, exported, costs, samples = None, 0.0, None, costs_lib.StepCosts.unknown(), None
     else:
         eval_started = time.perf_counter()
         evaluation = evaluate(model, setup, hooks.evaluation)
@@ -101,12 +103,21 @@ def execute(setup: RunSetup) -> Outcome:
         logs=hooks.log_files(), profile=hooks.profile(), checkpoint_s=hooks.checkpointing.seconds,
         saved_steps=hooks.checkpointing.saved_steps, exported=exported,
         loader=feed.loader(setup.datasets.train, model), allocator_restored=hooks.allocator_restored, samples=samples,
+        skipped=skipped,
     )
 
 
 def stopped_by_signal(stopped: Optional[dict]) -> bool:
     """Whether training ended on a stop signal (`stopped`: RunHooks.stopped)."""
     return stopped is not None and stopped["reason"] == GracefulStop.SIGNAL
+
+
+def skipped_after_signal(setup: RunSetup) -> list[str]:
+    """What a run stopped by a signal leaves out, to exit within the scheduler's grace period, as
+    metrics.json and the summary name it: the evaluation, XLA's cost analysis, and the export and
+    samples where the run asked for them."""
+    asked = {"export": setup.config.checkpoint.export, "samples": bool(setup.sampling)}
+    return [part for part in SKIPPABLE if asked.get(part, True)]
 
 
 def build(setup: RunSetup):

@@ -86,7 +86,8 @@ class RunHooks:
 
     def log_files(self) -> dict:
         """Where the step log went: file paths by kind."""
-        return {sink.kind: str(sink.path) for sink in (self.step_log.sinks if self.step_log else [])}
+        sinks_open = self.step_log.sinks if self.step_log else []
+        return {name: str(path) for sink in sinks_open for name, path in sinks.files_written(sink).items()}
 
     def profile(self) -> Optional[ProfileFigures]:
         """The profiler trace: its dir, the steps asked for and traced, and its files."""
@@ -109,7 +110,8 @@ def make_hooks(setup: RunSetup, signals: Optional[preemption.StopSignals] = None
     hooks = RunHooks(
         timer=StepTimer(async_safe=not setup.devices.emulated),
         guard=callbacks.StopOnNaN(first, setup.datasets.steps_per_epoch) if train.stop_on_nan else None,
-        checkpointing=Checkpointing(config.checkpoint, setup.checkpoints.root, start, setup.checkpoints.resume, stopper=stopper),
+        checkpointing=Checkpointing(config.checkpoint, setup.checkpoints.root, start, setup.checkpoints.resume, stopper=stopper,
+                                    model=setup.checkpoints.model),
         stopper=stopper,
         allocator=AllocatorGuard() if setup.generator_in_pipeline else None,
     )

@@ -26,7 +26,8 @@ from meshrun.wording import format_bytes, format_shape, one_of
 METRICS_FILE = "metrics.json"
 SUMMARY_ROWS = (
     "status", "mesh", "devices", "model", "batch", "optimizer", "start-up", "compile", "step time", "throughput", "flops",
-    "memory", "epochs", "loss", "validation", "eval", "samples", "stopped", "wall", "run dir", "logs", "profile",
+    "memory", "epochs", "loss", "validation", "eval", "samples", "stopped", "wall", "run dir", "logs", "export",
+    "profile",
 )
 
 
@@ -198,8 +199,28 @@ class TrainFigures:
     seed: int = figure()
 
 
-def _epochs_text(seconds, _) -> Optional[str]:
-    return None if seconds is None else ", ".join(f"{s:.2f}" for s in seconds) + " s"
+def _ms(template: str):
+    """A text function showing seconds as milliseconds in `template`; nothing for None."""
+    return lambda seconds, _: None if seconds is None else template.format(seconds * 1e3)
+
+
+def _steady_text(steps, _) -> Optional[str]:
+    if steps == 0:  # a run stopped after its first step: that step was the compilation
+        return "none timed: only the first step, which compiled, ran"
+    return None if steps is None else f"({steps} steps)"
+
+
+def _throughput_text(samples_per_s, timing) -> Optional[str]:
+    """Samples/s, and the mean step of the window they are taken over, which a reader would
+    otherwise take for the median."""
+    if samples_per_s is None:
+        return "n/a: no step ran after the compiling one" if timing.steady_steps == 0 else None
+    text = f"{samples_per_s:,.0f} samples/s"
+    steps = timing.throughput_steps
+    if timing.throughput_s and steps:
+        where = "after the first epoch" if len(timing.epoch_s or ()) > 1 else "after the compiling one"
+        text += f" ({timing.throughput_s / steps * 1e3:.2f} ms a step on average over the {steps} steps {where})"
+    return text
 
 
 @dataclass(frozen=True)
@@ -209,20 +230,37 @@ class TimingFigures:
     startup_s: float = figure("start-up", "{:.2f} s to model built")
     time_to_first_step_s: float = figure("start-up", "{:.2f} s to first step")
     compile_s: float = figure("compile", "{:.3f} s (first step)")
-    step_time_s: float = figure("step time", lambda s, _: None if s is None else f"{s * 1e3:.2f} ms median")
-    step_time_p90_s: float = figure("step time", lambda s, _: None if s is None else f"{s * 1e3:.2f} ms p90")
-    steady_steps: int = figure("step time", "({} steps)", " ")
+    step_time_s: float = figure("step time", _ms("{:.2f} ms median"))
+    step_time_p90_s: float = figure("step time", _ms("{:.2f} ms p90"))
+    steady_steps: int = figure("step time", _steady_text, " ")
     minor_faults_per_step: float = figure("step time", "{:,.0f} minor page faults/step")
     async_log_fetch: bool = figure()
-    samples_per_s: float = figure("throughput", "{:,.0f} samples/s")
+    samples_per_s: float = figure("throughput", _throughput_text)
     tokens_per_s: float = figure("throughput", "{:,.0f} tokens/s")
-    epoch_s: list = figure("epochs", _epochs_text)
-    minor_faults_per_step: float = figure("step time", "{:,.0f} minor page faults/step")
+    throughput_s: float = figure()  # the window samples_per_s is taken over (meshrun.logs.timing.throughput_window)
+    throughput_steps: int = figure()
+    epoch_s: list = figure()  # shown with the steps each epoch ran (_epochs_text)
+    epoch_steps: list = figure()
     eval_s: float = figure()  # shown with the evaluation
     cost_analysis_s: float = figure()
     checkpoint_s: float = figure()
     teardown_s: float = figure()
     wall_s: float = figure("wall", "{:.2f} s")
+
+
+def _epochs_text(timing, metrics) -> Optional[str]:
+    """Each epoch's seconds, and the epochs that ran fewer steps than an epoch has (the one a run
+    resumed in, the one it stopped in), by number: `epoch 4: 348 of 512 steps`."""
+    if timing is None or timing.epoch_s is None:
+        return None
+    text = ", ".join(f"{s:.2f}" for s in timing.epoch_s) + " s"
+    per_epoch, counts = metrics.train.steps_per_epoch if metrics.train else None, timing.epoch_steps or []
+    if not per_epoch or len(counts) != len(timing.epoch_s):
+        return text
+    # history holds the epochs before a resumed run's too; this run's are its last ones
+    first = len((metrics.history or {}).get("loss") or counts) - len(counts) + 1
+    short = [f"epoch {first + index}: {count} of {per_epoch} steps" for index, count in enumerate(counts) if count < per_epoch]
+    return "; ".join([text, *short])
 
 
 @dataclass(frozen=True)
@@ -233,13 +271,19 @@ class CacheFigures:
     dir: str = figure()
 
 
-def _flops_text(per_step, flops) -> str:
-    if per_step is None:
+def _flops_text(flops, metrics) -> Optional[str]:
+    if _skipped(metrics, "flops"):
+        return _skipped_text(metrics, " (XLA's cost analysis, and the compiled memory estimate with it)")
+    if flops is None:
+        return None
+    if flops.per_step is None:
         return "not reported by XLA on this platform"
-    text = f"{per_step:.3g} per step (XLA), {flops.per_s:.3g}/s"
+    text = f"{flops.per_step:.3g} per step (XLA)" + (f", {flops.per_s:.3g}/s" if flops.per_s is not None else "")
     if flops.analytic_per_step:
         text += f"; {flops.analytic_formula or '6·N·tokens'} {flops.analytic_per_step:.3g}"
-    return text + (f"; MFU {flops.mfu:.1%}" if flops.mfu is not None else "; MFU n/a (no peak known)")
+    if flops.mfu is not None:
+        return text + f"; MFU {flops.mfu:.1%}"
+    return text + ("; MFU n/a (no peak known)" if flops.peak_per_device is None else "")
 
 
 @dataclass(frozen=True)
@@ -248,7 +292,7 @@ class FlopsFigures:
     analytic 6·N·tokens estimate of the language models ((4·N+2·T)·tokens when only T of the N
     parameters train, as under LoRA: frozen weights get no weight gradients)."""
 
-    per_step: float = figure("flops", _flops_text)
+    per_step: float = figure()  # shown with the run (_flops_text)
     per_step_per_device: float = figure()
     per_s: float = figure()
     peak_per_device: float = figure()
@@ -303,9 +347,9 @@ class CheckpointFigures:
     saved_steps: list = figure()
     resumed_from: str = figure()
     resumed_at_step: int = figure()
-    exported: str = figure("export")
-    exported_preset: str = figure("export")  # KerasHub: the trained task as a preset dir
-    exported_adapter: str = figure("export")  # and a LoRA run's adapters (.lora.h5)
+    exported: str = figure()
+    exported_preset: str = figure()  # KerasHub: the trained task as a preset dir
+    exported_adapter: str = figure()  # and a LoRA run's adapters (.lora.h5)
 
 
 def _profile_text(profile, _) -> Optional[str]:
@@ -346,15 +390,51 @@ def _validation_text(history, _) -> Optional[str]:
 
 
 def _eval_text(evaluation, metrics) -> Optional[str]:
+    if _skipped(metrics, "eval"):
+        why = "a run stopped by a signal only saves its checkpoint, to exit within the scheduler's grace period"
+        return f"{_skipped_text(metrics)}; {why}"
     if evaluation is None:
         return None
     seconds = metrics.timing.eval_s if metrics.timing and metrics.timing.eval_s is not None else 0.0
     return ", ".join(f"{name} {value:.5f}" for name, value in evaluation.items()) + f" ({seconds:.2f} s)"
 
 
-def _samples_text(samples, _) -> Optional[str]:
+def _samples_text(samples, metrics) -> Optional[str]:
     """Each prompt of train.sample_prompts and its completion, a line each: 'prompt' -> 'completion'."""
+    if _skipped(metrics, "samples"):
+        return _skipped_text(metrics)
     return "\n".join(f"{s['prompt']!r} -> {s['completion']!r}" for s in samples) if samples else None
+
+
+def _export_text(checkpoint, metrics) -> Optional[str]:
+    """The files a run exported, named inside its run dir: `model.keras, preset/, adapter.lora.h5`."""
+    if _skipped(metrics, "export"):
+        return _skipped_text(metrics)
+    if checkpoint is None:
+        return None
+    exported = [(checkpoint.exported, ""), (checkpoint.exported_preset, "/"), (checkpoint.exported_adapter, "")]
+    return ", ".join(_in_run_dir(path, metrics.run_dir) + end for path, end in exported if path) or None
+
+
+def _in_run_dir(path: str, run_dir: Optional[str]) -> str:
+    """`path` relative to the run dir when it is inside it, else whole."""
+    if run_dir and Path(path).is_relative_to(run_dir):
+        return str(Path(path).relative_to(run_dir))
+    return path
+
+
+SKIPPABLE = ("eval", "flops", "export", "samples")  # what a run stopped by a signal leaves out (RunMetrics.skipped)
+
+
+def _skipped(metrics, part: str) -> bool:
+    return part in (metrics.skipped or ())
+
+
+def _skipped_text(metrics, what: str = "") -> str:
+    """`skipped: SIGTERM received after step 1884`, `what` said after `skipped`."""
+    stopped = (metrics.train.stopped if metrics.train else None) or {}
+    why = f"{stopped['signal']} received after step {stopped['step']}" if stopped.get("signal") else "training was stopped"
+    return f"skipped{what}: {why}"
 
 
 HEAD = ("status", "error", "run_dir", "choices", "overrides")
@@ -381,17 +461,18 @@ class RunMetrics:
     model: ModelFigures = figure()
     data: DataFigures = figure()
     train: TrainFigures = figure()
-    timing: TimingFigures = figure()
+    timing: TimingFigures = figure("epochs", _epochs_text)
     cache: CacheFigures = figure()
-    flops: FlopsFigures = figure()
+    flops: FlopsFigures = figure("flops", _flops_text)
     memory: MemoryFigures = figure()
-    checkpoint: CheckpointFigures = figure()
+    checkpoint: CheckpointFigures = figure("export", _export_text)
     logs: dict = figure("logs", lambda logs, _: ", ".join(Path(p).name for p in logs.values()) if logs else None)
     profile: ProfileFigures = figure("profile", _profile_text)
     history: dict = figure("loss", lambda h, _: " -> ".join(f"{v:.5f}" for v in (h or {}).get("loss", [])),
                            also=(Shown("validation", _validation_text),))
     eval: dict = figure("eval", _eval_text)
     samples: list = figure("samples", _samples_text)
+    skipped: list = figure()  # of SKIPPABLE: what a run stopped by a signal left out (None: nothing); shown in those rows
     sharding: dict[str, PlacedVariable] = figure()
     versions: dict = figure()
 
@@ -412,9 +493,10 @@ class RunMetrics:
         return self.status == "ok"
 
     def to_json(self) -> dict:
-        """metrics.json's content: every field, None as null (a failed run: the head and what it has)."""
+        """metrics.json's content: every field, None as null (a failed run: the head and what it has;
+        a preempted run ran, so it has every field, as an ok run)."""
         data = to_json(self)
-        if not self.ok:
+        if not self.ok and self.status != PREEMPTED:
             data = {key: value for key, value in data.items() if value is not None or key in HEAD}
         return data
 

@@ -22,7 +22,7 @@ import keras
 from meshrun import compat
 from meshrun import data as data_lib
 from meshrun.config import RunConfig, check_batch, check_processes, check_rule_axes
-from meshrun.config.schema import DEFAULT_AUTO_MIN_BYTES, LayoutRule, MeshConfig, TrainConfig
+from meshrun.config.schema import DEFAULT_AUTO_MIN_BYTES, LayoutConfig, LayoutRule, MeshConfig, TrainConfig
 from meshrun.data import ranges
 from meshrun.errors import ConfigError
 from meshrun.launch.identity import ONE_PROCESS, Identity
@@ -36,7 +36,7 @@ from meshrun.placement.plan import DeviceMemory, Plan, make_plan
 from meshrun.text.sampling import plan_sampling
 from meshrun.training import checkpoint as checkpoint_lib
 from meshrun.training import objectives
-from meshrun.wording import format_shape, one_of
+from meshrun.wording import format_bytes, format_shape, one_of
 
 log = logging.getLogger("meshrun")
 
@@ -61,12 +61,13 @@ class RunContext:
 
 @dataclass(frozen=True)
 class CheckpointPlan:
-    """Where the run's checkpoints go, the checkpoint it resumes from (None: a fresh start) and the
-    progress that checkpoint holds."""
+    """Where the run's checkpoints go, the checkpoint it resumes from (None: a fresh start), the
+    progress that checkpoint holds, and the run's model as its checkpoints record it."""
 
     root: Path
     resume: Optional[checkpoint_lib.ResumePoint]
     start: checkpoint_lib.Progress
+    model: Optional[checkpoint_lib.ModelIdentity] = None
 
 
 @dataclass(frozen=True)
@@ -125,8 +126,7 @@ def prepare(config: RunConfig, context: RunContext) -> RunSetup:
     checkpoints = plan_checkpoints(config, context, found.processes)
     planned = place(config, found.mesh, found.processes, devices_lib.device_memory(config.devices, found))
     planned.plan.raise_first_error()
-    for warning in planned.plan.warnings:
-        log.warning(warning)
+    _say_warnings(planned.plan, config.layout)
     named = check_objectives(config.train, planned)
     sampling = plan_sampling(config, planned, found.mesh, found.processes)
     distribution = distribution_lib.make_distribution(found.mesh, planned.rules, found.devices)
@@ -136,6 +136,23 @@ def prepare(config: RunConfig, context: RunContext) -> RunSetup:
     return RunSetup(config=config, context=context, devices=found, cache_dir=cache_dir, checkpoints=checkpoints,
                     planned=planned, objectives=named, distribution=distribution, data=data, datasets=datasets,
                     total_steps=total_steps, generator_in_pipeline=datasets.holds_generator(), sampling=sampling)
+
+
+# The warnings a process has said that need saying only once, not once per job of a multirun: a
+# sweep over layout=auto,transformer_tp sets layout.min_bytes for auto, and every other job ignores it.
+_said_once: set[str] = set()
+
+
+def _say_warnings(plan: Plan, layout: LayoutConfig) -> None:
+    """Logs the plan's warnings (plan.json keeps them all); that layout keys of layout=auto are
+    ignored is said once per process."""
+    once = set(_auto_keys_ignored(layout))
+    for warning in plan.warnings:
+        if warning in _said_once:
+            continue
+        if warning in once:
+            _said_once.add(warning)
+        log.warning(warning)
 
 
 def place_for_plan(config: RunConfig, processes: int = 1) -> PlannedModel:
@@ -174,7 +191,7 @@ def layout_rules(config: RunConfig, spec: ModelSpec, options, mesh: MeshConfig,
     layout = config.layout
     if layout.auto:
         derived = derive_layout(list(abstract.variables), mesh, layout.min_bytes, layout.fsdp, taken=layout.extra_rules)
-        return derived.rules + layout.extra_rules, (derived.warning,) if derived.warning else ()
+        return derived.rules + layout.extra_rules, derived.warnings
     notes = _auto_keys_ignored(layout)
     if not layout.from_model:
         return layout.rules + layout.extra_rules, notes
@@ -195,21 +212,26 @@ def _auto_keys_ignored(layout) -> tuple[str, ...]:
     keys of every layout, so that a sweep over layouts can set them)."""
     ignored = ["layout.fsdp=true"] if layout.fsdp else []
     if layout.min_bytes != DEFAULT_AUTO_MIN_BYTES:
-        ignored.append(f"layout.min_bytes={layout.min_bytes}")
+        ignored.append(f"layout.min_bytes={format_bytes(layout.min_bytes)}")
     if not ignored:
         return ()
-    return (f"{' and '.join(ignored)} only steer layout=auto; this layout's rules are used as written",)
+    verb = "steer" if len(ignored) > 1 else "steers"
+    return (f"{' and '.join(ignored)} only {verb} layout=auto; this layout's rules are used as written",)
 
 
 def plan_checkpoints(config: RunConfig, context: RunContext, processes: int) -> CheckpointPlan:
     """Where checkpoints go, which one to resume from, and the progress it holds (a bad resume
-    path, an unwritable dir or nothing left to train are ConfigErrors)."""
+    path, an unwritable dir, a checkpoint of another model or nothing left to train are ConfigErrors)."""
     root = checkpoint_lib.directory(config.checkpoint, context.run_dir)
     if config.checkpoint.export and processes > 1:
         raise ConfigError("checkpoint.export", "got true with several processes; a .keras file is written by one process, so export from a one-process run (resume from the checkpoint there)")
     if config.checkpoint.saves or config.train.max_time is not None:  # the budget's stop saves a checkpoint
         checkpoint_lib.check_writable(root)
     point = checkpoint_lib.find(config.resume_mode(context.requeued), root, context.unreadable_checkpoints)
+    options = config.model.options
+    model = checkpoint_lib.ModelIdentity.of(config.model.name, get_model(config.model.name).name_of(options), options)
+    if point:
+        checkpoint_lib.check_same_model(point, model)  # before the progress, which means nothing for another model
     start = checkpoint_lib.read_progress(point) if point else checkpoint_lib.Progress()
     if point and start.epoch >= config.train.epochs:
         raise ConfigError(
@@ -217,7 +239,7 @@ def plan_checkpoints(config: RunConfig, context: RunContext, processes: int) -> 
             f"checkpoint {point} is at the end of training (epoch {start.epoch} of {config.train.epochs}); nothing is left to "
             "train: raise train.epochs, or start again with resume=never",
         )
-    return CheckpointPlan(root, point, start)
+    return CheckpointPlan(root, point, start, model)
 
 
 def check_objectives(train: TrainConfig, planned: PlannedModel) -> Objectives:

@@ -2,7 +2,8 @@
 
 A checkpoint holds every variable of the model, the optimizer (its step counter included) and the
 compiled metrics, each as placed on the mesh (every process writes only its own shards), plus the
-run's progress: global step, epoch, step within the epoch, and the per-epoch history so far. The
+run's progress: global step, epoch, step within the epoch, and the per-epoch history so far, and
+which model wrote it (ModelIdentity: its config name, label and options). The
 random state is a model variable (Keras' seed generators), and the data position is the global
 step: every data source reads a seeded, endless stream, which resuming skips forward.
 
@@ -15,7 +16,9 @@ on one mesh (or layout) resumes on another.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import errno
+import json
 import logging
 import os
 import sys
@@ -36,7 +39,7 @@ from meshrun.wording import error_text, first_line, format_bytes, format_shape
 
 log = logging.getLogger("meshrun")
 
-STATE, PROGRESS = "state", "progress"
+STATE, PROGRESS, MODEL = "state", "progress", "model"
 
 
 def _ocp():
@@ -77,6 +80,33 @@ class Progress:
     epoch: int = 0
     step_in_epoch: int = 0
     history: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ModelIdentity:
+    """Which model a checkpoint holds the variables of, saved beside them: the model config's name
+    (`model=`), how reports name it (`label`: the KerasHub class and preset, the factory) and its
+    options, so that resuming with another model says so instead of failing on a variable."""
+
+    name: str
+    label: str
+    options: dict = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, name: str, label: str, options) -> "ModelIdentity":
+        """The identity of model config `name` built with the options dataclass `options`."""
+        return cls(name, label, json.loads(json.dumps(dataclasses.asdict(options), default=str)))
+
+    def __str__(self) -> str:
+        """`model=transformer (preset tiny)`, `model=keras_hub GemmaCausalLM (preset /models/gemma2)`."""
+        text = f"model={self.name}" + (f" {self.label}" if self.label != self.name else "")
+        shown = [f"{key} {self.options[key]}" for key in ("preset", "task") if self.options.get(key) and str(self.options[key]) not in text]
+        return text + (f" ({', '.join(shown)})" if shown else "")
+
+    def changes_to(self, other: "ModelIdentity", limit: int = 3) -> list[str]:
+        """The options that differ from `other`'s: `model.hidden=200 there, 100 here`."""
+        keys = [k for k in self.options if k in other.options and self.options[k] != other.options[k]]
+        return [f"model.{k}={self.options[k]} there, {other.options[k]} here" for k in keys[:limit]]
 
 
 @dataclass(frozen=True)
@@ -172,18 +202,42 @@ def _reader(point: ResumePoint, partial: bool = False):
     one that can read part of the state."""
     ocp = _ocp()
     state = ocp.PyTreeCheckpointHandler() if partial else ocp.StandardCheckpointHandler()
-    handlers = {STATE: state, PROGRESS: ocp.JsonCheckpointHandler()}
+    handlers = {STATE: state, PROGRESS: ocp.JsonCheckpointHandler(), MODEL: ocp.JsonCheckpointHandler()}
     options = ocp.CheckpointManagerOptions(read_only=True)
     return ocp.CheckpointManager(point.directory, options=options, item_handlers=handlers)
 
 
 def read_progress(point: ResumePoint) -> Progress:
     """The progress saved with a checkpoint."""
+    return Progress(**_read_json(point, PROGRESS))
+
+
+def read_model(point: ResumePoint) -> Optional[ModelIdentity]:
+    """The model that wrote a checkpoint (None for checkpoints saved before meshrun recorded it)."""
+    if not (point.directory / str(point.step) / MODEL).is_dir():
+        return None
+    return ModelIdentity(**_read_json(point, MODEL))
+
+
+def check_same_model(point: ResumePoint, current: ModelIdentity) -> None:
+    """ConfigError when checkpoint `point` was written by another model (config) than `current`,
+    naming both: its variables are another model's, whatever their shapes."""
+    saved = read_model(point)
+    if saved is not None and saved.name != current.name:
+        raise ConfigError(
+            "resume",
+            f"checkpoint {point} was written by {saved}, and this run builds {current}; resume it with model={saved.name}, "
+            "or start afresh with resume=never or another checkpoint.dir",
+        )
+
+
+def _read_json(point: ResumePoint, item: str) -> dict:
     ocp = _ocp()
     manager = _reader(point)
-    restored = manager.restore(point.step, args=ocp.args.Composite(**{PROGRESS: ocp.args.JsonRestore()}))
-    manager.close()
-    return Progress(**restored[PROGRESS])
+    try:
+        return manager.restore(point.step, args=ocp.args.Composite(**{item: ocp.args.JsonRestore()}))[item]
+    finally:
+        manager.close()
 
 
 def restore_weights(model, point: ResumePoint) -> None:
@@ -196,14 +250,18 @@ def restore_weights(model, point: ResumePoint) -> None:
         variable.assign(restored["model"][path])
 
 
-def _read(point: ResumePoint, groups: dict, partial: bool = False) -> dict:
+def _read(point: ResumePoint, groups: dict, partial: bool = False, model: Optional[ModelIdentity] = None) -> dict:
     """The arrays of checkpoint `point` for `groups` (variables by group and path), each read
     straight into its variable's sharding; `partial`: only those groups, the rest left on disk.
-    A checkpoint that does not fit them is a ConfigError, one that cannot be read UnreadableCheckpoint."""
+    A checkpoint that does not fit them is a ConfigError (naming the model that wrote it and
+    `model`, this run's, where both are known), one that cannot be read UnreadableCheckpoint."""
     ocp = _ocp()
     reader = _reader(point, partial)
     try:
-        _check_fits(reader.item_metadata(point.step)[STATE], groups, point)
+        try:
+            _check_fits(reader.item_metadata(point.step)[STATE], groups, point)
+        except ConfigError as err:
+            raise _with_models(err, point, model) from None
         target = {
             group: {path: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=v.value.sharding) for path, v in variables.items()}
             for group, variables in groups.items()
@@ -246,6 +304,22 @@ def _check_fits(saved: dict, groups: dict, point: ResumePoint) -> None:
                 )
 
 
+def _with_models(err: ConfigError, point: ResumePoint, current: Optional[ModelIdentity]) -> ConfigError:
+    """`err`, a checkpoint that does not fit, saying which model wrote it and which this run
+    builds, with the options that differ."""
+    saved = read_model(point)
+    if saved is None or current is None:
+        return err
+    changes = "; ".join(saved.changes_to(current))
+    if str(saved) != str(current):
+        models = f"it was written by {saved} and this run builds {current}" + (f" ({changes})" if changes else "")
+    elif changes:
+        models = f"it was written by {saved} with other options ({changes})"
+    else:
+        return err
+    return ConfigError(err.key, f"{str(err).removeprefix(err.key + ': ')}; {models}")
+
+
 class Checkpointing(keras.callbacks.Callback):
     """Saves checkpoints during fit and, when resuming, restores one at the start of training.
 
@@ -260,9 +334,11 @@ class Checkpointing(keras.callbacks.Callback):
     checkpoints are configured, by the graceful `stopper` (the wall-clock budget, a stop signal;
     it may stop mid-epoch) always. Orbax's manager is made at the first save."""
 
-    def __init__(self, config: CheckpointConfig, root: Path, start: Progress, resume: Optional[ResumePoint], stopper=None):
+    def __init__(self, config: CheckpointConfig, root: Path, start: Progress, resume: Optional[ResumePoint], stopper=None,
+                 model: Optional[ModelIdentity] = None):
         super().__init__()
         self.config = config
+        self.model_identity = model  # saved with every checkpoint
         self.root = root
         self.progress = Progress(**asdict(start))
         self.seconds = 0.0
@@ -280,7 +356,7 @@ class Checkpointing(keras.callbacks.Callback):
             return
         point, self._resume = self._resume, None
         groups = _groups(self.model)
-        restored = _read(point, groups)
+        restored = _read(point, groups, model=self.model_identity)
         for group in ("model", "optimizer"):
             for path, variable in groups[group].items():
                 variable.assign(restored[group][path])
@@ -333,14 +409,14 @@ class Checkpointing(keras.callbacks.Callback):
         compat.sync_training_state(self.model)  # the JAX trainer keeps the live state off the variables during an epoch
         state = {group: {path: v.value for path, v in variables.items()} for group, variables in _groups(self.model).items()}
         progress = asdict(self.progress)  # history: completed epochs only
+        items = {STATE: ocp.args.StandardSave(state), PROGRESS: ocp.args.JsonSave(progress)}
+        if self.model_identity is not None:
+            items[MODEL] = ocp.args.JsonSave(asdict(self.model_identity))
         self._check_space(state, self.progress.global_step)
         with self._saving(self.progress.global_step):
             if self._manager is None:
                 self._manager = _manager(self.root, self.config)
-            self._manager.save(
-                self.progress.global_step,
-                args=ocp.args.Composite(**{STATE: ocp.args.StandardSave(state), PROGRESS: ocp.args.JsonSave(progress)}),
-            )
+            self._manager.save(self.progress.global_step, args=ocp.args.Composite(**items))
         self.saved_steps.append(self.progress.global_step)
         self.seconds += time.perf_counter() - started
 

@@ -33,6 +33,8 @@ class Sink(Protocol):
     def close(self) -> None:
         """Writes what is left and releases the file."""
 
+    # Optional: more_files() -> {name: Path}, the files it wrote besides `path` (see files_written).
+
 
 @dataclass(frozen=True)
 class SinkSpec:
@@ -59,6 +61,13 @@ def open_sinks(run_dir: Path, switched_on: Iterable[str] = ()) -> list[Sink]:
     wanted = set(switched_on)
     specs = [_REGISTRY.get(name) for name in _REGISTRY.names()]
     return [spec.open(run_dir) for spec in sorted(specs, key=lambda s: not s.always) if spec.always or spec.name in wanted]
+
+
+def files_written(sink: Sink) -> dict[str, Path]:
+    """Where `sink` wrote, as metrics.json's `logs` names it: `path` under the sink's kind, and the
+    other files of a sink that writes several (`more_files()`)."""
+    more = sink.more_files() if hasattr(sink, "more_files") else {}
+    return {sink.kind: sink.path, **more}
 
 
 def _register_all() -> None:

@@ -44,6 +44,10 @@ class Csv:
         write_atomic(self.epochs_path, text.getvalue().encode())
         self._file.flush()
 
+    def more_files(self) -> dict[str, Path]:
+        """epochs.csv once an epoch has ended (metrics.json's logs.epochs_csv)."""
+        return {"epochs_csv": self.epochs_path} if self.epochs_path.is_file() else {}
+
     def close(self) -> None:
         self._file.close()
 
