@@ -35,7 +35,6 @@ import ctypes
 import ctypes.util
 import functools
 import resource
-from typing import Optional
 
 M_TRIM_THRESHOLD = -1  # mallopt's parameter numbers (malloc.h)
 M_TOP_PAD = -2
@@ -46,14 +45,14 @@ TOP_PAD = 64 << 20
 
 
 @functools.lru_cache(maxsize=1)
-def _glibc() -> Optional[ctypes.CDLL]:
+def _glibc() -> ctypes.CDLL | None:
     """The C library when it is glibc (the one whose thresholds these are), else None."""
     name = ctypes.util.find_library("c")
     if name is None:
         return None
     try:
         libc = ctypes.CDLL(name)
-        libc.gnu_get_libc_version  # glibc's own
+        _ = libc.gnu_get_libc_version  # glibc's own: AttributeError on another libc
         mallopt = libc.mallopt
     except (OSError, AttributeError):
         return None
@@ -81,7 +80,7 @@ class _MallInfo2(ctypes.Structure):
                 ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")]
 
 
-def bytes_in_use() -> Optional[int]:
+def bytes_in_use() -> int | None:
     """The bytes malloc has handed out and not had back, over all of glibc's arenas and mmapped
     blocks (mallinfo2: uordblks + hblkhd); None where the C library is not glibc 2.33 or later.
     Unlike the resident size, it leaves out what the allocator keeps after a free and the pages

@@ -6,6 +6,7 @@ module that knows about Hydra; it imports neither jax nor keras.
 
 from __future__ import annotations
 
+import builtins
 import contextlib
 import os
 import re
@@ -13,16 +14,15 @@ import shutil
 import sys
 import tempfile
 import textwrap
-from typing import List, Optional
 
 import hydra
+from hydra.core.config_search_path import ConfigSearchPath
 from hydra.core.config_store import ConfigStore
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.object_type import ObjectType
 from hydra.core.plugins import Plugins
 from hydra.errors import ConfigCompositionException, MissingConfigException, OverrideParseException
 from hydra.experimental.callback import Callback
-from hydra.core.config_search_path import ConfigSearchPath
 from hydra.plugins.config_source import ConfigResult, ConfigSource
 from hydra.plugins.search_path_plugin import SearchPathPlugin
 from hydra.types import RunMode
@@ -56,7 +56,7 @@ class ServedConfigs(ConfigSource):
     def available(self) -> bool:
         return True
 
-    def list(self, config_path: str, results_filter: Optional[ObjectType]) -> List[str]:
+    def list(self, config_path: str, results_filter: ObjectType | None) -> builtins.list[str]:
         return []
 
 
@@ -102,7 +102,7 @@ class FileOptionSource(ServedConfigs):
 YAML_SUFFIXES = (".yaml", ".yml")
 
 
-def option_file(config_path: str) -> Optional[str]:
+def option_file(config_path: str) -> str | None:
     """The YAML file a config path `<group>/<file path>` names (Hydra may add `.yaml` once more),
     or None when it names no existing YAML file."""
     _, _, rest = config_path.partition("/")

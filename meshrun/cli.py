@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Optional
 
 from meshrun.errors import ConfigError
 from meshrun.launch import join
@@ -21,7 +20,7 @@ HELP_FLAGS = ("-h", "--help")
 VERSION_FLAGS = ("-V", "--version")
 
 
-def main(argv: Optional[list[str]] = None) -> None:
+def main(argv: list[str] | None = None) -> None:
     """Entry point of the `meshrun` console script and of `python -m meshrun` (argv None), and of
     in-process callers (tests) with their own argv, for whom a failure is SystemExit. Run as a
     program, the process ends as soon as its output is written, except in a multi-process job, whose
@@ -114,7 +113,7 @@ def parse(command: str, args: list[str], as_program: bool):
 SAVE_LAYOUT = "--save-layout"
 
 
-def _take_save_layout(command: str, args: list[str]) -> tuple[list[str], Optional[str]]:
+def _take_save_layout(command: str, args: list[str]) -> tuple[list[str], str | None]:
     """`--save-layout FILE` (or `--save-layout=FILE`) taken out of `args`; the file must be a .yaml
     path that can be written (checked now, so that a bad one costs no planning)."""
     for index, arg in enumerate(args):

@@ -346,7 +346,7 @@ def _numpy_dtype(dtype):
 
 
 def _slice_shape(index: tuple, shape: tuple) -> tuple:
-    return tuple(len(range(*part.indices(size))) for part, size in zip(index, shape))
+    return tuple(len(range(*part.indices(size))) for part, size in zip(index, shape, strict=True))
 
 
 def _on_each_device(shape: tuple, sharding, read_slice):
@@ -356,7 +356,7 @@ def _on_each_device(shape: tuple, sharding, read_slice):
 
     slices: dict = {}  # the slice's bounds -> its index and the devices that hold it
     for device, index in sharding.addressable_devices_indices_map(shape).items():
-        bounds = tuple(part.indices(size) for part, size in zip(index, shape))
+        bounds = tuple(part.indices(size) for part, size in zip(index, shape, strict=True))
         slices.setdefault(bounds, (index, []))[1].append(device)
     shards = []
     for index, devices in slices.values():

@@ -17,7 +17,6 @@ import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
 
 from meshrun import compat
 from meshrun.config import RunConfig, parse_run_config
@@ -47,10 +46,10 @@ class Invocation:
     role: Role = Role.USER
     as_json: bool = False
     full: bool = False
-    save_layout: Optional[str] = None
+    save_layout: str | None = None
     as_program: bool = False
     isolate: bool = False
-    sweep_dir: Optional[str] = None
+    sweep_dir: str | None = None
     runs: list[str] = field(default_factory=list)
     failures: list[int] = field(default_factory=list)
     preempted: bool = False
@@ -104,7 +103,7 @@ class Job:
     resolve: Callable[[], dict]
     run_dir: str
     name: str
-    number: Optional[int]
+    number: int | None
     choices: dict
     overrides: list
 
@@ -185,7 +184,7 @@ class RunDir:
         else:
             self.record(str(err), exit_status=2)
 
-    def record(self, message: str, exit_status: Optional[int] = None) -> None:
+    def record(self, message: str, exit_status: int | None = None) -> None:
         """Writes metrics.json with status error and `message`."""
         metrics = RunMetrics.failed(message, self.path, self.job.choices, self.job.overrides, exit_status)
         write_json(metrics.to_json(), self.path, METRICS_FILE)

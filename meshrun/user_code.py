@@ -13,7 +13,8 @@ import importlib
 import inspect
 import os
 import sys
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from meshrun.errors import ConfigError
 from meshrun.wording import did_you_mean, error_text, one_of

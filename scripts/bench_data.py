@@ -145,8 +145,8 @@ def pipeline_rate(shape: str, args, train_file: Path, eval_file: Path) -> dict:
     import jax
 
     from meshrun import data as data_lib
-    from meshrun.placement import distribution as distribution_lib
     from meshrun.models import get_model
+    from meshrun.placement import distribution as distribution_lib
 
     device_set = devices.discover(config.devices, config.mesh)
     distribution = distribution_lib.make_distribution(device_set.mesh, config.layout.rules, device_set.devices)
@@ -166,7 +166,7 @@ def pipeline_rate(shape: str, args, train_file: Path, eval_file: Path) -> dict:
         for _ in range(steps):
             batch = next(batches)
             if place:
-                jax.block_until_ready([jax.make_array_from_process_local_data(s, b) for s, b in zip(shardings, batch)])
+                jax.block_until_ready([jax.make_array_from_process_local_data(s, b) for s, b in zip(shardings, batch, strict=True)])
         return steps * args.batch / (time.perf_counter() - started)
 
     hosts = [rate(place=False) for _ in range(args.repeats)]

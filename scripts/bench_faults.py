@@ -136,7 +136,7 @@ runpy.run_module('meshrun', run_name='__main__', alter_sys=True)
 def steady(notes: list, column: int) -> list:
     """Differences of `column` between consecutive step ends inside an epoch, after the first
     WARMUP_STEPS of them."""
-    gaps = [b[column] - a[column] for a, b in zip(notes, notes[1:]) if a[1] == b[1]]
+    gaps = [b[column] - a[column] for a, b in zip(notes, notes[1:], strict=False) if a[1] == b[1]]
     return gaps[WARMUP_STEPS:]
 
 
@@ -214,7 +214,7 @@ def report(results: dict) -> None:
                 table.add_row(job, label, "-", "failed", "", "", "", "", "")
                 continue
 
-            def median(key):
+            def median(key, good=good):
                 return statistics.median(r[key] for r in good)
 
             same = "-" if len(losses) < 2 else ("yes" if len({json.dumps(v) for v in losses.values()}) == 1 else "no")

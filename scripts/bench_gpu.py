@@ -488,7 +488,7 @@ def ratios(runs: dict) -> dict:
     """Step-time ratios meshrun/keras, meshrun/jax and keras/jax: the median of the ratios within
     each repeat (the runs of one repeat are neighbours in time)."""
     pairs = [("meshrun", "keras"), ("meshrun", "jax"), ("keras", "jax")]
-    return {f"{a}/{b}": statistics.median(x["step_s"] / y["step_s"] for x, y in zip(runs[a], runs[b]))
+    return {f"{a}/{b}": statistics.median(x["step_s"] / y["step_s"] for x, y in zip(runs[a], runs[b], strict=False))
             for a, b in pairs if a in runs and b in runs}
 
 
@@ -737,7 +737,7 @@ def worker_jax(spec: dict) -> dict:
     waiting.pop(0).block_until_ready()
     ends.append(time.perf_counter())
     flops = step.lower(state, *batches[0]).cost_analysis()
-    return {"first_step_s": ends[0] - started, "gaps": [b - a for a, b in zip(ends, ends[1:])],
+    return {"first_step_s": ends[0] - started, "gaps": [b - a for a, b in zip(ends, ends[1:], strict=False)],
             "xla_flops_per_step": float(flops["flops"]) if flops and flops.get("flops", -1) >= 0 else None,
             "live_peak_bytes": costs.live_peak_bytes(devices), "params": int(model.count_params())}
 
@@ -869,7 +869,7 @@ def step_timer(async_safe: bool):
 
         def gaps(self) -> list[float]:
             ends = self._ordered()
-            return [b - a for a, b in zip(ends, ends[1:])]
+            return [b - a for a, b in zip(ends, ends[1:], strict=False)]
 
     return StepEnds()
 

@@ -66,9 +66,9 @@ def main() -> None:
     args = parser.parse_args()
     meshes = args.meshes.split(",")
 
-    import meshrun.configs
     from omegaconf import OmegaConf
 
+    import meshrun.configs
     from meshrun.config import parse_run_config
     from meshrun.placement import devices
 

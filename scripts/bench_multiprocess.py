@@ -51,7 +51,7 @@ def main() -> None:
                 row[label] = {"wall_s": done.wall_s, "first_step_s": metrics["timing"]["time_to_first_step_s"],
                               "step_ms": metrics["timing"]["step_time_s"] * 1e3, "losses": metrics["history"]["loss"]}
             row["step_ratio"] = row["two"]["step_ms"] / row["one"]["step_ms"]
-            row["max_loss_difference"] = max(abs(a - b) for a, b in zip(row["one"]["losses"], row["two"]["losses"]))
+            row["max_loss_difference"] = max(abs(a - b) for a, b in zip(row["one"]["losses"], row["two"]["losses"], strict=False))
             rows.append(row)
             print(f"mesh {shape}: step {row['one']['step_ms']:.2f} ms -> {row['two']['step_ms']:.2f} ms with 2 processes")
         kill_s = time_to_stop_after_a_kill(Path(work))

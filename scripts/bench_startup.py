@@ -116,7 +116,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="bench-startup-") as scratch:
         work = Path(scratch)
         for name in names:
-            for label, checkout in checkouts.items():
+            for checkout in checkouts.values():
                 run_job(name, checkout, work)  # warm-up: compile cache, disk
             for repeat in range(args.repeats):
                 for label in reversed(list(checkouts)):  # before, then after

@@ -42,10 +42,10 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))  # tests/presets.py builds the presets
 
-import presets  # noqa: E402
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
+import presets  # noqa: E402
 from meshrun.text.tokenizer import available_cores, load_tokenizer, same_ids  # noqa: E402
 
 MB = 1_000_000
@@ -147,10 +147,11 @@ def compare(kind: str, preset: Path, documents: list[str], size: int, args) -> d
         totals = {name: [0.0, 0.0, 0] for name in encoders}
         for index, chunk in enumerate(chunks):
             for name in (("meshrun", "library") if index % 2 == 0 else ("library", "meshrun")):
-                totals[name] = [sum(pair) for pair in zip(totals[name], timed(encoders[name], chunk))]
-        for name, (wall, cpu, tokens) in totals.items():
+                totals[name] = [sum(pair) for pair in zip(totals[name], timed(encoders[name], chunk), strict=True)]
+        for name, (wall, cpu, _) in totals.items():
             walls[name].append(wall)
             cpus[name].append(cpu)
+    tokens = totals["library"][2]  # both encoders give the same ids (checked above)
     wall = {name: statistics.median(values) for name, values in walls.items()}
     cpu = {name: statistics.median(values) for name, values in cpus.items()}
     return {

@@ -106,7 +106,7 @@ def summarize(runs, args):
     result["loss_max_abs_diff"] = max(
         abs(a - b)
         for e in (e1, e2)
-        for m, h in zip(runs["meshrun"][e], runs["handwritten"][e])
+        for m, h in zip(runs["meshrun"][e], runs["handwritten"][e], strict=False)
         for a, b in zip(m["loss"], h["loss"], strict=True)
     )
     return result

@@ -67,7 +67,7 @@ class SyncLogs(keras.callbacks.Callback):
         self.ends[-1].append(time.perf_counter())
 
     def median_step_s(self):
-        gaps = [b - a for epoch in self.ends for a, b in zip(epoch, epoch[1:])]
+        gaps = [b - a for epoch in self.ends for a, b in zip(epoch, epoch[1:], strict=False)]
         return statistics.median(gaps) if gaps else None
 
 

@@ -17,8 +17,8 @@ import logging
 import re
 
 import pytest
-from conftest import one_error_line, run_meshrun
 
+from conftest import one_error_line, run_meshrun
 from meshrun.config import LayoutRule, MeshConfig
 from meshrun.config.parse import parse_size
 from meshrun.errors import ConfigError

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
 from conftest import (
     FAST,
     layout_rules,
@@ -24,7 +25,6 @@ from conftest import (
     run_meshrun,
     train_in_process,
 )
-
 from meshrun.errors import ConfigError
 
 SMALL = {"data": {"name": "synthetic", "num_samples": 128, "eval_samples": 32}, "model": {"name": "dense_model"}}
@@ -45,7 +45,7 @@ def exported_weights(run_dir: Path) -> list:
 
 def assert_same_weights(first, second, tolerance):
     assert len(first) == len(second)
-    for a, b in zip(first, second):
+    for a, b in zip(first, second, strict=True):
         np.testing.assert_allclose(a, b, atol=tolerance, rtol=0)
 
 

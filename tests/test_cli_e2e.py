@@ -7,6 +7,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
+
 from conftest import FAST, read_metrics, run_meshrun
 
 pytestmark = pytest.mark.e2e

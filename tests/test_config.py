@@ -9,9 +9,9 @@ from hydra import compose, initialize_config_module
 from omegaconf import OmegaConf
 
 from meshrun import app
+from meshrun.config import LayoutRule, parse_run_config
 from meshrun.errors import ConfigError
 from meshrun.models import get_model, model_names
-from meshrun.config import LayoutRule, parse_run_config
 
 GROUPS = ("mesh", "layout", "model", "data", "train", "devices", "recipe")
 

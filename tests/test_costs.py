@@ -103,9 +103,9 @@ def after_fit():
     import keras
     from keras import distribution as kd
 
+    from meshrun.config import LayoutRule, MeshConfig
     from meshrun.placement import distribution
     from meshrun.report import costs
-    from meshrun.config import LayoutRule, MeshConfig
 
     mesh = MeshConfig(shape=(2, 4), axis_names=("data", "model"), batch_axis="data")
     rules = (LayoutRule("d1/kernel", (None, "model")), LayoutRule("d2/output", ("data", None)))
@@ -181,7 +181,7 @@ def test_reading_costs_after_fit_reuses_fits_compiled_step(after_fit):
 @pytest.mark.integration
 def test_the_model_is_untouched_and_still_evaluates(after_fit):
     assert len(after_fit["before"]) == len(after_fit["after"])
-    for before, after in zip(after_fit["before"], after_fit["after"]):
+    for before, after in zip(after_fit["before"], after_fit["after"], strict=True):
         np.testing.assert_array_equal(after, before)
     assert np.isfinite(after_fit["loss"])
     assert after_fit["kernel_spec"] == (None, "model")

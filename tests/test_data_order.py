@@ -70,9 +70,9 @@ def assert_same_batches(numpy_batches, tf_batches, count: int):
     got = list(itertools.islice(numpy_batches, count))
     expected = list(itertools.islice(tf_batches.as_numpy_iterator(), count))
     assert len(got) == len(expected) == count
-    for ours, theirs in zip(got, expected):
+    for ours, theirs in zip(got, expected, strict=True):
         assert len(ours) == len(theirs)
-        for a, b in zip(ours, theirs):
+        for a, b in zip(ours, theirs, strict=True):
             if isinstance(a, dict):
                 assert sorted(a) == sorted(b)
                 for name in a:
@@ -115,7 +115,7 @@ def test_element_batches_skip_and_share_like_the_tf_pipeline():
     """A Python iterable's elements: every second one for process 1 of 2, shuffled in a buffer of
     10, batches of 4; the stream from step 5 on equals the tf.data pipeline's."""
     x, y = np.arange(60, dtype=np.float32), np.arange(60) * 10
-    stream = element_batches(lambda: zip(x.tolist(), y.tolist()), 4, True, 11, 10, share=(1, 2), per_pass=7,
+    stream = element_batches(lambda: zip(x.tolist(), y.tolist(), strict=True), 4, True, 11, 10, share=(1, 2), per_pass=7,
                              first_element=(x[0].item(), y[0].item()), endless=True)
     tf = tf_data.seeded_tensorflow(11)
     elements = tf.data.Dataset.from_tensor_slices((x, y.astype(np.int32))).shard(2, 1)
@@ -157,7 +157,7 @@ def test_a_source_that_runs_short_of_its_declared_samples_says_so():
 
 def assert_equal_batches(got: list, expected: list):
     assert len(got) == len(expected)
-    for ours, theirs in zip(got, expected):
+    for ours, theirs in zip(got, expected, strict=True):
         for a, b in zip(ours, theirs, strict=True):
             for name in sorted(a) if isinstance(a, dict) else [None]:
                 np.testing.assert_array_equal(a if name is None else a[name], b if name is None else b[name])

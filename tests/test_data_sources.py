@@ -262,7 +262,7 @@ def element_pipeline(kind: str, share: tuple[int, int] = (0, 1)):
 
         elements = tf.data.Dataset.from_tensor_slices((x, y))
         return tf_data.element_batches(elements, 8, shuffle=True, seed=4, buffer=100, share=share)
-    return batches_lib.element_batches(lambda: zip(x, y), 8, shuffle=True, seed=4, buffer=100, share=(0, 1),
+    return batches_lib.element_batches(lambda: zip(x, y, strict=True), 8, shuffle=True, seed=4, buffer=100, share=(0, 1),
                                        per_pass=12, first_element=(x[0], y[0]))
 
 
@@ -280,7 +280,7 @@ def test_shares_of_every_batch_side_by_side_are_the_one_process_batches(count):
 def test_an_iterable_and_a_tf_dataset_of_the_same_elements_make_the_same_batches():
     numpy_batches, tf_batches = collect(element_pipeline("numpy")), collect(element_pipeline("tf"))
     assert len(numpy_batches) == len(tf_batches) == 12
-    for (nx, ny), (tx, ty) in zip(numpy_batches, tf_batches):
+    for (nx, ny), (tx, ty) in zip(numpy_batches, tf_batches, strict=True):
         np.testing.assert_array_equal(nx, tx)
         np.testing.assert_array_equal(ny, ty)
         assert nx.dtype == tx.dtype
@@ -733,9 +733,9 @@ def test_the_fit_check_takes_sizes_a_model_leaves_open_as_any_size():
     fixed size still has to match; labels and sample weights are checked against the output."""
     import tensorflow as tf
 
-    from meshrun.models.build import Signature
     from meshrun.data.pipeline import check_fits_model
     from meshrun.errors import ConfigError
+    from meshrun.models.build import Signature
     from meshrun.models.registry import InputSpec
 
     open_length = Signature(inputs=(InputSpec("token_ids", (None,), "int32"), InputSpec("padding_mask", (None,), "int32")),

@@ -11,8 +11,8 @@ from io import StringIO
 
 import numpy as np
 import pytest
-from conftest import layout_rules, one_error_line, read_metrics, run_meshrun
 
+from conftest import layout_rules, one_error_line, read_metrics, run_meshrun
 from meshrun import cli
 
 pytestmark = pytest.mark.integration
@@ -81,7 +81,7 @@ def test_prompts_are_encoded_as_training_encodes_them(tokenizer):
 
     framing = Framing(start=tokenizer.start_id, end=tokenizer.end_id, pad=tokenizer.pad_id)
     encoded = encode_prompts(tokenizer, framing, PROMPTS, MAX_LENGTH, "key", "length_key")
-    for prompt, ids in zip(PROMPTS, encoded):
+    for prompt, ids in zip(PROMPTS, encoded, strict=True):
         assert ids.tolist() == [tokenizer.start_id, *tokenizer.encode([prompt])[0].tolist()]
     batch = prompt_batch(encoded[:1], MAX_LENGTH, multiple=2, pad=tokenizer.pad_id)  # one prompt, batch axis of 2
     assert batch["token_ids"].shape == (2, MAX_LENGTH) and batch["padding_mask"].sum(axis=1).tolist() == [len(encoded[0])] * 2

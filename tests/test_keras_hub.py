@@ -10,8 +10,8 @@ import sys
 
 import numpy as np
 import pytest
-from conftest import read_metrics
 
+from conftest import read_metrics
 from meshrun import cli
 from meshrun.measure import run_measured
 from meshrun.wording import format_bytes
@@ -103,9 +103,9 @@ def test_the_loss_counts_only_real_tokens_and_the_export_loads_with_keras_hub(ru
     import keras
     import keras_hub  # noqa: F401  (registers the classes the .keras file names)
 
-    from meshrun.models.build import Signature
     from meshrun.data.registry import DataContext
     from meshrun.data.synthetic import padded_tokens
+    from meshrun.models.build import Signature
     from meshrun.models.registry import InputSpec
 
     metrics, run_dir = runs[("llama", "llama_tp", "8x1")]

@@ -3,9 +3,9 @@ checks for what Keras would silently replicate or fail on late."""
 
 import pytest
 
+from meshrun.config import LayoutRule, MeshConfig
 from meshrun.errors import ConfigError
 from meshrun.placement.layout import TensorSpec, assign_rules, check_rules, matching_rules
-from meshrun.config import LayoutRule, MeshConfig
 
 MESH = MeshConfig(shape=(2, 4), axis_names=("data", "model"), batch_axis="data")
 TENSORS = [

@@ -4,6 +4,7 @@ reaches its stated accuracy on held-out digits."""
 
 import numpy as np
 import pytest
+
 from conftest import train_in_process
 
 pytestmark = pytest.mark.integration

@@ -6,6 +6,7 @@ not fill keep their initializers' values, and Keras is itself again after the bl
 
 import numpy as np
 import pytest
+
 from conftest import layout_rules
 
 pytestmark = pytest.mark.integration

@@ -14,10 +14,10 @@ import time
 
 import numpy as np
 import pytest
-from conftest import INSTRUCTION_PROMPT, read_metrics, run_meshrun
-from presets import gemma_preset
 
+from conftest import INSTRUCTION_PROMPT, read_metrics, run_meshrun
 from meshrun import cli
+from presets import gemma_preset
 
 pytestmark = pytest.mark.integration
 

@@ -11,9 +11,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from conftest import fast_run_in_process
 from rich.console import Console
 
+from conftest import fast_run_in_process
 from meshrun import cli
 from meshrun.report.render import summary_table
 from meshrun.run.metrics import RunMetrics, TimingFigures, figure

@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
+
 from conftest import (
     FAST,
     fast_run_in_process,
@@ -22,12 +23,11 @@ from conftest import (
     read_metrics,
     run_meshrun,
 )
-
+from meshrun.config import DistributedConfig, MeshConfig, parse_distributed
 from meshrun.errors import ConfigError
-from meshrun.placement.plan import process_layout
 from meshrun.launch.identity import Identity, identify
 from meshrun.launch.join import free_port
-from meshrun.config import DistributedConfig, MeshConfig, parse_distributed
+from meshrun.placement.plan import process_layout
 
 TWO = "distributed.local_processes=2"
 

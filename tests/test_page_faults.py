@@ -11,6 +11,7 @@ Every run is a fresh `meshrun train` process, since the allocator's policy is th
 import textwrap
 
 import pytest
+
 from conftest import read_metrics, run_meshrun
 
 pytestmark = [pytest.mark.integration, pytest.mark.e2e]

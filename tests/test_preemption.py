@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
+
 from conftest import read_metrics, run_meshrun
 
 pytestmark = pytest.mark.e2e

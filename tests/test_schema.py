@@ -2,8 +2,8 @@
 
 import pytest
 
-from meshrun.errors import ConfigError
 from meshrun.config import MeshConfig, check_batch, parse_mesh, parse_mesh_shape
+from meshrun.errors import ConfigError
 
 
 @pytest.mark.parametrize("text,shape", [("8", (8,)), ("2x4", (2, 4)), ("2x2x2", (2, 2, 2)), ([1, -1], (1, -1))])

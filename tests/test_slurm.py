@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
+
 from conftest import FAST, fast_run_in_process, read_metrics, run_meshrun
 
 SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"

@@ -7,8 +7,8 @@ import re
 import shutil
 
 import pytest
-from conftest import FAST, read_metrics, run_meshrun
 
+from conftest import FAST, read_metrics, run_meshrun
 from meshrun import cli
 from meshrun.report import sweep
 
@@ -91,8 +91,8 @@ def test_language_models_are_ranked_by_tokens(tmp_path):
 
 
 def test_report_compares_any_mix_of_runs_and_skips_files_it_cannot_read(tmp_path):
-    lm = fake_run(tmp_path / "runs", "lm", "2x4", 100.0, tokens_per_s=3200.0, model="transformer", layout="transformer_tp")
-    mlp = fake_run(tmp_path / "runs", "mlp", "2x4", 400.0, model="dense_model", layout="replicated")
+    fake_run(tmp_path / "runs", "lm", "2x4", 100.0, tokens_per_s=3200.0, model="transformer", layout="transformer_tp")
+    fake_run(tmp_path / "runs", "mlp", "2x4", 400.0, model="dense_model", layout="replicated")
     sparse = fake_run(tmp_path / "runs", "sparse", "8x1", 200.0, model="dense_model", layout="replicated")
     metrics = json.loads((sparse / "metrics.json").read_text())
     del metrics["timing"]["compile_s"], metrics["eval"]["loss"]

@@ -10,10 +10,10 @@ import math
 
 import numpy as np
 import pytest
-from conftest import INSTRUCTION_PROMPT, read_metrics
-from presets import corpus_text, sentencepiece_proto
 
+from conftest import INSTRUCTION_PROMPT, read_metrics
 from meshrun import cli
+from presets import corpus_text, sentencepiece_proto
 
 pytestmark = pytest.mark.integration
 
@@ -122,7 +122,8 @@ def test_the_mask_weighs_exactly_the_completion_tokens_and_the_prompt_is_encoded
     records = [json.loads(line) for line in (files / "instructions.jsonl").read_text().splitlines()[:40]]
     arrays, _, framing, tokenizer = tokens_of({"files": (str(files / "instructions.jsonl"),), "prompt": prompt, "completion": "{response}",
                                               "cache_dir": str(tmp_path)}, gpt2)
-    for row, length, weights, record in zip(arrays["train_tokens"], arrays["train_lengths"], arrays["train_weights"], records):
+    # the rows go on past the 40 records read (the file has more)
+    for row, length, weights, record in zip(arrays["train_tokens"], arrays["train_lengths"], arrays["train_weights"], records, strict=False):
         prompt_text = prompt.format(**record)
         [sampled] = encode_prompts(tokenizer, framing, [prompt_text], 48, "train.sample_prompts", "train.sample_max_length")
         completion = [*tokenizer.encode([record["response"]])[0], framing.end]

@@ -212,7 +212,7 @@ def test_an_entry_missing_its_metadata_or_arrays_is_not_found(tmp_path):
 
 def rows_by_hand(heads, texts, framing, seq_len, packing):
     """The rows as the docstring of meshrun.text.examples says, one example at a time."""
-    pieces = [(list(h) + list(t) + [framing.end], [0] * len(h) + [1] * (len(t) + 1)) for h, t in zip(heads, texts)]
+    pieces = [(list(h) + list(t) + [framing.end], [0] * len(h) + [1] * (len(t) + 1)) for h, t in zip(heads, texts, strict=True)]
     if packing:
         stream = [i for ids, _ in pieces for i in ids]
         weight = [w for _, ws in pieces for w in ws]
@@ -235,7 +235,7 @@ def test_rows_cut_with_arrays_equal_rows_made_one_example_at_a_time(packing, ins
     heads = [[2, *rng.integers(5, 100, rng.integers(0, 4))] for _ in range(count)] if instructions else [[2]] * count
     encoded_prompts = examples.Ragged(np.asarray([i for h in heads for i in h], np.int32), np.asarray([len(h) for h in heads])) if instructions else None
     made = examples.to_rows([example("p" if instructions else "", "t")] * count, encoded_prompts, ragged(*texts), FRAMING, seq_len, packing, "drop")
-    kept = [(h, t) for h, t in zip(heads, texts) if packing or not instructions or len(h) + len(t) + 1 <= seq_len + 1]
+    kept = [(h, t) for h, t in zip(heads, texts, strict=True) if packing or not instructions or len(h) + len(t) + 1 <= seq_len + 1]
     expected = rows_by_hand([h for h, _ in kept], [t for _, t in kept], FRAMING, seq_len, packing)
     assert made.tokens.tolist() == [ids for ids, _ in expected]
     assert made.weights.tolist() == [ws for _, ws in expected]

@@ -13,8 +13,8 @@ import sys
 
 import numpy as np
 import pytest
-import presets
 
+import presets
 from meshrun.errors import ConfigError
 from meshrun.text.tokenizer import PROBE_TEXTS, load_tokenizer, same_ids
 
@@ -84,7 +84,7 @@ def test_encode_equals_keras_hubs_own_tokenizer(tokenizers, sources, corpus, kin
     encoded = tokenizers[kind].encode(texts)
     assert all(ids.dtype == np.int32 and ids.ndim == 1 for ids in encoded)
     reference = keras_hub_ids(sources[kind], texts)
-    differing = [text for text, ids, ref in zip(texts, encoded, reference) if ids.tolist() != ref]
+    differing = [text for text, ids, ref in zip(texts, encoded, reference, strict=True) if ids.tolist() != ref]
     assert not differing, differing[:3]
     assert sum(len(ids) for ids in encoded) > len(corpus) / 8  # real tokens, not empty lists
 

@@ -2,10 +2,10 @@
 the mesh shape, and jobs in one process do not leak into each other."""
 
 import pytest
-from conftest import train_in_process
 
-from meshrun.placement import devices
+from conftest import train_in_process
 from meshrun.config import parse_run_config
+from meshrun.placement import devices
 
 pytestmark = pytest.mark.integration
 
@@ -125,10 +125,8 @@ def test_batch_axis_is_the_one_configured():
 
 
 def test_describe_lists_variables_outputs_and_optimizer_slots_without_allocating():
-    from meshrun.models import build
-    from meshrun.models import get_model
-
     from meshrun.config import parse_data
+    from meshrun.models import build, get_model
 
     spec = get_model("dense_model")
     abstract = build.describe(spec, spec.options(), parse_data({}), "adam", 1e-3)

@@ -8,6 +8,7 @@ import math
 from pathlib import Path
 
 import pytest
+
 from conftest import (
     FAST,
     layout_rules,
@@ -16,10 +17,9 @@ from conftest import (
     run_meshrun,
     train_in_process,
 )
-
+from meshrun.config import TrainConfig, parse_run_config
 from meshrun.errors import ConfigError
 from meshrun.training.schedule import keras_schedule, learning_rate_at
-from meshrun.config import TrainConfig, parse_run_config
 
 
 def config(mesh="2x4", epochs=2, **train) -> dict:

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import read_metrics
 
+from conftest import read_metrics
 from meshrun import cli
 
 pytestmark = pytest.mark.integration

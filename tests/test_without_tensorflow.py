@@ -12,8 +12,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import FAST, one_error_line, read_metrics
 
+from conftest import FAST, one_error_line, read_metrics
 from meshrun.logs.sinks.tensorboard_events import TFRecordFile
 
 # site-packages entries of TensorFlow's distributions (tensorflow, tensorflow-cpu, tensorflow-text,
@@ -109,9 +109,8 @@ print(json.dumps({"preset": preset, "tokenizer.json": [[int(i) for i in row] for
 
 @pytest.mark.e2e
 def test_a_keras_hub_presets_tokenizer_says_it_needs_tensorflow_and_a_tokenizer_json_needs_none(python_without_tensorflow, text_files, tmp_path):
-    from presets import hf_tokenizer_json
-
     from meshrun.text.tokenizer import load_tokenizer
+    from presets import hf_tokenizer_json
 
     hf = hf_tokenizer_json(tmp_path / "hf", text_files.corpus.read_text())
     done = subprocess.run([python_without_tensorflow, "-c", LOAD_TOKENIZERS, str(text_files.gemma), str(hf)],

@@ -7,8 +7,8 @@ are reported."""
 import math
 
 import pytest
-from conftest import layout_rules, train_in_process
 
+from conftest import layout_rules, train_in_process
 from meshrun.models import get_model, model_names, zoo_model_names
 
 pytestmark = pytest.mark.integration

@@ -5,7 +5,6 @@ raises a ConfigError naming the key, the value and what would be valid."""
 from __future__ import annotations
 
 import re
-from typing import Optional
 
 from meshrun.config.schema import (
     FILL,
@@ -99,7 +98,7 @@ def _check_training_values(train: TrainConfig) -> None:
 EARLY_STOPPING_MODES = ("auto", "min", "max")
 
 
-def _check_early_stopping(early: EarlyStoppingConfig, eval_every: Optional[int]) -> None:
+def _check_early_stopping(early: EarlyStoppingConfig, eval_every: int | None) -> None:
     key = "train.early_stopping"
     if early.mode not in EARLY_STOPPING_MODES:
         raise ConfigError(f"{key}.mode", f"got {early.mode!r}; valid: {one_of(EARLY_STOPPING_MODES)}")

@@ -9,7 +9,7 @@ import re
 import types
 import typing
 from collections.abc import Mapping
-from typing import Any, Optional, Union
+from typing import Any, Union
 
 from meshrun import data as data_sources
 from meshrun.config.checks import check_distributed_values, check_rule_axes, check_values
@@ -39,6 +39,7 @@ from meshrun.errors import ConfigError
 from meshrun.logs import sinks
 from meshrun.models import registry
 from meshrun.wording import did_you_mean, format_shape, one_of
+
 
 def parse_run_config(raw: Mapping[str, Any]) -> RunConfig:
     """Builds a RunConfig from a composed config, or raises ConfigError naming the bad key."""
@@ -281,7 +282,7 @@ def parse_data(raw: Mapping[str, Any]) -> DataConfig:
     return DataConfig(name=name, options=spec.options(**values))
 
 
-def _parse_resume(value: Any) -> Optional[str]:
+def _parse_resume(value: Any) -> str | None:
     if value is None or isinstance(value, str) and value.strip():
         return value
     raise ConfigError("resume", f"got {value!r}; valid: {one_of(RESUME_MODES)} or the path of a checkpoint dir")
@@ -337,7 +338,7 @@ _DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 _DURATION_TEXT = re.compile(r"^(\d+(?:\.\d+)?[smhd])+$")
 
 
-def parse_duration(key: str, value: Any) -> Optional[float]:
+def parse_duration(key: str, value: Any) -> float | None:
     """Seconds from a duration written as a number of seconds, `90m`, `1h30m`, `2h` or `H:MM:SS`."""
     if value is None:
         return None

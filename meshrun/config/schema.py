@@ -30,7 +30,7 @@ class MeshConfig:
     axis_names: tuple[str, ...]
     batch_axis: str
 
-    def resolved(self, device_count: int) -> "MeshConfig":
+    def resolved(self, device_count: int) -> MeshConfig:
         """This mesh with a -1 dimension replaced so the product is `device_count`."""
         if FILL not in self.shape:
             return self
@@ -49,7 +49,7 @@ class MeshConfig:
         )
 
     @property
-    def size(self) -> Optional[int]:
+    def size(self) -> int | None:
         """How many devices the mesh needs, or None while it still holds a -1."""
         if FILL in self.shape:
             return None
@@ -63,7 +63,7 @@ class MeshConfig:
         return self.shape[self.axis_names.index(axis)]
 
 
-AxisSpec = Optional[str]
+AxisSpec = Optional[str]  # noqa: UP045 (a runtime alias, read by get_type_hints like the fields)
 
 
 # Where a layout rule came from: written in the layout config (a layout file or layout.rules),
@@ -136,7 +136,7 @@ class EarlyStoppingConfig:
     stop early) has not improved by `min_delta` for `patience` epochs; `mode` min, max or auto
     (max for accuracy-like names, else min)."""
 
-    monitor: Optional[str] = None
+    monitor: str | None = None
     patience: int = 3
     min_delta: float = 0.0
     mode: str = "auto"
@@ -159,19 +159,19 @@ class TrainConfig:
     lr_schedule: str = "constant"
     warmup_steps: int = 0
     min_learning_rate: float = 0.0
-    clip_norm: Optional[float] = None
+    clip_norm: float | None = None
     precision: str = "float32"
-    loss: Optional[str] = None  # None: the model's own loss
-    metrics: Optional[tuple[str, ...]] = None  # None: the model's own (with its loss), else accuracy for cross-entropy
+    loss: str | None = None  # None: the model's own loss
+    metrics: tuple[str, ...] | None = None  # None: the model's own (with its loss), else accuracy for cross-entropy
     seed: int = 1337
     verbose: int = 1
     stop_on_nan: bool = True
     grad_accum_steps: int = 1
-    eval_every: Optional[int] = None
-    max_time: Optional[float] = None  # seconds from process start; the config may say "90m", "2h", "1:30:00"
+    eval_every: int | None = None
+    max_time: float | None = None  # seconds from process start; the config may say "90m", "2h", "1:30:00"
     early_stopping: EarlyStoppingConfig = field(default_factory=EarlyStoppingConfig)
-    sample_prompts: Optional[tuple[str, ...]] = None  # completed after training (KerasHub causal LMs; meshrun.text.sampling)
-    sample_max_length: Optional[int] = None  # tokens of prompt and completion together; None: model.seq_len
+    sample_prompts: tuple[str, ...] | None = None  # completed after training (KerasHub causal LMs; meshrun.text.sampling)
+    sample_max_length: int | None = None  # tokens of prompt and completion together; None: model.seq_len
 
 
 @dataclass(frozen=True)
@@ -183,11 +183,11 @@ class DevicesConfig:
 
     platform: str = "auto"
     cpu_devices: int = 8
-    peak_flops: Optional[float] = None
-    memory_gib: Optional[float] = None
+    peak_flops: float | None = None
+    memory_gib: float | None = None
 
     @property
-    def memory_bytes(self) -> Optional[int]:
+    def memory_bytes(self) -> int | None:
         """devices.memory_gib in bytes (None: not given)."""
         return None if self.memory_gib is None else int(self.memory_gib * (1 << 30))
 
@@ -198,7 +198,7 @@ class CacheConfig:
     $XDG_CACHE_HOME/meshrun/xla or ~/.cache/meshrun/xla)."""
 
     enabled: bool = True
-    dir: Optional[str] = None
+    dir: str | None = None
 
 
 @dataclass(frozen=True)
@@ -209,10 +209,10 @@ class CheckpointConfig:
     naming a checkpoint dir asks for checkpoints. `export` also writes the final model as model.keras
     into the run dir."""
 
-    every_steps: Optional[int] = None
-    every_epoch: Optional[bool] = None
+    every_steps: int | None = None
+    every_epoch: bool | None = None
     keep: int = 3
-    dir: Optional[str] = None
+    dir: str | None = None
     async_save: bool = True
     export: bool = False
 
@@ -241,8 +241,8 @@ class ProfileConfig:
     """A JAX profiler trace of training steps `steps` = (first, last), counted from 1 as in
     log.jsonl, written into `dir` (None: <run dir>/profile); None: no trace."""
 
-    steps: Optional[tuple[int, ...]] = None
-    dir: Optional[str] = None
+    steps: tuple[int, ...] | None = None
+    dir: str | None = None
 
 
 RESUME_MODES = ("auto", "never")
@@ -262,10 +262,10 @@ class DistributedConfig:
 
     mode: str = "off"
     local_processes: int = 1
-    coordinator: Optional[str] = None
-    num_processes: Optional[int] = None
-    process_id: Optional[int] = None
-    port: Optional[int] = None
+    coordinator: str | None = None
+    num_processes: int | None = None
+    process_id: int | None = None
+    port: int | None = None
     timeout_s: int = 120
 
     @property
@@ -289,7 +289,7 @@ class RunConfig:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     profile: ProfileConfig = field(default_factory=ProfileConfig)
-    resume: Optional[str] = None  # auto, never or a checkpoint path; None: auto with checkpoint.dir or when requeued, else never
+    resume: str | None = None  # auto, never or a checkpoint path; None: auto with checkpoint.dir or when requeued, else never
 
     def resume_mode(self, requeued: bool = False) -> str:
         """auto, never or a path: what `resume` means once its default is filled in (auto with a

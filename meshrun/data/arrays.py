@@ -25,7 +25,7 @@ import os
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 
@@ -42,13 +42,13 @@ log = logging.getLogger("meshrun")
 class ArraysOptions:
     """Where the arrays are and how to read them."""
 
-    path: Optional[str] = None
+    path: str | None = None
     features_key: Any = "x"  # a member name, or a list of them (a dict of inputs by name)
     labels_key: str = "y"
-    sample_weight_key: Optional[str] = None
-    labels_path: Optional[str] = None
-    eval_path: Optional[str] = None
-    eval_labels_path: Optional[str] = None
+    sample_weight_key: str | None = None
+    labels_path: str | None = None
+    eval_path: str | None = None
+    eval_labels_path: str | None = None
     validation_split: float = 0.0
     shuffle: bool = True
 
@@ -67,7 +67,7 @@ class ArraysOptions:
             raise ConfigError(key, f"needs a .npz file (several members), not {self.path!r}")
 
     @property
-    def input_names(self) -> Optional[list[str]]:
+    def input_names(self) -> list[str] | None:
         """The input names of a model taking a dict of inputs (None: one tensor)."""
         return None if isinstance(self.features_key, str) else list(self.features_key)
 
@@ -77,7 +77,7 @@ def is_npz(path: str) -> bool:
     return Path(path).suffix.lower() == ".npz"
 
 
-def _check_suffix(key: str, path: Optional[str]) -> None:
+def _check_suffix(key: str, path: str | None) -> None:
     """ConfigError unless `path` (config key `key`) is None or ends in a suffix that data=arrays
     reads: .npz or .npy for data.path and data.eval_path, .npy for the labels' paths. Any other
     file would be read as a .npy and fail on its bytes, or worse, pass as one."""
@@ -123,7 +123,7 @@ class FileRows:
             os.close(self._fd)
 
 
-def open_array(path: str, path_key: str, member: Optional[str] = None, member_key: str = ""):
+def open_array(path: str, path_key: str, member: str | None = None, member_key: str = ""):
     """The array in a .npy file, or `member` of a .npz file, as FileRows where its bytes can be
     read in place. `path_key` and `member_key` name the config keys a ConfigError blames."""
     file = Path(path).expanduser()

@@ -14,7 +14,7 @@ import dataclasses
 import itertools
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 
@@ -51,7 +51,7 @@ class Batches:
     transforms: tuple = ()
 
     @property
-    def num_batches(self) -> Optional[int]:
+    def num_batches(self) -> int | None:
         """Batches in the stream; None when it is endless."""
         return None if self.endless else max(self.per_pass - self.start, 0)
 
@@ -103,7 +103,7 @@ def indexed_batches(x, y, indices: np.ndarray, batch_size: int, shuffle: bool, s
     group = max(1, min(BATCHES_PER_READ, READ_BYTES // max(batch_bytes, 1)))
 
     def assemble(values: list) -> tuple:
-        features = dict(zip(names, values[: len(names)])) if names else values[0]
+        features = dict(zip(names, values[: len(names)], strict=False)) if names else values[0]
         return (features, *values[len(columns) - len(targets):])
 
     def read_pass(pass_index: int, first: int) -> Iterator[tuple]:

@@ -128,7 +128,7 @@ def _input_fix(input_key: str | None, shape: tuple) -> str:
 
 def _fits(shape: tuple, expected: tuple) -> bool:
     """Whether a shape fits an expected one in which None stands for any size."""
-    return len(shape) == len(expected) and all(e is None or s is None or s == e for s, e in zip(shape, expected))
+    return len(shape) == len(expected) and all(e is None or s is None or s == e for s, e in zip(shape, expected, strict=True))
 
 
 def _check_labels(labels, output: tuple, loss_name: str) -> None:

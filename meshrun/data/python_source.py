@@ -17,12 +17,11 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable, Iterable, Sized
 from dataclasses import dataclass, field
-from typing import Optional
 
+from meshrun import user_code
 from meshrun.data import pipeline, tf_data
 from meshrun.data.batches import Batches, element_batches
 from meshrun.data.registry import DataContext, SourceSpec, register_source
-from meshrun import user_code
 from meshrun.errors import ConfigError
 
 
@@ -30,10 +29,10 @@ from meshrun.errors import ConfigError
 class PythonOptions:
     """The factory, its keyword arguments, and the sizes of datasets that do not know theirs."""
 
-    factory: Optional[str] = None
+    factory: str | None = None
     kwargs: dict = field(default_factory=dict)
-    num_samples: Optional[int] = None
-    eval_samples: Optional[int] = None
+    num_samples: int | None = None
+    eval_samples: int | None = None
     shuffle: bool = True
     shuffle_buffer: int = 10000
 
@@ -49,13 +48,13 @@ class Split:
     iterable again (once per pass) and the iterable's first element (which fixes every array's
     dtype); and how many samples it holds (None: unknown)."""
 
-    count: Optional[int]
+    count: int | None
     dataset: object = None
-    make: Optional[Callable[[], Iterable]] = None
+    make: Callable[[], Iterable] | None = None
     first: tuple = ()
 
 
-def make_split(options: PythonOptions, split: str, context: DataContext, size: Optional[int]) -> Split:
+def make_split(options: PythonOptions, split: str, context: DataContext, size: int | None) -> Split:
     """The factory's dataset for `split` and how many samples it holds: its own count (a
     tf.data.Dataset's cardinality, the length of a list or a grain.MapDataset), else `size`."""
     function = user_code.load_callable("data.factory", options.factory)
@@ -90,7 +89,7 @@ def _first_element(made, factory: str, split: str) -> tuple:
     return first
 
 
-def _batches(made: Split, context: DataContext, shuffle: bool, buffer: int, endless: bool = False, cap: Optional[int] = None):
+def _batches(made: Split, context: DataContext, shuffle: bool, buffer: int, endless: bool = False, cap: int | None = None):
     """This process's batches of its elements of `made` (every shard_count-th): seeded shuffle in
     `buffer` elements, remainder dropped; at most `cap` batches a pass where given."""
     batch, share = context.process_batch_size, context.share

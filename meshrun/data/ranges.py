@@ -8,7 +8,6 @@ streamed source may hold a bad value anywhere): one line naming the largest valu
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
 
 import numpy as np
 
@@ -24,9 +23,9 @@ class Limits:
     no such input), the number of classes labels index (None: labels are not indices), and the
     data source named in errors."""
 
-    token_input: Optional[str]
-    vocabulary: Optional[int]
-    classes: Optional[int]
+    token_input: str | None
+    vocabulary: int | None
+    classes: int | None
     source: str
 
     @property

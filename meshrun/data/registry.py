@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any
 
 from meshrun.registry import Registry
 
@@ -57,11 +57,11 @@ class SourceSpec:
     options: type
     load: Callable[[Any, DataContext], Any]
     description: str = ""
-    declared_inputs: Optional[Callable[[Any], Optional[dict]]] = None
-    notes: Optional[Callable[[Any], list]] = None  # what `meshrun plan` says about the data, a line each
+    declared_inputs: Callable[[Any], dict | None] | None = None
+    notes: Callable[[Any], list] | None = None  # what `meshrun plan` says about the data, a line each
 
 
-_REGISTRY: Registry["SourceSpec"] = Registry("data source")
+_REGISTRY: Registry[SourceSpec] = Registry("data source")
 register_source = _REGISTRY.register
 get_source = _REGISTRY.get
 source_names = _REGISTRY.names

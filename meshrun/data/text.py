@@ -26,8 +26,7 @@ import logging
 import sys
 import time
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 
@@ -52,15 +51,15 @@ class TextOptions:
     files: Any = ()  # paths or globs (a single string is one)
     eval_files: Any = ()
     eval_fraction: float = 0.0
-    separator: Optional[str] = None
+    separator: str | None = None
     field: str = "text"
-    prompt: Optional[str] = None
-    completion: Optional[str] = None
-    packing: Optional[bool] = None  # None: true for plain text, false for prompt/completion data
-    tokenizer: Optional[str] = None  # None: model.preset's
-    end_token: Optional[str] = None  # None: the tokenizer's end token
+    prompt: str | None = None
+    completion: str | None = None
+    packing: bool | None = None  # None: true for plain text, false for prompt/completion data
+    tokenizer: str | None = None  # None: model.preset's
+    end_token: str | None = None  # None: the tokenizer's end token
     too_long: str = "drop"
-    cache_dir: Optional[str] = None
+    cache_dir: str | None = None
     shuffle: bool = True
 
     def __post_init__(self):
@@ -284,7 +283,14 @@ class TokenizingProgress:
 
     def __enter__(self):
         if sys.stderr.isatty() and self.total > (1 << 20):
-            from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn
+            from rich.progress import (
+                BarColumn,
+                DownloadColumn,
+                Progress,
+                TextColumn,
+                TimeRemainingColumn,
+                TransferSpeedColumn,
+            )
 
             self.bar = Progress(TextColumn("tokenizing"), BarColumn(), DownloadColumn(), TransferSpeedColumn(), TimeRemainingColumn(), transient=True)
             self.bar.start()
@@ -300,7 +306,7 @@ class TokenizingProgress:
             self.bar.stop()
 
 
-def _split(arrays: dict, part: str) -> Optional[tuple]:
+def _split(arrays: dict, part: str) -> tuple | None:
     """({tokens, lengths}, weights) of part `part` of the cached arrays (None: the entry has none)."""
     if f"{part}_tokens" not in arrays:
         return None

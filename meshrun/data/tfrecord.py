@@ -19,7 +19,6 @@ from __future__ import annotations
 import glob
 import logging
 from dataclasses import dataclass, field
-from typing import Optional
 
 import numpy as np
 
@@ -37,13 +36,13 @@ COMPRESSION = ("GZIP", "ZLIB")
 class TFRecordOptions:
     """The files, the feature spec, which features the model takes and which is the label."""
 
-    files: Optional[str] = None
-    eval_files: Optional[str] = None
+    files: str | None = None
+    eval_files: str | None = None
     features: dict = field(default_factory=dict)
     inputs: tuple[str, ...] = ("x",)
     label: str = "y"
-    sample_weight: Optional[str] = None
-    compression: Optional[str] = None
+    sample_weight: str | None = None
+    compression: str | None = None
     shuffle: bool = True
     shuffle_buffer: int = 10000
 

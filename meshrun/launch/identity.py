@@ -6,7 +6,6 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Optional
 
 from meshrun.config.schema import DistributedConfig
 from meshrun.errors import ConfigError
@@ -22,9 +21,9 @@ class Identity:
 
     process_id: int = 0
     num_processes: int = 1
-    coordinator: Optional[str] = None
+    coordinator: str | None = None
     source: str = "one process"
-    local_device_ids: Optional[tuple[int, ...]] = None
+    local_device_ids: tuple[int, ...] | None = None
 
     @property
     def is_first(self) -> bool:
@@ -69,18 +68,18 @@ def job_size(config: DistributedConfig, environ: Mapping[str, str]) -> int:
     return identify(config, environ).num_processes
 
 
-def _ints(environ: Mapping[str, str], *names: str) -> Optional[tuple[int, ...]]:
+def _ints(environ: Mapping[str, str], *names: str) -> tuple[int, ...] | None:
     values = [environ.get(name) for name in names]
     if any(v is None for v in values):
         return None
     try:
         return tuple(int(v) for v in values)
     except ValueError:
-        bad = next(n for n, v in zip(names, values) if not v.strip().lstrip("-").isdigit())
+        bad = next(n for n, v in zip(names, values, strict=False) if not v.strip().lstrip("-").isdigit())
         raise ConfigError("distributed.mode", f"auto read {bad}={environ[bad]!r} from the environment; expected an integer") from None
 
 
-def _from_keras_env(environ: Mapping[str, str]) -> Optional[Identity]:
+def _from_keras_env(environ: Mapping[str, str]) -> Identity | None:
     numbers = _ints(environ, "KERAS_DISTRIBUTION_NUM_PROCESSES", "KERAS_DISTRIBUTION_PROCESS_ID")
     addresses = environ.get("KERAS_DISTRIBUTION_JOB_ADDRESSES")
     if numbers is None or not addresses:
@@ -89,7 +88,7 @@ def _from_keras_env(environ: Mapping[str, str]) -> Optional[Identity]:
     return Identity(numbers[1], numbers[0], addresses.split(",")[0].strip(), "KERAS_DISTRIBUTION_* environment")
 
 
-def _from_jax_env(environ: Mapping[str, str]) -> Optional[Identity]:
+def _from_jax_env(environ: Mapping[str, str]) -> Identity | None:
     numbers = _ints(environ, "JAX_NUM_PROCESSES", "JAX_PROCESS_ID")
     coordinator = environ.get("JAX_COORDINATOR_ADDRESS")
     if numbers is None or not coordinator:
@@ -97,7 +96,7 @@ def _from_jax_env(environ: Mapping[str, str]) -> Optional[Identity]:
     return Identity(numbers[1], numbers[0], coordinator, "JAX_* environment")
 
 
-def _from_slurm(environ: Mapping[str, str]) -> Optional[Identity]:
+def _from_slurm(environ: Mapping[str, str]) -> Identity | None:
     """A task of a SLURM job step (srun, or sbatch/submitit running srun). The coordinator is left
     to jax, which takes the step's first node and a port derived from the job id."""
     if "SLURM_JOB_ID" not in environ or "SLURM_STEP_NODELIST" not in environ:
@@ -108,7 +107,7 @@ def _from_slurm(environ: Mapping[str, str]) -> Optional[Identity]:
     return Identity(numbers[1], numbers[0], None, "SLURM", _slurm_local_devices(environ))
 
 
-def _slurm_local_devices(environ: Mapping[str, str]) -> Optional[tuple[int, ...]]:
+def _slurm_local_devices(environ: Mapping[str, str]) -> tuple[int, ...] | None:
     """With one task on a node, that task uses every GPU of the node (jax would give a SLURM task
     one GPU, the one of its local rank); with several tasks per node, jax's choice stands."""
     tasks_here = environ.get("SLURM_NTASKS_PER_NODE") or environ.get("SLURM_TASKS_PER_NODE", "")

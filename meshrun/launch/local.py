@@ -20,7 +20,6 @@ import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
 
 from meshrun.config.schema import DistributedConfig
 from meshrun.errors import ConfigError, Preempted, RunFailed
@@ -96,7 +95,7 @@ def _write_processes_file(run_dir: str, coordinator: str, started: list[subproce
     path.write_text(json.dumps({"coordinator": coordinator, "processes": entries}, indent=2) + "\n")
 
 
-def _watch(started: list[subprocess.Popen], run_dir: str) -> Optional[Failure | Stopped]:
+def _watch(started: list[subprocess.Popen], run_dir: str) -> Failure | Stopped | None:
     """Waits for every process; at the first failure stops the rest and returns it. A stop signal
     to the launcher (SIGTERM, SIGUSR1, the first Ctrl-C) is passed on to every process, which then
     stop together with a checkpoint (returns Stopped); a second Ctrl-C, or SIGHUP, stops them all

@@ -21,7 +21,6 @@ import sys
 import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Optional
 
 from meshrun.run.metrics import METRICS_FILE
 from meshrun.training import preemption
@@ -81,7 +80,7 @@ class ForwardedStop:
 
     def __init__(self, processes: Sequence[subprocess.Popen]):
         self.processes = processes
-        self.signum: Optional[int] = None
+        self.signum: int | None = None
         self._previous: dict = {}
 
     def __enter__(self) -> ForwardedStop:
@@ -106,7 +105,7 @@ class ForwardedStop:
             except ProcessLookupError:
                 pass
 
-    def stopped(self, returncode: Optional[int]) -> bool:
+    def stopped(self, returncode: int | None) -> bool:
         """Whether `returncode` is how a process ends that the forwarded signal stopped: 128 + its
         number after saving, or killed by it before it could catch it (while it started up)."""
         return self.signum is not None and returncode in (preemption.exit_status(self.signum), -self.signum)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Optional
 
 import keras
 
@@ -40,7 +39,7 @@ class StepTimer(keras.callbacks.Callback):
         self._epoch = 0
         self._began: dict[int, float] = {}  # by epoch index
         self._epoch_s: dict[int, float] = {}
-        self._trained_until: dict[int, Optional[float]] = {}  # the epoch's end, unless it evaluated
+        self._trained_until: dict[int, float | None] = {}  # the epoch's end, unless it evaluated
         self.first_begin = None
         self.first_begin_wall = None
 

@@ -7,7 +7,6 @@ import os
 import statistics
 import time
 from dataclasses import dataclass, field
-from typing import Optional
 
 import meshrun
 
@@ -38,17 +37,17 @@ class StepStats:
     in all there is nothing steady to time: the step times and the throughput window are None."""
 
     compile_s: float
-    step_time_s: Optional[float]
-    step_time_p90_s: Optional[float]
+    step_time_s: float | None
+    step_time_p90_s: float | None
     steady_steps: int
     epoch_s: list[float] = field(default_factory=list)
     first_step_at: float = 0.0
-    minor_faults_per_step: Optional[float] = None
+    minor_faults_per_step: float | None = None
     epoch_steps: list[int] = field(default_factory=list)
-    throughput_s: Optional[float] = None
+    throughput_s: float | None = None
     throughput_steps: int = 0
 
-    def rate(self, per_step: Optional[float]) -> Optional[float]:
+    def rate(self, per_step: float | None) -> float | None:
         """`per_step` (samples, tokens or FLOPs of one step) per second of the throughput window;
         None without a window or a figure."""
         if per_step is None or not self.throughput_s:
@@ -68,7 +67,7 @@ def percentile(values: list[float], q: float) -> float:
 
 
 def summarize(first_begin: float, epoch_begins: list[float], ends_by_epoch: list[list[float]], epoch_s: list[float],
-              faults_by_epoch: Optional[list[list[int]]] = None, trained_until: Optional[list[float]] = None) -> StepStats:
+              faults_by_epoch: list[list[int]] | None = None, trained_until: list[float] | None = None) -> StepStats:
     """Turns step end times into stats. The first step (compilation) is timed from its dispatch;
     steady-state steps are the gaps between consecutive step ends inside one epoch, so epoch
     boundaries (iterator restarts, epoch-end callbacks, evaluation) are not counted as step time.
@@ -99,13 +98,13 @@ def throughput_window(epoch_begins: list[float], ends_by_epoch: list[list[float]
     compiling one. The first epoch is left out because its first steps after compiling still warm
     up (on 8 CPU devices here the dozen steps after compiling take 2 to 6 times a steady step)."""
     if len(ends_by_epoch) > 1:
-        later = list(zip(epoch_begins[1:], trained_until[1:], ends_by_epoch[1:]))
+        later = list(zip(epoch_begins[1:], trained_until[1:], ends_by_epoch[1:], strict=True))
         return sum(until - begin for begin, until, _ in later), sum(len(ends) for _, _, ends in later)
     ends = ends_by_epoch[0]
     return trained_until[0] - ends[0], len(ends) - 1
 
 
-def faults_per_step(faults_by_epoch: list[list[int]]) -> Optional[float]:
+def faults_per_step(faults_by_epoch: list[list[int]]) -> float | None:
     """Median minor page faults of the steady steps (gaps between step ends inside an epoch) after
     the first FAULT_WARMUP_STEPS of them, or after the first half where there are fewer than twice
     as many; None with no steady step. The median, as for step times: a step that grows the heap
@@ -119,4 +118,4 @@ def faults_per_step(faults_by_epoch: list[list[int]]) -> Optional[float]:
 
 def _gaps(values_by_epoch: list[list]) -> list:
     """Differences of consecutive values inside each epoch, epoch after epoch."""
-    return [later - earlier for values in values_by_epoch for earlier, later in zip(values, values[1:])]
+    return [later - earlier for values in values_by_epoch for earlier, later in zip(values, values[1:], strict=False)]

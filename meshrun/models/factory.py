@@ -17,12 +17,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any
 
 from meshrun import user_code
 from meshrun.errors import ConfigError
-from meshrun.wording import one_of
 from meshrun.models.registry import InputSpec, ModelSpec, register_model
+from meshrun.wording import one_of
 
 DTYPES = ("float16", "bfloat16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "bool")
 
@@ -33,7 +33,7 @@ class FactoryOptions:
     a model that is not built yet: `input_shape` a list of sizes (null for any), or a mapping of
     input name to such a list; `input_dtype` a dtype, or a mapping of input name to dtype."""
 
-    factory: Optional[str] = None
+    factory: str | None = None
     kwargs: dict = field(default_factory=dict)
     input_shape: Any = None
     input_dtype: Any = "float32"
@@ -74,7 +74,7 @@ def build(options: FactoryOptions):
     return model
 
 
-def inputs(options: FactoryOptions) -> Optional[dict]:
+def inputs(options: FactoryOptions) -> dict | None:
     """The inputs model.input_shape / model.input_dtype give (None when not given)."""
     if options.input_shape is None:
         return None

@@ -33,12 +33,11 @@ import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
 
 from meshrun import user_code
 from meshrun.errors import ConfigError
-from meshrun.wording import did_you_mean, format_bytes, one_of
 from meshrun.models.registry import InputSpec, ModelSpec, class_accuracy, register_model, require_positive
+from meshrun.wording import did_you_mean, format_bytes, one_of
 
 HANDLE = re.compile(r"^[a-z]+://|^[\w.-]+$")  # kaggle://..., hf://..., or a bare preset name
 # Backbones whose variable paths meshrun's own layouts are written for, by layout family.
@@ -61,9 +60,9 @@ class LoraOptions:
     default_lora_layer_names(), the attention query and value projections). With LoRA on, only the
     adapters train: every other weight of the backbone is frozen, target layers' biases included."""
 
-    rank: Optional[int] = None
-    alpha: Optional[float] = None
-    targets: Optional[tuple[str, ...]] = None
+    rank: int | None = None
+    alpha: float | None = None
+    targets: tuple[str, ...] | None = None
 
     def __post_init__(self):
         if self.rank is None:
@@ -105,10 +104,10 @@ class KerasHubOptions:
     backbone's max_sequence_length (where it has one) is an error before anything loads. `lora`:
     LoRA adapters to fine-tune instead of every weight (LoraOptions)."""
 
-    task: Optional[str] = None
+    task: str | None = None
     backbone: dict = field(default_factory=dict)
-    preset: Optional[str] = None
-    seq_len: Optional[int] = None
+    preset: str | None = None
+    seq_len: int | None = None
     lora: LoraOptions = field(default_factory=LoraOptions)
 
     def __post_init__(self):
@@ -169,7 +168,7 @@ def preset_sequence_length(preset: str) -> int:
     return int(_preset_config(preset, "preprocessor.json").get("sequence_length") or DEFAULT_SEQ_LEN)
 
 
-def max_sequence_length(options: "KerasHubOptions") -> Optional[int]:
+def max_sequence_length(options: KerasHubOptions) -> int | None:
     """The longest sequence the backbone takes (its position embedding's length), or None where it
     has no such limit (rotary position encodings)."""
     config = _preset_config(options.preset, "config.json") if options.preset else options.backbone

@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from meshrun.models.hub import KerasHubOptions, adapted_layers, import_keras_hub
+from meshrun.models.hub import KerasHubOptions, LoraOptions, adapted_layers, import_keras_hub
 from meshrun.wording import error_text
 
 log = logging.getLogger("meshrun")

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any
 
 from meshrun.registry import Registry
 
@@ -26,8 +26,8 @@ class InputSpec:
     """One input of a model, per sample: its name (None: the model takes one unnamed tensor), shape
     without the batch dimension (None: any size) and dtype."""
 
-    name: Optional[str]
-    shape: tuple[Optional[int], ...]
+    name: str | None
+    shape: tuple[int | None, ...]
     dtype: str = "float32"
 
 
@@ -69,20 +69,20 @@ class ModelSpec:
     build: Callable[[Any], Any]
     layouts: tuple[str, ...]
     data: str
-    loss: Optional[Callable[[Any], Any]]
+    loss: Callable[[Any], Any] | None
     description: str = ""
-    tokens_per_sample: Optional[Callable[[Any], int]] = None
-    analytic_flops: Optional[Callable[[Any, int, Any], float]] = None
-    metrics: Optional[Callable[[Any], list]] = None
+    tokens_per_sample: Callable[[Any], int] | None = None
+    analytic_flops: Callable[[Any, int, Any], float] | None = None
+    metrics: Callable[[Any], list] | None = None
     language_model: bool = False
     zoo: bool = True
-    inputs: Optional[Callable[[Any], Optional[dict]]] = None
-    build_abstract: Optional[Callable[[Any], Any]] = None
-    layout_rules: Optional[Callable[[Any, Any], tuple]] = None
-    layout_advice: Optional[Callable[[Any, Any, Any], list]] = None
-    label: Optional[Callable[[Any], str]] = None
-    sample_weight_input: Optional[str] = None
-    export: Optional[Callable[[Any, Any, Any], dict]] = None
+    inputs: Callable[[Any], dict | None] | None = None
+    build_abstract: Callable[[Any], Any] | None = None
+    layout_rules: Callable[[Any, Any], tuple] | None = None
+    layout_advice: Callable[[Any, Any, Any], list] | None = None
+    label: Callable[[Any], str] | None = None
+    sample_weight_input: str | None = None
+    export: Callable[[Any, Any, Any], dict] | None = None
 
     @property
     def default_layout(self) -> str:
@@ -94,7 +94,7 @@ class ModelSpec:
         return self.label(options) if self.label else self.name
 
 
-_REGISTRY: Registry["ModelSpec"] = Registry("model")
+_REGISTRY: Registry[ModelSpec] = Registry("model")
 register_model = _REGISTRY.register
 get_model = _REGISTRY.get
 model_names = _REGISTRY.names

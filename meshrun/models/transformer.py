@@ -21,7 +21,6 @@ Loss: next-token cross-entropy on logits; data: synthetic token sequences.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
 
 from meshrun.errors import ConfigError
 from meshrun.models.registry import (
@@ -48,13 +47,13 @@ class TransformerOptions:
     """The language model's sizes: a named preset, any field of which can be overridden."""
 
     preset: str = "tiny"
-    layers: Optional[int] = None
-    d_model: Optional[int] = None
-    heads: Optional[int] = None
-    ff: Optional[int] = None
-    vocab: Optional[int] = None
-    seq_len: Optional[int] = None
-    tied_head: Optional[bool] = None
+    layers: int | None = None
+    d_model: int | None = None
+    heads: int | None = None
+    ff: int | None = None
+    vocab: int | None = None
+    seq_len: int | None = None
+    tied_head: bool | None = None
     dropout: float = 0.0
 
     def __post_init__(self):

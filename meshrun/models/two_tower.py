@@ -16,7 +16,6 @@ id pairs with learnable labels.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
 
 from meshrun.models.registry import (
     ModelSpec,
@@ -36,10 +35,10 @@ class TwoTowerOptions:
     """Table sizes and tower width: a named preset, any field of which can be overridden."""
 
     preset: str = "small"
-    num_users: Optional[int] = None
-    num_items: Optional[int] = None
-    embedding_dim: Optional[int] = None
-    tower_units: Optional[int] = None
+    num_users: int | None = None
+    num_items: int | None = None
+    embedding_dim: int | None = None
+    tower_units: int | None = None
 
     def __post_init__(self):
         fill_from_preset(self, PRESETS)

@@ -27,7 +27,6 @@ from __future__ import annotations
 import re
 from collections import Counter
 from dataclasses import dataclass
-from typing import Optional
 
 from meshrun.config.schema import AxisSpec, LayoutRule, MeshConfig
 from meshrun.placement.layout import TensorSpec, is_lora_adapter, matching_rules
@@ -48,7 +47,7 @@ class AutoLayout:
     attention projections stay replicated over because it does not divide their heads."""
 
     rules: tuple[LayoutRule, ...]
-    warning: Optional[str] = None
+    warning: str | None = None
     heads_kept_whole: tuple[str, ...] = ()
 
     @property
@@ -75,7 +74,7 @@ def derive_layout(variables: list[TensorSpec], mesh: MeshConfig, min_bytes: int,
                       heads_kept_whole=_heads_kept_whole(large, mesh, width))
 
 
-def model_width(variables: list[TensorSpec]) -> Optional[int]:
+def model_width(variables: list[TensorSpec]) -> int | None:
     """The dimension size shared by the most of `variables` (each counted once; sizes under
     MIN_SPLIT_SIZE left out), the larger size on a tie; None when no size is shared."""
     counts = Counter(size for v in variables for size in set(v.shape) if size >= MIN_SPLIT_SIZE)
@@ -85,8 +84,8 @@ def model_width(variables: list[TensorSpec]) -> Optional[int]:
     return size if count > 1 else None
 
 
-def place_variable(shape: tuple[int, ...], mesh: MeshConfig, fsdp: bool, width: Optional[int],
-                   embedding: bool = False, heads_at: Optional[int] = None) -> Optional[tuple[AxisSpec, ...]]:
+def place_variable(shape: tuple[int, ...], mesh: MeshConfig, fsdp: bool, width: int | None,
+                   embedding: bool = False, heads_at: int | None = None) -> tuple[AxisSpec, ...] | None:
     """The axes for one large variable, or None when no axis of the mesh divides any dimension.
     `heads_at`: the dimension holding an attention projection's heads, the only one tensor
     parallelism may split (None: not an attention projection)."""
@@ -105,7 +104,7 @@ def _model_axes(mesh: MeshConfig) -> list[str]:
     return sorted((a for a in mesh.axis_names if a != mesh.batch_axis and mesh.axis_size(a) > 1), key=lambda a: -mesh.axis_size(a))
 
 
-def heads_dimension(path: str, shape: tuple[int, ...], width: Optional[int]) -> Optional[int]:
+def heads_dimension(path: str, shape: tuple[int, ...], width: int | None) -> int | None:
     """The dimension holding the heads of an attention projection (a variable of a layer in
     ATTENTION_LAYERS with two dimensions besides the width: heads, then head_dim, innermost), or
     None for any other variable. Keras' and KerasHub's layouts: query (width, heads, head_dim),
@@ -117,7 +116,7 @@ def heads_dimension(path: str, shape: tuple[int, ...], width: Optional[int]) -> 
     return others[-2]
 
 
-def _heads_kept_whole(large: list[TensorSpec], mesh: MeshConfig, width: Optional[int]) -> tuple[str, ...]:
+def _heads_kept_whole(large: list[TensorSpec], mesh: MeshConfig, width: int | None) -> tuple[str, ...]:
     """One warning per mesh axis that attention projections stay replicated over because it does
     not divide their heads (splitting head_dim instead would cut every head across devices)."""
     heads_of = {v.path: v.shape[d] for v in large if (d := heads_dimension(v.path, v.shape, width)) is not None}
@@ -146,14 +145,14 @@ def _split(axes: list[AxisSpec], shape, axis: str, size: int, order: list[int]) 
             return
 
 
-def _tensor_parallel_order(shape, width: Optional[int], embedding: bool) -> list[int]:
+def _tensor_parallel_order(shape, width: int | None, embedding: bool) -> list[int]:
     dims = list(range(len(shape)))
     if embedding:
         return dims  # rows (the vocabulary) first
     return sorted(dims, key=lambda d: (shape[d] == width, shape[d] < MIN_SPLIT_SIZE, d))
 
 
-def _fsdp_order(shape, width: Optional[int]) -> list[int]:
+def _fsdp_order(shape, width: int | None) -> list[int]:
     return sorted(range(len(shape)), key=lambda d: (shape[d] != width, -shape[d], d))
 
 
@@ -194,7 +193,7 @@ def _bytes(variable: TensorSpec) -> int:
     return count
 
 
-def _nothing_placed(free, large, mesh: MeshConfig, min_bytes: int, fsdp: bool) -> Optional[str]:
+def _nothing_placed(free, large, mesh: MeshConfig, min_bytes: int, fsdp: bool) -> str | None:
     """The warning for a mesh on which auto shards nothing, naming the largest variable."""
     if (mesh.size or 1) <= 1 or not free:
         return None

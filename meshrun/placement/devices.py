@@ -8,7 +8,6 @@ import logging
 import os
 import sys
 from dataclasses import dataclass
-from typing import Optional
 
 from meshrun import compat
 from meshrun.config.schema import CacheConfig, DevicesConfig, MeshConfig
@@ -34,7 +33,7 @@ class DeviceSet:
     processes: int
 
 
-def device_memory(config: DevicesConfig, found: Optional[DeviceSet] = None):
+def device_memory(config: DevicesConfig, found: DeviceSet | None = None):
     """The memory of one device that a plan must fit in: devices.memory_gib where given, else the
     smallest allocator limit the accelerators report (none on CPU); None when unknown."""
     from meshrun.placement.plan import DeviceMemory

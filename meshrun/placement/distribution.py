@@ -12,8 +12,6 @@ Three Keras behaviours are handled here and nowhere else (keras 3.15):
 
 from __future__ import annotations
 
-from typing import Optional
-
 import jax
 import keras
 from keras import distribution as kd
@@ -49,7 +47,7 @@ def make_distribution(mesh: MeshConfig, rules: tuple[LayoutRule, ...], devices) 
     return distribution
 
 
-def in_force(distribution: kd.ModelParallel) -> Optional[kd.ModelParallel]:
+def in_force(distribution: kd.ModelParallel) -> kd.ModelParallel | None:
     """The distribution to put in force for Keras: None when the mesh is jax's default device
     alone (one GPU, one CPU device) in a one-process job. Everything lives on that device either
     way, but without a distribution Keras feeds each batch with a plain device_put (one batch ahead

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Optional
 
 from meshrun.config.schema import LayoutRule, MeshConfig
 from meshrun.errors import ConfigError
@@ -24,7 +23,7 @@ class TensorSpec:
     the weights LoRA leaves as they are; the optimizer keeps no state for it)."""
 
     path: str
-    shape: tuple[Optional[int], ...]
+    shape: tuple[int | None, ...]
     is_output: bool = False
     dtype: str = "float32"
     itemsize: int = 4
@@ -115,7 +114,7 @@ def assign_rules(
     return check.assigned
 
 
-def _misfit(rule: LayoutRule, mesh: MeshConfig, tensor: TensorSpec) -> Optional[ConfigError]:
+def _misfit(rule: LayoutRule, mesh: MeshConfig, tensor: TensorSpec) -> ConfigError | None:
     key = rule.key
     what = "output" if tensor.is_output else "variable"
     subject = f"the model's own rule {rule.pattern!r} " if rule.origin == "from_model" else ""
@@ -126,7 +125,7 @@ def _misfit(rule: LayoutRule, mesh: MeshConfig, tensor: TensorSpec) -> Optional[
             f"rank {len(tensor.shape)} (shape {shape_text(tensor.shape)}); give exactly "
             f"{len(tensor.shape)} entries, one mesh axis or null per dimension",
         )
-    for dim, (size, axis) in enumerate(zip(tensor.shape, rule.axes)):
+    for dim, (size, axis) in enumerate(zip(tensor.shape, rule.axes, strict=False)):
         if axis is None or size is None:
             continue
         axis_size = mesh.axis_size(axis)

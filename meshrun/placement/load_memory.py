@@ -16,7 +16,6 @@ from __future__ import annotations
 import math
 import threading
 from dataclasses import dataclass
-from typing import Optional
 
 import jax
 
@@ -32,7 +31,7 @@ class LoadPeaks:
     does not say: meshrun.allocator.bytes_in_use)."""
 
     bytes_per_device: int
-    host_bytes: Optional[int]
+    host_bytes: int | None
 
 
 class LoadWatch:
@@ -44,12 +43,12 @@ class LoadWatch:
         self._interval_s = interval_s
         self._lock = threading.Lock()
         self._stop = threading.Event()
-        self._thread: Optional[threading.Thread] = None
-        self._host_at_start: Optional[int] = None
+        self._thread: threading.Thread | None = None
+        self._host_at_start: int | None = None
         self._device_peak = 0
-        self._host_peak: Optional[int] = None
+        self._host_peak: int | None = None
 
-    def __enter__(self) -> "LoadWatch":
+    def __enter__(self) -> LoadWatch:
         self._host_at_start = self.sample()
         _WATCHING.append(self)
         self._thread = threading.Thread(target=self._sample_until_stopped, name="meshrun-load-watch", daemon=True)
@@ -70,7 +69,7 @@ class LoadWatch:
         while not self._stop.wait(self._interval_s):
             self.sample()
 
-    def sample(self) -> Optional[int]:
+    def sample(self) -> int | None:
         """Takes one sample now; returns the host bytes in use (None where they cannot be read)."""
         with self._lock:
             held = bytes_by_device()

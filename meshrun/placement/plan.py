@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, replace
-from typing import Optional
 
 from meshrun.config.schema import AxisSpec, LayoutRule, MeshConfig
 from meshrun.errors import ConfigError, DoesNotFit
@@ -34,12 +33,12 @@ class Placement:
     path: str
     shape: tuple[int, ...]
     dtype: str
-    rule: Optional[str]
+    rule: str | None
     spec: tuple[AxisSpec, ...]
     bytes: int
     bytes_per_device: int
-    reference: Optional[str] = None
-    origin: Optional[str] = None
+    reference: str | None = None
+    origin: str | None = None
     trainable: bool = True
 
     @property
@@ -71,7 +70,7 @@ class Plan:
     errors: tuple[ConfigError, ...]
     warnings: tuple[str, ...]
     processes: int = 1
-    memory: Optional[DeviceMemory] = None
+    memory: DeviceMemory | None = None
 
     @property
     def params_bytes_per_device(self) -> int:
@@ -181,7 +180,7 @@ def process_layout(mesh: MeshConfig, processes: int) -> dict:
 
 
 def make_plan(model_name: str, mesh: MeshConfig, rules: tuple[LayoutRule, ...], abstract, optimizer: str, processes: int = 1,
-              advice=None, memory: Optional[DeviceMemory] = None) -> Plan:
+              advice=None, memory: DeviceMemory | None = None) -> Plan:
     """Places the abstract model's variables and optimizer slots by `rules` on `mesh` (no -1 left),
     for a job of `processes` processes; with `memory`, a total per device beyond it is an error
     (DoesNotFit, after any layout error). `advice(variables, mesh)`, where given, adds warnings about
@@ -214,7 +213,7 @@ def make_plan(model_name: str, mesh: MeshConfig, rules: tuple[LayoutRule, ...], 
     return replace(plan, errors=(*plan.errors, too_large)) if too_large else plan
 
 
-def _beyond_memory(plan: Plan) -> Optional[DoesNotFit]:
+def _beyond_memory(plan: Plan) -> DoesNotFit | None:
     """DoesNotFit when the plan's parameters and optimizer state exceed one device's memory."""
     if plan.memory is None or plan.total_bytes_per_device <= plan.memory.bytes:
         return None
@@ -229,10 +228,10 @@ def _beyond_memory(plan: Plan) -> Optional[DoesNotFit]:
     )
 
 
-def _place(tensor: TensorSpec, rule: Optional[LayoutRule], mesh: MeshConfig, reference=None) -> Placement:
+def _place(tensor: TensorSpec, rule: LayoutRule | None, mesh: MeshConfig, reference=None) -> Placement:
     spec = rule.axes if rule else (None,) * len(tensor.shape)
     per_device = tensor.itemsize
-    for size, axis in zip(tensor.shape, spec):
+    for size, axis in zip(tensor.shape, spec, strict=False):
         per_device *= -(-size // mesh.axis_size(axis)) if axis else size
     return Placement(
         path=tensor.path,

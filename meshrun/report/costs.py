@@ -44,7 +44,7 @@ class StepCosts:
     seconds: float  # lowering + compile + analysis
 
     @classmethod
-    def unknown(cls) -> "StepCosts":
+    def unknown(cls) -> StepCosts:
         """The costs of a step not analysed (a run stopped by a signal has no time to spare)."""
         return cls(None, None, None, None, None, None, None, None, 0.0)
 

@@ -154,9 +154,9 @@ def collapse_blocks(variables: list[dict]) -> list[PlanRow]:
         if len(members) == 1:
             rows.append(PlanRow(members, members[0]["path"]))
             continue
-        positions = zip(*(map(int, _BLOCK_INDEX.findall(m["path"])) for m in members))
+        positions = zip(*(map(int, _BLOCK_INDEX.findall(m["path"])) for m in members), strict=False)
         spans = iter([_span(sorted(set(numbers))) for numbers in positions])
-        rows.append(PlanRow(members, re.sub("#", lambda _: next(spans), pattern)))
+        rows.append(PlanRow(members, re.sub("#", lambda _, spans=spans: next(spans), pattern)))
     return rows
 
 

@@ -19,7 +19,14 @@ from meshrun.errors import ConfigError
 from meshrun.files import write_atomic
 from meshrun.logs import console
 from meshrun.report.render import rate_column, render_sweep, sweep_title, varying_keys
-from meshrun.run.metrics import DOES_NOT_FIT, METRICS_FILE, MemoryFigures, ModelFigures, RunMetrics, TimingFigures
+from meshrun.run.metrics import (
+    DOES_NOT_FIT,
+    METRICS_FILE,
+    MemoryFigures,
+    ModelFigures,
+    RunMetrics,
+    TimingFigures,
+)
 from meshrun.wording import first_line, format_bytes, format_shape, one_of
 
 log = logging.getLogger("meshrun")
@@ -138,9 +145,9 @@ def sweep_figure(rows: list[dict]):
     labels = [" ".join([f"{r['job']}: {r['mesh']}", *(str(r[key]) for key in varying)]) for r in rows]
     ok = [r["status"] == "ok" for r in rows]
     unit = rate_column(rows)
-    step = [r["step_time_ms"] or 0.0 if o else 0.0 for r, o in zip(rows, ok)]
-    whisker = [max((r["step_time_p90_ms"] or 0.0) - (r["step_time_ms"] or 0.0), 0.0) if o else 0.0 for r, o in zip(rows, ok)]
-    rate = [r[unit] or 0.0 if o else 0.0 for r, o in zip(rows, ok)]
+    step = [r["step_time_ms"] or 0.0 if o else 0.0 for r, o in zip(rows, ok, strict=True)]
+    whisker = [max((r["step_time_p90_ms"] or 0.0) - (r["step_time_ms"] or 0.0), 0.0) if o else 0.0 for r, o in zip(rows, ok, strict=True)]
+    rate = [r[unit] or 0.0 if o else 0.0 for r, o in zip(rows, ok, strict=True)]
     colours = ["tab:orange" if r["best"] else "tab:blue" for r in rows]
 
     figure = Figure(figsize=(max(6.0, 1.2 * len(rows) + 2), 6.5), layout="constrained")

@@ -11,7 +11,6 @@ import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
 
 import jax
 import keras
@@ -46,27 +45,27 @@ class Outcome:
     steps: StepStats
     async_log_fetch: bool
     history: dict
-    evaluation: Optional[dict]  # None when skipped
+    evaluation: dict | None  # None when skipped
     eval_s: float
     costs: costs_lib.StepCosts
     placed: dict[str, PlacedVariable]
     params: int
     trainable_params: int
     optimizer_bytes_per_device: int
-    live_peak_bytes_per_device: Optional[int]
+    live_peak_bytes_per_device: int | None
     load: LoadPeaks
     updates: int
     loss: str
-    stopped: Optional[dict]
+    stopped: dict | None
     logs: dict
-    profile: Optional[ProfileFigures]
+    profile: ProfileFigures | None
     checkpoint_s: float
     saved_steps: list
-    exported: Optional[dict]  # by name: model (model.keras), and the model's own formats (KerasHub: preset, adapter)
+    exported: dict | None  # by name: model (model.keras), and the model's own formats (KerasHub: preset, adapter)
     loader: str
     allocator_restored: bool
-    samples: Optional[list] = None  # train.sample_prompts and their completions (meshrun.text.sampling)
-    skipped: Optional[list] = None  # what a run stopped by a signal left out (skipped_after_signal)
+    samples: list | None = None  # train.sample_prompts and their completions (meshrun.text.sampling)
+    skipped: list | None = None  # what a run stopped by a signal left out (skipped_after_signal)
 
 
 def execute(setup: RunSetup) -> Outcome:
@@ -107,7 +106,7 @@ def execute(setup: RunSetup) -> Outcome:
     )
 
 
-def stopped_by_signal(stopped: Optional[dict]) -> bool:
+def stopped_by_signal(stopped: dict | None) -> bool:
     """Whether training ended on a stop signal (`stopped`: RunHooks.stopped)."""
     return stopped is not None and stopped["reason"] == GracefulStop.SIGNAL
 
@@ -203,7 +202,7 @@ def evaluate(model, setup: RunSetup, callbacks: list) -> dict:
     return evaluation
 
 
-def export(model, setup: RunSetup) -> Optional[dict]:
+def export(model, setup: RunSetup) -> dict | None:
     """Writes the trained model as model.keras into the run dir when checkpoint.export asks, and the
     model's own formats beside it (ModelSpec.export: a KerasHub preset and LoRA adapters); their
     paths by name (model, and what the spec's export wrote), None without checkpoint.export.

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import logging
 import sys
-from typing import Optional
 
 import keras
 
@@ -46,7 +45,7 @@ def keras_input(data, model):
     return BatchesForKeras(data) if kind == PYDATASET else data
 
 
-def evaluation_steps(data, model) -> Optional[int]:
+def evaluation_steps(data, model) -> int | None:
     """The `steps` (`validation_steps`) to give Keras with the evaluation data `data`: its batches
     where it goes as a Grain dataset, whose end Keras cannot know (it would read to the end and
     warn that the data ran out); None where Keras knows the length itself."""

@@ -7,15 +7,14 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
 
 from rich.console import Console
 
 from meshrun import compat
 from meshrun.logs import sinks
 from meshrun.logs.progress import EpochProgress, progress_mode
-from meshrun.logs.steplog import StepLog
 from meshrun.logs.step_timer import StepTimer
+from meshrun.logs.steplog import StepLog
 from meshrun.run.feed import AllocatorGuard
 from meshrun.run.metrics import ProfileFigures
 from meshrun.run.prepare import RunSetup
@@ -31,13 +30,13 @@ class RunHooks:
 
     timer: StepTimer
     checkpointing: Checkpointing
-    guard: Optional[callbacks.StopOnNaN] = None
-    step_log: Optional[StepLog] = None
-    stopper: Optional[callbacks.GracefulStop] = None
-    early: Optional[callbacks.EarlyStopping] = None
-    profiler: Optional[callbacks.StepProfiler] = None
-    progress: Optional[EpochProgress] = None
-    allocator: Optional[AllocatorGuard] = None
+    guard: callbacks.StopOnNaN | None = None
+    step_log: StepLog | None = None
+    stopper: callbacks.GracefulStop | None = None
+    early: callbacks.EarlyStopping | None = None
+    profiler: callbacks.StepProfiler | None = None
+    progress: EpochProgress | None = None
+    allocator: AllocatorGuard | None = None
 
     @property
     def all(self) -> list:
@@ -74,7 +73,7 @@ class RunHooks:
         """Whether Keras fetched step logs on its worker threads."""
         return compat.is_async_safe(self.timer)
 
-    def stopped(self) -> Optional[dict]:
+    def stopped(self) -> dict | None:
         """Why training ended before its last epoch, and where (None: it ran to the end)."""
         stopper = self.stopper
         if stopper is not None and stopper.stopped_at is not None:
@@ -89,7 +88,7 @@ class RunHooks:
         sinks_open = self.step_log.sinks if self.step_log else []
         return {name: str(path) for sink in sinks_open for name, path in sinks.files_written(sink).items()}
 
-    def profile(self) -> Optional[ProfileFigures]:
+    def profile(self) -> ProfileFigures | None:
         """The profiler trace: its dir, the steps asked for and traced, and its files."""
         if self.profiler is None:
             return None
@@ -98,7 +97,7 @@ class RunHooks:
                               files=p.trace_files())
 
 
-def make_hooks(setup: RunSetup, signals: Optional[preemption.StopSignals] = None) -> RunHooks:
+def make_hooks(setup: RunSetup, signals: preemption.StopSignals | None = None) -> RunHooks:
     """The run's callbacks (`signals`: the stop signals caught while it trains). The step log,
     progress bar and profiler run in the first process only; the others log a line per epoch into
     their logs."""

@@ -19,7 +19,7 @@ import typing
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional, Union
+from typing import Any
 
 from meshrun.wording import format_bytes, format_shape, one_of
 
@@ -38,17 +38,17 @@ class Shown:
     it to the figure before it in that row."""
 
     row: str
-    text: Union[str, Callable[[Any, Any], Optional[str]]] = "{}"
+    text: str | Callable[[Any, Any], str | None] = "{}"
     join: str = ", "
 
-    def render(self, value, section) -> Optional[str]:
+    def render(self, value, section) -> str | None:
         """The text of this figure, or None when it says nothing."""
         if callable(self.text):
             return self.text(value, section)
         return None if value is None else self.text.format(value)
 
 
-def figure(row: Optional[str] = None, text: Union[str, Callable] = "{}", join: str = ", ", *, also: tuple[Shown, ...] = (),
+def figure(row: str | None = None, text: str | Callable = "{}", join: str = ", ", *, also: tuple[Shown, ...] = (),
            **metadata):
     """A field of metrics.json (None until set), shown in summary row `row` when one is given (and
     in the rows of `also`); `metadata` marks how it is written (`flatten`, `omit_if_none`)."""
@@ -104,7 +104,7 @@ class LayoutFigures:
     from_model: bool = figure()
 
 
-def _trainable_text(trainable: Optional[int], params: Optional[int]) -> Optional[str]:
+def _trainable_text(trainable: int | None, params: int | None) -> str | None:
     """`N trainable (M frozen)` when some parameters do not train (LoRA, frozen layers), else nothing."""
     if trainable is None or params is None or trainable == params:
         return None
@@ -125,7 +125,7 @@ class ModelFigures:
     outputs: list = figure()
 
     @property
-    def called(self) -> Optional[str]:
+    def called(self) -> str | None:
         """How reports name the model: its label, else its registered name."""
         return self.label or self.name
 
@@ -147,21 +147,21 @@ class DataFigures:
     process_share: dict = figure()
 
 
-def _accumulation_text(steps, train) -> Optional[str]:
+def _accumulation_text(steps, train) -> str | None:
     if not steps or steps <= 1:
         return None
     return (f"gradients of {steps} steps averaged into each update: {train.samples_per_update} samples per update, "
             f"{train.updates} updates")
 
 
-def _schedule_text(schedule, train) -> Optional[str]:
+def _schedule_text(schedule, train) -> str | None:
     if schedule in (None, "constant"):
         return None
     warmup = f" after {train.warmup_steps} warm-up steps" if train.warmup_steps else ""
     return f"{schedule}{warmup} to {train.min_learning_rate:g}"
 
 
-def _stopped_text(stopped, _) -> Optional[str]:
+def _stopped_text(stopped, _) -> str | None:
     if not stopped:
         return None
     if stopped["reason"] == "max_time":
@@ -204,13 +204,13 @@ def _ms(template: str):
     return lambda seconds, _: None if seconds is None else template.format(seconds * 1e3)
 
 
-def _steady_text(steps, _) -> Optional[str]:
+def _steady_text(steps, _) -> str | None:
     if steps == 0:  # a run stopped after its first step: that step was the compilation
         return "none timed: only the first step, which compiled, ran"
     return None if steps is None else f"({steps} steps)"
 
 
-def _throughput_text(samples_per_s, timing) -> Optional[str]:
+def _throughput_text(samples_per_s, timing) -> str | None:
     """Samples/s, and the mean step of the window they are taken over, which a reader would
     otherwise take for the median."""
     if samples_per_s is None:
@@ -248,7 +248,7 @@ class TimingFigures:
     wall_s: float = figure("wall", "{:.2f} s")
 
 
-def _epochs_text(timing, metrics) -> Optional[str]:
+def _epochs_text(timing, metrics) -> str | None:
     """Each epoch's seconds, and the epochs that ran fewer steps than an epoch has (the one a run
     resumed in, the one it stopped in), by number: `epoch 4: 348 of 512 steps`."""
     if timing is None or timing.epoch_s is None:
@@ -271,7 +271,7 @@ class CacheFigures:
     dir: str = figure()
 
 
-def _flops_text(flops, metrics) -> Optional[str]:
+def _flops_text(flops, metrics) -> str | None:
     if _skipped(metrics, "flops"):
         return _skipped_text(metrics, " (XLA's cost analysis, and the compiled memory estimate with it)")
     if flops is None:
@@ -352,7 +352,7 @@ class CheckpointFigures:
     exported_adapter: str = figure()  # and a LoRA run's adapters (.lora.h5)
 
 
-def _profile_text(profile, _) -> Optional[str]:
+def _profile_text(profile, _) -> str | None:
     if profile is None:
         return None
     if not profile.traced:
@@ -384,12 +384,12 @@ class PlacedVariable:
     origin: str = figure()
 
 
-def _validation_text(history, _) -> Optional[str]:
+def _validation_text(history, _) -> str | None:
     parts = [f"{name} " + " -> ".join(f"{v:.5f}" for v in values) for name, values in (history or {}).items() if name.startswith("val_")]
     return "; ".join(parts) or None
 
 
-def _eval_text(evaluation, metrics) -> Optional[str]:
+def _eval_text(evaluation, metrics) -> str | None:
     if _skipped(metrics, "eval"):
         why = "a run stopped by a signal only saves its checkpoint, to exit within the scheduler's grace period"
         return f"{_skipped_text(metrics)}; {why}"
@@ -399,14 +399,14 @@ def _eval_text(evaluation, metrics) -> Optional[str]:
     return ", ".join(f"{name} {value:.5f}" for name, value in evaluation.items()) + f" ({seconds:.2f} s)"
 
 
-def _samples_text(samples, metrics) -> Optional[str]:
+def _samples_text(samples, metrics) -> str | None:
     """Each prompt of train.sample_prompts and its completion, a line each: 'prompt' -> 'completion'."""
     if _skipped(metrics, "samples"):
         return _skipped_text(metrics)
     return "\n".join(f"{s['prompt']!r} -> {s['completion']!r}" for s in samples) if samples else None
 
 
-def _export_text(checkpoint, metrics) -> Optional[str]:
+def _export_text(checkpoint, metrics) -> str | None:
     """The files a run exported, named inside its run dir: `model.keras, preset/, adapter.lora.h5`."""
     if _skipped(metrics, "export"):
         return _skipped_text(metrics)
@@ -416,7 +416,7 @@ def _export_text(checkpoint, metrics) -> Optional[str]:
     return ", ".join(_in_run_dir(path, metrics.run_dir) + end for path, end in exported if path) or None
 
 
-def _in_run_dir(path: str, run_dir: Optional[str]) -> str:
+def _in_run_dir(path: str, run_dir: str | None) -> str:
     """`path` relative to the run dir when it is inside it, else whole."""
     if run_dir and Path(path).is_relative_to(run_dir):
         return str(Path(path).relative_to(run_dir))
@@ -477,12 +477,12 @@ class RunMetrics:
     versions: dict = figure()
 
     @classmethod
-    def failed(cls, message: str, run_dir: str, choices: dict, overrides: list, exit_status: Optional[int] = None) -> "RunMetrics":
+    def failed(cls, message: str, run_dir: str, choices: dict, overrides: list, exit_status: int | None = None) -> RunMetrics:
         """The metrics of a run that failed: what it was, and why."""
         return cls(status="error", error=message, run_dir=run_dir, choices=choices, overrides=overrides, exit_status=exit_status)
 
     @classmethod
-    def not_fitting(cls, message: str, run_dir: str, choices: dict, overrides: list, needed: int, available: int) -> "RunMetrics":
+    def not_fitting(cls, message: str, run_dir: str, choices: dict, overrides: list, needed: int, available: int) -> RunMetrics:
         """The metrics of a job that was not run because its plan exceeds a device's memory: the
         bytes per device it needs and the bytes one device has."""
         memory = MemoryFigures(needed_bytes_per_device=needed, device_memory_bytes=available)
@@ -501,7 +501,7 @@ class RunMetrics:
         return data
 
     @classmethod
-    def from_json(cls, data) -> "RunMetrics":
+    def from_json(cls, data) -> RunMetrics:
         """Reads metrics.json's content; ValueError when it is not a meshrun run's (no status ok or
         error), TypeError when a section is not a mapping."""
         if not isinstance(data, Mapping) or data.get("status") not in STATUSES:

@@ -15,7 +15,7 @@ import logging
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import keras
 
@@ -65,9 +65,9 @@ class CheckpointPlan:
     progress that checkpoint holds, and the run's model as its checkpoints record it."""
 
     root: Path
-    resume: Optional[checkpoint_lib.ResumePoint]
+    resume: checkpoint_lib.ResumePoint | None
     start: checkpoint_lib.Progress
-    model: Optional[checkpoint_lib.ModelIdentity] = None
+    model: checkpoint_lib.ModelIdentity | None = None
 
 
 @dataclass(frozen=True)
@@ -99,7 +99,7 @@ class RunSetup:
     config: RunConfig
     context: RunContext
     devices: devices_lib.DeviceSet
-    cache_dir: Optional[str]
+    cache_dir: str | None
     checkpoints: CheckpointPlan
     planned: PlannedModel
     objectives: Objectives
@@ -167,7 +167,7 @@ def place_for_plan(config: RunConfig, processes: int = 1) -> PlannedModel:
     return place(config, mesh, processes, devices_lib.device_memory(config.devices))
 
 
-def place(config: RunConfig, mesh: MeshConfig, processes: int = 1, memory: Optional[DeviceMemory] = None) -> PlannedModel:
+def place(config: RunConfig, mesh: MeshConfig, processes: int = 1, memory: DeviceMemory | None = None) -> PlannedModel:
     """Where the configured model's variables and optimizer slots go on `mesh` (no -1 left) for a
     job of `processes` processes, worked out from shapes alone, and whether they fit in `memory`."""
     spec = get_model(config.model.name)

@@ -17,7 +17,6 @@ import os
 import shutil
 import socket
 from pathlib import Path
-from typing import Optional
 
 import numpy as np
 
@@ -26,7 +25,7 @@ META = "meta.json"
 TEMPORARY = ".tmp-"
 
 
-def root(cache_dir: Optional[str]) -> Path:
+def root(cache_dir: str | None) -> Path:
     """Where entries live: `cache_dir`, else $XDG_CACHE_HOME/meshrun/tokens (~/.cache without it)."""
     if cache_dir:
         return Path(cache_dir).expanduser()
@@ -47,7 +46,7 @@ def key(settings: dict, files: tuple[Path, ...]) -> str:
     return digest.hexdigest()
 
 
-def find(directory: Path) -> Optional[dict]:
+def find(directory: Path) -> dict | None:
     """The metadata of the complete entry at `directory`, or None (no entry, or one that cannot
     be read: it is rebuilt)."""
     try:

@@ -13,7 +13,7 @@ import glob
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import NamedTuple, Optional
+from typing import NamedTuple
 
 from meshrun.errors import ConfigError
 from meshrun.wording import one_of
@@ -27,10 +27,10 @@ class CorpusFormat:
     one document), the JSONL field holding plain text, and the prompt and completion templates of
     instruction data (None: plain text)."""
 
-    separator: Optional[str] = None
+    separator: str | None = None
     field: str = "text"
-    prompt: Optional[str] = None
-    completion: Optional[str] = None
+    prompt: str | None = None
+    completion: str | None = None
 
     @property
     def instructions(self) -> bool:

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import NamedTuple, Optional
+from typing import NamedTuple
 
 import numpy as np
 
@@ -54,7 +54,7 @@ class Rows:
     lengths: np.ndarray
     weights: np.ndarray
     dropped: int = 0
-    first_dropped: Optional[str] = None
+    first_dropped: str | None = None
 
     @property
     def trained_tokens(self) -> int:
@@ -73,7 +73,7 @@ class Rows:
 class Framing:
     """The special tokens around an example: `start` (None: none) and `end`, and the pad id."""
 
-    start: Optional[int]
+    start: int | None
     end: int
     pad: int
 
@@ -126,7 +126,7 @@ def encode_all(encode_ragged: Callable[[Sequence[str]], tuple], texts: list[str]
     return Ragged(np.concatenate(values).astype(np.int32), np.concatenate(lengths).astype(np.int64))
 
 
-def to_rows(examples: list[Example], prompts: Optional[Ragged], texts: Ragged, framing: Framing, seq_len: int,
+def to_rows(examples: list[Example], prompts: Ragged | None, texts: Ragged, framing: Framing, seq_len: int,
             packing: bool, too_long: str) -> Rows:
     """The rows of `examples`, given their encoded prompts (framed_prompts; None for plain text,
     whose examples start with the start token) and their encoded texts."""

@@ -15,7 +15,6 @@ Only numpy is imported here; `complete` needs the model, so keras_hub is importe
 from __future__ import annotations
 
 import math
-from typing import Optional
 
 import numpy as np
 
@@ -28,7 +27,7 @@ def encode_prompts(tokenizer, framing: Framing, prompts: list[str], max_length: 
     that encodes to nothing or leaves no room for a completion within `max_length` tokens (set by
     `length_key`)."""
     encoded = [prompt_ids(tokenizer.encode, framing, prompt) for prompt in prompts]
-    for prompt, ids in zip(prompts, encoded):
+    for prompt, ids in zip(prompts, encoded, strict=True):
         if not len(ids):
             raise ConfigError(key, f"got {prompt!r}, which encodes to no tokens ({tokenizer.description} has no start token); give some text")
         if len(ids) >= max_length:
@@ -56,7 +55,7 @@ def prompt_batch(encoded: list[np.ndarray], max_length: int, multiple: int, pad:
     return {"token_ids": token_ids, "padding_mask": padding_mask}
 
 
-def completion_ids(row: np.ndarray, prompt_length: int, end: Optional[int]) -> np.ndarray:
+def completion_ids(row: np.ndarray, prompt_length: int, end: int | None) -> np.ndarray:
     """The generated part of one output row: after the prompt, up to and excluding the first end
     token (the whole rest of the row when none was generated)."""
     generated = np.asarray(row[prompt_length:])
@@ -88,4 +87,5 @@ def complete(model, tokenizer, framing: Framing, prompts: list[str], max_length:
     use_greedy_sampler(model)
     stop = None if framing.end is None else [int(framing.end)]
     generated = np.asarray(model.generate(batch, stop_token_ids=stop)["token_ids"])
-    return [tokenizer.decode(completion_ids(row, len(ids), framing.end).tolist()) for row, ids in zip(generated, encoded)]
+    # generated has a row per prompt and then the padding rows that fill the batch axis
+    return [tokenizer.decode(completion_ids(row, len(ids), framing.end).tolist()) for row, ids in zip(generated, encoded, strict=False)]

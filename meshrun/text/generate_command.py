@@ -20,11 +20,17 @@ import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 from meshrun.errors import ConfigError
 from meshrun.text.generate import complete, encode_prompts
-from meshrun.text.sampling import HUB_MODEL, check_max_length, check_vocabulary, load_run_tokenizer, model_vocabulary
+from meshrun.text.sampling import (
+    HUB_MODEL,
+    check_max_length,
+    check_vocabulary,
+    load_run_tokenizer,
+    model_vocabulary,
+)
 from meshrun.wording import first_line
 
 USAGE = """\
@@ -52,7 +58,7 @@ class Request:
 
     run_dir: Path
     prompts: tuple[str, ...]
-    max_length: Optional[int]
+    max_length: int | None
     as_json: bool
 
 
@@ -69,7 +75,7 @@ class Weights:
     """Where a run's trained weights are: its exported preset dir, else a checkpoint
     (meshrun.training.checkpoint.ResumePoint)."""
 
-    preset: Optional[Path] = None
+    preset: Path | None = None
     checkpoint: Any = None
 
 
@@ -86,7 +92,7 @@ def main(args: list[str]) -> int:
     return 0
 
 
-def parse_request(args: list[str]) -> Optional[Request]:
+def parse_request(args: list[str]) -> Request | None:
     """The request `args` make (None: they ask for --help); a ConfigError for anything else."""
     rest, run_dirs, prompts, max_length, as_json = list(args), [], [], None, False
     while rest:
@@ -131,7 +137,7 @@ def _max_length(value: str) -> int:
     return length
 
 
-def launch_dir(run_dir: Path) -> Optional[Path]:
+def launch_dir(run_dir: Path) -> Path | None:
     """The dir the run was launched from (Hydra's runtime.cwd in .hydra/hydra.yaml), where it
     still exists; None otherwise."""
     from omegaconf import OmegaConf
@@ -165,7 +171,7 @@ def console_logging():
 
 
 @contextlib.contextmanager
-def working_dir(path: Optional[Path]):
+def working_dir(path: Path | None):
     """Runs the block in `path` (None: where it is), then returns to the working dir."""
     if path is None:
         yield
@@ -304,7 +310,7 @@ def _from_preset(planned, preset: Path):
 def print_completions(prompts: tuple[str, ...], completions: list[str], as_json: bool) -> None:
     """Prints each prompt and its completion: a line each ('prompt' -> 'completion'), or a JSON list
     of {prompt, completion}."""
-    pairs = [{"prompt": prompt, "completion": completion} for prompt, completion in zip(prompts, completions)]
+    pairs = [{"prompt": prompt, "completion": completion} for prompt, completion in zip(prompts, completions, strict=True)]
     if as_json:
         print(json.dumps(pairs, indent=2, ensure_ascii=False))
         return

@@ -13,7 +13,7 @@ Nothing here imports jax or keras.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any
 
 from meshrun.errors import ConfigError
 from meshrun.text.examples import Framing
@@ -37,7 +37,7 @@ class SamplingPlan:
     batch_multiple: int
 
 
-def plan_sampling(config, planned, mesh, processes: int) -> Optional[SamplingPlan]:
+def plan_sampling(config, planned, mesh, processes: int) -> SamplingPlan | None:
     """The run's sampling plan (None: train.sample_prompts is empty), or the ConfigError of the
     first thing that would keep it from sampling: `planned` is the run's PlannedModel, `mesh` its
     mesh with no -1 left, `processes` the job's process count."""
@@ -67,7 +67,7 @@ def sample(model, plan: SamplingPlan) -> list[dict]:
     """Each prompt of `plan` and its completion by `model`, as metrics.json records them."""
     prompts = list(plan.prompts)
     completions = complete(model, plan.tokenizer, plan.framing, prompts, plan.max_length, plan.batch_multiple, SAMPLE_KEY, LENGTH_KEY)
-    return [{"prompt": prompt, "completion": completion} for prompt, completion in zip(prompts, completions)]
+    return [{"prompt": prompt, "completion": completion} for prompt, completion in zip(prompts, completions, strict=True)]
 
 
 def tokenizer_source(config, key: str) -> tuple[str, str]:

@@ -35,7 +35,6 @@ import sys
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Optional
 
 import numpy as np
 
@@ -77,7 +76,7 @@ class TextTokenizer:
     no special tokens added (`encode`), ids back to text (`decode`), the ids of its special tokens,
     and a fingerprint of the files that define it (for token caches)."""
 
-    def __init__(self, encoder, *, description: str, vocabulary_size: int, start_id: Optional[int], end_id: Optional[int],
+    def __init__(self, encoder, *, description: str, vocabulary_size: int, start_id: int | None, end_id: int | None,
                  pad_id: int, fingerprint: str):
         self._encoder = encoder
         self.description = description  # one line for logs and metrics.json
@@ -106,7 +105,7 @@ class TextTokenizer:
         """The text of `ids` (a sequence or array of ints), special tokens skipped."""
         return self._encoder.decode([int(i) for i in np.asarray(ids).reshape(-1)])
 
-    def token_id(self, token: str) -> Optional[int]:
+    def token_id(self, token: str) -> int | None:
         """The id of a token string such as "<eos>", None if the tokenizer has no such token."""
         return self._encoder.token_id(token)
 
@@ -114,7 +113,7 @@ class TextTokenizer:
         return f"TextTokenizer({self.description}, backend={self.backend})"
 
 
-def tokenizer_source(given: Optional[str], preset: Optional[str], missing_key: str) -> tuple[str, str]:
+def tokenizer_source(given: str | None, preset: str | None, missing_key: str) -> tuple[str, str]:
     """Where a run's tokenizer comes from and the config key that names it: `given`
     (data.tokenizer), else the model's preset; with neither, a ConfigError on `missing_key`."""
     if given:
@@ -125,7 +124,7 @@ def tokenizer_source(given: Optional[str], preset: Optional[str], missing_key: s
                                    "a model made from model.backbone brings none")
 
 
-def check_fits_vocabulary(tokenizer: "TextTokenizer", source: str, key: str, vocabulary: int) -> None:
+def check_fits_vocabulary(tokenizer: TextTokenizer, source: str, key: str, vocabulary: int) -> None:
     """ConfigError naming `key` (where the tokenizer came from) when it has more ids than the
     model's `vocabulary`: its ids would index past the embedding. Fewer is fine (padded vocabularies)."""
     if tokenizer.vocabulary_size > vocabulary:
@@ -192,7 +191,7 @@ def available_cores() -> int:
 def same_ids(encoded: Sequence, reference: Sequence) -> bool:
     """Whether two encodings of the same texts hold the same ids, text by text."""
     return len(encoded) == len(reference) and all(
-        np.array_equal(np.asarray(a, dtype=np.int64), np.asarray(b, dtype=np.int64)) for a, b in zip(encoded, reference)
+        np.array_equal(np.asarray(a, dtype=np.int64), np.asarray(b, dtype=np.int64)) for a, b in zip(encoded, reference, strict=True)
     )
 
 
@@ -219,7 +218,7 @@ def _load_hugging_face(file: Path, model_type: str, source, key: str) -> TextTok
     )
 
 
-def _first_token(encoder, tokens: Sequence[str]) -> Optional[int]:
+def _first_token(encoder, tokens: Sequence[str]) -> int | None:
     """The id of the first of `tokens` the tokenizer has."""
     for token in tokens:
         found = encoder.token_id(token)
@@ -245,7 +244,7 @@ class HuggingFaceEncoder:
     def decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
 
-    def token_id(self, token: str) -> Optional[int]:
+    def token_id(self, token: str) -> int | None:
         return self.tokenizer.token_to_id(token)
 
 
@@ -359,7 +358,7 @@ def _warn_slow(description: str, why: str) -> None:
         log.warning(f"{description} {why}; tokenizing through KerasHub's TensorFlow graph instead, which is much slower")
 
 
-def _keras_hub_special_ids(layer, preset: Path) -> tuple[Optional[int], Optional[int], int]:
+def _keras_hub_special_ids(layer, preset: Path) -> tuple[int | None, int | None, int]:
     """(start, end, pad) ids: the start token only where the preset's preprocessor puts it first;
     pad is the tokenizer's, else the end token."""
     start = getattr(layer, "start_token_id", None)
@@ -372,7 +371,7 @@ def _keras_hub_special_ids(layer, preset: Path) -> tuple[Optional[int], Optional
     return _optional_int(start), _optional_int(end), int(pad)
 
 
-def _optional_int(value) -> Optional[int]:
+def _optional_int(value) -> int | None:
     return None if value is None else int(value)
 
 
@@ -410,7 +409,7 @@ class SentencePieceEncoder:
     def decode(self, ids: list[int]) -> str:
         return self.processor.decode(ids)  # control tokens (pad, bos, eos) decode to nothing
 
-    def token_id(self, token: str) -> Optional[int]:
+    def token_id(self, token: str) -> int | None:
         found = self.processor.piece_to_id(token)  # the unknown token's id for a piece it lacks
         return found if self.processor.id_to_piece(found) == token else None
 
@@ -453,7 +452,7 @@ class KerasHubGraphEncoder:
         text = self.layer.detokenize([i for i in ids if i not in special])
         return text.decode("utf-8") if isinstance(text, bytes) else str(text)
 
-    def token_id(self, token: str) -> Optional[int]:
+    def token_id(self, token: str) -> int | None:
         try:
             found = int(self.layer.token_to_id(token))
             return found if self.layer.id_to_token(found) == token else None

@@ -14,7 +14,6 @@ import math
 import threading
 import time
 from pathlib import Path
-from typing import Optional
 
 import jax
 import keras
@@ -101,7 +100,7 @@ class GracefulStop(StepCounting):
     SYNC_EVERY = 20
     MAX_TIME, SIGNAL = "max_time", "signal"
 
-    def __init__(self, first_step: int, deadline: Optional[float] = None, signals=None, several_processes: bool = False):
+    def __init__(self, first_step: int, deadline: float | None = None, signals=None, several_processes: bool = False):
         super().__init__(first_step)
         self.deadline = deadline
         self.signals = signals
@@ -121,7 +120,7 @@ class GracefulStop(StepCounting):
             self._batches_done = batch + 1
             self.model.stop_training = True
 
-    def _asked(self, step: int) -> tuple[Optional[str], Optional[int]]:
+    def _asked(self, step: int) -> tuple[str | None, int | None]:
         """(reason, signal number) when training should stop after `step`, else (None, None)."""
         over = self.deadline is not None and time.time() >= self.deadline
         signum = (self.signals.received if self.signals is not None else None) or 0

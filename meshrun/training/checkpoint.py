@@ -26,7 +26,6 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Optional
 
 import jax
 import keras
@@ -93,7 +92,7 @@ class ModelIdentity:
     options: dict = field(default_factory=dict)
 
     @classmethod
-    def of(cls, name: str, label: str, options) -> "ModelIdentity":
+    def of(cls, name: str, label: str, options) -> ModelIdentity:
         """The identity of model config `name` built with the options dataclass `options`."""
         return cls(name, label, json.loads(json.dumps(dataclasses.asdict(options), default=str)))
 
@@ -103,7 +102,7 @@ class ModelIdentity:
         shown = [f"{key} {self.options[key]}" for key in ("preset", "task") if self.options.get(key) and str(self.options[key]) not in text]
         return text + (f" ({', '.join(shown)})" if shown else "")
 
-    def changes_to(self, other: "ModelIdentity", limit: int = 3) -> list[str]:
+    def changes_to(self, other: ModelIdentity, limit: int = 3) -> list[str]:
         """The options that differ from `other`'s: `model.hidden=200 there, 100 here`."""
         keys = [k for k in self.options if k in other.options and self.options[k] != other.options[k]]
         return [f"model.{k}={self.options[k]} there, {other.options[k]} here" for k in keys[:limit]]
@@ -160,7 +159,7 @@ class CheckpointNotSaved(RuntimeError):
     the dir and the OS's error, and the newest checkpoint that is complete."""
 
 
-def find(resume: str, default_dir: Path, unreadable: frozenset = frozenset()) -> Optional[ResumePoint]:
+def find(resume: str, default_dir: Path, unreadable: frozenset = frozenset()) -> ResumePoint | None:
     """The checkpoint `resume` names: None for never (or auto with none yet in `default_dir`),
     the newest in `default_dir` for auto, else the path given: a checkpoint dir (its newest) or one
     numbered step in it. A path that does not exist or holds no complete checkpoint is a
@@ -212,7 +211,7 @@ def read_progress(point: ResumePoint) -> Progress:
     return Progress(**_read_json(point, PROGRESS))
 
 
-def read_model(point: ResumePoint) -> Optional[ModelIdentity]:
+def read_model(point: ResumePoint) -> ModelIdentity | None:
     """The model that wrote a checkpoint (None for checkpoints saved before meshrun recorded it)."""
     if not (point.directory / str(point.step) / MODEL).is_dir():
         return None
@@ -250,7 +249,7 @@ def restore_weights(model, point: ResumePoint) -> None:
         variable.assign(restored["model"][path])
 
 
-def _read(point: ResumePoint, groups: dict, partial: bool = False, model: Optional[ModelIdentity] = None) -> dict:
+def _read(point: ResumePoint, groups: dict, partial: bool = False, model: ModelIdentity | None = None) -> dict:
     """The arrays of checkpoint `point` for `groups` (variables by group and path), each read
     straight into its variable's sharding; `partial`: only those groups, the rest left on disk.
     A checkpoint that does not fit them is a ConfigError (naming the model that wrote it and
@@ -304,7 +303,7 @@ def _check_fits(saved: dict, groups: dict, point: ResumePoint) -> None:
                 )
 
 
-def _with_models(err: ConfigError, point: ResumePoint, current: Optional[ModelIdentity]) -> ConfigError:
+def _with_models(err: ConfigError, point: ResumePoint, current: ModelIdentity | None) -> ConfigError:
     """`err`, a checkpoint that does not fit, saying which model wrote it and which this run
     builds, with the options that differ."""
     saved = read_model(point)
@@ -334,8 +333,8 @@ class Checkpointing(keras.callbacks.Callback):
     checkpoints are configured, by the graceful `stopper` (the wall-clock budget, a stop signal;
     it may stop mid-epoch) always. Orbax's manager is made at the first save."""
 
-    def __init__(self, config: CheckpointConfig, root: Path, start: Progress, resume: Optional[ResumePoint], stopper=None,
-                 model: Optional[ModelIdentity] = None):
+    def __init__(self, config: CheckpointConfig, root: Path, start: Progress, resume: ResumePoint | None, stopper=None,
+                 model: ModelIdentity | None = None):
         super().__init__()
         self.config = config
         self.model_identity = model  # saved with every checkpoint
@@ -346,7 +345,7 @@ class Checkpointing(keras.callbacks.Callback):
         self._manager = None
         self._resume = resume
         self._stopper = stopper
-        self._metrics_to_restore: Optional[dict] = None
+        self._metrics_to_restore: dict | None = None
         self._epoch_start = (start.global_step, start.step_in_epoch)
         if config.every_steps:
             self.on_train_batch_end = self._after_step
@@ -397,7 +396,7 @@ class Checkpointing(keras.callbacks.Callback):
             self._save()
 
     @property
-    def last_saved(self) -> Optional[str]:
+    def last_saved(self) -> str | None:
         """The newest checkpoint this run saved, as a path."""
         return str(self.root / str(self.saved_steps[-1])) if self.saved_steps else None
 
@@ -433,7 +432,7 @@ class Checkpointing(keras.callbacks.Callback):
             raise CheckpointNotSaved(f"saving step {step} into {self.root} failed ({error_text(full)}); {self._newest_complete()}")
 
     @contextlib.contextmanager
-    def _saving(self, step: Optional[int]):
+    def _saving(self, step: int | None):
         """Turns a failed save (this one, or an earlier one still being written in the background,
         whose error Orbax raises now) into CheckpointNotSaved, naming the dir, the OS's error and
         the newest complete checkpoint."""
@@ -501,7 +500,7 @@ def _wait_until_quiet(held, quiet_s: float, wait_s: float) -> None:
         time.sleep(0.02)
 
 
-def _free_bytes(root: Path) -> Optional[int]:
+def _free_bytes(root: Path) -> int | None:
     """The bytes free to this user on the file system of `root` (or of its nearest existing
     parent); None where the file system reports no size (some network and FUSE file systems)."""
     path = root

@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 import signal
 import threading
-from typing import Mapping, Optional
+from collections.abc import Mapping
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
 
@@ -30,7 +30,7 @@ def signal_name(signum: int) -> str:
     return signal.Signals(signum).name
 
 
-def scheduler_signal(environ: Mapping[str, str] = os.environ) -> Optional[int]:
+def scheduler_signal(environ: Mapping[str, str] = os.environ) -> int | None:
     """The signal with which submitit asks the SLURM job this process runs to checkpoint and be
     requeued (None outside a submitit job)."""
     if environ.get("SUBMITIT_EXECUTOR") != "slurm":
@@ -44,7 +44,7 @@ def caught_signals() -> tuple[int, ...]:
     return STOP_SIGNALS if extra is None or extra in STOP_SIGNALS else (*STOP_SIGNALS, extra)
 
 
-_active: Optional[StopSignals] = None
+_active: StopSignals | None = None
 
 
 class StopSignals:
@@ -56,9 +56,9 @@ class StopSignals:
     training at its first step."""
 
     def __init__(self):
-        self.received: Optional[int] = None
+        self.received: int | None = None
         self._previous: dict = {}
-        self._outer: Optional[StopSignals] = None
+        self._outer: StopSignals | None = None
 
     def __enter__(self) -> StopSignals:
         global _active
