@@ -30,7 +30,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from meshrun import compat, jobs
-from meshrun.config import known_keys, other_choice_hint, parse_run_config
+from meshrun.config.parse import known_keys, other_choice_hint, parse_run_config
 from meshrun.errors import ConfigError
 from meshrun.logs import sinks
 from meshrun.placement import devices

@@ -68,7 +68,7 @@ def run(args: list[str], as_program: bool) -> int:
             sweep.report(rest)
             return 0
         if command == "generate":
-            from meshrun.text import generate_command
+            from meshrun import generate as generate_command
 
             return generate_command.main(rest)
         invocation = parse(command, rest, as_program)

@@ -19,18 +19,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from meshrun import compat
-from meshrun.config import RunConfig, parse_run_config
+from meshrun.config.parse import parse_run_config
+from meshrun.config.schema import RunConfig
 from meshrun.data import notes as data_notes
 from meshrun.errors import ConfigError, DoesNotFit, Preempted, RunFailed
 from meshrun.files import write_json
 from meshrun.launch import join as join_lib
-from meshrun.launch.identity import ONE_PROCESS, Identity, identify, job_size, say_if_alone
 from meshrun.launch.spawn import ForwardedStop, Role, spawn
 from meshrun.logs.timing import process_start_time
 from meshrun.placement import devices
-from meshrun.placement.plan import PLAN_FILE
-from meshrun.run.metrics import METRICS_FILE, PREEMPTED, RunMetrics
-from meshrun.training import preemption
+from meshrun.placement.identity import ONE_PROCESS, Identity, identify, job_size, say_if_alone
+from meshrun.specs.metrics import PREEMPTED, RunMetrics
+from meshrun.specs.rundir import ERROR_LOG, HYDRA_DIR, METRICS_FILE, PLAN_FILE, job_log
+from meshrun.system import signals
 from meshrun.wording import error_text, say_error
 
 
@@ -127,10 +128,10 @@ def run_job(invocation: Invocation, job: Job) -> None:
         _job_failed(invocation, job, str(err), status=1)
     except Preempted as stop:
         print(f"meshrun: {(f'job {job.number}: ' if job.number is not None else '')}{stop}", file=sys.stderr)
-        if stop.signum == preemption.scheduler_signal():
+        if stop.signum == signals.scheduler_signal():
             # submitit requeues the job with this invocation as it is now: as it was when it began
             invocation.runs.remove(job.run_dir)
-            preemption.hand_on(stop.signum)  # on the first task, requeues and ends the process
+            signals.hand_on(stop.signum)  # on the first task, requeues and ends the process
         invocation.failures.append(stop.exit_status)
         invocation.preempted = True
 
@@ -139,8 +140,8 @@ def _remove_hydra_leftovers(job: Job) -> None:
     """Removes what Hydra made in the run dir of a job that is not run (its config under .hydra,
     its empty log), and the dir if nothing else is in it."""
     run_dir = Path(job.run_dir)
-    shutil.rmtree(run_dir / ".hydra", ignore_errors=True)
-    log_file = run_dir / f"{job.name}.log"
+    shutil.rmtree(run_dir / HYDRA_DIR, ignore_errors=True)
+    log_file = job_log(run_dir, job.name)
     if log_file.is_file() and log_file.stat().st_size == 0:
         log_file.unlink()
     with contextlib.suppress(OSError):
@@ -191,7 +192,7 @@ class RunDir:
 
     def record_failure(self, err: Exception) -> RunFailed:
         """A failure during training: metrics.json (status error) and the traceback in error.log."""
-        trace = Path(self.path) / "error.log"
+        trace = Path(self.path) / ERROR_LOG
         trace.write_text("".join(traceback.format_exception(err)))
         self.record(error_text(err))
         return RunFailed(f"training failed: {error_text(err)} (traceback in {trace})")
@@ -200,8 +201,8 @@ class RunDir:
         """Removes what Hydra wrote into a rejected job's run dir (`.hydra/` and `<job>.log`), then
         the dir if that left it empty, and empty parents below the working dir. Nothing else goes."""
         path = Path(self.path).resolve()
-        shutil.rmtree(path / ".hydra", ignore_errors=True)
-        (path / f"{self.job.name}.log").unlink(missing_ok=True)
+        shutil.rmtree(path / HYDRA_DIR, ignore_errors=True)
+        job_log(path, self.job.name).unlink(missing_ok=True)
         cwd = Path.cwd().resolve()
         for folder in (path, *path.parents):
             if folder != path and (folder == cwd or cwd not in folder.parents):
@@ -227,9 +228,9 @@ def train_job(invocation: Invocation, job: Job) -> None:
 
             run_local(config.distributed, job.run_dir, job.overrides)
             return  # process 0 has printed the report and written the run's files
-        with preemption.StopSignals() as signals:  # from here on, a stop signal stops training at its first step
+        with signals.StopSignals() as stop_signals:  # from here on, a stop signal stops training at its first step
             identity = enter(config, invocation, run_dir)
-            signals.catch()  # from jax, which set its own SIGTERM handler when the process joined the job
+            stop_signals.catch()  # from jax, which set its own SIGTERM handler when the process joined the job
             trained = _train(config, invocation, job, identity, started_at)
     except ConfigError as err:
         run_dir.reject(err, identity)
@@ -247,7 +248,7 @@ def train_job(invocation: Invocation, job: Job) -> None:
     if identity.is_first:
         publish(trained, job.run_dir)
     if trained.metrics.status == PREEMPTED:
-        raise Preempted(preemption.stopped_line(trained.metrics.train.stopped), trained.metrics.exit_status)
+        raise Preempted(signals.stopped_line(trained.metrics.train.stopped), trained.metrics.exit_status)
 
 
 def enter(config: RunConfig, invocation: Invocation, run_dir: RunDir) -> Identity:
@@ -326,7 +327,7 @@ def isolated_job(invocation: Invocation, job: Job) -> None:
     if status == 0:
         return
     if forwarded.stopped(status):
-        raise Preempted(forwarded.stopped_line(job.run_dir), preemption.exit_status(forwarded.signum))
+        raise Preempted(forwarded.stopped_line(job.run_dir), signals.exit_status(forwarded.signum))
     if not (Path(job.run_dir) / METRICS_FILE).exists():  # the process died before it could say why
         RunDir(job, keeps_rejected=True, launched=False).record(f"the job's process exited with status {status}", 1)
     invocation.failures.append(2 if status == 2 else 1)

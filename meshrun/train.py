@@ -11,6 +11,6 @@ from meshrun import compat
 
 compat.import_keras()
 
-from meshrun.run.train import RunContext, TrainedRun, train  # noqa: E402  (after keras is imported our way)
+from meshrun.run.phases import RunContext, TrainedRun, train  # noqa: E402  (after keras is imported our way)
 
 __all__ = ["RunContext", "TrainedRun", "train"]

@@ -95,7 +95,7 @@ def _failure(err: Exception) -> str:
     """The user code's error as one line; for TensorFlow not being installed (a tf.data factory
     run where meshrun is installed without its `tf` extra), how to install it."""
     if isinstance(err, ModuleNotFoundError) and (err.name or "").partition(".")[0] == "tensorflow":
-        from meshrun.placement.devices import TENSORFLOW_INSTALL
+        from meshrun.compat.tensorflow import TENSORFLOW_INSTALL
 
         return f"{error_text(err)}; TensorFlow is not installed: {TENSORFLOW_INSTALL}"
     return error_text(err)

@@ -133,7 +133,7 @@ def throughput(args, work: Path) -> dict:
 def pipeline_rate(shape: str, args, train_file: Path, eval_file: Path) -> dict:
     """Samples/s of the run's arrays training dataset in this process: host batches alone, and
     batches placed on the run's data sharding (blocking on each)."""
-    from meshrun.config import parse_run_config
+    from meshrun.config.parse import parse_run_config
     from meshrun.placement import devices
 
     config = parse_run_config({

@@ -412,7 +412,7 @@ def summarise(model: Model, devices: int, precision: str, runs: dict, environmen
               profile: str | None) -> dict:
     """A model's figures: per variant the medians over its runs and the rates and MFU they give; the
     ratios between variants (medians of the per-repeat ratios); memory against the plan."""
-    from meshrun.report import hardware
+    from meshrun.run import hardware
 
     batch = model.batch_per_device * devices
     tokens = batch * model.seq_len if model.seq_len else None
@@ -433,7 +433,7 @@ def variant_figures(runs: list[dict], batch: int, tokens: int | None, analytic: 
     """One variant's figures over its runs: step median and p90 (medians of the runs'), rates,
     compile time (of the first run: later ones may load it from the compilation cache), FLOPs and
     MFU both ways, live peak memory; and the runs themselves."""
-    from meshrun.report import hardware
+    from meshrun.run import hardware
 
     step = statistics.median(r["step_s"] for r in runs)
     xla = _median_of(runs, "xla_flops_per_step")
@@ -681,7 +681,7 @@ def worker_keras(spec: dict) -> dict:
     callback; then XLA's FLOPs of the compiled step and the live peak memory."""
     import keras
 
-    from meshrun.report import costs
+    from meshrun.run import costs
 
     devices, model_spec = _worker_devices(spec), spec["model"]
     batch, steps = spec["batch_size"], model_spec["steps"]
@@ -708,7 +708,7 @@ def worker_jax(spec: dict) -> dict:
     import numpy as np
     from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-    from meshrun.report import costs
+    from meshrun.run import costs
 
     devices, model_spec = _worker_devices(spec), spec["model"]
     batch, steps = spec["batch_size"], model_spec["steps"]
@@ -784,7 +784,7 @@ def build_model(model_spec: dict, precision: str):
     from meshrun import compat
 
     keras.config.set_dtype_policy(precision)
-    compat.set_random_seed(1337)  # keras.utils.set_random_seed, without importing TensorFlow to seed it
+    compat.set_random_seed(1337, tensorflow_seed=None)  # keras.utils.set_random_seed, without importing TensorFlow to seed it
     kind, options = model_spec["kind"], model_spec["options"]
     if kind == "transformer":
         from meshrun.models import transformer

@@ -6,7 +6,7 @@ random values, and each weight read from the preset goes straight onto its shard
 A Gemma preset of about --size-gb GB (float32, no tokenizer: the load reads weights alone) is built
 in a temp dir, or --preset DIR is read. Each loader then runs in a fresh process of its own on
 --mesh emulated CPU devices (axes data, model) under meshrun's `gemma_tp` layout, inside
-`meshrun.placement.load_memory.LoadWatch`, which samples every 5 ms (and after each weight meshrun
+`meshrun.system.load_memory.LoadWatch`, which samples every 5 ms (and after each weight meshrun
 places) the bytes on each device and the host memory the process took beyond what it held before
 (what malloc holds less the CPU devices' buffers). Printed per loader:
 
@@ -106,7 +106,7 @@ def load(preset: Path, mesh: str, loader: str) -> dict:
     from meshrun import compat
     from meshrun.config.schema import LayoutRule, MeshConfig
     from meshrun.placement.distribution import make_distribution
-    from meshrun.placement.load_memory import LoadWatch, bytes_by_device
+    from meshrun.system.load_memory import LoadWatch, bytes_by_device
 
     rules_text = (importlib.resources.files("meshrun.configs") / "layout" / "gemma_tp.yaml").read_text()
     rules = tuple(LayoutRule(pattern, tuple(axes)) for pattern, axes in yaml.safe_load(rules_text)["rules"].items())

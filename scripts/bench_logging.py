@@ -69,7 +69,7 @@ def main() -> None:
     from omegaconf import OmegaConf
 
     import meshrun.configs
-    from meshrun.config import parse_run_config
+    from meshrun.config.parse import parse_run_config
     from meshrun.placement import devices
 
     rules = OmegaConf.to_container(OmegaConf.load(Path(meshrun.configs.__file__).parent / "layout" / "dense_model.yaml"))["rules"]
@@ -83,7 +83,7 @@ def main() -> None:
 
     first = run_config(meshes[0], 0, False, False, args.num_samples, args.epochs)
     devices.prepare(first.devices, first.mesh)
-    from meshrun.run.train import RunContext, train
+    from meshrun.run.phases import RunContext, train
 
     results = {"epochs": args.epochs, "num_samples": args.num_samples, "repeats": args.repeats,
                "interleaved": {mesh: {name: [] for name in INTERLEAVED} for mesh in meshes}, "runs": {mesh: {name: [] for name in VARIANTS} for mesh in meshes}}
@@ -128,7 +128,7 @@ def gated_hooks():
     from 1) and yields the step gaps measured meanwhile, by whether they did: {True: [...],
     False: [...]} in seconds. Epoch 1 and the first step of each epoch are left out."""
     from meshrun.logs.progress import EpochProgress
-    from meshrun.logs.steplog import StepLog
+    from meshrun.training.steplog import StepLog
 
     gaps = {True: [], False: []}
     state = {"batch": None, "at": 0.0, "on": False}
@@ -157,10 +157,10 @@ def gated_hooks():
 def hook_cost(calls: int = 5000) -> dict:
     """Microseconds of work per step of the step log (every sink; its hook and writing the records
     until closed) and of the progress bar (its hook), for `calls` steps outside training."""
-    from meshrun.config import TrainConfig
+    from meshrun.config.schema import TrainConfig
     from meshrun.logs.progress import EpochProgress
     from meshrun.logs.sinks import open_sinks
-    from meshrun.logs.steplog import StepLog
+    from meshrun.training.steplog import StepLog
 
     costs = {}
     with tempfile.TemporaryDirectory(prefix="bench-logging-hooks-") as work, open(os.devnull, "w") as devnull:

@@ -53,7 +53,7 @@ MB = 1_000_000
 
 def main() -> None:
     args = parse_args()
-    from meshrun.placement.devices import import_tensorflow
+    from meshrun.compat.tensorflow import import_tensorflow
 
     import_tensorflow()  # before the presets' keras_hub imports it, quietly
     corpus = read_corpus(args)

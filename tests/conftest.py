@@ -71,12 +71,12 @@ def train_in_process(raw: dict, run_dir=None) -> Trained:
     """Validates the config dict `raw` and trains it in this test process (8 CPU devices), writing
     into `run_dir` only what the config asks for (checkpoints, an export); returns its metrics (as
     metrics.json would hold them) and plan."""
-    from meshrun.config import parse_run_config
+    from meshrun.config.parse import parse_run_config
     from meshrun.placement import devices
 
     parsed = parse_run_config(raw)
     devices.prepare(parsed.devices, parsed.mesh)
-    from meshrun.run.train import RunContext, train
+    from meshrun.run.phases import RunContext, train
 
     trained = train(parsed, RunContext(run_dir=str(run_dir or tempfile.mkdtemp(prefix="meshrun-run-"))))
     return Trained(metrics=trained.metrics.to_json(), plan=trained.plan)

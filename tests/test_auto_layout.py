@@ -19,8 +19,8 @@ import re
 import pytest
 
 from conftest import one_error_line, run_meshrun
-from meshrun.config import LayoutRule, MeshConfig
 from meshrun.config.parse import parse_size
+from meshrun.config.schema import LayoutRule, MeshConfig
 from meshrun.errors import ConfigError
 from meshrun.placement.auto import collapse, derive_layout, model_width
 from meshrun.placement.layout import TensorSpec, check_rules
@@ -197,7 +197,7 @@ def test_auto_keys_on_another_layout_are_one_grammatical_warning_said_once_a_pro
     plan = plan_in_process(["mesh=2x4", "layout=dense_model", "layout.min_bytes=7KiB"], capsys)
     said = "layout.min_bytes=7.00 KiB only steers layout=auto; this layout's rules are used as written"
     assert said in plan["warnings"]
-    from meshrun.config import parse_run_config
+    from meshrun.config.parse import parse_run_config
     from meshrun.run.prepare import RunContext, prepare
 
     raw = {"mesh": {"shape": "2x4"}, "layout": {"rules": {"d1/kernel": [None, "model"]}, "min_bytes": "7KiB"},

@@ -80,7 +80,7 @@ def test_a_checkpoint_dir_that_cannot_be_written_is_a_config_error(tmp_path):
     [({"checkpoint": {"every_steps": 0}}, "checkpoint.every_steps"), ({"checkpoint": {"keep": 0}}, "checkpoint.keep"), ({"resume": ""}, "resume")],
 )
 def test_bad_checkpoint_settings(raw, key):
-    from meshrun.config import parse_run_config
+    from meshrun.config.parse import parse_run_config
 
     with pytest.raises(ConfigError) as caught:
         parse_run_config({"mesh": {"shape": "2x4"}, "model": {"name": "dense_model"}, **raw})
@@ -88,7 +88,7 @@ def test_bad_checkpoint_settings(raw, key):
 
 
 def test_resume_defaults_to_auto_only_with_a_checkpoint_dir():
-    from meshrun.config import parse_run_config
+    from meshrun.config.parse import parse_run_config
 
     base = {"mesh": {"shape": "2x4"}, "model": {"name": "dense_model"}}
     assert parse_run_config(base).resume_mode() == "never"

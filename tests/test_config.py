@@ -9,7 +9,8 @@ from hydra import compose, initialize_config_module
 from omegaconf import OmegaConf
 
 from meshrun import app
-from meshrun.config import LayoutRule, parse_run_config
+from meshrun.config.parse import parse_run_config
+from meshrun.config.schema import LayoutRule
 from meshrun.errors import ConfigError
 from meshrun.models import get_model, model_names
 

@@ -6,7 +6,7 @@ import logging
 import numpy as np
 import pytest
 
-from meshrun.report import hardware
+from meshrun.run import hardware
 
 GiB = 2**30
 
@@ -103,9 +103,9 @@ def after_fit():
     import keras
     from keras import distribution as kd
 
-    from meshrun.config import LayoutRule, MeshConfig
+    from meshrun.config.schema import LayoutRule, MeshConfig
     from meshrun.placement import distribution
-    from meshrun.report import costs
+    from meshrun.run import costs
 
     mesh = MeshConfig(shape=(2, 4), axis_names=("data", "model"), batch_axis="data")
     rules = (LayoutRule("d1/kernel", (None, "model")), LayoutRule("d2/output", ("data", None)))
@@ -189,6 +189,6 @@ def test_the_model_is_untouched_and_still_evaluates(after_fit):
 
 @pytest.mark.integration
 def test_live_peak_bytes_is_none_on_cpu(after_fit):
-    from meshrun.report import costs
+    from meshrun.run import costs
 
     assert costs.live_peak_bytes(after_fit["devices"]) is None

@@ -202,7 +202,7 @@ def test_a_finite_stream_as_a_grain_dataset_repeats_pass_after_pass():
 
 def test_a_generator_dataset_is_found_at_any_depth_of_a_tf_data_pipeline():
     """What meshrun looks for before training a tf.data pipeline (TensorFlow's generator dataset sets
-    glibc's mmap threshold for the whole process; meshrun.allocator)."""
+    glibc's mmap threshold for the whole process; meshrun.system.allocator)."""
     tf = tf_data.seeded_tensorflow(0)
     generated = tf.data.Dataset.from_generator(lambda: iter(range(4)), output_signature=tf.TensorSpec((), tf.int64))
     sliced = tf.data.Dataset.from_tensor_slices(np.arange(4))

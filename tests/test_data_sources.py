@@ -735,8 +735,8 @@ def test_the_fit_check_takes_sizes_a_model_leaves_open_as_any_size():
 
     from meshrun.data.pipeline import check_fits_model
     from meshrun.errors import ConfigError
-    from meshrun.models.build import Signature
     from meshrun.models.registry import InputSpec
+    from meshrun.run.build import Signature
 
     open_length = Signature(inputs=(InputSpec("token_ids", (None,), "int32"), InputSpec("padding_mask", (None,), "int32")),
                             outputs=(InputSpec(None, (None, 512)),))

@@ -76,8 +76,8 @@ def up_to(ids: list[int], end: int) -> list[int]:
 
 
 def test_prompts_are_encoded_as_training_encodes_them(tokenizer):
+    from meshrun.text.complete import encode_prompts, prompt_batch
     from meshrun.text.examples import Framing
-    from meshrun.text.generate import encode_prompts, prompt_batch
 
     framing = Framing(start=tokenizer.start_id, end=tokenizer.end_id, pad=tokenizer.pad_id)
     encoded = encode_prompts(tokenizer, framing, PROMPTS, MAX_LENGTH, "key", "length_key")
@@ -98,8 +98,8 @@ def test_completions_on_a_2x4_mesh_are_greedy_and_stop_at_the_end_token(preset, 
 
     from meshrun.config.schema import LayoutRule, MeshConfig
     from meshrun.placement import distribution as distribution_lib
+    from meshrun.text.complete import complete
     from meshrun.text.examples import Framing
-    from meshrun.text.generate import complete
 
     mesh = MeshConfig(shape=(2, 4), axis_names=("data", "model"), batch_axis="data")
     rules = tuple(LayoutRule(pattern, tuple(axes)) for pattern, axes in layout_rules("gemma_tp").items())
@@ -123,7 +123,7 @@ def test_a_run_completes_its_prompts_after_training(trained):
     from rich.console import Console
 
     from meshrun.report.render import summary_table
-    from meshrun.run.metrics import RunMetrics
+    from meshrun.specs.metrics import RunMetrics
 
     _, metrics = trained
     (sample,) = metrics["samples"]

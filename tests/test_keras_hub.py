@@ -105,8 +105,8 @@ def test_the_loss_counts_only_real_tokens_and_the_export_loads_with_keras_hub(ru
 
     from meshrun.data.registry import DataContext
     from meshrun.data.synthetic import padded_tokens
-    from meshrun.models.build import Signature
     from meshrun.models.registry import InputSpec
+    from meshrun.run.build import Signature
 
     metrics, run_dir = runs[("llama", "llama_tp", "8x1")]
     model = keras.saving.load_model(run_dir / "model.keras")

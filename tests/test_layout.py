@@ -3,7 +3,7 @@ checks for what Keras would silently replicate or fail on late."""
 
 import pytest
 
-from meshrun.config import LayoutRule, MeshConfig
+from meshrun.config.schema import LayoutRule, MeshConfig
 from meshrun.errors import ConfigError
 from meshrun.placement.layout import TensorSpec, assign_rules, check_rules, matching_rules
 
@@ -68,7 +68,7 @@ def test_output_rules_are_checked_for_rank():
 
 
 def test_layout_sections_carry_origins_optional_rules_and_extra_rules():
-    from meshrun.config import parse_layout
+    from meshrun.config.parse import parse_layout
 
     layout = parse_layout(
         {"rules": {"d1/kernel": [None, "model"], "d9/kernel": ["model", None]}, "optional": ["d9/kernel"],
@@ -84,7 +84,7 @@ def test_layout_sections_carry_origins_optional_rules_and_extra_rules():
 
 
 def test_the_models_own_rules_are_reported_under_layout_from_model():
-    from meshrun.config import parse_layout
+    from meshrun.config.parse import parse_layout
 
     own = LayoutRule("d1/kernel", ("model",), origin="from_model", optional=True)
     (error,) = check_rules((own,), MESH, TENSORS).errors

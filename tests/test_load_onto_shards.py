@@ -1,4 +1,4 @@
-"""Loading a preset under a mesh (meshrun.compat.load_onto_shards, meshrun.placement.load_memory)
+"""Loading a preset under a mesh (meshrun.compat.load_onto_shards, meshrun.system.load_memory)
 on 8 emulated CPU devices: every weight lands on its shards with exactly the values plain KerasHub
 reads, no device ever holds more than 1.3x the bytes the layout gives it (plain Keras copies each
 weight whole onto one device first: 1.43x for the tiny Gemma here), variables the files do
@@ -36,7 +36,7 @@ def test_a_preset_lands_on_its_shards_with_the_values_keras_hub_reads_and_no_dev
     import keras_hub
 
     from meshrun.models import hub
-    from meshrun.placement.load_memory import LoadWatch
+    from meshrun.system.load_memory import LoadWatch
 
     with LoadWatch(jax.devices()) as watch:
         task = hub.build(hub.KerasHubOptions(preset=str(text_files.gemma)))

@@ -1,4 +1,4 @@
-"""metrics.json through its one definition (meshrun.run.metrics.RunMetrics): a run's file reads back
+"""metrics.json through its one definition (meshrun.specs.metrics.RunMetrics): a run's file reads back
 into the same types and writes the same JSON, a new figure is one field that shows in the report, a
 failed run holds only its head; and the log sinks behind their registry, where a new sink gets its
 `logging.<name>` switch without a config file."""
@@ -16,7 +16,7 @@ from rich.console import Console
 from conftest import fast_run_in_process
 from meshrun import cli
 from meshrun.report.render import summary_table
-from meshrun.run.metrics import RunMetrics, TimingFigures, figure
+from meshrun.specs.metrics import RunMetrics, TimingFigures, figure
 
 
 @pytest.fixture(scope="module")
@@ -98,7 +98,10 @@ class Lines:
 def test_a_registered_sink_gets_its_switch_and_a_run_writes_it(in_tmp, monkeypatch):
     from meshrun.logs import sinks
 
-    monkeypatch.setitem(sinks._REGISTRY._specs, "lines", sinks.SinkSpec("lines", Lines, "the losses, a line per step"))
+    # A new sink is its module's register_sink call and its line in the table of sinks.
+    monkeypatch.setitem(sinks.SINKS.modules, "lines", __name__)
+    monkeypatch.setattr(sinks.SINKS, "_specs", dict(sinks.SINKS._specs))  # the registered specs, put back after
+    sinks.register_sink(sinks.SinkSpec("lines", Lines, "the losses, a line per step"))
     assert sinks.switch_names() == ["csv", "lines", "tensorboard"]
     cli.main(["train", "mesh=2x4", "train.verbose=0", "train.epochs=1", "data.num_samples=64", "data.eval_samples=32",
               "logging.lines=true", "hydra.run.dir=run"])

@@ -23,10 +23,11 @@ from conftest import (
     read_metrics,
     run_meshrun,
 )
-from meshrun.config import DistributedConfig, MeshConfig, parse_distributed
+from meshrun.config.parse import parse_distributed
+from meshrun.config.schema import DistributedConfig, MeshConfig
 from meshrun.errors import ConfigError
-from meshrun.launch.identity import Identity, identify
 from meshrun.launch.join import free_port
+from meshrun.placement.identity import Identity, identify
 from meshrun.placement.plan import process_layout
 
 TWO = "distributed.local_processes=2"
@@ -88,7 +89,7 @@ def test_bad_distributed_settings_name_the_key(raw, key, words):
 
 
 def test_local_processes_emulate_cpu_devices_only():
-    from meshrun.config import parse_run_config
+    from meshrun.config.parse import parse_run_config
 
     raw = {"mesh": {"shape": "2x4"}, "model": {"name": "dense_model"}, "distributed": {"local_processes": 2}}
     assert parse_run_config(raw).distributed.local_processes == 2

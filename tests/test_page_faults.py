@@ -1,4 +1,4 @@
-"""Training steps do not fault their buffers in afresh (meshrun.allocator, meshrun.run.feed): a
+"""Training steps do not fault their buffers in afresh (meshrun.system.allocator, meshrun.run.feed): a
 KerasHub Llama fed through Grain on one device and on 2x4 emulated devices, the zoo transformer fed
 by the user's tf.data pipeline built from a generator (whose first iterator sets glibc's mmap
 threshold for the whole process), and an own model each take fewer than 100 minor page faults per

@@ -25,12 +25,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from meshrun.config import LayoutRule, MeshConfig
+from meshrun.config.schema import LayoutRule, MeshConfig
 from meshrun.errors import ConfigError
 from meshrun.measure import run_measured
-from meshrun.models.build import AbstractModel, OptimizerSlot
 from meshrun.placement.layout import TensorSpec
 from meshrun.placement.plan import LARGE_REPLICATED_BYTES, MAX_LISTED, make_plan
+from meshrun.run.build import AbstractModel, OptimizerSlot
 from meshrun.wording import format_bytes
 
 MESH_2X4 = MeshConfig(shape=(2, 4), axis_names=("data", "model"), batch_axis="data")

@@ -10,8 +10,8 @@ from meshrun import cli
 from meshrun.data import ranges
 from meshrun.data.batches import indexed_batches
 from meshrun.errors import ConfigError
-from meshrun.models.build import Signature
 from meshrun.models.registry import InputSpec
+from meshrun.run.build import Signature
 
 pytestmark = pytest.mark.integration
 

@@ -2,7 +2,9 @@
 
 import pytest
 
-from meshrun.config import MeshConfig, check_batch, parse_mesh, parse_mesh_shape
+from meshrun.config.checks import check_batch
+from meshrun.config.parse import parse_mesh, parse_mesh_shape
+from meshrun.config.schema import MeshConfig
 from meshrun.errors import ConfigError
 
 

@@ -117,7 +117,7 @@ def tokens_of(options_args: dict, preset, seq_len: int = 48):
 def test_the_mask_weighs_exactly_the_completion_tokens_and_the_prompt_is_encoded_as_at_sampling(gpt2, files, tmp_path, prompt):
     """With a byte-level BPE, tokenizing prompt + completion as one text merges across the
     boundary; meshrun trains on the ids it computed the mask for, with the prompt encoded alone."""
-    from meshrun.text.generate import encode_prompts
+    from meshrun.text.complete import encode_prompts
 
     records = [json.loads(line) for line in (files / "instructions.jsonl").read_text().splitlines()[:40]]
     arrays, _, framing, tokenizer = tokens_of({"files": (str(files / "instructions.jsonl"),), "prompt": prompt, "completion": "{response}",

@@ -4,7 +4,7 @@ the mesh shape, and jobs in one process do not leak into each other."""
 import pytest
 
 from conftest import train_in_process
-from meshrun.config import parse_run_config
+from meshrun.config.parse import parse_run_config
 from meshrun.placement import devices
 
 pytestmark = pytest.mark.integration
@@ -125,8 +125,9 @@ def test_batch_axis_is_the_one_configured():
 
 
 def test_describe_lists_variables_outputs_and_optimizer_slots_without_allocating():
-    from meshrun.config import parse_data
-    from meshrun.models import build, get_model
+    from meshrun.config.parse import parse_data
+    from meshrun.models import get_model
+    from meshrun.run import build
 
     spec = get_model("dense_model")
     abstract = build.describe(spec, spec.options(), parse_data({}), "adam", 1e-3)

@@ -17,7 +17,8 @@ from conftest import (
     run_meshrun,
     train_in_process,
 )
-from meshrun.config import TrainConfig, parse_run_config
+from meshrun.config.parse import parse_run_config
+from meshrun.config.schema import TrainConfig
 from meshrun.errors import ConfigError
 from meshrun.training.schedule import keras_schedule, learning_rate_at
 
@@ -120,12 +121,12 @@ def test_the_default_callbacks_leave_keras_free_to_fetch_step_logs_asynchronousl
     loop's thread."""
     from keras.src.callbacks.callback_list import CallbackList
 
-    from meshrun.config import CheckpointConfig
+    from meshrun.config.schema import CheckpointConfig
     from meshrun.logs.progress import EpochProgress
     from meshrun.logs.sinks import open_sinks
-    from meshrun.logs.steplog import StepLog
     from meshrun.training.callbacks import EarlyStopping, GracefulStop, StepProfiler, StopOnNaN
     from meshrun.training.checkpoint import Checkpointing, Progress
+    from meshrun.training.steplog import StepLog
 
     budget = GracefulStop(first_step=0, deadline=0.0)
     callbacks = [StepLog(lambda: open_sinks(tmp_path, {"tensorboard", "csv"}), TrainConfig(), 16, 0), StopOnNaN(0, 8), budget,

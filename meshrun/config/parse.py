@@ -11,7 +11,6 @@ import typing
 from collections.abc import Mapping
 from typing import Any, Union
 
-from meshrun import data as data_sources
 from meshrun.config.checks import check_distributed_values, check_rule_axes, check_values
 from meshrun.config.schema import (
     DEFAULT_AUTO_MIN_BYTES,
@@ -36,8 +35,9 @@ from meshrun.config.schema import (
     TrainConfig,
 )
 from meshrun.errors import ConfigError
-from meshrun.logs import sinks
-from meshrun.models import registry
+from meshrun.specs import sinks
+from meshrun.specs.data import SOURCES
+from meshrun.specs.model import MODELS
 from meshrun.wording import did_you_mean, format_shape, one_of
 
 
@@ -71,10 +71,10 @@ def known_keys() -> list[str]:
     for section, cls in sections:
         keys += [f"{section}.{f.name}" for f in dataclasses.fields(cls)]
     keys += [f"logging.{name}" for name in sinks.switch_names()]
-    for name in registry.model_names():
-        keys += _field_keys("model", registry.get_model(name).options)
-    for name in data_sources.source_names():
-        keys += [f"data.{f.name}" for f in dataclasses.fields(data_sources.get_source(name).options)]
+    for name in MODELS.names():
+        keys += _field_keys("model", MODELS.get(name).options)
+    for name in SOURCES.names():
+        keys += [f"data.{f.name}" for f in dataclasses.fields(SOURCES.get(name).options)]
     return sorted(set(keys))
 
 
@@ -93,8 +93,8 @@ def choices_with_key(key: str) -> list[str]:
     """The model and data choices that have `key` as an option ('data.path' -> ['data=arrays']):
     a key the chosen model or data source lacks may belong to another one."""
     group, _, name = key.partition(".")
-    owners = {"model": lambda: {n: registry.get_model(n).options for n in registry.model_names()},
-              "data": lambda: {n: data_sources.get_source(n).options for n in data_sources.source_names()}}
+    owners = {"model": lambda: {n: MODELS.get(n).options for n in MODELS.names()},
+              "data": lambda: {n: SOURCES.get(n).options for n in SOURCES.names()}}
     if group not in owners:
         return []
     return [f"{group}={choice}" for choice, options in owners[group]().items()
@@ -261,10 +261,10 @@ def _parse_rules(raw: Mapping[str, Any], origin: str, mesh: MeshConfig, optional
 def parse_model(raw: Mapping[str, Any]) -> ModelConfig:
     """Looks the model up in the registry and validates its options against its dataclass."""
     name = raw.get("name")
-    names = registry.model_names()
+    names = MODELS.names()
     if name not in names:
         raise ConfigError("model.name", f"got {name!r}; available models: {one_of(names)}")
-    spec = registry.get_model(name)
+    spec = MODELS.get(name)
     options_raw = {k: v for k, v in raw.items() if k != "name"}
     values = _parse_dataclass(spec.options, options_raw, "model", as_kwargs=True)
     options = spec.options(**values)  # the options' own checks raise ConfigError on model.<key>
@@ -274,10 +274,10 @@ def parse_model(raw: Mapping[str, Any]) -> ModelConfig:
 def parse_data(raw: Mapping[str, Any]) -> DataConfig:
     """Looks the data source up in the registry and validates its options against its dataclass."""
     name = raw.get("name", "synthetic")
-    names = data_sources.source_names()
+    names = SOURCES.names()
     if name not in names:
         raise ConfigError("data.name", f"got {name!r}; available data sources: {one_of(names)}")
-    spec = data_sources.get_source(name)
+    spec = SOURCES.get(name)
     values = _parse_dataclass(spec.options, {k: v for k, v in raw.items() if k != "name"}, "data", as_kwargs=True)
     return DataConfig(name=name, options=spec.options(**values))
 

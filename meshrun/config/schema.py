@@ -71,6 +71,8 @@ AxisSpec = Optional[str]  # noqa: UP045 (a runtime alias, read by get_type_hints
 # derived from the model's variables and the mesh (auto).
 RULE_ORIGINS = ("rules", "extra_rules", "from_model", "auto")
 DEFAULT_AUTO_MIN_BYTES = 1 << 20
+# A replicated variable at least this large, on a mesh of more than one device, gets a warning (the plan's).
+LARGE_REPLICATED_BYTES = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -170,7 +172,7 @@ class TrainConfig:
     eval_every: int | None = None
     max_time: float | None = None  # seconds from process start; the config may say "90m", "2h", "1:30:00"
     early_stopping: EarlyStoppingConfig = field(default_factory=EarlyStoppingConfig)
-    sample_prompts: tuple[str, ...] | None = None  # completed after training (KerasHub causal LMs; meshrun.text.sampling)
+    sample_prompts: tuple[str, ...] | None = None  # completed after training (KerasHub causal LMs; meshrun.run.sampling)
     sample_max_length: int | None = None  # tokens of prompt and completion together; None: model.seq_len
 
 
@@ -281,7 +283,7 @@ class RunConfig:
     mesh: MeshConfig
     layout: LayoutConfig
     model: ModelConfig
-    data: DataConfig = field(default_factory=lambda: _default_data())
+    data: DataConfig = field(default_factory=DataConfig)  # meshrun.config.parse fills in the source's options
     train: TrainConfig = field(default_factory=TrainConfig)
     devices: DevicesConfig = field(default_factory=DevicesConfig)
     cache: CacheConfig = field(default_factory=CacheConfig)
@@ -297,12 +299,6 @@ class RunConfig:
         if self.resume is not None:
             return self.resume
         return "auto" if self.checkpoint.dir or requeued else "never"
-
-
-def _default_data() -> DataConfig:
-    from meshrun.config.parse import parse_data  # the parser needs these types first
-
-    return parse_data({})
 
 
 TOP_LEVEL_KEYS = ("mesh", "layout", "model", "data", "train", "devices", "cache", "distributed", "checkpoint", "logging", "profile", "resume")

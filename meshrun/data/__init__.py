@@ -1,13 +1,12 @@
 """Input pipelines: the data sources (`data=` config group) and what they share.
 
-Every source registers itself here (meshrun.data.registry) with its options dataclass; importing
-this package registers them all and imports no TensorFlow (only data=tfrecord and tf.data
+Every source registers itself (meshrun.data.registry) with its options dataclass; `get_source(name)`
+imports that source's module alone. Nothing here imports TensorFlow (only data=tfrecord and tf.data
 factories import it, when they load; meshrun.data.pipeline says which pipeline feeds which).
 """
 
 from __future__ import annotations
 
-from meshrun.data import arrays, python_source, synthetic, text, tfrecord  # noqa: F401  (register themselves)
 from meshrun.data.pipeline import Datasets
 from meshrun.data.registry import DataContext, get_source, source_names
 

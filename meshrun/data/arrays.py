@@ -208,7 +208,7 @@ def _features_and_labels(path, labels_path, options: ArraysOptions, key: str):
 
 def declared_inputs(options: ArraysOptions) -> dict:
     """The model inputs the features make, read from the file's headers alone."""
-    from meshrun.models.registry import InputSpec
+    from meshrun.specs.model import InputSpec
 
     x = _features_and_labels(options.path, options.labels_path, options, "path")[0]
     return {name: InputSpec(name, tuple(column.shape[1:]), np.dtype(column.dtype).name) for name, column in _columns(x).items()}

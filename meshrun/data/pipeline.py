@@ -47,7 +47,7 @@ class Datasets:
     def holds_generator(self) -> bool:
         """Whether the training or evaluation pipeline is a tf.data one holding a generator dataset
         (GeneratorDataset: a Python generator's elements), whose first iterator sets glibc's mmap threshold for the
-        whole process (meshrun.allocator)."""
+        whole process (meshrun.system.allocator)."""
         return any(tf_data.is_dataset(p) and tf_data.has_generator(p) for p in (self.train, self.eval))
 
 
@@ -84,7 +84,7 @@ def check_fits_model(element_spec, signature, loss_name: str, input_key: str | N
     a size the model leaves open fits any), its labels do not fit the model's output under the
     loss, or its sample weights do not fit the labels, before training starts. `element_spec` is
     the spec of one batch: (features, labels) or (features, labels, sample weights); `signature`
-    is the model's (meshrun.models.build.Signature); `input_key`, where given, is the model option that
+    is the model's (meshrun.run.build.Signature); `input_key`, where given, is the model option that
     sets its input shape (model.input_shape or model.seq_len), named in the fix."""
     features, labels, *weights = element_spec
     if isinstance(features, dict) and signature.named:

@@ -21,9 +21,9 @@ GENERATOR_OP = "GeneratorDataset"  # the op of a tf.data pipeline over a Python 
 
 
 def seeded_tensorflow(seed: int):
-    """TensorFlow, imported quietly (meshrun.placement.devices.import_tensorflow), its global seed
+    """TensorFlow, imported quietly (meshrun.compat.tensorflow.import_tensorflow), its global seed
     set for a run seeded `seed`: the shuffles' seeds derive from it."""
-    from meshrun.placement.devices import import_tensorflow
+    from meshrun.compat.tensorflow import import_tensorflow
 
     tf = import_tensorflow()
     tf.random.set_seed(order.tensorflow_global_seed(seed))
@@ -89,7 +89,7 @@ def first_batch(dataset) -> tuple:
 def has_generator(dataset) -> bool:
     """Whether the tf.data pipeline `dataset` holds a GeneratorDataset (a Python generator's
     elements, at any depth), whose first iterator sets glibc's mmap threshold for the whole process
-    (meshrun.allocator)."""
+    (meshrun.system.allocator)."""
     return GENERATOR_OP in compat.dataset_ops(dataset)
 
 

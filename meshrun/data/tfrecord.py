@@ -102,7 +102,7 @@ def _parser(options: TFRecordOptions):
 
 def declared_inputs(options: TFRecordOptions) -> dict:
     """The model inputs the feature spec makes (one unnamed input for a single name)."""
-    from meshrun.models.registry import InputSpec
+    from meshrun.specs.model import InputSpec
 
     named = len(options.inputs) > 1
     return {(name if named else None): InputSpec(name if named else None, tuple(options.features[name]["shape"]), options.features[name]["dtype"])
@@ -136,7 +136,7 @@ def _check_parses(files: list[str], options: TFRecordOptions) -> None:
 
 def load(options: TFRecordOptions, context: DataContext) -> pipeline.Datasets:
     """Finds and checks the files, then parses and batches them."""
-    from meshrun.placement.devices import require_tensorflow
+    from meshrun.compat.tensorflow import require_tensorflow
 
     require_tensorflow("data", "data=tfrecord")
     train_files = _files(options.files, "data.files")

@@ -19,7 +19,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from meshrun.errors import ConfigError
-from meshrun.launch.identity import Identity
+from meshrun.placement.identity import Identity
+from meshrun.specs.rundir import process_log
 
 log = logging.getLogger("meshrun")
 
@@ -136,7 +137,7 @@ def _wait_for_coordinator(host: str, port: int, identity: Identity, timeout_s: i
 
 def log_path(run_dir: str, process_id: int) -> Path:
     """The log file of process `process_id` in the run dir."""
-    return Path(run_dir) / f"process-{process_id}.log"
+    return process_log(run_dir, process_id)
 
 
 def route_output(run_dir: str, process_id: int) -> Path:

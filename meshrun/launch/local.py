@@ -7,7 +7,7 @@ processes' stdout) goes to `process-<i>.log` in the run dir, and `processes.json
 and logs. If any process fails, the others are stopped at once and the job fails with one line
 naming that process and its log; no process outlives the launcher (they die with it, too). A stop
 signal to the launcher is passed on: the processes stop together with a checkpoint, and the
-launcher exits with their status (meshrun.training.preemption).
+launcher exits with their status (meshrun.system.signals).
 """
 
 from __future__ import annotations
@@ -25,12 +25,12 @@ from meshrun.config.schema import DistributedConfig
 from meshrun.errors import ConfigError, Preempted, RunFailed
 from meshrun.launch.join import check_port_free, free_port, log_path
 from meshrun.launch.spawn import ForwardedStop, Role, spawn
-from meshrun.training import preemption
+from meshrun.specs.rundir import PROCESSES_FILE
+from meshrun.system import signals
 from meshrun.wording import ERROR_PREFIX
 
 log = logging.getLogger("meshrun")
 
-PROCESSES_FILE = "processes.json"
 # The keys the launcher sets for each process; the user's own values for them are dropped.
 _OWN_KEYS = ("distributed.mode", "distributed.local_processes", "distributed.coordinator", "distributed.num_processes",
              "distributed.process_id", "distributed.port", "devices.platform")
@@ -76,7 +76,7 @@ def run_local(config: DistributedConfig, run_dir: str, overrides: list[str]) -> 
     if ending is None:
         return
     if isinstance(ending, Stopped):
-        raise Preempted(ending.line, preemption.exit_status(ending.signum))
+        raise Preempted(ending.line, signals.exit_status(ending.signum))
     raise _explain(ending, count, run_dir)
 
 

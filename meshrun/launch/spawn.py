@@ -22,8 +22,8 @@ import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from meshrun.run.metrics import METRICS_FILE
-from meshrun.training import preemption
+from meshrun.specs.rundir import METRICS_FILE
+from meshrun.system import signals
 
 
 class Role(enum.Enum):
@@ -85,7 +85,7 @@ class ForwardedStop:
 
     def __enter__(self) -> ForwardedStop:
         if threading.current_thread() is threading.main_thread():
-            self._previous = {sig: signal.signal(sig, self._forward) for sig in preemption.STOP_SIGNALS}
+            self._previous = {sig: signal.signal(sig, self._forward) for sig in signals.STOP_SIGNALS}
         return self
 
     def __exit__(self, *exc) -> None:
@@ -108,12 +108,12 @@ class ForwardedStop:
     def stopped(self, returncode: int | None) -> bool:
         """Whether `returncode` is how a process ends that the forwarded signal stopped: 128 + its
         number after saving, or killed by it before it could catch it (while it started up)."""
-        return self.signum is not None and returncode in (preemption.exit_status(self.signum), -self.signum)
+        return self.signum is not None and returncode in (signals.exit_status(self.signum), -self.signum)
 
     def stopped_line(self, run_dir: str) -> str:
         """Where the stopped job stopped, as its (first) process wrote it into metrics.json."""
         try:
             stopped = json.loads((Path(run_dir) / METRICS_FILE).read_text())["train"]["stopped"]
-            return preemption.stopped_line(stopped)
+            return signals.stopped_line(stopped)
         except (OSError, ValueError, KeyError, TypeError):
-            return f"{preemption.signal_name(self.signum)} received: the job stopped before training began; nothing was saved (see {run_dir})"
+            return f"{signals.signal_name(self.signum)} received: the job stopped before training began; nothing was saved (see {run_dir})"

@@ -4,7 +4,7 @@ Step times are taken when each step's results are ready on the devices, not when
 it: Keras calls the batch-end hook only after it has fetched the step's logs from the devices.
 Where that happens depends on `async_safe` (see StepTimer). The process's minor page faults are
 read at the same moments: a steady step that faults thousands of pages is paying for an allocator
-that gives its buffers back every step (meshrun.allocator).
+that gives its buffers back every step (meshrun.system.allocator).
 """
 
 from __future__ import annotations
@@ -14,8 +14,9 @@ import time
 
 import keras
 
-from meshrun import allocator, compat
+from meshrun import compat
 from meshrun.logs.timing import StepStats, summarize
+from meshrun.system import allocator
 
 
 class StepTimer(keras.callbacks.Callback):

@@ -1,7 +1,7 @@
-"""Models meshrun can train. Importing this package registers every model module listed here: the
-zoo, and the specs that build the user's own models (`python`, `keras_hub`)."""
+"""Models meshrun can train: the zoo, and the specs that build the user's own models (`python`,
+`keras_hub`). Each module registers its spec; `get_model(name)` imports the module of that name
+alone (the table is meshrun.specs.model.MODELS)."""
 
-from meshrun.models import cnn, dense_model, factory, hub, transformer, two_tower  # noqa: F401  (register themselves)
 from meshrun.models.registry import ModelSpec, get_model, model_names, register_model, zoo_model_names
 
 __all__ = ["ModelSpec", "get_model", "model_names", "register_model", "zoo_model_names"]

@@ -189,7 +189,7 @@ def _check_preset(preset: str) -> None:
 def import_keras_hub():
     """keras_hub, imported after TensorFlow is (quietly), where TensorFlow is installed (KerasHub models need none: meshrun
     feeds them through Grain); a ConfigError saying how to install keras_hub when it is missing."""
-    from meshrun.placement.devices import import_tensorflow_if_installed
+    from meshrun.compat.tensorflow import import_tensorflow_if_installed
 
     import_tensorflow_if_installed()  # keras_hub imports it when it is installed: quietly first
     try:
@@ -223,7 +223,7 @@ def build(options: KerasHubOptions, load_weights: bool = True):
 
 def _build_task(options: KerasHubOptions, load_weights: bool):
     from meshrun import compat
-    from meshrun.placement import load_memory
+    from meshrun.system import load_memory
 
     task = task_class(options)
     if options.preset:
@@ -415,7 +415,7 @@ def layout_advice(options: KerasHubOptions, variables, mesh) -> list[str]:
             f"axis {mesh.batch_axis!r}: every step gathers them across data replicas, and the batch axis must divide the heads; "
             "KerasHub's Llama and Qwen maps put q/k/v axes in Gemma's order (keras-hub #2795): use layout=llama_tp for heads over the model axis"
         )
-    from meshrun.placement.plan import LARGE_REPLICATED_BYTES
+    from meshrun.config.schema import LARGE_REPLICATED_BYTES
 
     head = next((p for p in variables if p.path == UNTIED_HEAD), None)
     if head is not None and head.replicated and head.bytes >= LARGE_REPLICATED_BYTES and (mesh.size or 1) > 1:

@@ -15,12 +15,11 @@ import logging
 from pathlib import Path
 
 from meshrun.models.hub import KerasHubOptions, LoraOptions, adapted_layers, import_keras_hub
+from meshrun.specs.rundir import ADAPTER_FILE, PRESET_DIR
 from meshrun.wording import error_text
 
 log = logging.getLogger("meshrun")
 
-PRESET_DIR = "preset"  # checkpoint.export writes the trained task as a KerasHub preset into <run dir>/preset
-ADAPTER_FILE = "adapter.lora.h5"  # and a LoRA run's adapters (KerasHub's save_lora_weights format)
 PREPROCESSOR_FILES = ("preprocessor.json", "tokenizer.json")  # a preset holding either brings a preprocessor
 
 

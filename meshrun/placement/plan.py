@@ -1,7 +1,7 @@
 """The placement plan: where every variable and optimizer slot of a model lives on the mesh and how
 many bytes it puts on each device, worked out from shapes alone, before anything is allocated.
 
-`make_plan` is plain arithmetic over an abstract model (meshrun.models.build.describe) and the layout
+`make_plan` is plain arithmetic over an abstract model (meshrun.run.build.describe) and the layout
 rules; `meshrun plan` prints it, and a training run checks its rules with it and writes it as
 plan.json. Bytes per device are exact: a sharded dimension holds size / axis size elements on every
 device (rules that do not divide are errors), a replicated one holds all of them.
@@ -12,14 +12,11 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, replace
 
-from meshrun.config.schema import AxisSpec, LayoutRule, MeshConfig
+from meshrun.config.schema import LARGE_REPLICATED_BYTES, AxisSpec, LayoutRule, MeshConfig
 from meshrun.errors import ConfigError, DoesNotFit
 from meshrun.placement.layout import RuleCheck, TensorSpec, check_rules, is_lora_adapter
 from meshrun.wording import format_bytes, format_shape
 
-PLAN_FILE = "plan.json"  # beside metrics.json in a run dir: the plan the run was checked against
-# A replicated variable at least this large, on a mesh of more than one device, gets a warning.
-LARGE_REPLICATED_BYTES = 1 << 20
 MAX_LISTED = 10
 
 

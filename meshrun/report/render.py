@@ -1,6 +1,6 @@
 """The rich tables people read: a run's summary and its placed variables (from RunMetrics), the plan
 of `meshrun plan` with its lint, and the comparison of a sweep's runs. Files are written elsewhere
-(meshrun.files); what a run's summary shows is declared with its figures (meshrun.run.metrics)."""
+(meshrun.files); what a run's summary shows is declared with its figures (meshrun.specs.metrics)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from meshrun.run.metrics import DOES_NOT_FIT, PlacedVariable, RunMetrics
+from meshrun.specs.metrics import DOES_NOT_FIT, PlacedVariable, RunMetrics
 from meshrun.wording import format_bytes, format_shape, spec_text
 
 

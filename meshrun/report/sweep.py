@@ -1,7 +1,7 @@
 """Mesh-shape sweeps: which shapes to try, and the comparison of finished runs (the rows of the
 sweep table and the files summary.csv, summary.json and summary.png in the sweep dir).
 
-Each run's metrics.json is read as RunMetrics (meshrun.run.metrics); the rows are plain dicts, the
+Each run's metrics.json is read as RunMetrics (meshrun.specs.metrics); the rows are plain dicts, the
 content of summary.json. No jax.
 """
 
@@ -19,19 +19,18 @@ from meshrun.errors import ConfigError
 from meshrun.files import write_atomic
 from meshrun.logs import console
 from meshrun.report.render import rate_column, render_sweep, sweep_title, varying_keys
-from meshrun.run.metrics import (
+from meshrun.specs.metrics import (
     DOES_NOT_FIT,
-    METRICS_FILE,
     MemoryFigures,
     ModelFigures,
     RunMetrics,
     TimingFigures,
 )
+from meshrun.specs.rundir import METRICS_FILE, SUMMARY_FILES
 from meshrun.wording import first_line, format_bytes, format_shape, one_of
 
 log = logging.getLogger("meshrun")
 
-SUMMARY_FILES = ("summary.csv", "summary.json", "summary.png")
 COLUMNS = (
     "job", "mesh", "model", "layout", "status", "best", "compile_s", "step_time_ms", "step_time_p90_ms",
     "samples_per_s", "tokens_per_s", "eval_loss", "peak_bytes_per_device", "peak_source", "run_dir", "error",

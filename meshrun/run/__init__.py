@@ -1,4 +1,4 @@
-"""One training run, in three phases with typed hand-overs (`meshrun.run.train.train` runs them):
+"""One training run, in three phases with typed hand-overs (`meshrun.run.phases.train` runs them):
 
     setup = prepare(config, context)            every check, nothing built          run/prepare.py
     outcome = execute(setup)                    build, fit, evaluate, export        run/execute.py

@@ -6,9 +6,10 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 import meshrun
-from meshrun.report import hardware
+from meshrun.run import hardware
 from meshrun.run.execute import Outcome, local_devices, stopped_by_signal
-from meshrun.run.metrics import (
+from meshrun.run.prepare import RunSetup
+from meshrun.specs.metrics import (
     PREEMPTED,
     CacheFigures,
     CheckpointFigures,
@@ -25,7 +26,6 @@ from meshrun.run.metrics import (
     TimingFigures,
     TrainFigures,
 )
-from meshrun.run.prepare import RunSetup
 
 
 @dataclass(frozen=True)

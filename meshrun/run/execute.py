@@ -15,22 +15,22 @@ from pathlib import Path
 import jax
 import keras
 
-from meshrun import allocator, compat
+from meshrun import compat
+from meshrun.data import order
 from meshrun.logs.timing import StepStats
-from meshrun.models.build import build_model, check_paths_match
 from meshrun.placement import distribution as distribution_lib
-from meshrun.placement.load_memory import LoadPeaks, LoadWatch
-from meshrun.report import costs as costs_lib
-from meshrun.run import feed
+from meshrun.run import costs as costs_lib
+from meshrun.run import feed, sampling
+from meshrun.run.build import build_model, check_paths_match
 from meshrun.run.hooks import RunHooks, make_hooks
-from meshrun.run.metrics import SKIPPABLE, PlacedVariable, ProfileFigures
 from meshrun.run.prepare import RunSetup
-from meshrun.text import sampling
-from meshrun.training import objectives, preemption
+from meshrun.specs.metrics import SKIPPABLE, PlacedVariable, ProfileFigures
+from meshrun.specs.rundir import EXPORT_FILE
+from meshrun.system import allocator, signals
+from meshrun.system.load_memory import LoadPeaks, LoadWatch
+from meshrun.training import objectives
 from meshrun.training.callbacks import GracefulStop
 from meshrun.training.schedule import keras_schedule
-
-EXPORT_FILE = "model.keras"
 
 
 @dataclass(frozen=True)
@@ -64,21 +64,21 @@ class Outcome:
     exported: dict | None  # by name: model (model.keras), and the model's own formats (KerasHub: preset, adapter)
     loader: str
     allocator_restored: bool
-    samples: list | None = None  # train.sample_prompts and their completions (meshrun.text.sampling)
+    samples: list | None = None  # train.sample_prompts and their completions (meshrun.run.sampling)
     skipped: list | None = None  # what a run stopped by a signal left out (skipped_after_signal)
 
 
 def execute(setup: RunSetup) -> Outcome:
     """Builds, trains, evaluates and exports the model of `setup`, and measures it. A stop signal
-    while it builds or trains (meshrun.training.preemption) stops training at the next step
+    while it builds or trains (meshrun.system.signals) stops training at the next step
     boundary with a checkpoint there; the run then skips evaluation, export, sampling and XLA's analysis,
     to be done before the scheduler's grace period ends. Training runs under meshrun's allocator
-    policy (meshrun.allocator)."""
+    policy (meshrun.system.allocator)."""
     allocator.set_training_policy()
-    with preemption.StopSignals() as signals:
+    with signals.StopSignals() as stop_signals:
         model, loss, load = build(setup)
         built_at = time.time()
-        hooks = make_hooks(setup, signals)
+        hooks = make_hooks(setup, stop_signals)
         history = fit(model, setup, hooks)
     stopped = hooks.stopped()
     skipped = skipped_after_signal(setup) if stopped_by_signal(stopped) else None
@@ -128,7 +128,7 @@ def build(setup: RunSetup):
     spec, options = placement.spec, placement.options
     keras.distribution.set_distribution(distribution_lib.in_force(setup.distribution))
     keras.config.set_dtype_policy(config.train.precision)  # reset to float32 by distribution.reset
-    compat.set_random_seed(config.train.seed)
+    compat.set_random_seed(config.train.seed, order.tensorflow_global_seed(config.train.seed))
     with LoadWatch(local_devices(setup.devices.devices)) as watch:
         model, _ = build_model(spec, options, config.data)  # prepare's abstract builds left a fresh session
     check_paths_match(model, placement.abstract, spec, options)
@@ -221,7 +221,7 @@ def export(model, setup: RunSetup) -> dict | None:
 def placed_variables(model, setup: RunSetup) -> dict[str, PlacedVariable]:
     """Every model variable as placed: its shape, the PartitionSpec and bytes per device read back
     from the array, and the rule that placed it (None: replicated, no rule matched) with its
-    origin. The run's variables have the plan's paths (meshrun.models.build.check_paths_match)."""
+    origin. The run's variables have the plan's paths (meshrun.run.build.check_paths_match)."""
     planned = {p.path: p for p in setup.plan.variables}
     placed = {}
     for variable in model.variables:

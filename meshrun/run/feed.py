@@ -5,7 +5,7 @@ keras.utils.PyDataset (Keras fits from it natively, without TensorFlow), or, for
 
 No TensorFlow dataset is built here: a tf.data GeneratorDataset would set glibc's mmap
 threshold for the whole process and make every XLA step on the host fault its buffers in afresh
-(meshrun.allocator). A user's own tf.data pipeline may hold one; `AllocatorGuard` then sets
+(meshrun.system.allocator). A user's own tf.data pipeline may hold one; `AllocatorGuard` then sets
 meshrun's allocator policy again once the pipeline's iterators exist.
 
 Importing this module imports keras: call `meshrun.placement.devices.prepare` first.
@@ -18,8 +18,9 @@ import sys
 
 import keras
 
-from meshrun import allocator, compat
+from meshrun import compat
 from meshrun.data.batches import Batches
+from meshrun.system import allocator
 from meshrun.wording import format_bytes
 
 log = logging.getLogger("meshrun")
@@ -92,7 +93,7 @@ class BatchesForKeras(keras.utils.PyDataset):
 
 @compat.mark_async_safe
 class AllocatorGuard(keras.callbacks.Callback):
-    """Sets meshrun's large-block policy (meshrun.allocator.set_training_policy) again after the
+    """Sets meshrun's large-block policy (meshrun.system.allocator.set_training_policy) again after the
     first batch of every epoch and every evaluation of a run whose pipeline holds a tf.data
     generator dataset: a batch read means the pipeline's iterator, and so its generator dataset,
     exists, and each epoch or evaluation may have made a new one. Says so once. `restored` tells

@@ -14,14 +14,14 @@ from meshrun import compat
 from meshrun.logs import sinks
 from meshrun.logs.progress import EpochProgress, progress_mode
 from meshrun.logs.step_timer import StepTimer
-from meshrun.logs.steplog import StepLog
 from meshrun.run.feed import AllocatorGuard
-from meshrun.run.metrics import ProfileFigures
 from meshrun.run.prepare import RunSetup
-from meshrun.training import callbacks, preemption
+from meshrun.specs.metrics import ProfileFigures
+from meshrun.specs.rundir import PROFILE_DIR
+from meshrun.system import signals
+from meshrun.training import callbacks
 from meshrun.training.checkpoint import Checkpointing
-
-PROFILE_DIR = "profile"
+from meshrun.training.steplog import StepLog
 
 
 @dataclass
@@ -77,7 +77,7 @@ class RunHooks:
         """Why training ended before its last epoch, and where (None: it ran to the end)."""
         stopper = self.stopper
         if stopper is not None and stopper.stopped_at is not None:
-            signal = {"signal": preemption.signal_name(stopper.signal), "exit_status": preemption.exit_status(stopper.signal)} if stopper.signal else {}
+            signal = {"signal": signals.signal_name(stopper.signal), "exit_status": signals.exit_status(stopper.signal)} if stopper.signal else {}
             return {"reason": stopper.reason, **signal, "step": stopper.stopped_at, "checkpoint": self.checkpointing.last_saved}
         if self.early is not None and self.early.stopped_after is not None:
             return {"reason": "early_stopping", "epoch": self.early.stopped_after, "checkpoint": self.checkpointing.last_saved}
@@ -97,15 +97,15 @@ class RunHooks:
                               files=p.trace_files())
 
 
-def make_hooks(setup: RunSetup, signals: preemption.StopSignals | None = None) -> RunHooks:
-    """The run's callbacks (`signals`: the stop signals caught while it trains). The step log,
+def make_hooks(setup: RunSetup, stop_signals: signals.StopSignals | None = None) -> RunHooks:
+    """The run's callbacks (`stop_signals`: the stop signals caught while it trains). The step log,
     progress bar and profiler run in the first process only; the others log a line per epoch into
     their logs."""
     config, context = setup.config, setup.context
     train, start = config.train, setup.checkpoints.start
     first = start.global_step
     deadline = context.started_at + train.max_time if train.max_time is not None else None
-    stopper = callbacks.GracefulStop(first, deadline, signals, several_processes=setup.devices.processes > 1)
+    stopper = callbacks.GracefulStop(first, deadline, stop_signals, several_processes=setup.devices.processes > 1)
     hooks = RunHooks(
         timer=StepTimer(async_safe=not setup.devices.emulated),
         guard=callbacks.StopOnNaN(first, setup.datasets.steps_per_epoch) if train.stop_on_nan else None,

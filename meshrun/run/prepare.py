@@ -21,19 +21,26 @@ import keras
 
 from meshrun import compat
 from meshrun import data as data_lib
-from meshrun.config import RunConfig, check_batch, check_processes, check_rule_axes
-from meshrun.config.schema import DEFAULT_AUTO_MIN_BYTES, LayoutConfig, LayoutRule, MeshConfig, TrainConfig
-from meshrun.data import ranges
+from meshrun.config.checks import check_batch, check_processes, check_rule_axes
+from meshrun.config.schema import (
+    DEFAULT_AUTO_MIN_BYTES,
+    LayoutConfig,
+    LayoutRule,
+    MeshConfig,
+    RunConfig,
+    TrainConfig,
+)
+from meshrun.data import order, ranges
 from meshrun.errors import ConfigError
-from meshrun.launch.identity import ONE_PROCESS, Identity
 from meshrun.models import get_model
-from meshrun.models.build import AbstractModel, abstract_session, describe
-from meshrun.models.registry import ModelSpec
 from meshrun.placement import devices as devices_lib
 from meshrun.placement import distribution as distribution_lib
 from meshrun.placement.auto import derive_layout
+from meshrun.placement.identity import ONE_PROCESS, Identity
 from meshrun.placement.plan import DeviceMemory, Plan, make_plan
-from meshrun.text.sampling import plan_sampling
+from meshrun.run.build import AbstractModel, abstract_session, describe
+from meshrun.run.sampling import plan_sampling
+from meshrun.specs.model import ModelSpec
 from meshrun.training import checkpoint as checkpoint_lib
 from meshrun.training import objectives
 from meshrun.wording import format_bytes, format_shape, one_of
@@ -108,7 +115,7 @@ class RunSetup:
     datasets: data_lib.Datasets
     total_steps: int
     generator_in_pipeline: bool = False  # a tf.data generator dataset: the run restores malloc's policy (meshrun.run.feed)
-    sampling: Any = None  # meshrun.text.sampling.SamplingPlan: prompts completed after training (None: none)
+    sampling: Any = None  # meshrun.run.sampling.SamplingPlan: prompts completed after training (None: none)
 
     @property
     def plan(self) -> Plan:
@@ -279,7 +286,7 @@ def _data_context(config: RunConfig, planned: PlannedModel, named: Objectives, d
 def load_data(config: RunConfig, planned: PlannedModel, data: data_lib.DataContext) -> data_lib.Datasets:
     """The run's data pipelines, seeded, and checked against the model's inputs and the loss (a
     ConfigError when they do not fit)."""
-    compat.set_random_seed(config.train.seed)
+    compat.set_random_seed(config.train.seed, order.tensorflow_global_seed(config.train.seed))
     datasets = data_lib.make_datasets(config.data.name, config.data.options, data)
     weight_input = planned.spec.sample_weight_input
     if weight_input and not datasets.weighted:

@@ -253,7 +253,7 @@ class HuggingFaceEncoder:
 def _load_keras_hub(preset: Path, source, key: str) -> TextTokenizer:
     if not (preset / PRESET_CONFIG_FILE).is_file():
         raise ConfigError(key, f"got {source!r}, a KerasHub {TOKENIZER_FILE} with no {PRESET_CONFIG_FILE} beside it; {EXPECTED}")
-    from meshrun.placement.devices import require_tensorflow
+    from meshrun.compat.tensorflow import require_tensorflow
 
     # The reference encoder is KerasHub's TensorFlow graph (KerasHubGraphEncoder).
     require_tensorflow(key, "a KerasHub preset's tokenizer (checked against KerasHub's TensorFlow graph)")
@@ -298,7 +298,7 @@ def _keras_hub_layer(preset: Path, source, key: str):
 
 def _import_keras_hub(key: str):
     from meshrun import compat
-    from meshrun.placement.devices import import_tensorflow_if_installed
+    from meshrun.compat.tensorflow import import_tensorflow_if_installed
 
     import_tensorflow_if_installed()  # keras_hub imports it when it is installed: quietly first
     compat.import_keras()

@@ -89,7 +89,7 @@ class StopOnNaN(StepCounting):
 class GracefulStop(StepCounting):
     """Stops training at a step boundary when asked: at the first step that begins after `deadline`
     (time.time(); train.max_time), or after a stop signal `signals` caught (SIGTERM, SIGUSR1,
-    Ctrl-C; meshrun.training.preemption). The step that was beginning still runs. Checked before
+    Ctrl-C; meshrun.system.signals). The step that was beginning still runs. Checked before
     each step on the loop's own thread, so the step count is exact even when logs are fetched
     asynchronously.
 

@@ -33,6 +33,7 @@ import keras
 from meshrun import compat
 from meshrun.config.schema import CheckpointConfig
 from meshrun.errors import ConfigError
+from meshrun.specs.rundir import CHECKPOINTS_DIR
 from meshrun.training.callbacks import finite
 from meshrun.wording import error_text, first_line, format_bytes, format_shape
 
@@ -121,7 +122,7 @@ class ResumePoint:
 
 def directory(config: CheckpointConfig, run_dir: str) -> Path:
     """Where the run's checkpoints go: checkpoint.dir, else <run dir>/checkpoints."""
-    return Path(config.dir).expanduser().resolve() if config.dir else Path(run_dir).resolve() / "checkpoints"
+    return Path(config.dir).expanduser().resolve() if config.dir else Path(run_dir).resolve() / CHECKPOINTS_DIR
 
 
 def check_writable(path: Path) -> None:

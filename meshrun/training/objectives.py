@@ -9,7 +9,7 @@ from __future__ import annotations
 import keras
 
 from meshrun.errors import ConfigError
-from meshrun.models.registry import ModelSpec
+from meshrun.specs.model import ModelSpec
 from meshrun.wording import did_you_mean, one_of
 
 

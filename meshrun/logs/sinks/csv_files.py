@@ -8,8 +8,7 @@ from pathlib import Path
 
 from meshrun.files import write_atomic
 from meshrun.logs.sinks import SinkSpec, register_sink
-
-STEPS_CSV, EPOCHS_CSV = "steps.csv", "epochs.csv"
+from meshrun.specs.rundir import EPOCHS_CSV, STEPS_CSV
 
 
 class Csv:

@@ -6,8 +6,7 @@ import json
 from pathlib import Path
 
 from meshrun.logs.sinks import SinkSpec, register_sink
-
-LOG_FILE = "log.jsonl"
+from meshrun.specs.rundir import LOG_FILE
 
 
 class JsonLines:

@@ -9,8 +9,7 @@ import time
 from pathlib import Path
 
 from meshrun.logs.sinks import SinkSpec, register_sink
-
-TENSORBOARD_DIR = "tensorboard"
+from meshrun.specs.rundir import TENSORBOARD_DIR
 
 
 class TensorBoard:

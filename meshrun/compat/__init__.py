@@ -21,6 +21,7 @@ import re
 import sys
 from dataclasses import dataclass
 
+from meshrun.compat.tensorflow import set_global_seed as set_tensorflow_seed
 from meshrun.errors import DependencyError
 
 
@@ -190,16 +191,14 @@ def import_keras():
     return keras
 
 
-def set_random_seed(seed: int) -> None:
+def set_random_seed(seed: int, tensorflow_seed: int | None) -> None:
     """keras.utils.set_random_seed (Python's, numpy's and Keras' seeds) without importing
     TensorFlow, which it seeds whenever TensorFlow is installed (2 s of start-up). Where
-    TensorFlow is already imported, its global seed is set as meshrun's tf.data pipelines expect
-    (meshrun.data.order)."""
+    TensorFlow is already imported, its global seed is set to `tensorflow_seed`, the one meshrun's
+    tf.data pipelines expect (meshrun.data.order.tensorflow_global_seed)."""
     ensure("keras")
     import keras
     from keras.src.utils import module_utils
-
-    from meshrun.data.order import tensorflow_global_seed
 
     lazy = module_utils.tensorflow
     saved = lazy._available
@@ -208,8 +207,7 @@ def set_random_seed(seed: int) -> None:
         keras.utils.set_random_seed(seed)
     finally:
         lazy._available = saved
-    if "tensorflow" in sys.modules:
-        sys.modules["tensorflow"].random.set_seed(tensorflow_global_seed(seed))
+    set_tensorflow_seed(tensorflow_seed)
 
 
 def distribute_data(batch):

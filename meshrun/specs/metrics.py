@@ -23,7 +23,6 @@ from typing import Any
 
 from meshrun.wording import format_bytes, format_shape, one_of
 
-METRICS_FILE = "metrics.json"
 SUMMARY_ROWS = (
     "status", "mesh", "devices", "model", "batch", "optimizer", "start-up", "compile", "step time", "throughput", "flops",
     "memory", "epochs", "loss", "validation", "eval", "samples", "stopped", "wall", "run dir", "logs", "export",
@@ -323,7 +322,7 @@ class MemoryFigures:
     """Bytes per device: placed variables and optimizer state (read from the arrays, and as
     planned), XLA's estimate of the step and the live peak where the platform reports one; the
     peaks of building the model and loading its weights, per device and on the host
-    (meshrun.placement.load_memory)."""
+    (meshrun.system.load_memory)."""
 
     params_bytes_per_device: int = figure("memory", _bytes_text("{} params +"))
     optimizer_bytes_per_device: int = figure("memory", _bytes_text("{} optimizer per device"), " ")

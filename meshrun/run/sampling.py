@@ -1,10 +1,10 @@
 """`train.sample_prompts`: after training and evaluation a run completes a few prompts with the
-model it trained (meshrun.text.generate) and records them in metrics.json (`samples`) and its
+model it trained (meshrun.text.complete) and records them in metrics.json (`samples`) and its
 summary. Everything sampling needs is checked in the prepare phase, before anything is built: the
 model is a KerasHub causal LM, the run has a tokenizer (data.tokenizer, else model.preset's), the
 tokenizer fits the model and every prompt fits `train.sample_max_length` (default model.seq_len).
 
-`meshrun generate RUN_DIR` (meshrun.text.generate_command) finds the run's tokenizer, its framing
+`meshrun generate RUN_DIR` (meshrun.generate) finds the run's tokenizer, its framing
 and checks its lengths with the same functions.
 
 Nothing here imports jax or keras.
@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from meshrun.errors import ConfigError
+from meshrun.text.complete import complete, encode_prompts
 from meshrun.text.examples import Framing
-from meshrun.text.generate import complete, encode_prompts
 
 SAMPLE_KEY = "train.sample_prompts"
 LENGTH_KEY = "train.sample_max_length"

@@ -55,7 +55,7 @@ def train_step_costs(model, batch) -> StepCosts:
     process's share of the global batch), read after fit under the distribution still in force.
     The model's variables are left as they are."""
     if getattr(keras.config, "is_nnx_enabled", lambda: False)():
-        raise RuntimeError("meshrun.report.costs does not support Keras' Flax NNX mode")
+        raise RuntimeError("meshrun.run.costs does not support Keras' Flax NNX mode")
     if getattr(model, "train_function", None) is None:
         raise ValueError("train_step_costs needs a model that has been trained with fit()")
     if model.run_eagerly or not model.jit_compile:

@@ -3,7 +3,7 @@ completions of prompts by the model a finished KerasHub run trained, loaded on t
 and layout (its composed config in RUN_DIR/.hydra/config.yaml; the devices set up as `train` sets
 them, before jax starts). The weights are the run's exported preset (RUN_DIR/preset), else its
 newest checkpoint, read into each variable's sharding as resuming reads it. Prompts are encoded,
-batched and decoded as `train.sample_prompts` does (meshrun.text.generate).
+batched and decoded as `train.sample_prompts` does (meshrun.text.complete).
 
 Paths in the run's config (model.preset, data.tokenizer, data.files, checkpoint.dir) are read as
 they were at training: from the dir the run was launched in (Hydra's runtime.cwd), where it still
@@ -23,14 +23,15 @@ from pathlib import Path
 from typing import Any
 
 from meshrun.errors import ConfigError
-from meshrun.text.generate import complete, encode_prompts
-from meshrun.text.sampling import (
+from meshrun.run.sampling import (
     HUB_MODEL,
     check_max_length,
     check_vocabulary,
     load_run_tokenizer,
     model_vocabulary,
 )
+from meshrun.specs import rundir
+from meshrun.text.complete import complete, encode_prompts
 from meshrun.wording import first_line
 
 USAGE = """\
@@ -143,7 +144,7 @@ def launch_dir(run_dir: Path) -> Path | None:
     from omegaconf import OmegaConf
 
     try:
-        cwd = Path(str(OmegaConf.load(run_dir / ".hydra" / "hydra.yaml").hydra.runtime.cwd))
+        cwd = Path(str(OmegaConf.load(run_dir / rundir.HYDRA_DIR / "hydra.yaml").hydra.runtime.cwd))
     except Exception:  # no such file, or not Hydra's: the config's paths are read from here
         return None
     return cwd if cwd.is_dir() else None
@@ -187,11 +188,11 @@ def working_dir(path: Path | None):
 def read_run(run_dir: Path) -> SavedRun:
     """The run in `run_dir`, its config parsed and checked; a ConfigError for a dir that is not the
     run dir of a KerasHub run of meshrun train."""
-    from meshrun.config import parse_run_config
+    from meshrun.config.parse import parse_run_config
 
     if not run_dir.is_dir():
         raise ConfigError(RUN_DIR_KEY, f"got {str(run_dir)!r}, which is not a directory; give the run dir of a meshrun train run (outputs/DATE/TIME)")
-    config_file = run_dir / ".hydra" / "config.yaml"
+    config_file = run_dir / rundir.HYDRA_DIR / "config.yaml"
     if not config_file.is_file():
         raise ConfigError(RUN_DIR_KEY, f"got {str(run_dir)!r}, which holds no .hydra/config.yaml: not the run dir of a meshrun train run")
     raw = _read_config(config_file)
@@ -217,10 +218,9 @@ def _read_config(path: Path) -> dict:
 def find_weights(run: SavedRun) -> Weights:
     """The run's exported preset, else its newest complete checkpoint; a ConfigError when it has
     neither. Imports jax (Orbax): set the devices up first."""
-    from meshrun.models import hub_export
     from meshrun.training import checkpoint as checkpoint_lib
 
-    preset = run.path / hub_export.PRESET_DIR  # written by checkpoint.export=true
+    preset = run.path / rundir.PRESET_DIR  # written by checkpoint.export=true
     if (preset / "config.json").is_file():
         return Weights(preset=preset)
     point = checkpoint_lib.find("auto", checkpoint_lib.directory(run.config.checkpoint, str(run.path)))
@@ -286,7 +286,7 @@ def enter_distribution(config):
 
 def _from_checkpoint(config, planned, point):
     """The run's model built as the run built it, its weights read from checkpoint `point`."""
-    from meshrun.models.build import build_model, check_paths_match
+    from meshrun.run.build import build_model, check_paths_match
     from meshrun.training import checkpoint as checkpoint_lib
 
     model, _ = build_model(planned.spec, planned.options, config.data, abstract=True)  # initial weights, replaced next

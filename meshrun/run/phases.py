@@ -7,14 +7,14 @@ import logging
 import time
 from dataclasses import dataclass
 
-from meshrun.config import RunConfig
+from meshrun.config.schema import RunConfig
 from meshrun.errors import ConfigError
 from meshrun.placement import distribution
 from meshrun.placement.plan import Plan
 from meshrun.run.collect import Ending, collect
 from meshrun.run.execute import execute
-from meshrun.run.metrics import RunMetrics
 from meshrun.run.prepare import RunContext, prepare
+from meshrun.specs.metrics import RunMetrics
 from meshrun.training.checkpoint import UnreadableCheckpoint
 
 log = logging.getLogger("meshrun")

@@ -5,7 +5,7 @@ held at once, and the most host memory the process took beyond what it held befo
 Both are sampled: on a thread of this module every few milliseconds, and wherever the loader calls
 `sample()` (meshrun.compat.load_onto_shards does after placing each weight read from a preset).
 Device bytes are the shards of jax's live arrays. Host bytes are what malloc has handed out and not
-had back (meshrun.allocator.bytes_in_use) less the bytes of the arrays held on CPU devices, whose
+had back (meshrun.system.allocator.bytes_in_use) less the bytes of the arrays held on CPU devices, whose
 buffers XLA allocates there: on emulated CPU devices as on a GPU machine, the figure is the host's
 own use (arrays read from files, staging copies, compilation), without the pages of libraries
 imported meanwhile or what the allocator keeps after a free.
@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import jax
 
-from meshrun import allocator
+from meshrun.system import allocator
 
 SAMPLE_INTERVAL_S = 0.005
 
@@ -28,7 +28,7 @@ SAMPLE_INTERVAL_S = 0.005
 class LoadPeaks:
     """The most bytes one device held while the model was built and loaded, and the most host
     memory the process took beyond what it held when loading began (None where the C library
-    does not say: meshrun.allocator.bytes_in_use)."""
+    does not say: meshrun.system.allocator.bytes_in_use)."""
 
     bytes_per_device: int
     host_bytes: int | None

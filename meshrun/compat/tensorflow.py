@@ -1,0 +1,75 @@
+"""TensorFlow, an optional dependency (the `tf` extra): whether it is installed, and importing it
+quietly with its GPUs hidden. meshrun uses it for tf.data only (data=tfrecord, tf.data factories)
+and for the graph KerasHub preset tokenizers are checked against."""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import os
+import sys
+
+from meshrun.errors import ConfigError
+
+log = logging.getLogger("meshrun")
+
+_tensorflow_ready = False  # True once import_tensorflow has imported TensorFlow and hidden its GPUs
+# TensorFlow is an extra (pyproject.toml): the main job, the numpy and Grain feeds and the
+# TensorBoard sink run without it; data=tfrecord, tf.data factories and KerasHub preset tokenizers
+# (checked against KerasHub's TensorFlow graph) need it.
+TENSORFLOW_INSTALL = "pip install 'meshrun[tf]'"
+
+
+def tensorflow_installed() -> bool:
+    """Whether TensorFlow can be imported (found, not imported: that takes 2 s)."""
+    if "tensorflow" in sys.modules:
+        return sys.modules["tensorflow"] is not None  # None: an import of it is known to fail
+    return importlib.util.find_spec("tensorflow") is not None
+
+
+def require_tensorflow(key: str, needs: str) -> None:
+    """A ConfigError on `key` saying that `needs` (e.g. "data=tfrecord") needs TensorFlow and how
+    to install it, when TensorFlow is not installed."""
+    if not tensorflow_installed():
+        raise ConfigError(key, f"{needs} needs TensorFlow, which is not installed: {TENSORFLOW_INSTALL}")
+
+
+def import_tensorflow_if_installed():
+    """import_tensorflow() where TensorFlow is installed (before importing a library that imports
+    it when it can, such as keras_hub), else None."""
+    return import_tensorflow() if tensorflow_installed() else None
+
+
+def import_tensorflow():
+    """TensorFlow, which meshrun uses for tf.data only (data=tfrecord, tf.data factories, and the
+    graph KerasHub preset tokenizers are checked against), imported with its C++ start-up lines kept
+    off the console and its GPUs hidden (also when the user's code imported it first, if it has not
+    run an op yet). keras-hub's dependency tensorflow-text installs the full TensorFlow: that build
+    prints lines about missing CUDA drivers on import (no log level silences them) and, on a GPU
+    machine, would reserve GPU memory that jax needs. Call it before meshrun's own uses of
+    TensorFlow and before importing keras_hub (which imports it when installed); ImportError where
+    TensorFlow is not installed (require_tensorflow first says so as a ConfigError)."""
+    global _tensorflow_ready
+    if _tensorflow_ready and sys.modules.get("tensorflow") is not None:
+        return sys.modules["tensorflow"]
+    saved = os.dup(2)
+    try:
+        with open(os.devnull, "w") as devnull:
+            os.dup2(devnull.fileno(), 2)  # the import, and the GPU probe of hiding them, print
+            import tensorflow as tf
+
+            try:
+                tf.config.set_visible_devices([], "GPU")
+            except RuntimeError:  # its devices were initialised already (the user's code ran an op)
+                log.debug("TensorFlow's devices were initialised before meshrun could hide its GPUs")
+            _tensorflow_ready = True
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+    return tf
+
+
+def set_global_seed(seed: int | None) -> None:
+    """Sets TensorFlow's global seed (None: unset) where TensorFlow is already imported; never imports it."""
+    if sys.modules.get("tensorflow") is not None:
+        sys.modules["tensorflow"].random.set_seed(seed)

@@ -1,0 +1,32 @@
+"""What a run dir holds, by name: the one place the files meshrun writes into a run dir (Hydra's job
+output dir) are named, for the run that writes them and for everyone that reads them (reports and
+sweeps, the launchers, resume, `meshrun generate`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+METRICS_FILE = "metrics.json"  # the run's results (meshrun.specs.metrics.RunMetrics)
+PLAN_FILE = "plan.json"  # the plan the run was checked against (meshrun.placement.plan)
+LOG_FILE = "log.jsonl"  # the step log, always written
+STEPS_CSV, EPOCHS_CSV = "steps.csv", "epochs.csv"  # logging.csv=true
+TENSORBOARD_DIR = "tensorboard"  # logging.tensorboard=true
+PROFILE_DIR = "profile"  # profile.steps, where profile.dir is not given
+CHECKPOINTS_DIR = "checkpoints"  # where checkpoint.dir is not given
+EXPORT_FILE = "model.keras"  # checkpoint.export
+PRESET_DIR = "preset"  # checkpoint.export of a KerasHub task: the trained task as a preset
+ADAPTER_FILE = "adapter.lora.h5"  # and a LoRA run's adapters (KerasHub's save_lora_weights format)
+PROCESSES_FILE = "processes.json"  # a local multi-process job: its processes and coordinator
+ERROR_LOG = "error.log"  # the traceback of a run that failed
+HYDRA_DIR = ".hydra"  # Hydra's record of the composed config and the overrides
+SUMMARY_FILES = ("summary.csv", "summary.json", "summary.png")  # a sweep dir's comparison of its runs
+
+
+def process_log(run_dir: str | Path, process_id: int) -> Path:
+    """The log file of process `process_id` of a multi-process job (all but the first write there)."""
+    return Path(run_dir) / f"process-{process_id}.log"
+
+
+def job_log(run_dir: str | Path, job_name: str) -> Path:
+    """Hydra's log file of job `job_name` in its run dir."""
+    return Path(run_dir) / f"{job_name}.log"
