@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import builtins
 import contextlib
+import importlib.resources
 import os
 import re
 import shutil
@@ -30,10 +31,12 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from meshrun import compat, jobs
+from meshrun.compat.hydra import split_sweep
 from meshrun.config.parse import known_keys, other_choice_hint, parse_run_config
 from meshrun.errors import ConfigError
 from meshrun.logs import sinks
 from meshrun.placement import devices
+from meshrun.specs.model import MODELS
 from meshrun.wording import did_you_mean, first_line, one_of, say_error
 
 # Hydra settings for `meshrun plan`: it writes nothing, so its jobs get a throw-away run dir and no
@@ -112,12 +115,36 @@ def option_file(config_path: str) -> str | None:
     return None
 
 
+class ModelConfigSource(ServedConfigs):
+    """Serves the config of each registered model, `model/<name>`: configs/model/<name>.yaml with the
+    model's default layout (ModelSpec.default_layout, the one place it is stated) selected, as the
+    option of the layout group unless the command line or a recipe picks another."""
+
+    @staticmethod
+    def scheme() -> str:
+        return "meshrun-models"
+
+    def load_config(self, config_path: str) -> ConfigResult:
+        name = config_path.rsplit("/", 1)[-1].removesuffix(".yaml")
+        written = OmegaConf.load(importlib.resources.files(CONFIG_MODULE) / "model" / f"{name}.yaml")
+        layout = {"defaults": [{"override /layout@_global_.layout": MODELS.get(name).default_layout}]}
+        return self.result(OmegaConf.merge(layout, written))
+
+    def is_group(self, config_path: str) -> bool:
+        return config_path.strip("/") in ("", "model")
+
+    def is_config(self, config_path: str) -> bool:
+        group, _, name = config_path.strip("/").rpartition("/")
+        return group == "model" and name.removesuffix(".yaml") in MODELS.names()
+
+
 class MeshrunSearchPath(SearchPathPlugin):
     """Adds meshrun's generated configs (mesh shapes, option files) to Hydra's search path as a
     plugin rather than in configs/meshrun.yaml, so that a user's `hydra.searchpath=[file://DIR]`,
     which replaces that list, adds their config groups without taking meshrun's away."""
 
     def manipulate_search_path(self, search_path: ConfigSearchPath) -> None:
+        search_path.prepend(provider="meshrun", path=f"{ModelConfigSource.scheme()}://models")
         search_path.append(provider="meshrun", path=f"{MeshShapeSource.scheme()}://mesh")
         search_path.append(provider="meshrun", path=f"{FileOptionSource.scheme()}://files")
 
@@ -135,6 +162,7 @@ def register_config_sources() -> None:
     `logging/sinks`, an off switch for every registered log sink (configs/logging/default.yaml
     includes it), so that a new sink needs no config file of its own."""
     Plugins.instance().register(MeshShapeSource)
+    Plugins.instance().register(ModelConfigSource)
     Plugins.instance().register(FileOptionSource)
     Plugins.instance().register(MeshrunSearchPath)
     ConfigStore.instance().store(group="logging", name="sinks", node={name: False for name in sinks.switch_names()}, provider="meshrun")
@@ -278,7 +306,7 @@ def jobs_need_own_processes(overrides: list[str]) -> bool:
     try:
         counts = set()
         with composer() as compose:
-            for job in compat.split_sweep(OverridesParser.create().parse_overrides(overrides)):
+            for job in split_sweep(OverridesParser.create().parse_overrides(overrides)):
                 config = parse_run_config(compose(job))
                 counts.add(devices.cpu_devices_needed(config.mesh, config.devices))
     except Exception:  # a job that does not compose fails in the multirun itself, with its reason

@@ -15,8 +15,9 @@ def write_atomic(path: Path, data: bytes) -> None:
     os.replace(tmp, path)
 
 
-def write_json(data, run_dir: str | os.PathLike, name: str) -> Path:
-    """Writes `data` as JSON file `name` into `run_dir` atomically; returns its path."""
-    path = Path(run_dir) / name
+def write_json(data, directory: str | os.PathLike, name: str) -> Path:
+    """Writes `data` (plain JSON data: meshrun.specs.jsondata.to_json makes it of a record) as JSON
+    file `name` into `directory` (a run dir, a sweep dir) atomically; returns its path."""
+    path = Path(directory) / name
     write_atomic(path, (json.dumps(data, indent=2, sort_keys=False) + "\n").encode())
     return path

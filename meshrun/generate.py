@@ -232,13 +232,13 @@ def find_weights(run: SavedRun) -> Weights:
 def generate(run: SavedRun, request: Request) -> list[str]:
     """The completion of each prompt of `request` by the run's trained model on its mesh. The
     tokenizer and the prompts' lengths are checked before the model is loaded."""
-    from meshrun import compat
+    from meshrun.compat.keras import import_keras
     from meshrun.placement import devices as devices_lib
 
     config = run.config
     options = config.model.options
     devices_lib.prepare(config.devices, config.mesh)  # before jax is imported
-    compat.import_keras()  # before anything else imports it (meshrun.compat)
+    import_keras()  # before anything else imports it (meshrun.compat.keras)
     weights = find_weights(run)
     tokenizer, framing = load_run_tokenizer(config, RUN_DIR_KEY)
     max_length = check_max_length(request.max_length or options.seq_len, options, MAX_LENGTH)
@@ -268,11 +268,12 @@ def enter_distribution(config):
     devices, its layout rules (placed by the run's own planning step), its dtype policy. Returns
     the PlannedModel and the mesh."""
     from meshrun import compat
+    from meshrun.compat.keras import import_keras
     from meshrun.placement import devices as devices_lib
     from meshrun.placement import distribution as distribution_lib
     from meshrun.run.prepare import place
 
-    keras = compat.import_keras()
+    keras = import_keras()
     compat.ensure("keras")
     devices_lib.set_compilation_cache(config.cache)
     found = devices_lib.discover(config.devices, config.mesh)

@@ -3,13 +3,13 @@
     from meshrun.train import RunContext, train
 
 Importing it imports jax and keras (Keras on its jax backend, without the optional packages it
-would load for features meshrun does not use, see meshrun.compat.import_keras); set the device
+would load for features meshrun does not use, see meshrun.compat.keras.import_keras); set the device
 count first (meshrun.placement.devices.prepare), as the `meshrun` command does.
 """
 
-from meshrun import compat
+from meshrun.compat.keras import import_keras
 
-compat.import_keras()
+import_keras()
 
 from meshrun.run.phases import RunContext, TrainedRun, train  # noqa: E402  (after keras is imported our way)
 

@@ -642,10 +642,10 @@ def _bytes(count):
 def run_worker(spec: dict) -> None:
     """Runs one role (probe, keras, jax) and writes its result as JSON to $BENCH_GPU_OUT."""
     if spec["role"] != "probe":
-        from meshrun import compat
+        from meshrun.compat.keras import import_keras
 
         # Keras without scikit-learn and matplotlib, as meshrun imports it: start-up only, not steps.
-        compat.import_keras()
+        import_keras()
     roles = {"probe": worker_probe, "keras": worker_keras, "jax": worker_jax}
     result = roles[spec["role"]](spec)
     Path(os.environ["BENCH_GPU_OUT"]).write_text(json.dumps(result))
@@ -781,10 +781,10 @@ def build_model(model_spec: dict, precision: str):
     Keras), with the loss and metrics meshrun compiles it with."""
     import keras
 
-    from meshrun import compat
+    from meshrun.compat.keras import set_random_seed
 
     keras.config.set_dtype_policy(precision)
-    compat.set_random_seed(1337, tensorflow_seed=None)  # keras.utils.set_random_seed, without importing TensorFlow to seed it
+    set_random_seed(1337, tensorflow_seed=None)  # keras.utils.set_random_seed, without importing TensorFlow to seed it
     kind, options = model_spec["kind"], model_spec["options"]
     if kind == "transformer":
         from meshrun.models import transformer

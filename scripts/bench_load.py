@@ -1,5 +1,5 @@
 """Benchmarks what loading a KerasHub preset onto a mesh costs in memory: meshrun's loader
-(`meshrun.compat.load_onto_shards`: variables start as zeros on their shards instead of drawing
+(`meshrun.compat.keras.load_onto_shards`: variables start as zeros on their shards instead of drawing
 random values, and each weight read from the preset goes straight onto its shards) against plain
 `CausalLM.from_preset` under the same distribution.
 
@@ -103,7 +103,7 @@ def load(preset: Path, mesh: str, loader: str) -> dict:
     import keras_hub
     import yaml
 
-    from meshrun import compat
+    from meshrun.compat.keras import load_onto_shards
     from meshrun.config.schema import LayoutRule, MeshConfig
     from meshrun.placement.distribution import make_distribution
     from meshrun.system.load_memory import LoadWatch, bytes_by_device
@@ -115,7 +115,7 @@ def load(preset: Path, mesh: str, loader: str) -> dict:
     keras.distribution.set_distribution(make_distribution(mesh_config, rules, jax.devices()))
     started = time.perf_counter()
     with LoadWatch(jax.devices()) as watch:
-        onto_shards = compat.load_onto_shards(on_placed=watch.sample) if loader == "meshrun" else contextlib.nullcontext()
+        onto_shards = load_onto_shards(on_placed=watch.sample) if loader == "meshrun" else contextlib.nullcontext()
         with onto_shards:
             task = keras_hub.models.CausalLM.from_preset(str(preset), preprocessor=None, compile=False)
     seconds = time.perf_counter() - started

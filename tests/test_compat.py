@@ -1,16 +1,21 @@
 """Private names of dependencies (meshrun.compat): each one exists in the installed versions, and a
 release that lacks one stops meshrun before anything is built, with one line naming the package, its
-version, the name and the versions meshrun works with (exit 2, nothing left behind)."""
+version, the name and the versions meshrun works with (exit 2, nothing left behind). Each patch and
+convention meshrun relies on still does what meshrun needs of it."""
 
 import importlib.metadata
+import logging
+import subprocess
+import sys
 
 import pytest
 
-from meshrun import cli, compat
+from meshrun import cli
+from meshrun.compat import names as compat
 
 
 def test_every_private_name_exists_in_the_installed_packages():
-    assert set(compat.PRIVATE_NAMES) == {"keras", "hydra", "orbax", "tensorflow"}
+    assert set(compat.PRIVATE_NAMES) == {"keras", "hydra", "orbax", "tensorflow", "tensorboard", "keras_hub"}
     for group in compat.PRIVATE_NAMES:
         compat.check(group)
 
@@ -95,3 +100,171 @@ def test_a_tensorflow_error_names_the_tensorflow_distribution_installed(monkeypa
     installed["tensorflow"] = "2.21.0"
     assert compat.installed_distribution("tensorflow") == "tensorflow"
     assert compat.installed_distribution("keras") == "keras"
+
+
+# --- each name, and what meshrun does with it ------------------------------------------------------
+
+EVERY_NAME = [name for names in compat.PRIVATE_NAMES.values() for name in names]
+
+
+@pytest.mark.parametrize("name", EVERY_NAME, ids=lambda name: f"{name.dotted}:{name.source_contains}".rstrip(":"))
+def test_each_private_name_is_where_meshrun_reaches_it(name):
+    compat.check_name(name)
+
+
+def test_every_module_of_compat_lists_its_names_by_its_own_package():
+    packages = {(name.package, name.module.split(".")[0]) for name in EVERY_NAME}
+    assert packages == {("keras", "keras"), ("jax", "jax"), ("hydra-core", "hydra"), ("orbax-checkpoint", "orbax"),
+                        ("tensorflow", "tensorflow"), ("tensorboard", "tensorboard"), ("keras-hub", "keras_hub")}
+
+
+def test_keras_is_seeded_without_importing_tensorflow():
+    """set_random_seed switches off Keras' LazyModule of TensorFlow while keras.utils.set_random_seed
+    runs: Python's, numpy's and Keras' seeds are set, TensorFlow stays unimported."""
+    script = ("import sys, numpy as np\n"
+              "from meshrun.compat.keras import import_keras, set_random_seed\n"
+              "keras = import_keras()\n"
+              "set_random_seed(7, None); first = np.random.rand(), float(keras.random.uniform((), seed=None))\n"
+              "set_random_seed(7, None); again = np.random.rand(), float(keras.random.uniform((), seed=None))\n"
+              "assert first == again, (first, again)\n"
+              "assert 'tensorflow' not in sys.modules\n"
+              "from keras.src.utils import module_utils\n"
+              "assert module_utils.tensorflow._available is not False\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+
+
+def test_compile_recorded_records_what_compile_was_given_and_puts_compile_back():
+    import keras
+
+    from meshrun.compat.keras import compile_recorded
+
+    original = keras.Model.compile
+    with compile_recorded() as compiled:
+        by_keyword = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+        by_keyword.compile(optimizer="adam", loss="mse", metrics=["mae"], weighted_metrics=["mse"])
+        by_position = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+        by_position.compile("sgd", "mae", None, ["mse"])
+        without_loss = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+        without_loss.compile(optimizer="adam")
+        assert not by_keyword.compiled
+    assert keras.Model.compile is original
+    assert compiled == {id(by_keyword): {"loss": "mse", "metrics": ["mae"], "weighted_metrics": ["mse"]},
+                        id(by_position): {"loss": "mae", "metrics": ["mse"]}}
+
+
+def test_sublayers_lists_nested_layers_and_not_the_model():
+    import keras
+
+    from meshrun.compat.keras import sublayers
+
+    inner = keras.Sequential([keras.Input((3,)), keras.layers.Dense(4, name="inner_dense")], name="inner")
+    outer = keras.Sequential([keras.Input((3,)), inner, keras.layers.Dense(2, name="outer_dense")], name="outer")
+    names = [layer.name for layer in sublayers(outer) if not isinstance(layer, keras.layers.InputLayer)]
+    assert names == ["inner", "inner_dense", "outer_dense"]
+
+
+def test_keras_dispatches_step_hooks_of_callbacks_marked_async_safe_on_worker_threads():
+    import keras
+    from keras.src.callbacks.callback_list import CallbackList
+
+    from meshrun.compat.keras import is_async_safe, mark_async_safe
+
+    class StepHook(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            pass
+
+    assert not is_async_safe(StepHook()) and not CallbackList([StepHook()])._async_train
+    marked = mark_async_safe(StepHook())
+    assert is_async_safe(marked) and CallbackList([marked])._async_train
+    assert not CallbackList([mark_async_safe(StepHook(), False)])._async_train
+
+
+def test_jax_modules_log_through_the_loggers_meshrun_quiets():
+    import jax._src.profiler
+    import jax._src.xla_bridge
+
+    from meshrun.compat.jax import JAX_PLATFORM_LOGGER, JAX_PROFILER_LOGGER
+
+    assert jax._src.xla_bridge.logger.name == JAX_PLATFORM_LOGGER
+    assert jax._src.profiler.logger.name == JAX_PROFILER_LOGGER
+
+
+def test_split_sweep_gives_each_job_its_overrides():
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    from meshrun.compat.hydra import split_sweep
+
+    parsed = OverridesParser.create().parse_overrides(["mesh=8x1,2x4", "train.epochs=1"])
+    assert split_sweep(parsed) == [["mesh=8x1", "train.epochs=1"], ["mesh=2x4", "train.epochs=1"]]
+
+
+class _Records(logging.Handler):
+    def __init__(self):
+        super().__init__(logging.DEBUG)
+        self.records = []
+
+    def emit(self, record):
+        self.records.append(record)
+
+
+@pytest.fixture
+def absl_records():
+    """The records absl's logger passes on (after its filters) while the test runs."""
+    records = _Records()
+    absl = logging.getLogger("absl")
+    absl.addHandler(records)
+    yield records.records
+    absl.removeHandler(records)
+
+
+def test_orbax_warnings_about_what_meshrun_does_on_purpose_are_info(tmp_path, absl_records):
+    """A read-only manager (how meshrun finds and reads checkpoints) and jax.Array's type handler
+    registered again on CPU make Orbax warn; meshrun.compat.orbax sends those to train.log only."""
+    import jax
+
+    from meshrun.compat.orbax import EXPECTED_WARNINGS, import_orbax, keep_replicated_arrays_whole_on_cpu
+
+    ocp = import_orbax()
+    ocp.CheckpointManager(tmp_path, options=ocp.CheckpointManagerOptions(read_only=True)).close()
+    keep_replicated_arrays_whole_on_cpu()
+    handler = ocp.type_handlers.get_type_handler(jax.Array)
+    assert isinstance(handler, ocp.type_handlers.ArrayHandler) and handler._use_replica_parallel is False
+    expected = [r for r in absl_records if r.getMessage().startswith(tuple(EXPECTED_WARNINGS))]
+    seen = {text for text in EXPECTED_WARNINGS if any(r.getMessage().startswith(text) for r in expected)}
+    assert seen == set(EXPECTED_WARNINGS), [r.getMessage() for r in absl_records]
+    assert {r.levelname for r in expected} == {"INFO"}
+
+
+def test_a_checkpoint_is_complete_once_orbax_has_written_its_step_metadata(tmp_path):
+    import numpy as np
+
+    from meshrun.compat.orbax import import_orbax, is_complete_checkpoint
+
+    ocp = import_orbax()
+    with ocp.CheckpointManager(tmp_path, options=ocp.CheckpointManagerOptions(enable_async_checkpointing=False)) as manager:
+        manager.save(3, args=ocp.args.StandardSave({"x": np.zeros(2)}))
+    (tmp_path / "4").mkdir()
+    assert is_complete_checkpoint(tmp_path / "3") and not is_complete_checkpoint(tmp_path / "4")
+
+
+def test_dataset_ops_name_a_generator_dataset_inside_a_pipeline():
+    from meshrun.compat.tensorflow import dataset_ops, import_tensorflow
+
+    tf = import_tensorflow()
+    generated = tf.data.Dataset.from_generator(lambda: iter(range(3)), output_signature=tf.TensorSpec((), tf.int64))
+    assert "GeneratorDataset" in dataset_ops(generated.map(lambda x: x + 1).batch(2))
+    assert "GeneratorDataset" not in dataset_ops(tf.data.Dataset.range(3).batch(2))
+
+
+def test_tensorboard_reads_the_events_its_protos_make(tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from meshrun.logs.sinks.tensorboard_events import TensorBoard
+
+    sink = TensorBoard(tmp_path)
+    sink.step({"step": 3, "epoch": 1, "loss": 0.5, "step_s": 0.1})
+    sink.close()
+    events = EventAccumulator(str(tmp_path / "tensorboard"))
+    events.Reload()
+    assert [(e.step, e.value) for e in events.Scalars("train/loss")] == [(3, 0.5)]

@@ -60,7 +60,7 @@ def test_variables_the_files_do_not_fill_get_their_initializers_values_and_keras
     import keras
     from keras.src.backend.jax.core import JaxVariable
 
-    from meshrun import compat
+    from meshrun.compat import keras as compat
 
     placed = []
     with compat.load_onto_shards(on_placed=lambda: placed.append(1)):

@@ -16,7 +16,8 @@ from rich.console import Console
 from conftest import fast_run_in_process
 from meshrun import cli
 from meshrun.report.render import summary_table
-from meshrun.specs.metrics import RunMetrics, TimingFigures, figure
+from meshrun.specs.figures import figure
+from meshrun.specs.metrics import RunMetrics, TimingFigures
 
 
 @pytest.fixture(scope="module")

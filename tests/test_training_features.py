@@ -125,7 +125,8 @@ def test_the_default_callbacks_leave_keras_free_to_fetch_step_logs_asynchronousl
     from meshrun.logs.progress import EpochProgress
     from meshrun.logs.sinks import open_sinks
     from meshrun.training.callbacks import EarlyStopping, GracefulStop, StepProfiler, StopOnNaN
-    from meshrun.training.checkpoint import Checkpointing, Progress
+    from meshrun.training.checkpoint import Progress
+    from meshrun.training.checkpoint_callback import Checkpointing
     from meshrun.training.steplog import StepLog
 
     budget = GracefulStop(first_step=0, deadline=0.0)

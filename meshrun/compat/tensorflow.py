@@ -1,15 +1,17 @@
-"""TensorFlow, an optional dependency (the `tf` extra): whether it is installed, and importing it
-quietly with its GPUs hidden. meshrun uses it for tf.data only (data=tfrecord, tf.data factories)
-and for the graph KerasHub preset tokenizers are checked against."""
+"""TensorFlow, an optional dependency (the `tf` extra): whether it is installed, importing it
+quietly with its GPUs hidden, and, past its public API, the ops of a tf.data pipeline's graph.
+meshrun uses it for tf.data only (data=tfrecord, tf.data factories) and for the graph KerasHub
+preset tokenizers are checked against. Importing this module imports no TensorFlow."""
 
 from __future__ import annotations
 
 import importlib.util
 import logging
-import os
 import sys
 
+from meshrun.compat.names import PrivateName, ensure, uses
 from meshrun.errors import ConfigError
+from meshrun.system.process import stderr_silenced
 
 log = logging.getLogger("meshrun")
 
@@ -52,20 +54,14 @@ def import_tensorflow():
     global _tensorflow_ready
     if _tensorflow_ready and sys.modules.get("tensorflow") is not None:
         return sys.modules["tensorflow"]
-    saved = os.dup(2)
-    try:
-        with open(os.devnull, "w") as devnull:
-            os.dup2(devnull.fileno(), 2)  # the import, and the GPU probe of hiding them, print
-            import tensorflow as tf
+    with stderr_silenced():  # the import, and the GPU probe of hiding them, print
+        import tensorflow as tf
 
-            try:
-                tf.config.set_visible_devices([], "GPU")
-            except RuntimeError:  # its devices were initialised already (the user's code ran an op)
-                log.debug("TensorFlow's devices were initialised before meshrun could hide its GPUs")
-            _tensorflow_ready = True
-    finally:
-        os.dup2(saved, 2)
-        os.close(saved)
+        try:
+            tf.config.set_visible_devices([], "GPU")
+        except RuntimeError:  # its devices were initialised already (the user's code ran an op)
+            log.debug("TensorFlow's devices were initialised before meshrun could hide its GPUs")
+        _tensorflow_ready = True
     return tf
 
 
@@ -73,3 +69,21 @@ def set_global_seed(seed: int | None) -> None:
     """Sets TensorFlow's global seed (None: unset) where TensorFlow is already imported; never imports it."""
     if sys.modules.get("tensorflow") is not None:
         sys.modules["tensorflow"].random.set_seed(seed)
+
+
+uses(
+    "tensorflow",
+    PrivateName("tensorflow", "tensorflow", "data.Dataset._as_serialized_graph",
+                "telling whether a tf.data pipeline holds a generator dataset (which changes the process's malloc policy)"),
+)
+
+
+def dataset_ops(dataset) -> set[str]:
+    """The op names of a tf.data pipeline's graph, the ops of its functions (flat_map, interleave,
+    a GeneratorDataset's own) included. Serializing the graph runs none of them."""
+    ensure("tensorflow")
+    import tensorflow as tf
+
+    serialized = dataset._as_serialized_graph(external_state_policy=tf.data.experimental.ExternalStatePolicy.IGNORE)
+    graph = tf.compat.v1.GraphDef.FromString(serialized.numpy())
+    return {node.op for node in graph.node} | {node.op for function in graph.library.function for node in function.node_def}

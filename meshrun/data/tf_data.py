@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import sys
 
-from meshrun import compat
+from meshrun.compat.tensorflow import dataset_ops
 from meshrun.data import order
 
 GENERATOR_OP = "GeneratorDataset"  # the op of a tf.data pipeline over a Python generator
@@ -90,7 +90,7 @@ def has_generator(dataset) -> bool:
     """Whether the tf.data pipeline `dataset` holds a GeneratorDataset (a Python generator's
     elements, at any depth), whose first iterator sets glibc's mmap threshold for the whole process
     (meshrun.system.allocator)."""
-    return GENERATOR_OP in compat.dataset_ops(dataset)
+    return GENERATOR_OP in dataset_ops(dataset)
 
 
 def is_dataset(value) -> bool:

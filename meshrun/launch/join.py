@@ -21,6 +21,7 @@ from pathlib import Path
 from meshrun.errors import ConfigError
 from meshrun.placement.identity import Identity
 from meshrun.specs.rundir import process_log
+from meshrun.system import process
 
 log = logging.getLogger("meshrun")
 
@@ -145,12 +146,7 @@ def route_output(run_dir: str, process_id: int) -> Path:
     (appending), for every process but the first; returns the file."""
     path = log_path(run_dir, process_id)
     path.parent.mkdir(parents=True, exist_ok=True)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-    os.dup2(descriptor, 1)
-    os.dup2(descriptor, 2)
-    os.close(descriptor)
+    process.output_to_file(path)
     root = logging.getLogger()
     for handler in list(root.handlers):
         if isinstance(handler, logging.FileHandler):  # the run's main log belongs to process 0

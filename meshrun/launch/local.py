@@ -27,6 +27,7 @@ from meshrun.launch.join import check_port_free, free_port, log_path
 from meshrun.launch.spawn import ForwardedStop, Role, spawn
 from meshrun.specs.rundir import PROCESSES_FILE
 from meshrun.system import signals
+from meshrun.system.process import SignalHandlers
 from meshrun.wording import ERROR_PREFIX
 
 log = logging.getLogger("meshrun")
@@ -101,28 +102,32 @@ def _watch(started: list[subprocess.Popen], run_dir: str) -> Failure | Stopped |
     stop together with a checkpoint (returns Stopped); a second Ctrl-C, or SIGHUP, stops them all
     at once."""
     forwarded = ForwardedStop(started)
-    previous_hup = signal.signal(signal.SIGHUP, _raise_interrupt)
+    with SignalHandlers({signal.SIGHUP: _raise_interrupt}):
+        try:
+            with forwarded:
+                return _wait(started, forwarded, run_dir)
+        finally:
+            _stop(started)
+
+
+def _wait(started: list[subprocess.Popen], forwarded: ForwardedStop, run_dir: str) -> Failure | Stopped | None:
+    """Polls the processes until one fails, all have ended, or the others outstay process 0."""
     first_done_at = None
-    try:
-        with forwarded:
-            while True:
-                codes = [p.poll() for p in started]
-                failed = [i for i, code in enumerate(codes) if code not in (None, 0) and not forwarded.stopped(code)]
-                if failed:
-                    first = min(failed, key=lambda i: _blame_order(codes[i], i))
-                    return Failure(first, codes[first], log_path(run_dir, first))
-                if all(code is not None for code in codes):
-                    return Stopped(forwarded.signum, forwarded.stopped_line(run_dir)) if any(codes) else None
-                if codes[0] is not None:  # the job is done: process 0 has written its results
-                    first_done_at = first_done_at or time.monotonic()
-                    if time.monotonic() - first_done_at > _FINISH_GRACE_S:
-                        late = [i for i, code in enumerate(codes) if code is None]
-                        log.warning(f"processes {late} had not exited {_FINISH_GRACE_S} s after process 0 finished; stopping them")
-                        return None
-                time.sleep(_POLL_S)
-    finally:
-        _stop(started)
-        signal.signal(signal.SIGHUP, previous_hup)
+    while True:
+        codes = [p.poll() for p in started]
+        failed = [i for i, code in enumerate(codes) if code not in (None, 0) and not forwarded.stopped(code)]
+        if failed:
+            first = min(failed, key=lambda i: _blame_order(codes[i], i))
+            return Failure(first, codes[first], log_path(run_dir, first))
+        if all(code is not None for code in codes):
+            return Stopped(forwarded.signum, forwarded.stopped_line(run_dir)) if any(codes) else None
+        if codes[0] is not None:  # the job is done: process 0 has written its results
+            first_done_at = first_done_at or time.monotonic()
+            if time.monotonic() - first_done_at > _FINISH_GRACE_S:
+                late = [i for i, code in enumerate(codes) if code is None]
+                log.warning(f"processes {late} had not exited {_FINISH_GRACE_S} s after process 0 finished; stopping them")
+                return None
+        time.sleep(_POLL_S)
 
 
 def _blame_order(returncode: int, process_id: int) -> tuple:

@@ -18,12 +18,12 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from meshrun.specs.rundir import METRICS_FILE
 from meshrun.system import signals
+from meshrun.system.process import SignalHandlers
 
 
 class Role(enum.Enum):
@@ -72,26 +72,16 @@ def _die_with_parent() -> None:
         pass
 
 
-class ForwardedStop:
+class ForwardedStop(SignalHandlers):
     """While entered (on the main thread), passes the first stop signal this process gets
     (SIGTERM, SIGUSR1, Ctrl-C) on to the process groups of `processes` (started with `own_group`),
     which then stop with a checkpoint and exit with 128 + its number; `signum` remembers it. A
     second Ctrl-C raises KeyboardInterrupt here, for the caller to stop them at once."""
 
     def __init__(self, processes: Sequence[subprocess.Popen]):
+        super().__init__({sig: self._forward for sig in signals.STOP_SIGNALS})
         self.processes = processes
         self.signum: int | None = None
-        self._previous: dict = {}
-
-    def __enter__(self) -> ForwardedStop:
-        if threading.current_thread() is threading.main_thread():
-            self._previous = {sig: signal.signal(sig, self._forward) for sig in signals.STOP_SIGNALS}
-        return self
-
-    def __exit__(self, *exc) -> None:
-        for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
-        self._previous = {}
 
     def _forward(self, signum, frame) -> None:
         if self.signum is not None:

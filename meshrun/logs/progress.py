@@ -20,7 +20,7 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
-from meshrun import compat
+from meshrun.compat.keras import mark_async_safe
 
 RECENT_STEPS = 50  # the step time shown is the mean over this many of the latest steps
 UPDATE_EVERY_S = 0.25  # the bar takes new figures at most this often (rich redraws it twice a second)
@@ -31,7 +31,7 @@ def metrics_text(logs: dict) -> str:
     return "  ".join(f"{name} {float(value):.4f}" for name, value in (logs or {}).items())
 
 
-@compat.mark_async_safe
+@mark_async_safe
 class EpochProgress(keras.callbacks.Callback):
     """Shows training as it goes: `bar` (a rich bar per epoch, kept on screen when the epoch ends)
     or `lines` (a line per epoch). Step times are the gaps between the ends of recent steps. Per

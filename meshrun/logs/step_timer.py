@@ -14,7 +14,7 @@ import time
 
 import keras
 
-from meshrun import compat
+from meshrun.compat.keras import mark_async_safe
 from meshrun.logs.timing import StepStats, summarize
 from meshrun.system import allocator
 
@@ -34,7 +34,7 @@ class StepTimer(keras.callbacks.Callback):
 
     def __init__(self, async_safe: bool):
         super().__init__()
-        compat.mark_async_safe(self, async_safe)
+        mark_async_safe(self, async_safe)
         self._lock = threading.Lock()
         self._ends: dict[tuple[int, int], tuple[float, int]] = {}
         self._epoch = 0

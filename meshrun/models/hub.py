@@ -222,13 +222,13 @@ def build(options: KerasHubOptions, load_weights: bool = True):
 
 
 def _build_task(options: KerasHubOptions, load_weights: bool):
-    from meshrun import compat
+    from meshrun.compat.keras import load_onto_shards
     from meshrun.system import load_memory
 
     task = task_class(options)
     if options.preset:
         described = f"{task.__name__}.from_preset({options.preset!r})"
-        loading = compat.load_onto_shards(on_placed=load_memory.sample) if load_weights else contextlib.nullcontext()
+        loading = load_onto_shards(on_placed=load_memory.sample) if load_weights else contextlib.nullcontext()
         with loading:  # each weight straight onto its shards
             return user_code.call("model.preset", described, task.from_preset, preset=str(Path(options.preset).expanduser()),
                                   preprocessor=None, compile=False, load_weights=load_weights)
@@ -285,17 +285,17 @@ def lora_layer_names(backbone) -> list[str]:
     KerasHub's save_lora_weights writes), sorted."""
     import keras
 
-    from meshrun import compat
+    from meshrun.compat.keras import sublayers
 
     kinds = (keras.layers.Dense, keras.layers.EinsumDense)
-    return sorted({layer.name for layer in compat.sublayers(backbone) if isinstance(layer, kinds) and layer.weights})
+    return sorted({layer.name for layer in sublayers(backbone) if isinstance(layer, kinds) and layer.weights})
 
 
 def adapted_layers(backbone) -> list:
     """The backbone's layers that carry LoRA adapters."""
-    from meshrun import compat
+    from meshrun.compat.keras import sublayers
 
-    return [layer for layer in compat.sublayers(backbone) if getattr(layer, "lora_enabled", False)]
+    return [layer for layer in sublayers(backbone) if getattr(layer, "lora_enabled", False)]
 
 
 def export_formats(task, options: KerasHubOptions, run_dir: Path) -> dict[str, str]:

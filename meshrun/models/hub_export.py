@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
+from meshrun.compat.keras_hub import lora_kernel_b_dataset
 from meshrun.models.hub import KerasHubOptions, LoraOptions, adapted_layers, import_keras_hub
 from meshrun.specs.rundir import ADAPTER_FILE, PRESET_DIR
 from meshrun.wording import error_text
@@ -106,7 +107,7 @@ def save_adapter(backbone, lora: LoraOptions, path: Path) -> Path:
     try:
         backbone.save_lora_weights(str(partial))
         if lora.scale != 1.0:
-            _scale_datasets(partial, "lora_kernel_b", lora.scale)
+            _scale_datasets(partial, lora_kernel_b_dataset(), lora.scale)
         os.replace(partial, path)
     except BaseException:
         partial.unlink(missing_ok=True)

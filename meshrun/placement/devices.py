@@ -8,7 +8,7 @@ import os
 import sys
 from dataclasses import dataclass
 
-from meshrun import compat
+from meshrun.compat.jax import JAX_PLATFORM_LOGGER
 from meshrun.config.schema import CacheConfig, DevicesConfig, MeshConfig
 from meshrun.errors import ConfigError
 from meshrun.wording import first_line, format_shape
@@ -67,7 +67,7 @@ def prepare(devices: DevicesConfig, mesh: MeshConfig, processes: int = 1) -> Non
     os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
     os.environ.setdefault("TF_FORCE_GPU_ALLOW_GROWTH", "true")
     # With platform=auto jax probes for TPUs and GPUs and logs each miss at INFO.
-    logging.getLogger(compat.JAX_PLATFORM_LOGGER).setLevel(logging.WARNING)
+    logging.getLogger(JAX_PLATFORM_LOGGER).setLevel(logging.WARNING)
     if devices.platform != "auto":
         os.environ["JAX_PLATFORMS"] = _JAX_PLATFORMS[devices.platform]
     if "jax" not in sys.modules:

@@ -10,11 +10,12 @@ device (rules that do not divide are errors), a replicated one holds all of them
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from meshrun.config.schema import LARGE_REPLICATED_BYTES, AxisSpec, LayoutRule, MeshConfig
 from meshrun.errors import ConfigError, DoesNotFit
 from meshrun.placement.layout import RuleCheck, TensorSpec, check_rules, is_lora_adapter
+from meshrun.specs.jsondata import OMIT_IF_NONE, to_json
 from meshrun.wording import format_bytes, format_shape
 
 MAX_LISTED = 10
@@ -34,8 +35,8 @@ class Placement:
     spec: tuple[AxisSpec, ...]
     bytes: int
     bytes_per_device: int
-    reference: str | None = None
-    origin: str | None = None
+    reference: str | None = field(default=None, metadata={OMIT_IF_NONE: True})
+    origin: str | None = field(default=None, metadata={OMIT_IF_NONE: True})
     trainable: bool = True
 
     @property
@@ -127,12 +128,7 @@ class Plan:
             "status": "error" if self.errors else "ok",
             "model": {"name": self.model, "params": self.params, "params_bytes": self.params_bytes,
                       "trainable_params": self.trainable_params, "frozen_params": self.params - self.trainable_params},
-            "mesh": {
-                "shape": list(self.mesh.shape),
-                "axis_names": list(self.mesh.axis_names),
-                "batch_axis": self.mesh.batch_axis,
-                "devices": self.mesh.size,
-            },
+            "mesh": {**to_json(self.mesh), "devices": self.mesh.size},
             "optimizer": self.optimizer,
             "variables": [_placement_dict(p) for p in self.variables],
             "optimizer_variables": [_placement_dict(p, slot=True) for p in self.slots],
@@ -144,8 +140,8 @@ class Plan:
             },
             "largest_replicated": [{"path": p.path, "bytes": p.bytes} for p in self.largest_replicated()],
             **({"lora_adapters": _adapters_dict(self.adapters)} if self.adapters else {}),
-            **({"device_memory": {"bytes": self.memory.bytes, "source": self.memory.source,
-                                  "fits": self.total_bytes_per_device <= self.memory.bytes}} if self.memory else {}),
+            **({"device_memory": {**to_json(self.memory), "fits": self.total_bytes_per_device <= self.memory.bytes}}
+               if self.memory else {}),
             "processes": process_layout(self.mesh, self.processes),
             "errors": [str(e) for e in self.errors],
             "warnings": list(self.warnings),
@@ -317,12 +313,8 @@ def _adapters_dict(adapters: tuple[Placement, ...]) -> dict:
 
 
 def _placement_dict(p: Placement, slot: bool = False) -> dict:
-    data = asdict(p)
+    """A variable or optimizer slot as plan.json lists it, reference and origin only where known."""
+    data = to_json(p)
     if slot:
         del data["trainable"]  # slots are the optimizer's; whether they train says nothing
-    data["shape"] = list(p.shape)
-    data["spec"] = list(p.spec)
-    for optional in ("reference", "origin"):
-        if data[optional] is None:
-            del data[optional]
     return data

@@ -1,6 +1,7 @@
 """The rich tables people read: a run's summary and its placed variables (from RunMetrics), the plan
 of `meshrun plan` with its lint, and the comparison of a sweep's runs. Files are written elsewhere
-(meshrun.files); what a run's summary shows is declared with its figures (meshrun.specs.metrics)."""
+(meshrun.files); what a run's summary shows is declared with its figures (meshrun.specs.metrics,
+meshrun.specs.figures), which hand this module the rows."""
 
 from __future__ import annotations
 

@@ -16,7 +16,7 @@ import re
 from pathlib import Path
 
 from meshrun.errors import ConfigError
-from meshrun.files import write_atomic
+from meshrun.files import write_atomic, write_json
 from meshrun.logs import console
 from meshrun.report.render import rate_column, render_sweep, sweep_title, varying_keys
 from meshrun.specs.metrics import (
@@ -109,7 +109,7 @@ def write_summary(rows: list[dict], out_dir) -> list[Path]:
     out.mkdir(parents=True, exist_ok=True)
     paths = [out / name for name in SUMMARY_FILES]
     write_atomic(paths[0], to_csv(rows).encode())
-    write_atomic(paths[1], (json.dumps({"rows": rows}, indent=2) + "\n").encode())
+    write_json({"rows": rows}, out, paths[1].name)
     write_atomic(paths[2], plot_png(rows))
     return paths
 

@@ -4,7 +4,11 @@
     outcome = execute(setup)                    build, fit, evaluate, export        run/execute.py
     metrics = collect(setup, outcome, ending)   what metrics.json holds             run/collect.py
 
-RunMetrics (run/metrics.py) is metrics.json's one definition, written by a run and read by reports
-and sweeps. The phases import jax and keras: call `meshrun.placement.devices.prepare` before
-importing them; importing this package (and run/metrics.py) imports neither.
+The run is what ties the plugins together: it builds the model (build.py) under the placement's
+distribution, feeds it the data (feed.py), trains it with training's objectives and callbacks,
+logs through logs/, measures it (costs.py: XLA's analysis; hardware.py: peak FLOP/s) and completes
+prompts with it (sampling.py). metrics.json's one definition is RunMetrics (meshrun.specs.metrics),
+which reports and sweeps read without importing this package. The phases import jax and keras:
+call `meshrun.placement.devices.prepare` before importing them; importing this package imports
+neither.
 """

@@ -9,13 +9,12 @@ Importing this module imports keras: call `meshrun.placement.devices.prepare` fi
 from __future__ import annotations
 
 import contextlib
-import inspect
 from dataclasses import dataclass
 
 import keras
 import numpy as np
 
-from meshrun import compat
+from meshrun.compat.keras import compile_recorded, sublayers
 from meshrun.errors import ConfigError
 from meshrun.models.registry import InputSpec, ModelSpec
 from meshrun.placement.layout import TensorSpec
@@ -125,28 +124,6 @@ def _signature(inputs, outputs) -> Signature:
 
 
 @contextlib.contextmanager
-def compile_recorded():
-    """While in force, `keras.Model.compile` records what models were compiled with instead of
-    compiling them: the abstract build runs the user's factory in a StatelessScope, where creating
-    an optimizer fails. Yields {id(model): its loss, metrics and weighted_metrics as given} for
-    the models compiled with a loss."""
-    compiled: dict[int, dict] = {}
-    original = keras.Model.compile
-    takes = inspect.signature(original)
-
-    def record(model, *args, **kwargs):
-        given = takes.bind(model, *args, **kwargs).arguments
-        if given.get("loss") is not None:
-            compiled[id(model)] = {k: given[k] for k in ("loss", "metrics", "weighted_metrics") if given.get(k) is not None}
-
-    keras.Model.compile = record
-    try:
-        yield compiled
-    finally:
-        keras.Model.compile = original
-
-
-@contextlib.contextmanager
 def abstract_session(precision: str = "float32", collect: bool = True):
     """A fresh Keras session under dtype policy `precision` for building things by shape only:
     inside it, variables created in `keras.StatelessScope(initialize_variables=False)` are deferred,
@@ -213,7 +190,7 @@ def _itemsize(dtype: str) -> int:
 def _outputs(model) -> list[TensorSpec]:
     """`<layer>/output` of every layer, the paths Keras looks up for output sharding constraints."""
     outputs = []
-    for layer in [*compat.sublayers(model), model]:
+    for layer in [*sublayers(model), model]:
         if isinstance(layer, keras.layers.InputLayer):
             continue
         output = getattr(layer, "output", None)

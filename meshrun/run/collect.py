@@ -3,12 +3,13 @@ what `execute` found out. Plain arithmetic; nothing is measured here."""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import meshrun
 from meshrun.run import hardware
 from meshrun.run.execute import Outcome, local_devices, stopped_by_signal
 from meshrun.run.prepare import RunSetup
+from meshrun.specs.jsondata import to_json
 from meshrun.specs.metrics import (
     PREEMPTED,
     CacheFigures,
@@ -73,15 +74,14 @@ def _model(setup: RunSetup, outcome: Outcome) -> ModelFigures:
     spec, options = setup.planned.spec, setup.planned.options
     signature = setup.planned.abstract.signature.describe()
     return ModelFigures(name=spec.name, label=spec.name_of(options), params=outcome.params, trainable_params=outcome.trainable_params,
-                        options=_jsonable(asdict(options)),
-                        inputs=signature["inputs"], outputs=signature["outputs"])
+                        options=to_json(options), inputs=signature["inputs"], outputs=signature["outputs"])
 
 
 def _data(setup: RunSetup, outcome: Outcome) -> DataFigures:
     config, data = setup.config, setup.data
     return DataFigures(
         source=config.data.name, loader=outcome.loader, allocator_restored=outcome.allocator_restored,
-        details={**_jsonable(asdict(config.data.options)), **setup.datasets.info},
+        details={**to_json(config.data.options), **setup.datasets.info},
         global_batch_size=data.batch_size, process_batch_size=data.process_batch_size, processes=data.process_count,
         process_share={"index": data.shard_index, "count": data.shard_count},
     )
@@ -96,7 +96,7 @@ def _train(setup: RunSetup, outcome: Outcome) -> TrainFigures:
         min_learning_rate=train.min_learning_rate, clip_norm=train.clip_norm, precision=train.precision,
         grad_accum_steps=train.grad_accum_steps, samples_per_update=train.batch_size * train.grad_accum_steps,
         updates=outcome.updates, eval_every=train.eval_every, max_time_s=train.max_time,
-        early_stopping=asdict(train.early_stopping) if train.early_stopping.monitor else None,
+        early_stopping=to_json(train.early_stopping) if train.early_stopping.monitor else None,
         stopped=outcome.stopped, loss=outcome.loss, seed=train.seed,
     )
 
@@ -166,11 +166,3 @@ def _checkpoint(setup: RunSetup, outcome: Outcome) -> CheckpointFigures:
         resumed_at_step=setup.checkpoints.start.global_step if resume else None,
         exported=exported.get("model"), exported_preset=exported.get("preset"), exported_adapter=exported.get("adapter"),
     )
-
-
-def _jsonable(value):
-    if isinstance(value, tuple):
-        return list(value)
-    if isinstance(value, dict):
-        return {k: _jsonable(v) for k, v in value.items()}
-    return value

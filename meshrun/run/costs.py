@@ -21,7 +21,7 @@ import jax
 import keras
 import numpy as np
 
-from meshrun import compat
+from meshrun.compat.keras import distribute_data, state_shardings, training_state
 
 
 @dataclass(frozen=True)
@@ -64,10 +64,10 @@ def train_step_costs(model, batch) -> StepCosts:
     start = time.perf_counter()
     out_shardings = None
     if keras.distribution.distribution() is not None:
-        out_shardings = (None, compat.state_shardings(model))
+        out_shardings = (None, state_shardings(model))
     step = jax.jit(model.train_step, donate_argnums=0, out_shardings=out_shardings)
-    state = compat.training_state(model)
-    data = compat.distribute_data(keras.tree.map_structure(_as_fit_feeds_it, tuple(batch)))
+    state = training_state(model)
+    data = distribute_data(keras.tree.map_structure(_as_fit_feeds_it, tuple(batch)))
     lowered = step.lower(state, data)
     compiled = lowered.compile()
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import jax
 import keras
 
-from meshrun import compat
+from meshrun.compat.keras import set_random_seed
 from meshrun.data import order
 from meshrun.logs.timing import StepStats
 from meshrun.placement import distribution as distribution_lib
@@ -128,7 +128,7 @@ def build(setup: RunSetup):
     spec, options = placement.spec, placement.options
     keras.distribution.set_distribution(distribution_lib.in_force(setup.distribution))
     keras.config.set_dtype_policy(config.train.precision)  # reset to float32 by distribution.reset
-    compat.set_random_seed(config.train.seed, order.tensorflow_global_seed(config.train.seed))
+    set_random_seed(config.train.seed, order.tensorflow_global_seed(config.train.seed))
     with LoadWatch(local_devices(setup.devices.devices)) as watch:
         model, _ = build_model(spec, options, config.data)  # prepare's abstract builds left a fresh session
     check_paths_match(model, placement.abstract, spec, options)

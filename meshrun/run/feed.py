@@ -18,7 +18,7 @@ import sys
 
 import keras
 
-from meshrun import compat
+from meshrun.compat.keras import mark_async_safe
 from meshrun.data.batches import Batches
 from meshrun.system import allocator
 from meshrun.wording import format_bytes
@@ -91,7 +91,7 @@ class BatchesForKeras(keras.utils.PyDataset):
             raise RuntimeError(f"the data ran out at batch {index} of a pass; does the data source hold the samples it declares?") from None
 
 
-@compat.mark_async_safe
+@mark_async_safe
 class AllocatorGuard(keras.callbacks.Callback):
     """Sets meshrun's large-block policy (meshrun.system.allocator.set_training_policy) again after the
     first batch of every epoch and every evaluation of a run whose pipeline holds a tf.data

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from meshrun import compat
+from meshrun.compat.keras import is_async_safe
 from meshrun.logs import sinks
 from meshrun.logs.progress import EpochProgress, progress_mode
 from meshrun.logs.step_timer import StepTimer
@@ -20,7 +20,7 @@ from meshrun.specs.metrics import ProfileFigures
 from meshrun.specs.rundir import PROFILE_DIR
 from meshrun.system import signals
 from meshrun.training import callbacks
-from meshrun.training.checkpoint import Checkpointing
+from meshrun.training.checkpoint_callback import Checkpointing
 from meshrun.training.steplog import StepLog
 
 
@@ -71,7 +71,7 @@ class RunHooks:
     @property
     def async_log_fetch(self) -> bool:
         """Whether Keras fetched step logs on its worker threads."""
-        return compat.is_async_safe(self.timer)
+        return is_async_safe(self.timer)
 
     def stopped(self) -> dict | None:
         """Why training ended before its last epoch, and where (None: it ran to the end)."""

@@ -21,6 +21,7 @@ import keras
 
 from meshrun import compat
 from meshrun import data as data_lib
+from meshrun.compat.keras import set_random_seed
 from meshrun.config.checks import check_batch, check_processes, check_rule_axes
 from meshrun.config.schema import (
     DEFAULT_AUTO_MIN_BYTES,
@@ -286,7 +287,7 @@ def _data_context(config: RunConfig, planned: PlannedModel, named: Objectives, d
 def load_data(config: RunConfig, planned: PlannedModel, data: data_lib.DataContext) -> data_lib.Datasets:
     """The run's data pipelines, seeded, and checked against the model's inputs and the loss (a
     ConfigError when they do not fit)."""
-    compat.set_random_seed(config.train.seed, order.tensorflow_global_seed(config.train.seed))
+    set_random_seed(config.train.seed, order.tensorflow_global_seed(config.train.seed))
     datasets = data_lib.make_datasets(config.data.name, config.data.options, data)
     weight_input = planned.spec.sample_weight_input
     if weight_input and not datasets.weighted:

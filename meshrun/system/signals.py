@@ -7,15 +7,16 @@ the scheduler understands (128 + the signal's number, as a shell reports a proce
 - SIGINT: Ctrl-C, the first time; a second Ctrl-C interrupts at once;
 - under Hydra's submitit launcher, also submitit's own signal (SIGUSR2 unless
   SUBMITIT_PREEMPT_SIGNAL names another), sent before the time limit or on preemption: once the
-  checkpoint is saved, submitit's handler gets it and requeues the job (`hand_on`).
+  checkpoint is saved, submitit's handler gets it and requeues the job (meshrun.launch.launchers.Slurm).
 """
 
 from __future__ import annotations
 
 import os
 import signal
-import threading
 from collections.abc import Mapping
+
+from meshrun.system.process import SignalHandlers
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
 
@@ -57,7 +58,7 @@ class StopSignals:
 
     def __init__(self):
         self.received: int | None = None
-        self._previous: dict = {}
+        self._handlers = SignalHandlers({})
         self._outer: StopSignals | None = None
 
     def __enter__(self) -> StopSignals:
@@ -66,43 +67,31 @@ class StopSignals:
             self._outer = _active
             _active.catch()
             return _active
-        if threading.current_thread() is threading.main_thread():
-            self._previous = {sig: signal.signal(sig, self._handle) for sig in caught_signals()}
+        self._handlers = SignalHandlers({sig: self._handle for sig in caught_signals()}).__enter__()
+        if self._handlers.active:
             _active = self
         return self
 
     def catch(self) -> None:
         """Takes the signals back from whoever set handlers for them since (joining a
         multi-process job installs jax's own SIGTERM handler, which would swallow it)."""
-        if self._previous and threading.current_thread() is threading.main_thread():
-            for sig in self._previous:
-                signal.signal(sig, self._handle)
+        self._handlers.reinstall()
 
     def __exit__(self, *exc) -> None:
         global _active
         if self._outer is not None:
             self._outer = None
             return
-        for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
-        if self._previous:
+        was_catching = self._handlers.active
+        self._handlers.__exit__(*exc)
+        if was_catching:
             _active = None
-        self._previous = {}
 
     def _handle(self, signum, frame) -> None:
         if self.received is None:
             self.received = signum
         elif signum == signal.SIGINT:
             raise KeyboardInterrupt
-
-
-def hand_on(signum: int) -> None:
-    """After a run stopped by submitit's signal (`scheduler_signal`) has saved its checkpoint and
-    written its files: gives the signal to the handler submitit installed, which requeues the job
-    (on the first task; the requeued job resumes from the checkpoint) and ends the process."""
-    handler = signal.getsignal(signum)
-    if callable(handler):
-        handler(signum, None)
 
 
 def stopped_line(stopped: dict) -> str:

@@ -32,13 +32,13 @@ import json
 import logging
 import os
 import sys
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 
 from meshrun.errors import ConfigError
+from meshrun.system.process import stderr_captured
 from meshrun.wording import first_line
 
 log = logging.getLogger("meshrun")
@@ -297,11 +297,11 @@ def _keras_hub_layer(preset: Path, source, key: str):
 
 
 def _import_keras_hub(key: str):
-    from meshrun import compat
+    from meshrun.compat.keras import import_keras
     from meshrun.compat.tensorflow import import_tensorflow_if_installed
 
     import_tensorflow_if_installed()  # keras_hub imports it when it is installed: quietly first
-    compat.import_keras()
+    import_keras()
     try:
         import keras_hub
     except ImportError:
@@ -314,17 +314,13 @@ def _native_info_lines_dropped():
     """Runs the block with the INFO lines native code prints straight to stderr left out (the
     SentencePiece inside TensorFlow Text prints `LOG(INFO) precompiled_charsmap is empty` on
     loading most models); its other lines are printed after the block."""
-    sys.stderr.flush()
-    saved = os.dup(2)
-    with tempfile.TemporaryFile() as captured:
-        os.dup2(captured.fileno(), 2)
-        try:
+    held = None
+    try:
+        with stderr_captured() as held:
             yield
-        finally:
-            os.dup2(saved, 2)
-            os.close(saved)
-            captured.seek(0)
-            kept = [line for line in captured.read().decode("utf-8", "replace").splitlines(keepends=True) if "LOG(INFO)" not in line]
+    finally:
+        if held is not None:
+            kept = [line for line in held.data.decode("utf-8", "replace").splitlines(keepends=True) if "LOG(INFO)" not in line]
             sys.stderr.write("".join(kept))
 
 

@@ -2,7 +2,7 @@
 is NaN or infinite, the graceful stop (the wall-clock budget, stop signals), early stopping and the
 profiler trace (timing, progress, the step log and checkpoints have modules of their own).
 
-All are async-safe (meshrun.compat.mark_async_safe): Keras may then call their per-step hooks from
+All are async-safe (meshrun.compat.keras.mark_async_safe): Keras may then call their per-step hooks from
 worker threads while the loop dispatches the next steps (its default on accelerators; one callback
 without it would make every step wait for its logs). So they take the step from the epoch's first
 step plus the batch index, never from a running counter, and write under a lock."""
@@ -19,7 +19,8 @@ import jax
 import keras
 import numpy as np
 
-from meshrun import compat
+from meshrun.compat.jax import JAX_PROFILER_LOGGER
+from meshrun.compat.keras import mark_async_safe
 
 
 def finite(logs) -> bool:
@@ -28,7 +29,7 @@ def finite(logs) -> bool:
     return loss is None or math.isfinite(float(loss))
 
 
-@compat.mark_async_safe
+@mark_async_safe
 class StepCounting(keras.callbacks.Callback):
     """A callback that knows each batch's global step, counted from 1 across the fit calls of a
     run (the epoch's first step plus the batch index, never a running counter: with async
@@ -140,7 +141,7 @@ class GracefulStop(StepCounting):
         return self._batches_done if self._batches_done is not None else batches
 
 
-@compat.mark_async_safe
+@mark_async_safe
 class EarlyStopping(keras.callbacks.EarlyStopping):
     """Keras' early stopping, quiet on the epochs that do not evaluate (train.eval_every) and
     remembering the epoch (from 1) it stopped after."""
@@ -175,7 +176,7 @@ class StepProfiler(StepCounting):
         step = self.step_number(batch)
         if self._started is None and self.traced is None and self.first <= step <= self.last:
             self.directory.mkdir(parents=True, exist_ok=True)
-            logging.getLogger(compat.JAX_PROFILER_LOGGER).setLevel(logging.WARNING)  # it logs each file it converts
+            logging.getLogger(JAX_PROFILER_LOGGER).setLevel(logging.WARNING)  # it logs each file it converts
             jax.profiler.start_trace(str(self.directory), create_perfetto_trace=True)
             self._started = step
 

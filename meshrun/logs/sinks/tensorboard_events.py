@@ -8,6 +8,7 @@ import struct
 import time
 from pathlib import Path
 
+from meshrun.compat.tensorboard import event_protos
 from meshrun.logs.sinks import SinkSpec, register_sink
 from meshrun.specs.rundir import TENSORBOARD_DIR
 
@@ -25,11 +26,9 @@ class TensorBoard:
     kind = "tensorboard"
 
     def __init__(self, run_dir: Path):
-        from tensorboard.compat.proto import event_pb2, summary_pb2
-
         self.path = run_dir / TENSORBOARD_DIR  # a dir of event files
         self.path.mkdir(parents=True, exist_ok=True)
-        self._event, self._summary = event_pb2.Event, summary_pb2.Summary
+        self._event, self._summary = event_protos()
         name = f"events.out.tfevents.{time.time():.6f}.{socket.gethostname()}.{os.getpid()}"
         self._writer = TFRecordFile(self.path / name)
         self._writer.write(self._event(wall_time=time.time(), file_version="brain.Event:2").SerializeToString())

@@ -1,0 +1,315 @@
+"""Keras, as meshrun uses it past its public API: importing it without the optional packages it
+would load, seeding it without TensorFlow, the JAX trainer's state and data placement (XLA cost
+analysis, checkpoints), the flat list of a model's layers, the attribute that lets Keras call
+callbacks from worker threads, recording what a model's code compiles it with, and loading a
+preset's weights straight onto their shards.
+
+Each private name is listed (meshrun.compat.names.uses) beside the function that reaches it, and
+checked with the rest of the keras group before the first use. Importing this module imports
+neither Keras nor jax.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import os
+import sys
+
+from meshrun.compat.names import PrivateName, ensure, uses
+from meshrun.compat.tensorflow import set_global_seed as set_tensorflow_seed
+
+# Keras imports these at its own import when they are installed, for its scikit-learn wrappers and
+# its image-plotting helpers, neither of which meshrun uses: together 0.5-0.9 s of every start-up.
+KERAS_OPTIONAL_IMPORTS = ("sklearn", "matplotlib")
+
+
+def import_keras():
+    """Keras, imported without the optional packages it would import for features meshrun does not
+    use (KERAS_OPTIONAL_IMPORTS; Keras imports each inside try/except ImportError). They stay
+    importable afterwards; only keras.wrappers' scikit-learn estimators and keras.visualization's
+    plots are then unavailable in this process. Keras runs on its jax backend."""
+    if "keras" in sys.modules:
+        return sys.modules["keras"]
+    os.environ["KERAS_BACKEND"] = "jax"  # meshrun runs Keras on jax only
+    refused = [name for name in KERAS_OPTIONAL_IMPORTS if name not in sys.modules]
+    for name in refused:
+        sys.modules[name] = None  # Python's own way to make `import name` raise ImportError
+    try:
+        import keras
+    finally:
+        for name in refused:
+            del sys.modules[name]
+    return keras
+
+
+uses(
+    "keras",
+    PrivateName("keras", "keras.src.utils.module_utils", "LazyModule",
+                "seeding Keras without importing TensorFlow (keras.utils.set_random_seed imports it when installed)",
+                source_contains="self._available"),
+)
+
+
+def set_random_seed(seed: int, tensorflow_seed: int | None) -> None:
+    """keras.utils.set_random_seed (Python's, numpy's and Keras' seeds) without importing
+    TensorFlow, which it seeds whenever TensorFlow is installed (2 s of start-up). Where
+    TensorFlow is already imported, its global seed is set to `tensorflow_seed`, the one meshrun's
+    tf.data pipelines expect (meshrun.data.order.tensorflow_global_seed)."""
+    ensure("keras")
+    import keras
+    from keras.src.utils import module_utils
+
+    lazy = module_utils.tensorflow
+    saved = lazy._available
+    lazy._available = False
+    try:
+        keras.utils.set_random_seed(seed)
+    finally:
+        lazy._available = saved
+    set_tensorflow_seed(tensorflow_seed)
+
+
+# --- the JAX trainer's state and data placement ----------------------------------------------------
+
+uses(
+    "keras",
+    PrivateName("keras", "keras.src.backend.jax.trainer", "_distribute_data",
+                "placing a batch on the mesh as fit does, to lower the real train step for XLA's cost analysis"),
+    PrivateName("keras", "keras", "Model._get_jax_state", "the training state fit passes to the train step (cost analysis)"),
+    PrivateName("keras", "keras", "Model._get_state_sharding_spec", "the state shardings fit gives jax.jit (cost analysis)"),
+    PrivateName("keras", "keras", "Model.jax_state_sync", "writing the live training state back to the variables before a checkpoint"),
+)
+
+
+def distribute_data(batch):
+    """`batch` placed on the mesh of the distribution in force, as fit places it."""
+    ensure("keras")
+    from keras.src.backend.jax import trainer
+
+    return trainer._distribute_data(batch)
+
+
+def training_state(model):
+    """The (trainable, non-trainable, optimizer, metrics) state tuple fit passes to the train step."""
+    ensure("keras")
+    return model._get_jax_state(
+        trainable_variables=True, non_trainable_variables=True, optimizer_variables=True, metrics_variables=True,
+    )
+
+
+def state_shardings(model):
+    """The shardings of the training state, as fit gives them to jax.jit as out_shardings."""
+    ensure("keras")
+    return model._get_state_sharding_spec()
+
+
+def sync_training_state(model) -> None:
+    """Writes the state the JAX trainer keeps off the variables during an epoch back onto them."""
+    ensure("keras")
+    model.jax_state_sync()
+
+
+# --- models and callbacks --------------------------------------------------------------------------
+
+uses(
+    "keras",
+    PrivateName("keras", "keras", "Layer._flatten_layers", "every layer of a model, whose <layer>/output paths layout rules may match"),
+    PrivateName("keras", "keras", "Model.compile",
+                "recording what a model's own code compiles it with where compiling cannot run (the abstract build)",
+                source_contains="weighted_metrics"),
+    PrivateName("keras", "keras.src.callbacks.callback_list", "CallbackList",
+                "letting Keras fetch step logs on worker threads while meshrun's callbacks run (their async_safe attribute)",
+                source_contains="async_safe"),
+)
+
+ASYNC_SAFE = "async_safe"  # the attribute Keras' CallbackList reads on each callback
+COMPILED_ARGUMENTS = ("loss", "metrics", "weighted_metrics")  # what compile_recorded records
+
+
+def sublayers(model) -> list:
+    """Every layer inside `model`, nested ones included (not the model itself)."""
+    ensure("keras")
+    return list(model._flatten_layers(include_self=False))
+
+
+@contextlib.contextmanager
+def compile_recorded():
+    """While in force, `keras.Model.compile` records what models were compiled with instead of
+    compiling them: the abstract build runs the user's factory in a StatelessScope, where creating
+    an optimizer fails. Yields {id(model): its loss, metrics and weighted_metrics as given} for
+    the models compiled with a loss."""
+    ensure("keras")
+    import keras
+
+    compiled: dict[int, dict] = {}
+    original = keras.Model.compile
+    takes = inspect.signature(original)
+
+    def record(model, *args, **kwargs):
+        given = takes.bind(model, *args, **kwargs).arguments
+        if given.get("loss") is not None:
+            compiled[id(model)] = {k: given[k] for k in COMPILED_ARGUMENTS if given.get(k) is not None}
+
+    keras.Model.compile = record
+    try:
+        yield compiled
+    finally:
+        keras.Model.compile = original
+
+
+def mark_async_safe(callback, safe: bool = True):
+    """Tells Keras whether it may call the per-step hooks of `callback` (a class or an instance)
+    from worker threads while its loop dispatches the next steps; returns `callback`, so it serves
+    as a class decorator."""
+    setattr(callback, ASYNC_SAFE, safe)
+    return callback
+
+
+def is_async_safe(callback) -> bool:
+    """Whether Keras may call the per-step hooks of `callback` from worker threads."""
+    return bool(getattr(callback, ASYNC_SAFE, False))
+
+
+# --- a preset's weights straight onto their shards -------------------------------------------------
+
+uses(
+    "keras",
+    PrivateName("keras", "keras.src.backend.jax.core", "JaxVariable._direct_assign",
+                "putting a weight read from a file onto its shards without a whole copy on one device (load_onto_shards)",
+                source_contains="self._value = value"),
+    PrivateName("keras", "keras.src.backend.jax.core", "JaxVariable._initialize_with_initializer",
+                "starting a variable as zeros on its shards where a file's weights replace its initial values (load_onto_shards)",
+                source_contains="self._initialize_layout()"),
+    PrivateName("keras", "keras.src.backend.common.variables", "Variable.__init__",
+                "the dtype a variable stores, whatever autocast scope is in force (load_onto_shards)",
+                source_contains="self._dtype"),
+    PrivateName("keras", "keras.src.backend.common.stateless_scope", "in_stateless_scope",
+                "leaving what happens inside a StatelessScope to Keras (load_onto_shards)"),
+)
+
+
+@contextlib.contextmanager
+def load_onto_shards(on_placed=None):
+    """Where a model's weights are read from files under a distribution (from_preset), keeps every
+    device at the bytes the layout gives it. While in force:
+
+    - a variable that the distribution lays out starts as zeros made on its shards, instead of
+      running its initializer, whose values the file's replace next (XLA's random numbers for a
+      large variable take several times its size in temporaries, on the host with CPU devices);
+    - assigning an array held on the host (the numpy array Keras' weight loading read from the
+      file) to such a variable drops the old value and copies each device's slice of the array
+      straight onto that device. Keras' own assign copies the whole array onto one device first,
+      which runs out of memory for a preset larger than one device (keras #21634). `on_placed()`
+      runs after each such placement (where loading peaks).
+
+    Variables the files did not fill get their initializer's values when the block ends. Anything
+    else goes to Keras."""
+    ensure("keras")
+    from keras.src.backend.common.stateless_scope import in_stateless_scope
+    from keras.src.backend.jax.core import JaxVariable
+
+    waiting = {}  # id -> (variable, initializer): zeros until the files fill them, in creation order
+    keras_initialize, keras_assign = JaxVariable._initialize_with_initializer, JaxVariable.assign
+    had_own_assign = "assign" in JaxVariable.__dict__
+
+    def initialize(variable, initializer):
+        variable._initialize_layout()
+        sharding = _sharding_of(variable)
+        if sharding is None or in_stateless_scope():
+            return keras_initialize(variable, initializer)
+        variable._value = _zeros_on_shards(tuple(variable.shape), sharding, variable._dtype)
+        waiting[id(variable)] = (variable, initializer)
+
+    def assign(variable, value):
+        waiting.pop(id(variable), None)
+        sharding = _host_value_sharding(variable, value)
+        if sharding is None:
+            return keras_assign(variable, value)
+        variable._value = None  # the old value goes first (unless something else holds it): the new one takes its place
+        placed = _place_slices(value, tuple(variable.shape), sharding, variable._dtype)
+        if on_placed is not None:
+            on_placed()
+        variable._direct_assign(placed)
+        return placed
+
+    JaxVariable._initialize_with_initializer, JaxVariable.assign = initialize, assign
+    try:
+        yield
+    finally:
+        JaxVariable._initialize_with_initializer = keras_initialize
+        if had_own_assign:
+            JaxVariable.assign = keras_assign
+        else:
+            del JaxVariable.assign
+    for variable, initializer in waiting.values():
+        keras_initialize(variable, initializer)
+
+
+def _sharding_of(variable):
+    """The jax sharding of a variable's layout, or None when it has none."""
+    import jax
+    from keras.distribution import TensorLayout
+
+    layout = getattr(variable, "_layout", None)
+    sharding = layout.backend_layout if isinstance(layout, TensorLayout) else layout
+    return sharding if isinstance(sharding, jax.sharding.Sharding) else None
+
+
+def _host_value_sharding(variable, value):
+    """The sharding to put `value` on when load_onto_shards places it: a value on the host of the
+    variable's shape, assigned outside a StatelessScope to a variable with a layout; else None."""
+    import jax
+    from keras.src.backend.common.stateless_scope import in_stateless_scope
+
+    if isinstance(value, jax.Array) or in_stateless_scope():
+        return None
+    if not hasattr(value, "__getitem__") or tuple(getattr(value, "shape", ())) != tuple(variable.shape):
+        return None  # not an array, or Keras' own error about the shape
+    return _sharding_of(variable)
+
+
+def _place_slices(value, shape: tuple, sharding, dtype):
+    """`value` (an array on the host) as a jax array of `sharding`: each local device gets a copy of
+    its slice alone, one distinct slice copied out at a time."""
+    import numpy as np
+
+    stored = _numpy_dtype(dtype)
+    return _on_each_device(shape, sharding, lambda index: np.array(value[index], dtype=stored))
+
+
+def _zeros_on_shards(shape: tuple, sharding, dtype):
+    """Zeros of `shape` as a jax array of `sharding`, made shard by shard."""
+    import numpy as np
+
+    stored = _numpy_dtype(dtype)
+    return _on_each_device(shape, sharding, lambda index: np.zeros(_slice_shape(index, shape), dtype=stored))
+
+
+def _numpy_dtype(dtype):
+    """The numpy dtype of a Keras dtype name (bfloat16 included)."""
+    import jax
+    import numpy as np
+
+    return np.dtype(jax.numpy.dtype(dtype))
+
+
+def _slice_shape(index: tuple, shape: tuple) -> tuple:
+    return tuple(len(range(*part.indices(size))) for part, size in zip(index, shape, strict=True))
+
+
+def _on_each_device(shape: tuple, sharding, read_slice):
+    """A jax array of `shape` and `sharding` whose shards are `read_slice(index)` (a numpy array),
+    made one distinct slice at a time and copied onto the devices that hold it."""
+    import jax
+
+    slices: dict = {}  # the slice's bounds -> its index and the devices that hold it
+    for device, index in sharding.addressable_devices_indices_map(shape).items():
+        bounds = tuple(part.indices(size) for part, size in zip(index, shape, strict=True))
+        slices.setdefault(bounds, (index, []))[1].append(device)
+    shards = []
+    for index, devices in slices.values():
+        host = read_slice(index)
+        shards.extend(jax.device_put(host, device) for device in devices)
+        del host
+    return jax.make_array_from_single_device_arrays(shape, sharding, shards)
