@@ -1,6 +1,7 @@
 """Test set-up: 8 emulated CPU devices and the jax backend, fixed before anything imports jax."""
 
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -136,3 +137,14 @@ def text_files(tmp_path_factory) -> TextFiles:
     tokenizer_text = corpus.read_text() + "\n\n" + "\n".join(INSTRUCTION_PROMPT.format(**r) + r["response"] for r in records)
     return TextFiles(root=root, corpus=corpus, instructions=instructions,
                      gemma=gemma_preset(root / "gemma", tokenizer_text, num_key_value_heads=4), gpt2=gpt2_preset(root / "gpt2", tokenizer_text))
+
+
+class LogRecords(logging.Handler):
+    """A logging handler that keeps every record it is given, at every level (`records`)."""
+
+    def __init__(self):
+        super().__init__(logging.DEBUG)
+        self.records = []
+
+    def emit(self, record):
+        self.records.append(record)

@@ -10,6 +10,7 @@ import sys
 
 import pytest
 
+from conftest import LogRecords
 from meshrun import cli
 from meshrun.compat import names as compat
 
@@ -199,19 +200,10 @@ def test_split_sweep_gives_each_job_its_overrides():
     assert split_sweep(parsed) == [["mesh=8x1", "train.epochs=1"], ["mesh=2x4", "train.epochs=1"]]
 
 
-class _Records(logging.Handler):
-    def __init__(self):
-        super().__init__(logging.DEBUG)
-        self.records = []
-
-    def emit(self, record):
-        self.records.append(record)
-
-
 @pytest.fixture
 def absl_records():
     """The records absl's logger passes on (after its filters) while the test runs."""
-    records = _Records()
+    records = LogRecords()
     absl = logging.getLogger("absl")
     absl.addHandler(records)
     yield records.records

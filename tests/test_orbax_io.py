@@ -7,23 +7,15 @@ import os
 
 import pytest
 
+from conftest import LogRecords
 from meshrun.training.orbax_io import stderr_held_back
-
-
-class _Records(logging.Handler):
-    def __init__(self):
-        super().__init__(logging.DEBUG)
-        self.records = []
-
-    def emit(self, record):
-        self.records.append(record)
 
 
 @pytest.fixture
 def meshrun_records():
     """The records of meshrun's logger while the test runs, at every level, kept from the handlers
     earlier in-process runs left on the root logger."""
-    logger, records = logging.getLogger("meshrun"), _Records()
+    logger, records = logging.getLogger("meshrun"), LogRecords()
     saved = logger.level, logger.propagate
     logger.setLevel(logging.DEBUG)
     logger.propagate = False
