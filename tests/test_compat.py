@@ -50,6 +50,9 @@ def test_keras_without_a_name_meshrun_uses_stops_the_run_with_one_line(in_tmp, c
 
 
 def test_hydra_without_a_name_meshrun_uses_stops_the_command_with_one_line(in_tmp, capsys, monkeypatch, unchecked):
+    from hydra.core.plugins import Plugins
+
+    Plugins.instance()  # Hydra's first plugin scan runs its core plugins' modules afresh: before the patch, not after
     from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 
     monkeypatch.delattr(BasicSweeper, "split_arguments")
