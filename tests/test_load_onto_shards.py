@@ -1,4 +1,4 @@
-"""Loading a preset under a mesh (meshrun.compat.load_onto_shards, meshrun.system.load_memory)
+"""Loading a preset under a mesh (meshrun.compat.keras.load_onto_shards, meshrun.system.load_memory)
 on 8 emulated CPU devices: every weight lands on its shards with exactly the values plain KerasHub
 reads, no device ever holds more than 1.3x the bytes the layout gives it (plain Keras copies each
 weight whole onto one device first: 1.43x for the tiny Gemma here), variables the files do
