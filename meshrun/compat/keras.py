@@ -121,10 +121,19 @@ uses(
     PrivateName("keras", "keras.src.callbacks.callback_list", "CallbackList",
                 "letting Keras fetch step logs on worker threads while meshrun's callbacks run (their async_safe attribute)",
                 source_contains="async_safe"),
+    PrivateName("keras", "keras.src.backend.common.variables", "Variable.__init__",
+                "the initializer of a block's weight, which the weights of pipelined blocks stacked from it start with",
+                source_contains="self._initializer = initializer"),
 )
 
 ASYNC_SAFE = "async_safe"  # the attribute Keras' CallbackList reads on each callback
 COMPILED_ARGUMENTS = ("loss", "metrics", "weighted_metrics")  # what compile_recorded records
+
+
+def initializer_of(variable):
+    """The initializer `variable` was created with (None for one created from a value)."""
+    ensure("keras")
+    return variable._initializer
 
 
 def sublayers(model) -> list:

@@ -1,0 +1,56 @@
+"""The GPipe schedule: every stage runs all microbatches forward in turn, each handing its output to
+the next stage with a collective permute; autodiff through it gives the backward pass, with the
+microbatches' gradients summed as one batch's."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.sharding import Mesh, PartitionSpec
+
+
+def bubble_fraction(stages: int, microbatches: int) -> float:
+    """The share of a GPipe step each stage waits idle: (S - 1) / (M + S - 1)."""
+    return (stages - 1) / (microbatches + stages - 1)
+
+
+def check_split(blocks: int, stages: int, batch: int, microbatches: int) -> None:
+    """ValueError, saying what would fit, when `blocks` do not split evenly into `stages` or the
+    `batch` does not split into `microbatches`."""
+    if blocks % stages:
+        raise ValueError(f"{blocks} blocks do not split into {stages} stages of equal length; "
+                         f"use a stage count that divides {blocks}")
+    if microbatches < 1 or batch % microbatches:
+        raise ValueError(f"{microbatches} microbatches do not divide the batch of {batch}; "
+                         f"use a divisor of {batch}")
+
+
+def gpipe(stage_fn: Callable, stage_params, x: jax.Array, mesh: Mesh, axis: str, microbatches: int) -> jax.Array:
+    """Runs `stage_fn(params, x)` as a pipeline over mesh axis `axis`: `stage_params` is a pytree of
+    arrays whose leading dimension is split over the stages (each stage gets its own contiguous
+    blocks); `x` is cut into `microbatches` along its first dimension. Returns what the last stage
+    made of every microbatch, in order, replicated over the stage axis."""
+    stages = mesh.shape[axis]
+    check_split(jax.tree.leaves(stage_params)[0].shape[0], stages, x.shape[0], microbatches)
+    neighbours = [(i, (i + 1) % stages) for i in range(stages)]
+
+    def per_stage(params, x):
+        stage = lax.axis_index(axis)
+        batches = x.reshape(microbatches, x.shape[0] // microbatches, *x.shape[1:])
+        handed = jnp.zeros_like(batches[0])
+        outputs = jnp.zeros_like(batches)
+        for tick in range(microbatches + stages - 1):
+            fresh = batches[min(tick, microbatches - 1)]
+            out = stage_fn(params, jnp.where(stage == 0, fresh, handed))
+            finished = tick - (stages - 1)  # the microbatch the last stage completes at this tick
+            if finished >= 0:
+                outputs = outputs.at[finished].set(jnp.where(stage == stages - 1, out, jnp.zeros_like(out)))
+            handed = lax.ppermute(out, axis, neighbours)
+        return lax.psum(outputs, axis).reshape(x.shape)  # only the last stage's are non-zero
+
+    param_specs = jax.tree.map(lambda _: PartitionSpec(axis), stage_params)
+    return jax.shard_map(per_stage, mesh=mesh, in_specs=(param_specs, PartitionSpec()), out_specs=PartitionSpec(),
+                         axis_names={axis}, check_vma=False)(stage_params, x)

@@ -1,0 +1,161 @@
+"""Pipeline stages (meshrun.pipeline): the GPipe schedule over a `stage` mesh axis gives the same
+losses and gradients as running the blocks one after another, with the data and model axes still
+there, and a Keras model whose blocks are one PipelinedBlocks layer trains exactly as the same model
+with its blocks as separate layers."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import lax
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from meshrun.pipeline.schedule import bubble_fraction, check_split, gpipe
+
+BLOCKS, WIDTH, BATCH = 8, 16, 32
+
+
+def _stage(weights, x):
+    """Blocks x -> tanh(x W) + x, one per leading slice of `weights`."""
+    return lax.scan(lambda h, w: (jnp.tanh(h @ w) + h, None), x, weights)[0]
+
+
+def _mesh(stages: int, data: int) -> jax.sharding.Mesh:
+    devices = np.array(jax.devices()).reshape(stages, data, 8 // (stages * data))
+    return jax.sharding.Mesh(devices, ("stage", "data", "model"))
+
+
+def test_the_bubble_is_the_gpipe_formula():
+    assert bubble_fraction(1, 8) == 0
+    assert bubble_fraction(4, 1) == pytest.approx(3 / 4)
+    assert bubble_fraction(4, 12) == pytest.approx(3 / 15)
+
+
+def test_blocks_and_microbatches_that_do_not_split_say_what_would():
+    with pytest.raises(ValueError, match="6 blocks do not split into 4 stages of equal length; use a stage count that divides 6"):
+        check_split(6, 4, 32, 2)
+    with pytest.raises(ValueError, match="3 microbatches do not divide the batch of 32; use a divisor of 32"):
+        check_split(8, 4, 32, 3)
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("stages, data, microbatches", [(2, 2, 4), (4, 2, 8), (4, 1, 1), (2, 4, 2)])
+def test_the_schedule_gives_the_losses_and_gradients_of_the_blocks_in_turn(stages, data, microbatches):
+    rng = np.random.default_rng(0)
+    weights = jnp.asarray(rng.normal(size=(BLOCKS, WIDTH, WIDTH)) * 0.3, jnp.float32)
+    x = jnp.asarray(rng.normal(size=(BATCH, WIDTH)), jnp.float32)
+    target = jnp.asarray(rng.normal(size=(BATCH, WIDTH)), jnp.float32)
+    mesh = _mesh(stages, data)
+
+    def pipelined(w, x):
+        return jnp.mean((gpipe(_stage, w, x, mesh, "stage", microbatches) - target) ** 2)
+
+    def in_turn(w, x):
+        return jnp.mean((_stage(w, x) - target) ** 2)
+
+    staged = jax.device_put(weights, NamedSharding(mesh, P("stage")))
+    loss, grads = jax.jit(jax.value_and_grad(pipelined))(staged, jax.device_put(x, NamedSharding(mesh, P("data"))))
+    expected_loss, expected_grads = jax.jit(jax.value_and_grad(in_turn))(weights, x)
+    assert float(loss) == pytest.approx(float(expected_loss), rel=1e-6)
+    np.testing.assert_allclose(np.asarray(grads), np.asarray(expected_grads), atol=1e-6)
+    assert grads.sharding.spec == P("stage")  # each stage holds its own blocks' gradients
+
+
+def _keras_models(width: int, blocks: int):
+    import keras
+
+    class Block(keras.layers.Layer):
+        def __init__(self, **kwargs):
+            super().__init__(**kwargs)
+            self.dense = keras.layers.Dense(width, activation="tanh", name="dense")
+
+        def build(self, shape):
+            self.dense.build(shape)
+
+        def call(self, x):
+            return self.dense(x) + x
+
+    def separate():
+        inputs = keras.Input((width,))
+        hidden = inputs
+        for i in range(blocks):
+            hidden = Block(name=f"block_{i}")(hidden)
+        return keras.Model(inputs, keras.layers.Dense(width, name="head")(hidden))
+
+    def pipelined(microbatches):
+        from meshrun.pipeline.stack import PipelinedBlocks
+
+        inputs = keras.Input((width,))
+        hidden = PipelinedBlocks(lambda: Block(name="block"), blocks, microbatches=microbatches, name="blocks")(inputs)
+        return keras.Model(inputs, keras.layers.Dense(width, name="head")(hidden))
+
+    return separate, pipelined
+
+
+@pytest.mark.integration
+def test_a_keras_model_with_pipelined_blocks_trains_as_the_one_with_separate_blocks():
+    import keras
+
+    separate, pipelined = _keras_models(WIDTH, 4)
+    rng = np.random.default_rng(1)
+    x, y = rng.normal(size=(4 * BATCH, WIDTH)).astype("float32"), rng.normal(size=(4 * BATCH, WIDTH)).astype("float32")
+
+    def fit(model):
+        model.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
+        return model.fit(x, y, batch_size=BATCH, epochs=2, shuffle=False, verbose=0).history["loss"]
+
+    keras.backend.clear_session()
+    keras.utils.set_random_seed(1)
+    mesh = keras.distribution.DeviceMesh((8,), ("data",))
+    keras.distribution.set_distribution(keras.distribution.ModelParallel(layout_map=keras.distribution.LayoutMap(mesh), batch_dim_name="data"))
+    reference = separate()
+    start = {v.path: keras.ops.convert_to_numpy(v) for v in reference.weights}
+    expected = fit(reference)
+    try:
+        for stages, data, microbatches in [(2, 2, 4), (4, 2, 2)]:
+            keras.backend.clear_session()
+            mesh = keras.distribution.DeviceMesh((stages, data, 8 // (stages * data)), ("stage", "data", "model"))
+            layouts = keras.distribution.LayoutMap(mesh)
+            layouts["blocks/stacked_.*kernel"] = ("stage", None, None)
+            layouts["blocks/stacked_.*bias"] = ("stage", None)
+            keras.distribution.set_distribution(keras.distribution.ModelParallel(layout_map=layouts, batch_dim_name="data"))
+            model = pipelined(microbatches)
+            model.build((None, WIDTH))
+            stack = model.get_layer("blocks")
+            for stacked, weight in zip(stack.stacked, stack.template.trainable_variables, strict=True):
+                name = weight.path.split(f"{stack.template.name}/", 1)[1]  # dense/kernel
+                stacked.assign(np.stack([start[f"block_{i}/{name}"] for i in range(4)]))
+            model.get_layer("head").set_weights([start["head/kernel"], start["head/bias"]])
+            assert [v.value.sharding.spec for v in stack.stacked] == [P("stage", None, None), P("stage", None)]
+            assert len(model.weights) == 4  # the stacked kernel and bias, the head's: not the template's
+            np.testing.assert_allclose(fit(model), expected, rtol=1e-5)
+    finally:
+        keras.distribution.set_distribution(None)
+        keras.backend.clear_session()
+
+
+def test_each_stacked_block_starts_as_a_block_of_its_own_would():
+    import keras
+
+    from meshrun.pipeline.stack import PipelinedBlocks
+
+    keras.backend.clear_session()
+    stack = PipelinedBlocks(lambda: keras.layers.Dense(WIDTH, name="block"), 4, name="blocks")
+    stack.build((None, WIDTH))
+    kernel = keras.ops.convert_to_numpy(stack.stacked[0])
+    limit = np.sqrt(6 / (WIDTH + WIDTH))  # glorot_uniform of one 16x16 kernel, not of the 4x16x16 stack
+    assert kernel.shape == (4, WIDTH, WIDTH)
+    assert np.abs(kernel).max() <= limit and np.abs(kernel).max() > 0.9 * limit
+    assert not np.allclose(kernel[0], kernel[1])  # each block draws its own
+    assert [v.path for v in stack.weights] == ["blocks/stacked_kernel", "blocks/stacked_bias"]
+
+
+def test_a_block_with_non_trainable_weights_cannot_be_pipelined():
+    import keras
+
+    from meshrun.pipeline.stack import PipelinedBlocks
+
+    stack = PipelinedBlocks(lambda: keras.layers.BatchNormalization(name="norm"), 2, name="blocks")
+    with pytest.raises(ValueError, match="norm has non-trainable weights .*moving_mean.*; a pipelined block may not"):
+        stack.build((None, WIDTH))
