@@ -39,16 +39,23 @@ def gpipe(stage_fn: Callable, stage_params, x: jax.Array, mesh: Mesh, axis: str,
 
     def per_stage(params, x):
         stage = lax.axis_index(axis)
+        last = stage == stages - 1
         batches = x.reshape(microbatches, x.shape[0] // microbatches, *x.shape[1:])
-        handed = jnp.zeros_like(batches[0])
-        outputs = jnp.zeros_like(batches)
-        for tick in range(microbatches + stages - 1):
-            fresh = batches[min(tick, microbatches - 1)]
+
+        def tick(carry, t):
+            handed, outputs = carry
+            fresh = lax.dynamic_index_in_dim(batches, jnp.minimum(t, microbatches - 1), keepdims=False)
             out = stage_fn(params, jnp.where(stage == 0, fresh, handed))
-            finished = tick - (stages - 1)  # the microbatch the last stage completes at this tick
-            if finished >= 0:
-                outputs = outputs.at[finished].set(jnp.where(stage == stages - 1, out, jnp.zeros_like(out)))
-            handed = lax.ppermute(out, axis, neighbours)
+            finished = t - (stages - 1)  # the microbatch the last stage completes at this tick (< 0: none yet)
+            slot = jnp.maximum(finished, 0)
+            kept = lax.dynamic_index_in_dim(outputs, slot, keepdims=False)
+            outputs = lax.dynamic_update_index_in_dim(outputs, jnp.where(last & (finished >= 0), out, kept), slot, 0)
+            return (lax.ppermute(out, axis, neighbours), outputs), None
+
+        # A scan over the M + S - 1 ticks, not a Python loop: compile time stays flat in the microbatch count.
+        start = (jnp.zeros_like(batches[0]), jnp.zeros_like(batches))
+        (_, outputs), _ = lax.scan(tick, start, jnp.arange(microbatches + stages - 1))
+        outputs = jnp.where(last, outputs, jnp.zeros_like(outputs))
         return lax.psum(outputs, axis).reshape(x.shape)  # only the last stage's are non-zero
 
     param_specs = jax.tree.map(lambda _: PartitionSpec(axis), stage_params)
