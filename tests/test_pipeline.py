@@ -40,7 +40,7 @@ def test_blocks_and_microbatches_that_do_not_split_say_what_would():
 
 
 @pytest.mark.integration
-@pytest.mark.parametrize("stages, data, microbatches", [(2, 2, 4), (4, 2, 8), (4, 1, 1), (2, 4, 2)])
+@pytest.mark.parametrize("stages, data, microbatches", [(2, 2, 4), (4, 2, 8), (4, 1, 1), (2, 4, 2), (1, 8, 4)])
 def test_the_schedule_gives_the_losses_and_gradients_of_the_blocks_in_turn(stages, data, microbatches):
     rng = np.random.default_rng(0)
     weights = jnp.asarray(rng.normal(size=(BLOCKS, WIDTH, WIDTH)) * 0.3, jnp.float32)

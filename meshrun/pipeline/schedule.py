@@ -35,6 +35,8 @@ def gpipe(stage_fn: Callable, stage_params, x: jax.Array, mesh: Mesh, axis: str,
     made of every microbatch, in order, replicated over the stage axis."""
     stages = mesh.shape[axis]
     check_split(jax.tree.leaves(stage_params)[0].shape[0], stages, x.shape[0], microbatches)
+    if stages == 1:  # nothing to hand on (and XLA refuses a collective over a manual axis of one device)
+        return stage_fn(stage_params, x)
     neighbours = [(i, (i + 1) % stages) for i in range(stages)]
 
     def per_stage(params, x):
