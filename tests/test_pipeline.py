@@ -149,6 +149,12 @@ def test_each_stacked_block_starts_as_a_block_of_its_own_would():
     assert np.abs(kernel).max() <= limit and np.abs(kernel).max() > 0.9 * limit
     assert not np.allclose(kernel[0], kernel[1])  # each block draws its own
     assert [v.path for v in stack.weights] == ["blocks/stacked_kernel", "blocks/stacked_bias"]
+    x = np.random.default_rng(2).normal(size=(2, WIDTH)).astype("float32")
+    expected = x
+    for block in range(4):  # with no stage axis in force, the blocks run one after another
+        expected = expected @ kernel[block] + keras.ops.convert_to_numpy(stack.stacked[1])[block]
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(stack(x)), expected, rtol=1e-5, atol=1e-5)
+    assert all(v._value is None for v in stack.template.weights)  # the template's own weights are never made
 
 
 def test_a_block_with_non_trainable_weights_cannot_be_pipelined():

@@ -124,6 +124,9 @@ uses(
     PrivateName("keras", "keras.src.backend.common.variables", "Variable.__init__",
                 "the initializer of a block's weight, which the weights of pipelined blocks stacked from it start with",
                 source_contains="self._initializer = initializer"),
+    PrivateName("keras", "keras.src.backend.common.variables", "initialize_all_variables",
+                "leaving a pipelined block's template weights unmade (only their shapes and initializers are used)",
+                source_contains='"uninitialized_variables"'),
 )
 
 ASYNC_SAFE = "async_safe"  # the attribute Keras' CallbackList reads on each callback
@@ -134,6 +137,21 @@ def initializer_of(variable):
     """The initializer `variable` was created with (None for one created from a value)."""
     ensure("keras")
     return variable._initializer
+
+
+@contextlib.contextmanager
+def weights_described_only():
+    """Layers built in the block have weights with shapes, dtypes and initializers but no values,
+    and never get them: Keras would otherwise make them at its next initialization of deferred
+    variables."""
+    ensure("keras")
+    import keras
+    from keras.src.backend.common import global_state
+
+    before = list(global_state.get_global_attribute("uninitialized_variables", [], set_to_default=True))
+    with keras.StatelessScope(initialize_variables=False):
+        yield
+    global_state.set_global_attribute("uninitialized_variables", before)
 
 
 def sublayers(model) -> list:

@@ -9,7 +9,7 @@ from collections.abc import Callable
 import keras
 from jax import lax
 
-from meshrun.compat.keras import initializer_of
+from meshrun.compat.keras import initializer_of, weights_described_only
 from meshrun.pipeline.schedule import gpipe
 
 STACKED_PREFIX = "stacked_"
@@ -39,7 +39,7 @@ def _for_block(initializer, index: int):
 
 class PipelinedBlocks(keras.layers.Layer):
     """`num_blocks` blocks made by `make_block()`, applied in order, as stages over mesh axis `axis`
-    with `microbatches` microbatches per batch (GPipe). The block built by `make_block` is a template
+    with `microbatches` microbatches per batch (GPipe); with no such axis in force, one after another. The block built by `make_block` is a template
     only: its weights are not the model's (the stacked ones are), and it must have no non-trainable
     weights (each stage calls it statelessly)."""
 
@@ -54,7 +54,7 @@ class PipelinedBlocks(keras.layers.Layer):
 
     def build(self, input_shape):
         template = self.make_block()
-        with keras.StatelessScope():  # its weights keep their initializers until the scope ends
+        with weights_described_only():  # the stacked weights are the block's; its own are never made
             template.build(input_shape)
             initializers = [initializer_of(variable) for variable in template.trainable_variables]
         if template.non_trainable_variables:
@@ -78,7 +78,6 @@ class PipelinedBlocks(keras.layers.Layer):
         return input_shape
 
     def call(self, x):
-        mesh = keras.distribution.distribution().device_mesh.backend_mesh
         template = self.template
 
         def stage(params, x):
@@ -87,4 +86,9 @@ class PipelinedBlocks(keras.layers.Layer):
 
             return lax.scan(block, x, params)[0]
 
-        return gpipe(stage, [variable.value for variable in self.stacked], x, mesh, self.axis, self.microbatches)
+        params = [variable.value for variable in self.stacked]
+        distribution = keras.distribution.distribution()
+        mesh = distribution.device_mesh.backend_mesh if distribution is not None else None
+        if mesh is None or self.axis not in mesh.axis_names:  # no stages: the blocks in turn
+            return stage(params, x)
+        return gpipe(stage, params, x, mesh, self.axis, self.microbatches)
