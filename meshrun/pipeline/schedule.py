@@ -57,8 +57,7 @@ def gpipe(stage_fn: Callable, stage_params, x: jax.Array, mesh: Mesh, axis: str,
         # A scan over the M + S - 1 ticks, not a Python loop: compile time stays flat in the microbatch count.
         start = (jnp.zeros_like(batches[0]), jnp.zeros_like(batches))
         (_, outputs), _ = lax.scan(tick, start, jnp.arange(microbatches + stages - 1))
-        outputs = jnp.where(last, outputs, jnp.zeros_like(outputs))
-        return lax.psum(outputs, axis).reshape(x.shape)  # only the last stage's are non-zero
+        return lax.psum(outputs, axis).reshape(x.shape)  # only the last stage wrote any: the others' are zeros
 
     param_specs = jax.tree.map(lambda _: PartitionSpec(axis), stage_params)
     return jax.shard_map(per_stage, mesh=mesh, in_specs=(param_specs, PartitionSpec()), out_specs=PartitionSpec(),
