@@ -11,7 +11,8 @@ from jax import lax
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from meshrun.pipeline.schedule import bubble_fraction, check_split, gpipe
+from meshrun.pipeline.bubble import bubble_fraction
+from meshrun.pipeline.schedule import check_split, gpipe
 
 BLOCKS, WIDTH, BATCH = 8, 16, 32
 
@@ -87,7 +88,7 @@ def _keras_models(width: int, blocks: int):
         from meshrun.pipeline.stack import PipelinedBlocks
 
         inputs = keras.Input((width,))
-        hidden = PipelinedBlocks(lambda: Block(name="block"), blocks, microbatches=microbatches, name="blocks")(inputs)
+        hidden = PipelinedBlocks(lambda name: Block(name=name), blocks, microbatches=microbatches, name="blocks")(inputs)
         return keras.Model(inputs, keras.layers.Dense(width, name="head")(hidden))
 
     return separate, pipelined
@@ -141,7 +142,7 @@ def test_each_stacked_block_starts_as_a_block_of_its_own_would():
     from meshrun.pipeline.stack import PipelinedBlocks
 
     keras.backend.clear_session()
-    stack = PipelinedBlocks(lambda: keras.layers.Dense(WIDTH, name="block"), 4, name="blocks")
+    stack = PipelinedBlocks(lambda name: keras.layers.Dense(WIDTH, name=name), 4, name="blocks")
     stack.build((None, WIDTH))
     kernel = keras.ops.convert_to_numpy(stack.stacked[0])
     limit = np.sqrt(6 / (WIDTH + WIDTH))  # glorot_uniform of one 16x16 kernel, not of the 4x16x16 stack
@@ -162,6 +163,6 @@ def test_a_block_with_non_trainable_weights_cannot_be_pipelined():
 
     from meshrun.pipeline.stack import PipelinedBlocks
 
-    stack = PipelinedBlocks(lambda: keras.layers.BatchNormalization(name="norm"), 2, name="blocks")
+    stack = PipelinedBlocks(lambda name: keras.layers.BatchNormalization(name="norm"), 2, name="blocks")
     with pytest.raises(ValueError, match="norm has non-trainable weights .*moving_mean.*; a pipelined block may not"):
         stack.build((None, WIDTH))

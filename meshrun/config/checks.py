@@ -16,6 +16,7 @@ from meshrun.config.schema import (
     DistributedConfig,
     EarlyStoppingConfig,
     MeshConfig,
+    PipelineConfig,
     ProfileConfig,
     RunConfig,
     TrainConfig,
@@ -47,6 +48,7 @@ def check_values(config: RunConfig) -> None:
     if config.devices.platform not in PLATFORMS:
         raise ConfigError("devices.platform", f"got {config.devices.platform!r}; valid: {one_of(PLATFORMS)}")
     check_batch(config.train.batch_size, config.mesh)
+    check_pipeline(config.pipeline, config.mesh, config.train.batch_size)
     checkpoint = config.checkpoint
     if checkpoint.every_steps is not None and checkpoint.every_steps <= 0:
         raise ConfigError("checkpoint.every_steps", f"got {checkpoint.every_steps}; expected a positive number of steps (null: none)")
@@ -135,6 +137,31 @@ def check_batch(batch_size: int, mesh: MeshConfig) -> None:
             f"got {batch_size}, which does not divide by the batch axis {mesh.batch_axis!r} of size "
             f"{size}; use a multiple of {size}, e.g. {valid}",
         )
+
+
+def check_pipeline(pipeline: PipelineConfig, mesh: MeshConfig, batch_size: int) -> None:
+    """The stage axis may not be the batch axis, and the microbatches must split each data
+    replica's rows evenly (every microbatch takes the same rows of every replica). Checked again
+    once a -1 in the mesh is filled."""
+    if pipeline.microbatches is not None and pipeline.microbatches < 1:
+        raise ConfigError("pipeline.microbatches", f"got {pipeline.microbatches}; expected a positive integer (null: one per stage)")
+    if pipeline.axis not in mesh.axis_names:
+        return
+    if pipeline.axis == mesh.batch_axis:
+        others = [a for a in mesh.axis_names if a != pipeline.axis]
+        valid = f"valid: {one_of(others)}" if others else f"add a batch axis, e.g. mesh.axis_names=[{pipeline.axis},data]"
+        raise ConfigError("mesh.batch_axis", f"got {mesh.batch_axis!r}, the pipeline's stage axis (pipeline.axis), whose devices hold "
+                                             f"different blocks, not copies of the model to split the batch over; {valid}")
+    if FILL in mesh.shape:
+        return
+    rows = batch_size // mesh.axis_size(mesh.batch_axis)
+    microbatches = pipeline.microbatches_on(mesh)
+    if rows % microbatches:
+        divisors = [n for n in range(1, rows + 1) if rows % n == 0]
+        given = f"got {microbatches}" if pipeline.microbatches else f"left null, which means one per stage ({microbatches})"
+        raise ConfigError("pipeline.microbatches", f"{given}, which does not divide the {rows} rows of each data replica "
+                                                   f"(train.batch_size={batch_size} over {mesh.batch_axis!r} of size "
+                                                   f"{mesh.axis_size(mesh.batch_axis)}); valid: {one_of(divisors)}")
 
 
 def check_rule_axes(key: str, axes: tuple, mesh: MeshConfig) -> None:

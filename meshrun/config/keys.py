@@ -12,6 +12,7 @@ from meshrun.config.schema import (
     DevicesConfig,
     DistributedConfig,
     EarlyStoppingConfig,
+    PipelineConfig,
     ProfileConfig,
     TrainConfig,
 )
@@ -28,7 +29,7 @@ def known_keys() -> list[str]:
     """Every dotted key a config may set (for 'did you mean' suggestions)."""
     keys = [*(f"mesh.{k}" for k in MESH_KEYS), *(f"layout.{k}" for k in LAYOUT_KEYS), "model.name", "data.name", "resume"]
     sections = (("train", TrainConfig), ("devices", DevicesConfig), ("cache", CacheConfig), ("distributed", DistributedConfig),
-                ("checkpoint", CheckpointConfig), ("profile", ProfileConfig), ("train.early_stopping", EarlyStoppingConfig))
+                ("checkpoint", CheckpointConfig), ("profile", ProfileConfig), ("pipeline", PipelineConfig), ("train.early_stopping", EarlyStoppingConfig))
     for section, cls in sections:
         keys += [f"{section}.{f.name}" for f in dataclasses.fields(cls)]
     keys += [f"logging.{name}" for name in sinks.switch_names()]

@@ -19,6 +19,7 @@ from meshrun.config.schema import (
     CacheConfig,
     CheckpointConfig,
     DevicesConfig,
+    PipelineConfig,
     ProfileConfig,
     RunConfig,
     TrainConfig,
@@ -66,6 +67,7 @@ def parse_run_config(raw: Mapping[str, Any]) -> RunConfig:
         checkpoint=parse_dataclass(CheckpointConfig, section(raw, "checkpoint"), "checkpoint"),
         logging=parse_logging(section(raw, "logging")),
         profile=parse_dataclass(ProfileConfig, section(raw, "profile"), "profile"),
+        pipeline=parse_dataclass(PipelineConfig, section(raw, "pipeline"), "pipeline"),
         resume=parse_resume(raw.get("resume")),
     )
     check_values(config)

@@ -68,8 +68,9 @@ AxisSpec = Optional[str]  # noqa: UP045 (a runtime alias, read by get_type_hints
 
 # Where a layout rule came from: written in the layout config (a layout file or layout.rules),
 # added on top of it (layout.extra_rules), taken from the model's own layout map (from_model), or
-# derived from the model's variables and the mesh (auto).
-RULE_ORIGINS = ("rules", "extra_rules", "from_model", "auto")
+# derived from the model's variables and the mesh (auto), or, for a stacked variable of pipelined
+# blocks that no rule places, its stage axis alone (pipeline).
+RULE_ORIGINS = ("rules", "extra_rules", "from_model", "auto", "pipeline")
 DEFAULT_AUTO_MIN_BYTES = 1 << 20
 # A replicated variable at least this large, on a mesh of more than one device, gets a warning (the plan's).
 LARGE_REPLICATED_BYTES = 1 << 20
@@ -247,6 +248,27 @@ class ProfileConfig:
     dir: str | None = None
 
 
+@dataclass(frozen=True)
+class PipelineConfig:
+    """Pipeline stages (meshrun.pipeline): a mesh axis named `axis` holds the model's repeated blocks
+    in as many contiguous stages as it is long (a mesh without that axis: no pipeline); each batch
+    is cut into `microbatches` microbatches handed from stage to stage (None: as many as there are
+    stages), and `remat` recomputes each block's activations in the backward pass instead of keeping
+    them."""
+
+    axis: str = "stage"
+    microbatches: int | None = None
+    remat: bool = False
+
+    def stages(self, mesh: MeshConfig) -> int:
+        """How many stages `mesh` gives the blocks (0: the mesh has no stage axis, no pipeline)."""
+        return mesh.axis_size(self.axis) if self.axis in mesh.axis_names else 0
+
+    def microbatches_on(self, mesh: MeshConfig) -> int:
+        """The microbatch count on `mesh`, the stage count where none was given."""
+        return self.microbatches or max(self.stages(mesh), 1)
+
+
 RESUME_MODES = ("auto", "never")
 
 
@@ -291,6 +313,7 @@ class RunConfig:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     profile: ProfileConfig = field(default_factory=ProfileConfig)
+    pipeline: PipelineConfig = field(default_factory=PipelineConfig)
     resume: str | None = None  # auto, never or a checkpoint path; None: auto with checkpoint.dir or when requeued, else never
 
     def resume_mode(self, requeued: bool = False) -> str:
@@ -301,4 +324,4 @@ class RunConfig:
         return "auto" if self.checkpoint.dir or requeued else "never"
 
 
-TOP_LEVEL_KEYS = ("mesh", "layout", "model", "data", "train", "devices", "cache", "distributed", "checkpoint", "logging", "profile", "resume")
+TOP_LEVEL_KEYS = ("mesh", "layout", "model", "data", "train", "devices", "cache", "distributed", "checkpoint", "logging", "profile", "pipeline", "resume")

@@ -14,6 +14,10 @@ Variable paths (what layout rules match):
     block_N/ln_{1,2}/{gamma,beta}, final_norm/{gamma,beta}   (d_model,)
     head/embeddings (vocab, d_model)    (untied head only)
 
+With a stage mesh axis (meshrun.pipeline) the blocks are one layer `blocks` holding each block
+weight stacked, `blocks/stacked_attention_query_kernel` (layers, d_model, heads, head_dim) and so on;
+the layout rules above still place them (the stack's first dimension goes over the stage axis).
+
 Layouts: transformer_tp (its default), transformer_fsdp, transformer_2d, replicated.
 Loss: next-token cross-entropy on logits; data: synthetic token sequences.
 """
@@ -94,13 +98,13 @@ def build(options: TransformerOptions):
     import keras
 
     from meshrun.models import transformer_layers as layers
+    from meshrun.pipeline import repeated_blocks
 
     tokens = keras.Input(shape=(options.seq_len,), dtype="int32", name="tokens")
     token_embedding = keras.layers.Embedding(options.vocab, options.d_model, name="token_embedding")
     x = token_embedding(tokens)
     x = layers.PositionEmbedding(options.seq_len, name="position_embedding")(x)
-    for index in range(options.layers):
-        x = layers.DecoderBlock(options, name=f"block_{index}")(x)
+    x = repeated_blocks(lambda name: layers.DecoderBlock(options, name=name), options.layers)(x)
     x = keras.layers.LayerNormalization(epsilon=1e-5, name="final_norm")(x)
     tied_to = token_embedding if options.tied_head else None
     logits = layers.Head(options.vocab, tied_to=tied_to, name="head")(x)

@@ -1,12 +1,17 @@
 """The transformer's own layers (meshrun.models.transformer). A module of their own, imported when a
-transformer is built, so that importing the model registry does not import keras."""
+transformer is built, so that importing the model registry does not import keras. They are
+registered with Keras (package `meshrun`), so an exported model.keras loads with
+`keras.saving.load_model` once this module is imported."""
 
 from __future__ import annotations
+
+import dataclasses
 
 import keras
 from keras import ops
 
 
+@keras.saving.register_keras_serializable(package="meshrun")
 class PositionEmbedding(keras.layers.Layer):
     """Adds a learned embedding of each position to its input."""
 
@@ -24,12 +29,22 @@ class PositionEmbedding(keras.layers.Layer):
     def call(self, x):
         return x + ops.cast(self.embeddings, x.dtype)[None, : ops.shape(x)[1]]
 
+    def get_config(self):
+        return {**super().get_config(), "seq_len": self.seq_len}
 
+
+@keras.saving.register_keras_serializable(package="meshrun")
 class DecoderBlock(keras.layers.Layer):
-    """One pre-layer-norm decoder block: causal self-attention, then the MLP, each residual."""
+    """One pre-layer-norm decoder block: causal self-attention, then the MLP, each residual.
+    `options`: the model's TransformerOptions (or their fields as a dict, as a saved config holds them)."""
 
     def __init__(self, options, **kwargs):
         super().__init__(**kwargs)
+        if isinstance(options, dict):
+            from meshrun.models.transformer import TransformerOptions
+
+            options = TransformerOptions(**options)
+        self.options = options
         self.ln_1 = keras.layers.LayerNormalization(epsilon=1e-5, name="ln_1")
         self.attention = keras.layers.MultiHeadAttention(
             options.heads, options.head_dim, dropout=options.dropout, name="attention"
@@ -57,10 +72,18 @@ class DecoderBlock(keras.layers.Layer):
         h = self.mlp_down(self.mlp_up(self.ln_2(x)))
         return x + self.dropout(h, training=training)
 
+    def get_config(self):
+        return {**super().get_config(), "options": dataclasses.asdict(self.options)}
 
+
+@keras.saving.register_keras_serializable(package="meshrun")
 class Head(keras.layers.Layer):
     """Logits x @ E^T from a (vocab, d_model) matrix E: the token embedding's own when tied,
-    else the head's `embeddings`, laid out like the token embedding so one rule fits both."""
+    else the head's `embeddings`, laid out like the token embedding so one rule fits both.
+
+    Keras cannot save a weight shared between two layers, so a tied head saves as an untied one
+    holding a copy of E: a saved model computes the same logits, but its head no longer trains
+    with the embedding."""
 
     def __init__(self, vocab, tied_to=None, **kwargs):
         super().__init__(**kwargs)
@@ -80,3 +103,12 @@ class Head(keras.layers.Layer):
     def call(self, x):
         matrix = self._tied_to[0].embeddings if self._tied_to else self.embeddings
         return ops.matmul(x, ops.transpose(ops.cast(matrix, x.dtype)))
+
+    def get_config(self):
+        return {**super().get_config(), "vocab": self.vocab}  # saved untied (the class docstring says why)
+
+    def save_own_variables(self, store):
+        if self._tied_to:
+            store["0"] = self._tied_to[0].embeddings.numpy()
+        else:
+            super().save_own_variables(store)

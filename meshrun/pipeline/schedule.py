@@ -12,14 +12,10 @@ from jax import lax
 from jax.sharding import Mesh, PartitionSpec
 
 
-def bubble_fraction(stages: int, microbatches: int) -> float:
-    """The share of a GPipe step each stage waits idle: (S - 1) / (M + S - 1)."""
-    return (stages - 1) / (microbatches + stages - 1)
-
-
 def check_split(blocks: int, stages: int, batch: int, microbatches: int) -> None:
     """ValueError, saying what would fit, when `blocks` do not split evenly into `stages` or the
-    `batch` does not split into `microbatches`."""
+    `batch` does not split into `microbatches`. (meshrun's config checks say the same in the
+    config's terms before anything is built; this guards the schedule's own callers.)"""
     if blocks % stages:
         raise ValueError(f"{blocks} blocks do not split into {stages} stages of equal length; "
                          f"use a stage count that divides {blocks}")
@@ -31,8 +27,10 @@ def check_split(blocks: int, stages: int, batch: int, microbatches: int) -> None
 def gpipe(stage_fn: Callable, stage_params, x: jax.Array, mesh: Mesh, axis: str, microbatches: int) -> jax.Array:
     """Runs `stage_fn(params, x)` as a pipeline over mesh axis `axis`: `stage_params` is a pytree of
     arrays whose leading dimension is split over the stages (each stage gets its own contiguous
-    blocks); `x` is cut into `microbatches` along its first dimension. Returns what the last stage
-    made of every microbatch, in order, replicated over the stage axis."""
+    blocks); `x` is cut into `microbatches` along its first dimension, microbatch m taking rows m,
+    m + M, m + 2M, ... (so that a batch split over a data axis stays split the same way within every
+    microbatch: no rows move between data replicas). Returns what the last stage made of every row,
+    in the input's order, replicated over the stage axis."""
     stages = mesh.shape[axis]
     check_split(jax.tree.leaves(stage_params)[0].shape[0], stages, x.shape[0], microbatches)
     if stages == 1:  # nothing to hand on (and XLA refuses a collective over a manual axis of one device)
@@ -42,7 +40,7 @@ def gpipe(stage_fn: Callable, stage_params, x: jax.Array, mesh: Mesh, axis: str,
     def per_stage(params, x):
         stage = lax.axis_index(axis)
         last = stage == stages - 1
-        batches = x.reshape(microbatches, x.shape[0] // microbatches, *x.shape[1:])
+        batches = split_microbatches(x, microbatches)
 
         def tick(carry, t):
             handed, outputs = carry
@@ -57,8 +55,19 @@ def gpipe(stage_fn: Callable, stage_params, x: jax.Array, mesh: Mesh, axis: str,
         # A scan over the M + S - 1 ticks, not a Python loop: compile time stays flat in the microbatch count.
         start = (jnp.zeros_like(batches[0]), jnp.zeros_like(batches))
         (_, outputs), _ = lax.scan(tick, start, jnp.arange(microbatches + stages - 1))
-        return lax.psum(outputs, axis).reshape(x.shape)  # only the last stage wrote any: the others' are zeros
+        return join_microbatches(lax.psum(outputs, axis))  # only the last stage wrote any: the others' are zeros
 
     param_specs = jax.tree.map(lambda _: PartitionSpec(axis), stage_params)
     return jax.shard_map(per_stage, mesh=mesh, in_specs=(param_specs, PartitionSpec()), out_specs=PartitionSpec(),
                          axis_names={axis}, check_vma=False)(stage_params, x)
+
+
+def split_microbatches(x: jax.Array, microbatches: int) -> jax.Array:
+    """`x` (batch, ...) as (microbatches, batch / microbatches, ...), microbatch m holding rows m,
+    m + M, m + 2M, ...: each data replica's contiguous rows are spread over all microbatches alike."""
+    return x.reshape(x.shape[0] // microbatches, microbatches, *x.shape[1:]).swapaxes(0, 1)
+
+
+def join_microbatches(batches: jax.Array) -> jax.Array:
+    """The inverse of split_microbatches: (M, batch / M, ...) back to (batch, ...) in row order."""
+    return batches.swapaxes(0, 1).reshape(batches.shape[0] * batches.shape[1], *batches.shape[2:])

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import jax
 import keras
 from jax import lax
 
@@ -16,62 +17,70 @@ STACKED_PREFIX = "stacked_"
 
 
 class StackedInitializer(keras.initializers.Initializer):
-    """Initializes a stacked weight block by block with the block's own initializer, so that each
-    block starts as it would on its own (fan-in and fan-out are a block's, not the stack's)."""
+    """Initializes a stacked weight block by block, each with its own block's initializer (so each
+    block starts exactly as it would as a layer of its own: same seed, fan-in and fan-out)."""
 
-    def __init__(self, initializer, count: int):
-        self.initializer = initializer
-        self.count = count
+    def __init__(self, initializers: list):
+        self.initializers = initializers
 
     def __call__(self, shape, dtype=None):
-        return keras.ops.stack([_for_block(self.initializer, i)(shape[1:], dtype=dtype) for i in range(self.count)])
-
-
-def _for_block(initializer, index: int):
-    """`initializer` for block `index`: a seeded one (Keras fixes a random initializer's seed when it
-    is made, so calling it again repeats its values) with a seed of the block's own."""
-    config = initializer.get_config() if hasattr(initializer, "get_config") else {}
-    if "seed" not in config:
-        return initializer  # not random: zeros, ones, a constant
-    seed = config["seed"]
-    return type(initializer).from_config({**config, "seed": seed + index if isinstance(seed, int) else None})
+        return keras.ops.stack([initializer(shape[1:], dtype=dtype) for initializer in self.initializers])
 
 
 class PipelinedBlocks(keras.layers.Layer):
-    """`num_blocks` blocks made by `make_block()`, applied in order, as stages over mesh axis `axis`
-    with `microbatches` microbatches per batch (GPipe); with no such axis in force, one after another. The block built by `make_block` is a template
-    only: its weights are not the model's (the stacked ones are), and it must have no non-trainable
-    weights (each stage calls it statelessly)."""
+    """`num_blocks` blocks made by `make_block(name)`, applied in order, as stages over mesh axis
+    `axis` with `microbatches` microbatches per batch (GPipe; None: as many as there are stages);
+    with no such axis in force, one after another. `remat` recomputes each block's activations in
+    the backward pass instead of keeping them. The block made by `make_block` is a template only:
+    its weights are not the model's (the stacked ones are), and it must have no non-trainable
+    weights (each stage calls it statelessly). `block_name` names block i as the model would with
+    separate blocks (`block_{}` -> block_3), so each stacked variable knows the per-block paths it
+    holds (`block_paths`)."""
 
-    def __init__(self, make_block: Callable[[], keras.layers.Layer], num_blocks: int, axis: str = "stage",
-                 microbatches: int = 1, **kwargs):
+    def __init__(self, make_block: Callable[[str], keras.layers.Layer], num_blocks: int, axis: str = "stage",
+                 microbatches: int | None = None, remat: bool = False, block_name: str = "block_{}", **kwargs):
         super().__init__(**kwargs)
         self.make_block = make_block
         self.num_blocks = num_blocks
         self.axis = axis
         self.microbatches = microbatches
+        self.remat = remat
+        self.block_name = block_name
         self.stacked: list = []
+        self._inner_paths: dict[str, str] = {}  # stacked variable path -> its path inside a block
 
     def build(self, input_shape):
-        template = self.make_block()
-        with weights_described_only():  # the stacked weights are the block's; its own are never made
-            template.build(input_shape)
-            initializers = [initializer_of(variable) for variable in template.trainable_variables]
+        # Every block is made and built by shapes alone, in the order separate blocks would be, so that
+        # each initializer draws the seed it would draw there: a pipelined run starts from the same weights.
+        blocks = [self.make_block(self.block_name.format(index)) for index in range(self.num_blocks)]
+        with weights_described_only():  # the stacked weights are the blocks'; their own are never made
+            for block in blocks:
+                block.build(input_shape)
+        template = blocks[0]
+        initializers = zip(*([initializer_of(v) for v in block.trainable_variables] for block in blocks), strict=True)
         if template.non_trainable_variables:
             raise ValueError(f"{template.name} has non-trainable weights "
                              f"({', '.join(v.path for v in template.non_trainable_variables)}); a pipelined block may not")
         object.__setattr__(self, "_template", template)  # not tracked: its weights are not the model's
-        self.stacked = [
-            self.add_weight(shape=(self.num_blocks, *variable.shape), dtype=variable.dtype,
-                            initializer=StackedInitializer(initializer, self.num_blocks),
-                            name=STACKED_PREFIX + variable.path.split(f"{template.name}/", 1)[-1].replace("/", "_"))
-            for variable, initializer in zip(template.trainable_variables, initializers, strict=True)
-        ]
+        for variable, per_block in zip(template.trainable_variables, initializers, strict=True):
+            inner = variable.path.split(f"{template.name}/", 1)[-1]
+            stacked = self.add_weight(shape=(self.num_blocks, *variable.shape), dtype=variable.dtype,
+                                      initializer=StackedInitializer(list(per_block)),
+                                      name=STACKED_PREFIX + inner.replace("/", "_"))
+            self.stacked.append(stacked)
+            self._inner_paths[stacked.path] = inner
 
     @property
     def template(self) -> keras.layers.Layer:
         """The block every stage calls, with a block's slice of the stacked weights."""
         return self._template
+
+    def block_paths(self, variable) -> tuple[str, ...]:
+        """The paths the slices of stacked `variable` have in the same model with separate blocks
+        (block i's first, in block order)."""
+        prefix = self.path[: -len(self.name)]
+        inner = self._inner_paths[variable.path]
+        return tuple(f"{prefix}{self.block_name.format(i)}/{inner}" for i in range(self.num_blocks))
 
     def compute_output_shape(self, input_shape):
         """A block gives what it takes (the stages hand each other activations of one shape)."""
@@ -80,10 +89,13 @@ class PipelinedBlocks(keras.layers.Layer):
     def call(self, x):
         template = self.template
 
-        def stage(params, x):
-            def block(x, weights):
-                return template.stateless_call(list(weights), [], x)[0], None
+        def block(x, weights):
+            return template.stateless_call(list(weights), [], x)[0], None
 
+        if self.remat:
+            block = jax.checkpoint(block)
+
+        def stage(params, x):
             return lax.scan(block, x, params)[0]
 
         params = [variable.value for variable in self.stacked]
@@ -91,4 +103,4 @@ class PipelinedBlocks(keras.layers.Layer):
         mesh = distribution.device_mesh.backend_mesh if distribution is not None else None
         if mesh is None or self.axis not in mesh.axis_names:  # no stages: the blocks in turn
             return stage(params, x)
-        return gpipe(stage, params, x, mesh, self.axis, self.microbatches)
+        return gpipe(stage, params, x, mesh, self.axis, self.microbatches or mesh.shape[self.axis])

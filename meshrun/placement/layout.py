@@ -19,8 +19,9 @@ from meshrun.wording import closest, format_shape, one_of, shape_text
 @dataclass(frozen=True)
 class TensorSpec:
     """A variable or a `<layer>/output` of the model: its path, shape (None: unknown size, such as
-    the batch dimension of an output), element type, and whether it trains (False: frozen, such as
-    the weights LoRA leaves as they are; the optimizer keeps no state for it)."""
+    the batch dimension of an output), element type, whether it trains (False: frozen, such as
+    the weights LoRA leaves as they are; the optimizer keeps no state for it), and for a stacked
+    variable of pipelined blocks, the per-block paths its slices hold along its first dimension."""
 
     path: str
     shape: tuple[int | None, ...]
@@ -28,6 +29,7 @@ class TensorSpec:
     dtype: str = "float32"
     itemsize: int = 4
     trainable: bool = True
+    blocks: tuple[str, ...] = ()
 
 
 # The variables a LoRA adapter adds to a layer (Keras' Dense, EinsumDense and Embedding).

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field, replace
 from meshrun.config.schema import LARGE_REPLICATED_BYTES, AxisSpec, LayoutRule, MeshConfig
 from meshrun.errors import ConfigError, DoesNotFit
 from meshrun.placement.layout import RuleCheck, TensorSpec, check_rules, is_lora_adapter
+from meshrun.placement.stacking import PipelinePlan
 from meshrun.specs.jsondata import OMIT_IF_NONE, to_json
 from meshrun.wording import format_bytes, format_shape
 
@@ -57,7 +58,8 @@ class DeviceMemory:
 @dataclass(frozen=True)
 class Plan:
     """A model's placement on a mesh: variables, optimizer slots, output constraints, per-device
-    totals, and the lint: errors (the run would be rejected) and warnings."""
+    totals, the lint: errors (the run would be rejected) and warnings, and the pipeline stages
+    (None: none)."""
 
     model: str
     mesh: MeshConfig
@@ -69,6 +71,7 @@ class Plan:
     warnings: tuple[str, ...]
     processes: int = 1
     memory: DeviceMemory | None = None
+    pipeline: PipelinePlan | None = None
 
     @property
     def params_bytes_per_device(self) -> int:
@@ -143,6 +146,7 @@ class Plan:
             **({"device_memory": {**to_json(self.memory), "fits": self.total_bytes_per_device <= self.memory.bytes}}
                if self.memory else {}),
             "processes": process_layout(self.mesh, self.processes),
+            **({"pipeline": self.pipeline.to_dict()} if self.pipeline else {}),
             "errors": [str(e) for e in self.errors],
             "warnings": list(self.warnings),
         }
@@ -173,11 +177,14 @@ def process_layout(mesh: MeshConfig, processes: int) -> dict:
 
 
 def make_plan(model_name: str, mesh: MeshConfig, rules: tuple[LayoutRule, ...], abstract, optimizer: str, processes: int = 1,
-              advice=None, memory: DeviceMemory | None = None) -> Plan:
+              advice=None, memory: DeviceMemory | None = None, lint: tuple[ConfigError, ...] = (),
+              pipeline: PipelinePlan | None = None) -> Plan:
     """Places the abstract model's variables and optimizer slots by `rules` on `mesh` (no -1 left),
     for a job of `processes` processes; with `memory`, a total per device beyond it is an error
     (DoesNotFit, after any layout error). `advice(variables, mesh)`, where given, adds warnings about
-    the placement (layout=auto's, or the model's own about a layout map it is known to get wrong)."""
+    the placement (layout=auto's, or the model's own about a layout map it is known to get wrong).
+    `lint`: problems of the rules found before (a pipelined model's, checked against its separate
+    blocks), listed first; `pipeline`: the stages the plan records."""
     check = check_rules(rules, mesh, list(abstract.tensors))
     variables = tuple(_place(t, check.assigned.get(t.path), mesh) for t in abstract.variables)
     by_path = {p.path: p for p in variables}
@@ -195,12 +202,13 @@ def make_plan(model_name: str, mesh: MeshConfig, rules: tuple[LayoutRule, ...], 
         variables=variables,
         slots=slots,
         outputs=outputs,
-        errors=check.errors,
+        errors=(*lint, *check.errors),
         warnings=(*_idle_axis_warnings(variables, mesh), *_replicated_warnings(variables, mesh),
                   *_unmatched_warnings(check.unmatched_optional), *_adapter_rule_warnings(variables),
                   *(advice(variables, mesh) if advice else ())),
         processes=processes,
         memory=memory,
+        pipeline=pipeline,
     )
     too_large = _beyond_memory(plan)
     return replace(plan, errors=(*plan.errors, too_large)) if too_large else plan

@@ -213,9 +213,30 @@ def totals_table(plan: dict) -> Table:
             f"{processes['count']} x {processes['devices_per_process']} devices; axes across processes: {crossing}; "
             f"batch in {processes['batch_shares']} shares",
         )
+    if plan.get("pipeline"):
+        for what, text in pipeline_rows(plan["pipeline"]):
+            table.add_row(what, escape(text))
     for item in plan["largest_replicated"]:
         table.add_row(escape(f"replicated: {item['path']}"), format_bytes(item["bytes"]))
     return table
+
+
+def pipeline_rows(pipeline: dict) -> list[tuple[str, str]]:
+    """The pipeline stages of a plan in a few rows: which blocks each stage holds, the microbatches
+    and GPipe's idle share, and the block inputs kept for the backward pass."""
+    stages = pipeline["stage_blocks"]
+    held = ", ".join(f"{i}: {blocks[0]}" + (f"..{blocks[-1]}" if len(blocks) > 1 else "") for i, blocks in enumerate(stages))
+    rows = [
+        ("pipeline stages", f"{pipeline['stages']} over {pipeline['axis']!r}, {len(stages[0])} blocks each ({held})"),
+        ("microbatches", f"{pipeline['microbatches']} of {pipeline['microbatch_rows']} rows "
+                         f"({pipeline['microbatch_rows_per_replica']} per data replica); idle share (S-1)/(M+S-1) = "
+                         f"{pipeline['bubble_fraction']:.1%}"),
+    ]
+    kept = pipeline.get("kept_activation_bytes_per_device")
+    if kept is not None:
+        rows.append(("kept activations", f"{format_bytes(kept)} of block inputs"
+                                         + ("" if pipeline["remat"] else ", plus each block's own (pipeline.remat=true keeps only these)")))
+    return rows
 
 
 def _adapters_text(adapters: dict) -> str:

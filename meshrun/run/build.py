@@ -15,10 +15,13 @@ import keras
 import numpy as np
 
 from meshrun.compat.keras import compile_recorded, sublayers
+from meshrun.config.schema import PipelineConfig
 from meshrun.errors import ConfigError
 from meshrun.models.registry import InputSpec, ModelSpec
+from meshrun.pipeline import stages
 from meshrun.placement.layout import TensorSpec
 from meshrun.training.objectives import make_optimizer
+from meshrun.training.restack import stacks_of
 from meshrun.wording import error_text, shape_text
 
 
@@ -71,8 +74,9 @@ class AbstractModel:
         return tuple(t for t in self.tensors if not t.is_output)
 
 
-def build_model(spec: ModelSpec, options, data, abstract: bool = False):
-    """Builds the model of `spec` and returns it with its Signature. When the spec gives the inputs
+def build_model(spec: ModelSpec, options, data, abstract: bool = False, pipeline: PipelineConfig | None = None):
+    """Builds the model of `spec` and returns it with its Signature; with `pipeline`, for pipeline
+    stages (its repeated blocks stacked, meshrun.pipeline.repeated_blocks). When the spec gives the inputs
     the model trains on (`spec.inputs`), the model is called on them; a model that is not built yet
     (subclassed, or Sequential without an Input) is called on the inputs the data source declares
     (`data`: the run's DataConfig). A model with no variables after that is a ConfigError
@@ -84,7 +88,8 @@ def build_model(spec: ModelSpec, options, data, abstract: bool = False):
     from meshrun.data import declared_inputs
 
     make = spec.build_abstract if abstract and spec.build_abstract else spec.build
-    model = make(options)
+    with stages(pipeline):
+        model = make(options)
     inputs = spec.inputs(options) if spec.inputs else None
     if inputs is None and not model.built:
         inputs = declared_inputs(data)
@@ -139,10 +144,12 @@ def abstract_session(precision: str = "float32", collect: bool = True):
         keras.backend.clear_session(free_memory=collect)
 
 
-def describe(spec: ModelSpec, options, data, optimizer_name: str, learning_rate: float, precision: str = "float32") -> AbstractModel:
-    """Builds the model and the optimizer's slots abstractly, under the dtype policy the run trains
-    with, so this build and the run's build that follows give every variable the same path and the
-    model the same signature."""
+def describe(spec: ModelSpec, options, data, optimizer_name: str, learning_rate: float, precision: str = "float32",
+             pipeline: PipelineConfig | None = None) -> AbstractModel:
+    """Builds the model (for pipeline stages with `pipeline`) and the optimizer's slots abstractly,
+    under the dtype policy the run trains with, so this build and the run's build that follows give
+    every variable the same path and the model the same signature. A stacked variable of pipelined
+    blocks records the per-block paths it holds (TensorSpec.blocks)."""
     with abstract_session(precision), compile_recorded() as compiled:
         optimizer = make_optimizer(optimizer_name, learning_rate)  # its scalars are real, and tiny
         references = {}
@@ -155,9 +162,10 @@ def describe(spec: ModelSpec, options, data, optimizer_name: str, learning_rate:
 
         optimizer.add_variable_from_reference = recording_add_slot
         with keras.StatelessScope(initialize_variables=False):
-            model, signature = build_model(spec, options, data, abstract=True)
+            model, signature = build_model(spec, options, data, abstract=True, pipeline=pipeline)
             optimizer.build(model.trainable_variables)
-        tensors = [_spec(v) for v in model.variables] + _outputs(model)
+        blocks = stacks_of(model)
+        tensors = [_spec(v, blocks.get(v.path, ())) for v in model.variables] + _outputs(model)
         slots = [OptimizerSlot(_spec(v), references.get(id(v))) for v in optimizer.variables]
     return AbstractModel(tensors=tuple(tensors), slots=tuple(slots), signature=signature, compiled=compiled.get(id(model)))
 
@@ -176,9 +184,11 @@ def check_paths_match(model, abstract: AbstractModel, spec: ModelSpec, options) 
         )
 
 
-def _spec(variable) -> TensorSpec:
+def _spec(variable, blocks: tuple[str, ...] = ()) -> TensorSpec:
     dtype = keras.backend.standardize_dtype(variable.dtype)
-    return TensorSpec(variable.path, tuple(variable.shape), dtype=dtype, itemsize=_itemsize(dtype), trainable=bool(variable.trainable))
+    return TensorSpec(variable.path, tuple(variable.shape), dtype=dtype, itemsize=_itemsize(dtype), trainable=bool(variable.trainable),
+                      blocks=blocks)
+
 
 
 def _itemsize(dtype: str) -> int:

@@ -28,7 +28,7 @@ from meshrun.specs.metrics import SKIPPABLE, PlacedVariable, ProfileFigures
 from meshrun.specs.rundir import EXPORT_FILE
 from meshrun.system import allocator, signals
 from meshrun.system.load_memory import LoadPeaks, LoadWatch
-from meshrun.training import objectives
+from meshrun.training import objectives, restack
 from meshrun.training.callbacks import GracefulStop
 from meshrun.training.schedule import keras_schedule
 
@@ -130,7 +130,7 @@ def build(setup: RunSetup):
     keras.config.set_dtype_policy(config.train.precision)  # reset to float32 by distribution.reset
     set_random_seed(config.train.seed, order.tensorflow_global_seed(config.train.seed))
     with LoadWatch(local_devices(setup.devices.devices)) as watch:
-        model, _ = build_model(spec, options, config.data)  # prepare's abstract builds left a fresh session
+        model, _ = build_model(spec, options, config.data, pipeline=placement.pipeline)  # prepare's abstract builds left a fresh session
     check_paths_match(model, placement.abstract, spec, options)
     compiled = objectives.compiled_objectives(model)
     train = config.train
@@ -207,15 +207,29 @@ def export(model, setup: RunSetup) -> dict | None:
     model's own formats beside it (ModelSpec.export: a KerasHub preset and LoRA adapters); their
     paths by name (model, and what the spec's export wrote), None without checkpoint.export.
     Keras saves a LoRA-adapted kernel merged (kernel + alpha / rank * A @ B), so model.keras loads
-    as the plain architecture with the fine-tuned weights."""
+    as the plain architecture with the fine-tuned weights. Pipelined blocks are written as the
+    separate blocks of the same model (built off the mesh, on the default device), which loads
+    without meshrun."""
     if not setup.config.checkpoint.export:
         return None
     path = Path(setup.context.run_dir) / EXPORT_FILE
     path.parent.mkdir(parents=True, exist_ok=True)
+    model = restack.with_separate_blocks(model, lambda: _built_off_the_mesh(setup))
     model.save(path)
     spec = setup.planned.spec
     own = spec.export(model, setup.planned.options, path.parent) if spec.export else {}
     return {"model": str(path), **own}
+
+
+def _built_off_the_mesh(setup: RunSetup):
+    """The run's model built again with separate blocks and no distribution in force (the
+    pipelined run's distribution is put back after)."""
+    in_force = keras.distribution.distribution()
+    keras.distribution.set_distribution(None)
+    try:
+        return build_model(setup.planned.spec, setup.planned.options, setup.config.data)[0]
+    finally:
+        keras.distribution.set_distribution(in_force)
 
 
 def placed_variables(model, setup: RunSetup) -> dict[str, PlacedVariable]:

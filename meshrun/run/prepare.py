@@ -28,6 +28,7 @@ from meshrun.config.schema import (
     LayoutConfig,
     LayoutRule,
     MeshConfig,
+    PipelineConfig,
     RunConfig,
     TrainConfig,
 )
@@ -36,6 +37,7 @@ from meshrun.errors import ConfigError
 from meshrun.models import get_model
 from meshrun.placement import devices as devices_lib
 from meshrun.placement import distribution as distribution_lib
+from meshrun.placement import stacking
 from meshrun.placement.auto import derive_layout
 from meshrun.placement.identity import ONE_PROCESS, Identity
 from meshrun.placement.plan import DeviceMemory, Plan, make_plan
@@ -81,13 +83,15 @@ class CheckpointPlan:
 @dataclass(frozen=True)
 class PlannedModel:
     """The run's model before it is built: its spec and options, its abstract description, the
-    layout rules in force and where they place everything."""
+    layout rules in force and where they place everything, and the pipeline stages it is built for
+    (None: its blocks are separate layers)."""
 
     spec: ModelSpec
     options: Any
     abstract: AbstractModel
     rules: tuple[LayoutRule, ...]
     plan: Plan
+    pipeline: PipelineConfig | None = None
 
 
 @dataclass(frozen=True)
@@ -177,28 +181,43 @@ def place_for_plan(config: RunConfig, processes: int = 1) -> PlannedModel:
 
 def place(config: RunConfig, mesh: MeshConfig, processes: int = 1, memory: DeviceMemory | None = None) -> PlannedModel:
     """Where the configured model's variables and optimizer slots go on `mesh` (no -1 left) for a
-    job of `processes` processes, worked out from shapes alone, and whether they fit in `memory`."""
+    job of `processes` processes, worked out from shapes alone, and whether they fit in `memory`.
+    On a mesh with the pipeline's stage axis the model is described with its blocks stacked, and
+    the layout rules (written for separate blocks) are checked as such and carried over to them."""
     spec = get_model(config.model.name)
     options = config.model.options
     train = config.train
-    abstract = describe(spec, options, config.data, train.optimizer, train.learning_rate, train.precision)
-    rules, notes = layout_rules(config, spec, options, mesh, abstract)
+    pipeline = config.pipeline if config.pipeline.stages(mesh) else None
+    abstract = describe(spec, options, config.data, train.optimizer, train.learning_rate, train.precision, pipeline=pipeline)
+    if pipeline:
+        stacking.check_blocks(abstract.tensors, mesh, pipeline, spec.name_of(options))
+    rules, notes = layout_rules(config, spec, options, mesh, abstract, pipeline)
+    lint, staged = (), None
+    if pipeline:
+        rules, lint = stacking.stacked_rules(rules, mesh, abstract.tensors, pipeline.axis)
+        staged = stacking.pipeline_plan(abstract.tensors, mesh, pipeline, train.batch_size)
 
     def advice(variables, on) -> list[str]:
         return [*notes, *(spec.layout_advice(options, variables, on) if spec.layout_advice else ())]
 
-    plan = make_plan(spec.name_of(options), mesh, rules, abstract, train.optimizer, processes, advice=advice, memory=memory)
-    return PlannedModel(spec=spec, options=options, abstract=abstract, rules=rules, plan=plan)
+    plan = make_plan(spec.name_of(options), mesh, rules, abstract, train.optimizer, processes, advice=advice, memory=memory,
+                     lint=lint, pipeline=staged)
+    return PlannedModel(spec=spec, options=options, abstract=abstract, rules=rules, plan=plan, pipeline=pipeline)
 
 
-def layout_rules(config: RunConfig, spec: ModelSpec, options, mesh: MeshConfig,
-                 abstract: AbstractModel) -> tuple[tuple[LayoutRule, ...], tuple[str, ...]]:
+def layout_rules(config: RunConfig, spec: ModelSpec, options, mesh: MeshConfig, abstract: AbstractModel,
+                 pipeline: PipelineConfig | None = None) -> tuple[tuple[LayoutRule, ...], tuple[str, ...]]:
     """The run's layout rules and what the plan should warn about them: the layout config's rules,
     the model's own layout map (layout.from_model) or rules derived from its variables
-    (layout.auto, which warns when it shards nothing), followed by layout.extra_rules."""
+    (layout.auto, which warns when it shards nothing), followed by layout.extra_rules. With
+    `pipeline`, the rules are for the model with separate blocks (layout.auto derives them within
+    a stage)."""
     layout = config.layout
     if layout.auto:
-        derived = derive_layout(list(abstract.variables), mesh, layout.min_bytes, layout.fsdp, taken=layout.extra_rules)
+        variables, within = list(abstract.variables), mesh
+        if pipeline:
+            variables, within = stacking.per_block_view(variables), stacking.within_stage(mesh, pipeline.axis)
+        derived = derive_layout(variables, within, layout.min_bytes, layout.fsdp, taken=layout.extra_rules)
         return derived.rules + layout.extra_rules, derived.warnings
     notes = _auto_keys_ignored(layout)
     if not layout.from_model:

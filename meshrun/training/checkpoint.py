@@ -10,7 +10,8 @@ step: every data source reads a seeded, endless stream, which resuming skips for
 Orbax writes a checkpoint into a temporary dir and renames it to its step number once every
 process has finished, so a checkpoint cut short by a kill is never listed and never resumed from.
 Restoring reads each array straight into the sharding of the current run, so a checkpoint written
-on one mesh (or layout) resumes on another.
+on one mesh (or layout) resumes on another; one of pipelined blocks resumes without them and the
+reverse (meshrun.training.restack: its stacked variables and the blocks' own are recast).
 
 This module holds what a checkpoint records, where a run's checkpoints go, which one to resume
 from, and reading one back; meshrun.training.checkpoint_callback saves them during fit and
@@ -30,8 +31,8 @@ import jax
 from meshrun.config.schema import CheckpointConfig
 from meshrun.errors import ConfigError
 from meshrun.specs.rundir import CHECKPOINTS_DIR
-from meshrun.training import orbax_io
-from meshrun.training.orbax_io import MODEL, PROGRESS
+from meshrun.training import orbax_io, restack
+from meshrun.training.orbax_io import MODEL, PROGRESS, STACKS
 from meshrun.wording import first_line, format_shape
 
 
@@ -158,35 +159,68 @@ def check_same_model(point: ResumePoint, current: ModelIdentity) -> None:
         )
 
 
+def read_stacks(point: ResumePoint) -> dict[str, tuple[str, ...]]:
+    """The per-block paths of the stacked variables checkpoint `point` holds (empty: none)."""
+    if not (point.directory / str(point.step) / STACKS).is_dir():
+        return {}
+    return {path: tuple(blocks) for path, blocks in orbax_io.read_json(point.directory, point.step, STACKS).items()}
+
+
 def restore_weights(model, point: ResumePoint) -> None:
     """Reads the model variables of checkpoint `point` into `model` (built under the distribution it
     is to run with), each straight into its variable's sharding as resuming does; the optimizer's
     and the metrics' state stay on disk (meshrun generate needs the weights alone)."""
     groups = {"model": {v.path: v for v in model.variables}}
-    restored = read_state(point, groups, partial=True)
+    restored = read_state(point, groups, partial=True, stacks=restack.stacks_of(model))
     for path, variable in groups["model"].items():
         variable.assign(restored["model"][path])
 
 
-def read_state(point: ResumePoint, groups: dict, partial: bool = False, model: ModelIdentity | None = None) -> dict:
+def read_state(point: ResumePoint, groups: dict, partial: bool = False, model: ModelIdentity | None = None,
+               stacks: dict | None = None) -> dict:
     """The arrays of checkpoint `point` for `groups` (variables by group and path), each read
     straight into its variable's sharding; `partial`: only those groups, the rest left on disk.
-    A checkpoint that does not fit them is a ConfigError (naming the model that wrote it and
-    `model`, this run's, where both are known), one that cannot be read UnreadableCheckpoint."""
-    with orbax_io.reading(point.directory, partial) as reader:
+    Variables of pipelined blocks in the other form than the checkpoint's are recast (`stacks`:
+    this model's stacked variables and their per-block paths). A checkpoint that does not fit them
+    is a ConfigError (naming the model that wrote it and `model`, this run's, where both are known),
+    one that cannot be read UnreadableCheckpoint."""
+    all_stacks = {**read_stacks(point), **(stacks or {})}
+    with orbax_io.reading(point.directory, partial or bool(all_stacks)) as reader:
+        saved = orbax_io.saved_arrays(reader, point.step)
+        plans = {group: restack.recasts([p for p in variables if p not in (saved.get(group) or {})], set(saved.get(group) or {}), all_stacks)
+                 for group, variables in groups.items()} if all_stacks else {}
         try:
-            _check_fits(orbax_io.saved_arrays(reader, point.step), groups, point)
+            _check_fits(saved, groups, point, plans)
         except ConfigError as err:
             raise _with_models(err, point, model) from None
-        target = {
-            group: {path: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=v.value.sharding) for path, v in variables.items()}
-            for group, variables in groups.items()
-        }
-        restore = orbax_io.restore_args(target, partial)
+        target = {group: _read_as(variables, plans.get(group, {}), saved.get(group) or {}) for group, variables in groups.items()}
+        restore = orbax_io.restore_args(target, partial or bool(all_stacks))
         try:
-            return orbax_io.restore_arrays(reader, point.step, restore)
+            restored = orbax_io.restore_arrays(reader, point.step, restore)
         except Exception as err:  # TensorStore's errors, for files changed after the save
             raise UnreadableCheckpoint(point, first_line(err, limit=120)) from err
+    for group, recasts in plans.items():
+        read = dict(restored[group])  # a stack's rows go to several variables: take them all before dropping it
+        for path, recast in recasts.items():
+            sources = [read[source] for source in recast.sources]
+            restored[group][path] = restack.recast_array(recast, sources, groups[group][path].value.sharding)
+        for source in {source for recast in recasts.values() for source in recast.sources} - set(groups[group]):
+            del restored[group][source]
+    return restored
+
+
+def _read_as(variables: dict, recasts: dict, saved: dict) -> dict:
+    """What to read of one group: each variable as itself, straight into its sharding, or the
+    arrays its recast is made from."""
+    target = {}
+    for path, v in variables.items():
+        if path not in recasts:
+            target[path] = jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=v.value.sharding)
+            continue
+        sharding = restack.source_sharding(v.value, recasts[path])
+        for source in recasts[path].sources:
+            target[source] = jax.ShapeDtypeStruct(tuple(saved[source].shape), v.dtype, sharding=sharding)
+    return target
 
 
 def variable_groups(model) -> dict:
@@ -198,20 +232,31 @@ def variable_groups(model) -> dict:
     }
 
 
-def _check_fits(saved: dict, groups: dict, point: ResumePoint) -> None:
-    """ConfigError naming the first variable whose shape (or presence) differs."""
+def _check_fits(saved: dict, groups: dict, point: ResumePoint, plans: dict) -> None:
+    """ConfigError naming the first variable whose shape (or presence) differs; a recast one is
+    checked against the arrays it is made from."""
     for group, variables in groups.items():
         stored = saved.get(group) or {}
+        recasts = plans.get(group, {})
         for path, variable in variables.items():
-            if path not in stored:
+            if path in recasts:
+                shape = _recast_shape(recasts[path], stored)
+            elif path not in stored:
                 raise ConfigError("resume", f"checkpoint {point} does not fit this model: it has no {group} variable {path!r}")
-            shape = tuple(stored[path].shape)
+            else:
+                shape = tuple(stored[path].shape)
             if shape != tuple(variable.shape):
                 raise ConfigError(
                     "resume",
                     f"checkpoint {point} does not fit this model: {path} is {format_shape(shape, scalar='a scalar')} there "
                     f"but {format_shape(variable.shape, scalar='a scalar')} here",
                 )
+
+
+def _recast_shape(recast: restack.Recast, stored: dict) -> tuple:
+    """The shape of what `recast` makes from the stored arrays."""
+    first = tuple(stored[recast.sources[0]].shape)
+    return (len(recast.sources), *first) if recast.row is None else first[1:]
 
 
 def _with_models(err: ConfigError, point: ResumePoint, current: ModelIdentity | None) -> ConfigError:

@@ -17,7 +17,7 @@ from meshrun.compat.keras import sync_training_state
 from meshrun.compat.orbax import import_orbax
 from meshrun.config.schema import CheckpointConfig
 from meshrun.system.disk import free_bytes, os_error_behind
-from meshrun.training import orbax_io
+from meshrun.training import orbax_io, restack
 from meshrun.training.callbacks import finite
 from meshrun.training.checkpoint import ModelIdentity, Progress, ResumePoint, read_state, variable_groups
 from meshrun.wording import error_text, format_bytes
@@ -66,7 +66,7 @@ class Checkpointing(keras.callbacks.Callback):
             return
         point, self._resume = self._resume, None
         groups = variable_groups(self.model)
-        restored = read_state(point, groups, model=self.model_identity)
+        restored = read_state(point, groups, model=self.model_identity, stacks=restack.stacks_of(self.model))
         for group in ("model", "optimizer"):
             for path, variable in groups[group].items():
                 variable.assign(restored[group][path])
@@ -120,7 +120,7 @@ class Checkpointing(keras.callbacks.Callback):
         state = {group: {path: v.value for path, v in variables.items()} for group, variables in variable_groups(self.model).items()}
         progress = asdict(self.progress)  # history: completed epochs only
         model = asdict(self.model_identity) if self.model_identity is not None else None
-        items = orbax_io.save_args(state, progress, model)
+        items = orbax_io.save_args(state, progress, model, restack.stacks_of(self.model))
         self._check_space(state, self.progress.global_step)
         with self._saving(self.progress.global_step):
             if self._manager is None:

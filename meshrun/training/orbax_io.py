@@ -17,7 +17,8 @@ from meshrun.system.process import stderr_captured
 
 log = logging.getLogger("meshrun")
 
-STATE, PROGRESS, MODEL = "state", "progress", "model"  # the items of a checkpoint
+# The items of a checkpoint; STACKS: the per-block paths of pipelined blocks' stacked variables (meshrun.training.restack)
+STATE, PROGRESS, MODEL, STACKS = "state", "progress", "model", "stacks"
 
 
 def complete_steps(root: Path) -> list[int]:
@@ -37,13 +38,15 @@ def writing_manager(root: Path, config: CheckpointConfig):
     return ocp.CheckpointManager(root, options=options)
 
 
-def save_args(state: dict, progress: dict, model: dict | None):
-    """What a manager saves for one checkpoint: the arrays, the progress and (when known) the model
-    that wrote it."""
+def save_args(state: dict, progress: dict, model: dict | None, stacks: dict | None = None):
+    """What a manager saves for one checkpoint: the arrays, the progress, (when known) the model
+    that wrote it, and (for pipelined blocks) the per-block paths of its stacked variables."""
     ocp = import_orbax()
     items = {STATE: ocp.args.StandardSave(state), PROGRESS: ocp.args.JsonSave(progress)}
     if model is not None:
         items[MODEL] = ocp.args.JsonSave(model)
+    if stacks:
+        items[STACKS] = ocp.args.JsonSave({path: list(blocks) for path, blocks in stacks.items()})
     return ocp.args.Composite(**items)
 
 
@@ -53,7 +56,8 @@ def reading(directory: Path, partial: bool = False):
     the block ends; `partial`: one that can read part of the state."""
     ocp = import_orbax()
     state = ocp.PyTreeCheckpointHandler() if partial else ocp.StandardCheckpointHandler()
-    handlers = {STATE: state, PROGRESS: ocp.JsonCheckpointHandler(), MODEL: ocp.JsonCheckpointHandler()}
+    handlers = {STATE: state, PROGRESS: ocp.JsonCheckpointHandler(), MODEL: ocp.JsonCheckpointHandler(),
+                STACKS: ocp.JsonCheckpointHandler()}
     options = ocp.CheckpointManagerOptions(read_only=True)
     manager = ocp.CheckpointManager(directory, options=options, item_handlers=handlers)
     try:

@@ -1,0 +1,53 @@
+"""How a model offers its repeated blocks to pipeline stages: it makes them with `repeated_blocks`,
+which gives the blocks one after another as separate layers (block_0, block_1, ...) in an ordinary
+run, and one PipelinedBlocks layer (their weights stacked, run as stages) when meshrun builds the
+model for a mesh with a stage axis. The same model code serves both; the zoo transformer, KerasHub's
+decoder-only LMs and a `model=python` factory all go through it.
+
+    from meshrun.pipeline import repeated_blocks
+
+    def build():
+        x = inputs = keras.Input((seq_len,), dtype="int32")
+        x = keras.layers.Embedding(vocab, width)(x)
+        x = repeated_blocks(lambda name: MyBlock(width, name=name), count=8)(x)
+        return keras.Model(inputs, keras.layers.Dense(vocab)(x))
+
+A block takes one tensor and gives one of the same shape, and has no non-trainable weights.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from collections.abc import Callable, Iterator
+from contextvars import ContextVar
+
+from meshrun.config.schema import PipelineConfig
+
+_building_for: ContextVar[PipelineConfig | None] = ContextVar("meshrun_pipeline", default=None)
+
+
+@contextlib.contextmanager
+def stages(pipeline: PipelineConfig | None) -> Iterator[None]:
+    """Models built inside hold their repeated blocks as pipelined stacks configured by `pipeline`
+    (None: as separate blocks)."""
+    token = _building_for.set(pipeline)
+    try:
+        yield
+    finally:
+        _building_for.reset(token)
+
+
+def repeated_blocks(make_block: Callable[[str], object], count: int, name: str = "blocks",
+                    block_name: str = "block_{}") -> Callable:
+    """`count` blocks made by `make_block(name)` applied in order, as a callable for a functional
+    model: separate layers named `block_name.format(i)`, or (in a build for pipeline stages) one
+    PipelinedBlocks layer named `name` whose variables record the per-block paths they hold."""
+    pipeline = _building_for.get()
+    if pipeline is None:
+        blocks = [make_block(block_name.format(index)) for index in range(count)]
+        return lambda x: functools.reduce(lambda hidden, block: block(hidden), blocks, x)
+    from meshrun.pipeline.stack import PipelinedBlocks
+
+    return PipelinedBlocks(make_block, count, axis=pipeline.axis, microbatches=pipeline.microbatches,
+                           remat=pipeline.remat, block_name=block_name, name=name)

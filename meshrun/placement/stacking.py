@@ -1,0 +1,173 @@
+"""Layout rules and the plan's figures for pipelined blocks (meshrun.pipeline).
+
+Layout rules are written for the model with separate blocks (`block_3/mlp_up/kernel`), and a
+pipelined run holds each block weight once, stacked (`blocks/stacked_mlp_up_kernel`, one more
+leading dimension, split over the stage axis). So the rules are checked against the model as it
+would be with separate blocks (`per_block_view`), where their errors read in the user's terms, and
+the placement found there becomes one exact rule per stacked variable: the stage axis, then the
+axes block 0's weight got (`stacked_rules`). The stage axis itself holds the stages, so a rule may
+not also put a block weight's own dimensions on it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+
+from meshrun.config.schema import LayoutRule, MeshConfig, PipelineConfig
+from meshrun.errors import ConfigError
+from meshrun.pipeline.bubble import bubble_fraction
+from meshrun.placement.layout import TensorSpec, check_rules
+from meshrun.wording import format_shape, one_of
+
+
+def stacked(tensors) -> list[TensorSpec]:
+    """The stacked variables of pipelined blocks among `tensors`."""
+    return [t for t in tensors if t.blocks]
+
+
+def per_block_view(tensors) -> list[TensorSpec]:
+    """`tensors` as the model with separate blocks has them: each stacked variable as its blocks'
+    own variables (its first dimension dropped)."""
+    view = []
+    for tensor in tensors:
+        if tensor.blocks:
+            view += [dataclasses.replace(tensor, path=path, shape=tensor.shape[1:], blocks=()) for path in tensor.blocks]
+        else:
+            view.append(tensor)
+    return view
+
+
+def within_stage(mesh: MeshConfig, axis: str) -> MeshConfig:
+    """`mesh` as one stage sees it: the stage axis left out (for rules derived by layout=auto)."""
+    keep = [i for i, name in enumerate(mesh.axis_names) if name != axis]
+    return MeshConfig(shape=tuple(mesh.shape[i] for i in keep), axis_names=tuple(mesh.axis_names[i] for i in keep),
+                      batch_axis=mesh.batch_axis)
+
+
+def check_blocks(tensors, mesh: MeshConfig, pipeline: PipelineConfig, model: str) -> None:
+    """ConfigError when a mesh with a stage axis meets a model without repeated blocks, or blocks
+    that the stage axis does not split into equal stages."""
+    stacks = stacked(tensors)
+    if not stacks:
+        raise ConfigError(
+            "mesh.axis_names",
+            f"got {list(mesh.axis_names)}: axis {pipeline.axis!r} asks for pipeline stages (pipeline.axis), but {model} has no "
+            "repeated blocks to split; models with blocks: model=transformer, and a model=python factory that makes its blocks "
+            "with meshrun.pipeline.repeated_blocks; or name the axis otherwise",
+        )
+    blocks, stages = len(stacks[0].blocks), pipeline.stages(mesh)
+    if blocks % stages:
+        valid = [n for n in range(1, blocks + 1) if blocks % n == 0]
+        raise ConfigError(
+            "mesh.shape",
+            f"got {format_shape(mesh.shape)}: the stage axis {pipeline.axis!r} of size {stages} does not split {model}'s "
+            f"{blocks} blocks into stages of equal length; valid sizes for {pipeline.axis!r}: {one_of(valid)}",
+        )
+
+
+def stacked_rules(rules: tuple[LayoutRule, ...], mesh: MeshConfig, tensors, axis: str) -> tuple[tuple[LayoutRule, ...], tuple[ConfigError, ...]]:
+    """The rules a pipelined run gives Keras, and the problems of `rules` as the model with
+    separate blocks would meet them: the rules that place anything besides block weights, then one
+    exact rule per stacked variable (`axis` for its first dimension, the axes its blocks' weights
+    got for the rest)."""
+    view = per_block_view(tensors)
+    check = check_rules(rules, mesh, view)
+    errors = list(check.errors)
+    block_paths = {path for tensor in stacked(tensors) for path in tensor.blocks}
+    used_elsewhere = {rule.pattern for path, rule in check.assigned.items() if path not in block_paths}
+    kept = [rule for rule in rules if rule.pattern in used_elsewhere or rule.optional]
+    derived = []
+    for tensor in stacked(tensors):
+        axes, problem = _block_axes(tensor, check.assigned, axis)
+        if problem:
+            errors.append(problem)
+            continue
+        source = check.assigned.get(tensor.blocks[0])
+        derived.append(LayoutRule(tensor.path, (axis, *axes), origin=source.origin if source else "pipeline"))
+    return tuple(kept + derived), tuple(errors)
+
+
+def _block_axes(tensor: TensorSpec, assigned: dict[str, LayoutRule], axis: str) -> tuple[tuple, ConfigError | None]:
+    """The axes every block's slice of stacked `tensor` gets, or the problem: blocks placed
+    differently from each other, or a block weight's dimension put on the stage axis."""
+    placements = {path: assigned[path].axes if path in assigned else (None,) * (len(tensor.shape) - 1) for path in tensor.blocks}
+    first = tensor.blocks[0]
+    rule = assigned.get(first)
+    differing = [path for path in tensor.blocks if placements[path] != placements[first]]
+    if differing:
+        odd = differing[0]
+        key = (assigned.get(odd) or rule).key
+        return (), ConfigError(key, f"places {odd!r} as {_axes(placements[odd])} but {first!r} is placed as {_axes(placements[first])}; "
+                                    "pipelined blocks are held stacked, so every block's weight must be placed alike")
+    if axis in placements[first]:
+        return (), ConfigError(rule.key, f"puts a dimension of block weight {first!r} on {axis!r}, the pipeline's stage axis, which "
+                                         "already holds the blocks' stages; use another mesh axis (or null) for it")
+    return placements[first], None
+
+
+def _axes(axes) -> str:
+    return "[" + ", ".join("null" if a is None else a for a in axes) + "]"
+
+
+@dataclass(frozen=True)
+class PipelinePlan:
+    """What pipeline stages do to a run, worked out before it is built: the stage axis, the stages
+    and which blocks each holds, the microbatches and their rows (in all, and on each data replica),
+    GPipe's idle share of a step, and the block inputs the schedule keeps for the backward pass on
+    each device (all it keeps with remat; without, each block's intermediate activations come on
+    top, which XLA's memory figures of the run count)."""
+
+    axis: str
+    stages: int
+    blocks: int
+    microbatches: int
+    microbatch_rows: int
+    microbatch_rows_per_replica: int
+    bubble_fraction: float
+    remat: bool
+    kept_activation_bytes_per_device: int | None
+    stage_blocks: tuple[tuple[str, ...], ...]
+
+    def to_dict(self) -> dict:
+        """The pipeline as plan.json holds it."""
+        data = dataclasses.asdict(self)
+        data["stage_blocks"] = [list(blocks) for blocks in self.stage_blocks]
+        return data
+
+
+def pipeline_plan(tensors, mesh: MeshConfig, pipeline: PipelineConfig, batch_size: int) -> PipelinePlan:
+    """The PipelinePlan of a model's abstract `tensors` (stacked variables and layer outputs) on
+    `mesh`, its stage axis and blocks already checked (check_blocks)."""
+    stacks = stacked(tensors)
+    names = _block_names(stacks[0])
+    stages, microbatches = pipeline.stages(mesh), pipeline.microbatches_on(mesh)
+    per_stage = len(names) // stages
+    replicas = mesh.axis_size(mesh.batch_axis)
+    rows = batch_size // microbatches
+    return PipelinePlan(
+        axis=pipeline.axis, stages=stages, blocks=len(names), microbatches=microbatches, microbatch_rows=rows,
+        microbatch_rows_per_replica=rows // replicas, bubble_fraction=bubble_fraction(stages, microbatches), remat=pipeline.remat,
+        kept_activation_bytes_per_device=_kept_bytes(tensors, stacks[0], per_stage, microbatches + stages - 1, rows // replicas),
+        stage_blocks=tuple(names[i * per_stage:(i + 1) * per_stage] for i in range(stages)),
+    )
+
+
+def _block_names(tensor: TensorSpec) -> tuple[str, ...]:
+    """The path of each block: its variable paths less the trailing part they share (the path
+    inside the block)."""
+    parts = [path.split("/") for path in tensor.blocks]
+    shared = 0
+    while shared < len(parts[0]) - 1 and len({tuple(p[len(p) - shared - 1:]) for p in parts}) == 1:
+        shared += 1
+    return tuple("/".join(p[: len(p) - shared]) for p in parts)
+
+
+def _kept_bytes(tensors, stack: TensorSpec, per_stage: int, ticks: int, rows: int) -> int | None:
+    """The block inputs a stage keeps for the backward pass: one per block, tick and row, each the
+    size of the blocks' output per row (None when the stack's output shape is not known)."""
+    output = next((t for t in tensors if t.is_output and t.path == f"{stack.path.rsplit('/', 1)[0]}/output"), None)
+    if output is None or any(size is None for size in output.shape[1:]):
+        return None
+    return ticks * per_stage * rows * math.prod(output.shape[1:]) * output.itemsize

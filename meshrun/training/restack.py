@@ -1,0 +1,115 @@
+"""Checkpoints and exports of pipelined blocks in the ordinary form.
+
+A pipelined run holds each block weight once, stacked (`blocks/stacked_mlp_up_kernel`, one row per
+block), and its checkpoints save what it holds, with the per-block paths each stacked variable
+stands for (the checkpoint's `stacks` item). Reading a checkpoint into a model of the other form
+recasts what it lacks from what it has: a stacked variable from its blocks' variables (a run
+without a stage axis resumed with one), a block's variable from its row of the stack (the
+reverse); the optimizer's slots follow their variables. An export writes the model with separate
+blocks, which loads without meshrun.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import NamedSharding, PartitionSpec
+
+
+def stacks_of(model) -> dict[str, tuple[str, ...]]:
+    """The per-block paths each stacked variable of `model`'s pipelined blocks holds, by its path
+    (empty for a model without pipelined blocks)."""
+    from meshrun.compat.keras import sublayers
+    from meshrun.pipeline.stack import PipelinedBlocks
+
+    return {variable.path: layer.block_paths(variable)
+            for layer in sublayers(model) if isinstance(layer, PipelinedBlocks) for variable in layer.stacked}
+
+
+@dataclass(frozen=True)
+class Recast:
+    """How a variable the checkpoint lacks is made from arrays it has: the stack of `sources` (one
+    per block, in order), or row `row` of the one stacked source."""
+
+    sources: tuple[str, ...]
+    row: int | None = None
+
+
+def recasts(missing: Iterable[str], saved: set[str], stacks: dict[str, tuple[str, ...]]) -> dict[str, Recast]:
+    """For each path of `missing` that can be made from `saved` paths, how: `stacks` gives the
+    per-block paths of each stacked variable (this model's and the checkpoint's). Optimizer slots
+    carry their variable's path with '/' written '_' (`adam/blocks_stacked_x_momentum`), so both
+    spellings are tried."""
+    spellings = [(stacked, blocks) for stacked, blocks in stacks.items()]
+    spellings += [(_flat(stacked), tuple(_flat(b) for b in blocks)) for stacked, blocks in stacks.items()]
+    found = {}
+    for path in missing:
+        for stacked, blocks in spellings:
+            recast = _recast(path, stacked, blocks, saved)
+            if recast:
+                found[path] = recast
+                break
+    return found
+
+
+def _recast(path: str, stacked: str, blocks: tuple[str, ...], saved: set[str]) -> Recast | None:
+    if _holds(path, stacked):
+        sources = tuple(path.replace(stacked, block, 1) for block in blocks)
+        return Recast(sources) if all(source in saved for source in sources) else None
+    for row, block in enumerate(blocks):
+        if _holds(path, block):
+            source = path.replace(block, stacked, 1)
+            return Recast((source,), row) if source in saved else None
+    return None
+
+
+def _holds(path: str, name: str) -> bool:
+    """Whether `path` is variable `name` or an optimizer slot of it (`<optimizer>/<name>_<slot>`)."""
+    return path == name or (f"/{name}_" in path and path.index(f"/{name}_") == path.index("/"))
+
+
+def _flat(path: str) -> str:
+    return path.replace("/", "_")
+
+
+def source_sharding(target, recast: Recast):
+    """The sharding to read `recast`'s sources into, given `target`'s (a jax array or
+    ShapeDtypeStruct): a block's weight of a stack split over the stages is read whole along that
+    split (each device then holds what the same weight holds in a run without stages); a stack a
+    block's row is cut from, with a whole first dimension."""
+    sharding = target.sharding
+    if not isinstance(sharding, NamedSharding):
+        return sharding
+    spec = tuple(sharding.spec) + (None,) * (len(target.shape) - len(sharding.spec))
+    if recast.row is None:
+        return NamedSharding(sharding.mesh, PartitionSpec(*spec[1:]))
+    return NamedSharding(sharding.mesh, PartitionSpec(None, *spec))
+
+
+def recast_array(recast: Recast, sources: list, sharding):
+    """The array `recast` makes from its read `sources`, placed with `sharding`."""
+    if recast.row is None:
+        return jax.jit(lambda *blocks: jnp.stack(blocks), out_shardings=sharding)(*sources)
+    return jax.jit(lambda stack: stack[recast.row], out_shardings=sharding)(sources[0])
+
+
+def with_separate_blocks(model, build_separate: Callable):
+    """`model` as the same model with separate blocks (`build_separate()` builds one, its weights
+    then set from `model`'s: each block's from its row of the stack); `model` itself when it has no
+    pipelined blocks."""
+    stacks = stacks_of(model)
+    if not stacks:
+        return model
+    separate = build_separate()
+    values = {variable.path: variable.value for variable in model.variables}
+    rows = recasts([v.path for v in separate.variables if v.path not in values], set(values), stacks)
+    for variable in separate.variables:
+        if variable.path in values:
+            variable.assign(values[variable.path])
+        else:
+            recast = rows[variable.path]
+            variable.assign(values[recast.sources[0]][recast.row])
+    return separate

@@ -1,0 +1,237 @@
+"""Pipeline stages from the config (issue 33): a stage mesh axis turns them on; the layout rules
+written for separate blocks place the stacked ones; the plan says which blocks each stage holds;
+a pipelined run's losses equal the unpipelined run's; bad input is one line, exit 2."""
+
+import json
+
+import pytest
+
+from conftest import FAST, Trained, layout_rules, one_error_line, run_meshrun, train_in_process
+from meshrun.config.parse import parse_run_config
+from meshrun.config.schema import LayoutRule, MeshConfig, PipelineConfig
+from meshrun.errors import ConfigError
+from meshrun.placement.layout import TensorSpec
+from meshrun.placement.stacking import per_block_view, pipeline_plan, stacked_rules
+
+MESH = MeshConfig(shape=(2, 2, 2), axis_names=("stage", "data", "model"), batch_axis="data")
+BLOCKS = tuple(f"block_{i}/mlp/kernel" for i in range(4))
+TENSORS = [
+    TensorSpec("embedding/embeddings", (64, 16)),
+    TensorSpec("blocks/stacked_mlp_kernel", (4, 16, 32), blocks=BLOCKS),
+    TensorSpec("blocks/stacked_norm_gamma", (4, 16), blocks=tuple(f"block_{i}/norm/gamma" for i in range(4))),
+    TensorSpec("blocks/output", (None, 8, 16), is_output=True),
+]
+
+
+def _raw(mesh: str, names: list, batch_axis: str, **pipeline) -> dict:
+    return {"mesh": {"shape": mesh, "axis_names": names, "batch_axis": batch_axis}, "layout": {}, "model": {"name": "transformer"},
+            "train": {"batch_size": 16}, "pipeline": pipeline}
+
+
+def test_the_pipeline_section_defaults_to_one_microbatch_per_stage():
+    config = parse_run_config(_raw("4x2", ["stage", "data"], "data"))
+    assert config.pipeline == PipelineConfig(axis="stage", microbatches=None, remat=False)
+    assert (config.pipeline.stages(config.mesh), config.pipeline.microbatches_on(config.mesh)) == (4, 4)
+    flat = parse_run_config(_raw("8", ["data"], "data", microbatches=3))  # no stage axis: no pipeline, nothing to check
+    assert flat.pipeline.stages(flat.mesh) == 0
+
+
+@pytest.mark.parametrize("raw, key, text", [
+    (_raw("4x2", ["stage", "data"], "stage"), "mesh.batch_axis",
+     "got 'stage', the pipeline's stage axis (pipeline.axis), whose devices hold different blocks, not copies of the model to "
+     "split the batch over; valid: data"),
+    (_raw("2x4", ["stage", "data"], "data", microbatches=3), "pipeline.microbatches",
+     "got 3, which does not divide the 4 rows of each data replica (train.batch_size=16 over 'data' of size 4); valid: 1, 2 or 4"),
+    (_raw("4x8", ["stage", "data"], "data"), "pipeline.microbatches",
+     "left null, which means one per stage (4), which does not divide the 2 rows of each data replica"),
+    (_raw("2x4", ["pipe", "data"], "data", axis="pipe", microbatches=0), "pipeline.microbatches", "got 0; expected a positive integer"),
+])
+def test_pipeline_settings_that_cannot_work_name_the_key(raw, key, text):
+    with pytest.raises(ConfigError) as raised:
+        parse_run_config(raw)
+    assert raised.value.key == key and text in str(raised.value)
+
+
+def test_rules_for_separate_blocks_place_the_stacked_ones_over_the_stage_axis():
+    rules = (LayoutRule("embedding/embeddings", ("model", None)), LayoutRule(r"block_\d+/mlp/kernel", (None, "model")))
+    placed, errors = stacked_rules(rules, MESH, TENSORS, "stage")
+    assert errors == ()
+    assert placed == (
+        LayoutRule("embedding/embeddings", ("model", None)),  # kept as written: it places more than block weights
+        LayoutRule("blocks/stacked_mlp_kernel", ("stage", None, "model")),  # the block rule, carried over (and dropped)
+        LayoutRule("blocks/stacked_norm_gamma", ("stage", None), origin="pipeline"),  # no rule: the stages alone
+    )
+    assert [t.path for t in per_block_view(TENSORS)[1:5]] == list(BLOCKS)
+
+
+@pytest.mark.parametrize("rules, key, text", [
+    ((LayoutRule(r"block_\d+/mlp/kernel", (None, "model")), LayoutRule("block_3/mlp/kernel", ("data", None), origin="extra_rules")),
+     "layout.extra_rules.block_3/mlp/kernel",
+     "places 'block_3/mlp/kernel' as [data, null] but 'block_0/mlp/kernel' is placed as [null, model]; pipelined blocks are held "
+     "stacked, so every block's weight must be placed alike"),
+    ((LayoutRule(r"block_\d+/mlp/kernel", ("stage", None)),), r"layout.rules.block_\d+/mlp/kernel",
+     "puts a dimension of block weight 'block_0/mlp/kernel' on 'stage', the pipeline's stage axis"),
+    ((LayoutRule(r"block_\d+/mlp/kernel", (None, None, "model")),), r"layout.rules.block_\d+/mlp/kernel",
+     "gives 3 axes [null, null, model] but variable 'block_0/mlp/kernel' has rank 2"),  # in the terms of separate blocks
+])
+def test_rules_that_do_not_fit_stacked_blocks_say_so_in_the_blocks_terms(rules, key, text):
+    _, errors = stacked_rules(rules, MESH, TENSORS, "stage")
+    assert errors and errors[0].key == key and text in str(errors[0]), errors
+
+
+def test_the_plan_of_the_stages_says_which_blocks_each_holds_and_the_bubble():
+    plan = pipeline_plan(TENSORS, MESH, PipelineConfig(microbatches=4), batch_size=16)
+    assert plan.stage_blocks == (("block_0", "block_1"), ("block_2", "block_3"))
+    assert (plan.microbatch_rows, plan.microbatch_rows_per_replica, plan.bubble_fraction) == (4, 2, pytest.approx(1 / 5))
+    # 5 ticks x 2 blocks a stage x 2 rows x one 8x16 float32 activation
+    assert plan.kept_activation_bytes_per_device == 5 * 2 * 2 * 8 * 16 * 4
+
+
+def _transformer(mesh: str, names: list, layout: str, layers: int = 2, **pipeline) -> dict:
+    return {
+        "mesh": {"shape": mesh, "axis_names": names, "batch_axis": "data"},
+        "layout": {"rules": layout_rules(layout)},
+        "model": {"name": "transformer", "layers": layers},
+        "data": {"name": "synthetic", "num_samples": 64, "eval_samples": 16},
+        "train": {"epochs": 2, "verbose": 0, "batch_size": 16},
+        "pipeline": pipeline,
+    }
+
+
+@pytest.mark.integration
+def test_a_pipelined_plan_shards_stacked_blocks_over_the_stages(tmp_path):
+    done = run_meshrun(["plan", "--json", "model=transformer", "model.layers=4", "mesh=2x2x2", "mesh.axis_names=[stage,data,model]",
+                        "mesh.batch_axis=data", "layout=transformer_tp", "pipeline.microbatches=4"], cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-2000:]
+    plan = json.loads(done.stdout)
+    spec = {v["path"]: v["spec"] for v in plan["variables"]}
+    assert spec["blocks/stacked_mlp_up_kernel"] == ["stage", None, "model"]
+    assert spec["blocks/stacked_attention_query_kernel"] == ["stage", None, "model", None]
+    assert spec["blocks/stacked_ln_1_gamma"] == ["stage", None]
+    assert not any(path.startswith("block_") for path in spec)
+    pipeline = plan["pipeline"]
+    assert pipeline["stage_blocks"] == [["block_0", "block_1"], ["block_2", "block_3"]]
+    assert (pipeline["microbatches"], pipeline["bubble_fraction"]) == (4, pytest.approx(0.2))
+    by_path = {v["path"]: v for v in plan["variables"]}  # each stage device holds its own half of the blocks
+    assert by_path["blocks/stacked_mlp_up_kernel"]["bytes_per_device"] == 4 * 64 * 256 * 4 // 4
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("pipelined, reference", [
+    (_transformer("2x2x2", ["stage", "data", "model"], "transformer_tp", microbatches=2), _transformer("2x2", ["data", "model"], "transformer_tp")),
+    (_transformer("4x2", ["stage", "data"], "replicated", layers=4, remat=True), _transformer("2", ["data"], "replicated", layers=4)),
+], ids=["2 stages, tensor parallel inside", "4 stages, remat"])
+def test_a_pipelined_run_trains_as_the_same_model_with_separate_blocks(pipelined, reference):
+    staged = train_in_process(pipelined)
+    expected = train_in_process(reference).metrics["history"]
+    assert staged.metrics["history"]["loss"] == pytest.approx(expected["loss"], rel=2e-5)
+    assert staged.metrics["history"]["loss"][1] < staged.metrics["history"]["loss"][0]
+    assert staged.plan.pipeline.stages == int(pipelined["mesh"]["shape"][0])
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("overrides, text", [
+    (["model.layers=3", "mesh=2x4", "mesh.axis_names=[stage,data]"],
+     "mesh.shape: got 2x4: the stage axis 'stage' of size 2 does not split transformer's 3 blocks into stages of equal length; "
+     "valid sizes for 'stage': 1 or 3"),
+    (["model=dense_model", "mesh=2x4", "mesh.axis_names=[stage,data]"],
+     "mesh.axis_names: got ['stage', 'data']: axis 'stage' asks for pipeline stages (pipeline.axis), but dense_model has no repeated "
+     "blocks to split"),
+    (["mesh=2x4", "mesh.axis_names=[stage,data]", "pipeline.microbatches=3"], "pipeline.microbatches: got 3, which does not divide"),
+    (["mesh=2x4", "mesh.axis_names=[stage,data]", "mesh.batch_axis=stage"], "mesh.batch_axis: got 'stage', the pipeline's stage axis"),
+])
+def test_bad_pipeline_input_is_one_line_and_exit_2(tmp_path, overrides, text):
+    base = ["train", "model=transformer", "layout=replicated", "mesh.batch_axis=data", *FAST]
+    done = run_meshrun([*base, *overrides, "hydra.run.dir=run"], cwd=tmp_path)
+    assert text in one_error_line(done)
+    assert not (tmp_path / "run" / "metrics.json").exists()
+
+
+STACKS = {"blocks/stacked_mlp_kernel": ("block_0/mlp/kernel", "block_1/mlp/kernel")}
+
+
+def test_a_checkpoint_recasts_stacked_variables_and_their_slots_from_the_blocks_and_back():
+    from meshrun.training.restack import Recast, recasts
+
+    separate = {"block_0/mlp/kernel", "block_1/mlp/kernel", "adam/block_0_mlp_kernel_momentum", "adam/block_1_mlp_kernel_momentum"}
+    stacked = {"blocks/stacked_mlp_kernel", "adam/blocks_stacked_mlp_kernel_momentum"}
+    assert recasts(sorted(stacked), separate, STACKS) == {
+        "blocks/stacked_mlp_kernel": Recast(("block_0/mlp/kernel", "block_1/mlp/kernel")),
+        "adam/blocks_stacked_mlp_kernel_momentum": Recast(("adam/block_0_mlp_kernel_momentum", "adam/block_1_mlp_kernel_momentum")),
+    }
+    assert recasts(sorted(separate), stacked, STACKS) == {
+        "block_0/mlp/kernel": Recast(("blocks/stacked_mlp_kernel",), row=0),
+        "block_1/mlp/kernel": Recast(("blocks/stacked_mlp_kernel",), row=1),
+        "adam/block_0_mlp_kernel_momentum": Recast(("adam/blocks_stacked_mlp_kernel_momentum",), row=0),
+        "adam/block_1_mlp_kernel_momentum": Recast(("adam/blocks_stacked_mlp_kernel_momentum",), row=1),
+    }
+    assert recasts(["block_1/mlp/kernel"], {"block_0/mlp/kernel"}, STACKS) == {}  # nothing to make it from: not recast
+
+
+def _with(raw: dict, **changes) -> dict:
+    return {**raw, **changes, "train": {**raw["train"], **changes.get("train", {})}}
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("first, second", [("pipelined", "separate"), ("separate", "pipelined")])
+def test_a_checkpoint_resumes_with_and_without_stages_as_the_run_it_stands_for(tmp_path, first, second):
+    import keras
+    import numpy as np
+
+    runs = {"pipelined": _transformer("2x2x2", ["stage", "data", "model"], "transformer_tp", microbatches=2),
+            "separate": _transformer("2x2", ["data", "model"], "transformer_tp")}
+    whole = train_in_process(runs["separate"]).metrics["history"]["loss"]
+    checkpoints = str(tmp_path / "checkpoints")
+    train_in_process(_with(runs[first], train={"epochs": 1}, checkpoint={"dir": checkpoints}))
+    resumed = train_in_process(_with(runs[second], checkpoint={"dir": checkpoints, "export": True}), tmp_path / "resumed").metrics
+    assert resumed["checkpoint"]["resumed_at_step"] == 4
+    assert resumed["history"]["loss"][1] == pytest.approx(whole[1], rel=2e-5)  # the optimizer's state came along too
+
+    import meshrun.models.transformer_layers  # noqa: F401 (registers the zoo transformer's layers)
+
+    exported = keras.saving.load_model(tmp_path / "resumed" / "model.keras")
+    assert not any("stacked" in v.path for v in exported.weights)  # separate blocks, whatever the run held
+    tokens = np.arange(64).reshape(2, 32) % 512
+    logits = exported.predict(tokens, verbose=0)
+    assert logits.shape == (2, 32, 512) and np.isfinite(logits).all()
+
+
+FACTORY = '''
+import keras
+from meshrun.pipeline import repeated_blocks
+
+class Residual(keras.layers.Layer):
+    def __init__(self, width, **kwargs):
+        super().__init__(**kwargs)
+        self.dense = keras.layers.Dense(width, activation="gelu", name="dense")
+
+    def build(self, shape):
+        self.dense.build(shape)
+
+    def call(self, x):
+        return x + self.dense(x)
+
+def deep_mlp(width=256, depth=8):
+    inputs = keras.Input((width,))
+    x = repeated_blocks(lambda name: Residual(width, name=name), depth)(inputs)
+    return keras.Model(inputs, keras.layers.Dense(10, name="head")(x))
+'''
+
+
+@pytest.mark.integration
+def test_a_python_factory_opts_in_with_repeated_blocks_as_the_readme_shows(in_tmp):
+    (in_tmp / "pipelined_mlps.py").write_text(FACTORY)
+
+    def run(mesh: str, names: list) -> Trained:
+        return train_in_process({
+            "mesh": {"shape": mesh, "axis_names": names, "batch_axis": "data"}, "layout": {},
+            "model": {"name": "python", "factory": "pipelined_mlps:deep_mlp", "kwargs": {"width": 32, "depth": 4}},
+            "data": {"name": "synthetic", "num_samples": 64, "eval_samples": 16},
+            "train": {"epochs": 2, "verbose": 0, "batch_size": 16, "loss": "mse"}, "pipeline": {"microbatches": 2},
+        })
+
+    staged, separate = run("4x2", ["stage", "data"]), run("2", ["data"])
+    assert staged.metrics["history"]["loss"] == pytest.approx(separate.metrics["history"]["loss"], rel=2e-5)
+    assert staged.plan.pipeline.stage_blocks == (("block_0",), ("block_1",), ("block_2",), ("block_3",))
+    assert {p.path for p in separate.plan.variables} >= {"block_3/dense/kernel", "head/kernel"}
+    assert {p.path: p.spec for p in staged.plan.variables}["blocks/stacked_dense_kernel"] == ("stage", None, None)
