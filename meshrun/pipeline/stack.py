@@ -16,6 +16,10 @@ from meshrun.pipeline.schedule import gpipe
 STACKED_PREFIX = "stacked_"
 
 
+class BlockNotPipelinable(ValueError):
+    """A block that cannot run as a pipeline stage (it keeps state besides its trainable weights)."""
+
+
 class StackedInitializer(keras.initializers.Initializer):
     """Initializes a stacked weight block by block, each with its own block's initializer (so each
     block starts exactly as it would as a layer of its own: same seed, fan-in and fan-out)."""
@@ -59,8 +63,10 @@ class PipelinedBlocks(keras.layers.Layer):
         template = blocks[0]
         initializers = zip(*([initializer_of(v) for v in block.trainable_variables] for block in blocks), strict=True)
         if template.non_trainable_variables:
-            raise ValueError(f"{template.name} has non-trainable weights "
-                             f"({', '.join(v.path for v in template.non_trainable_variables)}); a pipelined block may not")
+            state = [v.path.split(f"{template.name}/", 1)[-1] for v in template.non_trainable_variables]
+            dropout = " (dropout's random state: set the model's dropout to 0)" if any("seed_generator" in p for p in state) else ""
+            raise BlockNotPipelinable(f"its blocks keep state besides their trainable weights ({', '.join(state)}){dropout}, "
+                                      "which pipeline stages cannot hand on yet; train it without a stage axis")
         object.__setattr__(self, "_template", template)  # not tracked: its weights are not the model's
         for variable, per_block in zip(template.trainable_variables, initializers, strict=True):
             inner = variable.path.split(f"{template.name}/", 1)[-1]

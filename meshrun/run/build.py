@@ -19,6 +19,7 @@ from meshrun.config.schema import PipelineConfig
 from meshrun.errors import ConfigError
 from meshrun.models.registry import InputSpec, ModelSpec
 from meshrun.pipeline import stages
+from meshrun.pipeline.stack import BlockNotPipelinable
 from meshrun.placement.layout import TensorSpec
 from meshrun.training.objectives import make_optimizer
 from meshrun.training.restack import stacks_of
@@ -88,8 +89,11 @@ def build_model(spec: ModelSpec, options, data, abstract: bool = False, pipeline
     from meshrun.data import declared_inputs
 
     make = spec.build_abstract if abstract and spec.build_abstract else spec.build
-    with stages(pipeline):
-        model = make(options)
+    try:
+        with stages(pipeline):
+            model = make(options)
+    except BlockNotPipelinable as err:
+        raise ConfigError("mesh.axis_names", f"got a stage axis {pipeline.axis!r} for {spec.name_of(options)}, but {err}") from None
     inputs = spec.inputs(options) if spec.inputs else None
     if inputs is None and not model.built:
         inputs = declared_inputs(data)
