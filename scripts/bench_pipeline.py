@@ -89,7 +89,7 @@ def measure(stages: int, microbatches: int, args) -> dict:
     if args.remat:
         block = jax.checkpoint(block)
 
-    def stage_fn(w, h):
+    def stage_fn(w, h, side):
         return lax.scan(block, h, w)[0]
 
     step = jax.jit(jax.value_and_grad(lambda w, x: jnp.mean(gpipe(stage_fn, w, x, mesh, "stage", microbatches) ** 2)))

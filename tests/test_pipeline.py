@@ -17,9 +17,11 @@ from meshrun.pipeline.schedule import check_split, gpipe
 BLOCKS, WIDTH, BATCH = 8, 16, 32
 
 
-def _stage(weights, x):
-    """Blocks x -> tanh(x W) + x, one per leading slice of `weights`."""
-    return lax.scan(lambda h, w: (jnp.tanh(h @ w) + h, None), x, weights)[0]
+def _stage(weights, x, side=None):
+    """Blocks x -> tanh(x W) + x, one per leading slice of `weights`; with a side input `scale`
+    (one number per row), x -> tanh(x W) * scale + x."""
+    scale = side["scale"][:, None] if side else 1.0
+    return lax.scan(lambda h, w: (jnp.tanh(h @ w) * scale + h, None), x, weights)[0]
 
 
 def _mesh(stages: int, data: int) -> jax.sharding.Mesh:
@@ -61,6 +63,29 @@ def test_the_schedule_gives_the_losses_and_gradients_of_the_blocks_in_turn(stage
     assert float(loss) == pytest.approx(float(expected_loss), rel=1e-6)
     np.testing.assert_allclose(np.asarray(grads), np.asarray(expected_grads), atol=1e-6)
     assert grads.sharding.spec == P("stage")  # each stage holds its own blocks' gradients
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("stages, data, microbatches", [(2, 2, 4), (4, 2, 2)])
+def test_inputs_beside_the_activations_reach_each_stage_with_its_microbatch_rows(stages, data, microbatches):
+    rng = np.random.default_rng(3)
+    weights = jnp.asarray(rng.normal(size=(BLOCKS, WIDTH, WIDTH)) * 0.3, jnp.float32)
+    x = jnp.asarray(rng.normal(size=(BATCH, WIDTH)), jnp.float32)
+    scale = jnp.asarray(rng.uniform(0, 2, size=(BATCH,)), jnp.float32)  # a different number for every row
+    mesh = _mesh(stages, data)
+
+    def pipelined(w, x, scale):
+        return jnp.mean(gpipe(_stage, w, x, mesh, "stage", microbatches, {"scale": scale}) ** 2)
+
+    def in_turn(w, x, scale):
+        return jnp.mean(_stage(w, x, {"scale": scale}) ** 2)
+
+    staged = jax.device_put(weights, NamedSharding(mesh, P("stage")))
+    rows = NamedSharding(mesh, P("data"))
+    loss, grads = jax.jit(jax.value_and_grad(pipelined))(staged, jax.device_put(x, rows), jax.device_put(scale, rows))
+    expected_loss, expected_grads = jax.jit(jax.value_and_grad(in_turn))(weights, x, scale)
+    assert float(loss) == pytest.approx(float(expected_loss), rel=1e-6)
+    np.testing.assert_allclose(np.asarray(grads), np.asarray(expected_grads), atol=1e-6)
 
 
 def _keras_models(width: int, blocks: int):
@@ -167,3 +192,48 @@ def test_a_block_with_non_trainable_weights_cannot_be_pipelined():
     with pytest.raises(BlockNotPipelinable, match=r"its blocks keep state besides their trainable weights \(moving_mean, moving_variance\), "
                                                   "which pipeline stages cannot hand on yet"):
         stack.build((None, WIDTH))
+
+
+@pytest.mark.integration
+def test_repeated_blocks_pass_keyword_tensors_to_every_block_pipelined_or_not():
+    import keras
+
+    from meshrun.config.schema import PipelineConfig
+    from meshrun.pipeline import repeated_blocks, stages
+
+    class Scaled(keras.layers.Layer):
+        def __init__(self, **kwargs):
+            super().__init__(**kwargs)
+            self.dense = keras.layers.Dense(WIDTH, activation="tanh", name="dense")
+
+        def build(self, x_shape):
+            self.dense.build(x_shape)
+
+        def call(self, x, scale=None):
+            return x + self.dense(x) * scale[:, :, None]
+
+    def build():
+        x = keras.Input((4, WIDTH))
+        scale = keras.Input((4,))
+        hidden = repeated_blocks(lambda name: Scaled(name=name), 4)(x, scale=scale)
+        return keras.Model([x, scale], hidden)
+
+    rng = np.random.default_rng(4)
+    x, scale = rng.normal(size=(BATCH, 4, WIDTH)).astype("float32"), (rng.uniform(size=(BATCH, 4)) > 0.5).astype("float32")
+    try:
+        keras.backend.clear_session()
+        keras.utils.set_random_seed(5)
+        expected = keras.ops.convert_to_numpy(build()([x, scale]))
+        keras.backend.clear_session()
+        keras.utils.set_random_seed(5)
+        mesh = keras.distribution.DeviceMesh((2, 4), ("stage", "data"))
+        layouts = keras.distribution.LayoutMap(mesh)
+        layouts["blocks/stacked_.*"] = ("stage",)
+        keras.distribution.set_distribution(keras.distribution.ModelParallel(layout_map=layouts, batch_dim_name="data"))
+        with stages(PipelineConfig(microbatches=4)):
+            model = build()
+        assert [v.path for v in model.weights] == ["blocks/stacked_dense_kernel", "blocks/stacked_dense_bias"]
+        np.testing.assert_allclose(keras.ops.convert_to_numpy(model([x, scale])), expected, rtol=1e-5, atol=1e-5)
+    finally:
+        keras.distribution.set_distribution(None)
+        keras.backend.clear_session()

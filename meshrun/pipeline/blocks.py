@@ -12,7 +12,9 @@ decoder-only LMs and a `model=python` factory all go through it.
         x = repeated_blocks(lambda name: MyBlock(width, name=name), count=8)(x)
         return keras.Model(inputs, keras.layers.Dense(vocab)(x))
 
-A block takes one tensor and gives one of the same shape, and has no non-trainable weights.
+A block takes one tensor and gives one of the same shape, and has no non-trainable weights; tensors
+every block takes beside it (a padding mask, with the batch's rows) go by keyword:
+`repeated_blocks(make, count)(x, padding_mask=mask)`.
 """
 
 from __future__ import annotations
@@ -41,12 +43,12 @@ def stages(pipeline: PipelineConfig | None) -> Iterator[None]:
 def repeated_blocks(make_block: Callable[[str], object], count: int, name: str = "blocks",
                     block_name: str = "block_{}") -> Callable:
     """`count` blocks made by `make_block(name)` applied in order, as a callable for a functional
-    model: separate layers named `block_name.format(i)`, or (in a build for pipeline stages) one
+    model (`(x, **side)`: keyword tensors every block takes beside x): separate layers named `block_name.format(i)`, or (in a build for pipeline stages) one
     PipelinedBlocks layer named `name` whose variables record the per-block paths they hold."""
     pipeline = _building_for.get()
     if pipeline is None:
         blocks = [make_block(block_name.format(index)) for index in range(count)]
-        return lambda x: functools.reduce(lambda hidden, block: block(hidden), blocks, x)
+        return lambda x, **side: functools.reduce(lambda hidden, block: block(hidden, **side), blocks, x)
     from meshrun.pipeline.stack import PipelinedBlocks
 
     return PipelinedBlocks(make_block, count, axis=pipeline.axis, microbatches=pipeline.microbatches,

@@ -88,25 +88,24 @@ class PipelinedBlocks(keras.layers.Layer):
         inner = self._inner_paths[variable.path]
         return tuple(f"{prefix}{self.block_name.format(i)}/{inner}" for i in range(self.num_blocks))
 
-    def compute_output_shape(self, input_shape):
+    def compute_output_shape(self, input_shape, **side_shapes):
         """A block gives what it takes (the stages hand each other activations of one shape)."""
         return input_shape
 
-    def call(self, x):
+    def call(self, x, **side):
+        """The blocks on `x`; `side`: tensors every block takes beside it by keyword, with x's rows
+        (a padding mask), each stage given the rows of the microbatch it works on."""
         template = self.template
 
-        def block(x, weights):
-            return template.stateless_call(list(weights), [], x)[0], None
+        def stage(params, x, side):
+            def block(x, weights):
+                return template.stateless_call(list(weights), [], x, **side)[0], None
 
-        if self.remat:
-            block = jax.checkpoint(block)
-
-        def stage(params, x):
-            return lax.scan(block, x, params)[0]
+            return lax.scan(jax.checkpoint(block) if self.remat else block, x, params)[0]
 
         params = [variable.value for variable in self.stacked]
         distribution = keras.distribution.distribution()
         mesh = distribution.device_mesh.backend_mesh if distribution is not None else None
         if mesh is None or self.axis not in mesh.axis_names:  # no stages: the blocks in turn
-            return stage(params, x)
-        return gpipe(stage, params, x, mesh, self.axis, self.microbatches or mesh.shape[self.axis])
+            return stage(params, x, side)
+        return gpipe(stage, params, x, mesh, self.axis, self.microbatches or mesh.shape[self.axis], side)
