@@ -18,6 +18,7 @@ bubble; on a GPU (one device per stage) it is the measured bubble.
 
     python scripts/bench_pipeline.py --stages 1 2 4 --microbatches 1 2 4 8 16 --out bench_pipeline.json
     python scripts/bench_pipeline.py --remat --out bench_pipeline_remat.json
+    python scripts/bench_pipeline.py --pipeline-repeats 2 --stages 2 4 --microbatches 4 8 16   # the circular schedule
 """
 
 from __future__ import annotations
@@ -42,6 +43,8 @@ def main() -> None:
     parser.add_argument("--width", type=int, default=256)
     parser.add_argument("--batch", type=int, default=256)
     parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--pipeline-repeats", type=int, default=1,
+                        help="stages per device (pipeline.repeats: the circular schedule; pairs it cannot run are left out)")
     parser.add_argument("--remat", action="store_true",
                         help="recompute each block's activations in the backward pass (jax.checkpoint)")
     parser.add_argument("--out", help="also write the rows to this JSON file")
@@ -52,7 +55,8 @@ def main() -> None:
     import jax
 
     started = time.perf_counter()
-    rows = [measure(stages, microbatches, args) for stages in args.stages for microbatches in args.microbatches]
+    rows = [measure(stages, microbatches, args) for stages in args.stages for microbatches in args.microbatches
+            if args.pipeline_repeats == 1 or (microbatches % stages == 0 and args.blocks % (stages * args.pipeline_repeats) == 0)]
     print(f"{jax.devices()[0].device_kind}, {len(jax.devices())} devices; {args.blocks} blocks of "
           f"{args.width}x{args.width}, batch {args.batch}, remat {'on' if args.remat else 'off'}, "
           f"{args.repeats} repeats; memory per device")
@@ -79,8 +83,10 @@ def measure(stages: int, microbatches: int, args) -> dict:
     data = len(devices) // stages
     mesh = jax.sharding.Mesh(np.array(devices[: stages * data]).reshape(stages, data), ("stage", "data"))
     rng = np.random.default_rng(0)
-    weights = jax.device_put(jnp.asarray(rng.normal(size=(args.blocks, args.width, args.width)) / args.width**0.5, jnp.float32),
-                             NamedSharding(mesh, P("stage")))
+    rounds = args.pipeline_repeats
+    lead = (rounds, args.blocks // rounds) if rounds > 1 else (args.blocks,)
+    weights = jax.device_put(jnp.asarray(rng.normal(size=(*lead, args.width, args.width)) / args.width**0.5, jnp.float32),
+                             NamedSharding(mesh, P(None, "stage") if rounds > 1 else P("stage")))
     x = jax.device_put(jnp.asarray(rng.normal(size=(args.batch, args.width)), jnp.float32), NamedSharding(mesh, P("data")))
 
     def block(h, w):
@@ -92,7 +98,7 @@ def measure(stages: int, microbatches: int, args) -> dict:
     def stage_fn(w, h, side):
         return lax.scan(block, h, w)[0]
 
-    step = jax.jit(jax.value_and_grad(lambda w, x: jnp.mean(gpipe(stage_fn, w, x, mesh, "stage", microbatches) ** 2)))
+    step = jax.jit(jax.value_and_grad(lambda w, x: jnp.mean(gpipe(stage_fn, w, x, mesh, "stage", microbatches, repeats=rounds) ** 2)))
     started = time.perf_counter()
     compiled = step.lower(weights, x).compile()
     compile_s = time.perf_counter() - started
@@ -105,7 +111,7 @@ def measure(stages: int, microbatches: int, args) -> dict:
     return {"stages": stages, "microbatches": microbatches, "remat": args.remat,
             "compile_s": round(compile_s, 3),
             "step_ms": round(statistics.median(times) * 1e3, 2), "step_min_ms": round(min(times) * 1e3, 2),
-            "bubble_formula": round(bubble_fraction(stages, microbatches), 4), **memory(compiled),
+            "repeats": rounds, "bubble_formula": round(bubble_fraction(stages, microbatches, rounds), 4), **memory(compiled),
             "argument_bytes_expected": weights.nbytes // stages + x.nbytes // data}
 
 
@@ -144,7 +150,7 @@ def kib(size: int | None) -> str:
 
 def fit_bubbles(rows: list[dict]) -> list[dict]:
     """For each stage count above 1, the least-squares fit of the fastest step time across the
-    microbatch counts to a + (M + S - 1) * (b / M + c), no term negative (c dropped with only two
+    microbatch counts to a + (RM + S - 1) * (b / RM + c) (R: the circular schedule's repeats), no term negative (c dropped with only two
     microbatch counts, no fit with one), and for each M the share of the fitted step the S - 1 extra
     ticks take."""
     import numpy as np
@@ -155,13 +161,14 @@ def fit_bubbles(rows: list[dict]) -> list[dict]:
         micro = np.array([row["microbatches"] for row in group], dtype=float)
         if len(micro) < 2:
             continue
-        ticks = micro + stages - 1
-        columns = [np.ones_like(micro), ticks / micro, ticks][: min(3, len(micro))]
+        repeats = group[0]["repeats"]  # the circular schedule: R M + S - 1 ticks, each 1/(R M) of the work
+        ticks = repeats * micro + stages - 1
+        columns = [np.ones_like(micro), ticks / (repeats * micro), ticks][: min(3, len(micro))]
         times = np.array([row["step_min_ms"] for row in group])
         a, b, c = (*least_squares_nonnegative(np.stack(columns, axis=1), times), 0.0)[:3]
         for m, row in zip(micro, group, strict=True):
-            tick = b / m + c
-            fitted = a + (m + stages - 1) * tick
+            tick = b / (repeats * m) + c
+            fitted = a + (repeats * m + stages - 1) * tick
             fits.append({"stages": stages, "microbatches": int(m), "a_ms": a, "b_ms": b, "c_ms": c,
                          "step_min_ms": row["step_min_ms"], "fitted_ms": fitted,
                          "bubble_fit": (stages - 1) * tick / fitted, "bubble_formula": row["bubble_formula"]})

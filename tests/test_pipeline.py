@@ -11,7 +11,7 @@ from jax import lax
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from meshrun.pipeline.bubble import bubble_fraction
+from meshrun.pipeline.bubble import bubble_fraction, stage_of_block
 from meshrun.pipeline.schedule import check_split, gpipe
 
 BLOCKS, WIDTH, BATCH = 8, 16, 32
@@ -29,10 +29,17 @@ def _mesh(stages: int, data: int) -> jax.sharding.Mesh:
     return jax.sharding.Mesh(devices, ("stage", "data", "model"))
 
 
-def test_the_bubble_is_the_gpipe_formula():
+def test_the_bubble_is_the_gpipe_formula_and_the_circular_one():
     assert bubble_fraction(1, 8) == 0
     assert bubble_fraction(4, 1) == pytest.approx(3 / 4)
     assert bubble_fraction(4, 12) == pytest.approx(3 / 15)
+    assert bubble_fraction(4, 8, repeats=2) == pytest.approx(3 / 19)
+
+
+def test_the_circular_schedule_gives_each_stage_every_sth_run_of_blocks():
+    assert [stage_of_block(b, 8, 2) for b in range(8)] == [0, 0, 0, 0, 1, 1, 1, 1]
+    assert [stage_of_block(b, 8, 2, repeats=2) for b in range(8)] == [0, 0, 1, 1, 0, 0, 1, 1]
+    assert [stage_of_block(b, 8, 4, repeats=2) for b in range(8)] == [0, 1, 2, 3, 0, 1, 2, 3]
 
 
 def test_blocks_and_microbatches_that_do_not_split_say_what_would():
@@ -40,6 +47,10 @@ def test_blocks_and_microbatches_that_do_not_split_say_what_would():
         check_split(6, 4, 32, 2)
     with pytest.raises(ValueError, match="3 microbatches do not divide the batch of 32; use a divisor of 32"):
         check_split(8, 4, 32, 3)
+    with pytest.raises(ValueError, match="8 blocks do not split into 16 stages of equal length"):
+        check_split(8, 4, 32, 4, repeats=4)
+    with pytest.raises(ValueError, match="the circular schedule takes microbatches in groups of the 4 stages; 2 is not a multiple of 4"):
+        check_split(8, 4, 32, 2, repeats=2)
 
 
 @pytest.mark.integration
@@ -63,6 +74,29 @@ def test_the_schedule_gives_the_losses_and_gradients_of_the_blocks_in_turn(stage
     assert float(loss) == pytest.approx(float(expected_loss), rel=1e-6)
     np.testing.assert_allclose(np.asarray(grads), np.asarray(expected_grads), atol=1e-6)
     assert grads.sharding.spec == P("stage")  # each stage holds its own blocks' gradients
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("stages, data, microbatches, repeats", [(2, 2, 4, 2), (4, 2, 4, 2), (2, 4, 2, 4), (1, 8, 2, 2)])
+def test_the_circular_schedule_gives_the_losses_and_gradients_of_the_blocks_in_turn(stages, data, microbatches, repeats):
+    rng = np.random.default_rng(5)
+    weights = jnp.asarray(rng.normal(size=(BLOCKS, WIDTH, WIDTH)) * 0.3, jnp.float32)
+    x = jnp.asarray(rng.normal(size=(BATCH, WIDTH)), jnp.float32)
+    scale = jnp.asarray(rng.uniform(0, 2, size=(BATCH,)), jnp.float32)
+    mesh = _mesh(stages, data)
+
+    def pipelined(w, x, scale):  # rounds in the first dimension, stages in the second: blocks in order when read as one
+        return jnp.mean(gpipe(_stage, w, x, mesh, "stage", microbatches, {"scale": scale}, repeats=repeats) ** 2)
+
+    def in_turn(w, x, scale):
+        return jnp.mean(_stage(w, x, {"scale": scale}) ** 2)
+
+    staged = jax.device_put(weights.reshape(repeats, BLOCKS // repeats, WIDTH, WIDTH), NamedSharding(mesh, P(None, "stage")))
+    rows = NamedSharding(mesh, P("data"))
+    loss, grads = jax.jit(jax.value_and_grad(pipelined))(staged, jax.device_put(x, rows), jax.device_put(scale, rows))
+    expected_loss, expected_grads = jax.jit(jax.value_and_grad(in_turn))(weights, x, scale)
+    assert float(loss) == pytest.approx(float(expected_loss), rel=1e-6)
+    np.testing.assert_allclose(np.asarray(grads).reshape(BLOCKS, WIDTH, WIDTH), np.asarray(expected_grads), atol=1e-6)
 
 
 @pytest.mark.integration

@@ -45,6 +45,9 @@ def test_the_pipeline_section_defaults_to_one_microbatch_per_stage():
     (_raw("4x8", ["stage", "data"], "data"), "pipeline.microbatches",
      "left null, which means one per stage (4), which does not divide the 2 rows of each data replica"),
     (_raw("2x4", ["pipe", "data"], "data", axis="pipe", microbatches=0), "pipeline.microbatches", "got 0; expected a positive integer"),
+    (_raw("2x4", ["stage", "data"], "data", repeats=0), "pipeline.repeats", "got 0; expected a positive integer"),
+    (_raw("4x2", ["stage", "data"], "data", microbatches=2, repeats=2), "pipeline.microbatches",
+     "got 2 with pipeline.repeats=2: the circular schedule takes microbatches in groups of the 4 stages; valid: 4 or 8"),
 ])
 def test_pipeline_settings_that_cannot_work_name_the_key(raw, key, text):
     with pytest.raises(ConfigError) as raised:
@@ -85,6 +88,17 @@ def test_the_plan_of_the_stages_says_which_blocks_each_holds_and_the_bubble():
     assert (plan.microbatch_rows, plan.microbatch_rows_per_replica, plan.bubble_fraction) == (4, 2, pytest.approx(1 / 5))
     # 5 ticks x 2 blocks a stage x 2 rows x one 8x16 float32 activation
     assert plan.kept_activation_bytes_per_device == 5 * 2 * 2 * 8 * 16 * 4
+    circular = pipeline_plan(TENSORS, MESH, PipelineConfig(microbatches=4, repeats=2), batch_size=16)
+    assert circular.stage_blocks == (("block_0", "block_2"), ("block_1", "block_3"))
+    assert circular.bubble_fraction == pytest.approx(1 / 9)
+    assert circular.kept_activation_bytes_per_device == 9 * 1 * 2 * 8 * 16 * 4  # 9 ticks of one block each
+
+
+def test_the_circular_schedules_stacks_keep_their_rounds_whole_and_split_the_stages():
+    tensors = [TensorSpec("blocks/stacked_mlp_kernel", (2, 2, 16, 32), blocks=BLOCKS)]
+    placed, errors = stacked_rules((LayoutRule(r"block_\d+/mlp/kernel", (None, "model")),), MESH, tensors, "stage")
+    assert errors == () and placed == (LayoutRule("blocks/stacked_mlp_kernel", (None, "stage", None, "model")),)
+    assert [t.shape for t in per_block_view(tensors)] == [(16, 32)] * 4
 
 
 def _transformer(mesh: str, names: list, layout: str, layers: int = 2, **pipeline) -> dict:
@@ -120,7 +134,9 @@ def test_a_pipelined_plan_shards_stacked_blocks_over_the_stages(tmp_path):
 @pytest.mark.parametrize("pipelined, reference", [
     (_transformer("2x2x2", ["stage", "data", "model"], "transformer_tp", microbatches=2), _transformer("2x2", ["data", "model"], "transformer_tp")),
     (_transformer("4x2", ["stage", "data"], "replicated", layers=4, remat=True), _transformer("2", ["data"], "replicated", layers=4)),
-], ids=["2 stages, tensor parallel inside", "4 stages, remat"])
+    (_transformer("2x2x2", ["stage", "data", "model"], "transformer_tp", layers=4, microbatches=2, repeats=2),
+     _transformer("2x2", ["data", "model"], "transformer_tp", layers=4)),
+], ids=["2 stages, tensor parallel inside", "4 stages, remat", "circular, 2 rounds"])
 def test_a_pipelined_run_trains_as_the_same_model_with_separate_blocks(pipelined, reference):
     staged = train_in_process(pipelined)
     expected = train_in_process(reference).metrics["history"]
@@ -134,6 +150,9 @@ def test_a_pipelined_run_trains_as_the_same_model_with_separate_blocks(pipelined
     (["model.layers=3", "mesh=2x4", "mesh.axis_names=[stage,data]"],
      "mesh.shape: got 2x4: the stage axis 'stage' of size 2 does not split transformer's 3 blocks into stages of equal length; "
      "valid sizes for 'stage': 1 or 3"),
+    (["pipeline.repeats=2", "mesh=2x4", "mesh.axis_names=[stage,data]"],
+     "mesh.shape: got 2x4: the stage axis 'stage' of size 2 times pipeline.repeats=2 does not split transformer's 2 blocks into "
+     "stages of equal length; valid sizes for 'stage': 1"),
     (["model=dense_model", "mesh=2x4", "mesh.axis_names=[stage,data]"],
      "mesh.axis_names: got ['stage', 'data']: axis 'stage' asks for pipeline stages (pipeline.axis), but dense_model has no repeated "
      "blocks to split"),
@@ -177,13 +196,15 @@ def _with(raw: dict, **changes) -> dict:
 
 
 @pytest.mark.integration
-@pytest.mark.parametrize("first, second", [("pipelined", "separate"), ("separate", "pipelined")])
+@pytest.mark.parametrize("first, second", [("pipelined", "separate"), ("separate", "pipelined"), ("circular", "separate"),
+                                           ("separate", "circular")])
 def test_a_checkpoint_resumes_with_and_without_stages_as_the_run_it_stands_for(tmp_path, first, second):
     import keras
     import numpy as np
 
     runs = {"pipelined": _transformer("2x2x2", ["stage", "data", "model"], "transformer_tp", microbatches=2),
-            "separate": _transformer("2x2", ["data", "model"], "transformer_tp")}
+            "circular": _transformer("2x2x2", ["stage", "data", "model"], "transformer_tp", microbatches=2, repeats=2, layers=4),
+            "separate": _transformer("2x2", ["data", "model"], "transformer_tp", layers=4 if "circular" in (first, second) else 2)}
     whole = train_in_process(runs["separate"]).metrics["history"]["loss"]
     checkpoints = str(tmp_path / "checkpoints")
     train_in_process(_with(runs[first], train={"epochs": 1}, checkpoint={"dir": checkpoints}))

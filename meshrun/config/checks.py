@@ -145,6 +145,8 @@ def check_pipeline(pipeline: PipelineConfig, mesh: MeshConfig, batch_size: int) 
     once a -1 in the mesh is filled."""
     if pipeline.microbatches is not None and pipeline.microbatches < 1:
         raise ConfigError("pipeline.microbatches", f"got {pipeline.microbatches}; expected a positive integer (null: one per stage)")
+    if pipeline.repeats < 1:
+        raise ConfigError("pipeline.repeats", f"got {pipeline.repeats}; expected a positive integer (1: GPipe, more: the circular schedule)")
     if pipeline.axis not in mesh.axis_names:
         return
     if pipeline.axis == mesh.batch_axis:
@@ -162,6 +164,12 @@ def check_pipeline(pipeline: PipelineConfig, mesh: MeshConfig, batch_size: int) 
         raise ConfigError("pipeline.microbatches", f"{given}, which does not divide the {rows} rows of each data replica "
                                                    f"(train.batch_size={batch_size} over {mesh.batch_axis!r} of size "
                                                    f"{mesh.axis_size(mesh.batch_axis)}); valid: {one_of(divisors)}")
+    stages = pipeline.stages(mesh)
+    if pipeline.repeats > 1 and microbatches % stages:
+        valid = [n for n in range(stages, rows + 1, stages) if rows % n == 0]
+        raise ConfigError("pipeline.microbatches", f"got {microbatches} with pipeline.repeats={pipeline.repeats}: the circular schedule "
+                                                   f"takes microbatches in groups of the {stages} stages; valid: "
+                                                   f"{one_of(valid) if valid else f'none for {rows} rows a replica: use pipeline.repeats=1'}")
 
 
 def check_rule_axes(key: str, axes: tuple, mesh: MeshConfig) -> None:

@@ -253,11 +253,13 @@ class PipelineConfig:
     """Pipeline stages (meshrun.pipeline): a mesh axis named `axis` holds the model's repeated blocks
     in as many contiguous stages as it is long (a mesh without that axis: no pipeline); each batch
     is cut into `microbatches` microbatches handed from stage to stage (None: as many as there are
-    stages), and `remat` recomputes each block's activations in the backward pass instead of keeping
-    them."""
+    stages), `repeats` > 1 gives each device that many non-adjacent stages (the circular schedule:
+    a smaller idle share), and `remat` recomputes each block's activations in the backward pass
+    instead of keeping them."""
 
     axis: str = "stage"
     microbatches: int | None = None
+    repeats: int = 1
     remat: bool = False
 
     def stages(self, mesh: MeshConfig) -> int:

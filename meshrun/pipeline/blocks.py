@@ -52,4 +52,4 @@ def repeated_blocks(make_block: Callable[[str], object], count: int, name: str =
     from meshrun.pipeline.stack import PipelinedBlocks
 
     return PipelinedBlocks(make_block, count, axis=pipeline.axis, microbatches=pipeline.microbatches,
-                           remat=pipeline.remat, block_name=block_name, name=name)
+                           remat=pipeline.remat, block_name=block_name, repeats=pipeline.repeats, name=name)

@@ -17,18 +17,26 @@ STACKED_PREFIX = "stacked_"
 
 
 class BlockNotPipelinable(ValueError):
-    """A block that cannot run as a pipeline stage (it keeps state besides its trainable weights)."""
+    """Blocks that cannot run as pipeline stages (they keep state besides their trainable weights,
+    or do not split into the rounds of the circular schedule); `key`: the config key to name."""
+
+    def __init__(self, message: str, key: str = "mesh.axis_names"):
+        super().__init__(message)
+        self.key = key
 
 
 class StackedInitializer(keras.initializers.Initializer):
     """Initializes a stacked weight block by block, each with its own block's initializer (so each
-    block starts exactly as it would as a layer of its own: same seed, fan-in and fan-out)."""
+    block starts exactly as it would as a layer of its own: same seed, fan-in and fan-out); the
+    weight's first `lead` dimensions hold the blocks."""
 
-    def __init__(self, initializers: list):
+    def __init__(self, initializers: list, lead: int = 1):
         self.initializers = initializers
+        self.lead = lead
 
     def __call__(self, shape, dtype=None):
-        return keras.ops.stack([initializer(shape[1:], dtype=dtype) for initializer in self.initializers])
+        blocks = [initializer(shape[self.lead:], dtype=dtype) for initializer in self.initializers]
+        return keras.ops.reshape(keras.ops.stack(blocks), shape)
 
 
 class PipelinedBlocks(keras.layers.Layer):
@@ -39,21 +47,33 @@ class PipelinedBlocks(keras.layers.Layer):
     its weights are not the model's (the stacked ones are), and it must have no non-trainable
     weights (each stage calls it statelessly). `block_name` names block i as the model would with
     separate blocks (`block_{}` -> block_3), so each stacked variable knows the per-block paths it
-    holds (`block_paths`)."""
+    holds (`block_paths`). With `repeats` R > 1 (the circular schedule) a stacked weight is
+    (R, blocks / R, ...), its second dimension split over the stages: device s holds the blocks of
+    stages s, s + S, ..., in the blocks' order when the two leading dimensions are read as one."""
 
     def __init__(self, make_block: Callable[[str], keras.layers.Layer], num_blocks: int, axis: str = "stage",
-                 microbatches: int | None = None, remat: bool = False, block_name: str = "block_{}", **kwargs):
+                 microbatches: int | None = None, remat: bool = False, block_name: str = "block_{}", repeats: int = 1, **kwargs):
         super().__init__(**kwargs)
         self.make_block = make_block
         self.num_blocks = num_blocks
         self.axis = axis
         self.microbatches = microbatches
         self.remat = remat
+        self.repeats = repeats
         self.block_name = block_name
         self.stacked: list = []
         self._inner_paths: dict[str, str] = {}  # stacked variable path -> its path inside a block
 
+    @property
+    def lead(self) -> tuple[int, ...]:
+        """The leading dimensions of a stacked weight that hold the blocks: (blocks,), or for the
+        circular schedule (repeats, blocks / repeats), whose second dimension goes over the stages."""
+        return (self.repeats, self.num_blocks // self.repeats) if self.repeats > 1 else (self.num_blocks,)
+
     def build(self, input_shape):
+        if self.num_blocks % self.repeats:
+            raise BlockNotPipelinable(f"its {self.num_blocks} blocks do not split into pipeline.repeats={self.repeats} rounds "
+                                      "of equal length", key="pipeline.repeats")
         # Every block is made and built by shapes alone, in the order separate blocks would be, so that
         # each initializer draws the seed it would draw there: a pipelined run starts from the same weights.
         blocks = [self.make_block(self.block_name.format(index)) for index in range(self.num_blocks)]
@@ -70,8 +90,8 @@ class PipelinedBlocks(keras.layers.Layer):
         object.__setattr__(self, "_template", template)  # not tracked: its weights are not the model's
         for variable, per_block in zip(template.trainable_variables, initializers, strict=True):
             inner = variable.path.split(f"{template.name}/", 1)[-1]
-            stacked = self.add_weight(shape=(self.num_blocks, *variable.shape), dtype=variable.dtype,
-                                      initializer=StackedInitializer(list(per_block)),
+            stacked = self.add_weight(shape=(*self.lead, *variable.shape), dtype=variable.dtype,
+                                      initializer=StackedInitializer(list(per_block), len(self.lead)),
                                       name=STACKED_PREFIX + inner.replace("/", "_"))
             self.stacked.append(stacked)
             self._inner_paths[stacked.path] = inner
@@ -107,5 +127,5 @@ class PipelinedBlocks(keras.layers.Layer):
         distribution = keras.distribution.distribution()
         mesh = distribution.device_mesh.backend_mesh if distribution is not None else None
         if mesh is None or self.axis not in mesh.axis_names:  # no stages: the blocks in turn
-            return stage(params, x, side)
-        return gpipe(stage, params, x, mesh, self.axis, self.microbatches or mesh.shape[self.axis], side)
+            return stage([p.reshape(self.num_blocks, *p.shape[len(self.lead):]) for p in params], x, side)
+        return gpipe(stage, params, x, mesh, self.axis, self.microbatches or mesh.shape[self.axis], side, self.repeats)

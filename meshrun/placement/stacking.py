@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from meshrun.config.schema import LayoutRule, MeshConfig, PipelineConfig
 from meshrun.errors import ConfigError
-from meshrun.pipeline.bubble import bubble_fraction
+from meshrun.pipeline.bubble import bubble_fraction, stage_of_block
 from meshrun.placement.layout import TensorSpec, check_rules
 from meshrun.wording import format_shape, one_of
 
@@ -27,13 +27,19 @@ def stacked(tensors) -> list[TensorSpec]:
     return [t for t in tensors if t.blocks]
 
 
+def lead(tensor: TensorSpec) -> int:
+    """How many leading dimensions of a stacked variable hold its blocks: 1, or 2 for the circular
+    schedule's (repeats, blocks / repeats)."""
+    return 1 if tensor.shape[0] == len(tensor.blocks) else 2
+
+
 def per_block_view(tensors) -> list[TensorSpec]:
     """`tensors` as the model with separate blocks has them: each stacked variable as its blocks'
-    own variables (its first dimension dropped)."""
+    own variables (its leading dimensions dropped)."""
     view = []
     for tensor in tensors:
         if tensor.blocks:
-            view += [dataclasses.replace(tensor, path=path, shape=tensor.shape[1:], blocks=()) for path in tensor.blocks]
+            view += [dataclasses.replace(tensor, path=path, shape=tensor.shape[lead(tensor):], blocks=()) for path in tensor.blocks]
         else:
             view.append(tensor)
     return view
@@ -57,12 +63,13 @@ def check_blocks(tensors, mesh: MeshConfig, pipeline: PipelineConfig, model: str
             "repeated blocks to split; models with blocks: model=transformer, and a model=python factory that makes its blocks "
             "with meshrun.pipeline.repeated_blocks; or name the axis otherwise",
         )
-    blocks, stages = len(stacks[0].blocks), pipeline.stages(mesh)
-    if blocks % stages:
-        valid = [n for n in range(1, blocks + 1) if blocks % n == 0]
+    blocks, stages, repeats = len(stacks[0].blocks), pipeline.stages(mesh), pipeline.repeats
+    if blocks % (stages * repeats):
+        valid = [n for n in range(1, blocks + 1) if blocks % (n * repeats) == 0]
+        rounds = f" times pipeline.repeats={repeats}" if repeats > 1 else ""
         raise ConfigError(
             "mesh.shape",
-            f"got {format_shape(mesh.shape)}: the stage axis {pipeline.axis!r} of size {stages} does not split {model}'s "
+            f"got {format_shape(mesh.shape)}: the stage axis {pipeline.axis!r} of size {stages}{rounds} does not split {model}'s "
             f"{blocks} blocks into stages of equal length; valid sizes for {pipeline.axis!r}: {one_of(valid)}",
         )
 
@@ -85,14 +92,15 @@ def stacked_rules(rules: tuple[LayoutRule, ...], mesh: MeshConfig, tensors, axis
             errors.append(problem)
             continue
         source = check.assigned.get(tensor.blocks[0])
-        derived.append(LayoutRule(tensor.path, (axis, *axes), origin=source.origin if source else "pipeline"))
+        leading = (axis,) if lead(tensor) == 1 else (None, axis)  # the circular schedule's rounds stay whole
+        derived.append(LayoutRule(tensor.path, (*leading, *axes), origin=source.origin if source else "pipeline"))
     return tuple(kept + derived), tuple(errors)
 
 
 def _block_axes(tensor: TensorSpec, assigned: dict[str, LayoutRule], axis: str) -> tuple[tuple, ConfigError | None]:
     """The axes every block's slice of stacked `tensor` gets, or the problem: blocks placed
     differently from each other, or a block weight's dimension put on the stage axis."""
-    placements = {path: assigned[path].axes if path in assigned else (None,) * (len(tensor.shape) - 1) for path in tensor.blocks}
+    placements = {path: assigned[path].axes if path in assigned else (None,) * (len(tensor.shape) - lead(tensor)) for path in tensor.blocks}
     first = tensor.blocks[0]
     rule = assigned.get(first)
     differing = [path for path in tensor.blocks if placements[path] != placements[first]]
@@ -115,14 +123,16 @@ def _axes(axes) -> str:
 class PipelinePlan:
     """What pipeline stages do to a run, worked out before it is built: the stage axis, the stages
     and which blocks each holds, the microbatches and their rows (in all, and on each data replica),
-    GPipe's idle share of a step, and the block inputs the schedule keeps for the backward pass on
-    each device (all it keeps with remat; without, each block's intermediate activations come on
-    top, which XLA's memory figures of the run count)."""
+    the rounds of the circular schedule (`repeats`; 1: GPipe), the schedule's idle share of a step,
+    and the block inputs it keeps for the backward pass on each device (all it keeps with remat;
+    without, each block's intermediate activations come on top, which XLA's memory figures of the
+    run count)."""
 
     axis: str
     stages: int
     blocks: int
     microbatches: int
+    repeats: int
     microbatch_rows: int
     microbatch_rows_per_replica: int
     bubble_fraction: float
@@ -142,15 +152,17 @@ def pipeline_plan(tensors, mesh: MeshConfig, pipeline: PipelineConfig, batch_siz
     `mesh`, its stage axis and blocks already checked (check_blocks)."""
     stacks = stacked(tensors)
     names = _block_names(stacks[0])
-    stages, microbatches = pipeline.stages(mesh), pipeline.microbatches_on(mesh)
+    stages, microbatches, repeats = pipeline.stages(mesh), pipeline.microbatches_on(mesh), pipeline.repeats
     per_stage = len(names) // stages
     replicas = mesh.axis_size(mesh.batch_axis)
     rows = batch_size // microbatches
+    ticks = repeats * microbatches + stages - 1
     return PipelinePlan(
-        axis=pipeline.axis, stages=stages, blocks=len(names), microbatches=microbatches, microbatch_rows=rows,
-        microbatch_rows_per_replica=rows // replicas, bubble_fraction=bubble_fraction(stages, microbatches), remat=pipeline.remat,
-        kept_activation_bytes_per_device=_kept_bytes(tensors, stacks[0], per_stage, microbatches + stages - 1, rows // replicas),
-        stage_blocks=tuple(names[i * per_stage:(i + 1) * per_stage] for i in range(stages)),
+        axis=pipeline.axis, stages=stages, blocks=len(names), microbatches=microbatches, repeats=repeats, microbatch_rows=rows,
+        microbatch_rows_per_replica=rows // replicas, bubble_fraction=bubble_fraction(stages, microbatches, repeats),
+        remat=pipeline.remat, kept_activation_bytes_per_device=_kept_bytes(tensors, stacks[0], per_stage // repeats, ticks, rows // replicas),
+        stage_blocks=tuple(tuple(name for block, name in enumerate(names) if stage_of_block(block, len(names), stages, repeats) == stage)
+                           for stage in range(stages)),
     )
 
 

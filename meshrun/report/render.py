@@ -223,13 +223,20 @@ def totals_table(plan: dict) -> Table:
 
 def pipeline_rows(pipeline: dict) -> list[tuple[str, str]]:
     """The pipeline stages of a plan in a few rows: which blocks each stage holds, the microbatches
-    and GPipe's idle share, and the block inputs kept for the backward pass."""
-    stages = pipeline["stage_blocks"]
-    held = ", ".join(f"{i}: {blocks[0]}" + (f"..{blocks[-1]}" if len(blocks) > 1 else "") for i, blocks in enumerate(stages))
+    and the schedule's idle share, and the block inputs kept for the backward pass."""
+    stages, repeats = pipeline["stage_blocks"], pipeline.get("repeats", 1)
+
+    def held(blocks: list) -> str:
+        return ", ".join(blocks) if repeats > 1 else blocks[0] + (f"..{blocks[-1]}" if len(blocks) > 1 else "")
+
+    each = f"{len(stages[0])} block{'s' if len(stages[0]) > 1 else ''} each"
+    circular = f", circular: {repeats} rounds" if repeats > 1 else ""
+    formula = "(S-1)/(RM+S-1)" if repeats > 1 else "(S-1)/(M+S-1)"
     rows = [
-        ("pipeline stages", f"{pipeline['stages']} over {pipeline['axis']!r}, {len(stages[0])} blocks each ({held})"),
+        ("pipeline stages", f"{pipeline['stages']} over {pipeline['axis']!r}, {each}{circular} "
+                            f"({'; '.join(f'{i}: {held(blocks)}' for i, blocks in enumerate(stages))})"),
         ("microbatches", f"{pipeline['microbatches']} of {pipeline['microbatch_rows']} rows "
-                         f"({pipeline['microbatch_rows_per_replica']} per data replica); idle share (S-1)/(M+S-1) = "
+                         f"({pipeline['microbatch_rows_per_replica']} per data replica); idle share {formula} = "
                          f"{pipeline['bubble_fraction']:.1%}"),
     ]
     kept = pipeline.get("kept_activation_bytes_per_device")

@@ -93,7 +93,7 @@ def build_model(spec: ModelSpec, options, data, abstract: bool = False, pipeline
         with stages(pipeline):
             model = make(options)
     except BlockNotPipelinable as err:
-        raise ConfigError("mesh.axis_names", f"got a stage axis {pipeline.axis!r} for {spec.name_of(options)}, but {err}") from None
+        raise ConfigError(err.key, f"got a stage axis {pipeline.axis!r} for {spec.name_of(options)}, but {err}") from None
     inputs = spec.inputs(options) if spec.inputs else None
     if inputs is None and not model.built:
         inputs = declared_inputs(data)

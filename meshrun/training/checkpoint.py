@@ -203,7 +203,7 @@ def read_state(point: ResumePoint, groups: dict, partial: bool = False, model: M
         read = dict(restored[group])  # a stack's rows go to several variables: take them all before dropping it
         for path, recast in recasts.items():
             sources = [read[source] for source in recast.sources]
-            restored[group][path] = restack.recast_array(recast, sources, groups[group][path].value.sharding)
+            restored[group][path] = restack.recast_array(recast, sources, groups[group][path].value)
         for source in {source for recast in recasts.values() for source in recast.sources} - set(groups[group]):
             del restored[group][source]
     return restored
@@ -217,7 +217,7 @@ def _read_as(variables: dict, recasts: dict, saved: dict) -> dict:
         if path not in recasts:
             target[path] = jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=v.value.sharding)
             continue
-        sharding = restack.source_sharding(v.value, recasts[path])
+        sharding = restack.source_sharding(v.value, recasts[path], len(saved[recasts[path].sources[0]].shape))
         for source in recasts[path].sources:
             target[source] = jax.ShapeDtypeStruct(tuple(saved[source].shape), v.dtype, sharding=sharding)
     return target
@@ -240,7 +240,7 @@ def _check_fits(saved: dict, groups: dict, point: ResumePoint, plans: dict) -> N
         recasts = plans.get(group, {})
         for path, variable in variables.items():
             if path in recasts:
-                shape = _recast_shape(recasts[path], stored)
+                shape = restack.made_shape(recasts[path], tuple(stored[recasts[path].sources[0]].shape), tuple(variable.shape))
             elif path not in stored:
                 raise ConfigError("resume", f"checkpoint {point} does not fit this model: it has no {group} variable {path!r}")
             else:
@@ -251,12 +251,6 @@ def _check_fits(saved: dict, groups: dict, point: ResumePoint, plans: dict) -> N
                     f"checkpoint {point} does not fit this model: {path} is {format_shape(shape, scalar='a scalar')} there "
                     f"but {format_shape(variable.shape, scalar='a scalar')} here",
                 )
-
-
-def _recast_shape(recast: restack.Recast, stored: dict) -> tuple:
-    """The shape of what `recast` makes from the stored arrays."""
-    first = tuple(stored[recast.sources[0]].shape)
-    return (len(recast.sources), *first) if recast.row is None else first[1:]
 
 
 def _with_models(err: ConfigError, point: ResumePoint, current: ModelIdentity | None) -> ConfigError:

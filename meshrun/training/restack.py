@@ -11,6 +11,7 @@ blocks, which loads without meshrun.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
@@ -75,25 +76,38 @@ def _flat(path: str) -> str:
     return path.replace("/", "_")
 
 
-def source_sharding(target, recast: Recast):
-    """The sharding to read `recast`'s sources into, given `target`'s (a jax array or
-    ShapeDtypeStruct): a block's weight of a stack split over the stages is read whole along that
-    split (each device then holds what the same weight holds in a run without stages); a stack a
-    block's row is cut from, with a whole first dimension."""
+def made_shape(recast: Recast, source_shape: tuple, target_shape: tuple) -> tuple:
+    """The shape of what `recast` makes from sources of `source_shape`, for a target of
+    `target_shape`: the blocks fill a stack's leading dimensions, one or the circular schedule's two."""
+    if recast.row is not None:
+        lead = len(source_shape) - len(target_shape)
+        return tuple(source_shape[lead if lead in (1, 2) else 1:])
+    lead = len(target_shape) - len(source_shape)
+    if lead in (1, 2) and math.prod(target_shape[:lead]) == len(recast.sources):
+        return (*target_shape[:lead], *source_shape)
+    return (len(recast.sources), *source_shape)
+
+
+def source_sharding(target, recast: Recast, source_rank: int):
+    """The sharding to read `recast`'s sources (of rank `source_rank`) into, given `target`'s (a jax
+    array): a block's weight of a stack split over the stages is read whole along that split (each
+    device then holds what the same weight holds in a run without stages); a stack a block's row is
+    cut from, with its leading dimensions whole."""
     sharding = target.sharding
     if not isinstance(sharding, NamedSharding):
         return sharding
     spec = tuple(sharding.spec) + (None,) * (len(target.shape) - len(sharding.spec))
     if recast.row is None:
-        return NamedSharding(sharding.mesh, PartitionSpec(*spec[1:]))
-    return NamedSharding(sharding.mesh, PartitionSpec(None, *spec))
+        return NamedSharding(sharding.mesh, PartitionSpec(*spec[len(target.shape) - source_rank:]))
+    return NamedSharding(sharding.mesh, PartitionSpec(*(None,) * (source_rank - len(target.shape)), *spec))
 
 
-def recast_array(recast: Recast, sources: list, sharding):
-    """The array `recast` makes from its read `sources`, placed with `sharding`."""
+def recast_array(recast: Recast, sources: list, target):
+    """The array `recast` makes from its read `sources`, with `target`'s shape and sharding (a stack
+    whose blocks are held in two leading dimensions is read as one)."""
     if recast.row is None:
-        return jax.jit(lambda *blocks: jnp.stack(blocks), out_shardings=sharding)(*sources)
-    return jax.jit(lambda stack: stack[recast.row], out_shardings=sharding)(sources[0])
+        return jax.jit(lambda *blocks: jnp.stack(blocks).reshape(target.shape), out_shardings=target.sharding)(*sources)
+    return jax.jit(lambda stack: stack.reshape(-1, *target.shape)[recast.row], out_shardings=target.sharding)(sources[0])
 
 
 def with_separate_blocks(model, build_separate: Callable):
@@ -111,5 +125,5 @@ def with_separate_blocks(model, build_separate: Callable):
             variable.assign(values[variable.path])
         else:
             recast = rows[variable.path]
-            variable.assign(values[recast.sources[0]][recast.row])
+            variable.assign(values[recast.sources[0]].reshape(-1, *variable.shape)[recast.row])
     return separate
