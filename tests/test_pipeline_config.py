@@ -101,6 +101,17 @@ def test_the_circular_schedules_stacks_keep_their_rounds_whole_and_split_the_sta
     assert [t.shape for t in per_block_view(tensors)] == [(16, 32)] * 4
 
 
+_REFERENCES: dict[str, dict] = {}
+
+
+def _reference_history(raw: dict) -> dict:
+    """The history of the unpipelined run `raw`, trained once per test session (several tests compare with it)."""
+    key = json.dumps(raw, sort_keys=True)
+    if key not in _REFERENCES:
+        _REFERENCES[key] = train_in_process(raw).metrics["history"]
+    return _REFERENCES[key]
+
+
 def _transformer(mesh: str, names: list, layout: str, layers: int = 2, **pipeline) -> dict:
     return {
         "mesh": {"shape": mesh, "axis_names": names, "batch_axis": "data"},
@@ -139,7 +150,7 @@ def test_a_pipelined_plan_shards_stacked_blocks_over_the_stages(tmp_path):
 ], ids=["2 stages, tensor parallel inside", "4 stages, remat", "circular, 2 rounds"])
 def test_a_pipelined_run_trains_as_the_same_model_with_separate_blocks(pipelined, reference):
     staged = train_in_process(pipelined)
-    expected = train_in_process(reference).metrics["history"]
+    expected = _reference_history(reference)
     assert staged.metrics["history"]["loss"] == pytest.approx(expected["loss"], rel=2e-5)
     assert staged.metrics["history"]["loss"][1] < staged.metrics["history"]["loss"][0]
     assert staged.plan.pipeline.stages == int(pipelined["mesh"]["shape"][0])
@@ -205,7 +216,7 @@ def test_a_checkpoint_resumes_with_and_without_stages_as_the_run_it_stands_for(t
     runs = {"pipelined": _transformer("2x2x2", ["stage", "data", "model"], "transformer_tp", microbatches=2),
             "circular": _transformer("2x2x2", ["stage", "data", "model"], "transformer_tp", microbatches=2, repeats=2, layers=4),
             "separate": _transformer("2x2", ["data", "model"], "transformer_tp", layers=4 if "circular" in (first, second) else 2)}
-    whole = train_in_process(runs["separate"]).metrics["history"]["loss"]
+    whole = _reference_history(runs["separate"])["loss"]
     checkpoints = str(tmp_path / "checkpoints")
     train_in_process(_with(runs[first], train={"epochs": 1}, checkpoint={"dir": checkpoints}))
     resumed = train_in_process(_with(runs[second], checkpoint={"dir": checkpoints, "export": True}), tmp_path / "resumed").metrics
@@ -272,5 +283,5 @@ def test_stages_across_two_processes_train_as_one_process_with_separate_blocks(t
     assert done.returncode == 0, done.stderr[-2000:]
     metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
     assert metrics["distributed"]["processes"] == 2
-    reference = train_in_process(_transformer("4", ["data"], "replicated")).metrics["history"]["loss"]
+    reference = _reference_history(_transformer("4", ["data"], "replicated"))["loss"]
     assert metrics["history"]["loss"] == pytest.approx(reference, rel=2e-5)
