@@ -63,6 +63,8 @@ def gpipe(stage_fn: Callable, stage_params, x: jax.Array, mesh: Mesh, axis: str,
         run_round = jax.checkpoint(run_round, policy=jax.checkpoint_policies.dots_saveable)
 
     def per_stage(params, x, side):
+        x = x.astype(dtype)
+        side = {name: value.astype(side_dtypes[name]) for name, value in side.items()}
         stage = lax.axis_index(axis)
         last = stage == stages - 1
         batches = split_microbatches(x, microbatches)
@@ -86,13 +88,23 @@ def gpipe(stage_fn: Callable, stage_params, x: jax.Array, mesh: Mesh, axis: str,
         # A scan over the RM + S - 1 ticks, not a Python loop: compile time stays flat in the microbatch count.
         start = (jnp.zeros_like(batches[0]), jnp.zeros_like(batches))
         (_, outputs), _ = lax.scan(tick, start, jnp.arange(microbatches * repeats + stages - 1))
-        return join_microbatches(lax.psum(outputs, axis))  # only the last stage wrote any: the others' are zeros
+        # Only the last stage wrote any outputs (the others' are zeros); summed in float32 (see below).
+        return join_microbatches(lax.psum(outputs.astype(jnp.float32), axis).astype(dtype))
 
     param_specs = jax.tree.map(lambda _: PartitionSpec(None, axis) if repeats > 1 else PartitionSpec(axis), stage_params)
     side_specs = {name: PartitionSpec() for name in side}
+    # Activations enter and leave in float32 at least: the outputs are summed over the stages, and so are the
+    # inputs' gradients, and XLA's CPU compiler aborts on those all-reduces in bfloat16, as mixed_bfloat16
+    # gives them ("Invalid binary instruction opcode copy").
+    dtype, side_dtypes = x.dtype, {name: value.dtype for name, value in side.items()}
     staged = jax.shard_map(per_stage, mesh=mesh, in_specs=(param_specs, PartitionSpec(), side_specs), out_specs=PartitionSpec(),
                            axis_names={axis}, check_vma=False)
-    return jax.jit(staged)(stage_params, x, side)  # jitted: called eagerly, a shard_map with automatic axes fails
+    return jax.jit(staged)(stage_params, _at_least_float32(x), {name: _at_least_float32(value) for name, value in side.items()})  # jitted: called eagerly, a shard_map with automatic axes fails
+
+
+def _at_least_float32(array: jax.Array) -> jax.Array:
+    """`array` in float32 when it holds floats of fewer bits (integers, masks, as they are)."""
+    return array.astype(jnp.float32) if jnp.issubdtype(array.dtype, jnp.floating) and array.dtype.itemsize < 4 else array
 
 
 def split_microbatches(x: jax.Array, microbatches: int) -> jax.Array:
