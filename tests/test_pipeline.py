@@ -223,7 +223,7 @@ def test_a_block_with_non_trainable_weights_cannot_be_pipelined():
     from meshrun.pipeline.stack import BlockNotPipelinable, PipelinedBlocks
 
     stack = PipelinedBlocks(lambda name: keras.layers.BatchNormalization(name="norm"), 2, name="blocks")
-    with pytest.raises(BlockNotPipelinable, match=r"its blocks keep state besides their trainable weights \(moving_mean, moving_variance\), "
+    with pytest.raises(BlockNotPipelinable, match=r"its blocks keep state besides their weights \(moving_mean, moving_variance\), "
                                                   "which pipeline stages cannot hand on yet"):
         stack.build((None, WIDTH))
 
@@ -268,6 +268,62 @@ def test_repeated_blocks_pass_keyword_tensors_to_every_block_pipelined_or_not():
             model = build()
         assert [v.path for v in model.weights] == ["blocks/stacked_dense_kernel", "blocks/stacked_dense_bias"]
         np.testing.assert_allclose(keras.ops.convert_to_numpy(model([x, scale])), expected, rtol=1e-5, atol=1e-5)
+    finally:
+        keras.distribution.set_distribution(None)
+        keras.backend.clear_session()
+
+
+@pytest.mark.integration
+def test_frozen_block_weights_are_stacked_as_frozen_and_stay_as_they_were():
+    import keras
+
+    from meshrun.config.schema import PipelineConfig
+    from meshrun.pipeline import repeated_blocks, stages
+
+    class HalfFrozen(keras.layers.Layer):
+        def __init__(self, **kwargs):
+            super().__init__(**kwargs)
+            self.fixed = keras.layers.Dense(WIDTH, activation="tanh", name="fixed")
+            self.tuned = keras.layers.Dense(WIDTH, name="tuned")
+            self.fixed.trainable = False  # as LoRA leaves a kernel
+
+        def build(self, x_shape):
+            self.fixed.build(x_shape)
+            self.tuned.build(x_shape)
+
+        def call(self, x):
+            return x + self.tuned(self.fixed(x))
+
+    def build():
+        inputs = keras.Input((WIDTH,))
+        outputs = keras.layers.Dense(1, name="head")(repeated_blocks(lambda name: HalfFrozen(name=name), 4)(inputs))
+        model = keras.Model(inputs, outputs)
+        model.compile(optimizer=keras.optimizers.SGD(0.05), loss="mse")
+        return model
+
+    rng = np.random.default_rng(6)
+    x, y = rng.normal(size=(4 * BATCH, WIDTH)).astype("float32"), rng.normal(size=(4 * BATCH, 1)).astype("float32")
+    try:
+        keras.backend.clear_session()
+        keras.utils.set_random_seed(7)
+        expected = build().fit(x, y, batch_size=BATCH, epochs=2, shuffle=False, verbose=0).history["loss"]
+        keras.backend.clear_session()
+        keras.utils.set_random_seed(7)
+        mesh = keras.distribution.DeviceMesh((2, 4), ("stage", "data"))
+        layouts = keras.distribution.LayoutMap(mesh)
+        layouts["blocks/stacked_.*"] = ("stage",)
+        keras.distribution.set_distribution(keras.distribution.ModelParallel(layout_map=layouts, batch_dim_name="data"))
+        with stages(PipelineConfig(microbatches=2)):
+            model = build()
+        stack = model.get_layer("blocks")
+        assert [v.path for v in stack.trainable_weights] == ["blocks/stacked_tuned_kernel", "blocks/stacked_tuned_bias"]
+        assert [v.path for v in stack.non_trainable_weights] == ["blocks/stacked_fixed_kernel", "blocks/stacked_fixed_bias"]
+        before = keras.ops.convert_to_numpy(stack.non_trainable_weights[0])
+        tuned_before = keras.ops.convert_to_numpy(stack.trainable_weights[0])
+        losses = model.fit(x, y, batch_size=BATCH, epochs=2, shuffle=False, verbose=0).history["loss"]
+        np.testing.assert_allclose(losses, expected, rtol=1e-5)
+        np.testing.assert_array_equal(keras.ops.convert_to_numpy(stack.non_trainable_weights[0]), before)
+        assert not np.allclose(keras.ops.convert_to_numpy(stack.trainable_weights[0]), tuned_before)
     finally:
         keras.distribution.set_distribution(None)
         keras.backend.clear_session()

@@ -178,7 +178,7 @@ def test_a_pipelined_run_trains_as_the_same_model_with_separate_blocks(pipelined
     (["mesh=2x4", "mesh.axis_names=[stage,data]", "pipeline.microbatches=3"], "pipeline.microbatches: got 3, which does not divide"),
     (["mesh=2x4", "mesh.axis_names=[stage,data]", "mesh.batch_axis=stage"], "mesh.batch_axis: got 'stage', the pipeline's stage axis"),
     (["model.dropout=0.1", "mesh=2x4", "mesh.axis_names=[stage,data]"],
-     "mesh.axis_names: got a stage axis 'stage' for transformer, but its blocks keep state besides their trainable weights "
+     "mesh.axis_names: got a stage axis 'stage' for transformer, but its blocks keep state besides their weights "
      "(attention/seed_generator_2/seed_generator_state, blocks/seed_generator/seed_generator_state) (dropout's random state: set the "
      "model's dropout to 0), which pipeline stages cannot hand on yet; train it without a stage axis"),
 ])

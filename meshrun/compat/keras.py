@@ -127,6 +127,9 @@ uses(
     PrivateName("keras", "keras.src.backend.common.variables", "initialize_all_variables",
                 "leaving a pipelined block's template weights unmade (only their shapes and initializers are used)",
                 source_contains='"uninitialized_variables"'),
+    PrivateName("keras", "keras.src.layers.layer", "Layer",
+                "telling a pipelined block's frozen weights (made to train, then frozen) from its state (seed generators, "
+                "moving statistics): a layer's _trainable_variables", source_contains="self._trainable_variables = trainable_variables"),
 )
 
 ASYNC_SAFE = "async_safe"  # the attribute Keras' CallbackList reads on each callback
@@ -152,6 +155,14 @@ def weights_described_only():
     with keras.StatelessScope(initialize_variables=False):
         yield
     global_state.set_global_attribute("uninitialized_variables", before)
+
+
+def frozen_weights(layer) -> list:
+    """The weights of `layer` (and the layers inside it) made to train but frozen (trainable=False
+    set on their layer), as opposed to state a layer keeps by design (moving statistics, seed
+    generators' states), which is non-trainable from the start."""
+    ensure("keras")
+    return [v for sub in layer._flatten_layers(include_self=True) for v in sub._trainable_variables if not v.trainable]
 
 
 def sublayers(model) -> list:

@@ -12,7 +12,8 @@ decoder-only LMs and a `model=python` factory all go through it.
         x = repeated_blocks(lambda name: MyBlock(width, name=name), count=8)(x)
         return keras.Model(inputs, keras.layers.Dense(vocab)(x))
 
-A block takes one tensor and gives one of the same shape, and has no non-trainable weights; tensors
+A block takes one tensor and gives one of the same shape, and keeps no state (dropout's random state,
+moving statistics; frozen weights are fine); tensors
 every block takes beside it (a padding mask, with the batch's rows) go by keyword:
 `repeated_blocks(make, count)(x, padding_mask=mask)`.
 """

@@ -10,7 +10,7 @@ import jax
 import keras
 from jax import lax
 
-from meshrun.compat.keras import initializer_of, weights_described_only
+from meshrun.compat.keras import frozen_weights, initializer_of, weights_described_only
 from meshrun.pipeline.schedule import gpipe
 
 STACKED_PREFIX = "stacked_"
@@ -44,8 +44,10 @@ class PipelinedBlocks(keras.layers.Layer):
     `axis` with `microbatches` microbatches per batch (GPipe; None: as many as there are stages);
     with no such axis in force, one after another. `remat` recomputes each block's activations in
     the backward pass instead of keeping them. The block made by `make_block` is a template only:
-    its weights are not the model's (the stacked ones are), and it must have no non-trainable
-    weights (each stage calls it statelessly). `block_name` names block i as the model would with
+    its weights are not the model's (the stacked ones are). Frozen weights (of layers set
+    trainable=False, as LoRA leaves kernels) are stacked too, as non-trainable weights; state a
+    block keeps by design (seed generators, moving statistics) is refused, since each stage calls
+    the block statelessly. `block_name` names block i as the model would with
     separate blocks (`block_{}` -> block_3), so each stacked variable knows the per-block paths it
     holds (`block_paths`). With `repeats` R > 1 (the circular schedule) a stacked weight is
     (R, blocks / R, ...), its second dimension split over the stages: device s holds the blocks of
@@ -81,18 +83,21 @@ class PipelinedBlocks(keras.layers.Layer):
             for block in blocks:
                 block.build(input_shape)
         template = blocks[0]
-        initializers = zip(*([initializer_of(v) for v in block.trainable_variables] for block in blocks), strict=True)
-        if template.non_trainable_variables:
-            state = [v.path.split(f"{template.name}/", 1)[-1] for v in template.non_trainable_variables]
+        frozen = [id(v) for v in frozen_weights(template)]
+        state = [v.path.split(f"{template.name}/", 1)[-1] for v in template.non_trainable_variables if id(v) not in frozen]
+        if state:
             dropout = " (dropout's random state: set the model's dropout to 0)" if any("seed_generator" in p for p in state) else ""
-            raise BlockNotPipelinable(f"its blocks keep state besides their trainable weights ({', '.join(state)}){dropout}, "
+            raise BlockNotPipelinable(f"its blocks keep state besides their weights ({', '.join(state)}){dropout}, "
                                       "which pipeline stages cannot hand on yet; train it without a stage axis")
         object.__setattr__(self, "_template", template)  # not tracked: its weights are not the model's
-        for variable, per_block in zip(template.trainable_variables, initializers, strict=True):
+        # Trainable weights first, then frozen ones: the order stateless_call takes them in.
+        self._trainable_count = len(template.trainable_variables)
+        for index, variable in enumerate(template.trainable_variables + template.non_trainable_variables):
+            per_block = [initializer_of((block.trainable_variables + block.non_trainable_variables)[index]) for block in blocks]
             inner = variable.path.split(f"{template.name}/", 1)[-1]
             stacked = self.add_weight(shape=(*self.lead, *variable.shape), dtype=variable.dtype,
-                                      initializer=StackedInitializer(list(per_block), len(self.lead)),
-                                      name=STACKED_PREFIX + inner.replace("/", "_"))
+                                      initializer=StackedInitializer(per_block, len(self.lead)),
+                                      trainable=index < self._trainable_count, name=STACKED_PREFIX + inner.replace("/", "_"))
             self.stacked.append(stacked)
             self._inner_paths[stacked.path] = inner
 
@@ -119,7 +124,9 @@ class PipelinedBlocks(keras.layers.Layer):
 
         def stage(params, x, side):
             def block(x, weights):
-                return template.stateless_call(list(weights), [], x, **side)[0], None
+                weights = list(weights)
+                trainable, frozen = weights[: self._trainable_count], weights[self._trainable_count:]
+                return template.stateless_call(trainable, frozen, x, **side)[0], None
 
             return lax.scan(jax.checkpoint(block) if self.remat else block, x, params)[0]
 
