@@ -3,6 +3,8 @@ losses and gradients as running the blocks one after another, with the data and 
 there, and a Keras model whose blocks are one PipelinedBlocks layer trains exactly as the same model
 with its blocks as separate layers."""
 
+import contextlib
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -232,8 +234,7 @@ def test_a_block_with_non_trainable_weights_cannot_be_pipelined():
 def test_repeated_blocks_pass_keyword_tensors_to_every_block_pipelined_or_not():
     import keras
 
-    from meshrun.config.schema import PipelineConfig
-    from meshrun.pipeline import repeated_blocks, stages
+    from meshrun.pipeline import repeated_blocks
 
     class Scaled(keras.layers.Layer):
         def __init__(self, **kwargs):
@@ -254,31 +255,16 @@ def test_repeated_blocks_pass_keyword_tensors_to_every_block_pipelined_or_not():
 
     rng = np.random.default_rng(4)
     x, scale = rng.normal(size=(BATCH, 4, WIDTH)).astype("float32"), (rng.uniform(size=(BATCH, 4)) > 0.5).astype("float32")
-    try:
-        keras.backend.clear_session()
-        keras.utils.set_random_seed(5)
-        expected = keras.ops.convert_to_numpy(build()([x, scale]))
-        keras.backend.clear_session()
-        keras.utils.set_random_seed(5)
-        mesh = keras.distribution.DeviceMesh((2, 4), ("stage", "data"))
-        layouts = keras.distribution.LayoutMap(mesh)
-        layouts["blocks/stacked_.*"] = ("stage",)
-        keras.distribution.set_distribution(keras.distribution.ModelParallel(layout_map=layouts, batch_dim_name="data"))
-        with stages(PipelineConfig(microbatches=4)):
-            model = build()
+    with _separate_then_pipelined(build, lambda model: keras.ops.convert_to_numpy(model([x, scale])), microbatches=4) as (expected, model):
         assert [v.path for v in model.weights] == ["blocks/stacked_dense_kernel", "blocks/stacked_dense_bias"]
         np.testing.assert_allclose(keras.ops.convert_to_numpy(model([x, scale])), expected, rtol=1e-5, atol=1e-5)
-    finally:
-        keras.distribution.set_distribution(None)
-        keras.backend.clear_session()
 
 
 @pytest.mark.integration
 def test_frozen_block_weights_are_stacked_as_frozen_and_stay_as_they_were():
     import keras
 
-    from meshrun.config.schema import PipelineConfig
-    from meshrun.pipeline import repeated_blocks, stages
+    from meshrun.pipeline import repeated_blocks
 
     class HalfFrozen(keras.layers.Layer):
         def __init__(self, **kwargs):
@@ -303,27 +289,44 @@ def test_frozen_block_weights_are_stacked_as_frozen_and_stay_as_they_were():
 
     rng = np.random.default_rng(6)
     x, y = rng.normal(size=(4 * BATCH, WIDTH)).astype("float32"), rng.normal(size=(4 * BATCH, 1)).astype("float32")
+
+    def fit(model):
+        return model.fit(x, y, batch_size=BATCH, epochs=2, shuffle=False, verbose=0).history["loss"]
+
+    with _separate_then_pipelined(build, fit, microbatches=2) as (expected, model):
+        stack = model.get_layer("blocks")
+        assert [v.path for v in stack.trainable_weights] == ["blocks/stacked_tuned_kernel", "blocks/stacked_tuned_bias"]
+        assert [v.path for v in stack.non_trainable_weights] == ["blocks/stacked_fixed_kernel", "blocks/stacked_fixed_bias"]
+        before = keras.ops.convert_to_numpy(stack.non_trainable_weights[0])
+        tuned_before = keras.ops.convert_to_numpy(stack.trainable_weights[0])
+        np.testing.assert_allclose(fit(model), expected, rtol=1e-5)
+        np.testing.assert_array_equal(keras.ops.convert_to_numpy(stack.non_trainable_weights[0]), before)
+        assert not np.allclose(keras.ops.convert_to_numpy(stack.trainable_weights[0]), tuned_before)
+
+
+@contextlib.contextmanager
+def _separate_then_pipelined(build, use, microbatches: int):
+    """Yields what `use` gives for `build()` with separate blocks, and the same model (same seed)
+    built for pipeline stages on a (stage 2, data 4) mesh, the stacked block weights split over the
+    stages; the distribution is cleared after."""
+    import keras
+
+    from meshrun.config.schema import PipelineConfig
+    from meshrun.pipeline import stages
+
     try:
         keras.backend.clear_session()
         keras.utils.set_random_seed(7)
-        expected = build().fit(x, y, batch_size=BATCH, epochs=2, shuffle=False, verbose=0).history["loss"]
+        expected = use(build())
         keras.backend.clear_session()
         keras.utils.set_random_seed(7)
         mesh = keras.distribution.DeviceMesh((2, 4), ("stage", "data"))
         layouts = keras.distribution.LayoutMap(mesh)
         layouts["blocks/stacked_.*"] = ("stage",)
         keras.distribution.set_distribution(keras.distribution.ModelParallel(layout_map=layouts, batch_dim_name="data"))
-        with stages(PipelineConfig(microbatches=2)):
+        with stages(PipelineConfig(microbatches=microbatches)):
             model = build()
-        stack = model.get_layer("blocks")
-        assert [v.path for v in stack.trainable_weights] == ["blocks/stacked_tuned_kernel", "blocks/stacked_tuned_bias"]
-        assert [v.path for v in stack.non_trainable_weights] == ["blocks/stacked_fixed_kernel", "blocks/stacked_fixed_bias"]
-        before = keras.ops.convert_to_numpy(stack.non_trainable_weights[0])
-        tuned_before = keras.ops.convert_to_numpy(stack.trainable_weights[0])
-        losses = model.fit(x, y, batch_size=BATCH, epochs=2, shuffle=False, verbose=0).history["loss"]
-        np.testing.assert_allclose(losses, expected, rtol=1e-5)
-        np.testing.assert_array_equal(keras.ops.convert_to_numpy(stack.non_trainable_weights[0]), before)
-        assert not np.allclose(keras.ops.convert_to_numpy(stack.trainable_weights[0]), tuned_before)
+        yield expected, model
     finally:
         keras.distribution.set_distribution(None)
         keras.backend.clear_session()
