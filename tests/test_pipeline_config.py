@@ -216,13 +216,15 @@ def _with(raw: dict, **changes) -> dict:
 
 @pytest.mark.integration
 @pytest.mark.parametrize("first, second", [("pipelined", "separate"), ("separate", "pipelined"), ("circular", "separate"),
-                                           ("separate", "circular")])
+                                           ("separate", "circular"), ("circular", "gpipe")])
 def test_a_checkpoint_resumes_with_and_without_stages_as_the_run_it_stands_for(tmp_path, first, second):
+    """Either form into the other; and a circular run's stacks, (2, 2, ...), into a GPipe run's, (4, ...)."""
     import keras
     import numpy as np
 
     runs = {"pipelined": _transformer("2x2x2", ["stage", "data", "model"], "transformer_tp", microbatches=2),
             "circular": _transformer("2x2x2", ["stage", "data", "model"], "transformer_tp", microbatches=2, repeats=2, layers=4),
+            "gpipe": _transformer("2x2x2", ["stage", "data", "model"], "transformer_tp", microbatches=2, layers=4),
             "separate": _transformer("2x2", ["data", "model"], "transformer_tp", layers=4 if "circular" in (first, second) else 2)}
     whole = _reference_history(runs["separate"])["loss"]
     checkpoints = str(tmp_path / "checkpoints")

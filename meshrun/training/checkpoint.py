@@ -187,8 +187,7 @@ def read_state(point: ResumePoint, groups: dict, partial: bool = False, model: M
     all_stacks = {**read_stacks(point), **(stacks or {})}
     with orbax_io.reading(point.directory, partial or bool(all_stacks)) as reader:
         saved = orbax_io.saved_arrays(reader, point.step)
-        plans = {group: restack.recasts([p for p in variables if p not in (saved.get(group) or {})], set(saved.get(group) or {}), all_stacks)
-                 for group, variables in groups.items()} if all_stacks else {}
+        plans = {group: _recasts(variables, saved.get(group) or {}, all_stacks) for group, variables in groups.items()} if all_stacks else {}
         try:
             _check_fits(saved, groups, point, plans)
         except ConfigError as err:
@@ -207,6 +206,14 @@ def read_state(point: ResumePoint, groups: dict, partial: bool = False, model: M
         for source in {source for recast in recasts.values() for source in recast.sources} - set(groups[group]):
             del restored[group][source]
     return restored
+
+
+def _recasts(variables: dict, stored: dict, stacks: dict) -> dict:
+    """How each variable of one group that the checkpoint lacks, or holds in another shape, is made
+    from what it has (meshrun.training.restack)."""
+    missing = restack.recasts([path for path in variables if path not in stored], set(stored), stacks)
+    shapes = {path: tuple(stored[path].shape) for path in stored}
+    return {**missing, **restack.reshaped({path: tuple(v.shape) for path, v in variables.items()}, shapes, stacks)}
 
 
 def _read_as(variables: dict, recasts: dict, saved: dict) -> dict:

@@ -32,11 +32,13 @@ def stacks_of(model) -> dict[str, tuple[str, ...]]:
 
 @dataclass(frozen=True)
 class Recast:
-    """How a variable the checkpoint lacks is made from arrays it has: the stack of `sources` (one
-    per block, in order), or row `row` of the one stacked source."""
+    """How a variable is made from arrays the checkpoint has: the stack of `sources` (one per block,
+    in order), row `row` of the one stacked source, or (`whole`) the one source, the same stack held
+    in another shape (another pipeline.repeats: its blocks in one leading dimension or two)."""
 
     sources: tuple[str, ...]
     row: int | None = None
+    whole: bool = False
 
 
 def recasts(missing: Iterable[str], saved: set[str], stacks: dict[str, tuple[str, ...]]) -> dict[str, Recast]:
@@ -54,6 +56,15 @@ def recasts(missing: Iterable[str], saved: set[str], stacks: dict[str, tuple[str
                 found[path] = recast
                 break
     return found
+
+
+def reshaped(variables: dict[str, tuple], saved: dict[str, tuple], stacks: dict[str, tuple[str, ...]]) -> dict[str, Recast]:
+    """The stacked variables (and their optimizer slots) among `variables` (shapes by path) that the
+    checkpoint holds in another shape with the same elements (`saved`: shapes by path)."""
+    names = [*stacks, *(_flat(stacked) for stacked in stacks)]
+    return {path: Recast((path,), whole=True) for path, shape in variables.items()
+            if path in saved and tuple(saved[path]) != tuple(shape) and math.prod(saved[path]) == math.prod(shape)
+            and any(_holds(path, name) for name in names)}
 
 
 def _recast(path: str, stacked: str, blocks: tuple[str, ...], saved: set[str]) -> Recast | None:
@@ -79,6 +90,8 @@ def _flat(path: str) -> str:
 def made_shape(recast: Recast, source_shape: tuple, target_shape: tuple) -> tuple:
     """The shape of what `recast` makes from sources of `source_shape`, for a target of
     `target_shape`: the blocks fill a stack's leading dimensions, one or the circular schedule's two."""
+    if recast.whole:
+        return tuple(target_shape) if math.prod(source_shape) == math.prod(target_shape) else tuple(source_shape)
     if recast.row is not None:
         lead = len(source_shape) - len(target_shape)
         return tuple(source_shape[lead if lead in (1, 2) else 1:])
@@ -97,6 +110,9 @@ def source_sharding(target, recast: Recast, source_rank: int):
     if not isinstance(sharding, NamedSharding):
         return sharding
     spec = tuple(sharding.spec) + (None,) * (len(target.shape) - len(sharding.spec))
+    if recast.whole:  # the blocks' own dimensions as the target has them, the leading ones whole
+        block_rank = min(source_rank, len(target.shape)) - 1
+        return NamedSharding(sharding.mesh, PartitionSpec(*(None,) * (source_rank - block_rank), *spec[len(spec) - block_rank:]))
     if recast.row is None:
         return NamedSharding(sharding.mesh, PartitionSpec(*spec[len(target.shape) - source_rank:]))
     return NamedSharding(sharding.mesh, PartitionSpec(*(None,) * (source_rank - len(target.shape)), *spec))
