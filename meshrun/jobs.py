@@ -132,8 +132,9 @@ def plan_job(invocation: Invocation, job: Job) -> None:
     if invocation.save_layout:
         from meshrun.placement.layout_file import save_layout
 
-        save_layout(invocation.save_layout, planned.rules, plan, job.overrides)
-        print(f"wrote {invocation.save_layout} ({len(planned.rules)} rules); load it with layout={invocation.save_layout}",
+        rules = planned.rules_as_written  # for separate blocks: the same file serves a run with stages and one without
+        save_layout(invocation.save_layout, rules, plan, job.overrides)
+        print(f"wrote {invocation.save_layout} ({len(rules)} rules); load it with layout={invocation.save_layout}",
               file=sys.stderr if invocation.as_json else sys.stdout)
 
 

@@ -295,3 +295,16 @@ def test_stages_across_two_processes_train_as_one_process_with_separate_blocks(t
     assert metrics["distributed"]["processes"] == 2
     reference = _reference_history(_transformer("4", ["data"], "replicated"))["loss"]
     assert metrics["history"]["loss"] == pytest.approx(reference, rel=2e-5)
+
+
+@pytest.mark.integration
+def test_a_layout_saved_from_a_pipelined_plan_is_written_for_separate_blocks(tmp_path):
+    stage_mesh = ["mesh=2x2x2", "mesh.axis_names=[stage,data,model]", "mesh.batch_axis=data"]
+    saved = run_meshrun(["plan", "model=transformer", *stage_mesh, "layout=transformer_tp", "--save-layout", "saved.yaml"], cwd=tmp_path)
+    assert saved.returncode == 0, saved.stderr[-2000:]
+    text = (tmp_path / "saved.yaml").read_text()
+    assert "block_\\d+/mlp_up/kernel: [null, model]" in text and "stacked" not in text
+    for mesh in (stage_mesh, ["mesh=2x4"]):  # the same file serves a run with stages and one without
+        done = run_meshrun(["plan", "--json", "model=transformer", *mesh, "layout=saved.yaml"], cwd=tmp_path)
+        assert done.returncode == 0, done.stderr[-2000:]
+        assert json.loads(done.stdout)["status"] == "ok"

@@ -84,7 +84,8 @@ class CheckpointPlan:
 class PlannedModel:
     """The run's model before it is built: its spec and options, its abstract description, the
     layout rules in force and where they place everything, and the pipeline stages it is built for
-    (None: its blocks are separate layers)."""
+    (None: its blocks are separate layers). With stages, `rules` are those Keras gets (one per
+    stacked variable) and `written_rules` the same for separate blocks, as a layout file holds them."""
 
     spec: ModelSpec
     options: Any
@@ -92,6 +93,12 @@ class PlannedModel:
     rules: tuple[LayoutRule, ...]
     plan: Plan
     pipeline: PipelineConfig | None = None
+    written_rules: tuple[LayoutRule, ...] | None = None  # None: `rules` as they are
+
+    @property
+    def rules_as_written(self) -> tuple[LayoutRule, ...]:
+        """The rules for the model with separate blocks (what `meshrun plan --save-layout` writes)."""
+        return self.rules if self.written_rules is None else self.written_rules
 
 
 @dataclass(frozen=True)
@@ -191,10 +198,10 @@ def place(config: RunConfig, mesh: MeshConfig, processes: int = 1, memory: Devic
     abstract = describe(spec, options, config.data, train.optimizer, train.learning_rate, train.precision, pipeline=pipeline)
     if pipeline:
         stacking.check_blocks(abstract.tensors, mesh, pipeline, spec.name_of(options))
-    rules, notes = layout_rules(config, spec, options, mesh, abstract, pipeline)
-    lint, staged = (), None
+    written, notes = layout_rules(config, spec, options, mesh, abstract, pipeline)
+    rules, lint, staged = written, (), None
     if pipeline:
-        rules, lint = stacking.stacked_rules(rules, mesh, abstract.tensors, pipeline.axis)
+        rules, lint = stacking.stacked_rules(written, mesh, abstract.tensors, pipeline.axis)
         staged = stacking.pipeline_plan(abstract.tensors, mesh, pipeline, train.batch_size)
 
     def advice(variables, on) -> list[str]:
@@ -202,7 +209,8 @@ def place(config: RunConfig, mesh: MeshConfig, processes: int = 1, memory: Devic
 
     plan = make_plan(spec.name_of(options), mesh, rules, abstract, train.optimizer, processes, advice=advice, memory=memory,
                      lint=lint, pipeline=staged)
-    return PlannedModel(spec=spec, options=options, abstract=abstract, rules=rules, plan=plan, pipeline=pipeline)
+    return PlannedModel(spec=spec, options=options, abstract=abstract, rules=rules, plan=plan, pipeline=pipeline,
+                        written_rules=written if pipeline else None)
 
 
 def layout_rules(config: RunConfig, spec: ModelSpec, options, mesh: MeshConfig, abstract: AbstractModel,
