@@ -61,7 +61,7 @@ def test_rules_for_separate_blocks_place_the_stacked_ones_over_the_stage_axis():
     assert errors == ()
     assert placed == (
         LayoutRule("embedding/embeddings", ("model", None)),  # kept as written: it places more than block weights
-        LayoutRule("blocks/stacked_mlp_kernel", ("stage", None, "model")),  # the block rule, carried over (and dropped)
+        LayoutRule("blocks/stacked_mlp_kernel", ("stage", None, "model"), stacked_from=r"block_\d+/mlp/kernel"),  # carried over
         LayoutRule("blocks/stacked_norm_gamma", ("stage", None), origin="pipeline"),  # no rule: the stages alone
     )
     assert [t.path for t in per_block_view(TENSORS)[1:5]] == list(BLOCKS)
@@ -97,7 +97,7 @@ def test_the_plan_of_the_stages_says_which_blocks_each_holds_and_the_bubble():
 def test_the_circular_schedules_stacks_keep_their_rounds_whole_and_split_the_stages():
     tensors = [TensorSpec("blocks/stacked_mlp_kernel", (2, 2, 16, 32), blocks=BLOCKS)]
     placed, errors = stacked_rules((LayoutRule(r"block_\d+/mlp/kernel", (None, "model")),), MESH, tensors, "stage")
-    assert errors == () and placed == (LayoutRule("blocks/stacked_mlp_kernel", (None, "stage", None, "model")),)
+    assert errors == () and placed == (LayoutRule("blocks/stacked_mlp_kernel", (None, "stage", None, "model"), stacked_from=r"block_\d+/mlp/kernel"),)
     assert [t.shape for t in per_block_view(tensors)] == [(16, 32)] * 4
 
 
@@ -134,6 +134,9 @@ def test_a_pipelined_plan_shards_stacked_blocks_over_the_stages(tmp_path):
     assert spec["blocks/stacked_attention_query_kernel"] == ["stage", None, "model", None]
     assert spec["blocks/stacked_ln_1_gamma"] == ["stage", None]
     assert not any(path.startswith("block_") for path in spec)
+    rule = {v["path"]: (v["rule"], v.get("origin")) for v in plan["variables"]}
+    assert rule["blocks/stacked_mlp_up_kernel"] == (r"block_\d+/mlp_up/kernel", "rules")  # the rule written for the blocks
+    assert rule["blocks/stacked_ln_1_gamma"] == ("blocks/stacked_ln_1_gamma", "pipeline")  # no rule: the stages alone
     pipeline = plan["pipeline"]
     assert pipeline["stage_blocks"] == [["block_0", "block_1"], ["block_2", "block_3"]]
     assert (pipeline["microbatches"], pipeline["bubble_fraction"]) == (4, pytest.approx(0.2))

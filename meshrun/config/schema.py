@@ -82,12 +82,14 @@ class LayoutRule:
     re.fullmatch, and the mesh axis (or None) for each dimension of what it matches. `origin` says
     where it came from (RULE_ORIGINS); an `optional` rule may match nothing (a family layout's rule
     for a variable some members lack, or a rule of the model's own map), where any other rule that
-    matches nothing is an error."""
+    matches nothing is an error. The rule of a pipelined stacked weight is exact (its path) and
+    names, as `stacked_from`, the rule written for its blocks (what plans show)."""
 
     pattern: str
     axes: tuple[AxisSpec, ...]
     origin: str = "rules"
     optional: bool = False
+    stacked_from: str | None = None  # a stacked weight's rule: the pattern of the rule written for its blocks
 
     @property
     def key(self) -> str:

@@ -238,7 +238,7 @@ def _place(tensor: TensorSpec, rule: LayoutRule | None, mesh: MeshConfig, refere
         path=tensor.path,
         shape=tuple(tensor.shape),
         dtype=tensor.dtype,
-        rule=rule.pattern if rule else None,
+        rule=(rule.stacked_from or rule.pattern) if rule else None,  # a stacked weight's: the rule written for its blocks
         spec=tuple(spec),
         bytes=math.prod(tensor.shape) * tensor.itemsize,
         bytes_per_device=per_device,

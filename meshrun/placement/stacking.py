@@ -93,7 +93,8 @@ def stacked_rules(rules: tuple[LayoutRule, ...], mesh: MeshConfig, tensors, axis
             continue
         source = check.assigned.get(tensor.blocks[0])
         leading = (axis,) if lead(tensor) == 1 else (None, axis)  # the circular schedule's rounds stay whole
-        derived.append(LayoutRule(tensor.path, (*leading, *axes), origin=source.origin if source else "pipeline"))
+        derived.append(LayoutRule(tensor.path, (*leading, *axes), origin=source.origin if source else "pipeline",
+                                  stacked_from=source.pattern if source else None))
     return tuple(kept + derived), tuple(errors)
 
 

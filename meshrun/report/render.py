@@ -180,6 +180,8 @@ def _rule_text(rule: str | None, origin: str | None) -> str:
     """The rule that placed a variable, with its origin unless it was written in the layout."""
     if not rule:
         return "replicated"
+    if origin == "pipeline":
+        return "the stages alone (pipeline)"  # a stacked block weight that no rule places
     return rule + (f" ({origin})" if origin and origin != "rules" else "")
 
 
