@@ -149,50 +149,22 @@ def kib(size: int | None) -> str:
 
 
 def fit_bubbles(rows: list[dict]) -> list[dict]:
-    """For each stage count above 1, the least-squares fit of the fastest step time across the
-    microbatch counts to a + (RM + S - 1) * (b / RM + c) (R: the circular schedule's repeats), no term negative (c dropped with only two
-    microbatch counts, no fit with one), and for each M the share of the fitted step the S - 1 extra
-    ticks take."""
-    import numpy as np
+    """For each stage count above 1, the fit of the fastest step time across the microbatch counts
+    (meshrun.pipeline.bubble.fit_bubble: a + (RM + S - 1) * (b / RM + c), no term negative), and for
+    each M the share of the fitted step the S - 1 extra ticks take."""
+    from meshrun.pipeline.bubble import fit_bubble
 
     fits = []
     for stages in sorted({row["stages"] for row in rows if row["stages"] > 1}):
-        group = sorted((row for row in rows if row["stages"] == stages), key=lambda row: row["microbatches"])
-        micro = np.array([row["microbatches"] for row in group], dtype=float)
-        if len(micro) < 2:
+        group = {row["microbatches"]: row for row in rows if row["stages"] == stages}
+        fit = fit_bubble(stages, next(iter(group.values()))["repeats"], {m: row["step_min_ms"] for m, row in group.items()})
+        if fit is None:
             continue
-        repeats = group[0]["repeats"]  # the circular schedule: R M + S - 1 ticks, each 1/(R M) of the work
-        ticks = repeats * micro + stages - 1
-        columns = [np.ones_like(micro), ticks / (repeats * micro), ticks][: min(3, len(micro))]
-        times = np.array([row["step_min_ms"] for row in group])
-        a, b, c = (*least_squares_nonnegative(np.stack(columns, axis=1), times), 0.0)[:3]
-        for m, row in zip(micro, group, strict=True):
-            tick = b / (repeats * m) + c
-            fitted = a + (repeats * m + stages - 1) * tick
-            fits.append({"stages": stages, "microbatches": int(m), "a_ms": a, "b_ms": b, "c_ms": c,
-                         "step_min_ms": row["step_min_ms"], "fitted_ms": fitted,
-                         "bubble_fit": (stages - 1) * tick / fitted, "bubble_formula": row["bubble_formula"]})
+        for m in sorted(group):
+            fits.append({"stages": stages, "microbatches": m, "a_ms": fit.fixed, "b_ms": fit.work, "c_ms": fit.per_tick,
+                         "step_min_ms": group[m]["step_min_ms"], "fitted_ms": fit.fitted[m],
+                         "bubble_fit": fit.shares[m], "bubble_formula": group[m]["bubble_formula"]})
     return fits
-
-
-def least_squares_nonnegative(design, target) -> tuple[float, ...]:
-    """The least-squares coefficients of `design`'s columns for `target`, none of them negative (a cost
-    below zero means nothing): the best of the plain fits on each subset of columns whose coefficients
-    all come out non-negative, the others zero (few columns, so every subset is tried)."""
-    import itertools
-
-    import numpy as np
-
-    best, best_residual = (0.0,) * design.shape[1], float(np.sum(target**2))
-    for size in range(1, design.shape[1] + 1):
-        for subset in itertools.combinations(range(design.shape[1]), size):
-            coef = np.linalg.lstsq(design[:, subset], target, rcond=None)[0]
-            residual = float(np.sum((design[:, subset] @ coef - target) ** 2))
-            if (coef >= 0).all() and residual < best_residual:
-                full = np.zeros(design.shape[1])
-                full[list(subset)] = coef
-                best, best_residual = tuple(float(value) for value in full), residual
-    return best
 
 
 def print_fits(fits: list[dict]) -> None:

@@ -330,3 +330,17 @@ def _separate_then_pipelined(build, use, microbatches: int):
     finally:
         keras.distribution.set_distribution(None)
         keras.backend.clear_session()
+
+
+def test_the_fit_of_step_times_recovers_the_idle_share_of_a_known_schedule():
+    from meshrun.pipeline.bubble import fit_bubble
+
+    def step(m, stages=4, repeats=1, fixed=2.0, work=8.0, per_tick=0.5):  # a schedule of known costs
+        return fixed + (repeats * m + stages - 1) * (work / (repeats * m) + per_tick)
+
+    fit = fit_bubble(4, 1, {m: step(m) for m in (1, 2, 4, 8, 16)})
+    assert (fit.fixed, fit.work, fit.per_tick) == (pytest.approx(2.0), pytest.approx(8.0), pytest.approx(0.5))
+    assert fit.shares[4] == pytest.approx(3 * (8 / 4 + 0.5) / step(4))  # below the formula's 3/7: the fixed cost is no wait
+    circular = fit_bubble(4, 2, {m: step(m, repeats=2) for m in (4, 8, 16)})
+    assert circular.shares[8] == pytest.approx(3 * (8 / 16 + 0.5) / step(8, repeats=2))
+    assert fit_bubble(4, 1, {8: 1.0}) is None and fit_bubble(1, 1, {1: 1.0, 2: 1.0}) is None

@@ -311,3 +311,16 @@ def test_a_layout_saved_from_a_pipelined_plan_is_written_for_separate_blocks(tmp
         done = run_meshrun(["plan", "--json", "model=transformer", *mesh, "layout=saved.yaml"], cwd=tmp_path)
         assert done.returncode == 0, done.stderr[-2000:]
         assert json.loads(done.stdout)["status"] == "ok"
+
+
+@pytest.mark.e2e
+def test_a_sweep_over_microbatches_reports_the_idle_share_by_the_formula_and_fitted(tmp_path):
+    done = run_meshrun(["train", "-m", "model=transformer", "model.layers=4", "mesh=2x4", "mesh.axis_names=[stage,data]",
+                        "mesh.batch_axis=data", "layout=replicated", "pipeline.microbatches=1,2,4", "train.epochs=2", "train.verbose=0",
+                        "data.num_samples=128", "hydra.sweep.dir=sweep"], cwd=tmp_path, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    rows = {row["microbatches"]: row for row in json.loads((tmp_path / "sweep" / "summary.json").read_text())["rows"]}
+    assert sorted(rows) == [1, 2, 4]
+    assert [rows[m]["bubble_formula"] for m in (1, 2, 4)] == [pytest.approx(1 / 2), pytest.approx(1 / 3), pytest.approx(1 / 5)]
+    assert all(0 <= rows[m]["bubble_fit"] < 1 and rows[m]["stages"] == 2 for m in rows)
+    assert "idle (formula, fit)" in done.stdout

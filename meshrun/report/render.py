@@ -308,28 +308,48 @@ def sweep_table(rows: list[dict]) -> Table:
     varying = [key for key in varying_keys(rows) if key != "mesh"]
     fitting = " among those that fit" if any(r["status"] == DOES_NOT_FIT for r in rows) else ""
     table = Table(title=escape(sweep_title(rows) + f"; fastest first{fitting} ({'tokens' if lm else 'samples'}/s)"))
-    columns = ["job", "mesh", *varying, "status", "compile s",
-               "step ms", "p90 ms", "tokens/s" if lm else "samples/s", "eval loss", "peak/device"]
+    staged = any(r.get("stages") for r in rows)  # pipelined runs: their stages, microbatches and idle share
+    columns = ["job", "mesh", *varying, *(["stages", "micro"] if staged else []), "status", "compile s",
+               "step ms", "p90 ms", "tokens/s" if lm else "samples/s", "eval loss", "peak/device",
+               *(["idle (formula, fit)"] if staged else [])]
     errors = any(r["status"] != "ok" for r in rows)
     for column in columns + (["error"] if errors else []):
         left = column in ("job", "mesh", "model", "layout", "status", "error")
         table.add_column(column, justify="left" if left else "right", no_wrap=column != "error")
     for r in rows:
-        head = [r["job"], r["mesh"], *(escape(str(r[key])) for key in varying)]
+        head = [r["job"], r["mesh"], *(escape(str(r[key])) for key in varying), *(_stages_cells(r) if staged else [])]
+        idle = [_idle_text(r)] if staged else []
         if r["status"] == DOES_NOT_FIT:
             needed = format_bytes(r["peak_bytes_per_device"]) + " planned" if r["peak_bytes_per_device"] else "-"
-            table.add_row(*head, "[yellow]does not fit[/yellow]", *[""] * 5, needed, escape(r["error"] or ""))
+            table.add_row(*head, "[yellow]does not fit[/yellow]", *[""] * 5, needed, *idle, escape(r["error"] or ""))
             continue
         if r["status"] != "ok":
-            table.add_row(*head, "[red]error[/red]", *[""] * 6, escape(r["error"] or ""))
+            table.add_row(*head, "[red]error[/red]", *[""] * 6, *idle, escape(r["error"] or ""))
             continue
         peak = f"{format_bytes(r['peak_bytes_per_device'])} {r['peak_source']}" if r["peak_bytes_per_device"] else "n/a"
         table.add_row(
             *head, "[bold green]best[/bold green]" if r["best"] else "ok", _figure(r["compile_s"], ".2f"),
             _figure(r["step_time_ms"], ".2f"), _figure(r["step_time_p90_ms"], ".2f"), _figure(r[unit], ",.0f"),
-            _figure(r["eval_loss"], ".5f"), peak, *([""] if errors else []),
+            _figure(r["eval_loss"], ".5f"), peak, *idle, *([""] if errors else []),
         )
     return table
+
+
+def _stages_cells(row: dict) -> list[str]:
+    """A pipelined run's stages (x rounds of the circular schedule) and microbatches; - without."""
+    if not row.get("stages"):
+        return ["-", "-"]
+    rounds = f" x{row['repeats']}" if (row.get("repeats") or 1) > 1 else ""
+    return [f"{row['stages']}{rounds}", str(row["microbatches"])]
+
+
+def _idle_text(row: dict) -> str:
+    """The share of a step the stages wait: the formula's, and the one fitted to the step times of
+    runs that differ only in their microbatch count (see meshrun.pipeline.bubble.fit_bubble)."""
+    if row.get("bubble_formula") is None:
+        return "-"
+    fit = f", {row['bubble_fit']:.1%}" if row.get("bubble_fit") is not None else ""
+    return f"{row['bubble_formula']:.1%}{fit}"
 
 
 def _figure(value, spec: str) -> str:

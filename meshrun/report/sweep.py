@@ -18,6 +18,7 @@ from pathlib import Path
 from meshrun.errors import ConfigError
 from meshrun.files import write_atomic, write_json
 from meshrun.logs import console
+from meshrun.pipeline.bubble import fit_bubble
 from meshrun.report.render import rate_column, render_sweep, sweep_title, varying_keys
 from meshrun.specs.metrics import (
     DOES_NOT_FIT,
@@ -26,7 +27,7 @@ from meshrun.specs.metrics import (
     RunMetrics,
     TimingFigures,
 )
-from meshrun.specs.rundir import METRICS_FILE, SUMMARY_FILES
+from meshrun.specs.rundir import METRICS_FILE, PLAN_FILE, SUMMARY_FILES
 from meshrun.wording import first_line, format_bytes, format_shape, one_of
 
 log = logging.getLogger("meshrun")
@@ -34,6 +35,7 @@ log = logging.getLogger("meshrun")
 COLUMNS = (
     "job", "mesh", "model", "layout", "status", "best", "compile_s", "step_time_ms", "step_time_p90_ms",
     "samples_per_s", "tokens_per_s", "eval_loss", "peak_bytes_per_device", "peak_source", "run_dir", "error",
+    "stages", "repeats", "microbatches", "bubble_formula", "bubble_fit",
 )
 
 
@@ -95,12 +97,28 @@ def summary_rows(run_dirs, relative_to) -> list[dict]:
     else samples/s), then the jobs that did not fit a device's memory, failed runs last; the fastest
     successful run has best=True."""
     rows = [row for row in (_read_row(Path(d), Path(relative_to)) for d in run_dirs) if row is not None]
+    add_bubble_fits(rows)
     unit = rate_column(rows)
     rank = {"ok": 0, DOES_NOT_FIT: 1}
     rows.sort(key=lambda r: (rank.get(r["status"], 2), -(r[unit] or 0.0)))
     if rows and rows[0]["status"] == "ok":
         rows[0]["best"] = True
     return rows
+
+
+def add_bubble_fits(rows: list[dict]) -> None:
+    """Sets `bubble_fit` on the successful pipelined runs that differ from others only in their
+    microbatch count (same mesh, model, layout, stages and repeats; two counts at least): the idle
+    share measured by fitting their step times to the schedule (meshrun.pipeline.bubble)."""
+    groups: dict[tuple, dict[int, dict]] = {}
+    for row in rows:
+        if row["status"] == "ok" and (row["stages"] or 0) > 1 and row["step_time_ms"]:
+            key = (row["mesh"], row["model"], row["layout"], row["stages"], row["repeats"])
+            groups.setdefault(key, {})[row["microbatches"]] = row
+    for (*_, stages, repeats), by_microbatches in groups.items():
+        fit = fit_bubble(stages, repeats, {m: row["step_time_ms"] for m, row in by_microbatches.items()})
+        for m, row in by_microbatches.items():
+            row["bubble_fit"] = _round(fit.shares[m]) if fit else None
 
 
 def write_summary(rows: list[dict], out_dir) -> list[Path]:
@@ -203,7 +221,20 @@ def _row(run_dir: Path, m: RunMetrics, relative_to: Path) -> dict:
         "peak_source": next((name for name, b in (("live", live), ("compiled", compiled), ("planned", planned)) if b), None),
         "run_dir": os.path.relpath(run_dir.resolve(), relative_to.resolve()),
         "error": _fit_text(memory) if m.status == DOES_NOT_FIT else m.error,
+        **_pipeline_figures(run_dir),
     }
+
+
+def _pipeline_figures(run_dir: Path) -> dict:
+    """The run's pipeline stages as its plan.json records them (all None without stages, or
+    without a plan): stages, repeats, microbatches and the formula's idle share; bubble_fit is set
+    over the rows (add_bubble_fits)."""
+    try:
+        pipeline = json.loads((run_dir / PLAN_FILE).read_text()).get("pipeline") or {}
+    except (OSError, ValueError, AttributeError):
+        pipeline = {}
+    return {"stages": pipeline.get("stages"), "repeats": pipeline.get("repeats"), "microbatches": pipeline.get("microbatches"),
+            "bubble_formula": _round(pipeline.get("bubble_fraction")), "bubble_fit": None}
 
 
 def layout_label(m: RunMetrics) -> str | None:
