@@ -1,8 +1,8 @@
 """How a model offers its repeated blocks to pipeline stages: it makes them with `repeated_blocks`,
 which gives the blocks one after another as separate layers (block_0, block_1, ...) in an ordinary
 run, and one PipelinedBlocks layer (their weights stacked, run as stages) when meshrun builds the
-model for a mesh with a stage axis. The same model code serves both; the zoo transformer, KerasHub's
-decoder-only LMs and a `model=python` factory all go through it.
+model for a mesh with a stage axis. The same model code serves both; the zoo transformer and
+`model=python` factories go through it (KerasHub's decoder-only LMs are to follow).
 
     from meshrun.pipeline import repeated_blocks
 
@@ -13,9 +13,8 @@ decoder-only LMs and a `model=python` factory all go through it.
         return keras.Model(inputs, keras.layers.Dense(vocab)(x))
 
 A block takes one tensor and gives one of the same shape, and keeps no state (dropout's random state,
-moving statistics; frozen weights are fine); tensors
-every block takes beside it (a padding mask, with the batch's rows) go by keyword:
-`repeated_blocks(make, count)(x, padding_mask=mask)`.
+moving statistics; frozen weights are fine); tensors every block takes beside it (a padding mask,
+with the batch's rows) go by keyword: `repeated_blocks(make, count)(x, padding_mask=mask)`.
 """
 
 from __future__ import annotations
@@ -44,8 +43,9 @@ def stages(pipeline: PipelineConfig | None) -> Iterator[None]:
 def repeated_blocks(make_block: Callable[[str], object], count: int, name: str = "blocks",
                     block_name: str = "block_{}") -> Callable:
     """`count` blocks made by `make_block(name)` applied in order, as a callable for a functional
-    model (`(x, **side)`: keyword tensors every block takes beside x): separate layers named `block_name.format(i)`, or (in a build for pipeline stages) one
-    PipelinedBlocks layer named `name` whose variables record the per-block paths they hold."""
+    model (`(x, **side)`: keyword tensors every block takes beside x): separate layers named
+    `block_name.format(i)`, or (in a build for pipeline stages) one PipelinedBlocks layer named
+    `name` whose variables record the per-block paths they hold."""
     pipeline = _building_for.get()
     if pipeline is None:
         blocks = [make_block(block_name.format(index)) for index in range(count)]

@@ -77,8 +77,8 @@ class AbstractModel:
 
 def build_model(spec: ModelSpec, options, data, abstract: bool = False, pipeline: PipelineConfig | None = None):
     """Builds the model of `spec` and returns it with its Signature; with `pipeline`, for pipeline
-    stages (its repeated blocks stacked, meshrun.pipeline.repeated_blocks). When the spec gives the inputs
-    the model trains on (`spec.inputs`), the model is called on them; a model that is not built yet
+    stages (its repeated blocks stacked, meshrun.pipeline.repeated_blocks). When the spec gives the
+    inputs the model trains on (`spec.inputs`), the model is called on them; a model that is not built yet
     (subclassed, or Sequential without an Input) is called on the inputs the data source declares
     (`data`: the run's DataConfig). A model with no variables after that is a ConfigError
     (`build(shape)` alone creates none for a subclassed model without a `build()`).
@@ -192,7 +192,6 @@ def _spec(variable, blocks: tuple[str, ...] = ()) -> TensorSpec:
     dtype = keras.backend.standardize_dtype(variable.dtype)
     return TensorSpec(variable.path, tuple(variable.shape), dtype=dtype, itemsize=_itemsize(dtype), trainable=bool(variable.trainable),
                       blocks=blocks)
-
 
 
 def _itemsize(dtype: str) -> int:
