@@ -132,7 +132,7 @@ def plan_job(invocation: Invocation, job: Job) -> None:
     if invocation.save_layout:
         from meshrun.placement.layout_file import save_layout
 
-        rules = planned.rules_as_written  # for separate blocks: the same file serves a run with stages and one without
+        rules = planned.written_rules  # for separate blocks: the same file serves a run with stages and one without
         save_layout(invocation.save_layout, rules, plan, job.overrides)
         print(f"wrote {invocation.save_layout} ({len(rules)} rules); load it with layout={invocation.save_layout}",
               file=sys.stderr if invocation.as_json else sys.stdout)

@@ -17,8 +17,8 @@ STACKED_PREFIX = "stacked_"
 
 
 class BlockNotPipelinable(ValueError):
-    """Blocks that cannot run as pipeline stages (they keep state besides their trainable weights,
-    or do not split into the rounds of the circular schedule); `key`: the config key to name."""
+    """Blocks that cannot run as pipeline stages (they keep state besides their weights, or do not
+    split into the rounds of the circular schedule); `key`: the config key to name."""
 
     def __init__(self, message: str, key: str = "mesh.axis_names"):
         super().__init__(message)
@@ -92,12 +92,13 @@ class PipelinedBlocks(keras.layers.Layer):
         object.__setattr__(self, "_template", template)  # not tracked: its weights are not the model's
         # Trainable weights first, then frozen ones: the order stateless_call takes them in.
         self._trainable_count = len(template.trainable_variables)
-        for index, variable in enumerate(template.trainable_variables + template.non_trainable_variables):
-            per_block = [initializer_of((block.trainable_variables + block.non_trainable_variables)[index]) for block in blocks]
+        weights = [block.trainable_variables + block.non_trainable_variables for block in blocks]
+        for variable, *same_in_each in zip(weights[0], *weights, strict=True):
+            per_block = [initializer_of(weight) for weight in same_in_each]
             inner = variable.path.split(f"{template.name}/", 1)[-1]
             stacked = self.add_weight(shape=(*self.lead, *variable.shape), dtype=variable.dtype,
                                       initializer=StackedInitializer(per_block, len(self.lead)),
-                                      trainable=index < self._trainable_count, name=STACKED_PREFIX + inner.replace("/", "_"))
+                                      trainable=variable.trainable, name=STACKED_PREFIX + inner.replace("/", "_"))
             self.stacked.append(stacked)
             self._inner_paths[stacked.path] = inner
 

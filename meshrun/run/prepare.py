@@ -85,20 +85,16 @@ class PlannedModel:
     """The run's model before it is built: its spec and options, its abstract description, the
     layout rules in force and where they place everything, and the pipeline stages it is built for
     (None: its blocks are separate layers). With stages, `rules` are those Keras gets (one per
-    stacked variable) and `written_rules` the same for separate blocks, as a layout file holds them."""
+    stacked variable) and `written_rules` the same for separate blocks, as a layout file holds them
+    (without stages, the two are one)."""
 
     spec: ModelSpec
     options: Any
     abstract: AbstractModel
     rules: tuple[LayoutRule, ...]
     plan: Plan
+    written_rules: tuple[LayoutRule, ...]
     pipeline: PipelineConfig | None = None
-    written_rules: tuple[LayoutRule, ...] | None = None  # None: `rules` as they are
-
-    @property
-    def rules_as_written(self) -> tuple[LayoutRule, ...]:
-        """The rules for the model with separate blocks (what `meshrun plan --save-layout` writes)."""
-        return self.rules if self.written_rules is None else self.written_rules
 
 
 @dataclass(frozen=True)
@@ -209,8 +205,8 @@ def place(config: RunConfig, mesh: MeshConfig, processes: int = 1, memory: Devic
 
     plan = make_plan(spec.name_of(options), mesh, rules, abstract, train.optimizer, processes, advice=advice, memory=memory,
                      lint=lint, pipeline=staged)
-    return PlannedModel(spec=spec, options=options, abstract=abstract, rules=rules, plan=plan, pipeline=pipeline,
-                        written_rules=written if pipeline else None)
+    return PlannedModel(spec=spec, options=options, abstract=abstract, rules=rules, plan=plan, written_rules=written,
+                        pipeline=pipeline)
 
 
 def layout_rules(config: RunConfig, spec: ModelSpec, options, mesh: MeshConfig, abstract: AbstractModel,
