@@ -286,17 +286,20 @@ def enter_distribution(config):
 
 
 def _from_checkpoint(config, planned, point):
-    """The run's model built as the run built it, its weights read from checkpoint `point`."""
-    from meshrun.run.build import build_model, check_paths_match
+    """The run's model built as the run built it, its weights read from checkpoint `point`; a run
+    with pipeline stages gives the same model with separate blocks (KerasHub's task, whose
+    generate the stages cannot run), built off the mesh."""
+    from meshrun.run.build import build_model, built_off_the_mesh, check_paths_match
     from meshrun.training import checkpoint as checkpoint_lib
+    from meshrun.training.restack import with_separate_blocks
 
-    model, _ = build_model(planned.spec, planned.options, config.data, abstract=True)  # initial weights, replaced next
+    model, _ = build_model(planned.spec, planned.options, config.data, abstract=True, pipeline=planned.pipeline)  # initial weights, replaced next
     check_paths_match(model, planned.abstract, planned.spec, planned.options)
     try:
         checkpoint_lib.restore_weights(model, point)
     except checkpoint_lib.UnreadableCheckpoint as err:
         raise ConfigError(RUN_DIR_KEY, f"{err}: its files were changed after it was saved") from None
-    return model
+    return with_separate_blocks(model, lambda: built_off_the_mesh(planned.spec, planned.options, config.data))
 
 
 def _from_preset(planned, preset: Path):

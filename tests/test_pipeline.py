@@ -4,6 +4,7 @@ there, and a Keras model whose blocks are one PipelinedBlocks layer trains exact
 with its blocks as separate layers."""
 
 import contextlib
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -258,6 +259,93 @@ def test_repeated_blocks_pass_keyword_tensors_to_every_block_pipelined_or_not():
     with _separate_then_pipelined(build, lambda model: keras.ops.convert_to_numpy(model([x, scale])), microbatches=4) as (expected, model):
         assert [v.path for v in model.weights] == ["blocks/stacked_dense_kernel", "blocks/stacked_dense_bias"]
         np.testing.assert_allclose(keras.ops.convert_to_numpy(model([x, scale])), expected, rtol=1e-5, atol=1e-5)
+
+
+@functools.cache
+def _scaled_class():
+    """A residual block x + tanh(x W) * scale * gain (scale by keyword, one number per row and
+    position; gain a setting)."""
+    import keras
+
+    class Scaled(keras.layers.Layer):
+        def __init__(self, gain=1.0, **kwargs):
+            super().__init__(**kwargs)
+            self.gain = gain
+            self.dense = keras.layers.Dense(WIDTH, activation="tanh", name="dense")
+
+        def build(self, x_shape):
+            self.dense.build(x_shape)
+
+        def call(self, x, scale=None):
+            return x + self.dense(x) * scale[:, :, None] * self.gain
+
+    return Scaled
+
+
+def _scaled(gain: float = 1.0, **kwargs):
+    return _scaled_class()(gain, **kwargs)
+
+
+def _model_holding_blocks(blocks: list, chained: bool = True):
+    """A functional model that calls a nested functional 'backbone' (embedding-like Dense, then
+    `blocks` in turn with a scale by keyword) and a head on its output, as KerasHub's tasks do."""
+    import keras
+
+    x, scale = keras.Input((4, WIDTH), name="x"), keras.Input((4,), name="scale")
+    hidden = keras.layers.Dense(WIDTH, name="embed")(x)
+    for block in blocks:
+        hidden = block(hidden if chained else x, scale=scale)
+    backbone = keras.Model({"x": x, "scale": scale}, hidden, name="backbone")
+    outer = {"x": keras.Input((4, WIDTH), name="x"), "scale": keras.Input((4,), name="scale")}
+    return keras.Model(outer, keras.layers.Dense(3, name="head")(backbone(outer)))
+
+
+@pytest.mark.integration
+def test_a_functional_model_holding_its_blocks_runs_them_as_stages_with_its_own_weights():
+    import keras
+
+    from meshrun.config.schema import PipelineConfig
+    from meshrun.pipeline.functional import with_pipelined_blocks
+
+    rng = np.random.default_rng(5)
+    inputs = {"x": rng.normal(size=(BATCH, 4, WIDTH)).astype("float32"), "scale": (rng.uniform(size=(BATCH, 4)) > 0.5).astype("float32")}
+
+    def build():
+        blocks = [_scaled(name=f"layer_{i}") for i in range(4)]
+        model = _model_holding_blocks(blocks)
+        pipelined = with_pipelined_blocks(model, blocks, PipelineConfig(microbatches=4), name="blocks")
+        return model, pipelined
+
+    with _separate_then_pipelined(build, lambda built: keras.ops.convert_to_numpy(built[0](inputs)), microbatches=4) as (expected, built):
+        model, pipelined = built
+        assert [v.path for v in pipelined.weights] == ["embed/kernel", "embed/bias", "blocks/stacked_dense_kernel", "blocks/stacked_dense_bias",
+                                                       "head/kernel", "head/bias"]
+        stack = pipelined.get_layer("blocks")
+        assert stack.block_paths(stack.stacked[0]) == tuple(f"layer_{i}/dense/kernel" for i in range(4))
+        assert tuple(stack.stacked[0].value.sharding.spec)[:1] == ("stage",)
+        np.testing.assert_allclose(keras.ops.convert_to_numpy(pipelined(inputs)), expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("blocks, chained, text", [
+    (lambda: [_scaled(name="layer_0"), _scaled(0.5, name="layer_1")], True,
+     "its blocks differ: gain is 0.5 in layer_1 and 1.0 in layer_0; stages run one block repeated"),
+    (lambda: [_scaled(name="layer_0"), _scaled(name="layer_2")], True,
+     "its blocks are not named by their place (layer_0, layer_2, ...); stages need block i named <name>_i"),
+    (lambda: [_scaled(name=f"layer_{i}") for i in range(2)], False,
+     "its blocks are not applied one after another (layer_1 does not take layer_0's output and the same tensors beside it)"),
+])
+def test_blocks_a_model_holds_that_are_not_one_block_repeated_in_a_chain_are_refused(blocks, chained, text):
+    import keras
+
+    from meshrun.config.schema import PipelineConfig
+    from meshrun.pipeline.functional import with_pipelined_blocks
+    from meshrun.pipeline.stack import BlockNotPipelinable
+
+    keras.backend.clear_session()
+    made = blocks()
+    with pytest.raises(BlockNotPipelinable) as raised:
+        with_pipelined_blocks(_model_holding_blocks(made, chained), made, PipelineConfig(), name="blocks")
+    assert str(raised.value) == text
 
 
 @pytest.mark.integration

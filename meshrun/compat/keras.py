@@ -132,6 +132,20 @@ uses(
                 "moving statistics): a layer's _trainable_variables", source_contains="self._trainable_variables = trainable_variables"),
 )
 
+uses(
+    "keras",
+    PrivateName("keras", "keras.src.ops.function", "Function._run_through_graph",
+                "rebuilding a functional model with its blocks replaced by pipelined ones (KerasHub's LMs)", source_contains="call_fn"),
+)
+
+
+def rerun_functional(model, inputs, call):
+    """The outputs of functional `model`'s graph applied to `inputs`, each of its layers' calls made
+    by `call(layer, *args, **kwargs)` (which may call something else instead)."""
+    ensure("keras")
+    return model._run_through_graph(inputs, operation_fn=lambda operation: operation, call_fn=call)
+
+
 ASYNC_SAFE = "async_safe"  # the attribute Keras' CallbackList reads on each callback
 COMPILED_ARGUMENTS = ("loss", "metrics", "weighted_metrics")  # what compile_recorded records
 

@@ -218,7 +218,26 @@ def build(options: KerasHubOptions, load_weights: bool = True):
     adapters on its target layers when model.lora.rank is set (enable_lora)."""
     task = _build_task(options, load_weights)
     enable_lora(task.backbone, options.lora)
-    return task
+    return _staged(task, options)
+
+
+def _staged(task, options: KerasHubOptions):
+    """The task as the build asks: itself, or (for pipeline stages) a functional model of the same
+    layers on inputs of model.seq_len tokens whose backbone's transformer_layers run as stages,
+    stacked under `transformer_layers` (meshrun.pipeline.functional); the task's own blocks are
+    then dropped."""
+    import keras
+
+    from meshrun.pipeline.blocks import building_for
+
+    pipeline = building_for()
+    blocks = list(getattr(task.backbone, "transformer_layers", None) or [])
+    if pipeline is None or not blocks:
+        return task  # without blocks: meshrun's checks say so in the config's terms
+    from meshrun.pipeline.functional import with_pipelined_blocks
+
+    symbolic = {name: keras.Input(batch_shape=(None, options.seq_len), dtype=spec.dtype, name=name) for name, spec in inputs(options).items()}
+    return with_pipelined_blocks(task, blocks, pipeline, name="transformer_layers", inputs=symbolic)
 
 
 def _build_task(options: KerasHubOptions, load_weights: bool):

@@ -2,7 +2,8 @@
 which gives the blocks one after another as separate layers (block_0, block_1, ...) in an ordinary
 run, and one PipelinedBlocks layer (their weights stacked, run as stages) when meshrun builds the
 model for a mesh with a stage axis. The same model code serves both; the zoo transformer and
-`model=python` factories go through it (KerasHub's decoder-only LMs are to follow).
+`model=python` factories go through it. (KerasHub's decoder-only LMs hold their blocks already:
+meshrun.pipeline.functional pipelines them.)
 
     from meshrun.pipeline import repeated_blocks
 
@@ -40,13 +41,18 @@ def stages(pipeline: PipelineConfig | None) -> Iterator[None]:
         _building_for.reset(token)
 
 
+def building_for() -> PipelineConfig | None:
+    """The pipeline the model being built is for (None: its blocks stay separate layers)."""
+    return _building_for.get()
+
+
 def repeated_blocks(make_block: Callable[[str], object], count: int, name: str = "blocks",
                     block_name: str = "block_{}") -> Callable:
     """`count` blocks made by `make_block(name)` applied in order, as a callable for a functional
     model (`(x, **side)`: keyword tensors every block takes beside x): separate layers named
     `block_name.format(i)`, or (in a build for pipeline stages) one PipelinedBlocks layer named
     `name` whose variables record the per-block paths they hold."""
-    pipeline = _building_for.get()
+    pipeline = building_for()
     if pipeline is None:
         blocks = [make_block(block_name.format(index)) for index in range(count)]
         return lambda x, **side: functools.reduce(lambda hidden, block: block(hidden, **side), blocks, x)

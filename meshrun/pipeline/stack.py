@@ -39,6 +39,11 @@ class StackedInitializer(keras.initializers.Initializer):
         return keras.ops.reshape(keras.ops.stack(blocks), shape)
 
 
+def _current_value(weight) -> Callable:
+    """An initializer giving `weight`'s value as it is now (read when the stack is made, not before)."""
+    return lambda shape, dtype=None: keras.ops.cast(weight.value, dtype or weight.dtype)
+
+
 class PipelinedBlocks(keras.layers.Layer):
     """`num_blocks` blocks made by `make_block(name)`, applied in order, as stages over mesh axis
     `axis` with `microbatches` microbatches per batch (GPipe; None: as many as there are stages);
@@ -49,15 +54,19 @@ class PipelinedBlocks(keras.layers.Layer):
     block keeps by design (seed generators, moving statistics) is refused, since each stage calls
     the block statelessly. `block_name` names block i as the model would with
     separate blocks (`block_{}` -> block_3), so each stacked variable knows the per-block paths it
-    holds (`block_paths`). With `repeats` R > 1 (the circular schedule) a stacked weight is
+    holds (`block_paths`). Instead of `make_block`, `blocks` may give the blocks a model already
+    holds, built, whose weights' values the stack starts with (block 0 serves as the template). With `repeats` R > 1 (the circular schedule) a stacked weight is
     (R, blocks / R, ...), its second dimension split over the stages: device s holds the blocks of
     stages s, s + S, ..., in the blocks' order when the two leading dimensions are read as one."""
 
-    def __init__(self, make_block: Callable[[str], keras.layers.Layer], num_blocks: int, axis: str = "stage",
-                 microbatches: int | None = None, remat: bool = False, block_name: str = "block_{}", repeats: int = 1, **kwargs):
+    def __init__(self, make_block: Callable[[str], keras.layers.Layer] | None, num_blocks: int, axis: str = "stage",
+                 microbatches: int | None = None, remat: bool = False, block_name: str = "block_{}", repeats: int = 1,
+                 blocks: list | None = None, **kwargs):
         super().__init__(**kwargs)
         self.make_block = make_block
         self.num_blocks = num_blocks
+        # Blocks a model already holds (built, their weights loaded): stacked from their values, block 0 the template.
+        object.__setattr__(self, "_given", blocks)  # not tracked: their weights are not the model's
         self.axis = axis
         self.microbatches = microbatches
         self.remat = remat
@@ -76,15 +85,11 @@ class PipelinedBlocks(keras.layers.Layer):
         if self.num_blocks % self.repeats:
             raise BlockNotPipelinable(f"its {self.num_blocks} blocks do not split into pipeline.repeats={self.repeats} rounds "
                                       "of equal length", key="pipeline.repeats")
-        # Every block is made and built by shapes alone, in the order separate blocks would be, so that
-        # each initializer draws the seed it would draw there: a pipelined run starts from the same weights.
-        blocks = [self.make_block(self.block_name.format(index)) for index in range(self.num_blocks)]
-        with weights_described_only():  # the stacked weights are the blocks'; their own are never made
-            for block in blocks:
-                block.build(input_shape)
+        blocks, starts = self._blocks(input_shape)
         template = blocks[0]
         frozen = [id(v) for v in frozen_weights(template)]
-        state = [v.path.split(f"{template.name}/", 1)[-1] for v in template.non_trainable_variables if id(v) not in frozen]
+        # By each weight's own flag: a block set trainable=False around trainable LoRA adapters lists them all as non-trainable.
+        state = [v.path.split(f"{template.name}/", 1)[-1] for v in template.variables if not v.trainable and id(v) not in frozen]
         if state:
             dropout = " (dropout's random state: set the model's dropout to 0)" if any("seed_generator" in p for p in state) else ""
             raise BlockNotPipelinable(f"its blocks keep state besides their weights ({', '.join(state)}){dropout}, "
@@ -94,13 +99,27 @@ class PipelinedBlocks(keras.layers.Layer):
         self._trainable_count = len(template.trainable_variables)
         weights = [block.trainable_variables + block.non_trainable_variables for block in blocks]
         for variable, *same_in_each in zip(weights[0], *weights, strict=True):
-            per_block = [initializer_of(weight) for weight in same_in_each]
+            per_block = [starts(weight) for weight in same_in_each]
             inner = variable.path.split(f"{template.name}/", 1)[-1]
             stacked = self.add_weight(shape=(*self.lead, *variable.shape), dtype=variable.dtype,
                                       initializer=StackedInitializer(per_block, len(self.lead)),
                                       trainable=variable.trainable, name=STACKED_PREFIX + inner.replace("/", "_"))
             self.stacked.append(stacked)
             self._inner_paths[stacked.path] = inner
+        object.__setattr__(self, "_given", None)  # the given blocks' weights are held stacked now: theirs can go
+
+    def _blocks(self, input_shape) -> tuple[list, Callable]:
+        """The blocks whose weights are stacked, and what gives a block weight's starting value (an
+        initializer). Blocks made here are made and built by shapes alone, in the order separate
+        blocks would be, so that each initializer draws the seed it would draw there: a pipelined run
+        starts from the same weights. Given blocks start the stack with their weights' values."""
+        if self._given is not None:
+            return list(self._given), _current_value
+        blocks = [self.make_block(self.block_name.format(index)) for index in range(self.num_blocks)]
+        with weights_described_only():  # the stacked weights are the blocks'; their own are never made
+            for block in blocks:
+                block.build(input_shape)
+        return blocks, initializer_of
 
     @property
     def template(self) -> keras.layers.Layer:

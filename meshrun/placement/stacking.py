@@ -60,8 +60,8 @@ def check_blocks(tensors, mesh: MeshConfig, pipeline: PipelineConfig, model: str
         raise ConfigError(
             "mesh.axis_names",
             f"got {list(mesh.axis_names)}: axis {pipeline.axis!r} asks for pipeline stages (pipeline.axis), but {model} has no "
-            "repeated blocks to split; models with blocks: model=transformer, and a model=python factory that makes its blocks "
-            "with meshrun.pipeline.repeated_blocks; or name the axis otherwise",
+            "repeated blocks to split; models with blocks: model=transformer, model=keras_hub (its transformer_layers), and a "
+            "model=python factory that makes its blocks with meshrun.pipeline.repeated_blocks; or name the axis otherwise",
         )
     blocks, stages, repeats = len(stacks[0].blocks), pipeline.stages(mesh), pipeline.repeats
     if blocks % (stages * repeats):

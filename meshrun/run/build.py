@@ -113,6 +113,18 @@ def build_model(spec: ModelSpec, options, data, abstract: bool = False, pipeline
     return model, signature
 
 
+def built_off_the_mesh(spec: ModelSpec, options, data):
+    """The model of `spec` built with separate blocks and no distribution in force, on the default
+    device (the distribution in force is put back after): what a pipelined model's export and
+    sampling take (meshrun.training.restack.with_separate_blocks)."""
+    in_force = keras.distribution.distribution()
+    keras.distribution.set_distribution(None)
+    try:
+        return build_model(spec, options, data)[0]
+    finally:
+        keras.distribution.set_distribution(in_force)
+
+
 def _call_symbolically(spec: ModelSpec, options, model, symbolic: dict):
     argument = symbolic[None] if None in symbolic else symbolic
     try:

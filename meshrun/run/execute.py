@@ -21,7 +21,7 @@ from meshrun.logs.timing import StepStats
 from meshrun.placement import distribution as distribution_lib
 from meshrun.run import costs as costs_lib
 from meshrun.run import feed, sampling
-from meshrun.run.build import build_model, check_paths_match
+from meshrun.run.build import build_model, built_off_the_mesh, check_paths_match
 from meshrun.run.hooks import RunHooks, make_hooks
 from meshrun.run.prepare import RunSetup
 from meshrun.specs.metrics import SKIPPABLE, PlacedVariable, ProfileFigures
@@ -88,8 +88,9 @@ def execute(setup: RunSetup) -> Outcome:
         eval_started = time.perf_counter()
         evaluation = evaluate(model, setup, hooks.evaluation)
         eval_s = time.perf_counter() - eval_started
-        exported = export(model, setup)
-        samples = sampling.sample(model, setup.sampling) if setup.sampling else None
+        ordinary = with_separate_blocks(model, setup)
+        exported = export(ordinary, setup)
+        samples = sampling.sample(ordinary, setup.sampling) if setup.sampling else None
         costs = costs_lib.train_step_costs(model, setup.datasets.sample_batch)
     return Outcome(
         built_at=built_at, steps=hooks.timer.stats(), async_log_fetch=hooks.async_log_fetch, history=history,
@@ -202,34 +203,31 @@ def evaluate(model, setup: RunSetup, callbacks: list) -> dict:
     return evaluation
 
 
+def with_separate_blocks(model, setup: RunSetup):
+    """The trained model as export and sampling take it: itself, or for pipelined blocks the same
+    model with separate blocks (built off the mesh, on the default device: KerasHub's task with its
+    generate and save_to_preset, a model.keras that loads without meshrun). Built only where the
+    run exports or samples."""
+    if not (setup.config.checkpoint.export or setup.sampling):
+        return model
+    return restack.with_separate_blocks(model, lambda: built_off_the_mesh(setup.planned.spec, setup.planned.options, setup.config.data))
+
+
 def export(model, setup: RunSetup) -> dict | None:
-    """Writes the trained model as model.keras into the run dir when checkpoint.export asks, and the
-    model's own formats beside it (ModelSpec.export: a KerasHub preset and LoRA adapters); their
-    paths by name (model, and what the spec's export wrote), None without checkpoint.export.
-    Keras saves a LoRA-adapted kernel merged (kernel + alpha / rank * A @ B), so model.keras loads
-    as the plain architecture with the fine-tuned weights. Pipelined blocks are written as the
-    separate blocks of the same model (built off the mesh, on the default device), which loads
-    without meshrun."""
+    """Writes the trained model (with separate blocks: with_separate_blocks) as model.keras into the
+    run dir when checkpoint.export asks, and the model's own formats beside it (ModelSpec.export:
+    a KerasHub preset and LoRA adapters); their paths by name (model, and what the spec's export
+    wrote), None without checkpoint.export. Keras saves a LoRA-adapted kernel merged (kernel +
+    alpha / rank * A @ B), so model.keras loads as the plain architecture with the fine-tuned
+    weights."""
     if not setup.config.checkpoint.export:
         return None
     path = Path(setup.context.run_dir) / EXPORT_FILE
     path.parent.mkdir(parents=True, exist_ok=True)
-    model = restack.with_separate_blocks(model, lambda: _built_off_the_mesh(setup))
     model.save(path)
     spec = setup.planned.spec
     own = spec.export(model, setup.planned.options, path.parent) if spec.export else {}
     return {"model": str(path), **own}
-
-
-def _built_off_the_mesh(setup: RunSetup):
-    """The run's model built again with separate blocks and no distribution in force (the
-    pipelined run's distribution is put back after)."""
-    in_force = keras.distribution.distribution()
-    keras.distribution.set_distribution(None)
-    try:
-        return build_model(setup.planned.spec, setup.planned.options, setup.config.data)[0]
-    finally:
-        keras.distribution.set_distribution(in_force)
 
 
 def placed_variables(model, setup: RunSetup) -> dict[str, PlacedVariable]:
