@@ -311,19 +311,56 @@ def test_a_functional_model_holding_its_blocks_runs_them_as_stages_with_its_own_
     inputs = {"x": rng.normal(size=(BATCH, 4, WIDTH)).astype("float32"), "scale": (rng.uniform(size=(BATCH, 4)) > 0.5).astype("float32")}
 
     def build():
+        """The model's output with its blocks as they are, and the model rebuilt with them pipelined."""
         blocks = [_scaled(name=f"layer_{i}") for i in range(4)]
         model = _model_holding_blocks(blocks)
-        pipelined = with_pipelined_blocks(model, blocks, PipelineConfig(microbatches=4), name="blocks")
-        return model, pipelined
+        output = keras.ops.convert_to_numpy(model(inputs))
+        return output, with_pipelined_blocks(model, blocks, PipelineConfig(microbatches=4), name="blocks")
 
-    with _separate_then_pipelined(build, lambda built: keras.ops.convert_to_numpy(built[0](inputs)), microbatches=4) as (expected, built):
-        model, pipelined = built
+    with _separate_then_pipelined(build, lambda built: built[0], microbatches=4) as (expected, built):
+        pipelined = built[1]
         assert [v.path for v in pipelined.weights] == ["embed/kernel", "embed/bias", "blocks/stacked_dense_kernel", "blocks/stacked_dense_bias",
                                                        "head/kernel", "head/bias"]
         stack = pipelined.get_layer("blocks")
         assert stack.block_paths(stack.stacked[0]) == tuple(f"layer_{i}/dense/kernel" for i in range(4))
         assert tuple(stack.stacked[0].value.sharding.spec)[:1] == ("stage",)
         np.testing.assert_allclose(keras.ops.convert_to_numpy(pipelined(inputs)), expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.integration
+def test_while_built_for_stages_each_blocks_weights_live_on_its_stages_devices_and_stack_there():
+    import keras
+
+    from meshrun.config.schema import PipelineConfig
+    from meshrun.pipeline.functional import with_pipelined_blocks
+    from meshrun.placement.distribution import blocks_on_their_stages
+
+    mesh = keras.distribution.DeviceMesh((2, 4), ("stage", "data"))
+    layouts = keras.distribution.LayoutMap(mesh)
+    layouts["blocks/stacked_dense_kernel"] = ("stage", None, "data")
+    stacks = {"blocks/stacked_dense_kernel": tuple(f"layer_{i}/dense/kernel" for i in range(4)),
+              "blocks/stacked_dense_bias": tuple(f"layer_{i}/dense/bias" for i in range(4))}
+    devices = np.array(jax.devices()).reshape(2, 4)
+    try:
+        keras.backend.clear_session()
+        keras.distribution.set_distribution(keras.distribution.ModelParallel(layout_map=layouts, batch_dim_name="data"))
+        with blocks_on_their_stages(stacks, PipelineConfig()):
+            blocks = [_scaled(name=f"layer_{i}") for i in range(4)]
+            model = _model_holding_blocks(blocks)
+            for index, block in enumerate(blocks):  # blocks 0-1: stage 0's devices; 2-3: stage 1's; split as their rows will be
+                kernel, bias = block.dense.kernel.value, block.dense.bias.value
+                assert kernel.sharding.device_set == bias.sharding.device_set == set(devices[index // 2])
+                assert (tuple(kernel.sharding.spec), tuple(bias.sharding.spec)) == ((None, "data"), (None,))
+            assert model.get_layer("head").kernel.value.sharding.device_set == set(devices.flat)  # not a block: the whole mesh
+            values = [np.asarray(block.dense.kernel.value) for block in blocks]
+            pipelined = with_pipelined_blocks(model, blocks, PipelineConfig(), name="blocks")
+        stacked = pipelined.get_layer("blocks").stacked[0].value
+        assert tuple(stacked.sharding.spec) == ("stage", None, "data")
+        np.testing.assert_array_equal(np.asarray(stacked), np.stack(values))
+        assert all(block.dense.kernel._value is None for block in blocks)  # the blocks' own arrays are gone
+    finally:
+        keras.distribution.set_distribution(None)
+        keras.backend.clear_session()
 
 
 @pytest.mark.parametrize("blocks, chained, text", [

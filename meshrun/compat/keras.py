@@ -136,7 +136,27 @@ uses(
     "keras",
     PrivateName("keras", "keras.src.ops.function", "Function._run_through_graph",
                 "rebuilding a functional model with its blocks replaced by pipelined ones (KerasHub's LMs)", source_contains="call_fn"),
+    PrivateName("keras", "keras.src.backend.common.variables", "Variable.__init__",
+                "dropping the arrays of block weights once they are stacked (release_values)", source_contains="self._value = None"),
 )
+
+
+def release_values(variables) -> None:
+    """Drops the arrays of `variables`, which nothing reads again: the weights of blocks that
+    pipelined stacks were made from. (The model's old graph still reaches those blocks, through the
+    nodes of the layers it shares with the new one, so they would otherwise stay in memory.)"""
+    ensure("keras")
+    for variable in variables:
+        variable._value = None
+
+
+def building_abstractly() -> bool:
+    """Whether variables made now get shapes alone, no values (inside a keras.StatelessScope: the
+    plan's abstract build)."""
+    ensure("keras")
+    from keras.src.backend.common.stateless_scope import in_stateless_scope
+
+    return in_stateless_scope()
 
 
 def rerun_functional(model, inputs, call):
@@ -237,7 +257,8 @@ uses(
                 "the dtype a variable stores, whatever autocast scope is in force (load_onto_shards)",
                 source_contains="self._dtype"),
     PrivateName("keras", "keras.src.backend.common.stateless_scope", "in_stateless_scope",
-                "leaving what happens inside a StatelessScope to Keras (load_onto_shards)"),
+                "leaving what happens inside a StatelessScope to Keras (load_onto_shards), and stacking pipelined blocks' "
+                "values only where they have some (building_abstractly)"),
 )
 
 

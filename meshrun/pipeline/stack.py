@@ -4,13 +4,22 @@ layout rule such as `blocks/stacked_.*: [stage, ...]`), called through the GPipe
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import jax
+import jax.numpy as jnp
 import keras
+import numpy as np
 from jax import lax
 
-from meshrun.compat.keras import frozen_weights, initializer_of, weights_described_only
+from meshrun.compat.keras import (
+    building_abstractly,
+    frozen_weights,
+    initializer_of,
+    release_values,
+    weights_described_only,
+)
 from meshrun.pipeline.schedule import gpipe
 
 STACKED_PREFIX = "stacked_"
@@ -39,9 +48,30 @@ class StackedInitializer(keras.initializers.Initializer):
         return keras.ops.reshape(keras.ops.stack(blocks), shape)
 
 
-def _current_value(weight) -> Callable:
-    """An initializer giving `weight`'s value as it is now (read when the stack is made, not before)."""
-    return lambda shape, dtype=None: keras.ops.cast(weight.value, dtype or weight.dtype)
+def stack_on_shards(arrays: list[jax.Array], shape: tuple, sharding) -> jax.Array:
+    """`arrays` (a block's weight each, laid out anywhere) stacked into an array of `shape` (their
+    count in one or two leading dimensions, then theirs) and `sharding`, made device by device from
+    the slices each device holds already: a device holds at most its own shard of the stack more
+    (meshrun.placement.distribution.blocks_on_their_stages puts each block where its rows go)."""
+    lead = len(shape) - arrays[0].ndim
+    rows = np.arange(math.prod(shape[:lead])).reshape(shape[:lead])
+    shards = []
+    for device, index in sharding.addressable_devices_indices_map(shape).items():
+        held = rows[index[:lead]]
+        pieces = [_slice_on(arrays[row], index[lead:], device) for row in held.reshape(-1)]
+        shards.append(jnp.stack(pieces).reshape(*held.shape, *pieces[0].shape).astype(arrays[0].dtype))
+    return jax.make_array_from_single_device_arrays(shape, sharding, shards)
+
+
+def _slice_on(array: jax.Array, index: tuple, device) -> jax.Array:
+    """array[index] on `device`: cut from the shard the device holds, where it holds one that covers
+    it (else copied there)."""
+    wanted = [part.indices(size)[:2] for part, size in zip(index, array.shape, strict=True)]
+    for shard in array.addressable_shards:
+        held = [part.indices(size)[:2] for part, size in zip(shard.index, array.shape, strict=True)]
+        if shard.device == device and all(h0 <= w0 and w1 <= h1 for (w0, w1), (h0, h1) in zip(wanted, held, strict=True)):
+            return shard.data[tuple(slice(w0 - h0, w1 - h0) for (w0, w1), (h0, _) in zip(wanted, held, strict=True))]
+    return jax.device_put(array[index], device)
 
 
 class PipelinedBlocks(keras.layers.Layer):
@@ -55,9 +85,11 @@ class PipelinedBlocks(keras.layers.Layer):
     the block statelessly. `block_name` names block i as the model would with
     separate blocks (`block_{}` -> block_3), so each stacked variable knows the per-block paths it
     holds (`block_paths`). Instead of `make_block`, `blocks` may give the blocks a model already
-    holds, built, whose weights' values the stack starts with (block 0 serves as the template). With `repeats` R > 1 (the circular schedule) a stacked weight is
-    (R, blocks / R, ...), its second dimension split over the stages: device s holds the blocks of
-    stages s, s + S, ..., in the blocks' order when the two leading dimensions are read as one."""
+    holds, built: the stacks start with their weights' values, which are dropped once stacked
+    (block 0 serves as the template). With `repeats` R > 1 (the circular schedule) a stacked
+    weight is (R, blocks / R, ...), its second dimension split over the stages: device s holds the
+    blocks of stages s, s + S, ..., in the blocks' order when the two leading dimensions are read
+    as one."""
 
     def __init__(self, make_block: Callable[[str], keras.layers.Layer] | None, num_blocks: int, axis: str = "stage",
                  microbatches: int | None = None, remat: bool = False, block_name: str = "block_{}", repeats: int = 1,
@@ -106,7 +138,10 @@ class PipelinedBlocks(keras.layers.Layer):
                                       trainable=variable.trainable, name=STACKED_PREFIX + inner.replace("/", "_"))
             self.stacked.append(stacked)
             self._inner_paths[stacked.path] = inner
-        object.__setattr__(self, "_given", None)  # the given blocks' weights are held stacked now: theirs can go
+            if self._given is not None and not building_abstractly():
+                stacked.assign(stack_on_shards([weight.value for weight in same_in_each], tuple(stacked.shape), stacked.value.sharding))
+                release_values(same_in_each)  # held stacked now (the template's too: stages give it the stack's rows)
+        object.__setattr__(self, "_given", None)
 
     def _blocks(self, input_shape) -> tuple[list, Callable]:
         """The blocks whose weights are stacked, and what gives a block weight's starting value (an
@@ -114,7 +149,7 @@ class PipelinedBlocks(keras.layers.Layer):
         blocks would be, so that each initializer draws the seed it would draw there: a pipelined run
         starts from the same weights. Given blocks start the stack with their weights' values."""
         if self._given is not None:
-            return list(self._given), _current_value
+            return list(self._given), lambda weight: keras.initializers.Zeros()  # then the blocks' values (stack_on_shards)
         blocks = [self.make_block(self.block_name.format(index)) for index in range(self.num_blocks)]
         with weights_described_only():  # the stacked weights are the blocks'; their own are never made
             for block in blocks:

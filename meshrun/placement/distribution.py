@@ -8,15 +8,24 @@ Three Keras behaviours are handled here and nowhere else (keras 3.15):
 - With several processes Keras would re-batch and shard a tf.data pipeline itself
   (auto_shard_dataset); meshrun's data sources already read each process's share of every global
   batch (see `batch_share`), so that is switched off.
+- A layout map places a variable over the whole mesh; while a model that holds its blocks is
+  built for pipeline stages, each block's weights go to its stage's devices alone
+  (`blocks_on_their_stages`), which no rule can say.
 """
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+from types import SimpleNamespace
+
 import jax
 import keras
+import numpy as np
 from keras import distribution as kd
 
-from meshrun.config.schema import LayoutRule, MeshConfig
+from meshrun.config.schema import LayoutRule, MeshConfig, PipelineConfig
+from meshrun.pipeline.bubble import stage_of_block
 
 
 def device_mesh(mesh: MeshConfig, devices) -> kd.DeviceMesh:
@@ -73,6 +82,48 @@ def batch_share(distribution: kd.ModelParallel, batch_size: int) -> tuple[int, i
     if sum(b - a for a, b in rows) != size or batch_size % size or start % size:
         raise RuntimeError(f"this process's devices hold rows {sorted(rows)} of each batch, not one equal share")
     return start // size, batch_size // size
+
+
+@contextlib.contextmanager
+def blocks_on_their_stages(stacks: dict[str, tuple[str, ...]], pipeline: PipelineConfig | None) -> Iterator[None]:
+    """While a model is built for `pipeline`'s stages under the distribution in force, each
+    variable a stacked one will hold (`stacks`: the per-block paths of each stacked variable, in
+    block order) is made on the devices of its block's stage alone, laid out among them as its row
+    of the stack will be. A model that holds its blocks before they are stacked (KerasHub's LMs: a
+    preset's weights are loaded into them) then never holds more of them on a device than the
+    stacks will. Nothing changes without a pipeline."""
+    distribution = keras.distribution.distribution()
+    if distribution is None or pipeline is None or not stacks:
+        yield
+        return
+    axis, repeats = pipeline.axis, pipeline.repeats
+    mesh = distribution.device_mesh.backend_mesh
+    rows = {block: (stacked, row, len(blocks)) for stacked, blocks in stacks.items() for row, block in enumerate(blocks)}
+    layout_of = distribution.get_variable_layout
+
+    def placed(variable):
+        found = rows.get(variable.path)
+        if found is None or getattr(variable, "_layout", None) is not None:
+            return layout_of(variable)
+        stacked, row, blocks = found
+        lead = (repeats, blocks // repeats) if repeats > 1 else (blocks,)
+        spec = tuple(layout_of(SimpleNamespace(path=stacked, shape=(*lead, *variable.shape))).axes)
+        return stage_sharding(mesh, axis, stage_of_block(row, blocks, mesh.shape[axis], repeats), spec[len(lead):])
+
+    distribution.get_variable_layout = placed  # on this instance only, for the build
+    try:
+        yield
+    finally:
+        del distribution.get_variable_layout
+
+
+def stage_sharding(mesh: jax.sharding.Mesh, axis: str, stage: int, spec: tuple) -> jax.sharding.NamedSharding:
+    """`spec` (the stage axis in none of it) over the devices of stage `stage` of mesh axis `axis`."""
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    others = tuple(name for name in mesh.axis_names if name != axis)
+    devices = np.take(mesh.devices, stage, axis=mesh.axis_names.index(axis))
+    return NamedSharding(jax.sharding.Mesh(devices, others), PartitionSpec(*spec))
 
 
 def reset() -> None:

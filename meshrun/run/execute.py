@@ -130,7 +130,8 @@ def build(setup: RunSetup):
     keras.distribution.set_distribution(distribution_lib.in_force(setup.distribution))
     keras.config.set_dtype_policy(config.train.precision)  # reset to float32 by distribution.reset
     set_random_seed(config.train.seed, order.tensorflow_global_seed(config.train.seed))
-    with LoadWatch(local_devices(setup.devices.devices)) as watch:
+    stacks = {tensor.path: tensor.blocks for tensor in placement.abstract.variables if tensor.blocks}
+    with LoadWatch(local_devices(setup.devices.devices)) as watch, distribution_lib.blocks_on_their_stages(stacks, placement.pipeline):
         model, _ = build_model(spec, options, config.data, pipeline=placement.pipeline)  # prepare's abstract builds left a fresh session
     check_paths_match(model, placement.abstract, spec, options)
     compiled = objectives.compiled_objectives(model)
