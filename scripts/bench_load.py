@@ -17,6 +17,15 @@ places) the bytes on each device and the host memory the process took beyond wha
 
     python scripts/bench_load.py                       # about 1 GB, about 2 minutes on 2 cores
     python scripts/bench_load.py --size-gb 0.25 --mesh 2x4 --out bench_load.json
+
+`--stages S [S ...]` measures instead meshrun's whole run path (`meshrun train`, one step) with the
+blocks as pipeline stages: for each S, mesh S x 1 x (8 / S) with axes (stage, data, model) (S = 1: no
+stage axis, mesh 1 x 8), a preset of --blocks blocks, each run in a fresh process. Printed per S:
+the load peak and the parameters a device holds after it (memory.load_peak_bytes_per_device and
+memory.params_bytes_per_device of metrics.json); target: a peak of at most 1.3x the parameters, the
+stage axis dividing the blocks' bytes per device by S.
+
+    python scripts/bench_load.py --stages 1 2 4 --blocks 4 --size-gb 0.5
 """
 
 from __future__ import annotations
@@ -40,11 +49,15 @@ def main() -> None:
     parser.add_argument("--preset", type=Path, help="load this Gemma preset dir instead of building one")
     parser.add_argument("--mesh", default="2x4", help="mesh shape DATAxMODEL of emulated CPU devices")
     parser.add_argument("--out", type=Path, help="also write the results here as JSON")
+    parser.add_argument("--stages", type=int, nargs="+", help="measure meshrun train with this many pipeline stages instead (8 devices)")
+    parser.add_argument("--blocks", type=int, default=4, help="the preset's decoder blocks with --stages")
     parser.add_argument("--load", choices=LOADERS, help=argparse.SUPPRESS)  # one loader's child process
     args = parser.parse_args()
     if args.load:
         print(json.dumps(load(args.preset, args.mesh, args.load)))
         return
+    if args.stages:
+        return staged_loads(args)
     with tempfile.TemporaryDirectory() as scratch:
         preset = args.preset or build_preset(Path(scratch) / "gemma", args.size_gb)
         weights = sum(f.stat().st_size for f in preset.glob("*.weights*.h5"))
@@ -53,6 +66,45 @@ def main() -> None:
     report(results)
     if args.out:
         args.out.write_text(json.dumps(results, indent=2))
+
+
+def staged_loads(args) -> None:
+    """meshrun train of a preset of args.blocks blocks for each stage count of args.stages; prints
+    and (--out) writes each run's load peak and parameters per device."""
+    from meshrun.measure import run_measured
+
+    rows = []
+    with tempfile.TemporaryDirectory() as scratch:
+        hidden = hidden_for(args.size_gb, args.blocks)
+        preset = args.preset or build_preset(Path(scratch) / "gemma", args.size_gb, layers=args.blocks, hidden=hidden)
+        for stages in args.stages:
+            mesh = ["mesh=1x8"] if stages == 1 else [f"mesh={stages}x1x{8 // stages}", "mesh.axis_names=[stage,data,model]", "mesh.batch_axis=data"]
+            run_dir = Path(scratch) / f"run-{stages}"
+            done = run_measured(["train", "model=keras_hub", f"model.preset={preset}", "layout=gemma_tp", *mesh, "model.seq_len=16",
+                                 "train.batch_size=8", "data.num_samples=8", "data.eval_samples=8", "train.epochs=1", "train.verbose=0",
+                                 f"hydra.run.dir={run_dir}"], cwd=scratch, timeout=1800,
+                                env={**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8", "JAX_PLATFORMS": "cpu"})
+            if done.returncode:
+                raise SystemExit(f"the run with {stages} stages failed:\n{done.stderr[-3000:]}")
+            memory = json.loads((run_dir / "metrics.json").read_text())["memory"]
+            rows.append({"stages": stages, "load_peak_bytes_per_device": memory["load_peak_bytes_per_device"],
+                         "params_bytes_per_device": memory["params_bytes_per_device"], "peak_rss_bytes": done.peak_rss_bytes})
+    print(f"Gemma preset of {args.blocks} blocks, hidden {hidden}, about {args.size_gb:g} GB; layout gemma_tp on 8 emulated CPU devices")
+    print(f"{'stages':>6}{'load peak':>14}{'params':>12}{'peak/params':>13}{'process RSS':>14}")
+    for row in rows:
+        peak, params = row["load_peak_bytes_per_device"], row["params_bytes_per_device"]
+        print(f"{row['stages']:>6}{peak / 2**20:>10,.1f} MiB{params / 2**20:>8,.1f} MiB{peak / params:>12.2f}x{row['peak_rss_bytes'] / 2**20:>10,.0f} MiB")
+    if args.out:
+        args.out.write_text(json.dumps({"blocks": args.blocks, "hidden": hidden, "size_gb": args.size_gb, "rows": rows}, indent=2))
+
+
+def hidden_for(size_gb: float, blocks: int) -> int:
+    """The hidden width h (a multiple of 256; 8 heads, MLP 4h) that makes `blocks` Gemma blocks (10
+    h^2 float32 weights each: attention 4 h^2, the gated MLP 6 h^2) and the embedding (VOCABULARY h)
+    about `size_gb` GB."""
+    a, b = 40 * blocks, 4 * VOCABULARY
+    hidden = (-b + (b * b + 4 * a * size_gb * 1e9) ** 0.5) / (2 * a)
+    return max(256, int(hidden) // 256 * 256)
 
 
 def layers_for(size_gb: float) -> int:
@@ -66,18 +118,20 @@ def preset_shape(size_gb: float) -> str:
     return f"Gemma, {layers_for(size_gb)} blocks, hidden {HIDDEN}, {HEADS} heads of {HEAD_DIM}, MLP {INTERMEDIATE // 2}, vocabulary {VOCABULARY}"
 
 
-def build_preset(path: Path, size_gb: float) -> Path:
-    """Saves a Gemma preset of about `size_gb` GB (random weights) into `path`, in a process of its own."""
+def build_preset(path: Path, size_gb: float, layers: int | None = None, hidden: int = HIDDEN) -> Path:
+    """Saves a Gemma preset of about `size_gb` GB (random weights) into `path`, in a process of its
+    own: `layers` blocks of width `hidden` (default: as many blocks of HIDDEN as make the size)."""
+    layers = layers or layers_for(size_gb)
     code = (
         "import sys, keras_hub\n"
-        f"backbone = keras_hub.models.GemmaBackbone(vocabulary_size={VOCABULARY}, num_layers={layers_for(size_gb)}, "
-        f"num_query_heads={HEADS}, num_key_value_heads={HEADS}, hidden_dim={HIDDEN}, intermediate_dim={INTERMEDIATE}, head_dim={HEAD_DIM})\n"
+        f"backbone = keras_hub.models.GemmaBackbone(vocabulary_size={VOCABULARY}, num_layers={layers}, "
+        f"num_query_heads={HEADS}, num_key_value_heads={HEADS}, hidden_dim={hidden}, intermediate_dim={4 * hidden}, head_dim={hidden // HEADS})\n"
         "keras_hub.models.GemmaCausalLM(backbone=backbone, preprocessor=None).save_to_preset(sys.argv[1])\n"
     )
     started = time.perf_counter()
     subprocess.run([sys.executable, "-c", code, str(path)], check=True, env={**os.environ, "KERAS_BACKEND": "jax"},
                    stderr=subprocess.DEVNULL)
-    print(f"built {preset_shape(size_gb)} in {time.perf_counter() - started:.0f} s", file=sys.stderr)
+    print(f"built a Gemma preset of {layers} blocks, hidden {hidden}, in {time.perf_counter() - started:.0f} s", file=sys.stderr)
     return path
 
 

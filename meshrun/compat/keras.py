@@ -138,7 +138,19 @@ uses(
                 "rebuilding a functional model with its blocks replaced by pipelined ones (KerasHub's LMs)", source_contains="call_fn"),
     PrivateName("keras", "keras.src.backend.common.variables", "Variable.__init__",
                 "dropping the arrays of block weights once they are stacked (release_values)", source_contains="self._value = None"),
+    PrivateName("keras", "keras.src.backend.jax.core", "JaxVariable._initialize",
+                "giving a variable made without a value its first one, laid out where it already lies (initialize_with)",
+                source_contains="self._direct_assign(value)"),
 )
+
+
+def initialize_with(variable, value) -> None:
+    """Gives `variable`, made without a value (weights_described_only), `value` as its first, laid
+    out as the distribution says: a value laid out so already is not copied (where `assign` would
+    need a first value to replace, and Keras' own initial values may take a whole copy on one
+    device)."""
+    ensure("keras")
+    variable._initialize(value)
 
 
 def release_values(variables) -> None:

@@ -101,6 +101,7 @@ def _setting_name(layer, key: tuple[int, str]) -> str:
 
 
 def _weight_shapes(layer) -> list[tuple]:
+    """Each weight of `layer` as (its path inside the layer, shape, dtype)."""
     return [(weight.path.split(f"{layer.name}/", 1)[-1], tuple(weight.shape), weight.dtype) for weight in layer.weights]
 
 

@@ -4,6 +4,7 @@ layout rule such as `blocks/stacked_.*: [stage, ...]`), called through the GPipe
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Callable
 
@@ -16,6 +17,7 @@ from jax import lax
 from meshrun.compat.keras import (
     building_abstractly,
     frozen_weights,
+    initialize_with,
     initializer_of,
     release_values,
     weights_described_only,
@@ -63,12 +65,23 @@ def stack_on_shards(arrays: list[jax.Array], shape: tuple, sharding) -> jax.Arra
     return jax.make_array_from_single_device_arrays(shape, sharding, shards)
 
 
+def sharding_for(variable) -> jax.sharding.Sharding:
+    """Where the distribution in force puts `variable` (jax's default device without one)."""
+    distribution = keras.distribution.distribution()
+    if distribution is None:
+        return jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    layout = distribution.get_variable_layout(variable)
+    return layout.backend_layout if isinstance(layout, keras.distribution.TensorLayout) else layout
+
+
 def _slice_on(array: jax.Array, index: tuple, device) -> jax.Array:
     """array[index] on `device`: cut from the shard the device holds, where it holds one that covers
     it (else copied there)."""
     wanted = [part.indices(size)[:2] for part, size in zip(index, array.shape, strict=True)]
     for shard in array.addressable_shards:
         held = [part.indices(size)[:2] for part, size in zip(shard.index, array.shape, strict=True)]
+        if shard.device == device and wanted == held:
+            return shard.data
         if shard.device == device and all(h0 <= w0 and w1 <= h1 for (w0, w1), (h0, h1) in zip(wanted, held, strict=True)):
             return shard.data[tuple(slice(w0 - h0, w1 - h0) for (w0, w1), (h0, _) in zip(wanted, held, strict=True))]
     return jax.device_put(array[index], device)
@@ -130,16 +143,20 @@ class PipelinedBlocks(keras.layers.Layer):
         # Trainable weights first, then frozen ones: the order stateless_call takes them in.
         self._trainable_count = len(template.trainable_variables)
         weights = [block.trainable_variables + block.non_trainable_variables for block in blocks]
+        from_values = self._given is not None and not building_abstractly()
         for variable, *same_in_each in zip(weights[0], *weights, strict=True):
             per_block = [starts(weight) for weight in same_in_each]
             inner = variable.path.split(f"{template.name}/", 1)[-1]
-            stacked = self.add_weight(shape=(*self.lead, *variable.shape), dtype=variable.dtype,
-                                      initializer=StackedInitializer(per_block, len(self.lead)),
-                                      trainable=variable.trainable, name=STACKED_PREFIX + inner.replace("/", "_"))
+            # Stacked from the blocks' values, a weight is made without one first (no initial values anywhere).
+            with weights_described_only() if from_values else contextlib.nullcontext():
+                stacked = self.add_weight(shape=(*self.lead, *variable.shape), dtype=variable.dtype,
+                                          initializer=StackedInitializer(per_block, len(self.lead)),
+                                          trainable=variable.trainable, name=STACKED_PREFIX + inner.replace("/", "_"))
             self.stacked.append(stacked)
             self._inner_paths[stacked.path] = inner
-            if self._given is not None and not building_abstractly():
-                stacked.assign(stack_on_shards([weight.value for weight in same_in_each], tuple(stacked.shape), stacked.value.sharding))
+            if from_values:
+                values = [weight.value for weight in same_in_each]
+                initialize_with(stacked, stack_on_shards(values, tuple(stacked.shape), sharding_for(stacked)))
                 release_values(same_in_each)  # held stacked now (the template's too: stages give it the stack's rows)
         object.__setattr__(self, "_given", None)
 
@@ -149,7 +166,7 @@ class PipelinedBlocks(keras.layers.Layer):
         blocks would be, so that each initializer draws the seed it would draw there: a pipelined run
         starts from the same weights. Given blocks start the stack with their weights' values."""
         if self._given is not None:
-            return list(self._given), lambda weight: keras.initializers.Zeros()  # then the blocks' values (stack_on_shards)
+            return list(self._given), initializer_of  # never run: the stacks take the blocks' values (build)
         blocks = [self.make_block(self.block_name.format(index)) for index in range(self.num_blocks)]
         with weights_described_only():  # the stacked weights are the blocks'; their own are never made
             for block in blocks:

@@ -1,6 +1,6 @@
 """Our one seam onto keras.distribution: builds the DeviceMesh, LayoutMap and distribution for a run.
 
-Three Keras behaviours are handled here and nowhere else (keras 3.15):
+What Keras does not do as meshrun needs is handled here and nowhere else (keras 3.15):
 - DataParallel raises on a 2-D mesh, so data parallelism is a ModelParallel with no rules, which
   works on any mesh and splits the batch over the axis we name.
 - ModelParallel silently swallows unknown keywords, so the batch axis it ends up with is read
