@@ -237,21 +237,10 @@ def test_repeated_blocks_pass_keyword_tensors_to_every_block_pipelined_or_not():
 
     from meshrun.pipeline import repeated_blocks
 
-    class Scaled(keras.layers.Layer):
-        def __init__(self, **kwargs):
-            super().__init__(**kwargs)
-            self.dense = keras.layers.Dense(WIDTH, activation="tanh", name="dense")
-
-        def build(self, x_shape):
-            self.dense.build(x_shape)
-
-        def call(self, x, scale=None):
-            return x + self.dense(x) * scale[:, :, None]
-
     def build():
         x = keras.Input((4, WIDTH))
         scale = keras.Input((4,))
-        hidden = repeated_blocks(lambda name: Scaled(name=name), 4)(x, scale=scale)
+        hidden = repeated_blocks(lambda name: _scaled(name=name), 4)(x, scale=scale)
         return keras.Model([x, scale], hidden)
 
     rng = np.random.default_rng(4)
