@@ -33,12 +33,13 @@ def with_pipelined_blocks(model: keras.Model, blocks: list, pipeline: PipelineCo
     stacked = PipelinedBlocks(None, len(blocks), axis=pipeline.axis, microbatches=pipeline.microbatches, remat=pipeline.remat,
                               block_name=numbered_name(blocks), repeats=pipeline.repeats, blocks=blocks, name=name)
     order = {id(block): index for index, block in enumerate(blocks)}
+    block_ids = set(order)
     handed = {}  # what the pipelined blocks gave, and the keyword tensors block 0 was called with
 
     def call(operation, *args, **kwargs):
         index = order.get(id(operation))
         if index is None:
-            if any(id(block) in _operations(operation) for block in blocks):
+            if block_ids & _operations(operation):
                 return rerun_functional(operation, args[0] if args else kwargs["inputs"], call)  # a nested model (the backbone)
             return operation(*args, **kwargs)
         if index == 0:

@@ -61,7 +61,7 @@ def stack_on_shards(arrays: list[jax.Array], shape: tuple, sharding) -> jax.Arra
     for device, index in sharding.addressable_devices_indices_map(shape).items():
         held = rows[index[:lead]]
         pieces = [_slice_on(arrays[row], index[lead:], device) for row in held.reshape(-1)]
-        shards.append(jnp.stack(pieces).reshape(*held.shape, *pieces[0].shape).astype(arrays[0].dtype))
+        shards.append(jnp.stack(pieces).reshape(*held.shape, *pieces[0].shape))
     return jax.make_array_from_single_device_arrays(shape, sharding, shards)
 
 
