@@ -36,6 +36,7 @@ from meshrun.config.parse import known_keys, other_choice_hint, parse_run_config
 from meshrun.errors import ConfigError
 from meshrun.logs import sinks
 from meshrun.placement import devices
+from meshrun.placement.identity import job_size
 from meshrun.specs.model import MODELS
 from meshrun.wording import did_you_mean, first_line, one_of, say_error
 
@@ -73,7 +74,7 @@ class MeshShapeSource(ServedConfigs):
 
     def load_config(self, config_path: str) -> ConfigResult:
         name = config_path.rsplit("/", 1)[-1].removesuffix(".yaml")
-        return self.result(OmegaConf.create({"shape": name, "axis_names": None, "batch_axis": None}))
+        return self.result(OmegaConf.create({"shape": name, "axis_names": None, "batch_axis": None, "dcn": None}))
 
     def is_group(self, config_path: str) -> bool:
         return config_path.strip("/") in ("", "mesh")
@@ -339,9 +340,36 @@ def sweep_overrides(overrides: list[str]) -> list[str]:
         config = parse_run_config(compose(fixed))
     rank = len(parser.parse_override(names[-1]).value()) if names else len(config.mesh.shape)
     count = devices.available_count(config.devices)
-    shapes = [format_shape(s) for s in mesh_shapes(count, rank)]
+    shapes = mesh_shapes(count, rank)
+    processes = job_size(config.distributed, os.environ)
+    if processes > 1:
+        shapes = shapes_within_processes(shapes, config, rank, processes)
+    shapes = [format_shape(s) for s in shapes]
     print(f"meshrun sweep: {len(shapes)} mesh shapes of {count} devices: {', '.join(shapes)}")
     return [*kept, "mesh=" + ",".join(shapes)]
+
+
+def shapes_within_processes(shapes: list[tuple[int, ...]], config, rank: int, processes: int) -> list[tuple[int, ...]]:
+    """The shapes of a sweep of `processes`-process jobs that keep every axis but the batch and
+    stage axes within a process (mesh.dcn as given, else its default); says which it leaves out."""
+    from meshrun.config.schema import DEFAULT_AXIS_NAMES, MeshConfig
+    from meshrun.config.slices import across_processes, with_dcn
+    from meshrun.wording import format_shape
+
+    names = config.mesh.axis_names if len(config.mesh.axis_names) == rank else DEFAULT_AXIS_NAMES.get(rank, config.mesh.axis_names)
+    batch = config.mesh.batch_axis if config.mesh.batch_axis in names else names[0]
+    kept, left = [], []
+    for shape in shapes:
+        mesh = MeshConfig(shape=shape, axis_names=tuple(names), batch_axis=batch, dcn=config.mesh.dcn)
+        try:
+            crossing = set(across_processes(with_dcn(mesh, processes, (config.pipeline.axis,)))) - {batch, config.pipeline.axis}
+        except ConfigError:
+            crossing = {"(none fits mesh.dcn)"}
+        (left if crossing else kept).append(shape)
+    if left:
+        print(f"meshrun sweep: left out {', '.join(format_shape(s) for s in left)}: across {processes} processes they would "
+              "split variables over the slow network (an axis besides the batch axis spanning processes)")
+    return kept
 
 
 def hydra_error_line(err: Exception, overrides: list[str]) -> str:

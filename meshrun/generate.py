@@ -276,7 +276,7 @@ def enter_distribution(config):
     keras = import_keras()
     compat.ensure("keras")
     devices_lib.set_compilation_cache(config.cache)
-    found = devices_lib.discover(config.devices, config.mesh)
+    found = devices_lib.discover(config.devices, dataclasses.replace(config.mesh, dcn=None))  # one process, whatever the run's
     planned = place(config, found.mesh)
     planned.plan.raise_first_error()
     distribution = distribution_lib.make_distribution(found.mesh, planned.rules, found.devices)

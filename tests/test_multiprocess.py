@@ -25,6 +25,7 @@ from conftest import (
 )
 from meshrun.config.parse import parse_distributed
 from meshrun.config.schema import DistributedConfig, MeshConfig
+from meshrun.config.slices import with_dcn
 from meshrun.errors import ConfigError
 from meshrun.launch.join import free_port
 from meshrun.placement.identity import Identity, identify
@@ -107,7 +108,7 @@ def test_yaml_off_reads_as_the_off_mode():
     [((8, 1), 2, ["data"], 2), ((2, 4), 2, ["data"], 2), ((1, 8), 2, ["model"], 1), ((4, 2), 2, ["data"], 2), ((2, 4), 4, ["data", "model"], 2)],
 )
 def test_process_layout_says_which_axes_cross_processes(shape, processes, crossing, shares):
-    layout = process_layout(mesh(shape), processes)
+    layout = process_layout(with_dcn(mesh(shape), processes), processes)
     assert layout == {"count": processes, "devices_per_process": 8 // processes, "axes_across_processes": crossing, "batch_shares": shares}
 
 
@@ -115,10 +116,16 @@ def test_process_layout_says_which_axes_cross_processes(shape, processes, crossi
 
 
 @pytest.mark.e2e
-@pytest.mark.parametrize("mesh_name, layout, shares", [("8x1", "replicated", 2), ("2x4", "dense_model", 2), ("1x8", "dense_model", 1)])
-def test_two_processes_train_exactly_like_one(tmp_path, mesh_name, layout, shares):
+@pytest.mark.parametrize(
+    "mesh_name, layout, shares, dcn, given",
+    [("8x1", "replicated", 2, [2, 1], False), ("2x4", "dense_model", 2, [2, 1], False), ("1x8", "dense_model", 1, [1, 2], False),
+     # the hybrid mesh: the model axis across the two processes, the data axis within each
+     ("2x4", "dense_model", 1, [1, 2], True)],
+)
+def test_two_processes_train_exactly_like_one(tmp_path, mesh_name, layout, shares, dcn, given):
     run_dir = tmp_path / "run"
-    done = run_meshrun(["train", TWO, f"mesh={mesh_name}", f"layout={layout}", *FAST, f"hydra.run.dir={run_dir}"], tmp_path)
+    extra = [f"mesh.dcn=[{dcn[0]},{dcn[1]}]"] if given else []
+    done = run_meshrun(["train", TWO, f"mesh={mesh_name}", f"layout={layout}", *extra, *FAST, f"hydra.run.dir={run_dir}"], tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     metrics = read_metrics(run_dir)
     assert metrics["devices"]["processes"] == 2 and metrics["devices"]["per_process"] == 4 and metrics["devices"]["count"] == 8
@@ -138,6 +145,8 @@ def test_two_processes_train_exactly_like_one(tmp_path, mesh_name, layout, share
     assert [p["process_id"] for p in listed["processes"]] == [0, 1]
     plan = json.loads((run_dir / "plan.json").read_text())
     assert plan["processes"]["count"] == 2 and plan["processes"]["batch_shares"] == shares
+    assert plan["mesh"]["dcn"] == metrics["mesh"]["dcn"] == dcn
+    assert plan["mesh"]["across_processes"] == [name for name, slices in zip(["data", "model"], dcn, strict=True) if slices > 1]
 
 
 def wait_for(condition, timeout: float, what: str):

@@ -335,7 +335,9 @@ def test_to_dict_has_every_key_and_is_json():
     assert data["processes"] == {"count": 1, "devices_per_process": 8, "axes_across_processes": [], "batch_shares": 1}
     assert data["model"] == {"name": "toy", "params": 64 * 256 + 256, "params_bytes": (64 * 256 + 256) * 4,
                              "trainable_params": 64 * 256 + 256, "frozen_params": 0}
-    assert data["mesh"] == {"shape": [2, 4], "axis_names": ["data", "model"], "batch_axis": "data", "devices": 8}
+    assert data["mesh"] == {"shape": [2, 4], "axis_names": ["data", "model"], "batch_axis": "data", "devices": 8, "dcn": [1, 1],
+                            "across_processes": [], "axes": [{"name": "data", "size": 2, "in_process": 2, "across_processes": 1},
+                                                             {"name": "model", "size": 4, "in_process": 4, "across_processes": 1}]}
     assert data["optimizer"] == "adam"
     assert data["per_device"] == {
         "params_bytes": plan.params_bytes_per_device,
@@ -518,7 +520,8 @@ def test_7b_transformer_plans_fast_in_little_memory_with_exact_bytes(tmp_path):
     assert list(tmp_path.iterdir()) == []
     plan = json.loads(stdout)
     assert plan["status"] == "ok" and plan["errors"] == [] and plan["warnings"] == []
-    assert plan["mesh"] == {"shape": [1, 8], "axis_names": ["data", "model"], "batch_axis": "data", "devices": 8}
+    assert {k: plan["mesh"][k] for k in ("shape", "axis_names", "batch_axis", "devices", "dcn", "across_processes")} == {
+        "shape": [1, 8], "axis_names": ["data", "model"], "batch_axis": "data", "devices": 8, "dcn": [1, 1], "across_processes": []}
     assert plan["optimizer"] == "adam"
 
     # Variables: exactly the preset's, shapes and all.

@@ -56,7 +56,7 @@ def test_jobs_in_one_process_keep_the_same_variable_paths(runs):
 
 def test_metrics_describe_mesh_devices_and_timing(runs):
     metrics = runs["2x4"]
-    assert metrics["mesh"] == {"shape": [2, 4], "axis_names": ["data", "model"], "batch_axis": "data"}
+    assert metrics["mesh"] == {"shape": [2, 4], "axis_names": ["data", "model"], "batch_axis": "data", "dcn": [1, 1]}  # one process
     assert metrics["devices"]["count"] == 8 and metrics["devices"]["platform"] == "cpu"
     assert metrics["train"]["steps_per_epoch"] == 16
     assert metrics["train"]["per_replica_batch_size"] == 8

@@ -21,6 +21,7 @@ from meshrun.config.schema import (
     RunConfig,
     TrainConfig,
 )
+from meshrun.config.slices import check_dcn, with_dcn
 from meshrun.errors import ConfigError
 from meshrun.wording import format_shape, one_of
 
@@ -65,6 +66,7 @@ def check_values(config: RunConfig) -> None:
         check_processes(config.mesh, config.devices, distributed.local_processes, "distributed.local_processes")
     elif distributed.num_processes is not None:
         check_processes(config.mesh, config.devices, distributed.num_processes, "distributed.num_processes")
+    _check_slices(config)
     synthetic = config.data.options
     if config.data.name == "synthetic":  # other sources count their samples when they load
         for key in ("num_samples", "eval_samples"):
@@ -183,6 +185,24 @@ def check_rule_axes(key: str, axes: tuple, mesh: MeshConfig) -> None:
     used = [a for a in axes if a is not None]
     if len(set(used)) != len(used):
         raise ConfigError(key, f"got {list(axes)}; a mesh axis may shard only one dimension")
+
+
+def _check_slices(config: RunConfig) -> None:
+    """mesh.dcn against the job's process count, where the config alone gives it (with
+    distributed.mode=auto it is known when the process joins)."""
+    distributed = config.distributed
+    if distributed.launches_locally:
+        processes, key = distributed.local_processes, "distributed.local_processes"
+    elif distributed.num_processes is not None:
+        processes, key = distributed.num_processes, "distributed.num_processes"
+    elif distributed.mode == "off":
+        processes, key = 1, "distributed.mode=off"
+    else:
+        return
+    if config.mesh.size is None:
+        check_dcn(config.mesh, processes, key)
+    else:
+        with_dcn(config.mesh, processes, (config.pipeline.axis,), key)
 
 
 def check_distributed_values(config: DistributedConfig) -> None:

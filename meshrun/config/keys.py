@@ -21,7 +21,7 @@ from meshrun.specs.data import SOURCES
 from meshrun.specs.model import MODELS
 from meshrun.wording import did_you_mean, one_of
 
-MESH_KEYS = ("shape", "axis_names", "batch_axis")
+MESH_KEYS = ("shape", "axis_names", "batch_axis", "dcn")
 LAYOUT_KEYS = ("rules", "extra_rules", "optional", "from_model", "auto", "min_bytes", "fsdp")
 
 

@@ -23,12 +23,14 @@ FILL = -1  # a mesh dimension of -1 takes every device the others leave
 
 @dataclass(frozen=True)
 class MeshConfig:
-    """The device mesh: its shape (one dimension may be -1, filled at device setup), axis names
-    and the axis the batch is split over."""
+    """The device mesh: its shape (one dimension may be -1, filled at device setup), axis names,
+    the axis the batch is split over, and how many slices each axis spans across the job's
+    processes (`dcn`; None: the default for the job, meshrun.config.slices)."""
 
     shape: tuple[int, ...]
     axis_names: tuple[str, ...]
     batch_axis: str
+    dcn: tuple[int, ...] | None = None
 
     def resolved(self, device_count: int) -> MeshConfig:
         """This mesh with a -1 dimension replaced so the product is `device_count`."""

@@ -28,6 +28,7 @@ from meshrun.config.schema import (
     MeshConfig,
     ModelConfig,
 )
+from meshrun.config.slices import check_dcn_shape
 from meshrun.config.typed import check_type, parse_dataclass, parse_size, reject_unknown, switch
 from meshrun.errors import ConfigError
 from meshrun.specs import sinks
@@ -100,7 +101,24 @@ def parse_mesh(raw: Mapping[str, Any]) -> MeshConfig:
         raise ConfigError(
             "mesh.batch_axis", f"got {batch_axis!r}; valid: one of the mesh axes {one_of(names)}"
         )
-    return MeshConfig(shape=shape, axis_names=names, batch_axis=batch_axis)
+    mesh = MeshConfig(shape=shape, axis_names=names, batch_axis=batch_axis, dcn=_parse_dcn(raw.get("dcn")))
+    check_dcn_shape(mesh)
+    return mesh
+
+
+def _parse_dcn(value: Any) -> tuple[int, ...] | None:
+    """`mesh.dcn`: slice counts per axis, as a list of positive integers or AxB[xC]; null: the default."""
+    if value is None:
+        return None
+    if isinstance(value, str) and _SHAPE_TEXT.match(value.strip()):
+        value = [int(part) for part in value.strip().split("x")]
+    if (isinstance(value, (list, tuple)) and value
+            and all(isinstance(d, int) and not isinstance(d, bool) and d > 0 for d in value)):
+        return tuple(value)
+    raise ConfigError(
+        "mesh.dcn", f"got {value!r}; expected one positive slice count per mesh axis, e.g. mesh.dcn=[2,1] "
+        "(the first axis spans 2 processes), or null for the default",
+    )
 
 
 def _example_names(rank: int) -> list[str]:

@@ -29,6 +29,7 @@ from collections import Counter
 from dataclasses import dataclass
 
 from meshrun.config.schema import AxisSpec, LayoutRule, MeshConfig
+from meshrun.config.slices import across_processes
 from meshrun.placement.layout import TensorSpec, is_lora_adapter, matching_rules
 from meshrun.wording import format_bytes, format_shape, one_of
 
@@ -43,17 +44,19 @@ ATTENTION_LAYERS = frozenset({"query", "key", "value", "attention_output", "quer
 @dataclass(frozen=True)
 class AutoLayout:
     """What `layout=auto` decided: its rules, a warning when it shards nothing (why, and the
-    largest variable, which is what a user would want sharded), and one for each mesh axis that
-    attention projections stay replicated over because it does not divide their heads."""
+    largest variable, which is what a user would want sharded), one for each mesh axis that
+    attention projections stay replicated over because it does not divide their heads, and one for
+    each axis it left out because it spans processes."""
 
     rules: tuple[LayoutRule, ...]
     warning: str | None = None
     heads_kept_whole: tuple[str, ...] = ()
+    left_out: tuple[str, ...] = ()
 
     @property
     def warnings(self) -> tuple[str, ...]:
         """Every warning, for the plan's lint."""
-        return (*((self.warning,) if self.warning else ()), *self.heads_kept_whole)
+        return (*self.left_out, *((self.warning,) if self.warning else ()), *self.heads_kept_whole)
 
 
 def derive_layout(variables: list[TensorSpec], mesh: MeshConfig, min_bytes: int, fsdp: bool,
@@ -71,7 +74,7 @@ def derive_layout(variables: list[TensorSpec], mesh: MeshConfig, min_bytes: int,
             placed[v.path] = axes
     rules = collapse(placed, [v.path for v in variables])
     return AutoLayout(rules=rules, warning=None if rules else _nothing_placed(free, large, mesh, min_bytes, fsdp),
-                      heads_kept_whole=_heads_kept_whole(large, mesh, width))
+                      heads_kept_whole=_heads_kept_whole(large, mesh, width), left_out=_axes_left_out(mesh))
 
 
 def model_width(variables: list[TensorSpec]) -> int | None:
@@ -100,8 +103,22 @@ def place_variable(shape: tuple[int, ...], mesh: MeshConfig, fsdp: bool, width: 
 
 def _model_axes(mesh: MeshConfig) -> list[str]:
     """The axes tensor parallelism splits over: every axis of more than one device besides the
-    batch axis, the largest first."""
-    return sorted((a for a in mesh.axis_names if a != mesh.batch_axis and mesh.axis_size(a) > 1), key=lambda a: -mesh.axis_size(a))
+    batch axis and those that span processes (mesh.dcn: their collectives would cross the slow
+    network), the largest first."""
+    crossing = across_processes(mesh)
+    return sorted((a for a in mesh.axis_names if a != mesh.batch_axis and mesh.axis_size(a) > 1 and a not in crossing),
+                  key=lambda a: -mesh.axis_size(a))
+
+
+def _axes_left_out(mesh: MeshConfig) -> tuple[str, ...]:
+    """A warning for each axis besides the batch axis that layout=auto leaves unused because it
+    spans processes."""
+    return tuple(
+        f"layout=auto splits nothing over mesh axis {a!r}: it spans {mesh.dcn[mesh.axis_names.index(a)]} processes "
+        "(mesh.dcn), and tensor parallelism over the slow network between them costs more than it saves; "
+        "keep that axis within a process (mesh.dcn) or give it size 1"
+        for a in across_processes(mesh) if a != mesh.batch_axis
+    )
 
 
 def heads_dimension(path: str, shape: tuple[int, ...], width: int | None) -> int | None:
@@ -200,6 +217,8 @@ def _nothing_placed(free, large, mesh: MeshConfig, min_bytes: int, fsdp: bool) -
     largest = max(free, key=_bytes)
     named = f"the largest is {largest.path} ({format_shape(largest.shape, 'scalar')}, {format_bytes(_bytes(largest))})"
     others = _model_axes(mesh)
+    if not others and not fsdp and _axes_left_out(mesh):
+        return None  # the axes spanning processes were left out, and say so
     if not others and not fsdp:
         return (f"layout=auto shards nothing on mesh {format_shape(mesh.shape)}: no axis besides the batch axis "
                 f"{mesh.batch_axis!r} has more than one device, so every variable is replicated ({named}); "

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from meshrun.compat.jax import JAX_PLATFORM_LOGGER
 from meshrun.config.schema import CacheConfig, DevicesConfig, MeshConfig
+from meshrun.config.slices import spans, with_dcn
 from meshrun.errors import ConfigError
 from meshrun.wording import first_line, format_shape
 
@@ -119,9 +120,11 @@ def available_count(devices: DevicesConfig) -> int:
     return discover(devices, every).mesh.size
 
 
-def discover(devices: DevicesConfig, mesh: MeshConfig) -> DeviceSet:
-    """Imports jax and returns the devices for `mesh`, or raises ConfigError when the platform is
-    missing or the device count does not fit the mesh."""
+def discover(devices: DevicesConfig, mesh: MeshConfig, slow_first: tuple[str, ...] = ()) -> DeviceSet:
+    """Imports jax and returns the devices for `mesh` in mesh order, or raises ConfigError when the
+    platform is missing, the device count does not fit the mesh, or mesh.dcn does not fit the job's
+    processes. Each process holds one slice of the mesh (meshrun.config.slices; `slow_first`: the
+    axes the default dcn puts across processes first)."""
     import jax
 
     try:
@@ -148,12 +151,27 @@ def discover(devices: DevicesConfig, mesh: MeshConfig) -> DeviceSet:
             f"got {format_shape(resolved.shape)} ({needed} devices) but there are {len(found)} "
             f"{platform} devices; use a shape whose product is {len(found)}",
         )
+    processes = jax.process_count()
+    resolved = with_dcn(resolved, processes, slow_first, key="the processes that joined")
     return DeviceSet(
         mesh=resolved,
         platform=platform,
         kind=found[0].device_kind,
-        devices=tuple(found[:needed]),
+        devices=mesh_order(found[:needed], resolved, processes),
         available=len(found),
         emulated=emulated,
-        processes=jax.process_count(),
+        processes=processes,
     )
+
+
+def mesh_order(found: list, mesh: MeshConfig, processes: int) -> tuple:
+    """`found` (jax's devices, numbered by process) in mesh order: with several processes, jax's
+    create_hybrid_device_mesh makes each process's devices one contiguous slice of the mesh, laid
+    out as mesh.dcn says; with one, jax's order as it is."""
+    if processes == 1:
+        return tuple(found)
+    from jax.experimental import mesh_utils
+
+    in_process = [span.in_process for span in spans(mesh)]
+    ordered = mesh_utils.create_hybrid_device_mesh(in_process, list(mesh.dcn), found, process_is_granule=True)
+    return tuple(ordered.flatten())

@@ -13,9 +13,11 @@ import math
 from dataclasses import dataclass, field, replace
 
 from meshrun.config.schema import LARGE_REPLICATED_BYTES, AxisSpec, LayoutRule, MeshConfig
+from meshrun.config.slices import across_processes, spans, with_dcn
 from meshrun.errors import ConfigError, DoesNotFit
 from meshrun.placement.layout import RuleCheck, TensorSpec, check_rules, is_lora_adapter
 from meshrun.placement.stacking import PipelinePlan
+from meshrun.placement.traffic import Activations, SlowTraffic, slow_traffic
 from meshrun.specs.jsondata import OMIT_IF_NONE, to_json
 from meshrun.wording import format_bytes, format_shape
 
@@ -72,6 +74,7 @@ class Plan:
     processes: int = 1
     memory: DeviceMemory | None = None
     pipeline: PipelinePlan | None = None
+    traffic: SlowTraffic | None = None  # over the slow network between processes; None: one process
 
     @property
     def params_bytes_per_device(self) -> int:
@@ -131,7 +134,9 @@ class Plan:
             "status": "error" if self.errors else "ok",
             "model": {"name": self.model, "params": self.params, "params_bytes": self.params_bytes,
                       "trainable_params": self.trainable_params, "frozen_params": self.params - self.trainable_params},
-            "mesh": {**to_json(self.mesh), "devices": self.mesh.size},
+            "mesh": {**to_json(self.mesh), "dcn": [span.across_processes for span in spans(self.mesh)], "devices": self.mesh.size,
+                     "across_processes": list(across_processes(self.mesh)),
+                     "axes": [to_json(span) for span in spans(self.mesh)]},
             "optimizer": self.optimizer,
             "variables": [_placement_dict(p) for p in self.variables],
             "optimizer_variables": [_placement_dict(p, slot=True) for p in self.slots],
@@ -146,6 +151,7 @@ class Plan:
             **({"device_memory": {**to_json(self.memory), "fits": self.total_bytes_per_device <= self.memory.bytes}}
                if self.memory else {}),
             "processes": process_layout(self.mesh, self.processes),
+            **({"slow_network": self.traffic.to_dict()} if self.traffic else {}),
             **({"pipeline": self.pipeline.to_dict()} if self.pipeline else {}),
             "errors": [str(e) for e in self.errors],
             "warnings": list(self.warnings),
@@ -153,38 +159,29 @@ class Plan:
 
 
 def process_layout(mesh: MeshConfig, processes: int) -> dict:
-    """How a job of `processes` processes holds the mesh: each process holds the next
-    devices_per_process devices in mesh order (the order jax numbers them), so an axis crosses
-    processes when stepping along it can change process (its collectives then leave the
-    process), and the global batch is cut into `batch_shares` parts, one per group of processes
-    holding the same rows."""
-    per_process = mesh.size // processes
-    owner = [i // per_process for i in range(mesh.size)]
-    strides = [math.prod(mesh.shape[axis + 1 :]) for axis in range(len(mesh.shape))]
-    crossing = [
-        name for axis, name in enumerate(mesh.axis_names)
-        if any(owner[i] != owner[i + strides[axis]] for i in range(mesh.size)
-               if (i // strides[axis]) % mesh.shape[axis] < mesh.shape[axis] - 1)
-    ]
-    batch_axis = mesh.axis_names.index(mesh.batch_axis)
-    rows_of_process0 = {(i // strides[batch_axis]) % mesh.shape[batch_axis] for i in range(mesh.size) if owner[i] == 0}
+    """How a job of `processes` processes holds the mesh (its dcn filled in: each process holds one
+    contiguous slice, meshrun.config.slices): the axes whose steps go from one process to another
+    (their collectives leave the process), and the global batch cut into `batch_shares` parts,
+    one per slice of the batch axis."""
+    batch = next(span for span in spans(mesh) if span.name == mesh.batch_axis)
     return {
         "count": processes,
-        "devices_per_process": per_process,
-        "axes_across_processes": crossing,
-        "batch_shares": mesh.shape[batch_axis] // len(rows_of_process0),
+        "devices_per_process": mesh.size // processes,
+        "axes_across_processes": list(across_processes(mesh)),
+        "batch_shares": batch.across_processes,
     }
 
 
 def make_plan(model_name: str, mesh: MeshConfig, rules: tuple[LayoutRule, ...], abstract, optimizer: str, processes: int = 1,
               advice=None, memory: DeviceMemory | None = None, lint: tuple[ConfigError, ...] = (),
-              pipeline: PipelinePlan | None = None) -> Plan:
+              pipeline: PipelinePlan | None = None, activations: Activations | None = None) -> Plan:
     """Places the abstract model's variables and optimizer slots by `rules` on `mesh` (no -1 left),
     for a job of `processes` processes; with `memory`, a total per device beyond it is an error
     (DoesNotFit, after any layout error). `advice(variables, mesh)`, where given, adds warnings about
     the placement (layout=auto's, or the model's own about a layout map it is known to get wrong).
     `lint`: problems of the rules found before (a pipelined model's, checked against its separate
-    blocks), listed first; `pipeline`: the stages the plan records."""
+    blocks), listed first; `pipeline`: the stages the plan records. In a job of several processes (`mesh.dcn`
+    filled in), `activations` sizes the estimate of what a step sends between them."""
     check = check_rules(rules, mesh, list(abstract.tensors))
     variables = tuple(_place(t, check.assigned.get(t.path), mesh) for t in abstract.variables)
     by_path = {p.path: p for p in variables}
@@ -210,6 +207,9 @@ def make_plan(model_name: str, mesh: MeshConfig, rules: tuple[LayoutRule, ...], 
         memory=memory,
         pipeline=pipeline,
     )
+    if processes > 1 and mesh.dcn is not None:
+        traffic = slow_traffic(variables, mesh, activations or Activations(rows=0, itemsize=4))
+        plan = replace(plan, traffic=traffic, warnings=(*plan.warnings, *_tensor_across_warnings(traffic, mesh, processes)))
     too_large = _beyond_memory(plan)
     return replace(plan, errors=(*plan.errors, too_large)) if too_large else plan
 
@@ -256,6 +256,27 @@ def _place_slot(slot, variables: dict[str, Placement], check: RuleCheck, mesh: M
         rule = LayoutRule(mirrored.rule, mirrored.spec, origin=mirrored.origin) if mirrored.rule else None
         return _place(slot.tensor, rule, mesh, reference=slot.reference)
     return _place(slot.tensor, check.assigned.get(slot.tensor.path), mesh)
+
+
+def _tensor_across_warnings(traffic: SlowTraffic, mesh: MeshConfig, processes: int) -> list[str]:
+    """A warning for each axis that splits variables across processes (tensor parallelism over the
+    slow network), with its cost and a mesh.dcn that keeps it within processes where one exists."""
+    if not traffic.tensor_axes:
+        return []
+    try:
+        default = with_dcn(replace(mesh, dcn=None), processes)
+    except ConfigError:
+        default = None
+    crossing = set(across_processes(default)) if default else set()
+    fix = (f"keep it within a process: mesh.dcn=[{','.join(map(str, default.dcn))}]"
+           if default and not crossing & set(traffic.tensor_axes)
+           else f"keep it within a process: give the batch axis at least {processes} devices, or a smaller axis {traffic.tensor_axes[0]!r}")
+    return [
+        f"mesh axis {axis!r} splits variables (tensor parallelism) across "
+        f"{next(s.across_processes for s in spans(mesh) if s.name == axis)} processes, over the slow network: "
+        f"about {format_bytes(traffic.tensor_activations)} of activations a step from each process; {fix}"
+        for axis in traffic.tensor_axes
+    ]
 
 
 def _idle_axis_warnings(variables, mesh: MeshConfig) -> list[str]:

@@ -49,7 +49,7 @@ def within_stage(mesh: MeshConfig, axis: str) -> MeshConfig:
     """`mesh` as one stage sees it: the stage axis left out (for rules derived by layout=auto)."""
     keep = [i for i, name in enumerate(mesh.axis_names) if name != axis]
     return MeshConfig(shape=tuple(mesh.shape[i] for i in keep), axis_names=tuple(mesh.axis_names[i] for i in keep),
-                      batch_axis=mesh.batch_axis)
+                      batch_axis=mesh.batch_axis, dcn=tuple(mesh.dcn[i] for i in keep) if mesh.dcn else None)
 
 
 def check_blocks(tensors, mesh: MeshConfig, pipeline: PipelineConfig, model: str) -> None:
@@ -140,6 +140,7 @@ class PipelinePlan:
     remat: bool
     kept_activation_bytes_per_device: int | None
     stage_blocks: tuple[tuple[str, ...], ...]
+    block_output_bytes_per_row: int | None = None  # what a stage hands the next for one row
 
     def to_dict(self) -> dict:
         """The pipeline as plan.json holds it."""
@@ -157,11 +158,13 @@ def pipeline_plan(tensors, mesh: MeshConfig, pipeline: PipelineConfig, batch_siz
     per_stage = len(names) // stages
     replicas = mesh.axis_size(mesh.batch_axis)
     rows = batch_size // microbatches
+    output_per_row = _output_bytes_per_row(tensors, stacks[0])
     ticks = repeats * microbatches + stages - 1
     return PipelinePlan(
         axis=pipeline.axis, stages=stages, blocks=len(names), microbatches=microbatches, repeats=repeats, microbatch_rows=rows,
         microbatch_rows_per_replica=rows // replicas, bubble_fraction=bubble_fraction(stages, microbatches, repeats),
-        remat=pipeline.remat, kept_activation_bytes_per_device=_kept_bytes(tensors, stacks[0], per_stage // repeats, ticks, rows // replicas),
+        remat=pipeline.remat, kept_activation_bytes_per_device=_kept_bytes(output_per_row, per_stage // repeats, ticks, rows // replicas),
+        block_output_bytes_per_row=output_per_row,
         stage_blocks=tuple(tuple(name for block, name in enumerate(names) if stage_of_block(block, len(names), stages, repeats) == stage)
                            for stage in range(stages)),
     )
@@ -177,10 +180,15 @@ def _block_names(tensor: TensorSpec) -> tuple[str, ...]:
     return tuple("/".join(p[: len(p) - shared]) for p in parts)
 
 
-def _kept_bytes(tensors, stack: TensorSpec, per_stage: int, ticks: int, rows: int) -> int | None:
-    """The block inputs a stage keeps for the backward pass: one per block, tick and row, each the
-    size of the blocks' output per row (None when the stack's output shape is not known)."""
+def _output_bytes_per_row(tensors, stack: TensorSpec) -> int | None:
+    """The bytes of one row of the blocks' output (None when the stack's output shape is not known)."""
     output = next((t for t in tensors if t.is_output and t.path == f"{stack.path.rsplit('/', 1)[0]}/output"), None)
     if output is None or any(size is None for size in output.shape[1:]):
         return None
-    return ticks * per_stage * rows * math.prod(output.shape[1:]) * output.itemsize
+    return math.prod(output.shape[1:]) * output.itemsize
+
+
+def _kept_bytes(per_row: int | None, per_stage: int, ticks: int, rows: int) -> int | None:
+    """The block inputs a stage keeps for the backward pass: one per block, tick and row, each the
+    size of the blocks' output per row (None when that is not known)."""
+    return None if per_row is None else ticks * per_stage * rows * per_row

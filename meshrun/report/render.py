@@ -93,6 +93,21 @@ def render_plan(plan: dict, console: Console | None = None, full: bool = False) 
         _print_whole(console, lint_table(plan))
 
 
+def slow_network_rows(plan: dict) -> list[tuple[str, str]]:
+    """The plan's rows about a job of several processes: each axis's size within a process and the
+    processes it spans (mesh.dcn), and what a step sends between processes, by kind."""
+    axes = "; ".join(f"{a['name']} {a['in_process']} in a process x {a['across_processes']} across"
+                     for a in plan["mesh"].get("axes", []))
+    rows = [("mesh.dcn", f"{plan['mesh'].get('dcn')}: {axes}")]
+    traffic = plan.get("slow_network")
+    if traffic:
+        kinds = [(k.replace("_", " "), traffic[k]) for k in ("gradients", "fsdp_all_gathers", "tensor_activations", "stage_activations")]
+        parts = ", ".join(f"{name} {format_bytes(size) if size is not None else 'unknown'}" for name, size in kinds if size != 0)
+        rows.append(("between processes", f"about {format_bytes(traffic['bytes_per_step'])} a step from each process"
+                                         + (f" ({parts})" if parts else "")))
+    return rows
+
+
 def plan_table(plan: dict, full: bool = False, rule_width: int | None = None) -> Table:
     """Every variable: path, shape, dtype (in the title when there is one), the rule that matched,
     PartitionSpec, bytes per device, and whether it trains (a column only when some are frozen,
@@ -215,6 +230,8 @@ def totals_table(plan: dict) -> Table:
             f"{processes['count']} x {processes['devices_per_process']} devices; axes across processes: {crossing}; "
             f"batch in {processes['batch_shares']} shares",
         )
+        for what, text in slow_network_rows(plan):
+            table.add_row(what, escape(text))
     if plan.get("pipeline"):
         for what, text in pipeline_rows(plan["pipeline"]):
             table.add_row(what, escape(text))

@@ -47,7 +47,8 @@ def collect(setup: RunSetup, outcome: Outcome, ending: Ending) -> RunMetrics:
     return RunMetrics(
         status=PREEMPTED if preempted else "ok", error=None, run_dir=context.run_dir, choices=context.choices,
         overrides=context.overrides, exit_status=outcome.stopped["exit_status"] if preempted else None,
-        mesh=MeshFigures(list(setup.devices.mesh.shape), list(setup.devices.mesh.axis_names), setup.devices.mesh.batch_axis),
+        mesh=MeshFigures(list(setup.devices.mesh.shape), list(setup.devices.mesh.axis_names), setup.devices.mesh.batch_axis,
+                         list(setup.devices.mesh.dcn)),
         devices=_devices(setup), distributed=ProcessFigures(**context.identity.describe()), layout=_layout(setup),
         model=_model(setup, outcome), data=_data(setup, outcome), train=_train(setup, outcome),
         timing=_timing(setup, outcome, ending),

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,6 +33,7 @@ from meshrun.config.schema import (
     RunConfig,
     TrainConfig,
 )
+from meshrun.config.slices import with_dcn
 from meshrun.data import order, ranges
 from meshrun.errors import ConfigError
 from meshrun.models import get_model
@@ -41,6 +43,8 @@ from meshrun.placement import stacking
 from meshrun.placement.auto import derive_layout
 from meshrun.placement.identity import ONE_PROCESS, Identity
 from meshrun.placement.plan import DeviceMemory, Plan, make_plan
+from meshrun.placement.stacking import PipelinePlan
+from meshrun.placement.traffic import Activations
 from meshrun.run.build import AbstractModel, abstract_session, describe
 from meshrun.run.sampling import plan_sampling
 from meshrun.specs.model import ModelSpec
@@ -135,7 +139,7 @@ def prepare(config: RunConfig, context: RunContext) -> RunSetup:
     for the first problem. Nothing is allocated on the devices."""
     compat.ensure("keras")
     cache_dir = devices_lib.set_compilation_cache(config.cache)  # before anything compiles
-    found = devices_lib.discover(config.devices, config.mesh)
+    found = devices_lib.discover(config.devices, config.mesh, (config.pipeline.axis,))
     check_batch(config.train.batch_size, found.mesh)
     _say_devices(found, config)
     checkpoints = plan_checkpoints(config, context, found.processes)
@@ -179,6 +183,7 @@ def place_for_plan(config: RunConfig, processes: int = 1) -> PlannedModel:
         mesh = devices_lib.discover(config.devices, mesh).mesh
         check_batch(config.train.batch_size, mesh)
         check_processes(mesh, config.devices, processes, "distributed.num_processes")
+    mesh = with_dcn(mesh, processes, (config.pipeline.axis,))
     return place(config, mesh, processes, devices_lib.device_memory(config.devices))
 
 
@@ -204,9 +209,26 @@ def place(config: RunConfig, mesh: MeshConfig, processes: int = 1, memory: Devic
         return [*notes, *(spec.layout_advice(options, variables, on) if spec.layout_advice else ())]
 
     plan = make_plan(spec.name_of(options), mesh, rules, abstract, train.optimizer, processes, advice=advice, memory=memory,
-                     lint=lint, pipeline=staged)
+                     lint=lint, pipeline=staged, activations=step_activations(abstract, train, staged))
     return PlannedModel(spec=spec, options=options, abstract=abstract, rules=rules, plan=plan, written_rules=written,
                         pipeline=pipeline)
+
+
+def step_activations(abstract: AbstractModel, train: TrainConfig, staged: PipelinePlan | None) -> Activations:
+    """The size of a step's activations, for the estimate of what it sends between processes: the
+    global batch, in the compute dtype, and the positions of a sample (tokens, pixels: all but the
+    last dimension) in each layer output the model describes; elsewhere in its first input's (one
+    per token id; all but the last dimension of features)."""
+    positions = 1
+    if abstract.signature is not None:
+        first = abstract.signature.inputs[0]
+        positions = math.prod(size or 1 for size in (first.shape if first.dtype.startswith(("int", "uint")) else first.shape[:-1]))
+    layers = {t.path.removesuffix("/output"): math.prod(size or 1 for size in t.shape[1:-1])
+              for t in abstract.tensors if t.is_output and len(t.shape) >= 2}
+    itemsize = 2 if "float16" in train.precision else 4
+    stages = {} if staged is None else {"stage_axis": staged.axis, "stage_rounds": staged.repeats,
+                                        "block_output_bytes_per_row": staged.block_output_bytes_per_row}
+    return Activations(samples=train.batch_size, itemsize=itemsize, positions=positions, layer_positions=layers, **stages)
 
 
 def layout_rules(config: RunConfig, spec: ModelSpec, options, mesh: MeshConfig, abstract: AbstractModel,

@@ -23,6 +23,12 @@ def axis_names_text(names, _) -> str:
     return str(tuple(names))
 
 
+def dcn_text(dcn, mesh) -> str | None:
+    """The axes that span processes, and how many each (nothing when none does)."""
+    crossing = [f"{name} across {slices}" for name, slices in zip(mesh.axis_names, dcn or (), strict=False) if slices > 1]
+    return f"mesh.dcn {list(dcn)} ({', '.join(crossing)} processes)" if crossing else None
+
+
 def devices_text(_, devices) -> str:
     text = f"{devices.count} x {devices.kind}" + (" (emulated)" if devices.emulated else "")
     if devices.processes and devices.processes > 1:

@@ -33,6 +33,7 @@ class MeshFigures:
     shape: list = figure("mesh", text.shape_text)
     axis_names: list = figure("mesh", text.axis_names_text, " ")
     batch_axis: str = figure("mesh", "batch axis {!r}")
+    dcn: list = figure("mesh", text.dcn_text)  # slices of each axis across processes (mesh.dcn)
 
 
 @dataclass(frozen=True)
