@@ -40,8 +40,9 @@ from meshrun.placement.identity import job_size
 from meshrun.specs.model import MODELS
 from meshrun.wording import did_you_mean, first_line, one_of, say_error
 
-# Hydra settings for `meshrun plan`: it writes nothing, so its jobs get a throw-away run dir and no
-# log files.
+# The commands that train nothing here (k8s renders its pods' run dir): their jobs get a throw-away
+# run dir, and Hydra's settings for `meshrun plan`: no files written, no log files.
+SCRATCH_COMMANDS = ("plan", "k8s")
 PLAN_HYDRA_OVERRIDES = ("hydra.output_subdir=null", "hydra/job_logging=none", "hydra/hydra_logging=none", "hydra.job.name=plan")
 # Config keys holding free-form mappings: `key={...}` on the command line replaces the mapping.
 MAPPING_KEYS = ("layout.rules", "layout.extra_rules", "data.features", "data.kwargs", "model.kwargs", "model.backbone")
@@ -207,7 +208,7 @@ def _run_hydra(invocation: jobs.Invocation, overrides: list[str]) -> None:
     def app(cfg: DictConfig) -> None:  # a multirun's sweep dir is noted by RecordSweepDir
         jobs.run_job(invocation, job_of(cfg, HydraConfig.get()))
 
-    scratch = tempfile.mkdtemp(prefix="meshrun-plan-") if invocation.command == "plan" else None
+    scratch = tempfile.mkdtemp(prefix=f"meshrun-{invocation.command}-") if invocation.command in SCRATCH_COMMANDS else None
     hydra_args = [*PLAN_HYDRA_OVERRIDES, f"hydra.run.dir={scratch}", f"hydra.sweep.dir={scratch}"] if scratch else []
     saved_argv = sys.argv
     sys.argv = [f"meshrun {invocation.command}", *overrides, *hydra_args]

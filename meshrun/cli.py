@@ -15,7 +15,8 @@ from meshrun.launch.spawn import ROLE_FLAG, Role, parse_role
 from meshrun.usage import USAGE, command_help, versions_line
 from meshrun.wording import one_of, say_error
 
-COMMANDS = ("train", "plan", "sweep", "report", "generate")
+COMMANDS = ("train", "plan", "sweep", "report", "generate", "k8s")
+CONFIG_COMMANDS = ("train", "plan", "sweep", "k8s")  # they take overrides: their help lists the config groups
 HELP_FLAGS = ("-h", "--help")
 VERSION_FLAGS = ("-V", "--version")
 
@@ -56,7 +57,7 @@ def run(args: list[str], as_program: bool) -> int:
         return 2
     if command != "generate" and any(a in HELP_FLAGS for a in rest):  # generate words its own help
         print(command_help(command), end="")
-        if command in ("train", "plan", "sweep"):
+        if command in CONFIG_COMMANDS:
             from meshrun import app
 
             print(app.config_groups_text())
@@ -71,7 +72,7 @@ def run(args: list[str], as_program: bool) -> int:
             from meshrun import generate as generate_command
 
             return generate_command.main(rest)
-        invocation = parse(command, rest, as_program)
+        invocation = parse_k8s(rest, as_program) if command == "k8s" else parse(command, rest, as_program)
     except ConfigError as err:
         say_error(str(err))
         return 2
@@ -108,6 +109,17 @@ def parse(command: str, args: list[str], as_program: bool):
         raise ConfigError("--save-layout", f"got {save_layout!r} with -m; a layout file holds the rules of one job: plan one job at a time")
     return Invocation(command=command, overrides=overrides, role=role, as_json=as_json, full=full, as_program=as_program,
                       save_layout=save_layout)
+
+
+def parse_k8s(args: list[str], as_program: bool):
+    """The invocation `meshrun k8s ARGS` asks for: its flags read and checked, and the overrides
+    its pods' `meshrun train` gets, which are also those its config is composed from."""
+    from meshrun.jobs import Invocation
+    from meshrun.kube.options import parse_options
+    from meshrun.kube.render import pod_overrides
+
+    options, overrides = parse_options(args)
+    return Invocation(command="k8s", overrides=pod_overrides(overrides, options), kube=options, as_program=as_program)
 
 
 SAVE_LAYOUT = "--save-layout"

@@ -1,6 +1,6 @@
-"""The jobs of one `meshrun` invocation: what each kind of job does (`train_job`, `plan_job`), which
-launcher runs a train job (`launcher_for`, the one place that chooses), and the invocation's end
-(`finish`). The Hydra app (meshrun.app) hands every job here as a plain `Job`; nothing here knows
+"""The jobs of one `meshrun` invocation: what each kind of job does (`train_job`, `plan_job`,
+`k8s_job`), which launcher runs a train job (`launcher_for`, the one place that chooses), and the
+invocation's end (`finish`). The Hydra app (meshrun.app) hands every job here as a plain `Job`; nothing here knows
 Hydra, and nothing imports jax before the job's devices are set. The invocation's state lives in
 meshrun.launch.invocation, who answers for a run dir in meshrun.launch.ownership, and the launchers in
 meshrun.launch.launchers.
@@ -43,6 +43,8 @@ def run_job(invocation: Invocation, job: Job) -> None:
     try:
         if invocation.command == "plan":
             plan_job(invocation, job)
+        elif invocation.command == "k8s":
+            k8s_job(invocation, job)
         else:
             train_job(invocation, job)
     except ConfigError as err:
@@ -136,6 +138,37 @@ def plan_job(invocation: Invocation, job: Job) -> None:
         save_layout(invocation.save_layout, rules, plan, job.overrides)
         print(f"wrote {invocation.save_layout} ({len(rules)} rules); load it with layout={invocation.save_layout}",
               file=sys.stderr if invocation.as_json else sys.stdout)
+
+
+def k8s_job(invocation: Invocation, job: Job) -> None:
+    """The `meshrun k8s` job: the config its pods' `meshrun train` composes (the invocation's
+    overrides are theirs; the run dir here is a scratch one) checked as train checks it and against
+    the pods, rendered for Kubernetes, then written out (stdout or --out), run here as local
+    processes (--simulate) or submitted (--apply). Nothing is written before every check passed."""
+    from meshrun.kube import render
+
+    options = invocation.kube
+    raw = job.resolve()
+    render.check_one_process_per_pod(raw)
+    config = parse_run_config(raw)
+    render.check_job(config, options)
+    documents = render.render(config, options, invocation.overrides)
+    if options.volume is None:
+        print(render.no_volume_warning(options), file=sys.stderr)
+    text = render.to_yaml(documents, options)
+    if options.out:
+        Path(options.out).write_text(text)
+        print(f"meshrun k8s: wrote {options.out}", file=sys.stderr)
+    if options.simulate:
+        from meshrun.kube import simulate
+
+        simulate.run(documents, options)
+    elif options.apply:
+        from meshrun.kube import submit
+
+        print(submit.apply(documents, options))
+    elif not options.out:
+        print(text, end="")
 
 
 def finish(invocation: Invocation) -> int:

@@ -12,6 +12,8 @@ usage: meshrun train  [OVERRIDE ...] [-m] [--cfg job]
        meshrun sweep  [OVERRIDE ...]
        meshrun report DIR [DIR ...] [--out DIR]
        meshrun generate RUN_DIR --prompt TEXT [--prompt TEXT ...] [--max-length N] [--json]
+       meshrun k8s    [OVERRIDE ...] --image IMAGE --nodes N [--kind trainjob|indexed-job] [--volume CLAIM:PATH]
+                      [--name NAME] [--namespace NS] [--port PORT] [--out FILE] [--apply | --simulate]
        meshrun COMMAND --help        # that command's flags, and the config groups it takes
        meshrun --version             # meshrun's version and those of jax, jaxlib, keras and keras-hub
 
@@ -22,6 +24,8 @@ bytes land on each device, and lints the layout (exit 2 on errors).
 sweep: trains on every mesh shape of the available devices (a multirun) and compares the jobs.
 report: the comparison table and summary files of an existing sweep dir, or of any run dirs.
 generate: completes prompts with the model a KerasHub run trained, on the run's own mesh.
+k8s: the job `meshrun train` would run, as Kubernetes objects (a Kubeflow TrainJob or an Indexed
+Job), one pod per process; writes their YAML, submits them (--apply) or runs the pods here (--simulate).
 
   meshrun train mesh=2x4 layout=dense_model        # a 2x4 (data, model) mesh, the seeds' rules
   meshrun train -m mesh=8x1,4x2,2x4,1x8 layout=dense_model
@@ -36,6 +40,7 @@ generate: completes prompts with the model a KerasHub run trained, on the run's 
   meshrun plan model=transformer model.preset=7b mesh=1x8 layout=transformer_tp
   meshrun plan model=transformer mesh=1x8 layout=auto --save-layout tp.yaml    # then: layout=./tp.yaml
   meshrun train --cfg job                          # print the composed config
+  meshrun k8s mesh=2x8 --image reg/meshrun:0.1 --nodes 2 --volume runs:/runs --out job.yaml   # for Kubernetes
   meshrun train --help                             # config groups and their options
 """
 
@@ -103,6 +108,36 @@ given, or into --out (the working dir when several are given and no --out).
 """,
 }
 
+COMMAND_HELP["k8s"] = """\
+usage: meshrun k8s [OVERRIDE ...] --image IMAGE --nodes N [--kind trainjob|indexed-job] [--volume CLAIM:PATH]
+                   [--name NAME] [--namespace NS] [--port PORT] [--out FILE] [--apply | --simulate]
+
+Renders the job `meshrun train OVERRIDE ...` would run for Kubernetes: N pods, one meshrun process
+each (distributed.mode=auto), each with an equal share of the mesh's devices (its GPUs, or none
+with devices.platform=cpu). The config is composed and checked as train checks it, and against the
+pods (the whole mesh shape given, its devices split evenly over them, mesh.dcn one slice per pod).
+Prints the objects as YAML; a bad flag or config is one line, exit 2, nothing written.
+
+  --image IMAGE        the container image the pods run; meshrun must be installed in it
+  --nodes N            how many pods (processes)
+  --kind KIND          trainjob (default): a Kubeflow Trainer v2 TrainJob on the jax-distributed runtime;
+                       indexed-job: a headless Service and an Indexed Job, no operator needed
+  --volume CLAIM:PATH  mount PersistentVolumeClaim CLAIM at PATH in every pod: the run dir is PATH/NAME,
+                       its checkpoints/ resumed from when a pod is started again (resume=auto);
+                       without it, the run and its checkpoints die with the pods (a warning says so)
+  --name NAME          the job's name (default meshrun-DATE-TIME)
+  --namespace NS       its namespace (default: the kubeconfig context's)
+  --port PORT          process 0's coordinator port (indexed-job, and trainjob under --simulate; default 55527)
+  --out FILE           write the YAML to FILE instead of printing it
+  --apply              create the objects in the current kubeconfig context's cluster (pip install
+                       'meshrun[k8s]') and print the kubectl commands that follow the job
+  --simulate           run the pods here, as local processes with their pod spec's command and env
+                       (service names -> 127.0.0.1, the volume -> ./k8s-volumes/CLAIM); exits with the job's status
+
+  meshrun k8s model=transformer mesh=2x8 --image reg/meshrun:0.1 --nodes 2 --volume runs:/runs --out job.yaml
+  meshrun k8s devices.platform=cpu mesh=2x4 layout=dense_model --image reg/meshrun:0.1 --nodes 2 --kind indexed-job --simulate
+"""
+
 VERSIONED = ("meshrun", "jax", "jaxlib", "keras", "keras-hub")
 
 
@@ -110,7 +145,7 @@ def command_help(command: str) -> str:
     """The help of one command: its usage, what it does, its flags and examples, and for the
     commands that take overrides, how they are written."""
     text = COMMAND_HELP[command]
-    return text + ("\n" + OVERRIDES if command in ("train", "plan", "sweep") else "")
+    return text + ("\n" + OVERRIDES if command in ("train", "plan", "sweep", "k8s") else "")
 
 
 def versions_line() -> str:

@@ -151,7 +151,7 @@ def test_unknown_command(capsys):
     with pytest.raises(SystemExit) as exit_info:
         cli.main(["trian"])
     assert exit_info.value.code == 2
-    assert capsys.readouterr().err.strip() == "meshrun: error: unknown command 'trian'; valid: train, plan, sweep, report or generate (see meshrun --help)"
+    assert capsys.readouterr().err.strip() == "meshrun: error: unknown command 'trian'; valid: train, plan, sweep, report, generate or k8s (see meshrun --help)"
 
 
 def test_usage_without_command(capsys):

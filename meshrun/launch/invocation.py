@@ -12,6 +12,7 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from meshrun.errors import Preempted
 from meshrun.launch.spawn import Role
@@ -23,7 +24,8 @@ class Invocation:
     """One `meshrun` command and what its jobs did: the command, its flags and Hydra overrides, the
     role this process was started in, whether it runs as the meshrun program (the process ends when
     the command is done) and whether multirun jobs each run in a process of their own; then, as the
-    jobs run, the sweep dir, each train job's run dir and the exit statuses of the jobs that failed."""
+    jobs run, the sweep dir, each train job's run dir and the exit statuses of the jobs that failed.
+    `kube` holds the options of `meshrun k8s` (meshrun.kube.options.KubeOptions)."""
 
     command: str
     overrides: list[str]
@@ -31,6 +33,7 @@ class Invocation:
     as_json: bool = False
     full: bool = False
     save_layout: str | None = None
+    kube: Any = None
     as_program: bool = False
     isolate: bool = False
     sweep_dir: str | None = None

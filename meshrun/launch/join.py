@@ -101,8 +101,10 @@ def split_address(address: str) -> tuple[str, int]:
 
 def check_port_free(port: int, key: str, given: object) -> None:
     """ConfigError when something on this machine already listens on `port` (the coordinator
-    binds every address on it)."""
+    binds every address on it). A port that a job just closed (its connections in TIME_WAIT for a
+    minute) is free: the coordinator's server reuses it, as the probe does."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             probe.bind(("", port))
         except OSError:

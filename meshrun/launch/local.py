@@ -70,6 +70,14 @@ def run_local(config: DistributedConfig, run_dir: str, overrides: list[str]) -> 
     Path(run_dir).mkdir(parents=True, exist_ok=True)
     started = [_start(i, count, coordinator, run_dir, kept) for i in range(count)]
     _write_processes_file(run_dir, coordinator, started)
+    follow(started, run_dir)
+
+
+def follow(started: list[subprocess.Popen], run_dir: str) -> None:
+    """Watches the started processes of one job (`start_process`) to their end, passing a stop
+    signal on to them. Raises ConfigError when they reject the config (after removing their logs),
+    Preempted when a stop signal stopped them, RunFailed when one fails, naming it and its log."""
+    count = len(started)
     try:
         ending = _watch(started, run_dir)
     except KeyboardInterrupt:
@@ -86,8 +94,15 @@ def _start(process_id: int, count: int, coordinator: str, run_dir: str, override
         "train", *overrides, "devices.platform=cpu", f"hydra.run.dir={run_dir}", "hydra.output_subdir=null",
         f"distributed.coordinator={coordinator}", f"distributed.num_processes={count}", f"distributed.process_id={process_id}",
     ]
+    return start_process(args, Role.LOCAL_PROCESS, process_id, run_dir)
+
+
+def start_process(args: list[str], role: Role, process_id: int, run_dir: str, env: dict[str, str] | None = None) -> subprocess.Popen:
+    """Starts process `process_id` of a job on this machine, `meshrun ARGS` in `role` (with `env`:
+    that environment instead of this one's), in a process group of its own that dies with this
+    process. Its stderr, and the stdout of every process but the first, go to its log in `run_dir`."""
     with open(log_path(run_dir, process_id), "ab") as log_file:
-        return spawn(args, Role.LOCAL_PROCESS, stdout=None if process_id == 0 else log_file, stderr=log_file, own_group=True)
+        return spawn(args, role, stdout=None if process_id == 0 else log_file, stderr=log_file, own_group=True, env=env)
 
 
 def _write_processes_file(run_dir: str, coordinator: str, started: list[subprocess.Popen]) -> None:

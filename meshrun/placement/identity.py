@@ -1,5 +1,6 @@
 """A process's place in a multi-process job: its id, the job's size and coordinator, read from the
-config or from what SLURM, Keras or JAX put in its environment. Nothing here imports jax."""
+config or from what SLURM, Keras, JAX or a Kubernetes Indexed Job put in its environment. Nothing here
+imports jax."""
 
 from __future__ import annotations
 
@@ -46,7 +47,8 @@ ONE_PROCESS = Identity()
 def identify(config: DistributedConfig, environ: Mapping[str, str], launched_locally: bool = False) -> Identity:
     """Where this process stands: one process (mode off), the config's explicit values (given by
     meshrun's local launcher when `launched_locally`), or with mode auto the first of
-    KERAS_DISTRIBUTION_*, JAX_* and SLURM found in `environ` (one process when none is)."""
+    KERAS_DISTRIBUTION_*, JAX_* (the process id from JOB_COMPLETION_INDEX where JAX_PROCESS_ID is
+    not set) and SLURM found in `environ` (one process when none is)."""
     if config.mode == "off":
         return ONE_PROCESS
     if config.mode == "explicit":
@@ -89,11 +91,14 @@ def _from_keras_env(environ: Mapping[str, str]) -> Identity | None:
 
 
 def _from_jax_env(environ: Mapping[str, str]) -> Identity | None:
-    numbers = _ints(environ, "JAX_NUM_PROCESSES", "JAX_PROCESS_ID")
+    """JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES and JAX_PROCESS_ID; without JAX_PROCESS_ID, in a
+    pod of a Kubernetes Indexed Job, the pod's completion index (JOB_COMPLETION_INDEX) is its id."""
     coordinator = environ.get("JAX_COORDINATOR_ADDRESS")
+    from_index = "JAX_PROCESS_ID" not in environ and "JOB_COMPLETION_INDEX" in environ
+    numbers = _ints(environ, "JAX_NUM_PROCESSES", "JOB_COMPLETION_INDEX" if from_index else "JAX_PROCESS_ID")
     if numbers is None or not coordinator:
         return None
-    return Identity(numbers[1], numbers[0], coordinator, "JAX_* environment")
+    return Identity(numbers[1], numbers[0], coordinator, "JAX_* environment, JOB_COMPLETION_INDEX" if from_index else "JAX_* environment")
 
 
 def _from_slurm(environ: Mapping[str, str]) -> Identity | None:
