@@ -106,9 +106,7 @@ given, or into --out (the working dir when several are given and no --out).
   meshrun report multirun/2026-11-21/10-00-00
   meshrun report outputs/ other/run --out cmp/
 """,
-}
-
-COMMAND_HELP["k8s"] = """\
+    "k8s": """\
 usage: meshrun k8s [OVERRIDE ...] --image IMAGE --nodes N [--kind trainjob|indexed-job] [--volume CLAIM:PATH]
                    [--name NAME] [--namespace NS] [--port PORT] [--out FILE] [--apply | --simulate]
 
@@ -136,7 +134,9 @@ Prints the objects as YAML; a bad flag or config is one line, exit 2, nothing wr
 
   meshrun k8s model=transformer mesh=2x8 --image reg/meshrun:0.1 --nodes 2 --volume runs:/runs --out job.yaml
   meshrun k8s devices.platform=cpu mesh=2x4 layout=dense_model --image reg/meshrun:0.1 --nodes 2 --kind indexed-job --simulate
-"""
+""",
+}
+
 
 VERSIONED = ("meshrun", "jax", "jaxlib", "keras", "keras-hub")
 

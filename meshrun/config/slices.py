@@ -94,6 +94,11 @@ def spans(mesh: MeshConfig) -> tuple[AxisSpan, ...]:
     )
 
 
+def span_of(mesh: MeshConfig, axis: str) -> AxisSpan:
+    """Mesh axis `axis` split into its in-process and cross-process parts."""
+    return spans(mesh)[mesh.axis_names.index(axis)]
+
+
 def across_processes(mesh: MeshConfig) -> tuple[str, ...]:
     """The axes of `mesh` whose steps go from one process to another."""
     return tuple(span.name for span in spans(mesh) if span.across_processes > 1)

@@ -13,7 +13,7 @@ import math
 from dataclasses import dataclass, field, replace
 
 from meshrun.config.schema import LARGE_REPLICATED_BYTES, AxisSpec, LayoutRule, MeshConfig
-from meshrun.config.slices import across_processes, spans, with_dcn
+from meshrun.config.slices import across_processes, span_of, spans, with_dcn
 from meshrun.errors import ConfigError, DoesNotFit
 from meshrun.placement.layout import RuleCheck, TensorSpec, check_rules, is_lora_adapter
 from meshrun.placement.stacking import PipelinePlan
@@ -163,7 +163,7 @@ def process_layout(mesh: MeshConfig, processes: int) -> dict:
     contiguous slice, meshrun.config.slices): the axes whose steps go from one process to another
     (their collectives leave the process), and the global batch cut into `batch_shares` parts,
     one per slice of the batch axis."""
-    batch = next(span for span in spans(mesh) if span.name == mesh.batch_axis)
+    batch = span_of(mesh, mesh.batch_axis)
     return {
         "count": processes,
         "devices_per_process": mesh.size // processes,
@@ -273,7 +273,7 @@ def _tensor_across_warnings(traffic: SlowTraffic, mesh: MeshConfig, processes: i
            else f"keep it within a process: give the batch axis at least {processes} devices, or a smaller axis {traffic.tensor_axes[0]!r}")
     return [
         f"mesh axis {axis!r} splits variables (tensor parallelism) across "
-        f"{next(s.across_processes for s in spans(mesh) if s.name == axis)} processes, over the slow network: "
+        f"{span_of(mesh, axis).across_processes} processes, over the slow network: "
         f"about {format_bytes(traffic.tensor_activations)} of activations a step from each process; {fix}"
         for axis in traffic.tensor_axes
     ]

@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from meshrun.config.schema import MeshConfig
-from meshrun.config.slices import spans
+from meshrun.config.slices import span_of, spans
 
 
 @dataclass(frozen=True)
@@ -101,7 +101,7 @@ def _activation_bytes(p, axis: str, mesh: MeshConfig, activations: Activations) 
     split, an embedding's width either way."""
     dim = p.spec.index(axis)
     width = p.shape[-1] if dim < len(p.shape) - 1 or p.path.endswith("embeddings") else math.prod(p.shape[:-1])
-    batch = next(span for span in spans(mesh) if span.name == mesh.batch_axis)
+    batch = span_of(mesh, mesh.batch_axis)
     rows = activations.samples * _positions(p.path, activations) * batch.in_process // batch.size
     return rows * width * activations.itemsize
 
@@ -122,11 +122,10 @@ def _stage_bytes(mesh: MeshConfig, activations: Activations) -> int | None:
     axis = activations.stage_axis
     if axis is None or axis not in mesh.axis_names:
         return 0
-    parts = {span.name: span for span in spans(mesh)}
-    if parts[axis].across_processes == 1:
+    if span_of(mesh, axis).across_processes == 1:
         return 0
     if activations.block_output_bytes_per_row is None:
         return None
-    batch = parts[mesh.batch_axis]
+    batch = span_of(mesh, mesh.batch_axis)
     rows = activations.samples * batch.in_process // batch.size
     return 2 * activations.stage_rounds * rows * activations.block_output_bytes_per_row
