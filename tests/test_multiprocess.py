@@ -27,7 +27,7 @@ from meshrun.config.parse import parse_distributed
 from meshrun.config.schema import DistributedConfig, MeshConfig
 from meshrun.config.slices import with_dcn
 from meshrun.errors import ConfigError
-from meshrun.launch.join import free_port
+from meshrun.launch.join import free_port, listen_address
 from meshrun.placement.identity import Identity, identify
 from meshrun.placement.plan import process_layout
 
@@ -270,6 +270,98 @@ def test_a_port_in_use_is_rejected_before_anything_starts(in_tmp):
         explicit = ["distributed.num_processes=2", "distributed.process_id=0", f"distributed.coordinator=localhost:{port}"]
         line = one_error_line(run_meshrun(["train", *explicit, "mesh=2x4"], in_tmp))
         assert f"distributed.coordinator: got 'localhost:{port}', but port {port} is already in use" in line
+    assert list(in_tmp.iterdir()) == []
+
+
+# --- where the coordinator listens --------------------------------------------------------------
+
+NOT_OURS = "203.0.113.7"  # TEST-NET-3: no host has it
+
+
+def own_address() -> str | None:
+    """A non-loopback IPv4 address of this machine, or None."""
+    try:
+        found = socket.getaddrinfo(socket.gethostname(), None, socket.AF_INET)
+    except OSError:
+        return None
+    return next((info[4][0] for info in found if not info[4][0].startswith("127.")), None)
+
+
+def first(coordinator: str | None) -> Identity:
+    return Identity(process_id=0, num_processes=2, coordinator=coordinator)
+
+
+def test_the_coordinator_listens_no_wider_than_the_job():
+    assert listen_address(first("127.0.0.1:1234"), None, local=True) == "127.0.0.1:1234"
+    assert listen_address(first("localhost:1234"), None, local=False) == "127.0.0.1:1234"  # a loopback name
+    assert listen_address(first(f"{NOT_OURS}:1234"), None, local=False) == "[::]:1234"  # another host's: every interface
+    assert listen_address(first(None), None, local=False) is None  # SLURM: jax finds the coordinator
+    assert listen_address(first(f"{NOT_OURS}:1234"), "0.0.0.0:1234", local=False) == "0.0.0.0:1234"  # the user's choice
+    own = own_address()
+    if own is not None:  # the coordinator named by one of this host's addresses: that interface alone
+        assert listen_address(first(f"{own}:1234"), None, local=False) == f"{own}:1234"
+
+
+@pytest.mark.parametrize(
+    "given, coordinator, message",
+    [(f"{NOT_OURS}:1234", "127.0.0.1:1234", f"got '{NOT_OURS}:1234', but {NOT_OURS} is not an address of this host"),
+     ("127.0.0.1:999", "127.0.0.1:1234", "got '127.0.0.1:999', but the coordinator is 127.0.0.1:1234; listen on its port, 1234")],
+)
+def test_a_bind_address_this_host_cannot_listen_on_is_one_error(given, coordinator, message):
+    with pytest.raises(ConfigError) as caught:
+        listen_address(first(coordinator), given, local=False)
+    assert caught.value.key == "distributed.bind_address" and message in str(caught.value)
+
+
+def test_a_bind_address_that_is_not_host_port_is_one_error():
+    with pytest.raises(ConfigError) as caught:
+        parse_distributed({"bind_address": "everywhere"})
+    assert str(caught.value) == (
+        "distributed.bind_address: got 'everywhere'; expected HOST:PORT where process 0's coordinator listens, an address of its "
+        "host, e.g. 10.0.0.5:12345, 127.0.0.1:12345 or [::]:12345"
+    )
+
+
+def listening_on(port: int) -> list[str]:
+    """The local addresses with a socket listening on TCP `port`, from /proc/net/tcp and tcp6 (IPv6
+    addresses as the kernel writes them, in hex)."""
+    found = []
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            local, state = line.split()[1], line.split()[3]
+            address, _, hex_port = local.rpartition(":")
+            if state == "0A" and int(hex_port, 16) == port:  # 0A: LISTEN
+                found.append(address)
+    return found
+
+
+LOOPBACK = {"0100007F", "0000000000000000FFFF00000100007F", "00000000000000000000000001000000"}  # 127.0.0.1, v4-mapped, ::1
+
+
+@pytest.mark.e2e
+def test_a_local_jobs_coordinator_listens_on_loopback_only(tmp_path):
+    port = free_port()
+    launcher, run_dir = start_long_job(tmp_path, f"distributed.port={port}")
+    try:
+        wait_for(lambda: listening_on(port), 120, "the coordinator to listen")
+        assert set(listening_on(port)) <= LOOPBACK, listening_on(port)
+        own = own_address()
+        if own is not None:
+            with pytest.raises(ConnectionRefusedError):
+                socket.create_connection((own, port), timeout=5).close()
+        wait_for(lambda: (run_dir / "train.log").exists() and "listens on" in (run_dir / "train.log").read_text(), 60, "the log line")
+        log = (run_dir / "train.log").read_text()
+        assert f"coordinator 127.0.0.1:{port}, listening on 127.0.0.1:{port}, loopback only" in log
+        assert f"its coordinator listens on 127.0.0.1:{port}" in log
+    finally:
+        launcher.kill()
+        launcher.communicate(timeout=60)
+
+
+@pytest.mark.e2e
+def test_a_bind_address_not_of_this_host_is_one_line_before_any_process_starts(in_tmp):
+    line = one_error_line(run_meshrun(["train", TWO, f"distributed.bind_address={NOT_OURS}:45678", "mesh=2x4"], in_tmp))
+    assert line.startswith(f"meshrun: error: distributed.bind_address: got '{NOT_OURS}:45678', but {NOT_OURS} is not an address of this host")
     assert list(in_tmp.iterdir()) == []
 
 

@@ -25,6 +25,8 @@ from meshrun.config.slices import check_dcn, with_dcn
 from meshrun.errors import ConfigError
 from meshrun.wording import format_shape, one_of
 
+_HOST_PORT = re.compile(r"[\w.\-]+:\d{1,5}|\[[0-9a-fA-F:]+\]:\d{1,5}")  # host:port or [v6]:port
+
 
 def check_values(config: RunConfig) -> None:
     """Range checks that the types alone do not cover."""
@@ -216,8 +218,11 @@ def check_distributed_values(config: DistributedConfig) -> None:
             "distributed.process_id",
             f"got {config.process_id}; valid: 0 to {config.num_processes - 1} (distributed.num_processes={config.num_processes})",
         )
-    if config.coordinator is not None and not re.fullmatch(r"[\w.\-]+:\d{1,5}|\[[0-9a-fA-F:]+\]:\d{1,5}", config.coordinator):
+    if config.coordinator is not None and not _HOST_PORT.fullmatch(config.coordinator):
         raise ConfigError("distributed.coordinator", f"got {config.coordinator!r}; expected host:port of process 0, e.g. node01:12345")
+    if config.bind_address is not None and not _HOST_PORT.fullmatch(config.bind_address):
+        raise ConfigError("distributed.bind_address", f"got {config.bind_address!r}; expected HOST:PORT where process 0's coordinator "
+                                                      "listens, an address of its host, e.g. 10.0.0.5:12345, 127.0.0.1:12345 or [::]:12345")
     if config.port is not None and not 0 < config.port < 65536:
         raise ConfigError("distributed.port", f"got {config.port}; expected a TCP port, 1 to 65535 (null: pick a free one)")
     if config.timeout_s <= 0:

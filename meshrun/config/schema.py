@@ -288,7 +288,9 @@ class DistributedConfig:
     coordinator, num_processes and process_id given here; setting them implies it), or
     `local_processes` processes started on this machine by meshrun itself. `timeout_s` bounds
     how long a process waits for the others to join; `port` is the coordinator's port for
-    local_processes (None: a free one)."""
+    local_processes (None: a free one); `bind_address` (HOST:PORT) is where process 0's coordinator
+    listens (None: loopback for a job on this machine, else the address the coordinator names
+    where it is this host's, else every interface: meshrun.launch.join.listen_address)."""
 
     mode: str = "off"
     local_processes: int = 1
@@ -297,6 +299,7 @@ class DistributedConfig:
     process_id: int | None = None
     port: int | None = None
     timeout_s: int = 120
+    bind_address: str | None = None
 
     @property
     def launches_locally(self) -> bool:

@@ -9,6 +9,7 @@ multirun inside an srun step runs every job in the same processes).
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import os
 import socket
@@ -26,11 +27,12 @@ from meshrun.system import process
 log = logging.getLogger("meshrun")
 
 
-def join(identity: Identity, timeout_s: int, on_timeout: Callable[[str], None]) -> None:
-    """Joins the job: process 0 checks its port is free and starts the coordinator, the others
-    wait for it to answer; then jax.distributed forms the job. If that takes longer than
-    `timeout_s`, `on_timeout(message)` is called and the process exits with status 2 (jax would
-    otherwise abort with a C++ stack trace)."""
+def join(identity: Identity, timeout_s: int, on_timeout: Callable[[str], None], listen: str | None = None) -> None:
+    """Joins the job: process 0 checks its port is free and starts the coordinator, listening on
+    `listen` (HOST:PORT, listen_address; None: jax's choice), the others wait for it to answer;
+    then jax.distributed forms the job. If that takes longer than `timeout_s`,
+    `on_timeout(message)` is called and the process exits with status 2 (jax would otherwise abort
+    with a C++ stack trace)."""
     if not identity.several or joined():
         return
     started = time.monotonic()
@@ -46,9 +48,11 @@ def join(identity: Identity, timeout_s: int, on_timeout: Callable[[str], None]) 
     watchdog.start()
     import jax
 
-    log.info(f"process {identity.process_id} of {identity.num_processes} joining the job ({identity.source})")
+    listening = f"; its coordinator listens on {listen or 'the address jax picks'}" if identity.is_first else ""
+    log.info(f"process {identity.process_id} of {identity.num_processes} joining the job ({identity.source}){listening}")
     jax.distributed.initialize(
         coordinator_address=identity.coordinator,
+        coordinator_bind_address=listen if identity.is_first else None,
         num_processes=identity.num_processes,
         process_id=identity.process_id,
         local_device_ids=list(identity.local_device_ids) if identity.local_device_ids else None,
@@ -91,6 +95,65 @@ def _give_up(identity: Identity, timeout_s: int, on_timeout: Callable[[str], Non
         on_timeout(message)
     finally:
         exit_now(2)
+
+
+def listen_address(identity: Identity, given: str | None, local: bool) -> str | None:
+    """Where process 0's coordinator listens, no wider than the job: `given`
+    (distributed.bind_address) when set, which must be an address of this host; loopback for a job
+    whose processes all run on this machine (`local`, or a coordinator on a loopback address);
+    else the address the coordinator names where it is one of this host's, else every interface.
+    None where jax finds the coordinator itself (SLURM). ConfigError for a `given` address this
+    host does not have."""
+    if given is not None:
+        check_bind_address(given, identity.coordinator)
+        return given
+    if identity.coordinator is None:
+        return None
+    host, port = split_address(identity.coordinator)
+    if local or _is_loopback(host):
+        return f"127.0.0.1:{port}"
+    own = next((address for address in _addresses(host) if _is_own(address)), None)
+    if own is None:
+        return f"[::]:{port}"
+    return f"[{own}]:{port}" if ":" in own else f"{own}:{port}"
+
+
+def check_bind_address(given: str, coordinator: str | None) -> None:
+    """ConfigError unless distributed.bind_address `given` is an address of this host (or every
+    interface) on the coordinator's port."""
+    host, port = split_address(given)
+    if not _is_own(host):
+        raise ConfigError("distributed.bind_address", f"got {given!r}, but {host} is not an address of this host "
+                          f"({socket.gethostname()}); give one of its own addresses, or [::] (or 0.0.0.0) for every interface")
+    if coordinator is not None and split_address(coordinator)[1] != port:
+        raise ConfigError("distributed.bind_address", f"got {given!r}, but the coordinator is {coordinator}; listen on its port, "
+                          f"{split_address(coordinator)[1]}")
+
+
+def _addresses(host: str) -> list[str]:
+    """The IP addresses `host` resolves to (none when it does not resolve)."""
+    try:
+        return list(dict.fromkeys(info[4][0] for info in socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)))
+    except OSError:
+        return []
+
+
+def _is_loopback(host: str) -> bool:
+    addresses = _addresses(host)
+    return bool(addresses) and all(ipaddress.ip_address(a.split("%")[0]).is_loopback for a in addresses)
+
+
+def _is_own(host: str) -> bool:
+    """Whether `host` is an address of this machine (or every interface): a socket binds to it."""
+    for address in _addresses(host):
+        family = socket.AF_INET6 if ":" in address else socket.AF_INET
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
+            try:
+                probe.bind((address, 0))
+                return True
+            except OSError:
+                continue
+    return False
 
 
 def split_address(address: str) -> tuple[str, int]:

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from meshrun.config.schema import DistributedConfig
 from meshrun.errors import ConfigError, Preempted, RunFailed
-from meshrun.launch.join import check_port_free, free_port, log_path
+from meshrun.launch.join import check_bind_address, check_port_free, free_port, log_path, split_address
 from meshrun.launch.spawn import ForwardedStop, Role, spawn
 from meshrun.specs.rundir import PROCESSES_FILE
 from meshrun.system import signals
@@ -64,9 +64,15 @@ def run_local(config: DistributedConfig, run_dir: str, overrides: list[str]) -> 
     count = config.local_processes
     if config.port is not None:
         check_port_free(config.port, "distributed.port", config.port)
-    coordinator = f"localhost:{config.port or free_port()}"
+    # Every process is on this machine: they meet on loopback, where process 0's coordinator listens.
+    port = config.port or (split_address(config.bind_address)[1] if config.bind_address else free_port())
+    coordinator = f"127.0.0.1:{port}"
+    if config.bind_address is not None:
+        check_bind_address(config.bind_address, coordinator)
     kept = [o for o in overrides if o.lstrip("+~").split("=", 1)[0] not in _OWN_KEYS]
-    log.info(f"starting {count} processes on this machine (coordinator {coordinator}); logs in {run_dir}/process-*.log")
+    listening = config.bind_address or f"{coordinator}, loopback only"
+    log.info(f"starting {count} processes on this machine (coordinator {coordinator}, listening on {listening}); "
+             f"logs in {run_dir}/process-*.log")
     Path(run_dir).mkdir(parents=True, exist_ok=True)
     started = [_start(i, count, coordinator, run_dir, kept) for i in range(count)]
     _write_processes_file(run_dir, coordinator, started)
