@@ -7,12 +7,14 @@ line, exit 2, and leaves nothing in the cache."""
 
 import json
 import math
+import os
 
 import numpy as np
 import pytest
 
 from conftest import INSTRUCTION_PROMPT, read_metrics
 from meshrun import cli
+from meshrun.errors import ConfigError
 from presets import corpus_text, sentencepiece_proto
 
 pytestmark = pytest.mark.integration
@@ -111,6 +113,23 @@ def tokens_of(options_args: dict, preset, seq_len: int = 48):
     framing = text.framing_for(options, tokenizer)
     made = text.tokenize_cached(options, tokenizer, framing, seq_len)
     return {name: np.asarray(array[:]) for name, array in made.arrays.items()}, made, framing, tokenizer
+
+
+def test_a_token_cache_its_group_can_write_is_refused_unless_shared(gpt2, files, tmp_path):
+    from meshrun.data import text
+    from meshrun.text.tokenizer import load_tokenizer
+
+    group = tmp_path / "tokens"
+    group.mkdir(mode=0o770)
+    os.chmod(group, 0o770)
+    options = text.TextOptions(files=(str(files / "instructions.jsonl"),), prompt="{instruction}", completion="{response}", cache_dir=str(group))
+    tokenizer = load_tokenizer(str(gpt2), "model.preset")
+    framing = text.framing_for(options, tokenizer)
+    with pytest.raises(ConfigError) as caught:
+        text.tokenize_cached(options, tokenizer, framing, 48)
+    assert caught.value.key == "data.cache_dir" and f"chmod g-w {group}, or cache.shared=true" in str(caught.value)
+    assert list(group.iterdir()) == []
+    assert text.tokenize_cached(options, tokenizer, framing, 48, shared=True).arrays  # the user trusts the group
 
 
 @pytest.mark.parametrize("prompt", ["Q: {instruction} A: ", "Q: {instruction} A:"])

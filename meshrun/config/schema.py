@@ -202,10 +202,13 @@ class DevicesConfig:
 @dataclass(frozen=True)
 class CacheConfig:
     """XLA's persistent compilation cache: on by default, in `dir` (None: the user's cache dir,
-    $XDG_CACHE_HOME/meshrun/xla or ~/.cache/meshrun/xla)."""
+    $XDG_CACHE_HOME/meshrun/xla or ~/.cache/meshrun/xla). Like the token cache, it is used only
+    when no one but its owner can write to it, or its group too with `shared`
+    (meshrun.system.trust)."""
 
     enabled: bool = True
     dir: str | None = None
+    shared: bool = False
 
 
 @dataclass(frozen=True)

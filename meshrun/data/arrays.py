@@ -135,7 +135,7 @@ def open_array(path: str, path_key: str, member: str | None = None, member_key: 
         with open(file, "rb") as raw:
             shape, fortran, dtype = _read_header(raw)
             offset = raw.tell()
-        return _rows_or_whole(file, offset, dtype, shape, fortran, lambda: np.load(file))
+        return _rows_or_whole(file, offset, dtype, shape, fortran, lambda: np.load(file, allow_pickle=False))  # a pickle would run code
     except (ValueError, OSError, EOFError, zipfile.BadZipFile) as err:
         raise ConfigError(path_key, f"cannot read {path!r} as a numpy file ({err})") from None
 
@@ -162,7 +162,7 @@ def _npz_member(file: Path, key: str, member_key: str):
         if info.compress_type != zipfile.ZIP_STORED:
             log.warning(f"{file}: member {key!r} is compressed, so it is read into memory; save with np.savez to read it row by row")
             with archive.open(info) as member:
-                return np.lib.format.read_array(member)
+                return np.lib.format.read_array(member, allow_pickle=False)
         with archive.open(info) as member:
             shape, fortran, dtype = _read_header(member)
             header = member.tell()
@@ -174,7 +174,7 @@ def _npz_member(file: Path, key: str, member_key: str):
 
     def read_whole():
         with zipfile.ZipFile(file) as archive, archive.open(info) as member:
-            return np.lib.format.read_array(member)
+            return np.lib.format.read_array(member, allow_pickle=False)
 
     return _rows_or_whole(file, offset, dtype, shape, fortran, read_whole)
 

@@ -35,6 +35,7 @@ from meshrun.data.arrays import open_array
 from meshrun.data.batches import ArraySpec, indexed_batches
 from meshrun.data.registry import DataContext, SourceSpec, register_source
 from meshrun.errors import ConfigError
+from meshrun.system.trust import private_dir
 from meshrun.text import cache, corpus, examples
 from meshrun.wording import format_bytes, one_of
 
@@ -117,7 +118,7 @@ def load(options: TextOptions, context: DataContext) -> pipeline.Datasets:
     seq_len, vocabulary = _model_shape(context)
     tokenizer = _tokenizer(options, context, vocabulary)
     framing = framing_for(options, tokenizer)
-    tokenized = tokenize_cached(options, tokenizer, framing, seq_len)
+    tokenized = tokenize_cached(options, tokenizer, framing, seq_len, context.shared_caches)
     meta = tokenized.meta
     train, evaluation = _split(tokenized.arrays, "train"), _split(tokenized.arrays, "eval")
     eval_source = meta["eval_source"]
@@ -186,8 +187,9 @@ def framing_for(options: TextOptions, tokenizer) -> examples.Framing:
     return examples.Framing(start=tokenizer.start_id, end=int(end), pad=int(tokenizer.pad_id if tokenizer.pad_id is not None else end))
 
 
-def tokenize_cached(options: TextOptions, tokenizer, framing: examples.Framing, seq_len: int) -> Tokenized:
-    """The corpus's token rows from the cache, tokenized and written there first on a miss."""
+def tokenize_cached(options: TextOptions, tokenizer, framing: examples.Framing, seq_len: int, shared: bool = False) -> Tokenized:
+    """The corpus's token rows from the cache, tokenized and written there first on a miss; the
+    cache dir must be writable by its owner alone (by its group too when `shared`)."""
     files = corpus.expand(options.files, "data.files")
     eval_files = corpus.expand(options.eval_files, "data.eval_files")
     settings = {
@@ -195,7 +197,7 @@ def tokenize_cached(options: TextOptions, tokenizer, framing: examples.Framing, 
         "format": vars(options.format), "packing": options.packs, "too_long": options.too_long, "seq_len": seq_len,
         "framing": vars(framing), "tokenizer": tokenizer.fingerprint,
     }
-    directory = cache.root(options.cache_dir) / cache.key(settings, files + eval_files)
+    directory = private_dir(cache.root(options.cache_dir), "data.cache_dir", shared) / cache.key(settings, files + eval_files)
     meta = cache.find(directory)
     hit = meta is not None
     if not hit:

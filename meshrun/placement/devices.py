@@ -12,6 +12,7 @@ from meshrun.compat.jax import JAX_PLATFORM_LOGGER
 from meshrun.config.schema import CacheConfig, DevicesConfig, MeshConfig
 from meshrun.config.slices import spans, with_dcn
 from meshrun.errors import ConfigError
+from meshrun.system.trust import private_dir
 from meshrun.wording import first_line, format_shape
 
 log = logging.getLogger("meshrun")
@@ -93,6 +94,8 @@ def set_compilation_cache(cache: CacheConfig) -> str | None:
     import jax
 
     cache_dir = compilation_cache_dir(cache)
+    if cache_dir is not None:  # it holds code jax will run: only a directory no one else can write to
+        private_dir(cache_dir, "cache.dir", cache.shared)
     jax.config.update("jax_enable_compilation_cache", cache.enabled)
     if cache_dir is not None:
         jax.config.update("jax_compilation_cache_dir", cache_dir)

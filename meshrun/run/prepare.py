@@ -325,7 +325,7 @@ def _data_context(config: RunConfig, planned: PlannedModel, named: Objectives, d
     return data_lib.DataContext(
         model=planned.spec, model_options=planned.options, batch_size=config.train.batch_size, seed=config.train.seed,
         shard_index=shard_index, shard_count=shard_count, process_count=processes,
-        signature=planned.abstract.signature, loss=named.loss_function,
+        signature=planned.abstract.signature, loss=named.loss_function, shared_caches=config.cache.shared,
     )
 
 

@@ -36,6 +36,7 @@ class DataContext:
     process_count: int = 1
     signature: Any = None  # what the built model takes and gives (meshrun.run.build.Signature)
     loss: str = ""  # the Keras loss function the run trains with, e.g. sparse_categorical_crossentropy
+    shared_caches: bool = False  # cache.shared: a cache dir its group can write to is trusted (meshrun.system.trust)
 
     @property
     def process_batch_size(self) -> int:

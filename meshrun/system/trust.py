@@ -1,0 +1,42 @@
+"""Caches are code: XLA's persistent compilation cache holds executables (on a CPU, machine code)
+that jax loads and runs, and the token cache holds the rows a run trains on. meshrun uses a cache
+directory only when no one but its owner (this user, or root) can write to it: a directory the
+group can write to is refused unless the user says they trust that group (`cache.shared=true`,
+then a one-line warning), and one everyone can write to, or another user owns, is always refused.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import stat
+from pathlib import Path
+
+from meshrun.errors import ConfigError
+
+log = logging.getLogger("meshrun")
+
+
+def private_dir(path: str | os.PathLike, key: str, shared: bool) -> Path:
+    """`path`, once checked to be writable by its owner alone (by its group too when `shared`); a
+    ConfigError naming `key`, the directory and the chmod that fixes it otherwise. A directory that
+    does not exist yet passes: this process will make it (nothing is made here, so that a run
+    refused later leaves nothing behind)."""
+    path = Path(path).expanduser()
+    if not path.exists():
+        return path
+    info = path.stat()
+    mode = stat.S_IMODE(info.st_mode)
+    what = "XLA's compiled code" if key == "cache.dir" else "the tokens a run trains on"
+    if info.st_uid not in (os.getuid(), 0):
+        raise ConfigError(key, f"got {path}, which user {info.st_uid} owns; meshrun loads {what} from it only when you or root own it: "
+                               "give a directory of your own")
+    if mode & stat.S_IWOTH:
+        raise ConfigError(key, f"got {path}, which everyone can write to (mode {mode:04o}); meshrun loads {what} from it only when "
+                               f"no one but its owner can write to it: chmod o-w,g-w {path} (cache.shared=true trusts a group, never everyone)")
+    if mode & stat.S_IWGRP:
+        if not shared:
+            raise ConfigError(key, f"got {path}, which its group can write to (mode {mode:04o}); meshrun loads {what} from it only when "
+                                   f"no one but its owner can write to it: chmod g-w {path}, or cache.shared=true if you trust that group")
+        log.warning(f"{key}: {path} is writable by its group (mode {mode:04o}); using it since cache.shared=true trusts that group")
+    return path
