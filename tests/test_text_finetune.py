@@ -270,3 +270,40 @@ def test_bad_text_input_is_one_line_with_exit_2_and_leaves_no_cache(name, gpt2, 
         if part:
             assert part in lines[0], (part, lines[0])
     assert list(tmp_path.iterdir()) == []  # no run dir, no cache entry
+
+
+# --- issue 38: a preset loads only Keras' and KerasHub's own objects ------------------------------
+
+
+def crafted(preset, tmp_path, name: str, edit) -> str:
+    """A copy of `preset` whose config.json `edit` changed."""
+    import shutil
+
+    copy = tmp_path / name
+    shutil.copytree(preset, copy)
+    config = json.loads((copy / "config.json").read_text())
+    edit(config)
+    (copy / "config.json").write_text(json.dumps(config))
+    return str(copy)
+
+
+def _foreign_initializer(config):
+    config["config"]["kernel_initializer"] = {"module": "os", "class_name": "system", "config": {}, "registered_name": "os>system"}
+
+
+def _lambda(config):
+    config["config"]["extra"] = {"module": "keras.layers", "class_name": "Lambda", "config": {"function": {"class_name": "__lambda__"}}}
+
+
+@pytest.mark.parametrize("edit, asked", [(_foreign_initializer, "os.system, code outside Keras and KerasHub"),
+                                         (_lambda, "keras.layers.Lambda, a Lambda (code inside the config)")])
+def test_a_preset_asking_for_code_is_one_line_and_nothing_runs(gpt2, tmp_path, monkeypatch, capsys, edit, asked):
+    monkeypatch.chdir(tmp_path)
+    preset = crafted(gpt2, tmp_path, "crafted", edit)
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["train", "model=keras_hub", f"model.preset={preset}", "mesh=2x4", "layout=replicated", "train.verbose=0"])
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.strip() and "[meshrun]" not in line]
+    assert exit_info.value.code == 2 and lines == [
+        f"meshrun: error: model.preset: got {preset!r}, whose config.json asks for {asked}; meshrun loads only Keras' and "
+        "KerasHub's own objects from a preset"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["crafted"]  # no run dir

@@ -37,6 +37,7 @@ from pathlib import Path
 from meshrun import user_code
 from meshrun.errors import ConfigError
 from meshrun.models.registry import InputSpec, ModelSpec, class_accuracy, register_model, require_positive
+from meshrun.system.trust import check_preset_objects
 from meshrun.wording import did_you_mean, format_bytes, one_of
 
 HANDLE = re.compile(r"^[a-z]+://|^[\w.-]+$")  # kaggle://..., hf://..., or a bare preset name
@@ -179,6 +180,7 @@ def max_sequence_length(options: KerasHubOptions) -> int | None:
 def _check_preset(preset: str) -> None:
     path = Path(preset).expanduser()
     if (path / "config.json").is_file():
+        check_preset_objects(path, "model.preset")
         return
     if not path.exists() and HANDLE.match(preset):
         raise ConfigError("model.preset", f"got {preset!r}, a preset handle; meshrun downloads nothing: download the preset first "

@@ -40,3 +40,49 @@ def private_dir(path: str | os.PathLike, key: str, shared: bool) -> Path:
                                    f"no one but its owner can write to it: chmod g-w {path}, or cache.shared=true if you trust that group")
         log.warning(f"{key}: {path} is writable by its group (mode {mode:04o}); using it since cache.shared=true trusts that group")
     return path
+
+
+# What a preset's JSON may ask Keras to build: Keras' and KerasHub's own objects. Any other module
+# would be imported (running its code) to find the class; a Lambda layer holds code itself.
+TRUSTED_MODULES = ("keras", "keras_hub")
+CODE_CLASSES = ("Lambda", "__lambda__")
+
+
+def check_preset_objects(preset: str | os.PathLike, key: str) -> None:
+    """ConfigError when a JSON file of KerasHub preset dir `preset` asks for an object that is not
+    Keras' or KerasHub's (its module would be imported) or for a Lambda (code in the config), naming
+    the file and the object; `key` is the config key that named the preset."""
+    import json
+
+    for path in sorted(Path(preset).expanduser().glob("*.json")):
+        try:
+            document = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue  # KerasHub's own loading says what is wrong with it
+        found = _untrusted_object(document)
+        if found is not None:
+            module, class_name = found
+            raise ConfigError(key, f"got {str(preset)!r}, whose {path.name} asks for {module + '.' if module else ''}{class_name}, "
+                                   f"{'a Lambda (code inside the config)' if class_name in CODE_CLASSES else 'code outside Keras and KerasHub'}; "
+                                   "meshrun loads only Keras' and KerasHub's own objects from a preset")
+
+
+def _untrusted_object(node) -> tuple[str, str] | None:
+    """The (module, class name) of the first serialized object in `node` that is not Keras' or
+    KerasHub's, or is a Lambda; None when there is none."""
+    if isinstance(node, dict):
+        class_name, module = node.get("class_name"), node.get("module")
+        if isinstance(class_name, str):
+            foreign = isinstance(module, str) and module.split(".")[0] not in TRUSTED_MODULES and module != "builtins"
+            if class_name in CODE_CLASSES or foreign:
+                return (module or "", class_name)
+        children = node.values()
+    elif isinstance(node, list):
+        children = node
+    else:
+        return None
+    for child in children:
+        found = _untrusted_object(child)
+        if found is not None:
+            return found
+    return None

@@ -39,6 +39,7 @@ import numpy as np
 
 from meshrun.errors import ConfigError
 from meshrun.system.process import stderr_captured
+from meshrun.system.trust import check_preset_objects
 from meshrun.wording import first_line
 
 log = logging.getLogger("meshrun")
@@ -288,6 +289,7 @@ def _agrees_on_probe(encoder, reference, identity: tuple[str, str]) -> bool:
 
 def _keras_hub_layer(preset: Path, source, key: str):
     """The preset's tokenizer layer, as KerasHub loads it."""
+    check_preset_objects(preset, key)
     keras_hub = _import_keras_hub(key)
     try:
         with _native_info_lines_dropped():
