@@ -13,6 +13,8 @@ from conftest import FAST, one_error_line, run_meshrun
 from meshrun.errors import ConfigError
 from meshrun.system.trust import private_dir
 
+XLA = "XLA's compiled code"
+
 
 def made(tmp_path, mode: int):
     path = tmp_path / f"cache-{mode:o}"
@@ -22,24 +24,24 @@ def made(tmp_path, mode: int):
 
 
 def test_a_missing_cache_dir_passes_and_is_left_for_the_cache_to_make(tmp_path):
-    assert private_dir(tmp_path / "new" / "xla", "cache.dir", shared=False) == tmp_path / "new" / "xla"
+    assert private_dir(tmp_path / "new" / "xla", "cache.dir", shared=False, what=XLA) == tmp_path / "new" / "xla"
     assert list(tmp_path.iterdir()) == []
 
 
 def test_a_dir_only_its_owner_can_write_is_used(tmp_path):
-    assert private_dir(made(tmp_path, 0o755), "cache.dir", shared=False) == tmp_path / "cache-755"
+    assert private_dir(made(tmp_path, 0o755), "cache.dir", shared=False, what=XLA) == tmp_path / "cache-755"
 
 
 def test_a_dir_its_group_can_write_is_refused_unless_shared_then_a_warning(tmp_path, caplog):
     group = made(tmp_path, 0o770)
     with pytest.raises(ConfigError) as caught:
-        private_dir(group, "cache.dir", shared=False)
+        private_dir(group, "cache.dir", shared=False, what=XLA)
     assert str(caught.value) == (
         f"cache.dir: got {group}, which its group can write to (mode 0770); meshrun loads XLA's compiled code from it only when "
         f"no one but its owner can write to it: chmod g-w {group}, or cache.shared=true if you trust that group"
     )
     with caplog.at_level(logging.WARNING, logger="meshrun"):
-        assert private_dir(group, "cache.dir", shared=True) == group
+        assert private_dir(group, "cache.dir", shared=True, what=XLA) == group
     assert [r.getMessage() for r in caplog.records] == [
         f"cache.dir: {group} is writable by its group (mode 0770); using it since cache.shared=true trusts that group"]
 
@@ -48,7 +50,7 @@ def test_a_dir_its_group_can_write_is_refused_unless_shared_then_a_warning(tmp_p
 def test_a_dir_everyone_can_write_is_always_refused(tmp_path, shared):
     everyone = made(tmp_path, 0o777)
     with pytest.raises(ConfigError) as caught:
-        private_dir(everyone, "data.cache_dir", shared=shared)
+        private_dir(everyone, "data.cache_dir", shared=shared, what="the tokens a run trains on")
     assert str(caught.value) == (
         f"data.cache_dir: got {everyone}, which everyone can write to (mode 0777); meshrun loads the tokens a run trains on from it "
         f"only when no one but its owner can write to it: chmod o-w,g-w {everyone} (cache.shared=true trusts a group, never everyone)"

@@ -7,6 +7,7 @@ the plan from the CLI. The two-process jobs that train on such a mesh are in tes
 from __future__ import annotations
 
 import json
+import math
 from types import SimpleNamespace
 
 import pytest
@@ -15,7 +16,7 @@ from conftest import one_error_line, run_meshrun
 from meshrun.app import shapes_within_processes
 from meshrun.config.parse import parse_run_config
 from meshrun.config.schema import LayoutRule, MeshConfig
-from meshrun.config.slices import owners, spans, with_dcn
+from meshrun.config.slices import spans, with_dcn
 from meshrun.errors import ConfigError
 from meshrun.placement.auto import derive_layout
 from meshrun.placement.devices import mesh_order
@@ -100,6 +101,23 @@ def test_a_mesh_that_cannot_be_cut_into_one_slice_per_process_is_one_error():
         "mesh.dcn: mesh 6 cannot be cut along its axes into 4 equal slices, one per process (distributed.num_processes); "
         "give mesh.dcn, one slice count per axis with product 4, or another shape"
     )
+
+
+def owners(mesh: MeshConfig) -> list[int]:
+    """The process holding each device of `mesh`, devices in mesh (row-major) order: the slices,
+    numbered row-major over the dcn shape, each a contiguous block."""
+    parts = spans(mesh)
+    owner = []
+    for flat in range(math.prod(mesh.shape)):
+        slice_index, rest = 0, flat
+        coords = []
+        for part in reversed(parts):
+            coords.append(rest % part.size)
+            rest //= part.size
+        for part, coord in zip(parts, reversed(coords), strict=True):
+            slice_index = slice_index * part.across_processes + coord // part.in_process
+        owner.append(slice_index)
+    return owner
 
 
 @pytest.mark.parametrize("dcn", [(2, 1), (1, 2), (2, 2)])

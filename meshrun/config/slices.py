@@ -102,20 +102,3 @@ def span_of(mesh: MeshConfig, axis: str) -> AxisSpan:
 def across_processes(mesh: MeshConfig) -> tuple[str, ...]:
     """The axes of `mesh` whose steps go from one process to another."""
     return tuple(span.name for span in spans(mesh) if span.across_processes > 1)
-
-
-def owners(mesh: MeshConfig) -> list[int]:
-    """The process holding each device of `mesh`, devices in mesh (row-major) order: the slices,
-    numbered row-major over the dcn shape, each a contiguous block."""
-    parts = spans(mesh)
-    owner = []
-    for flat in range(math.prod(mesh.shape)):
-        slice_index, rest = 0, flat
-        coords = []
-        for part in reversed(parts):
-            coords.append(rest % part.size)
-            rest //= part.size
-        for part, coord in zip(parts, reversed(coords), strict=True):
-            slice_index = slice_index * part.across_processes + coord // part.in_process
-        owner.append(slice_index)
-    return owner

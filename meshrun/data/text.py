@@ -197,7 +197,8 @@ def tokenize_cached(options: TextOptions, tokenizer, framing: examples.Framing, 
         "format": vars(options.format), "packing": options.packs, "too_long": options.too_long, "seq_len": seq_len,
         "framing": vars(framing), "tokenizer": tokenizer.fingerprint,
     }
-    directory = private_dir(cache.root(options.cache_dir), "data.cache_dir", shared) / cache.key(settings, files + eval_files)
+    root = private_dir(cache.root(options.cache_dir), "data.cache_dir", shared, what="the tokens a run trains on")
+    directory = root / cache.key(settings, files + eval_files)
     meta = cache.find(directory)
     hit = meta is not None
     if not hit:

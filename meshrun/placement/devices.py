@@ -95,7 +95,7 @@ def set_compilation_cache(cache: CacheConfig) -> str | None:
 
     cache_dir = compilation_cache_dir(cache)
     if cache_dir is not None:  # it holds code jax will run: only a directory no one else can write to
-        private_dir(cache_dir, "cache.dir", cache.shared)
+        private_dir(cache_dir, "cache.dir", cache.shared, what="XLA's compiled code")
     jax.config.update("jax_enable_compilation_cache", cache.enabled)
     if cache_dir is not None:
         jax.config.update("jax_compilation_cache_dir", cache_dir)

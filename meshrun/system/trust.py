@@ -7,6 +7,7 @@ then a one-line warning), and one everyone can write to, or another user owns, i
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import stat
@@ -17,9 +18,10 @@ from meshrun.errors import ConfigError
 log = logging.getLogger("meshrun")
 
 
-def private_dir(path: str | os.PathLike, key: str, shared: bool) -> Path:
+def private_dir(path: str | os.PathLike, key: str, shared: bool, what: str) -> Path:
     """`path`, once checked to be writable by its owner alone (by its group too when `shared`); a
-    ConfigError naming `key`, the directory and the chmod that fixes it otherwise. A directory that
+    ConfigError naming `key`, the directory, `what` meshrun loads from it and the chmod that fixes
+    it otherwise. A directory that
     does not exist yet passes: this process will make it (nothing is made here, so that a run
     refused later leaves nothing behind)."""
     path = Path(path).expanduser()
@@ -27,7 +29,6 @@ def private_dir(path: str | os.PathLike, key: str, shared: bool) -> Path:
         return path
     info = path.stat()
     mode = stat.S_IMODE(info.st_mode)
-    what = "XLA's compiled code" if key == "cache.dir" else "the tokens a run trains on"
     if info.st_uid not in (os.getuid(), 0):
         raise ConfigError(key, f"got {path}, which user {info.st_uid} owns; meshrun loads {what} from it only when you or root own it: "
                                "give a directory of your own")
@@ -52,8 +53,6 @@ def check_preset_objects(preset: str | os.PathLike, key: str) -> None:
     """ConfigError when a JSON file of KerasHub preset dir `preset` asks for an object that is not
     Keras' or KerasHub's (its module would be imported) or for a Lambda (code in the config), naming
     the file and the object; `key` is the config key that named the preset."""
-    import json
-
     for path in sorted(Path(preset).expanduser().glob("*.json")):
         try:
             document = json.loads(path.read_text())
