@@ -294,6 +294,7 @@ def first(coordinator: str | None) -> Identity:
 def test_the_coordinator_listens_no_wider_than_the_job():
     assert listen_address(first("127.0.0.1:1234"), None, local=True) == "127.0.0.1:1234"
     assert listen_address(first("localhost:1234"), None, local=False) == "127.0.0.1:1234"  # a loopback name
+    assert listen_address(first("[::1]:1234"), None, local=False) == "[::1]:1234"  # IPv6's loopback alone
     assert listen_address(first(f"{NOT_OURS}:1234"), None, local=False) == "[::]:1234"  # another host's: every interface
     assert listen_address(first(None), None, local=False) is None  # SLURM: jax finds the coordinator
     assert listen_address(first(f"{NOT_OURS}:1234"), "0.0.0.0:1234", local=False) == "0.0.0.0:1234"  # the user's choice

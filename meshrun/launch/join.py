@@ -111,7 +111,7 @@ def listen_address(identity: Identity, given: str | None, local: bool) -> str | 
         return None
     host, port = split_address(identity.coordinator)
     if local or _is_loopback(host):
-        return f"127.0.0.1:{port}"
+        return f"{_loopback(host)}:{port}"
     own = next((address for address in _addresses(host) if _is_own(address)), None)
     if own is None:
         return f"[::]:{port}"
@@ -136,6 +136,13 @@ def _addresses(host: str) -> list[str]:
         return list(dict.fromkeys(info[4][0] for info in socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)))
     except OSError:
         return []
+
+
+def _loopback(host: str) -> str:
+    """The loopback address to listen on for a coordinator named `host`: IPv6's where the name
+    resolves to IPv6 addresses only (`[::1]`), else IPv4's, which the local launcher uses."""
+    addresses = _addresses(host)
+    return "[::1]" if addresses and all(":" in a for a in addresses) else "127.0.0.1"
 
 
 def _is_loopback(host: str) -> bool:
