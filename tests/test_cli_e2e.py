@@ -60,6 +60,26 @@ def test_train_writes_a_complete_metrics_json(tmp_path):
     assert metrics["flops"]["per_step"] > 0 and metrics["flops"]["mfu"] is None
 
 
+README = Path(__file__).parents[1] / "README.md"
+
+
+def readme_losses() -> list[float]:
+    """The epoch losses the README's "What a run looks like" shows for its main job."""
+    shown = README.read_text().split("## What a run looks like", 1)[1].split("```", 2)[1]
+    assert "$ meshrun train mesh=2x4 layout=dense_model\n" in shown
+    return [float(line.rsplit("loss ", 1)[1]) for line in shown.splitlines() if line.startswith("epoch ")]
+
+
+@pytest.mark.smoke
+def test_the_readme_quickstart_trains_to_the_losses_the_readme_shows(tmp_path):
+    run_dir = tmp_path / "run"
+    done = run_meshrun(["train", "mesh=2x4", "layout=dense_model", f"hydra.run.dir={run_dir}"], tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    shown = readme_losses()
+    assert len(shown) == 3
+    assert [round(loss, 4) for loss in read_metrics(run_dir)["history"]["loss"]] == pytest.approx(shown, abs=1e-4)
+
+
 # Imported only where used (data=tfrecord, tf.data factories; keras' scikit-learn wrappers and
 # image plots, which meshrun does not use): 2-3 s of start-up between them.
 NOT_FOR_THE_DEFAULT_RUN = ("tensorflow", "sklearn", "matplotlib")

@@ -50,6 +50,8 @@ def runs(tmp_path_factory):
     return results
 
 
+@pytest.mark.smoke
+@pytest.mark.hub
 @pytest.mark.parametrize("model", ["llama", "gemma"])
 def test_losses_agree_across_meshes_and_layouts(runs, model):
     mine = [key for key in RUNS if key[0] == model]

@@ -58,7 +58,7 @@ def wait_for_steps(run_dir: Path, process: subprocess.Popen, count: int, timeout
     raise AssertionError(f"no {count} steps in {log} after {timeout} s")
 
 
-@pytest.mark.parametrize("stop_signal", [signal.SIGTERM, signal.SIGUSR1, signal.SIGINT])
+@pytest.mark.parametrize("stop_signal", [pytest.param(signal.SIGTERM, marks=pytest.mark.smoke), signal.SIGUSR1, signal.SIGINT])
 def test_a_signal_mid_epoch_saves_and_the_same_command_resumes_exactly(tmp_path, stop_signal, uninterrupted):
     whole = uninterrupted
     checkpoints = tmp_path / "checkpoints"
