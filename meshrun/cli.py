@@ -12,6 +12,7 @@ import sys
 from meshrun.errors import ConfigError
 from meshrun.launch import join
 from meshrun.launch.spawn import ROLE_FLAG, Role, parse_role
+from meshrun.system import signals
 from meshrun.usage import USAGE, command_help, versions_line
 from meshrun.wording import one_of, say_error
 
@@ -31,6 +32,7 @@ def main(argv: list[str] | None = None) -> None:
         if status:
             sys.exit(status)
         return
+    signals.end_process_when_interrupted()
     try:
         status = run(sys.argv[1:], as_program=True)
     except SystemExit as ended:  # Hydra's --help and --cfg end with SystemExit
@@ -38,8 +40,9 @@ def main(argv: list[str] | None = None) -> None:
             raise
         status = ended.code or 0
     except KeyboardInterrupt:  # Ctrl-C before training, or a second one during it
-        say_error("interrupted; stopped at once (a first Ctrl-C during training stops at a step boundary with a checkpoint)")
-        status = 130
+        signals.on_the_way_out()
+        say_error(signals.INTERRUPTED)
+        status = signals.INTERRUPTED_STATUS
     leave(status)
 
 

@@ -45,3 +45,19 @@ class Preempted(Exception):
     @property
     def signum(self) -> int:
         return self.exit_status - 128
+
+
+def chain_of(err: BaseException):
+    """`err` and the exceptions it was raised from or while handling, outermost first."""
+    seen = set()
+    while err is not None and id(err) not in seen:
+        seen.add(id(err))
+        yield err
+        err = err.__cause__ or err.__context__
+
+
+def raised_while_interrupted(err: BaseException) -> bool:
+    """Whether `err` was raised while a KeyboardInterrupt unwound (a clean-up that failed because
+    of it, such as a library's wait for a write the interrupt cut short): the interrupt is what
+    happened, not a failure."""
+    return any(isinstance(e, KeyboardInterrupt) for e in chain_of(err))

@@ -11,7 +11,7 @@ import traceback
 from dataclasses import dataclass
 from pathlib import Path
 
-from meshrun.errors import ConfigError, DoesNotFit, Preempted, RunFailed
+from meshrun.errors import ConfigError, DoesNotFit, Preempted, RunFailed, raised_while_interrupted
 from meshrun.files import write_json
 from meshrun.launch import join as join_lib
 from meshrun.launch.invocation import Job
@@ -48,7 +48,8 @@ class RunDir:
         rejected, a failed job's verdict (from the local launcher) replaces process 0's, and any
         other error is a failure during training, recorded by process 0 (the others print their
         traceback into their log) and raised as RunFailed. A stop signal's Preempted passes (process
-        0's metrics.json says where the job stopped)."""
+        0's metrics.json says where the job stopped). An error raised while a second Ctrl-C
+        unwound (a clean-up it cut short) is that interrupt."""
         try:
             yield
         except ConfigError as err:
@@ -60,6 +61,8 @@ class RunDir:
         except Preempted:
             raise
         except Exception as err:
+            if raised_while_interrupted(err):
+                raise KeyboardInterrupt from err
             if not self.identity.is_first:
                 traceback.print_exception(err)
                 raise RunFailed(f"training failed: {error_text(err)}") from err

@@ -150,11 +150,18 @@ def build(setup: RunSetup):
 
 def fit(model, setup: RunSetup, hooks: RunHooks) -> dict:
     """Trains from the run's start (a fresh one, or the checkpoint it resumes) to the last epoch;
-    returns the per-epoch history. Raises Diverged when the NaN guard stopped training."""
+    returns the per-epoch history. Raises Diverged when the NaN guard stopped training. Where a
+    second Ctrl-C is a KeyboardInterrupt (meshrun called in its caller's process), it does not wait
+    for checkpoints still being written: they are left cut short, and resume passes over them."""
     try:
         history = _fit(model, setup.datasets, setup.config.train, hooks.all, setup.checkpoints.start)
-    finally:
+    except Exception:
         hooks.finish()
+        raise
+    except BaseException:
+        hooks.abandon()
+        raise
+    hooks.finish()
     hooks.check_finite()
     return history
 

@@ -60,8 +60,16 @@ class RunHooks:
         try:
             self.checkpointing.finish()
         finally:
-            if self.step_log is not None:
-                self.step_log.close()
+            self._close_step_log()
+
+    def abandon(self) -> None:
+        """After a fit interrupted at once: closes the step log, without waiting for checkpoints
+        still being written (an error of theirs would hide the interrupt)."""
+        self._close_step_log()
+
+    def _close_step_log(self) -> None:
+        if self.step_log is not None:
+            self.step_log.close()
 
     def check_finite(self) -> None:
         """Raises Diverged, naming the step, when the NaN guard stopped training."""

@@ -6,6 +6,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from meshrun.errors import chain_of
+
 
 def free_bytes(root: Path) -> int | None:
     """The bytes free to this user on the file system of `root` (or of its nearest existing
@@ -22,13 +24,4 @@ def free_bytes(root: Path) -> int | None:
 
 def os_error_behind(err: BaseException) -> BaseException:
     """The first OSError among `err` and the exceptions it was raised from, else `err`."""
-    return next((e for e in _causes(err) if isinstance(e, OSError)), err)
-
-
-def _causes(err: BaseException):
-    """`err` and the exceptions it was raised from, outermost first."""
-    seen = set()
-    while err is not None and id(err) not in seen:
-        seen.add(id(err))
-        yield err
-        err = err.__cause__ or err.__context__
+    return next((e for e in chain_of(err) if isinstance(e, OSError)), err)

@@ -12,11 +12,14 @@ the scheduler understands (128 + the signal's number, as a shell reports a proce
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
+import sys
 from collections.abc import Mapping
 
-from meshrun.system.process import SignalHandlers
+from meshrun.system.process import SignalHandlers, on_main_thread
+from meshrun.wording import ERROR_PREFIX
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
 
@@ -51,10 +54,10 @@ _active: StopSignals | None = None
 class StopSignals:
     """While entered (on the main thread; elsewhere it catches nothing), catches the stop signals
     (`caught_signals`): the first is remembered in `received` for the run to stop at its next step
-    boundary; a second SIGINT raises KeyboardInterrupt at once. The handlers in force before are
-    put back on leaving. Entered while another is, it is that one, its handlers set again: a
-    signal caught while the job started up (before its training entered its own) stops the
-    training at its first step."""
+    boundary; a second SIGINT (and each one after it) stops at once (`interrupt`). The
+    handlers in force before are put back on leaving. Entered while another is, it is that one,
+    its handlers set again: a signal caught while the job started up (before its training entered
+    its own) stops the training at its first step."""
 
     def __init__(self):
         self.received: int | None = None
@@ -91,7 +94,67 @@ class StopSignals:
         if self.received is None:
             self.received = signum
         elif signum == signal.SIGINT:
-            raise KeyboardInterrupt
+            interrupt()
+
+
+# What a Ctrl-C that stops a run at once says (with meshrun's error prefix), and its exit status
+INTERRUPTED = "interrupted; stopped at once (a first Ctrl-C during training stops at a step boundary with a checkpoint)"
+INTERRUPTED_STATUS = 128 + signal.SIGINT
+
+_ends_process = False
+
+
+def end_process_when_interrupted() -> None:
+    """Makes a second Ctrl-C during training end the process where it is, with the one line and
+    exit status 130: the `meshrun` program's choice. Left alone (a notebook or a test calling
+    meshrun in its own process), a second Ctrl-C raises KeyboardInterrupt instead."""
+    global _ends_process
+    _ends_process = True
+
+
+def interrupt() -> None:
+    """A second Ctrl-C during training. In the program (end_process_when_interrupted) it ends the
+    process at once: an exception unwinding from here could be swallowed where Python ignores
+    exceptions (a finalizer, a weakref callback) or replaced by a library's failing clean-up.
+    Elsewhere it raises KeyboardInterrupt, each time one comes."""
+    if _ends_process:
+        _end_interrupted()
+    quiet_finalizers()
+    raise KeyboardInterrupt
+
+
+def _end_interrupted() -> None:
+    """Says the one line and ends the process, from a signal handler: further Ctrl-Cs ignored
+    first, the Python streams flushed where they are not mid-write (that flush would be a
+    reentrant call), the line written straight to file descriptor 2."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (RuntimeError, OSError, ValueError):
+            pass
+    os.write(2, f"{ERROR_PREFIX}{INTERRUPTED}\n".encode())
+    os._exit(INTERRUPTED_STATUS)
+
+
+def on_the_way_out() -> None:
+    """Once interrupted (Ctrl-C) and on its way out, the process ends quietly: further Ctrl-Cs are
+    ignored (one landing in the last lines would end it with a traceback) and what finalizers
+    raise goes to the debug log (quiet_finalizers)."""
+    if on_main_thread():
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+    quiet_finalizers()
+
+
+def quiet_finalizers() -> None:
+    """Sends what finalizers raise to the debug log instead of stderr: after an interrupt, objects
+    it left half-built (an Orbax writer cut short in its constructor) complain when they are
+    freed, and a Ctrl-C that lands in a finalizer is printed, not raised."""
+    sys.unraisablehook = _to_debug_log
+
+
+def _to_debug_log(unraisable) -> None:
+    logging.getLogger(__name__).debug(f"after the interrupt, in {unraisable.object!r}: {unraisable.exc_type.__name__}: {unraisable.exc_value}")
 
 
 def stopped_line(stopped: dict) -> str:
