@@ -125,9 +125,9 @@ def interrupt() -> None:
 
 def _end_interrupted() -> None:
     """Says the one line and ends the process, from a signal handler: further Ctrl-Cs ignored
-    first, the Python streams flushed where they are not mid-write (that flush would be a
-    reentrant call), the line written straight to file descriptor 2."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    first (on_the_way_out), the Python streams flushed where they are not mid-write (that flush
+    would be a reentrant call), the line written straight to file descriptor 2."""
+    on_the_way_out()
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
