@@ -5,7 +5,7 @@ import pytest
 
 from meshrun.config.schema import LayoutRule, MeshConfig
 from meshrun.errors import ConfigError
-from meshrun.placement.layout import TensorSpec, assign_rules, check_rules, matching_rules
+from meshrun.placement.layout import TensorSpec, assign_rules, bend_notes, check_rules, matching_rules
 
 MESH = MeshConfig(shape=(2, 4), axis_names=("data", "model"), batch_axis="data")
 TENSORS = [
@@ -93,3 +93,72 @@ def test_the_models_own_rules_are_reported_under_layout_from_model():
         parse_layout({"from_model": True, "rules": {"d1/kernel": [None, "model"]}}, MESH)
     with pytest.raises(ConfigError, match=r"^layout\.extra_rules\.d1/kernel: got axis 'tensor'"):
         parse_layout({"extra_rules": {"d1/kernel": [None, "tensor"]}}, MESH)
+
+
+# --- lenient rules: a family layout's dimension the mesh cannot divide stays whole ----------------
+
+ATTENTION = [
+    TensorSpec("block_0/query/kernel", (8, 64, 16)),  # 8 query heads: divide by 4
+    TensorSpec("block_0/key/kernel", (1, 64, 16)),  # 1 key/value head (multi-query attention): does not
+    TensorSpec("block_1/query/kernel", (8, 64, 16)),
+    TensorSpec("block_1/key/kernel", (1, 64, 16)),
+]
+
+
+def test_a_lenient_rule_leaves_an_indivisible_dimension_whole_with_an_exact_rule_for_keras():
+    heads = LayoutRule(r"block_\d+/(query|key)/kernel", ("model", "data", None), replicate_if_indivisible=True)
+    check = check_rules((heads,), MESH, ATTENTION)
+    assert check.errors == () and check.misfits == {}
+    assert check.assigned["block_0/query/kernel"] == heads
+    exact = check.assigned["block_0/key/kernel"]
+    assert exact == LayoutRule("block_0/key/kernel", (None, "data", None), derived_from=heads.pattern)  # hidden still over data
+    assert [(bend.path, bend.whole) for bend in check.bends] == [("block_0/key/kernel", ((0, "model"),)),
+                                                                 ("block_1/key/kernel", ((0, "model"),))]
+    # Keras looks the exact path up before any pattern: the written rule and the exact ones agree
+    # with the check, and the written rule counts as used.
+    again = check_rules((*(bend.exact_rule for bend in check.bends), heads), MESH, ATTENTION)
+    assert again.errors == () and again.bends == () and again.assigned["block_1/key/kernel"].axes == (None, "data", None)
+
+
+def test_one_note_per_lenient_rule_says_what_stays_whole_and_why():
+    heads = LayoutRule(r"block_\d+/(query|key)/kernel", ("model", None, None), replicate_if_indivisible=True)
+    notes = bend_notes(check_rules((heads,), MESH, ATTENTION).bends, MESH)
+    assert notes == [r"rule 'block_\d+/(query|key)/kernel' cannot split dimension 0 of 'block_0/key/kernel' (size 1, shape "
+                     "(1, 64, 16)) over mesh axis 'model' of size 4, so it keeps that dimension whole, replicated over 'model'; "
+                     "the same for 1 more path (8.00 KiB in all)"]
+
+
+def test_the_same_rule_written_strict_is_an_error_and_keeps_the_path_as_its_misfit():
+    heads = LayoutRule(r"block_\d+/(query|key)/kernel", ("model", None, None))
+    check = check_rules((heads,), MESH, ATTENTION)
+    assert len(check.errors) == 1 and check.bends == ()
+    assert "dimension 0 of variable 'block_0/key/kernel' (size 1" in str(check.errors[0]) and "(and 1 more path matched" in str(check.errors[0])
+    assert check.misfits == {"block_0/key/kernel": heads, "block_1/key/kernel": heads}
+    assert "block_0/key/kernel" not in check.assigned
+
+
+def test_a_lenient_rule_of_the_wrong_rank_is_still_an_error():
+    heads = LayoutRule(r"block_\d+/(query|key)/kernel", ("model", None), replicate_if_indivisible=True)
+    check = check_rules((heads,), MESH, ATTENTION)
+    assert check.bends == () and "gives 2 axes [model, null] but variable 'block_0/query/kernel' has rank 3" in str(check.errors[0])
+
+
+def test_a_layout_file_marks_its_lenient_rules_and_a_saved_layout_keeps_them():
+    import yaml
+
+    from meshrun.config.parse import parse_layout
+    from meshrun.placement.layout_file import layout_text
+    from meshrun.placement.plan import make_plan
+    from meshrun.run.build import AbstractModel
+
+    raw = {"rules": {r"block_\d+/(query|key)/kernel": ["model", None, None], r"block_\d+/other": [None]},
+           "replicate_if_indivisible": [r"block_\d+/(query|key)/kernel", "not/a/rule/here"]}  # one no rule has: marks nothing
+    layout = parse_layout(raw, MESH)
+    assert [(r.pattern, r.replicate_if_indivisible) for r in layout.rules] == [(r"block_\d+/(query|key)/kernel", True),
+                                                                                (r"block_\d+/other", False)]
+    plan = make_plan("toy", MESH, layout.rules[:1], AbstractModel(tensors=tuple(ATTENTION), slots=()), "adam")
+    saved = yaml.safe_load(layout_text(layout.rules, plan, ["mesh=2x4"]))
+    assert saved["replicate_if_indivisible"] == [r"block_\d+/(query|key)/kernel"]
+    assert parse_layout(saved, MESH).rules == layout.rules
+    with pytest.raises(ConfigError, match=r"^layout\.replicate_if_indivisible: got 'block_0'; expected a list of patterns of layout\.rules$"):
+        parse_layout({**raw, "replicate_if_indivisible": "block_0"}, MESH)

@@ -57,11 +57,11 @@ def test_pipeline_settings_that_cannot_work_name_the_key(raw, key, text):
 
 def test_rules_for_separate_blocks_place_the_stacked_ones_over_the_stage_axis():
     rules = (LayoutRule("embedding/embeddings", ("model", None)), LayoutRule(r"block_\d+/mlp/kernel", (None, "model")))
-    placed, errors = stacked_rules(rules, MESH, TENSORS, "stage")
-    assert errors == ()
+    placed, errors, bends = stacked_rules(rules, MESH, TENSORS, "stage")
+    assert errors == () and bends == ()
     assert placed == (
         LayoutRule("embedding/embeddings", ("model", None)),  # kept as written: it places more than block weights
-        LayoutRule("blocks/stacked_mlp_kernel", ("stage", None, "model"), stacked_from=r"block_\d+/mlp/kernel"),  # carried over
+        LayoutRule("blocks/stacked_mlp_kernel", ("stage", None, "model"), derived_from=r"block_\d+/mlp/kernel"),  # carried over
         LayoutRule("blocks/stacked_norm_gamma", ("stage", None), origin="pipeline"),  # no rule: the stages alone
     )
     assert [t.path for t in per_block_view(TENSORS)[1:5]] == list(BLOCKS)
@@ -78,7 +78,7 @@ def test_rules_for_separate_blocks_place_the_stacked_ones_over_the_stage_axis():
      "gives 3 axes [null, null, model] but variable 'block_0/mlp/kernel' has rank 2"),  # in the terms of separate blocks
 ])
 def test_rules_that_do_not_fit_stacked_blocks_say_so_in_the_blocks_terms(rules, key, text):
-    _, errors = stacked_rules(rules, MESH, TENSORS, "stage")
+    _, errors, _ = stacked_rules(rules, MESH, TENSORS, "stage")
     assert errors and errors[0].key == key and text in str(errors[0]), errors
 
 
@@ -96,9 +96,25 @@ def test_the_plan_of_the_stages_says_which_blocks_each_holds_and_the_bubble():
 
 def test_the_circular_schedules_stacks_keep_their_rounds_whole_and_split_the_stages():
     tensors = [TensorSpec("blocks/stacked_mlp_kernel", (2, 2, 16, 32), blocks=BLOCKS)]
-    placed, errors = stacked_rules((LayoutRule(r"block_\d+/mlp/kernel", (None, "model")),), MESH, tensors, "stage")
-    assert errors == () and placed == (LayoutRule("blocks/stacked_mlp_kernel", (None, "stage", None, "model"), stacked_from=r"block_\d+/mlp/kernel"),)
+    placed, errors, _ = stacked_rules((LayoutRule(r"block_\d+/mlp/kernel", (None, "model")),), MESH, tensors, "stage")
+    assert errors == () and placed == (LayoutRule("blocks/stacked_mlp_kernel", (None, "stage", None, "model"), derived_from=r"block_\d+/mlp/kernel"),)
     assert [t.shape for t in per_block_view(tensors)] == [(16, 32)] * 4
+
+
+def test_a_lenient_rule_leaves_the_same_dimension_whole_in_every_stacked_block_and_elsewhere():
+    """Stacked blocks get the written rule's axes with the indivisible dimension whole; a variable
+    outside the blocks that the rule bends keeps an exact rule of its own; every bend is reported."""
+    tensors = [TensorSpec("embedding/embeddings", (6, 3)), TensorSpec("head/kernel", (6, 4)),
+               TensorSpec("blocks/stacked_mlp_kernel", (4, 16, 3), blocks=BLOCKS)]  # 3 columns: 'model' (2) does not divide
+    lenient = LayoutRule(r"(embedding|head)/\w+|block_\d+/mlp/kernel", (None, "model"), replicate_if_indivisible=True)
+    placed, errors, bends = stacked_rules((lenient,), MESH, tensors, "stage")
+    assert errors == ()
+    assert placed == (
+        LayoutRule("embedding/embeddings", (None, None), derived_from=lenient.pattern),  # exact: Keras looks it up first
+        lenient,  # as written, for head/kernel, whose 4 columns split
+        LayoutRule("blocks/stacked_mlp_kernel", ("stage", None, None), derived_from=lenient.pattern),
+    )
+    assert [bend.path for bend in bends] == ["embedding/embeddings", *BLOCKS]
 
 
 _REFERENCES: dict[str, dict] = {}

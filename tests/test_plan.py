@@ -28,7 +28,7 @@ import pytest
 from meshrun.config.schema import LayoutRule, MeshConfig
 from meshrun.errors import ConfigError
 from meshrun.measure import run_measured
-from meshrun.placement.layout import TensorSpec
+from meshrun.placement.layout import TensorSpec, with_bends
 from meshrun.placement.plan import LARGE_REPLICATED_BYTES, MAX_LISTED, make_plan
 from meshrun.run.build import AbstractModel, OptimizerSlot
 from meshrun.wording import format_bytes
@@ -36,6 +36,7 @@ from meshrun.wording import format_bytes
 MESH_2X4 = MeshConfig(shape=(2, 4), axis_names=("data", "model"), batch_axis="data")
 MESH_1X1 = MeshConfig(shape=(1, 1), axis_names=("data", "model"), batch_axis="data")
 MESH_8X1 = MeshConfig(shape=(8, 1), axis_names=("data", "model"), batch_axis="data")  # no axis left idle by replication
+MESH_1X8 = MeshConfig(shape=(1, 8), axis_names=("data", "model"), batch_axis="data")
 MIB = 1 << 20
 GIB = 1 << 30
 
@@ -71,8 +72,9 @@ def plan_of(variables, rules=(), mesh=MESH_2X4, outputs=(), optimizer=True):
     return make_plan("toy", mesh, tuple(rules), abstract(variables, outputs, optimizer), "adam")
 
 
-def by_path(placements):
-    return {p.path: p for p in placements}
+def by_path(placed):
+    """Placements (or rules) by their path (pattern)."""
+    return {getattr(p, "path", None) or p.pattern: p for p in placed}
 
 
 # --- make_plan: bytes per device ---------------------------------------------------------------
@@ -157,17 +159,38 @@ def test_optimizer_slots_mirror_their_variable_and_scalars_are_replicated():
     assert plan.total_bytes_per_device == 3 * params + 12
 
 
-def test_a_variable_whose_rule_does_not_fit_is_planned_replicated_with_its_slots():
+def test_a_variable_whose_rule_does_not_fit_is_listed_under_the_rule_the_lint_names():
+    """One truth: the row names the rule the error is about and the spec it asks for (its bytes
+    rounded up, as if padded), not "replicated"; its optimizer slots follow it."""
     variables = [var("odd/kernel", 10, 6)]  # 10 rows do not split 4 ways
     plan = plan_of(variables, [rule("odd/kernel", "model", None)])
-    assert len(plan.errors) == 1
+    assert len(plan.errors) == 1 and "shards dimension 0 of variable 'odd/kernel'" in str(plan.errors[0])
     p = plan.variables[0]
-    assert (p.rule, p.spec, p.bytes_per_device) == (None, (None, None), 10 * 6 * 4)
+    assert (p.rule, p.spec, p.bytes_per_device) == ("odd/kernel", ("model", None), 3 * 6 * 4)
     with pytest.raises(ConfigError) as raised:
         plan.raise_first_error()
     assert str(raised.value) == str(plan.errors[0])  # the only error, as it is
     for slot in plan.slots[2:]:
-        assert (slot.rule, slot.spec, slot.bytes_per_device) == (None, (None, None), 10 * 6 * 4)
+        assert (slot.rule, slot.spec, slot.bytes_per_device) == ("odd/kernel", ("model", None), 3 * 6 * 4)
+
+
+def test_a_lenient_rule_places_what_it_can_and_says_once_what_stays_whole():
+    """A family layout's rule over heads on a model with one key/value head: the plan row names the
+    rule and the spec Keras gets (heads whole), one note says so for the rule, and the large
+    replicated key/value kernels get no warning of their own besides it."""
+    heads = LayoutRule(r"block_\d+/(query|key)/kernel", (None, "model", None), replicate_if_indivisible=True)
+    variables = [var(f"block_{i}/{kind}/kernel", 1024, heads_count, 128) for i in range(2) for kind, heads_count in (("query", 8), ("key", 1))]
+    rules, bends = with_bends((heads,), MESH_1X8, variables)
+    plan = make_plan("toy", MESH_1X8, rules, abstract(variables), "adam", bends=bends)
+    assert plan.errors == ()
+    placed = by_path(plan.variables)
+    assert (placed["block_0/query/kernel"].rule, placed["block_0/query/kernel"].spec) == (heads.pattern, (None, "model", None))
+    assert (placed["block_0/key/kernel"].rule, placed["block_0/key/kernel"].spec) == (heads.pattern, (None, None, None))
+    assert placed["block_1/key/kernel"].bytes_per_device == 1024 * 128 * 4 == placed["block_1/key/kernel"].bytes
+    assert placed["block_1/query/kernel"].bytes_per_device == 1024 * 128 * 4  # 8 heads over 8 devices: one each
+    assert plan.warnings == (f"rule '{heads.pattern}' cannot split dimension 1 of 'block_0/key/kernel' (size 1, shape (1024, 1, 128)) "
+                             "over mesh axis 'model' of size 8, so it keeps that dimension whole, replicated over 'model'; the same "
+                             "for 1 more path (1.00 MiB in all)",)
 
 
 def test_largest_replicated_is_ordered_by_size_and_skips_sharded_and_scalars():
@@ -265,8 +288,10 @@ def test_every_kind_of_lint_error_is_collected_at_once():
 
     placed = by_path(plan.variables)
     assert placed["ok/kernel"].spec == (None, "model")  # the one fit goes through
-    for path in ("dense/kernel", "emb/embeddings", "odd/kernel"):  # misfits are left replicated
-        assert placed[path].rule is None and placed[path].replicated
+    assert placed["dense/kernel"].rule is None and placed["dense/kernel"].replicated  # which of two rules: none applies
+    for path in ("emb/embeddings", "odd/kernel"):  # a misfit is listed under the rule its error names
+        assert placed[path].rule == path and placed[path].spec == by_path(rules)[path].axes
+    assert placed["emb/embeddings"].bytes_per_device == 250 * 32 * 4  # the rank it lacks: whole
 
     data = plan.to_dict()
     assert data["status"] == "error"

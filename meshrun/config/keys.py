@@ -22,7 +22,7 @@ from meshrun.specs.model import MODELS
 from meshrun.wording import did_you_mean, one_of
 
 MESH_KEYS = ("shape", "axis_names", "batch_axis", "dcn")
-LAYOUT_KEYS = ("rules", "extra_rules", "optional", "from_model", "auto", "min_bytes", "fsdp")
+LAYOUT_KEYS = ("rules", "extra_rules", "optional", "replicate_if_indivisible", "from_model", "auto", "min_bytes", "fsdp")
 
 
 def known_keys() -> list[str]:

@@ -84,21 +84,26 @@ class LayoutRule:
     re.fullmatch, and the mesh axis (or None) for each dimension of what it matches. `origin` says
     where it came from (RULE_ORIGINS); an `optional` rule may match nothing (a family layout's rule
     for a variable some members lack, or a rule of the model's own map), where any other rule that
-    matches nothing is an error. The rule of a pipelined stacked weight is exact (its path) and
-    names, as `stacked_from`, the rule written for its blocks (what plans show)."""
+    matches nothing is an error. A rule that may `replicate_if_indivisible` (a family layout's rule
+    over attention heads, or one of the model's own map) leaves a dimension whole over a mesh axis
+    that does not divide it (Gemma 2B's one key/value head on a model axis of 8), where any other
+    rule's indivisible dimension is an error. meshrun derives exact rules (the path as pattern) from
+    written ones: for a pipelined stacked weight, and for a path whose dimension a rule left whole;
+    `derived_from` names the written rule's pattern (what plans show)."""
 
     pattern: str
     axes: tuple[AxisSpec, ...]
     origin: str = "rules"
     optional: bool = False
-    stacked_from: str | None = None  # a stacked weight's rule: the pattern of the rule written for its blocks
+    replicate_if_indivisible: bool = False
+    derived_from: str | None = None
 
     @property
     def key(self) -> str:
         """The config key a problem with this rule is reported under."""
         if self.origin in ("from_model", "auto"):
             return f"layout.{self.origin}"
-        return f"layout.{self.origin}.{self.pattern}"
+        return f"layout.{self.origin}.{self.derived_from or self.pattern}"
 
 
 @dataclass(frozen=True)

@@ -130,15 +130,16 @@ def _example_names(rank: int) -> list[str]:
 
 def parse_layout(raw: Mapping[str, Any], mesh: MeshConfig) -> LayoutConfig:
     """Validates the layout section: `rules` and `extra_rules` (compilable regexes, list values, axes
-    that exist in the mesh), `optional` (patterns of `rules` that may match nothing), and what may
+    that exist in the mesh), `optional` (patterns of `rules` that may match nothing),
+    `replicate_if_indivisible` (patterns of `rules` that leave a dimension their mesh axis does not
+    divide whole instead of failing: a family layout's rules over attention heads), and what may
     replace `rules`: `from_model` (the model's own layout map) or `auto` (rules derived from the
     model's variables, with `min_bytes` and `fsdp`)."""
     reject_unknown(raw, LAYOUT_KEYS, prefix="layout")
     from_model, auto, fsdp = (switch(raw, f"layout.{name}") for name in ("from_model", "auto", "fsdp"))
-    optional = raw.get("optional") or ()
-    if isinstance(optional, str) or not all(isinstance(p, str) for p in optional):
-        raise ConfigError("layout.optional", f"got {optional!r}; expected a list of patterns of layout.rules")
-    rules = _parse_rules(raw, "rules", mesh, optional=frozenset(optional))
+    optional = _patterns_of_rules(raw, "optional")
+    lenient = _patterns_of_rules(raw, "replicate_if_indivisible")
+    rules = _parse_rules(raw, "rules", mesh, optional=optional, lenient=lenient)
     replaced_by = "layout.from_model" if from_model else "layout.auto" if auto else None
     if from_model and auto:
         raise ConfigError("layout.auto", "got true with layout.from_model=true; choose one: the model's own map (layout=from_model) or derived rules (layout=auto)")
@@ -153,9 +154,20 @@ def parse_layout(raw: Mapping[str, Any], mesh: MeshConfig) -> LayoutConfig:
                         auto=auto, min_bytes=min_bytes, fsdp=fsdp)
 
 
-def _parse_rules(raw: Mapping[str, Any], origin: str, mesh: MeshConfig, optional: frozenset = frozenset()) -> tuple[LayoutRule, ...]:
+def _patterns_of_rules(raw: Mapping[str, Any], key: str) -> frozenset:
+    """The patterns listed under layout.`key` (optional, replicate_if_indivisible): patterns of
+    layout.rules. One that is not (layout.rules replaced on the command line) marks nothing."""
+    patterns = raw.get(key) or ()
+    if isinstance(patterns, str) or not all(isinstance(p, str) for p in patterns):
+        raise ConfigError(f"layout.{key}", f"got {patterns!r}; expected a list of patterns of layout.rules")
+    return frozenset(patterns)
+
+
+def _parse_rules(raw: Mapping[str, Any], origin: str, mesh: MeshConfig, optional: frozenset = frozenset(),
+                 lenient: frozenset = frozenset()) -> tuple[LayoutRule, ...]:
     """The rules under key `origin` (rules or extra_rules): each a compilable regex with a list of
-    mesh axes (or null), one per dimension."""
+    mesh axes (or null), one per dimension; those in `optional` may match nothing, those in
+    `lenient` may leave a dimension their axis does not divide whole (replicated over it)."""
     rules_raw = raw.get(origin) or {}
     if not isinstance(rules_raw, Mapping):
         raise ConfigError(f"layout.{origin}", f"got {rules_raw!r}; expected a mapping of regex -> list of axes")
@@ -171,7 +183,8 @@ def _parse_rules(raw: Mapping[str, Any], origin: str, mesh: MeshConfig, optional
                 key, f"got {axes!r}; expected a list with one mesh axis or null per dimension"
             )
         check_rule_axes(key, tuple(axes), mesh)
-        rules.append(LayoutRule(pattern=str(pattern), axes=tuple(axes), origin=origin, optional=pattern in optional))
+        rules.append(LayoutRule(pattern=str(pattern), axes=tuple(axes), origin=origin, optional=pattern in optional,
+                                replicate_if_indivisible=pattern in lenient))
     return tuple(rules)
 
 

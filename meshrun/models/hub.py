@@ -384,7 +384,10 @@ def layout_rules(options: KerasHubOptions, mesh) -> tuple:
     # mesh is planned on any machine.
     device_mesh = kd.DeviceMesh(tuple(mesh.shape), list(mesh.axis_names), devices=[f"device:{i}" for i in range(math.prod(mesh.shape))])
     layouts = backbone_cls.get_layout_map(device_mesh, model_parallel_dim_name=model_axis, data_parallel_dim_name=mesh.batch_axis)
-    return tuple(LayoutRule(pattern, tuple(layouts[pattern].axes), origin="from_model", optional=True) for pattern in layouts)
+    # Written for a whole family (one map for Gemma 2B's one key/value head and Gemma 7B's sixteen),
+    # so a dimension the mesh cannot divide stays whole (the plan notes it) rather than failing.
+    return tuple(LayoutRule(pattern, tuple(layouts[pattern].axes), origin="from_model", optional=True, replicate_if_indivisible=True)
+                 for pattern in layouts)
 
 
 def _backbone_class(options: KerasHubOptions):

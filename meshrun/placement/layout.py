@@ -8,12 +8,13 @@ alone, and turns every such problem into a ConfigError that names the rule and t
 
 from __future__ import annotations
 
+import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from meshrun.config.schema import LayoutRule, MeshConfig
 from meshrun.errors import ConfigError
-from meshrun.wording import closest, format_shape, one_of, shape_text
+from meshrun.wording import closest, format_bytes, format_shape, one_of, shape_text
 
 
 @dataclass(frozen=True)
@@ -42,14 +43,40 @@ def is_lora_adapter(path: str) -> bool:
 
 
 @dataclass(frozen=True)
+class Bend:
+    """A path a lenient rule (LayoutRule.replicate_if_indivisible) places with some dimensions left
+    whole, because their mesh axis does not divide them: the rule as written, the path's shape and
+    bytes, and each such dimension as (dimension, mesh axis)."""
+
+    rule: LayoutRule
+    path: str
+    shape: tuple[int, ...]
+    bytes: int
+    whole: tuple[tuple[int, str], ...]
+
+    @property
+    def exact_rule(self) -> LayoutRule:
+        """The rule Keras gets for this path alone: the written rule's axes, but None for the
+        dimensions left whole (Keras looks an exact key up before any pattern)."""
+        kept = {dim for dim, _ in self.whole}
+        axes = tuple(None if dim in kept else axis for dim, axis in enumerate(self.rule.axes))
+        return LayoutRule(self.path, axes, origin=self.rule.origin, derived_from=self.rule.derived_from or self.rule.pattern)
+
+
+@dataclass(frozen=True)
 class RuleCheck:
     """What the rules do to a model: the rule that places each path, every problem found (rules
-    matching nothing, paths matched twice, rank mismatches, indivisible dimensions), and the
-    optional rules that matched nothing (not a problem, but worth saying for the model's own)."""
+    matching nothing, paths matched twice, rank mismatches, indivisible dimensions), the optional
+    rules that matched nothing (not a problem, but worth saying for the model's own), the paths a
+    rule matches but does not fit (`misfits`, so that a plan shows the rule the lint names), and
+    the paths lenient rules placed with dimensions left whole (`bends`: `assigned` holds the exact
+    rule of each)."""
 
     assigned: dict[str, LayoutRule]
     errors: tuple[ConfigError, ...]
     unmatched_optional: tuple[LayoutRule, ...] = ()
+    misfits: dict[str, LayoutRule] = field(default_factory=dict)
+    bends: tuple[Bend, ...] = ()
 
     def raise_first(self) -> None:
         """Raises the first problem found, if any (a run stops at the first)."""
@@ -69,13 +96,15 @@ def matching_rules(rules: tuple[LayoutRule, ...], path: str) -> list[LayoutRule]
 def check_rules(rules: tuple[LayoutRule, ...], mesh: MeshConfig, tensors: list[TensorSpec]) -> RuleCheck:
     """Applies `rules` to every tensor the way Keras would and collects every problem, one per rule
     (or pair of rules) with a count of the further paths it affects; a path whose rule does not
-    fit it is left unassigned."""
+    fit it is left unassigned (a misfit), and a lenient rule's indivisible dimensions are left whole."""
     assigned: dict[str, LayoutRule] = {}
+    misfits: dict[str, LayoutRule] = {}
+    bends: list[Bend] = []
     matched: set[str] = set()
     problems: dict[tuple, list[ConfigError]] = {}
     for tensor in tensors:
         matches = matching_rules(rules, tensor.path)
-        matched.update(rule.pattern for rule in matches)
+        matched.update(pattern for rule in matches for pattern in (rule.pattern, rule.derived_from) if pattern)
         if len(matches) > 1:
             names = [repr(rule.pattern) for rule in matches]
             problem = ConfigError(
@@ -85,15 +114,55 @@ def check_rules(rules: tuple[LayoutRule, ...], mesh: MeshConfig, tensors: list[T
             )
             problems.setdefault(tuple(names), []).append(problem)
         elif matches:
-            problem = _misfit(matches[0], mesh, tensor)
+            rule = matches[0]
+            problem = _rank_misfit(rule, tensor)
+            whole = () if problem else _indivisible(rule, mesh, tensor)
+            if whole and rule.replicate_if_indivisible:
+                bend = Bend(rule, tensor.path, tuple(tensor.shape), math.prod(tensor.shape) * tensor.itemsize, whole)
+                bends.append(bend)
+                assigned[tensor.path] = bend.exact_rule
+                continue
+            problem = problem or (_indivisible_error(rule, mesh, tensor, whole[0][0]) if whole else None)
             if problem:
-                problems.setdefault((matches[0].pattern,), []).append(problem)
+                problems.setdefault((rule.pattern,), []).append(problem)
+                misfits[tensor.path] = rule
             else:
-                assigned[tensor.path] = matches[0]
+                assigned[tensor.path] = rule
     errors = [_with_count(found) for found in problems.values()]
     errors += _unused_rules(rules, matched, tensors)
     unmatched_optional = tuple(rule for rule in rules if rule.optional and rule.pattern not in matched)
-    return RuleCheck(assigned=assigned, errors=tuple(errors), unmatched_optional=unmatched_optional)
+    return RuleCheck(assigned=assigned, errors=tuple(errors), unmatched_optional=unmatched_optional, misfits=misfits,
+                     bends=tuple(bends))
+
+
+def with_bends(rules: tuple[LayoutRule, ...], mesh: MeshConfig, tensors: list[TensorSpec]) -> tuple[tuple[LayoutRule, ...], tuple[Bend, ...]]:
+    """The rules Keras gets for `tensors`: an exact rule for each path a lenient rule places with a
+    dimension left whole, then `rules`; and those bends (for the plan's notes)."""
+    bends = check_rules(rules, mesh, tensors).bends
+    return (*(bend.exact_rule for bend in bends), *rules), bends
+
+
+def bend_notes(bends: tuple[Bend, ...], mesh: MeshConfig) -> list[str]:
+    """One note for each lenient rule that left dimensions whole: the first path, why, what it
+    costs and how many more paths it did the same to."""
+    by_rule: dict[str, list[Bend]] = {}
+    for bend in bends:
+        by_rule.setdefault(bend.rule.pattern, []).append(bend)
+    notes = []
+    for pattern, found in by_rule.items():
+        first = found[0]
+        dim, axis = first.whole[0]
+        more = f"; the same for {len(found) - 1} more path{'s' if len(found) > 2 else ''}" if len(found) > 1 else ""
+        notes.append(
+            f"rule '{pattern}'{_origin_text(first.rule)} cannot split dimension {dim} of {first.path!r} (size "
+            f"{first.shape[dim]}, shape {shape_text(first.shape)}) over mesh axis {axis!r} of size {mesh.axis_size(axis)}, "
+            f"so it keeps that dimension whole, replicated over {axis!r}{more} ({format_bytes(sum(b.bytes for b in found))} in all)"
+        )
+    return notes
+
+
+def _origin_text(rule: LayoutRule) -> str:
+    return f" ({rule.origin})" if rule.origin != "rules" else ""
 
 
 def _with_count(found: list[ConfigError]) -> ConfigError:
@@ -116,31 +185,45 @@ def assign_rules(
     return check.assigned
 
 
-def _misfit(rule: LayoutRule, mesh: MeshConfig, tensor: TensorSpec) -> ConfigError | None:
-    key = rule.key
-    what = "output" if tensor.is_output else "variable"
-    subject = f"the model's own rule {rule.pattern!r} " if rule.origin == "from_model" else ""
-    if len(rule.axes) != len(tensor.shape):
-        return ConfigError(
-            key,
-            f"{subject}gives {len(rule.axes)} axes {_axes_text(rule.axes)} but {what} {tensor.path!r} has "
-            f"rank {len(tensor.shape)} (shape {shape_text(tensor.shape)}); give exactly "
-            f"{len(tensor.shape)} entries, one mesh axis or null per dimension",
-        )
-    for dim, (size, axis) in enumerate(zip(tensor.shape, rule.axes, strict=False)):
-        if axis is None or size is None:
-            continue
-        axis_size = mesh.axis_size(axis)
-        if size % axis_size:
-            fitting = [a for a in mesh.axis_names if size % mesh.axis_size(a) == 0]
-            return ConfigError(
-                key,
-                f"{subject}shards dimension {dim} of {what} {tensor.path!r} (size {size}, shape "
-                f"{shape_text(tensor.shape)}) over mesh axis {axis!r} of size {axis_size}, which "
-                f"does not divide {size} on mesh {format_shape(mesh.shape)}; valid for this "
-                f"dimension: {one_of(['null', *fitting])}",
-            )
-    return None
+def _subject(rule: LayoutRule, tensor: TensorSpec) -> tuple[str, str]:
+    """How an error names the rule (the model's own rules say so) and what it places."""
+    return ("the model's own rule " + repr(rule.pattern) + " " if rule.origin == "from_model" else "",
+            "output" if tensor.is_output else "variable")
+
+
+def _rank_misfit(rule: LayoutRule, tensor: TensorSpec) -> ConfigError | None:
+    """The error of a rule with another number of axes than `tensor` has dimensions, if it has."""
+    if len(rule.axes) == len(tensor.shape):
+        return None
+    subject, what = _subject(rule, tensor)
+    return ConfigError(
+        rule.key,
+        f"{subject}gives {len(rule.axes)} axes {_axes_text(rule.axes)} but {what} {tensor.path!r} has "
+        f"rank {len(tensor.shape)} (shape {shape_text(tensor.shape)}); give exactly "
+        f"{len(tensor.shape)} entries, one mesh axis or null per dimension",
+    )
+
+
+def _indivisible(rule: LayoutRule, mesh: MeshConfig, tensor: TensorSpec) -> tuple[tuple[int, str], ...]:
+    """The dimensions of `tensor` (of the rule's rank) that the rule puts on a mesh axis whose size
+    does not divide them, as (dimension, axis); dimensions of unknown size divide."""
+    return tuple((dim, axis) for dim, (size, axis) in enumerate(zip(tensor.shape, rule.axes, strict=True))
+                 if axis is not None and size is not None and size % mesh.axis_size(axis))
+
+
+def _indivisible_error(rule: LayoutRule, mesh: MeshConfig, tensor: TensorSpec, dim: int) -> ConfigError:
+    """The error of a rule that shards dimension `dim` of `tensor` over an axis that does not divide it."""
+    subject, what = _subject(rule, tensor)
+    size, axis = tensor.shape[dim], rule.axes[dim]
+    axis_size = mesh.axis_size(axis)
+    fitting = [a for a in mesh.axis_names if size % mesh.axis_size(a) == 0]
+    return ConfigError(
+        rule.key,
+        f"{subject}shards dimension {dim} of {what} {tensor.path!r} (size {size}, shape "
+        f"{shape_text(tensor.shape)}) over mesh axis {axis!r} of size {axis_size}, which "
+        f"does not divide {size} on mesh {format_shape(mesh.shape)}; valid for this "
+        f"dimension: {one_of(['null', *fitting])}",
+    )
 
 
 def _unused_rules(rules, matched: set[str], tensors) -> list[ConfigError]:

@@ -19,7 +19,8 @@ from meshrun.wording import first_line, format_bytes, format_shape
 
 def layout_text(rules: Sequence[LayoutRule], plan: Plan, overrides: Sequence[str]) -> str:
     """The layout file's text: a header saying what it was planned for, then `rules` (every rule,
-    extra_rules and the model's own included, as plain rules) and `optional` where any rule is."""
+    extra_rules and the model's own included, as plain rules), and `optional` and
+    `replicate_if_indivisible` where any rule is so."""
     origins = sorted({rule.origin for rule in rules})
     header = [
         f"# Saved by `meshrun plan {' '.join(overrides)} --save-layout` on {datetime.date.today().isoformat()}.",
@@ -29,9 +30,10 @@ def layout_text(rules: Sequence[LayoutRule], plan: Plan, overrides: Sequence[str
         f"# Rules from: {', '.join(origins) or 'none (everything replicated)'}. Load it with layout=PATH; edit it like any layout.",
     ]
     body = {"rules": {rule.pattern: list(rule.axes) for rule in rules}}
-    optional = [rule.pattern for rule in rules if rule.optional]
-    if optional:
-        body["optional"] = optional
+    for key in ("optional", "replicate_if_indivisible"):
+        patterns = [rule.pattern for rule in rules if getattr(rule, key)]
+        if patterns:
+            body[key] = patterns
     return "\n".join(header) + "\n" + yaml.safe_dump(body, sort_keys=False, default_flow_style=None, width=1000)
 
 

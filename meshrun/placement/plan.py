@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, replace
 from meshrun.config.schema import LARGE_REPLICATED_BYTES, AxisSpec, LayoutRule, MeshConfig
 from meshrun.config.slices import across_processes, span_of, spans, with_dcn
 from meshrun.errors import ConfigError, DoesNotFit
-from meshrun.placement.layout import RuleCheck, TensorSpec, check_rules, is_lora_adapter
+from meshrun.placement.layout import Bend, RuleCheck, TensorSpec, bend_notes, check_rules, is_lora_adapter
 from meshrun.placement.stacking import PipelinePlan
 from meshrun.placement.traffic import Activations, SlowTraffic, slow_traffic
 from meshrun.specs.jsondata import OMIT_IF_NONE, to_json
@@ -174,16 +174,20 @@ def process_layout(mesh: MeshConfig, processes: int) -> dict:
 
 def make_plan(model_name: str, mesh: MeshConfig, rules: tuple[LayoutRule, ...], abstract, optimizer: str, processes: int = 1,
               advice=None, memory: DeviceMemory | None = None, lint: tuple[ConfigError, ...] = (),
-              pipeline: PipelinePlan | None = None, activations: Activations | None = None) -> Plan:
+              pipeline: PipelinePlan | None = None, activations: Activations | None = None, bends: tuple[Bend, ...] = ()) -> Plan:
     """Places the abstract model's variables and optimizer slots by `rules` on `mesh` (no -1 left),
     for a job of `processes` processes; with `memory`, a total per device beyond it is an error
     (DoesNotFit, after any layout error). `advice(variables, mesh)`, where given, adds warnings about
     the placement (layout=auto's, or the model's own about a layout map it is known to get wrong).
     `lint`: problems of the rules found before (a pipelined model's, checked against its separate
-    blocks), listed first; `pipeline`: the stages the plan records. In a job of several processes (`mesh.dcn`
-    filled in), `activations` sizes the estimate of what a step sends between them."""
+    blocks), listed first; `bends`: the dimensions lenient rules left whole, found before as well
+    (meshrun.placement.layout.with_bends: `rules` hold their exact rules), each rule's said in one
+    note; `pipeline`: the stages the plan records. In a job of several processes (`mesh.dcn`
+    filled in), `activations` sizes the estimate of what a step sends between them. A variable a
+    rule matches but does not fit is listed with that rule, as the lint names it."""
     check = check_rules(rules, mesh, list(abstract.tensors))
-    variables = tuple(_place(t, check.assigned.get(t.path), mesh) for t in abstract.variables)
+    bends = (*bends, *check.bends)
+    variables = tuple(_place(t, check.assigned.get(t.path) or check.misfits.get(t.path), mesh) for t in abstract.variables)
     by_path = {p.path: p for p in variables}
     slots = tuple(_place_slot(slot, by_path, check, mesh) for slot in abstract.slots)
     outputs = tuple(
@@ -200,7 +204,8 @@ def make_plan(model_name: str, mesh: MeshConfig, rules: tuple[LayoutRule, ...], 
         slots=slots,
         outputs=outputs,
         errors=(*lint, *check.errors),
-        warnings=(*_idle_axis_warnings(variables, mesh), *_replicated_warnings(variables, mesh),
+        warnings=(*bend_notes(bends, mesh), *_idle_axis_warnings(variables, mesh),
+                  *_replicated_warnings(variables, mesh, _bent_paths(bends, abstract.variables)),
                   *_unmatched_warnings(check.unmatched_optional), *_adapter_rule_warnings(variables),
                   *(advice(variables, mesh) if advice else ())),
         processes=processes,
@@ -232,13 +237,13 @@ def _beyond_memory(plan: Plan) -> DoesNotFit | None:
 def _place(tensor: TensorSpec, rule: LayoutRule | None, mesh: MeshConfig, reference=None) -> Placement:
     spec = rule.axes if rule else (None,) * len(tensor.shape)
     per_device = tensor.itemsize
-    for size, axis in zip(tensor.shape, spec, strict=False):
+    for size, axis in zip(tensor.shape, (*spec, *(None,) * len(tensor.shape)), strict=False):  # a misfit's rank may differ
         per_device *= -(-size // mesh.axis_size(axis)) if axis else size
     return Placement(
         path=tensor.path,
         shape=tuple(tensor.shape),
         dtype=tensor.dtype,
-        rule=(rule.stacked_from or rule.pattern) if rule else None,  # a stacked weight's: the rule written for its blocks
+        rule=(rule.derived_from or rule.pattern) if rule else None,  # an exact rule meshrun derived: the rule written
         spec=tuple(spec),
         bytes=math.prod(tensor.shape) * tensor.itemsize,
         bytes_per_device=per_device,
@@ -290,10 +295,20 @@ def _idle_axis_warnings(variables, mesh: MeshConfig) -> list[str]:
     ]
 
 
-def _replicated_warnings(variables, mesh: MeshConfig) -> list[str]:
+def _bent_paths(bends: tuple[Bend, ...], variables) -> set[str]:
+    """The variables a lenient rule left (partly) whole: bent paths, and stacked variables of
+    pipelined blocks whose blocks' paths were bent."""
+    bent = {bend.path for bend in bends}
+    return bent | {v.path for v in variables if bent.intersection(v.blocks)}
+
+
+def _replicated_warnings(variables, mesh: MeshConfig, said: set[str] = frozenset()) -> list[str]:
+    """A warning for each large variable every device holds whole (the largest ten, then a count),
+    but those a note has already explained (`said`)."""
     if (mesh.size or 1) <= 1:
         return []
-    large = sorted((p for p in variables if p.replicated and p.bytes >= LARGE_REPLICATED_BYTES), key=lambda p: -p.bytes)
+    large = sorted((p for p in variables if p.replicated and p.bytes >= LARGE_REPLICATED_BYTES and p.path not in said),
+                   key=lambda p: -p.bytes)
     warnings = [
         f"{p.path} ({format_shape(p.shape)}, {format_bytes(p.bytes)}) is replicated: every one of the "
         f"{mesh.size} devices holds all of it"

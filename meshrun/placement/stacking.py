@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from meshrun.config.schema import LayoutRule, MeshConfig, PipelineConfig
 from meshrun.errors import ConfigError
 from meshrun.pipeline.bubble import bubble_fraction, stage_of_block
-from meshrun.placement.layout import TensorSpec, check_rules
+from meshrun.placement.layout import Bend, TensorSpec, check_rules
 from meshrun.wording import format_shape, one_of
 
 
@@ -74,17 +74,21 @@ def check_blocks(tensors, mesh: MeshConfig, pipeline: PipelineConfig, model: str
         )
 
 
-def stacked_rules(rules: tuple[LayoutRule, ...], mesh: MeshConfig, tensors, axis: str) -> tuple[tuple[LayoutRule, ...], tuple[ConfigError, ...]]:
-    """The rules a pipelined run gives Keras, and the problems of `rules` as the model with
-    separate blocks would meet them: the rules that place anything besides block weights, then one
-    exact rule per stacked variable (`axis` for its first dimension, the axes its blocks' weights
-    got for the rest)."""
+def stacked_rules(rules: tuple[LayoutRule, ...], mesh: MeshConfig, tensors,
+                  axis: str) -> tuple[tuple[LayoutRule, ...], tuple[ConfigError, ...], tuple[Bend, ...]]:
+    """The rules a pipelined run gives Keras, the problems of `rules` as the model with separate
+    blocks would meet them, and the dimensions lenient rules left whole there: the rules that place
+    anything besides block weights (an exact one for each such path with a dimension left whole),
+    then one exact rule per stacked variable (`axis` for its first dimension, the axes its blocks'
+    weights got for the rest)."""
     view = per_block_view(tensors)
     check = check_rules(rules, mesh, view)
     errors = list(check.errors)
     block_paths = {path for tensor in stacked(tensors) for path in tensor.blocks}
-    used_elsewhere = {rule.pattern for path, rule in check.assigned.items() if path not in block_paths}
-    kept = [rule for rule in rules if rule.pattern in used_elsewhere or rule.optional]
+    elsewhere = [rule for path, rule in check.assigned.items() if path not in block_paths]
+    used_elsewhere = {rule.derived_from or rule.pattern for rule in elsewhere}
+    exact_elsewhere = [rule for path, rule in check.assigned.items() if path not in block_paths and rule.pattern == path and rule.derived_from]
+    kept = exact_elsewhere + [rule for rule in rules if rule.pattern in used_elsewhere or rule.optional]
     derived = []
     for tensor in stacked(tensors):
         axes, problem = _block_axes(tensor, check.assigned, axis)
@@ -94,8 +98,8 @@ def stacked_rules(rules: tuple[LayoutRule, ...], mesh: MeshConfig, tensors, axis
         source = check.assigned.get(tensor.blocks[0])
         leading = (axis,) if lead(tensor) == 1 else (None, axis)  # the circular schedule's rounds stay whole
         derived.append(LayoutRule(tensor.path, (*leading, *axes), origin=source.origin if source else "pipeline",
-                                  stacked_from=source.pattern if source else None))
-    return tuple(kept + derived), tuple(errors)
+                                  derived_from=(source.derived_from or source.pattern) if source else None))
+    return tuple(kept + derived), tuple(errors), check.bends
 
 
 def _block_axes(tensor: TensorSpec, assigned: dict[str, LayoutRule], axis: str) -> tuple[tuple, ConfigError | None]:

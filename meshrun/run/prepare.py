@@ -42,6 +42,7 @@ from meshrun.placement import distribution as distribution_lib
 from meshrun.placement import stacking
 from meshrun.placement.auto import derive_layout
 from meshrun.placement.identity import ONE_PROCESS, Identity
+from meshrun.placement.layout import with_bends
 from meshrun.placement.plan import DeviceMemory, Plan, make_plan
 from meshrun.placement.stacking import PipelinePlan
 from meshrun.placement.traffic import Activations
@@ -88,9 +89,9 @@ class CheckpointPlan:
 class PlannedModel:
     """The run's model before it is built: its spec and options, its abstract description, the
     layout rules in force and where they place everything, and the pipeline stages it is built for
-    (None: its blocks are separate layers). With stages, `rules` are those Keras gets (one per
-    stacked variable) and `written_rules` the same for separate blocks, as a layout file holds them
-    (without stages, the two are one)."""
+    (None: its blocks are separate layers). `rules` are those Keras gets: with stages one per
+    stacked variable, and an exact rule for each path a lenient rule places with a dimension left
+    whole; `written_rules` are the rules for separate blocks, as a layout file holds them."""
 
     spec: ModelSpec
     options: Any
@@ -200,16 +201,18 @@ def place(config: RunConfig, mesh: MeshConfig, processes: int = 1, memory: Devic
     if pipeline:
         stacking.check_blocks(abstract.tensors, mesh, pipeline, spec.name_of(options))
     written, notes = layout_rules(config, spec, options, mesh, abstract, pipeline)
-    rules, lint, staged = written, (), None
+    lint, staged = (), None
     if pipeline:
-        rules, lint = stacking.stacked_rules(written, mesh, abstract.tensors, pipeline.axis)
+        rules, lint, bends = stacking.stacked_rules(written, mesh, abstract.tensors, pipeline.axis)
         staged = stacking.pipeline_plan(abstract.tensors, mesh, pipeline, train.batch_size)
+    else:
+        rules, bends = with_bends(written, mesh, list(abstract.tensors))
 
     def advice(variables, on) -> list[str]:
         return [*notes, *(spec.layout_advice(options, variables, on) if spec.layout_advice else ())]
 
     plan = make_plan(spec.name_of(options), mesh, rules, abstract, train.optimizer, processes, advice=advice, memory=memory,
-                     lint=lint, pipeline=staged, activations=step_activations(abstract, train, staged))
+                     lint=lint, pipeline=staged, activations=step_activations(abstract, train, staged), bends=bends)
     return PlannedModel(spec=spec, options=options, abstract=abstract, rules=rules, plan=plan, written_rules=written,
                         pipeline=pipeline)
 
