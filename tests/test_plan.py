@@ -690,12 +690,13 @@ def test_tables_name_every_variable_and_the_totals(tmp_path):
 @pytest.mark.parametrize(
     "overrides, errors",
     [
-        # 6 heads do not split over a `model` axis of 4: q/k/v kernels and biases, the output projection.
-        (["model.heads=6", "model.d_model=48"], 3),
+        # An MLP width of 250 does not split over a `model` axis of 4: mlp_up's kernel and bias, mlp_down's
+        # kernel (heads that do not divide would stay whole: transformer_tp lets them).
+        (["model.ff=250"], 3),
         # The cnn's rules match nothing in a transformer.
         (["layout=cnn"], 5),
     ],
-    ids=["indivisible-heads", "rules-match-nothing"],
+    ids=["indivisible-mlp", "rules-match-nothing"],
 )
 def test_lint_errors_exit_2_with_one_stderr_line_each(tmp_path, overrides, errors):
     done = run_plan(["model=transformer", "mesh=2x4", *overrides, "--json"], tmp_path)
