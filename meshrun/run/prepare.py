@@ -200,14 +200,13 @@ def place(config: RunConfig, mesh: MeshConfig, processes: int = 1, memory: Devic
     if pipeline:
         stacking.check_blocks(abstract.tensors, mesh, pipeline, spec.name_of(options))
     written, notes = layout_rules(config, spec, options, mesh, abstract, pipeline)
-    notes = (*notes, *pipeline_keys_ignored(config.pipeline, mesh))
     rules, lint, staged = written, (), None
     if pipeline:
         rules, lint = stacking.stacked_rules(written, mesh, abstract.tensors, pipeline.axis)
         staged = stacking.pipeline_plan(abstract.tensors, mesh, pipeline, train.batch_size)
 
     def advice(variables, on) -> list[str]:
-        return [*notes, *(spec.layout_advice(options, variables, on) if spec.layout_advice else ())]
+        return [*notes, *pipeline_keys_ignored(config.pipeline, on), *(spec.layout_advice(options, variables, on) if spec.layout_advice else ())]
 
     plan = make_plan(spec.name_of(options), mesh, rules, abstract, train.optimizer, processes, advice=advice, memory=memory,
                      lint=lint, pipeline=staged, activations=step_activations(abstract, train, staged))
