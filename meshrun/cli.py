@@ -6,15 +6,16 @@ this module imports neither Hydra, jax nor keras.
 
 from __future__ import annotations
 
-import os
 import sys
+from dataclasses import dataclass
 
 from meshrun.errors import ConfigError
+from meshrun.files import unwritable
 from meshrun.launch import join
 from meshrun.launch.spawn import ROLE_FLAG, Role, parse_role
 from meshrun.system import signals
 from meshrun.usage import USAGE, command_help, versions_line
-from meshrun.wording import one_of, say_error
+from meshrun.wording import not_a_flag, one_of, say_error
 
 COMMANDS = ("train", "plan", "sweep", "report", "generate", "k8s")
 CONFIG_COMMANDS = ("train", "plan", "sweep", "k8s")  # they take overrides: their help lists the config groups
@@ -87,31 +88,101 @@ def run(args: list[str], as_program: bool) -> int:
     return status
 
 
+@dataclass(frozen=True)
+class Flag:
+    """A flag of a command that takes overrides: its names, the values it takes (None: none; ():
+    any; `optional`: it may go without one) as help writes them (`meta`), and whether Hydra reads
+    it (then it goes before the overrides, the only place Hydra takes flags)."""
+
+    names: tuple[str, ...]
+    values: tuple[str, ...] | None = None
+    meta: str = ""
+    optional: bool = False
+    hydra: bool = False
+
+    def __str__(self) -> str:
+        return "/".join(self.names) + (f" {self.meta}" if self.meta else "")
+
+
+MULTIRUN = Flag(("-m", "--multirun"), hydra=True)
+SAVE_LAYOUT = "--save-layout"
+# Each command's flags; train's are the Hydra flags meshrun passes on (Hydra's others would change
+# meshrun's config tree or its app: --config-path, --config-name, --run, --shell-completion, ...).
+FLAGS = {
+    "train": (MULTIRUN, Flag(("--cfg", "-c"), ("job", "hydra", "all"), "job|hydra|all", hydra=True), Flag(("--resolve",), hydra=True),
+              Flag(("--package", "-p"), (), "PACKAGE", hydra=True),
+              Flag(("--info", "-i"), ("all", "config", "defaults", "defaults-tree", "plugins", "searchpath"), "[WHAT]", optional=True, hydra=True)),
+    "plan": (Flag(("--json",)), Flag(("--full",)), Flag((SAVE_LAYOUT,), (), "FILE.yaml"), MULTIRUN),
+    "sweep": (MULTIRUN,),
+}
+
+
 def parse(command: str, args: list[str], as_program: bool):
-    """The invocation `meshrun COMMAND ARGS` asks for: its flags read and checked, and `-m` put
-    first (Hydra takes it only before the overrides; users put it anywhere)."""
+    """The invocation `meshrun COMMAND ARGS` asks for: its flags read and checked, and those Hydra
+    reads (-m, --cfg job, ...) put before the overrides (Hydra takes them only there; users put them anywhere)."""
     from meshrun.jobs import Invocation
 
-    flags = {"--json", "--full"}
-    as_json, full = "--json" in args, "--full" in args
-    if as_json and command != "plan":
-        raise ConfigError("--json", "only `meshrun plan` prints JSON; `meshrun train` writes metrics.json into its run dir")
-    if full and command != "plan":
-        raise ConfigError("--full", "only `meshrun plan` takes it (a row per variable instead of one per repeated block)")
-    args, save_layout = _take_save_layout(command, args)
-    role = Role.USER
-    for arg in (a for a in args if a.startswith(f"{ROLE_FLAG}=")):
-        try:
-            role = parse_role(arg)
-        except ValueError:
-            raise ConfigError(ROLE_FLAG, f"got {arg.partition('=')[2]!r}; valid: {one_of(r.value for r in Role)}") from None
-    overrides = [a for a in args if a not in flags and not a.startswith(f"{ROLE_FLAG}=")]
-    multirun = any(a in ("-m", "--multirun") for a in overrides)
-    overrides = ["-m"] * multirun + [a for a in overrides if a not in ("-m", "--multirun")]
-    if save_layout and multirun:
-        raise ConfigError("--save-layout", f"got {save_layout!r} with -m; a layout file holds the rules of one job: plan one job at a time")
-    return Invocation(command=command, overrides=overrides, role=role, as_json=as_json, full=full, as_program=as_program,
-                      save_layout=save_layout)
+    given, hydra_flags, overrides, role = read_flags(command, args)
+    save_layout = given.get(SAVE_LAYOUT)
+    if save_layout is not None:
+        check_layout_path(save_layout)
+    if save_layout is not None and "-m" in given:
+        raise ConfigError(SAVE_LAYOUT, f"got {save_layout!r} with -m; a layout file holds the rules of one job: plan one job at a time")
+    return Invocation(command=command, overrides=[*hydra_flags, *overrides], role=role, as_json="--json" in given, full="--full" in given,
+                      as_program=as_program, save_layout=save_layout)
+
+
+def read_flags(command: str, args: list[str]) -> tuple[dict, list[str], list[str], Role]:
+    """The flags `args` give `meshrun COMMAND` (by first name: the value given, "" for none), the
+    Hydra flags among them as Hydra takes them, the overrides, and the role the process was started
+    in; a ConfigError for a flag the command does not take, or a value it does not."""
+    by_name = {name: flag for flag in FLAGS[command] for name in flag.names}
+    given, overrides, role, rest = {}, [], Role.USER, list(args)
+    while rest:
+        arg = rest.pop(0)
+        name, has_value, value = arg.partition("=")
+        if name == ROLE_FLAG:
+            role = _role(value)
+        elif not arg.startswith("-"):
+            overrides.append(arg)
+        elif name not in by_name:
+            raise ConfigError(name, not_a_flag(name, command, [*map(str, FLAGS[command]), "--help"], taken_by(name, command)))
+        else:
+            flag = by_name[name]
+            given[flag.names[0]] = _flag_value(flag, name, value if has_value else None, rest)
+    hydra_flags = [part for flag in FLAGS[command] if flag.hydra and flag.names[0] in given
+                   for part in (flag.names[0], given[flag.names[0]]) if part]
+    return given, hydra_flags, overrides, role
+
+
+def taken_by(flag: str, command: str) -> list[str]:
+    """The other commands (of train, plan and sweep) that take `flag`."""
+    return [other for other, flags in FLAGS.items() if other != command and any(flag in f.names for f in flags)]
+
+
+def _flag_value(flag: Flag, name: str, value: str | None, rest: list[str]) -> str:
+    """The value of `flag` (given as `name`): `value` when it came with `=`, else taken off the
+    front of `rest` where the flag takes one; "" for none."""
+    if flag.values is None:
+        if value is not None:
+            raise ConfigError(name, f"got {value!r}; it takes no value")
+        return ""
+    if value is None and rest and not rest[0].startswith("-") and (not flag.optional or rest[0] in flag.values):
+        value = rest.pop(0)
+    if value is None and flag.optional:
+        return ""
+    if flag.values and value not in flag.values:
+        raise ConfigError(name, f"got {'nothing' if value is None else repr(value)}; valid: {one_of(flag.values)}")
+    if value is None and flag.names[0] != SAVE_LAYOUT:  # check_layout_path words a missing layout path
+        raise ConfigError(name, f"got nothing; give {flag.meta} after it")
+    return value or ""
+
+
+def _role(value: str) -> Role:
+    try:
+        return parse_role(f"{ROLE_FLAG}={value}")
+    except ValueError:
+        raise ConfigError(ROLE_FLAG, f"got {value!r}; valid: {one_of(r.value for r in Role)}") from None
 
 
 def parse_k8s(args: list[str], as_program: bool):
@@ -125,35 +196,17 @@ def parse_k8s(args: list[str], as_program: bool):
     return Invocation(command="k8s", overrides=pod_overrides(overrides, options), kube=options, as_program=as_program)
 
 
-SAVE_LAYOUT = "--save-layout"
-
-
-def _take_save_layout(command: str, args: list[str]) -> tuple[list[str], str | None]:
-    """`--save-layout FILE` (or `--save-layout=FILE`) taken out of `args`; the file must be a .yaml
-    path that can be written (checked now, so that a bad one costs no planning)."""
-    for index, arg in enumerate(args):
-        if arg == SAVE_LAYOUT or arg.startswith(f"{SAVE_LAYOUT}="):
-            given = arg.partition("=")[2] if "=" in arg else (args[index + 1] if index + 1 < len(args) else "")
-            rest = args[:index] + args[index + (1 if "=" in arg else 2):]
-            break
-    else:
-        return args, None
-    if command != "plan":
-        raise ConfigError(SAVE_LAYOUT, "only `meshrun plan` takes it (it writes the layout rules the plan places by)")
-    check_layout_path(given)
-    return rest, given
-
-
 def check_layout_path(path: str) -> None:
-    """ConfigError unless `path` is a .yaml file path whose directory exists and can be written."""
+    """ConfigError unless `path` is a .yaml file path that can be written (its missing dirs are
+    made when it is)."""
     if not path or path.startswith("-"):
         raise ConfigError(SAVE_LAYOUT, f"got {path!r}; give the path of the layout file to write, e.g. --save-layout my_layout.yaml")
     if not path.endswith((".yaml", ".yml")):
         raise ConfigError(SAVE_LAYOUT, f"got {path!r}; a layout file is YAML: give a path ending in .yaml (layout=PATH loads it back)")
-    folder = os.path.dirname(os.path.abspath(path))
-    if os.path.isdir(path) or not os.path.isdir(folder) or not os.access(folder, os.W_OK):
-        reason = "is a directory" if os.path.isdir(path) else "its directory does not exist" if not os.path.isdir(folder) else "its directory is not writable"
-        raise ConfigError(SAVE_LAYOUT, f"got {path!r}, which cannot be written: {reason}; give a path in a writable directory")
+    reason = unwritable(path)
+    if reason:
+        raise ConfigError(SAVE_LAYOUT, f"got {path!r}, which cannot be written ({reason}); give a file path where you can write, "
+                                       "e.g. --save-layout layouts/my_layout.yaml")
 
 
 def leave(status: int) -> None:

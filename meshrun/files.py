@@ -1,5 +1,7 @@
 """Files a reader never sees half-written: every JSON and summary file meshrun writes goes through
-here (metrics.json, plan.json, summaries, the epochs' CSV)."""
+here (metrics.json, plan.json, summaries, the epochs' CSV). An output path a user gives (`--out`,
+`--save-layout`) is checked before any work (`unwritable`) and gets its missing parent dirs when
+it is written (`write_output`), as `mkdir -p` would make them."""
 
 from __future__ import annotations
 
@@ -21,3 +23,25 @@ def write_json(data, directory: str | os.PathLike, name: str) -> Path:
     path = Path(directory) / name
     write_atomic(path, (json.dumps(data, indent=2, sort_keys=False) + "\n").encode())
     return path
+
+
+def unwritable(path: str | os.PathLike, directory: bool = False) -> str | None:
+    """Why a file (with `directory`, a dir) could not be written at `path`, its missing parent dirs
+    made first, in a few words; None when it can."""
+    target = Path(path).expanduser().absolute()
+    if target.is_dir() != directory and target.exists():
+        return "it is a directory" if target.is_dir() else "it is a file"
+    folder = target if directory else target.parent
+    existing = next(p for p in (folder, *folder.parents) if p.exists())
+    if not existing.is_dir():
+        return f"{existing} is a file, not a directory"
+    if not os.access(existing, os.W_OK | os.X_OK):
+        return f"{existing} is not writable"
+    return None
+
+
+def write_output(path: str | os.PathLike, data: bytes) -> None:
+    """Writes an output file a user named, making its missing parent dirs first, atomically."""
+    path = Path(path).expanduser()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_atomic(path, data)

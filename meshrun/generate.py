@@ -32,7 +32,7 @@ from meshrun.run.sampling import (
 )
 from meshrun.specs import rundir
 from meshrun.text.complete import complete, encode_prompts
-from meshrun.wording import first_line
+from meshrun.wording import first_line, not_a_flag
 
 USAGE = """\
 usage: meshrun generate RUN_DIR --prompt TEXT [--prompt TEXT ...] [--max-length N] [--json]
@@ -110,7 +110,7 @@ def parse_request(args: list[str]) -> Request | None:
         elif arg == JSON:
             as_json = True
         elif arg.startswith("-"):
-            raise ConfigError(arg, f"unknown flag of meshrun generate; valid: {PROMPT} TEXT, {MAX_LENGTH} N, {JSON}, --help")
+            raise ConfigError(flag, not_a_flag(flag, "generate", [f"{PROMPT} TEXT", f"{MAX_LENGTH} N", JSON, "--help"]))
         else:
             run_dirs.append(arg)
     if len(run_dirs) != 1:

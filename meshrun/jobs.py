@@ -18,7 +18,7 @@ from meshrun.config.parse import parse_run_config
 from meshrun.config.schema import RunConfig
 from meshrun.data import notes as data_notes
 from meshrun.errors import ConfigError, Preempted, RunFailed
-from meshrun.files import write_json
+from meshrun.files import write_json, write_output
 from meshrun.launch import join as join_lib
 from meshrun.launch import launchers
 from meshrun.launch.invocation import Invocation, Job, current, running, say_stopped
@@ -28,7 +28,7 @@ from meshrun.placement import devices
 from meshrun.placement.identity import Identity, job_size
 from meshrun.specs.rundir import METRICS_FILE, PLAN_FILE
 from meshrun.system import signals
-from meshrun.wording import say_error
+from meshrun.wording import say_error, say_warning
 
 # What meshrun.app takes from here, the invocation's state included.
 __all__ = ["Invocation", "Job", "current", "finish", "run_job", "running"]
@@ -114,12 +114,11 @@ def plan_job(invocation: Invocation, job: Job) -> None:
     """One `meshrun plan` job: check the config, plan from shapes alone, print (JSON with the job's
     config choices and overrides, so the lines of `plan -m` can be told apart); lint errors exit 2."""
     config = parse_run_config(job.resolve())
-    devices.prepare_for_plan(config.devices, config.mesh)
-    from meshrun.report.render import render_plan  # imports rich only; the plan imports jax and keras
-    import_keras()
-    from meshrun.run.prepare import place_for_plan
+    processes = job_size(config.distributed, os.environ)
+    planned = planned_here(config, processes)
+    from meshrun.report.render import render_plan  # imports rich only
+    from meshrun.run.prepare import check_without_devices
 
-    planned = place_for_plan(config, job_size(config.distributed, os.environ))
     plan = planned.plan
     data = {**plan.to_dict(), "layout": job.choices.get("layout"), "choices": job.choices, "overrides": job.overrides,
             "data": {"source": config.data.name, "notes": data_notes(config.data)}}
@@ -131,6 +130,7 @@ def plan_job(invocation: Invocation, job: Job) -> None:
         for error in plan.errors[:-1]:
             say_error(str(error))
         raise plan.errors[-1]
+    check_without_devices(config, planned, processes)
     if invocation.save_layout:
         from meshrun.placement.layout_file import save_layout
 
@@ -140,11 +140,22 @@ def plan_job(invocation: Invocation, job: Job) -> None:
               file=sys.stderr if invocation.as_json else sys.stdout)
 
 
+def planned_here(config: RunConfig, processes: int):
+    """The run's planned model (meshrun.run.prepare.PlannedModel) for a job of `processes`
+    processes, worked out in this process from shapes alone, on devices this machine need not have."""
+    devices.prepare_for_plan(config.devices, config.mesh)
+    import_keras()
+    from meshrun.run.prepare import place_for_plan
+
+    return place_for_plan(config, processes)
+
+
 def k8s_job(invocation: Invocation, job: Job) -> None:
     """The `meshrun k8s` job: the config its pods' `meshrun train` composes (the invocation's
-    overrides are theirs; the run dir here is a scratch one) checked as train checks it and against
-    the pods, rendered for Kubernetes, then written out (stdout or --out), run here as local
-    processes (--simulate) or submitted (--apply). Nothing is written before every check passed."""
+    overrides are theirs; the run dir here is a scratch one) checked as train checks it, against
+    the pods, and as `meshrun plan` checks it (check_pods_run), rendered for Kubernetes, then
+    written out (stdout or --out), run here as local processes (--simulate) or submitted (--apply).
+    Nothing is written before every check passed."""
     from meshrun.kube import render
 
     options = invocation.kube
@@ -152,12 +163,13 @@ def k8s_job(invocation: Invocation, job: Job) -> None:
     render.check_one_process_per_pod(raw)
     config = parse_run_config(raw)
     render.check_job(config, options)
+    warnings = check_pods_run(config, options.nodes)
     documents = render.render(config, options, invocation.overrides)
-    if options.volume is None:
-        print(render.no_volume_warning(options), file=sys.stderr)
+    for warning in [*warnings, *([render.no_volume_warning(options)] if options.volume is None else [])]:
+        say_warning(warning)
     text = render.to_yaml(documents, options)
     if options.out:
-        Path(options.out).write_text(text)
+        write_output(options.out, text.encode())
         print(f"meshrun k8s: wrote {options.out}", file=sys.stderr)
     if options.simulate:
         from meshrun.kube import simulate
@@ -169,6 +181,25 @@ def k8s_job(invocation: Invocation, job: Job) -> None:
         print(submit.apply(documents, options))
     elif not options.out:
         print(text, end="")
+
+
+def check_pods_run(config: RunConfig, processes: int) -> list[str]:
+    """Checks the run of a `meshrun k8s` job's pods as `meshrun plan` would, for their mesh and
+    `processes` (one a pod), here, where neither their devices nor their files need be: the plan's
+    errors (the layout's lint, the pipeline's stages, devices.memory_gib) and the checks that need
+    neither (meshrun.run.prepare.check_without_devices). Returns the plan's warnings. The pods of
+    --simulate inherit this process's environment, which the plan's device set-up leaves as it was."""
+    saved = dict(os.environ)
+    try:
+        planned = planned_here(config, processes)
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+    from meshrun.run.prepare import check_without_devices
+
+    planned.plan.raise_first_error()
+    check_without_devices(config, planned, processes)
+    return list(planned.plan.warnings)
 
 
 def finish(invocation: Invocation) -> int:

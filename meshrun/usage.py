@@ -52,15 +52,21 @@ meshrun's with hydra.searchpath=[file://DIR]. `meshrun train --cfg job` prints t
 
 COMMAND_HELP = {
     "train": """\
-usage: meshrun train [OVERRIDE ...] [-m] [--cfg job] [--hydra-help]
+usage: meshrun train [OVERRIDE ...] [-m] [--cfg job|hydra|all [--resolve] [--package PACKAGE]] [--info [WHAT]]
 
-Trains a Keras model on a device mesh described by Hydra config, then prints and writes a report
-(metrics.json, plan.json, epochs.csv and train.log in the run dir, outputs/DATE/TIME/).
+Trains a Keras model on a device mesh described by Hydra config, then prints and writes a report.
+The run dir (outputs/DATE/TIME/, or hydra.run.dir=DIR) holds metrics.json, plan.json, log.jsonl (a
+line per step and per epoch), train.log and the composed config (.hydra/); switches add the rest:
+logging.csv=true steps.csv and epochs.csv, logging.tensorboard=true tensorboard/,
+checkpoint.every_epoch=true checkpoints/, checkpoint.export=true model.keras, profile.steps=[A,B] profile/.
 
-  -m, --multirun   one job per combination of comma-separated values (mesh=2x4,4x2 layout=a,b);
-                   the jobs are compared at the end (summary.csv, summary.json, summary.png)
-  --cfg job        print the composed config instead of training
-  --hydra-help     Hydra's own flags
+  -m, --multirun            one job per combination of comma-separated values (mesh=2x4,4x2 layout=a,b);
+                            the jobs are compared at the end (summary.csv, summary.json, summary.png)
+  -c, --cfg job|hydra|all   print the composed config (hydra: Hydra's own; all: both) instead of training
+  --resolve                 with --cfg: interpolations resolved
+  -p, --package PACKAGE     with --cfg: only that part of the config, e.g. --package train
+  -i, --info [WHAT]         Hydra's information about the config: all (default), config, defaults,
+                            defaults-tree, plugins or searchpath
 
   meshrun train mesh=2x4 layout=dense_model
   meshrun train -m mesh=8x1,4x2,2x4,1x8 layout=dense_model

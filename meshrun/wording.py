@@ -9,6 +9,7 @@ import sys
 from collections.abc import Iterable
 
 ERROR_PREFIX = "meshrun: error: "
+WARNING_PREFIX = "meshrun: warning: "
 
 
 def format_shape(shape, scalar: str = "") -> str:
@@ -64,6 +65,19 @@ def did_you_mean(word: str, candidates: Iterable[str]) -> str:
     return f"did you mean {hint[0]}? " if hint else ""
 
 
+def not_a_flag(flag: str, command: str, flags: Iterable[str], taken_by: Iterable[str] = ()) -> str:
+    """What is said of `flag`, which `meshrun COMMAND` does not take: the commands that do take it
+    (`taken_by`), the closest of the command's flags, and its flags (`flags`, as its help writes
+    them: `--out FILE`, `-m/--multirun`)."""
+    flags = list(flags)
+    names = [name for f in flags for name in f.split()[0].split("/")]
+    hint = closest(flag, names, n=1)
+    others = list(taken_by)
+    where = f" (it is one of meshrun {one_of(others)})" if others else ""
+    suggestion = f"did you mean {hint[0]}? " if hint and not others else ""
+    return f"not a flag of meshrun {command}{where}; {suggestion}valid: {one_of(flags)} (see meshrun {command} --help)"
+
+
 def first_line(err: BaseException, limit: int | None = None) -> str:
     """The first line of an exception's message (empty when it has none), cut at `limit` characters."""
     text = str(err).strip()
@@ -79,3 +93,8 @@ def error_text(err: BaseException) -> str:
 def say_error(message: str) -> None:
     """Prints `meshrun: error: <message>` on stderr, the one line a user sees for a problem."""
     print(ERROR_PREFIX + message, file=sys.stderr)
+
+
+def say_warning(message: str) -> None:
+    """Prints `meshrun: warning: <message>` on stderr (outside a run, whose warnings are logged)."""
+    print(WARNING_PREFIX + message, file=sys.stderr)

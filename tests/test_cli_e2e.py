@@ -1,6 +1,7 @@
 """The CLI end to end, as a user runs it: `python -m meshrun train ...` in a fresh subprocess."""
 
 import json
+import re
 import subprocess
 import sys
 import zipfile
@@ -58,6 +59,15 @@ def test_train_writes_a_complete_metrics_json(tmp_path):
         assert planned[path]["bytes_per_device"] == placed["bytes_per_device"], path
     assert plan["per_device"]["params_bytes"] == metrics["memory"]["params_bytes_per_device"]
     assert metrics["flops"]["per_step"] > 0 and metrics["flops"]["mfu"] is None
+    assert sorted(p.name for p in run_dir.iterdir()) == files_a_default_run_writes()  # as `meshrun train --help` says
+
+
+def files_a_default_run_writes() -> list[str]:
+    """The files `meshrun train --help` says a run writes into its run dir without switches."""
+    from meshrun.usage import command_help
+
+    holds = command_help("train").split(" holds ", 1)[1].split(";", 1)[0]
+    return sorted(name.rstrip("/") for name in re.findall(r"[\w.]+\.(?:json|jsonl|log)\b|\.\w+/", holds))
 
 
 README = Path(__file__).parents[1] / "README.md"

@@ -1,15 +1,15 @@
 """`meshrun k8s`: the job `meshrun train` would run, rendered for Kubernetes. The objects load into
 Kubeflow Trainer's API models and pass Kubernetes' own schemas (kubernetes-validate, strict); what
-the pods run, their resources, volume and failure policy are as the README says; every bad input is
-one line with exit status 2 and writes nothing; a pod of an Indexed Job finds its place in the job;
+the pods run, their resources, volume and failure policy are as the README says; every bad input,
+what `meshrun plan` refuses of the pods' run included, is one line with exit status 2 and writes
+nothing; a pod of an Indexed Job finds its place in the job;
 --apply talks to a stand-in API server on this machine; and --simulate runs a 2-pod Indexed Job
 here, training exactly like one process. No real cluster, GPU or Kubeflow runtime is involved."""
 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
+import os
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -32,6 +32,8 @@ POD_OVERRIDES = ["distributed.mode=auto", "distributed.timeout_s=600", "checkpoi
 
 def k8s(args, capsys) -> tuple[int, str, str]:
     """Runs `meshrun k8s ARGS` in this process; returns its exit status, stdout and stderr."""
+    import jax  # noqa: F401  started here with conftest's 8 devices: the job's plan would start it with 1, and later tests need 8
+
     try:
         cli.main(["k8s", *args])
         status = 0
@@ -150,13 +152,35 @@ def test_out_writes_the_yaml_instead_of_printing_it(in_tmp, capsys):
     assert [d["kind"] for d in yaml.safe_load_all(text)] == ["Service", "Job"]
 
 
-def test_rendering_imports_neither_jax_nor_keras(tmp_path):
-    code = ("import sys; from meshrun import cli; "
-            f"cli.main(['k8s', 'mesh=2x4', 'layout=dense_model', '--image', 'x', '--nodes', '2', '--out', {str(tmp_path / 'job.yaml')!r}]); "
-            "print(sorted(m for m in ('jax', 'keras', 'tensorflow') if m in sys.modules))")
-    done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert done.stdout.splitlines()[-1] == "[]"
+def test_out_makes_the_dirs_it_needs_and_refuses_a_path_it_cannot_write(in_tmp, capsys):
+    status, out, err = k8s([*CPU_JOB, *FLAGS, "--volume", "runs:/runs", "--out", "jobs/exp1/job.yaml"], capsys)
+    assert status == 0 and err.strip() == "meshrun k8s: wrote jobs/exp1/job.yaml"
+    assert [d["kind"] for d in yaml.safe_load_all((in_tmp / "jobs" / "exp1" / "job.yaml").read_text())] == ["TrainJob"]
+    (in_tmp / "taken").write_text("a file")
+    status, out, err = k8s([*CPU_JOB, *FLAGS, "--out", "taken/job.yaml"], capsys)
+    assert status == 2 and err.splitlines() == [
+        f"meshrun: error: --out: got 'taken/job.yaml', which cannot be written ({in_tmp / 'taken'} is a file, not a directory); "
+        "give a file path where you can write, e.g. --out job.yaml"]
+
+
+def test_the_checks_leave_the_environment_the_simulated_pods_inherit_as_it_was(in_tmp, monkeypatch, capsys):
+    # The plan's device set-up (one CPU device) sets JAX_PLATFORMS=cpu, which would keep the pods of
+    # --simulate off the GPUs; jax is set up already in this process, so nothing else changes here.
+    monkeypatch.delenv("JAX_PLATFORMS")
+    before = dict(os.environ)
+    rendered(["mesh=2x4", "layout=dense_model", *FLAGS, "--volume", "runs:/runs"], capsys)
+    assert dict(os.environ) == before
+
+
+def test_the_plans_warnings_are_said_before_the_job_is_written(in_tmp, capsys):
+    stages_typo = ["model=transformer", "mesh=4x2", "mesh.axis_names=[stages,data]", "mesh.batch_axis=data", "layout=replicated",
+                   "pipeline.microbatches=4"]
+    status, out, err = k8s([*stages_typo, "devices.platform=cpu", *FLAGS, "--volume", "runs:/runs"], capsys)
+    assert status == 0 and yaml.safe_load(out)["kind"] == "TrainJob"
+    assert [line for line in err.splitlines() if "pipeline" in line] == [
+        "meshrun: warning: pipeline.microbatches=4 does nothing: pipeline stages wait for a mesh axis named 'stage' (pipeline.axis), "
+        "and mesh 4x2's axes are stages, data ('stages' is close: a typo?), so the run has no stages; name an axis 'stage' in "
+        "mesh.axis_names, or leave the pipeline keys out"]
 
 
 def test_help_names_the_flags_and_the_config_groups(capsys):
@@ -169,6 +193,9 @@ def test_help_names_the_flags_and_the_config_groups(capsys):
 # --- bad input ----------------------------------------------------------------------------------
 
 OUT = ["--out", "job.yaml"]
+SIMULATE = ["--volume", "runs:/runs", "--simulate"]
+K8S_FLAGS = ("--image IMAGE, --nodes N, --kind KIND, --out FILE, --volume CLAIM:PATH, --name NAME, --namespace NS, --port PORT, "
+             "--apply, --simulate or --help")
 BAD = {
     "no image": ([*CPU_JOB, "--nodes", "2", *OUT],
                  "--image: got nothing; give the container image the pods run, one with meshrun installed, e.g. --image registry.example.com/meshrun:0.1.0"),
@@ -201,8 +228,10 @@ BAD = {
                        "none; valid: auto, gpu or cpu"),
     "a config error": ([*CPU_JOB, "train.epochs=0", *FLAGS, *OUT], "train.epochs: got 0; expected a positive integer"),
     "a flag of another command": ([*CPU_JOB, *FLAGS, "--json", *OUT],
-                                  "--json: not a flag of meshrun k8s; valid: --image, --nodes, --kind, --out, --volume, --name, --namespace, "
-                                  "--port, --apply or --simulate (see meshrun k8s --help)"),
+                                  f"--json: not a flag of meshrun k8s; valid: {K8S_FLAGS} (see meshrun k8s --help)"),
+    "a misspelt flag": ([*CPU_JOB, *FLAGS, "--volumes", "runs:/runs", *OUT],
+                        f"--volumes: not a flag of meshrun k8s; did you mean --volume? valid: {K8S_FLAGS} (see meshrun k8s --help)"),
+    "a short flag": ([*CPU_JOB, *FLAGS, "-n", "2", *OUT], f"-n: not a flag of meshrun k8s; valid: {K8S_FLAGS} (see meshrun k8s --help)"),
     "a multirun": ([*CPU_JOB, "-m", *FLAGS, *OUT], "-m: got a multirun; meshrun k8s renders one job: run it once for each setting"),
     "apply and simulate": ([*CPU_JOB, *FLAGS, "--apply", "--simulate", *OUT],
                            "--simulate: got it with --apply; run the job here first (--simulate), then submit it (--apply)"),
@@ -211,9 +240,23 @@ BAD = {
                                   "ending with a letter or digit (the job's, its service's and its pods' name), e.g. --name exp1"),
     "port out of range": ([*CPU_JOB, *FLAGS, "--port", "70000", *OUT],
                           "--port: got '70000'; expected a TCP port, 1 to 65535, for process 0's coordinator (default 55527)"),
-    "out in a missing dir": ([*CPU_JOB, *FLAGS, "--out", "nowhere/job.yaml"],
-                             "--out: got 'nowhere/job.yaml', which cannot be written (its directory does not exist); give a file path in "
-                             "a writable directory, e.g. --out job.yaml"),
+    "out without a path": ([*CPU_JOB, *FLAGS, "--out"], "--out: got nothing; give the file to write the YAML to, e.g. --out job.yaml"),
+    # What `meshrun plan` refuses, for the pods' mesh and processes (run here with --simulate: no pod starts, no volume dir is made)
+    "a rule that matches nothing": ([*CPU_JOB, "layout.rules={d3/kernel:[null,model]}", *FLAGS, *SIMULATE],
+                                    "layout.rules.d3/kernel: matches no variable or output of the model (patterns must match the whole "
+                                    "path); closest real paths: d2/kernel, d1/kernel"),
+    "a rule of the wrong rank": ([*CPU_JOB, "layout.rules={d1/kernel:[null,model,null]}", *FLAGS, *SIMULATE],
+                                 "layout.rules.d1/kernel: gives 3 axes [null, model, null] but variable 'd1/kernel' has rank 2 (shape "
+                                 "(784, 200)); give exactly 2 entries, one mesh axis or null per dimension"),
+    "stages that do not divide the blocks": (["devices.platform=cpu", "model=transformer", "model.layers=6", "mesh=4x2",
+                                              "mesh.axis_names=[stage,data]", "mesh.batch_axis=data", "layout=replicated", *FLAGS, *SIMULATE],
+                                             "mesh.shape: got 4x2: the stage axis 'stage' of size 4 does not split transformer's 6 blocks "
+                                             "into stages of equal length; valid sizes for 'stage': 1, 2, 3 or 6"),
+    "a misspelt metric": ([*CPU_JOB, "train.metrics=[acuracy]", *FLAGS, *SIMULATE],
+                          "train.metrics: got 'acuracy', which is not a Keras metric; e.g. accuracy, mae, auc"),
+    "an export from two pods": ([*CPU_JOB, "checkpoint.export=true", *FLAGS, *SIMULATE],
+                                "checkpoint.export: got true with several processes; a .keras file is written by one process, so export "
+                                "from a one-process run (resume from the checkpoint there)"),
 }
 
 

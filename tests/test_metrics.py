@@ -15,7 +15,7 @@ from rich.console import Console
 
 from conftest import fast_run_in_process
 from meshrun import cli
-from meshrun.report.render import summary_table
+from meshrun.report.render import render, summary_table
 from meshrun.specs.figures import figure
 from meshrun.specs.metrics import RunMetrics, TimingFigures
 
@@ -63,6 +63,22 @@ def test_the_summary_rows_read_as_before(written):
     assert rows["optimizer"] == "adam, learning rate 0.001; float32"
     assert rows["flops"].endswith("/s; MFU n/a (no peak known)") and "per step (XLA)" in rows["flops"]
     assert rows["loss"] == " -> ".join(f"{v:.5f}" for v in written["history"]["loss"])
+
+
+def test_a_blank_or_long_sample_is_cut_short_in_the_report_and_kept_whole_in_metrics_json():
+    samples = [{"prompt": "Once upon a time", "completion": " " * 300}, {"prompt": "Say it", "completion": "a\n\nb"},
+               {"prompt": "p" * 80, "completion": "word " * 60}]
+    metrics = RunMetrics.from_json({"status": "ok", "mesh": {"shape": [2, 4], "axis_names": ["data", "model"], "batch_axis": "data"},
+                                    "model": {"name": "m"}, "sharding": {}, "samples": samples})
+    console = Console(file=io.StringIO(), width=80)  # off a terminal: printed at its natural width, at least 120 columns
+    render(metrics, console)
+    lines = console.file.getvalue().splitlines()
+    assert max(map(len, lines)) <= 120
+    shown = [line for line in lines if " -> " in line]
+    assert "'Once upon a time' -> '     " in shown[0] and shown[0].rstrip(" │").endswith("... (300 characters)")
+    assert "'Say it' -> 'a\\n\\nb'" in shown[1]  # line breaks show as Python writes them
+    assert "... (80 characters) -> 'word word" in shown[2] and shown[2].rstrip(" │").endswith("... (300 characters)")
+    assert metrics.to_json()["samples"] == samples
 
 
 def test_a_failed_runs_metrics_hold_only_the_head():

@@ -3,10 +3,11 @@ written for separate blocks place the stacked ones; the plan says which blocks e
 a pipelined run's losses equal the unpipelined run's; bad input is one line, exit 2."""
 
 import json
+import logging
 
 import pytest
 
-from conftest import FAST, Trained, layout_rules, one_error_line, run_meshrun, train_in_process
+from conftest import FAST, LogRecords, Trained, layout_rules, one_error_line, run_meshrun, train_in_process
 from meshrun.config.parse import parse_run_config
 from meshrun.config.schema import LayoutRule, MeshConfig, PipelineConfig
 from meshrun.errors import ConfigError
@@ -34,6 +35,29 @@ def test_the_pipeline_section_defaults_to_one_microbatch_per_stage():
     assert (config.pipeline.stages(config.mesh), config.pipeline.microbatches_on(config.mesh)) == (4, 4)
     flat = parse_run_config(_raw("8", ["data"], "data", microbatches=3))  # no stage axis: no pipeline, nothing to check
     assert flat.pipeline.stages(flat.mesh) == 0
+
+
+STAGES_TYPO = ("pipeline.microbatches=4 and pipeline.remat=true do nothing: pipeline stages wait for a mesh axis named 'stage' "
+               "(pipeline.axis), and mesh 4x2's axes are stages, data ('stages' is close: a typo?), so the run has no stages; name an "
+               "axis 'stage' in mesh.axis_names, or leave the pipeline keys out")
+
+
+def test_pipeline_keys_on_a_mesh_without_the_stage_axis_are_a_warning_in_the_plan_and_the_run():
+    from meshrun.run.prepare import place_for_plan
+
+    typo = place_for_plan(parse_run_config(_raw("4x2", ["stages", "data"], "data", microbatches=4, remat=True)))
+    assert STAGES_TYPO in typo.plan.warnings
+    staged = place_for_plan(parse_run_config(_raw("2x4", ["stage", "data"], "data", microbatches=4, remat=True)))
+    assert not any("pipeline." in w for w in staged.plan.warnings)
+    logger, records = logging.getLogger("meshrun"), LogRecords()
+    logger.addHandler(records)
+    try:
+        train_in_process({"mesh": {"shape": "4x2", "axis_names": ["stages", "data"], "batch_axis": "data"}, "model": {"name": "dense_model"},
+                          "data": {"name": "synthetic", "num_samples": 32, "eval_samples": 16}, "train": {"epochs": 1, "verbose": 0},
+                          "pipeline": {"microbatches": 4, "remat": True}})
+    finally:
+        logger.removeHandler(records)
+    assert STAGES_TYPO in [r.getMessage() for r in records.records if r.levelno == logging.WARNING]
 
 
 @pytest.mark.parametrize("raw, key, text", [

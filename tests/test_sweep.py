@@ -135,6 +135,23 @@ def test_the_figure_orders_jobs_like_the_table_and_names_what_varies(tmp_path):
     assert [a.get_text() for a in top.texts] == ["error"]
 
 
+def test_report_out_makes_the_dirs_it_needs(in_tmp, capsys):
+    fake_run(in_tmp / "runs", "0", "2x4", 100.0)
+    cli.main(["report", "runs", "--out=cmp/2026/exp1"])
+    assert sorted(p.name for p in (in_tmp / "cmp" / "2026" / "exp1").iterdir()) == ["summary.csv", "summary.json", "summary.png"]
+
+
+def test_the_title_quotes_the_labels_that_hold_commas(tmp_path):
+    from meshrun.report.render import sweep_title
+
+    runs = [fake_run(tmp_path, "0", "2x4", 100.0, model="GemmaCausalLM, LoRA rank 4", layout="gemma_tp"),
+            fake_run(tmp_path, "1", "2x4", 90.0, model="GemmaCausalLM, LoRA rank 8", layout="gemma_tp"),
+            fake_run(tmp_path, "2", "2x4", 80.0, model="say \"hi\"", layout="gemma_tp")]
+    rows = sweep.summary_rows(runs, relative_to=tmp_path)
+    assert sweep_title(rows) == ('meshrun sweep: 3 jobs of "GemmaCausalLM, LoRA rank 4", "GemmaCausalLM, LoRA rank 8", "say \\"hi\\"", '
+                                 "layout gemma_tp; varying model")
+
+
 def test_summary_files(tmp_path):
     rows = sweep.summary_rows([fake_run(tmp_path, "0", "8x1", 100.0), fake_run(tmp_path, "1", "3x1", 0, status="error")], tmp_path)
     csv_path, json_path, png_path = sweep.write_summary(rows, tmp_path / "out")
@@ -156,10 +173,13 @@ def test_summary_files(tmp_path):
         ([], "give one or more sweep or run dirs"),
         (["nowhere"], "'nowhere' is not a directory"),
         (["."], "no metrics.json under ."),
-        (["--out"], "--out: needs a directory"),
+        (["--out"], "--out: got nothing; give the dir to write the summary files into, e.g. --out comparison/"),
+        ([".", "--out", "taken"], "--out: got 'taken', which cannot be written (it is a file); give a dir where you can write"),
+        ([".", "--out", "taken/cmp"], "taken is a file, not a directory"),
     ],
 )
 def test_report_errors_are_one_line_exit_2(args, expected, in_tmp, capsys):
+    (in_tmp / "taken").write_text("a file")
     with pytest.raises(SystemExit) as exit_info:
         cli.main(["report", *args])
     err = capsys.readouterr().err.strip()

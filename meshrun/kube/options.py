@@ -4,21 +4,23 @@ overrides, which `meshrun train` takes as they are."""
 
 from __future__ import annotations
 
-import os
 import posixpath
 import re
 import time
 from dataclasses import dataclass
 
 from meshrun.errors import ConfigError
-from meshrun.wording import one_of
+from meshrun.files import unwritable
+from meshrun.wording import not_a_flag, one_of
 
 KINDS = ("trainjob", "indexed-job")
 # jax's own coordinator port for jobs on Kubernetes (jax._src.clusters.k8s_cluster)
 DEFAULT_PORT = 55527
 # Kubernetes names the pods after the job (NAME-node-0-3 under a TrainJob) within 63 characters.
 NAME_LIMIT = 40
-VALUE_FLAGS = ("--image", "--nodes", "--kind", "--out", "--volume", "--name", "--namespace", "--port")
+# The flags that take a value, with the value as help writes it, and the switches.
+VALUE_FLAGS = {"--image": "IMAGE", "--nodes": "N", "--kind": "KIND", "--out": "FILE", "--volume": "CLAIM:PATH", "--name": "NAME",
+               "--namespace": "NS", "--port": "PORT"}
 SWITCHES = ("--apply", "--simulate")
 MULTIRUN_FLAGS = ("-m", "--multirun")
 
@@ -97,8 +99,9 @@ def _take_flags(args: list[str]) -> tuple[dict[str, str | bool], list[str]]:
             given[flag] = value
         elif arg in SWITCHES:
             given[arg] = True
-        elif arg.startswith("--") and arg not in MULTIRUN_FLAGS:
-            raise ConfigError(flag, f"not a flag of meshrun k8s; valid: {one_of([*VALUE_FLAGS, *SWITCHES])} (see meshrun k8s --help)")
+        elif arg.startswith("-") and arg not in MULTIRUN_FLAGS:
+            shown = [*(f"{name} {value}" for name, value in VALUE_FLAGS.items()), *SWITCHES, "--help"]
+            raise ConfigError(flag, not_a_flag(flag, "k8s", shown))
         else:
             rest.append(arg)
         index += 1
@@ -164,14 +167,14 @@ def _volume(value) -> Volume | None:
 
 
 def _out(value) -> str | None:
-    """`--out FILE`: a file path whose directory exists and can be written (checked before any work)."""
+    """`--out FILE`: a file path that can be written, its missing dirs made when it is (checked before any work)."""
     if value is None:
         return None
-    folder = os.path.dirname(os.path.abspath(value)) if value else ""
-    if not value or os.path.isdir(value) or not os.path.isdir(folder) or not os.access(folder, os.W_OK):
-        reason = ("it is a directory" if value and os.path.isdir(value) else "its directory does not exist" if value and not os.path.isdir(folder)
-                  else "its directory is not writable" if value else "no path")
-        raise ConfigError("--out", f"got {_shown(value)}, which cannot be written ({reason}); give a file path in a writable directory, "
+    if not value:
+        raise ConfigError("--out", "got nothing; give the file to write the YAML to, e.g. --out job.yaml")
+    reason = unwritable(value)
+    if reason:
+        raise ConfigError("--out", f"got {_shown(value)}, which cannot be written ({reason}); give a file path where you can write, "
                                    "e.g. --out job.yaml")
     return value
 

@@ -257,5 +257,5 @@ def to_yaml(documents: list[dict], options: KubeOptions) -> str:
 
 def no_volume_warning(options: KubeOptions) -> str:
     """The one line said when the job has no volume."""
-    return (f"meshrun: warning: no --volume: the run dir ({run_dir(options)}) and the checkpoints stay in each pod and die with it, "
+    return (f"no --volume: the run dir ({run_dir(options)}) and the checkpoints stay in each pod and die with it, "
             "and a preempted job starts over; give --volume CLAIM:/PATH (a PersistentVolumeClaim every pod mounts)")

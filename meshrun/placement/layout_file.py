@@ -6,13 +6,12 @@ from __future__ import annotations
 
 import datetime
 from collections.abc import Sequence
-from pathlib import Path
 
 import yaml
 
 from meshrun.config.schema import LayoutRule
 from meshrun.errors import ConfigError
-from meshrun.files import write_atomic
+from meshrun.files import write_output
 from meshrun.placement.plan import Plan
 from meshrun.wording import first_line, format_bytes, format_shape
 
@@ -40,6 +39,6 @@ def layout_text(rules: Sequence[LayoutRule], plan: Plan, overrides: Sequence[str
 def save_layout(path: str, rules: Sequence[LayoutRule], plan: Plan, overrides: Sequence[str]) -> None:
     """Writes the layout file at `path` (whole or not at all); an OS error is a ConfigError."""
     try:
-        write_atomic(Path(path), layout_text(rules, plan, overrides).encode())
+        write_output(path, layout_text(rules, plan, overrides).encode())
     except OSError as err:
         raise ConfigError("--save-layout", f"got {path!r}, which cannot be written ({first_line(err)}); give a path in a writable directory") from None

@@ -5,6 +5,7 @@ meshrun.specs.figures), which hand this module the rows."""
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass
 
@@ -300,11 +301,19 @@ def sweep_title(rows: list[dict]) -> str:
     """What a comparison is of: the job count, the model(s), the layout when it is one, and what
     varies between the jobs (mesh, layout, model)."""
     models, layouts = _known(rows, "model"), _known(rows, "layout")
-    title = f"meshrun sweep: {len(rows)} jobs of {', '.join(models)}"
+    title = f"meshrun sweep: {len(rows)} jobs of {', '.join(map(label_text, models))}"
     if len(layouts) == 1:
-        title += f", layout {layouts[0]}"
+        title += f", layout {label_text(layouts[0])}"
     varies = varying_keys(rows)
     return title + (f"; varying {', '.join(varies)}" if varies else "")
+
+
+def label_text(label: str) -> str:
+    """A model's or layout's label as a list of them shows it: in double quotes where it holds
+    what separates the list's items (a comma: `GemmaCausalLM, LoRA rank 8`), a quote, or space at
+    an end; as it is otherwise."""
+    plain = label and label == label.strip() and not any(c in label for c in ',;"')
+    return label if plain else json.dumps(label, ensure_ascii=False)
 
 
 def varying_keys(rows: list[dict]) -> list[str]:

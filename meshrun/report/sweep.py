@@ -16,10 +16,10 @@ import re
 from pathlib import Path
 
 from meshrun.errors import ConfigError
-from meshrun.files import write_atomic, write_json
+from meshrun.files import unwritable, write_atomic, write_json
 from meshrun.logs import console
 from meshrun.pipeline.bubble import fit_bubble
-from meshrun.report.render import rate_column, render_sweep, sweep_title, varying_keys
+from meshrun.report.render import label_text, rate_column, render_sweep, sweep_title, varying_keys
 from meshrun.specs.metrics import (
     DOES_NOT_FIT,
     MemoryFigures,
@@ -28,7 +28,7 @@ from meshrun.specs.metrics import (
     TimingFigures,
 )
 from meshrun.specs.rundir import METRICS_FILE, PLAN_FILE, SUMMARY_FILES
-from meshrun.wording import first_line, format_bytes, format_shape, one_of
+from meshrun.wording import first_line, format_bytes, format_shape, not_a_flag, one_of
 
 log = logging.getLogger("meshrun")
 
@@ -61,24 +61,44 @@ def compare(run_dirs, out_dir) -> list[dict]:
     return rows
 
 
+OUT = "--out"
+
+
 def report(args: list[str]) -> list[dict]:
     """`meshrun report DIR [DIR ...] [--out DIR]`: compares the runs found under the dirs, writing
     the summary files into the one dir given, or --out (the working dir for several)."""
-    out = None
-    if "--out" in args:
-        index = args.index("--out")
-        if index + 1 >= len(args):
-            raise ConfigError("--out", "needs a directory")
-        out, args = args[index + 1], args[:index] + args[index + 2:]
-    if not args or any(a.startswith("-") for a in args):
-        raise ConfigError("report", f"got {args!r}; give one or more sweep or run dirs, e.g. meshrun report multirun/DATE/TIME")
-    missing = [a for a in args if not Path(a).is_dir()]
+    out, dirs = report_args(args)
+    missing = [d for d in dirs if not Path(d).is_dir()]
     if missing:
         raise ConfigError("report", f"{missing[0]!r} is not a directory")
-    runs = find_runs(args)
+    runs = find_runs(dirs)
     if not runs:
-        raise ConfigError("report", f"no metrics.json under {one_of(args)}; run dirs of meshrun train hold one")
-    return compare(runs, out or (args[0] if len(args) == 1 else "."))
+        raise ConfigError("report", f"no metrics.json under {one_of(dirs)}; run dirs of meshrun train hold one")
+    return compare(runs, out or (dirs[0] if len(dirs) == 1 else "."))
+
+
+def report_args(args: list[str]) -> tuple[str | None, list[str]]:
+    """The --out dir (`--out DIR` or `--out=DIR`; None: not given) and the dirs to compare; a
+    ConfigError for another flag, no dir, or an --out dir that cannot be made or written."""
+    out, dirs, rest = None, [], list(args)
+    while rest:
+        arg = rest.pop(0)
+        name, has_value, value = arg.partition("=")
+        if name == OUT:
+            out = value if has_value else rest.pop(0) if rest and not rest[0].startswith("-") else ""
+            if not out:
+                raise ConfigError(OUT, "got nothing; give the dir to write the summary files into, e.g. --out comparison/")
+            reason = unwritable(out, directory=True)
+            if reason:
+                raise ConfigError(OUT, f"got {out!r}, which cannot be written ({reason}); give a dir where you can write "
+                                       "(made if missing), e.g. --out comparison/")
+        elif arg.startswith("-"):
+            raise ConfigError(name, not_a_flag(name, "report", [f"{OUT} DIR", "--help"]))
+        else:
+            dirs.append(arg)
+    if not dirs:
+        raise ConfigError("report", "got no dir; give one or more sweep or run dirs, e.g. meshrun report multirun/DATE/TIME")
+    return out, dirs
 
 
 def find_runs(paths) -> list[Path]:
@@ -159,7 +179,7 @@ def sweep_figure(rows: list[dict]):
     from matplotlib.figure import Figure
 
     varying = [key for key in varying_keys(rows) if key != "mesh"]
-    labels = [" ".join([f"{r['job']}: {r['mesh']}", *(str(r[key]) for key in varying)]) for r in rows]
+    labels = [" ".join([f"{r['job']}: {r['mesh']}", *(label_text(str(r[key])) for key in varying)]) for r in rows]
     ok = [r["status"] == "ok" for r in rows]
     unit = rate_column(rows)
     step = [r["step_time_ms"] or 0.0 if o else 0.0 for r, o in zip(rows, ok, strict=True)]

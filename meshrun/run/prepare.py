@@ -47,11 +47,11 @@ from meshrun.placement.plan import DeviceMemory, Plan, make_plan
 from meshrun.placement.stacking import PipelinePlan
 from meshrun.placement.traffic import Activations
 from meshrun.run.build import AbstractModel, abstract_session, describe
-from meshrun.run.sampling import plan_sampling
+from meshrun.run.sampling import check_sampling_settings, plan_sampling
 from meshrun.specs.model import ModelSpec
 from meshrun.training import checkpoint as checkpoint_lib
 from meshrun.training import objectives
-from meshrun.wording import format_bytes, format_shape, one_of
+from meshrun.wording import closest, format_bytes, format_shape, one_of
 
 log = logging.getLogger("meshrun")
 
@@ -209,7 +209,7 @@ def place(config: RunConfig, mesh: MeshConfig, processes: int = 1, memory: Devic
         rules, bends = with_bends(written, mesh, list(abstract.tensors))
 
     def advice(variables, on) -> list[str]:
-        return [*notes, *(spec.layout_advice(options, variables, on) if spec.layout_advice else ())]
+        return [*notes, *pipeline_keys_ignored(config.pipeline, on), *(spec.layout_advice(options, variables, on) if spec.layout_advice else ())]
 
     plan = make_plan(spec.name_of(options), mesh, rules, abstract, train.optimizer, processes, advice=advice, memory=memory,
                      lint=lint, pipeline=staged, activations=step_activations(abstract, train, staged), bends=bends)
@@ -263,6 +263,23 @@ def layout_rules(config: RunConfig, spec: ModelSpec, options, mesh: MeshConfig, 
     return own + layout.extra_rules, notes
 
 
+def pipeline_keys_ignored(pipeline: PipelineConfig, mesh: MeshConfig) -> tuple[str, ...]:
+    """A warning when pipeline keys are set on a mesh without the stage axis (pipeline.axis), where
+    they do nothing: the run trains without stages (a misspelt axis name, say `stages`)."""
+    if pipeline.axis in mesh.axis_names:
+        return ()
+    default = PipelineConfig()
+    given = [f"pipeline.{key}={str(value).lower() if isinstance(value, bool) else value}"
+             for key, value in vars(pipeline).items() if value != getattr(default, key)]
+    if not given:
+        return ()
+    near = closest(pipeline.axis, mesh.axis_names, n=1)
+    typo = f" ({near[0]!r} is close: a typo?)" if near else ""
+    return (f"{' and '.join(given)} {'do' if len(given) > 1 else 'does'} nothing: pipeline stages wait for a mesh axis named "
+            f"{pipeline.axis!r} (pipeline.axis), and mesh {format_shape(mesh.shape)}'s axes are {', '.join(mesh.axis_names)}{typo}, "
+            f"so the run has no stages; name an axis {pipeline.axis!r} in mesh.axis_names, or leave the pipeline keys out",)
+
+
 def _auto_keys_ignored(layout) -> tuple[str, ...]:
     """A warning when layout.fsdp or layout.min_bytes is set for a layout other than auto (they are
     keys of every layout, so that a sweep over layouts can set them)."""
@@ -279,8 +296,7 @@ def plan_checkpoints(config: RunConfig, context: RunContext, processes: int) -> 
     """Where checkpoints go, which one to resume from, and the progress it holds (a bad resume
     path, an unwritable dir, a checkpoint of another model or nothing left to train are ConfigErrors)."""
     root = checkpoint_lib.directory(config.checkpoint, context.run_dir)
-    if config.checkpoint.export and processes > 1:
-        raise ConfigError("checkpoint.export", "got true with several processes; a .keras file is written by one process, so export from a one-process run (resume from the checkpoint there)")
+    check_export(config, processes)
     if config.checkpoint.saves or config.train.max_time is not None:  # the budget's stop saves a checkpoint
         checkpoint_lib.check_writable(root)
     point = checkpoint_lib.find(config.resume_mode(context.requeued), root, context.unreadable_checkpoints)
@@ -296,6 +312,23 @@ def plan_checkpoints(config: RunConfig, context: RunContext, processes: int) -> 
             "train: raise train.epochs, or start again with resume=never",
         )
     return CheckpointPlan(root, point, start, model)
+
+
+def check_export(config: RunConfig, processes: int) -> None:
+    """An export is written by one process: a ConfigError for checkpoint.export in a job of several."""
+    if config.checkpoint.export and processes > 1:
+        raise ConfigError("checkpoint.export", "got true with several processes; a .keras file is written by one process, so export from a one-process run (resume from the checkpoint there)")
+
+
+def check_without_devices(config: RunConfig, planned: PlannedModel, processes: int) -> Objectives:
+    """The checks of a run beyond its plan that need neither its devices nor its files, which
+    `meshrun plan` and `meshrun k8s` make where the run's devices and data may not be: the loss and
+    metric names and the early-stopping monitor, and what a job of `processes` processes cannot do
+    (export, complete train.sample_prompts). A ConfigError for the first problem."""
+    named = check_objectives(config.train, planned)
+    check_export(config, processes)
+    check_sampling_settings(config, processes)
+    return named
 
 
 def check_objectives(train: TrainConfig, planned: PlannedModel) -> Objectives:

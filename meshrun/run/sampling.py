@@ -42,18 +42,9 @@ def plan_sampling(config, planned, mesh, processes: int) -> SamplingPlan | None:
     first thing that would keep it from sampling: `planned` is the run's PlannedModel, `mesh` its
     mesh with no -1 left, `processes` the job's process count."""
     train = config.train
-    if train.sample_max_length is not None and train.sample_max_length < 2:
-        raise ConfigError(LENGTH_KEY, f"got {train.sample_max_length}; expected the tokens of prompt and completion together, "
-                                      "2 or more (null: model.seq_len)")
-    prompts = tuple(train.sample_prompts or ())
+    prompts = check_sampling_settings(config, processes)
     if not prompts:
         return None
-    if config.model.name != HUB_MODEL:
-        raise ConfigError(SAMPLE_KEY, f"got {len(prompts)} prompt(s) with model={config.model.name}; only KerasHub causal LMs "
-                                      "(model=keras_hub) complete prompts: leave train.sample_prompts empty")
-    if processes > 1:
-        raise ConfigError(SAMPLE_KEY, f"got {len(prompts)} prompt(s) in a job of {processes} processes; sample in a one-process run, "
-                                      "or after training with meshrun generate RUN_DIR --prompt TEXT")
     options = planned.options
     tokenizer, framing = load_run_tokenizer(config, SAMPLE_KEY)
     check_vocabulary(tokenizer, config, model_vocabulary(planned.abstract.signature))
@@ -61,6 +52,24 @@ def plan_sampling(config, planned, mesh, processes: int) -> SamplingPlan | None:
     encode_prompts(tokenizer, framing, list(prompts), max_length, SAMPLE_KEY, LENGTH_KEY)  # a prompt too long fails now
     return SamplingPlan(prompts=prompts, tokenizer=tokenizer, framing=framing, max_length=max_length,
                         batch_multiple=mesh.axis_size(mesh.batch_axis))
+
+
+def check_sampling_settings(config, processes: int) -> tuple[str, ...]:
+    """The prompts of train.sample_prompts, or the ConfigError of a setting that keeps the run from
+    sampling, whatever its tokenizer: a bad train.sample_max_length, prompts for a model that is
+    not a KerasHub causal LM or in a job of several `processes`."""
+    train = config.train
+    if train.sample_max_length is not None and train.sample_max_length < 2:
+        raise ConfigError(LENGTH_KEY, f"got {train.sample_max_length}; expected the tokens of prompt and completion together, "
+                                      "2 or more (null: model.seq_len)")
+    prompts = tuple(train.sample_prompts or ())
+    if prompts and config.model.name != HUB_MODEL:
+        raise ConfigError(SAMPLE_KEY, f"got {len(prompts)} prompt(s) with model={config.model.name}; only KerasHub causal LMs "
+                                      "(model=keras_hub) complete prompts: leave train.sample_prompts empty")
+    if prompts and processes > 1:
+        raise ConfigError(SAMPLE_KEY, f"got {len(prompts)} prompt(s) in a job of {processes} processes; sample in a one-process run, "
+                                      "or after training with meshrun generate RUN_DIR --prompt TEXT")
+    return prompts
 
 
 def sample(model, plan: SamplingPlan) -> list[dict]:

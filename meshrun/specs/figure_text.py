@@ -170,11 +170,33 @@ def eval_text(evaluation, metrics) -> str | None:
     return ", ".join(f"{name} {value:.5f}" for name, value in evaluation.items()) + f" ({seconds:.2f} s)"
 
 
+# The most characters of a sample's line in the summary (metrics.json holds it whole): with the
+# row's name, the table stays within 120 columns, the width a report is printed at off a terminal.
+SAMPLE_LINE = 96
+PROMPT_SHOWN = 32
+
+
 def samples_text(samples, metrics) -> str | None:
-    """Each prompt of train.sample_prompts and its completion, a line each: 'prompt' -> 'completion'."""
+    """Each prompt of train.sample_prompts and its completion, a line each: 'prompt' -> 'completion',
+    quoted as Python writes strings (so that spaces and line breaks show), a long one cut short."""
     if _skipped(metrics, "samples"):
         return _skipped_text(metrics)
-    return "\n".join(f"{s['prompt']!r} -> {s['completion']!r}" for s in samples) if samples else None
+    if not samples:
+        return None
+    lines = []
+    for sample in samples:
+        prompt = _cut(sample["prompt"], PROMPT_SHOWN)
+        lines.append(f"{prompt} -> {_cut(sample['completion'], SAMPLE_LINE - len(prompt) - 4)}")
+    return "\n".join(lines)
+
+
+def _cut(text: str, width: int) -> str:
+    """`text` quoted (repr), within `width` characters: cut short with its length said where longer."""
+    quoted = repr(text)
+    if len(quoted) <= width:
+        return quoted
+    note = f"... ({len(text)} characters)"
+    return quoted[: max(width - len(note), 8)] + note
 
 
 def export_text(checkpoint, metrics) -> str | None:
