@@ -1,10 +1,12 @@
 """Files a reader never sees half-written: every JSON and summary file meshrun writes goes through
-here (metrics.json, plan.json, summaries, the epochs' CSV)."""
+here (metrics.json, plan.json, summaries, the epochs' CSV), and so do the preset dirs it writes."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import shutil
 from pathlib import Path
 
 
@@ -21,3 +23,22 @@ def write_json(data, directory: str | os.PathLike, name: str) -> Path:
     path = Path(directory) / name
     write_atomic(path, (json.dumps(data, indent=2, sort_keys=False) + "\n").encode())
     return path
+
+
+@contextlib.contextmanager
+def dir_written_whole(directory: Path):
+    """A new dir beside `directory` for the block to write into (the context's value), renamed to
+    `directory` when the block ends without error, replacing whatever was there; removed when it
+    raises. A reader sees the old dir or the complete new one, never a half-written one."""
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    partial = directory.with_name(f".partial-{directory.name}-{os.getpid()}")
+    shutil.rmtree(partial, ignore_errors=True)  # left by a process killed while it wrote
+    partial.mkdir()
+    try:
+        yield partial
+        if directory.exists():
+            shutil.rmtree(directory)
+        os.replace(partial, directory)
+    except BaseException:
+        shutil.rmtree(partial, ignore_errors=True)
+        raise

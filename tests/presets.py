@@ -186,8 +186,8 @@ def mistral_tekken_preset(path, text: str) -> Path:
     KerasHub preset in `path`; returns `path`. A GPT-2-style encoder disagrees with it on numbers."""
     import keras_hub
 
-    vocabulary, merges = bpe_vocabulary(text.split("\n\n"), MISTRAL_SPECIAL_TOKENS, SHAPE, KEY)
-    tokenizer = keras_hub.tokenizers.MistralTekkenTokenizer(vocabulary=vocabulary, merges=merges, split_pattern=TEKKEN_SPLIT_PATTERN)
+    trained = bpe_vocabulary(text.split("\n\n"), MISTRAL_SPECIAL_TOKENS, SHAPE, KEY)
+    tokenizer = keras_hub.tokenizers.MistralTekkenTokenizer(**trained, split_pattern=TEKKEN_SPLIT_PATTERN)
     return _save(assemble(FAMILIES["mistral"], tokenizer, SHAPE), path)
 
 

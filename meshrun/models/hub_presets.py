@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from meshrun.compat.keras import set_random_seed
+from meshrun.compat.keras import import_keras, set_random_seed
 from meshrun.models.hub import import_keras_hub
 from meshrun.text.tokenizer_training import (
     GEMMA_SENTENCEPIECE,
@@ -30,6 +30,7 @@ from meshrun.text.tokenizer_training import (
 
 # Tokens the byte-level BPE families add after the trained ones (as the real models have them last).
 GPT2_SPECIAL_TOKENS = ("<|endoftext|>",)
+TOKENIZER_LIBRARIES = {"SentencePiece": "sentencepiece", "byte-level BPE": "tokenizers"}
 LLAMA3_SPECIAL_TOKENS = ("<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>")
 
 
@@ -61,59 +62,78 @@ class PresetShape:
 
 @dataclass(frozen=True)
 class Family:
-    """A model family `meshrun preset` makes: its KerasHub task class, how its tokenizer is made
-    (`tokenizer(keras_hub, texts, shape, key)`, and in words), how its backbone is built
-    (`backbone(keras_hub, shape)`), its default (query, key/value) heads, and whether it groups
-    several query heads on one key/value head (GPT-2 does not)."""
+    """A model family `meshrun preset` makes: its KerasHub task class, its tokenizer (the kind, in
+    words, `train(texts, shape, key)` giving the keyword arguments of the KerasHub class
+    `tokenizer_class`), how its backbone is built (`backbone(keras_hub, shape)`), its default
+    (query, key/value) heads, whether it groups several query heads on one key/value head and
+    whether it has rotary position embeddings (GPT-2 has neither)."""
 
     name: str
     task: str
     tokenizer_kind: str
-    tokenizer: Callable[[Any, Sequence[str], PresetShape, str], Any]
+    tokenizer_class: str
+    train: Callable[[Sequence[str], PresetShape, str], dict]
     backbone: Callable[[Any, PresetShape], Any]
     heads: tuple[int, int]
     grouped: bool = True
+    rotary: bool = True
 
     @property
     def preprocessor(self) -> str:
         """The name of its KerasHub CausalLMPreprocessor class."""
         return f"{self.task}Preprocessor"
 
+    @property
+    def library(self) -> str:
+        """The module its tokenizer is trained with."""
+        return TOKENIZER_LIBRARIES[self.tokenizer_kind]
+
 
 def causal_lm(family: Family, texts: Sequence[str], shape: PresetShape, key: str):
     """A `family` causal LM of `shape` with a tokenizer trained on `texts` and a preprocessor of
     shape.sequence_length tokens, weights drawn with shape.seed; a ConfigError on `key` when the
     text cannot give the tokenizer's vocabulary."""
-    keras_hub = import_keras_hub()
-    return assemble(family, family.tokenizer(keras_hub, texts, shape, key), shape)
+    return assemble(family, tokenizer(family, family.train(texts, shape, key)), shape)
+
+
+def tokenizer(family: Family, trained: dict):
+    """The family's KerasHub tokenizer layer made of what its `train` gave."""
+    return getattr(_keras_hub().models, family.tokenizer_class)(**trained)
 
 
 def assemble(family: Family, tokenizer, shape: PresetShape):
     """A `family` causal LM of `shape` around `tokenizer` (a KerasHub tokenizer layer of
     shape.vocabulary_size ids), weights drawn with shape.seed."""
-    keras_hub = import_keras_hub()
+    keras_hub = _keras_hub()
     set_random_seed(shape.seed, tensorflow_seed=shape.seed)
     backbone = family.backbone(keras_hub, shape)
     preprocessor = getattr(keras_hub.models, family.preprocessor)(tokenizer, sequence_length=shape.sequence_length)
     return getattr(keras_hub.models, family.task)(backbone=backbone, preprocessor=preprocessor)
 
 
-def bpe_vocabulary(texts: Sequence[str], special_tokens: Sequence[str], shape: PresetShape, key: str) -> tuple[dict[str, int], list[str]]:
-    """The vocabulary and merges of a byte-level BPE trained on `texts`, special tokens last."""
-    return vocabulary_and_merges(byte_level_bpe(texts, special_tokens, shape.vocabulary_size, key))
+def _keras_hub():
+    """keras_hub, on Keras' jax backend (which keras_hub would not choose when it imports Keras)."""
+    import_keras()
+    return import_keras_hub()
 
 
-def _sentencepiece(setup: SentencePieceSetup, tokenizer_class: str):
-    def tokenizer(keras_hub, texts: Sequence[str], shape: PresetShape, key: str):
-        return getattr(keras_hub.models, tokenizer_class)(proto=sentencepiece_proto(texts, shape.vocabulary_size, setup, key))
-    return tokenizer
+def bpe_vocabulary(texts: Sequence[str], special_tokens: Sequence[str], shape: PresetShape, key: str) -> dict:
+    """The vocabulary and merges of a byte-level BPE trained on `texts`, special tokens last, as
+    KerasHub's BytePairTokenizer classes take them (keyword arguments)."""
+    vocabulary, merges = vocabulary_and_merges(byte_level_bpe(texts, special_tokens, shape.vocabulary_size, key))
+    return {"vocabulary": vocabulary, "merges": merges}
 
 
-def _byte_level(special_tokens: Sequence[str], tokenizer_class: str):
-    def tokenizer(keras_hub, texts: Sequence[str], shape: PresetShape, key: str):
-        vocabulary, merges = bpe_vocabulary(texts, special_tokens, shape, key)
-        return getattr(keras_hub.models, tokenizer_class)(vocabulary=vocabulary, merges=merges)
-    return tokenizer
+def _sentencepiece(setup: SentencePieceSetup):
+    def train(texts: Sequence[str], shape: PresetShape, key: str) -> dict:
+        return {"proto": sentencepiece_proto(texts, shape.vocabulary_size, setup, key)}
+    return train
+
+
+def _byte_level(special_tokens: Sequence[str]):
+    def train(texts: Sequence[str], shape: PresetShape, key: str) -> dict:
+        return bpe_vocabulary(texts, special_tokens, shape, key)
+    return train
 
 
 def _gemma_backbone(keras_hub, shape: PresetShape):
@@ -147,12 +167,12 @@ def _gpt2_backbone(keras_hub, shape: PresetShape):
 
 FAMILIES = {
     family.name: family for family in (
-        Family("gemma", "GemmaCausalLM", "SentencePiece", _sentencepiece(GEMMA_SENTENCEPIECE, "GemmaTokenizer"), _gemma_backbone, (8, 1)),
-        Family("llama", "Llama3CausalLM", "byte-level BPE", _byte_level(LLAMA3_SPECIAL_TOKENS, "Llama3Tokenizer"),
+        Family("gemma", "GemmaCausalLM", "SentencePiece", "GemmaTokenizer", _sentencepiece(GEMMA_SENTENCEPIECE), _gemma_backbone, (8, 1)),
+        Family("llama", "Llama3CausalLM", "byte-level BPE", "Llama3Tokenizer", _byte_level(LLAMA3_SPECIAL_TOKENS),
                _grouped_backbone("Llama3Backbone"), (8, 2)),
-        Family("mistral", "MistralCausalLM", "SentencePiece", _sentencepiece(MISTRAL_SENTENCEPIECE, "MistralTokenizer"),
+        Family("mistral", "MistralCausalLM", "SentencePiece", "MistralTokenizer", _sentencepiece(MISTRAL_SENTENCEPIECE),
                _grouped_backbone("MistralBackbone"), (8, 2)),
-        Family("gpt2", "GPT2CausalLM", "byte-level BPE", _byte_level(GPT2_SPECIAL_TOKENS, "GPT2Tokenizer"), _gpt2_backbone, (8, 8),
-               grouped=False),
+        Family("gpt2", "GPT2CausalLM", "byte-level BPE", "GPT2Tokenizer", _byte_level(GPT2_SPECIAL_TOKENS), _gpt2_backbone, (8, 8),
+               grouped=False, rotary=False),
     )
 }
