@@ -229,13 +229,12 @@ def build(request: Request, texts: list[str]):
 
 def check_installed(family: Family) -> None:
     """A ConfigError saying how to install what the family needs, when a package is missing
-    (found, not imported: keras_hub takes seconds)."""
-    from meshrun.compat.tensorflow import require_tensorflow
-
-    missing = [package for package, module in (("keras-hub", "keras_hub"), (family.library, family.library)) if not _installed(module)]
+    (found, not imported: keras_hub takes seconds). KerasHub's tokenizers are built on
+    tensorflow-text, which a keras-hub installed without its dependencies lacks."""
+    needed = (("keras-hub", "keras_hub"), (family.library, family.library), ("tensorflow-text", "tensorflow_text"))
+    missing = [package for package, module in needed if not _installed(module)]
     if missing:
         raise ConfigError(FAMILY_KEY, f"got {family.name!r}, which needs {one_of(missing)}, not installed: pip install 'meshrun[hub]'")
-    require_tensorflow(FAMILY_KEY, "meshrun preset (KerasHub's tokenizers are built on TensorFlow Text)")
 
 
 def _installed(module: str) -> bool:

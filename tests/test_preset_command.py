@@ -176,7 +176,7 @@ def test_bad_input_is_one_line_with_exit_2_and_nothing_written(texts, tmp_path, 
         assert sorted(p.name for p in tmp_path.rglob("*")) == before, args
 
 
-@pytest.mark.parametrize("module, package", [("keras_hub", "keras-hub"), ("sentencepiece", "sentencepiece")])
+@pytest.mark.parametrize("module, package", [("keras_hub", "keras-hub"), ("sentencepiece", "sentencepiece"), ("tensorflow_text", "tensorflow-text")])
 def test_a_missing_package_is_named_with_how_to_install_it(module, package, texts, tmp_path, monkeypatch, capsys):
     monkeypatch.setitem(sys.modules, module, None)  # what `import module` meets when it is not installed
     with pytest.raises(SystemExit) as ended:
