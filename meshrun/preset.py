@@ -19,7 +19,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from meshrun.errors import ConfigError
-from meshrun.files import dir_written_whole
+from meshrun.files import dir_written_whole, unwritable
+from meshrun.flags import read_command_line
 from meshrun.models.hub_presets import FAMILIES, Family, PresetShape, assemble, tokenizer
 from meshrun.text.corpus import expand, read_texts
 from meshrun.wording import did_you_mean, first_line, format_bytes, one_of
@@ -54,12 +55,11 @@ keras_hub.models.CausalLM.from_preset(DIR). Needs keras-hub: pip install 'meshru
   meshrun preset gemma --text 'data/*.jsonl' --out tiny_gemma
   meshrun preset llama --text notes.txt --text 'more/*.txt' --out tiny_llama --vocabulary 1024 --layers 4
 """
-FAMILY_KEY, TEXT, OUT, HEADS, FORCE, HELP = "FAMILY", "--text", "--out", "--heads", "--force", ("-h", "--help")
+FAMILY_KEY, TEXT, OUT, HEADS, FORCE = "FAMILY", "--text", "--out", "--heads", "--force"
 VOCABULARY = "--vocabulary"
 NUMBERS = {VOCABULARY: "vocabulary_size", "--layers": "num_layers", "--hidden": "hidden_dim", "--seq-len": "sequence_length",
            "--seed": "seed"}
-VALUE_FLAGS = (TEXT, OUT, HEADS, *NUMBERS)
-FLAGS = f"{TEXT} PATH, {OUT} DIR, {', '.join(f'{flag} N' for flag in NUMBERS)}, {HEADS} Q:KV, {FORCE}, --help"
+VALUE_FLAGS = {TEXT: "PATH", OUT: "DIR", **dict.fromkeys(NUMBERS, "N"), HEADS: "Q:KV"}  # flag: its value, in messages
 OUT_HINT = "the preset dir to write, e.g. --out tiny_model"
 PRESET_CONFIG = "config.json"  # what makes a dir a preset (save_to_preset writes it)
 
@@ -98,21 +98,12 @@ def main(args: list[str]) -> int:
 
 def parse_request(args: list[str]) -> Request | None:
     """The request `args` make (None: they ask for --help); a ConfigError for anything else."""
-    rest, positional, values, force = list(args), [], {}, False
-    while rest:
-        arg = rest.pop(0)
-        flag = arg.partition("=")[0]
-        if arg in HELP:
-            return None
-        if flag in VALUE_FLAGS:
-            values.setdefault(flag, []).append(arg.partition("=")[2] if "=" in arg else _value_of(flag, rest))
-        elif arg == FORCE:
-            force = True
-        elif arg.startswith("-"):
-            raise ConfigError(arg, f"unknown flag of meshrun preset; valid: {FLAGS}")
-        else:
-            positional.append(arg)
-    family = _family(positional)
+    line = read_command_line(args, "preset", VALUE_FLAGS, (FORCE,))
+    if line is None:
+        return None
+    family = _family(line.only_positional(FAMILY_KEY, f"the one model family to make, e.g. meshrun preset gemma --text 'data/*.jsonl' "
+                                                      f"--out tiny_gemma; valid: {one_of(sorted(FAMILIES))}"))
+    values = line.values
     for flag, hint in ((TEXT, "the text to train the tokenizer on, e.g. --text 'data/*.jsonl'"), (OUT, OUT_HINT)):
         if not values.get(flag):
             raise ConfigError(flag, f"is required: give {hint}")
@@ -122,25 +113,13 @@ def parse_request(args: list[str]) -> Request | None:
     if not values[OUT][0].strip():
         raise ConfigError(OUT, f"got ''; give {OUT_HINT}")
     out = Path(values[OUT][0]).expanduser().resolve()
-    return Request(family=family, texts=tuple(values[TEXT]), out=out, shape=_shape(family, values), force=force)
+    return Request(family=family, texts=tuple(values[TEXT]), out=out, shape=_shape(family, values), force=FORCE in line.switches)
 
 
-def _value_of(flag: str, rest: list[str]) -> str:
-    if not rest or rest[0].partition("=")[0] in (*VALUE_FLAGS, FORCE, *HELP):
-        what = {TEXT: "PATH", OUT: "DIR", HEADS: "Q:KV"}.get(flag, "N")
-        raise ConfigError(flag, f"needs a value: {flag} {what}")
-    return rest.pop(0)
-
-
-def _family(positional: list[str]) -> Family:
-    names = sorted(FAMILIES)
-    if len(positional) != 1:
-        got = f"got {len(positional)} ({', '.join(map(repr, positional))})" if positional else "is required"
-        raise ConfigError(FAMILY_KEY, f"{got}; give the one model family to make, e.g. meshrun preset gemma --text 'data/*.jsonl' "
-                                      f"--out tiny_gemma; valid: {one_of(names)}")
-    name = positional[0]
+def _family(name: str) -> Family:
     if name.lower() in FAMILIES:  # Gemma, GPT2: no other family is spelt alike
         return FAMILIES[name.lower()]
+    names = sorted(FAMILIES)
     raise ConfigError(FAMILY_KEY, f"got {name!r}; {did_you_mean(name.lower(), names)}valid: {one_of(names)}")
 
 
@@ -188,24 +167,21 @@ def _heads(family: Family, value: str) -> tuple[int, int]:
 
 
 def check_out(out: Path, force: bool, files: tuple[Path, ...]) -> None:
-    """A ConfigError unless `out` can take the new preset: a new or empty dir, or with --force a
-    dir that holds a preset and none of the text files, under a dir that can be written."""
-    if out.exists() and not out.is_dir():
-        raise ConfigError(OUT, f"got {str(out)!r}, which is a file; give the dir to write the preset into")
-    if out.is_dir() and any(out.iterdir()):
-        if not force:
-            raise ConfigError(OUT, f"got {str(out)!r}, which already holds files; give a new or empty dir, or {FORCE} to replace "
-                                   "the preset there")
-        if not (out / PRESET_CONFIG).is_file():
-            raise ConfigError(OUT, f"got {str(out)!r}, which holds files but no preset ({PRESET_CONFIG}); {FORCE} replaces only a "
-                                   "preset: give a new or empty dir")
-        inside = [f for f in files if f.resolve().is_relative_to(out)]
-        if inside:
-            raise ConfigError(OUT, f"got {str(out)!r}, which holds the {TEXT} file {str(inside[0])!r}: {FORCE} would delete it; "
-                                   "give another dir")
-    existing = next(p for p in (out, *out.parents) if p.exists())
-    if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
-        raise ConfigError(OUT, f"got {str(out)!r}, which cannot be written: {str(existing)!r} is not a writable dir")
+    """A ConfigError unless `out` can take the new preset: a dir that can be written (its missing
+    parents are made), new or empty, or with --force one that holds a preset and none of the text."""
+    reason = unwritable(out, directory=True)
+    if reason:
+        raise ConfigError(OUT, f"got {str(out)!r}, which cannot be written ({reason}); give a dir where you can write, e.g. --out tiny_model")
+    if not out.is_dir() or not any(out.iterdir()):
+        return
+    if not force:
+        raise ConfigError(OUT, f"got {str(out)!r}, which already holds files; give a new or empty dir, or {FORCE} to replace the preset there")
+    if not (out / PRESET_CONFIG).is_file():
+        raise ConfigError(OUT, f"got {str(out)!r}, which holds files but no preset ({PRESET_CONFIG}); {FORCE} replaces only a preset: "
+                               "give a new or empty dir")
+    inside = [f for f in files if f.resolve().is_relative_to(out)]
+    if inside:
+        raise ConfigError(OUT, f"got {str(out)!r}, which holds the {TEXT} file {str(inside[0])!r}: {FORCE} would delete it; give another dir")
 
 
 def build(request: Request, texts: list[str]):

@@ -64,6 +64,19 @@ def did_you_mean(word: str, candidates: Iterable[str]) -> str:
     return f"did you mean {hint[0]}? " if hint else ""
 
 
+def not_a_flag(flag: str, command: str, flags: Iterable[str], taken_by: Iterable[str] = ()) -> str:
+    """What is said of `flag`, which `meshrun COMMAND` does not take: the commands that do take it
+    (`taken_by`), the closest of the command's flags, and its flags (`flags`, as its help writes
+    them: `--out FILE`, `-m/--multirun`)."""
+    flags = list(flags)
+    names = [name for f in flags for name in f.split()[0].split("/")]
+    hint = closest(flag, names, n=1)
+    others = list(taken_by)
+    where = f" (it is one of meshrun {one_of(others)})" if others else ""
+    suggestion = f"did you mean {hint[0]}? " if hint and not others else ""
+    return f"not a flag of meshrun {command}{where}; {suggestion}valid: {one_of(flags)} (see meshrun {command} --help)"
+
+
 def first_line(err: BaseException, limit: int | None = None) -> str:
     """The first line of an exception's message (empty when it has none), cut at `limit` characters."""
     text = str(err).strip()
