@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import shlex
 import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -117,7 +118,7 @@ def parse_request(args: list[str]) -> Request | None:
 
 
 def _family(name: str) -> Family:
-    if name.lower() in FAMILIES:  # Gemma, GPT2: no other family is spelt alike
+    if name.lower() in FAMILIES:  # Gemma, GPT2: the families' names differ in more than case
         return FAMILIES[name.lower()]
     names = sorted(FAMILIES)
     raise ConfigError(FAMILY_KEY, f"got {name!r}; {did_you_mean(name.lower(), names)}valid: {one_of(names)}")
@@ -225,7 +226,11 @@ def summary(request: Request, causal_lm, files: tuple[Path, ...], texts: list[st
     heads = f"{shape.num_query_heads} query and {shape.num_key_value_heads} key/value heads" if family.grouped else f"{shape.num_query_heads} heads"
     size = format_bytes(sum(len(text.encode()) for text in texts))
     return (f"wrote {request.out}: a {family.name} preset, {family.task} of {causal_lm.backbone.count_params():,} parameters "
-            f"({shape.num_layers} layers, hidden {shape.hidden_dim}, {heads}), a {family.tokenizer_kind} vocabulary of "
-            f"{shape.vocabulary_size} trained on {size} of text in {len(files)} file{'s' * (len(files) != 1)}, sequence length "
+            f"({_count(shape.num_layers, 'layer')}, hidden {shape.hidden_dim}, {heads}), a {family.tokenizer_kind} vocabulary of "
+            f"{shape.vocabulary_size} trained on {size} of text in {_count(len(files), 'file')}, sequence length "
             f"{shape.sequence_length}; RANDOM weights, for trying the workflow, not a pretrained model: "
-            f"meshrun train model=keras_hub model.preset={request.out} data=text ...")
+            f"meshrun train model=keras_hub {shlex.quote(f'model.preset={request.out}')} data=text ...")
+
+
+def _count(number: int, noun: str) -> str:
+    return f"{number} {noun}{'s' * (number != 1)}"
