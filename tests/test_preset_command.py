@@ -215,3 +215,39 @@ def test_help_and_a_vocabulary_the_text_cannot_give_import_no_framework(texts, t
     done = subprocess.run([sys.executable, "-c", NO_FRAMEWORK, str(texts / "corpus.txt"), str(tmp_path / "out")],
                           capture_output=True, text=True, timeout=120)
     assert done.stdout.strip() == "2 []" and "--vocabulary: got 50000, more ids" in done.stderr, (done.stdout, done.stderr)
+
+
+@pytest.mark.parametrize("train", ["sentencepiece", "bpe"])
+def test_the_vocabulary_an_error_offers_is_one_the_text_gives(train, texts):
+    """A vocabulary larger than the text gives is refused naming the largest it gives, and that one
+    trains to exactly its size (SentencePiece refuses in its own words, byte-level BPE stops short)."""
+    from meshrun.errors import ConfigError
+    from meshrun.text import tokenizer_training as training
+
+    text = [(texts / "facts.jsonl").read_text()]
+
+    def size(vocabulary: int) -> int:
+        if train == "sentencepiece":
+            import sentencepiece
+
+            proto = training.sentencepiece_proto(text, vocabulary, training.GEMMA_SENTENCEPIECE, "--vocabulary")
+            return sentencepiece.SentencePieceProcessor(model_proto=proto).get_piece_size()
+        return training.byte_level_bpe(text, ("<s>",), vocabulary, "--vocabulary").get_vocab_size(with_added_tokens=True)
+    with pytest.raises(ConfigError) as refused:
+        size(20_000)
+    offered = int(str(refused.value).rpartition(" ")[2])
+    assert f"--vocabulary: got 20000, more ids than this text gives a {'SentencePiece' if train == 'sentencepiece' else 'byte-level BPE'}" \
+        in str(refused.value) and 300 < offered < 20_000
+    assert size(offered) == offered
+
+
+def test_a_text_of_lines_longer_than_sentencepieces_limit_trains():
+    """SentencePiece skips lines over 4,192 bytes without a word (a corpus of one long line would
+    leave it nothing): the limit is raised to the longest line."""
+    import sentencepiece
+
+    from meshrun.text import tokenizer_training as training
+
+    line = corpus_text(30_000).replace("\n", " ")
+    proto = training.sentencepiece_proto([line], 512, training.GEMMA_SENTENCEPIECE, "--vocabulary")
+    assert sentencepiece.SentencePieceProcessor(model_proto=proto).get_piece_size() == 512

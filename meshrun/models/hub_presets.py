@@ -101,13 +101,13 @@ def tokenizer(family: Family, trained: dict):
     return getattr(_keras_hub().models, family.tokenizer_class)(**trained)
 
 
-def assemble(family: Family, tokenizer, shape: PresetShape):
-    """A `family` causal LM of `shape` around `tokenizer` (a KerasHub tokenizer layer of
+def assemble(family: Family, tokenizer_layer, shape: PresetShape):
+    """A `family` causal LM of `shape` around `tokenizer_layer` (a KerasHub tokenizer of
     shape.vocabulary_size ids), weights drawn with shape.seed."""
     keras_hub = _keras_hub()
     set_random_seed(shape.seed, tensorflow_seed=shape.seed)
     backbone = family.backbone(keras_hub, shape)
-    preprocessor = getattr(keras_hub.models, family.preprocessor)(tokenizer, sequence_length=shape.sequence_length)
+    preprocessor = getattr(keras_hub.models, family.preprocessor)(tokenizer_layer, sequence_length=shape.sequence_length)
     return getattr(keras_hub.models, family.task)(backbone=backbone, preprocessor=preprocessor)
 
 
