@@ -131,7 +131,7 @@ def _colour_record(rng: random.Random) -> dict:
     return {"instruction": f"What colour is {thing}?", "response": COLOUR_OF[thing]}
 
 
-# --- tokenizers ---------------------------------------------------------------------------------
+# --- tokenizers -----------------------------------------------------------------------------------
 
 def sentencepiece_proto(text: str, vocabulary_size: int = VOCABULARY_SIZE) -> bytes:
     """A SentencePiece model (serialized proto) trained on the lines of `text`, set up as Gemma's:
@@ -157,7 +157,7 @@ def hf_tokenizer_json(path, text: str) -> Path:
     return file
 
 
-# --- presets: meshrun preset's families at the tests' sizes ----------------------------------------
+# --- presets: meshrun preset's families at the tests' sizes ---------------------------------------
 
 def gemma_preset(path, text: str, num_key_value_heads: int = 1, dropout: float = 0.0) -> Path:
     """A tiny Gemma (SentencePiece tokenizer trained on `text`) saved as a KerasHub preset in
