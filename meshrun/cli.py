@@ -17,9 +17,10 @@ from meshrun.system import signals
 from meshrun.usage import USAGE, command_help, versions_line
 from meshrun.wording import not_a_flag, one_of, say_error
 
-COMMANDS = ("train", "plan", "sweep", "report", "generate", "k8s")
+COMMANDS = ("train", "plan", "sweep", "report", "generate", "preset", "k8s")
 CONFIG_COMMANDS = ("train", "plan", "sweep", "k8s")  # they take overrides: their help lists the config groups
 HELP_FLAGS = ("-h", "--help")
+OWN_HELP = ("generate", "preset")  # commands that word their own help
 VERSION_FLAGS = ("-V", "--version")
 
 
@@ -59,7 +60,7 @@ def run(args: list[str], as_program: bool) -> int:
     if command not in COMMANDS:
         say_error(f"unknown command {command!r}; valid: {one_of(COMMANDS)} (see meshrun --help)")
         return 2
-    if command != "generate" and any(a in HELP_FLAGS for a in rest):  # generate words its own help
+    if command not in OWN_HELP and any(a in HELP_FLAGS for a in rest):
         print(command_help(command), end="")
         if command in CONFIG_COMMANDS:
             from meshrun import app
@@ -76,6 +77,10 @@ def run(args: list[str], as_program: bool) -> int:
             from meshrun import generate as generate_command
 
             return generate_command.main(rest)
+        if command == "preset":
+            from meshrun import preset as preset_command
+
+            return preset_command.main(rest)
         invocation = parse_k8s(rest, as_program) if command == "k8s" else parse(command, rest, as_program)
     except ConfigError as err:
         say_error(str(err))

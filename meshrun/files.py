@@ -5,8 +5,10 @@ it is written (`write_output`), as `mkdir -p` would make them."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import shutil
 from pathlib import Path
 
 
@@ -45,3 +47,23 @@ def write_output(path: str | os.PathLike, data: bytes) -> None:
     path = Path(path).expanduser()
     path.parent.mkdir(parents=True, exist_ok=True)
     write_atomic(path, data)
+
+
+@contextlib.contextmanager
+def dir_written_whole(directory: Path):
+    """A new dir beside `directory` for the block to write into (the context's value), renamed to
+    `directory` when the block ends without error, replacing whatever was there; removed when it
+    raises. A reader sees the old dir or the complete new one, never a half-written one (a preset:
+    the export's, meshrun preset's). The missing parent dirs of `directory` are made."""
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    partial = directory.with_name(f".partial-{directory.name}-{os.getpid()}")
+    shutil.rmtree(partial, ignore_errors=True)  # left by a process killed while it wrote
+    partial.mkdir()
+    try:
+        yield partial
+        if directory.exists():
+            shutil.rmtree(directory)
+        os.replace(partial, directory)
+    except BaseException:
+        shutil.rmtree(partial, ignore_errors=True)
+        raise

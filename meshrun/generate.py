@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from meshrun.errors import ConfigError
+from meshrun.flags import read_command_line
 from meshrun.run.sampling import (
     HUB_MODEL,
     check_max_length,
@@ -32,7 +33,7 @@ from meshrun.run.sampling import (
 )
 from meshrun.specs import rundir
 from meshrun.text.complete import complete, encode_prompts
-from meshrun.wording import first_line, not_a_flag
+from meshrun.wording import first_line
 
 USAGE = """\
 usage: meshrun generate RUN_DIR --prompt TEXT [--prompt TEXT ...] [--max-length N] [--json]
@@ -47,7 +48,7 @@ Prints 'prompt' -> 'completion' for each prompt; --json prints a JSON list of {p
   meshrun generate outputs/2026-11-25/10-00-00 --prompt 'Once upon a time' --prompt 'The cat'
   meshrun generate outputs/2026-11-25/10-00-00 --prompt 'What colour is the sky?' --max-length 48 --json
 """
-PROMPT, MAX_LENGTH, JSON, HELP = "--prompt", "--max-length", "--json", ("-h", "--help")
+PROMPT, MAX_LENGTH, JSON = "--prompt", "--max-length", "--json"
 RUN_DIR_KEY = "RUN_DIR"
 NO_WEIGHTS_HINT = "train with checkpoint.export=true or checkpoint.every_epoch=true"
 
@@ -95,37 +96,17 @@ def main(args: list[str]) -> int:
 
 def parse_request(args: list[str]) -> Request | None:
     """The request `args` make (None: they ask for --help); a ConfigError for anything else."""
-    rest, run_dirs, prompts, max_length, as_json = list(args), [], [], None, False
-    while rest:
-        arg = rest.pop(0)
-        flag = arg.partition("=")[0]
-        if arg in HELP:
-            return None
-        if flag in (PROMPT, MAX_LENGTH):
-            value = arg.partition("=")[2] if "=" in arg else _value_of(flag, rest)
-            if flag == PROMPT:
-                prompts.append(value)
-            else:
-                max_length = _max_length(value)
-        elif arg == JSON:
-            as_json = True
-        elif arg.startswith("-"):
-            raise ConfigError(flag, not_a_flag(flag, "generate", [f"{PROMPT} TEXT", f"{MAX_LENGTH} N", JSON, "--help"]))
-        else:
-            run_dirs.append(arg)
-    if len(run_dirs) != 1:
-        got = f"got {len(run_dirs)} ({', '.join(map(repr, run_dirs))})" if run_dirs else "is required"
-        raise ConfigError(RUN_DIR_KEY, f"{got}; give the one run dir of a KerasHub run of meshrun train, e.g. "
-                                       "meshrun generate outputs/DATE/TIME --prompt 'Once upon a time'")
+    line = read_command_line(args, "generate", {PROMPT: "TEXT", MAX_LENGTH: "N"}, (JSON,))
+    if line is None:
+        return None
+    run_dir = line.only_positional(RUN_DIR_KEY, "the one run dir of a KerasHub run of meshrun train, e.g. "
+                                                "meshrun generate outputs/DATE/TIME --prompt 'Once upon a time'")
+    prompts = line.values.get(PROMPT, [])
     if not prompts:
         raise ConfigError(PROMPT, "is required: give the text to complete, e.g. --prompt 'Once upon a time' (repeat it for more)")
-    return Request(run_dir=Path(run_dirs[0]).expanduser().resolve(), prompts=tuple(prompts), max_length=max_length, as_json=as_json)
-
-
-def _value_of(flag: str, rest: list[str]) -> str:
-    if not rest:
-        raise ConfigError(flag, f"needs a value: {flag} TEXT" if flag == PROMPT else f"needs a value: {flag} N")
-    return rest.pop(0)
+    max_length = [_max_length(value) for value in line.values.get(MAX_LENGTH, [])]
+    return Request(run_dir=Path(run_dir).expanduser().resolve(), prompts=tuple(prompts), max_length=max_length[-1] if max_length else None,
+                   as_json=JSON in line.switches)
 
 
 def _max_length(value: str) -> int:

@@ -12,6 +12,8 @@ usage: meshrun train  [OVERRIDE ...] [-m] [--cfg job]
        meshrun sweep  [OVERRIDE ...]
        meshrun report DIR [DIR ...] [--out DIR]
        meshrun generate RUN_DIR --prompt TEXT [--prompt TEXT ...] [--max-length N] [--json]
+       meshrun preset FAMILY --text PATH [--text PATH ...] --out DIR [--vocabulary N] [--layers N] [--hidden N]
+                      [--heads Q:KV] [--seq-len N] [--seed N] [--force]
        meshrun k8s    [OVERRIDE ...] --image IMAGE --nodes N [--kind trainjob|indexed-job] [--volume CLAIM:PATH]
                       [--name NAME] [--namespace NS] [--port PORT] [--out FILE] [--apply | --simulate]
        meshrun COMMAND --help        # that command's flags, and the config groups it takes
@@ -24,6 +26,8 @@ bytes land on each device, and lints the layout (exit 2 on errors).
 sweep: trains on every mesh shape of the available devices (a multirun) and compares the jobs.
 report: the comparison table and summary files of an existing sweep dir, or of any run dirs.
 generate: completes prompts with the model a KerasHub run trained, on the run's own mesh.
+preset: makes a small KerasHub preset (gemma, llama, mistral, gpt2) with a tokenizer trained on your
+text and random weights, offline: something to try fine-tuning with.
 k8s: the job `meshrun train` would run, as Kubernetes objects (a Kubeflow TrainJob or an Indexed
 Job), one pod per process; writes their YAML, submits them (--apply) or runs the pods here (--simulate).
 
@@ -33,6 +37,7 @@ Job), one pod per process; writes their YAML, submits them (--apply) or runs the
   meshrun sweep model=transformer layout=auto,transformer_tp devices.memory_gib=80   # meshes x layouts that fit
   meshrun report multirun/2026-11-21/10-00-00      # re-render a sweep's table and files
   meshrun generate outputs/2026-11-25/10-00-00 --prompt 'Once upon a time'   # complete with a trained KerasHub LM
+  meshrun preset gemma --text 'data/*.jsonl' --out tiny_gemma   # a small Gemma to fine-tune: model.preset=tiny_gemma
   meshrun train model=transformer mesh=2x4         # models: dense_model, cnn, transformer, two_tower
   meshrun train model=python model.factory=mymodels:build train.loss=mse         # your own Keras model
   meshrun train model=keras_hub model.task=LlamaCausalLM 'model.backbone={...}' layout=from_model

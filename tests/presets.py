@@ -1,29 +1,39 @@
 """Small KerasHub presets built locally, for the tests of fine-tuning on text (nothing is downloaded).
 
-Each builder trains a real tokenizer on the given text (SentencePiece for Gemma, byte-level BPE
-with Hugging Face `tokenizers` for GPT-2, Llama 3 and a Mistral with a Tekken tokenizer), builds a
-tiny causal LM around it (vocabulary 512, 2 layers, hidden size 64, sequence length 64) and writes
-a preset with `save_to_preset`, so tests read presets the way users' downloaded ones are read; each
-takes a second or two. `hf_tokenizer_json` writes a Hugging Face tokenizer.json alone.
+The presets are those `meshrun preset` makes (meshrun.models.hub_presets: a real tokenizer trained
+on the given text, SentencePiece for Gemma and byte-level BPE with Hugging Face `tokenizers` for
+GPT-2 and Llama 3, around a tiny causal LM with random weights, written with `save_to_preset`) at
+the tests' sizes: vocabulary 512, 2 layers, hidden size 64, 4 query heads, sequence length 64.
+Here also a Mistral with a Tekken tokenizer, which `meshrun preset` does not make. Each takes a
+second or two. `hf_tokenizer_json` writes a Hugging Face tokenizer.json alone.
 `corpus_text` and `instruction_records` are the texts to train on. Everything is deterministic:
-the same arguments give byte-identical tokenizer files, and Keras' seed is set before each model
-is built. Keras runs on jax (tests/conftest.py sets it); models are built with no distribution.
+the same arguments give byte-identical tokenizer files and the same weights. Keras runs on jax
+(tests/conftest.py sets it); models are built with no distribution.
 """
 
 from __future__ import annotations
 
-import io
-import json
 import random
+from dataclasses import replace
 from pathlib import Path
+
+from meshrun.models.hub_presets import (
+    FAMILIES,
+    GPT2_SPECIAL_TOKENS,  # noqa: F401 (the tests read it here)
+    PresetShape,
+    assemble,
+    bpe_vocabulary,
+    causal_lm,
+)
+from meshrun.text import tokenizer_training
 
 VOCABULARY_SIZE = 512
 SEQUENCE_LENGTH = 64
 SEED = 0
+SHAPE = PresetShape(vocabulary_size=VOCABULARY_SIZE, num_layers=2, hidden_dim=64, num_query_heads=4, num_key_value_heads=2,
+                    sequence_length=SEQUENCE_LENGTH, seed=SEED)
+KEY = "vocabulary_size"  # what an error about the vocabulary would name
 
-# Tokens the byte-level BPE presets add after the trained ones (as the real models have them last).
-GPT2_SPECIAL_TOKENS = ("<|endoftext|>",)
-LLAMA3_SPECIAL_TOKENS = ("<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>")
 HF_SPECIAL_TOKENS = ("<|begin_of_text|>", "<|end_of_text|>")
 MISTRAL_SPECIAL_TOKENS = ("<s>", "</s>")
 # The pre-tokenization pattern of Mistral's Tekken tokenizers (tiktoken style): unlike GPT-2's split,
@@ -127,53 +137,14 @@ def sentencepiece_proto(text: str, vocabulary_size: int = VOCABULARY_SIZE) -> by
     """A SentencePiece model (serialized proto) trained on the lines of `text`, set up as Gemma's:
     pad=0, eos=1, bos=2, unk=3, BPE with byte fallback, digits split, no whitespace normalisation
     and no dummy prefix (so decoding gives back the text exactly)."""
-    import sentencepiece
-
-    model = io.BytesIO()
-    sentencepiece.SentencePieceTrainer.train(
-        sentence_iterator=iter([line for line in text.splitlines() if line.strip()]),
-        model_writer=model,
-        vocab_size=vocabulary_size,
-        model_type="bpe",
-        pad_id=0, eos_id=1, bos_id=2, unk_id=3,
-        pad_piece="<pad>", eos_piece="<eos>", bos_piece="<bos>", unk_piece="<unk>",
-        byte_fallback=True,
-        split_digits=True,
-        add_dummy_prefix=False,
-        remove_extra_whitespaces=False,
-        normalization_rule_name="identity",
-        allow_whitespace_only_pieces=True,
-        character_coverage=1.0,
-        num_threads=1,
-        minloglevel=2,
-    )
-    return model.getvalue()
+    return tokenizer_training.sentencepiece_proto([text], vocabulary_size, tokenizer_training.GEMMA_SENTENCEPIECE, KEY)
 
 
 def byte_level_bpe(text: str, special_tokens: tuple[str, ...], vocabulary_size: int = VOCABULARY_SIZE):
-    """A Hugging Face byte-level BPE `tokenizers.Tokenizer` trained on `text`, with `special_tokens`
-    given the last ids, as GPT-2 and Llama 3 have theirs; `vocabulary_size` ids in all."""
-    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
-
-    tokenizer = Tokenizer(models.BPE())
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tokenizer.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocabulary_size - len(special_tokens),
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tokenizer.train_from_iterator(text.split("\n\n"), trainer)
-    tokenizer.add_special_tokens([AddedToken(token, special=True) for token in special_tokens])
-    return tokenizer
-
-
-def vocabulary_and_merges(tokenizer) -> tuple[dict[str, int], list[str]]:
-    """The vocabulary (with added tokens) and merge rules ("a b") of a HF BPE tokenizer, as
-    KerasHub's BytePairTokenizer takes them."""
-    model = json.loads(tokenizer.to_str())["model"]
-    merges = [merge if isinstance(merge, str) else " ".join(merge) for merge in model["merges"]]
-    return tokenizer.get_vocab(with_added_tokens=True), merges
+    """A Hugging Face byte-level BPE `tokenizers.Tokenizer` trained on the paragraphs of `text`,
+    with `special_tokens` given the last ids, as GPT-2 and Llama 3 have theirs; `vocabulary_size`
+    ids in all."""
+    return tokenizer_training.byte_level_bpe(text.split("\n\n"), special_tokens, vocabulary_size, KEY)
 
 
 def hf_tokenizer_json(path, text: str) -> Path:
@@ -186,54 +157,27 @@ def hf_tokenizer_json(path, text: str) -> Path:
     return file
 
 
-# --- presets --------------------------------------------------------------------------------------
+# --- presets: meshrun preset's families at the tests' sizes ---------------------------------------
 
 def gemma_preset(path, text: str, num_key_value_heads: int = 1, dropout: float = 0.0) -> Path:
     """A tiny Gemma (SentencePiece tokenizer trained on `text`) saved as a KerasHub preset in
     `path`; returns `path`. With `dropout`, training draws random numbers (a resume must restore
     their state)."""
-    import keras_hub
-
-    _seed()
-    tokenizer = keras_hub.models.GemmaTokenizer(proto=sentencepiece_proto(text))
-    backbone = keras_hub.models.GemmaBackbone(
-        vocabulary_size=VOCABULARY_SIZE, num_layers=2, num_query_heads=4, num_key_value_heads=num_key_value_heads,
-        hidden_dim=64, intermediate_dim=128, head_dim=16, dropout=dropout,
-    )
-    preprocessor = keras_hub.models.GemmaCausalLMPreprocessor(tokenizer, sequence_length=SEQUENCE_LENGTH)
-    return _save(keras_hub.models.GemmaCausalLM(backbone=backbone, preprocessor=preprocessor), path)
+    shape = replace(SHAPE, num_key_value_heads=num_key_value_heads, dropout=dropout)
+    return _save(causal_lm(FAMILIES["gemma"], [text], shape, KEY), path)
 
 
 def gpt2_preset(path, text: str) -> Path:
-    """A tiny GPT-2 (byte-level BPE trained on `text`, <|endoftext|> last) saved as a KerasHub
-    preset in `path`; returns `path`."""
-    import keras_hub
-
-    _seed()
-    vocabulary, merges = vocabulary_and_merges(byte_level_bpe(text, GPT2_SPECIAL_TOKENS))
-    tokenizer = keras_hub.models.GPT2Tokenizer(vocabulary=vocabulary, merges=merges)
-    backbone = keras_hub.models.GPT2Backbone(
-        vocabulary_size=VOCABULARY_SIZE, num_layers=2, num_heads=4, hidden_dim=64, intermediate_dim=128,
-        max_sequence_length=2 * SEQUENCE_LENGTH,
-    )
-    preprocessor = keras_hub.models.GPT2CausalLMPreprocessor(tokenizer, sequence_length=SEQUENCE_LENGTH)
-    return _save(keras_hub.models.GPT2CausalLM(backbone=backbone, preprocessor=preprocessor), path)
+    """A tiny GPT-2 (byte-level BPE trained on `text`, <|endoftext|> last; KerasHub's default
+    dropout of 0.1) saved as a KerasHub preset in `path`; returns `path`."""
+    shape = replace(SHAPE, num_key_value_heads=SHAPE.num_query_heads, dropout=0.1)
+    return _save(causal_lm(FAMILIES["gpt2"], text.split("\n\n"), shape, KEY), path)
 
 
 def llama3_preset(path, text: str) -> Path:
     """A tiny Llama 3 (byte-level BPE trained on `text`, Llama 3's five special tokens last) saved
     as a KerasHub preset in `path`; returns `path`."""
-    import keras_hub
-
-    _seed()
-    vocabulary, merges = vocabulary_and_merges(byte_level_bpe(text, LLAMA3_SPECIAL_TOKENS))
-    tokenizer = keras_hub.models.Llama3Tokenizer(vocabulary=vocabulary, merges=merges)
-    backbone = keras_hub.models.Llama3Backbone(
-        vocabulary_size=VOCABULARY_SIZE, num_layers=2, num_query_heads=4, num_key_value_heads=2,
-        hidden_dim=64, intermediate_dim=128,
-    )
-    preprocessor = keras_hub.models.Llama3CausalLMPreprocessor(tokenizer, sequence_length=SEQUENCE_LENGTH)
-    return _save(keras_hub.models.Llama3CausalLM(backbone=backbone, preprocessor=preprocessor), path)
+    return _save(causal_lm(FAMILIES["llama"], text.split("\n\n"), SHAPE, KEY), path)
 
 
 def mistral_tekken_preset(path, text: str) -> Path:
@@ -242,21 +186,9 @@ def mistral_tekken_preset(path, text: str) -> Path:
     KerasHub preset in `path`; returns `path`. A GPT-2-style encoder disagrees with it on numbers."""
     import keras_hub
 
-    _seed()
-    vocabulary, merges = vocabulary_and_merges(byte_level_bpe(text, MISTRAL_SPECIAL_TOKENS))
-    tokenizer = keras_hub.tokenizers.MistralTekkenTokenizer(vocabulary=vocabulary, merges=merges, split_pattern=TEKKEN_SPLIT_PATTERN)
-    backbone = keras_hub.models.MistralBackbone(
-        vocabulary_size=VOCABULARY_SIZE, num_layers=2, num_query_heads=4, num_key_value_heads=2,
-        hidden_dim=64, intermediate_dim=128,
-    )
-    preprocessor = keras_hub.models.MistralCausalLMPreprocessor(tokenizer, sequence_length=SEQUENCE_LENGTH)
-    return _save(keras_hub.models.MistralCausalLM(backbone=backbone, preprocessor=preprocessor), path)
-
-
-def _seed() -> None:
-    import keras
-
-    keras.utils.set_random_seed(SEED)
+    trained = bpe_vocabulary(text.split("\n\n"), MISTRAL_SPECIAL_TOKENS, SHAPE, KEY)
+    tokenizer = keras_hub.tokenizers.MistralTekkenTokenizer(**trained, split_pattern=TEKKEN_SPLIT_PATTERN)
+    return _save(assemble(FAMILIES["mistral"], tokenizer, SHAPE), path)
 
 
 def _save(causal_lm, path) -> Path:

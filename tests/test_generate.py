@@ -177,6 +177,7 @@ def test_bad_generate_input_is_one_line_with_exit_2(trained, tmp_path, capsys):
         ("generate", run): "--prompt: is required",
         ("generate", run, "--prompt", "x", "--max-length", "one"): "--max-length: got 'one'",
         ("generate", run, "--prompt", "x", "--temperature", "1"): "--temperature: not a flag of meshrun generate",
+        ("generate", run, "--prompt", "--json"): "--prompt: got nothing; give TEXT after it",
         ("generate", str(tmp_path / "nowhere"), "--prompt", "x"): "which is not a directory",
         ("generate", str(tmp_path), "--prompt", "x"): "holds no .hydra/config.yaml",
         ("generate", str(other_model), "--prompt", "x"): "a run of model=dense_model",

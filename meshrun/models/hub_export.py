@@ -15,6 +15,7 @@ import logging
 from pathlib import Path
 
 from meshrun.compat.keras_hub import lora_kernel_b_dataset
+from meshrun.files import dir_written_whole
 from meshrun.models.hub import KerasHubOptions, LoraOptions, adapted_layers, import_keras_hub
 from meshrun.specs.rundir import ADAPTER_FILE, PRESET_DIR
 from meshrun.wording import error_text
@@ -41,24 +42,12 @@ def save_preset(task, options: KerasHubOptions, directory: Path) -> Path:
     with the preprocessor and tokenizer of model.preset where it has them (none otherwise, which
     the log says). The preset is written into a temporary dir renamed to `directory` once complete,
     so a failed export leaves nothing half-written."""
-    import os
-    import shutil
-
     preprocessor = preset_preprocessor(options)
     exporting = type(task)(backbone=task.backbone, preprocessor=preprocessor, compile=False) if preprocessor is not None else task
-    partial = directory.with_name(f".partial-{directory.name}-{os.getpid()}")
-    shutil.rmtree(partial, ignore_errors=True)  # left by a process killed while it wrote
-    partial.mkdir()
-    try:
+    with dir_written_whole(directory) as partial:
         exporting.save_to_preset(str(partial))
         if options.lora.enabled:
             _count_merged_parameters(partial, task.backbone)
-        if directory.exists():
-            shutil.rmtree(directory)
-        os.replace(partial, directory)
-    except BaseException:
-        shutil.rmtree(partial, ignore_errors=True)
-        raise
     return directory
 
 

@@ -1,4 +1,5 @@
-"""A text corpus as data=text reads it: the files its patterns name, and the examples in them.
+"""A text corpus as data=text reads it: the files its patterns name, and the examples in them (or,
+for training a new tokenizer, all of their text: read_texts).
 
 - A `.jsonl` file holds one JSON object a line: its text is the record's `field`, or, for
   instruction data, a prompt and a completion made by format templates over its fields.
@@ -80,11 +81,30 @@ def read_examples(files: tuple[Path, ...], corpus: CorpusFormat, key: str) -> li
     return examples
 
 
-def _read_text(path: Path) -> str:
+def read_texts(files: tuple[Path, ...], key: str) -> list[str]:
+    """All the text of `files`, to train a tokenizer on: a plain-text file whole, and every string
+    field of every JSONL record (an instruction and its response alike), in file order; a ConfigError
+    on `key` when they hold none."""
+    texts = []
+    for path in files:
+        if path.suffix not in RECORD_SUFFIXES:
+            texts.append(_read_text(path, key))
+            continue
+        for number, line in enumerate(_read_text(path, key).splitlines(), start=1):
+            if line.strip():
+                record = _parse_record(line, f"{path}:{number}", key)
+                texts.extend(value for value in record.values() if isinstance(value, str))
+    if not any(text.strip() for text in texts):
+        what = f"{str(files[0])!r} holds" if len(files) == 1 else f"the {len(files)} files hold"
+        raise ConfigError(key, f"{what} no text to train a tokenizer on (empty, or JSONL records without text fields)")
+    return texts
+
+
+def _read_text(path: Path, key: str = "data.files") -> str:
     try:
         return path.read_text(encoding="utf-8")
     except UnicodeDecodeError as err:
-        raise ConfigError("data.files", f"{str(path)!r} is not UTF-8 text (byte {err.start}); convert it, e.g. iconv -t UTF-8") from None
+        raise ConfigError(key, f"{str(path)!r} is not UTF-8 text (byte {err.start}); convert it, e.g. iconv -t UTF-8") from None
 
 
 def _documents(path: Path, corpus: CorpusFormat) -> list[Example]:
@@ -114,13 +134,13 @@ def _records(path: Path, corpus: CorpusFormat) -> list[Example]:
     return examples
 
 
-def _parse_record(line: str, where: str) -> dict:
+def _parse_record(line: str, where: str, key: str = "data.files") -> dict:
     try:
         record = json.loads(line)
     except ValueError as err:
-        raise ConfigError("data.files", f"{where} is not JSON ({err})") from None
+        raise ConfigError(key, f"{where} is not JSON ({err})") from None
     if not isinstance(record, dict):
-        raise ConfigError("data.files", f"{where} holds a JSON {type(record).__name__}, not an object of fields")
+        raise ConfigError(key, f"{where} holds a JSON {type(record).__name__}, not an object of fields")
     return record
 
 

@@ -292,7 +292,7 @@ def _keras_hub_layer(preset: Path, source, key: str):
     check_preset_objects(preset, key)
     keras_hub = _import_keras_hub(key)
     try:
-        with _native_info_lines_dropped():
+        with native_info_lines_dropped():
             return keras_hub.tokenizers.Tokenizer.from_preset(str(preset))
     except Exception as error:  # whatever a broken preset makes KerasHub raise
         raise ConfigError(key, f"got {source!r}, whose tokenizer KerasHub cannot load ({first_line(error)}); {EXPECTED}") from None
@@ -312,7 +312,7 @@ def _import_keras_hub(key: str):
 
 
 @contextlib.contextmanager
-def _native_info_lines_dropped():
+def native_info_lines_dropped():
     """Runs the block with the INFO lines native code prints straight to stderr left out (the
     SentencePiece inside TensorFlow Text prints `LOG(INFO) precompiled_charsmap is empty` on
     loading most models); its other lines are printed after the block."""
