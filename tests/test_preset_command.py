@@ -67,16 +67,18 @@ def test_the_gemma_preset_loads_in_keras_hub_as_gemma_2b_is_shaped(gemma):
 
 
 def test_the_preset_fine_tunes_with_lora_on_instruction_records(gemma, texts, tmp_path):
+    """The README's fine-tune: LoRA on 1x8 under gemma_tp, which keeps the single key/value head whole."""
     out, _ = gemma
     run = tmp_path / "run"
-    # mesh 8x1: the README runs it on 1x8 under gemma_tp, which keeps a single key/value head whole (issue 50, item 1)
-    cli.main(["train", "model=keras_hub", f"model.preset={out}", "mesh=8x1", "data=text", f"data.files=[{texts / 'facts.jsonl'}]",
+    cli.main(["train", "model=keras_hub", f"model.preset={out}", "mesh=1x8", "layout=gemma_tp", "data=text", f"data.files=[{texts / 'facts.jsonl'}]",
               f"data.prompt='{INSTRUCTION_PROMPT}'", "data.completion='{response}'", "model.lora.rank=4", "train.epochs=1", "model.seq_len=32",
               "train.verbose=0", f"hydra.run.dir={run}"])
     metrics = read_metrics(run)
     assert metrics["status"] == "ok", metrics["error"]
     assert metrics["model"]["label"] == f"GemmaCausalLM (preset {out}), LoRA rank 4" and metrics["model"]["trainable_params"] < metrics["model"]["params"]
     assert metrics["history"]["loss"][-1] < 10
+    assert metrics["sharding"]["decoder_block_0/attention/key/kernel"]["spec"] == [None, None, None]
+    assert metrics["sharding"]["decoder_block_0/attention/query/kernel"]["spec"] == ["model", None, None]
 
 
 @pytest.mark.parametrize("family, task, tokens", [
