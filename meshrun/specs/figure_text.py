@@ -173,7 +173,7 @@ def eval_text(evaluation, metrics) -> str | None:
 # The most characters of a sample's line in the summary (metrics.json holds it whole): with the
 # row's name, the table stays within 120 columns, the width a report is printed at off a terminal.
 SAMPLE_LINE = 96
-PROMPT_SHOWN = 32
+PROMPT_SHOWN = 56  # an instruction template's prompt whole (`'Instruction: What does math.sqrt do? Response: '`)
 
 
 def samples_text(samples, metrics) -> str | None:
