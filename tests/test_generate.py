@@ -195,7 +195,7 @@ PRESET_RUN = ["model=keras_hub", "model.preset=PRESET", "mesh=2x4", "layout=gemm
 
 
 @pytest.mark.parametrize("args, expected", [
-    (["model=dense_model", "mesh=2x4"], "train.sample_prompts: got 1 prompt(s) with model=dense_model"),
+    (["model=dense_model", "mesh=2x4"], "train.sample_prompts: got 1 prompt with model=dense_model"),
     (["model=keras_hub", "model.task=GemmaCausalLM", "mesh=2x4", "model.seq_len=16",
       "model.backbone={vocabulary_size:512,num_layers:1,num_query_heads:4,num_key_value_heads:4,hidden_dim:32,intermediate_dim:64,head_dim:8}"],
      "train.sample_prompts: needs a tokenizer: model.preset or data.tokenizer"),
