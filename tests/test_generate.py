@@ -168,6 +168,18 @@ def test_meshrun_generate_completes_from_the_runs_checkpoint(trained, tmp_path):
     assert not done.stderr.strip()  # no library chatter
 
 
+@pytest.mark.e2e
+def test_a_gemma_run_that_exports_prints_nothing_on_stderr(preset, tmp_path):
+    """A Gemma run in a process of its own that loads no tokenizer before its export: the
+    SentencePiece inside TensorFlow Text prints a LOG(INFO) line on loading Gemma's tokenizer to
+    export it, which the run leaves out (and every other line it would print on stderr)."""
+    done = run_meshrun(["train", "model=keras_hub", f"model.preset={preset}", "mesh=2x1", "layout=replicated", "model.seq_len=16",
+                        "train.epochs=1", "train.verbose=0", "train.batch_size=8", "data.num_samples=8", "data.eval_samples=8",
+                        "checkpoint.export=true", f"hydra.run.dir={tmp_path / 'run'}"], tmp_path)
+    assert done.returncode == 0 and (tmp_path / "run" / "preset" / "tokenizer.json").is_file(), done.stderr[-2000:]
+    assert done.stderr == ""
+
+
 def error_line(args: list[str], capsys) -> str:
     """The one error line of `meshrun ARGS` run in this process, which must exit with status 2."""
     with pytest.raises(SystemExit) as ended:

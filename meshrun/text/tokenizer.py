@@ -25,20 +25,18 @@ Importing this module imports none of jax, keras, keras_hub and tensorflow.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import itertools
 import json
 import logging
 import os
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 
 from meshrun.errors import ConfigError
-from meshrun.system.process import stderr_captured
+from meshrun.system.process import native_info_lines_dropped
 from meshrun.system.trust import check_preset_objects
 from meshrun.wording import first_line
 
@@ -292,7 +290,7 @@ def _keras_hub_layer(preset: Path, source, key: str):
     check_preset_objects(preset, key)
     keras_hub = _import_keras_hub(key)
     try:
-        with _native_info_lines_dropped():
+        with native_info_lines_dropped():  # SentencePiece's LOG(INFO) lines
             return keras_hub.tokenizers.Tokenizer.from_preset(str(preset))
     except Exception as error:  # whatever a broken preset makes KerasHub raise
         raise ConfigError(key, f"got {source!r}, whose tokenizer KerasHub cannot load ({first_line(error)}); {EXPECTED}") from None
@@ -309,21 +307,6 @@ def _import_keras_hub(key: str):
     except ImportError:
         raise ConfigError(key, "a KerasHub preset's tokenizer needs the keras-hub package, which is not installed: pip install 'meshrun[hub]'") from None
     return keras_hub
-
-
-@contextlib.contextmanager
-def _native_info_lines_dropped():
-    """Runs the block with the INFO lines native code prints straight to stderr left out (the
-    SentencePiece inside TensorFlow Text prints `LOG(INFO) precompiled_charsmap is empty` on
-    loading most models); its other lines are printed after the block."""
-    held = None
-    try:
-        with stderr_captured() as held:
-            yield
-    finally:
-        if held is not None:
-            kept = [line for line in held.data.decode("utf-8", "replace").splitlines(keepends=True) if "LOG(INFO)" not in line]
-            sys.stderr.write("".join(kept))
 
 
 def _fast_encoder(layer):
