@@ -17,8 +17,10 @@ that splits text its own way, such as Mistral's Tekken), the reference itself is
 "keras_hub", with a warning that tokenization will be slow. KerasHub 0.32's eager path for
 byte-level BPE (calling the tokenizer outside tf.data) passes its split regex to `tokenizers` as a
 literal string, so it splits nothing and can differ from the graph on runs of spaces; meshrun
-follows the graph, which splits as GPT-2 does. So a KerasHub preset's tokenizer needs TensorFlow
-(meshrun's `tf` extra; a ConfigError says so where it is missing); a Hugging Face tokenizer.json does not.
+follows the graph, which splits as GPT-2 does. Without TensorFlow (meshrun's `tf` extra) there is
+no graph to check against: SentencePiece and byte-level BPE split as GPT-2 splits are encoded by
+their library unchecked, and a tokenizer that splits text its own way (Tekken) is a ConfigError
+saying TensorFlow is needed. A Hugging Face tokenizer.json never needs it.
 
 Importing this module imports none of jax, keras, keras_hub and tensorflow.
 """
@@ -252,16 +254,16 @@ class HuggingFaceEncoder:
 def _load_keras_hub(preset: Path, source, key: str) -> TextTokenizer:
     if not (preset / PRESET_CONFIG_FILE).is_file():
         raise ConfigError(key, f"got {source!r}, a KerasHub {TOKENIZER_FILE} with no {PRESET_CONFIG_FILE} beside it; {EXPECTED}")
-    from meshrun.compat.tensorflow import require_tensorflow
+    from meshrun.compat.tensorflow import tensorflow_installed
 
-    # The reference encoder is KerasHub's TensorFlow graph (KerasHubGraphEncoder).
-    require_tensorflow(key, "a KerasHub preset's tokenizer (checked against KerasHub's TensorFlow graph)")
     layer = _keras_hub_layer(preset, source, key)
     fingerprint = fingerprint_files(preset, _keras_hub_tokenizer_files(preset))
     name = type(layer).__name__
-    reference = KerasHubGraphEncoder(layer)
+    reference = KerasHubGraphEncoder(layer)  # the reference encoder: KerasHub's TensorFlow graph
     encoder = _fast_encoder(layer)
-    if encoder is not None and not _agrees_on_probe(encoder, reference, (name, fingerprint)):
+    if not tensorflow_installed():
+        encoder = _encoder_without_tensorflow(encoder, layer, preset, key)
+    elif encoder is not None and not _agrees_on_probe(encoder, reference, (name, fingerprint)):
         _warn_slow(f"{name} of {preset.resolve()}", f"does not encode a probe text as KerasHub does with {encoder.library}")
         encoder = None
     encoder = encoder or reference
@@ -275,6 +277,19 @@ def _load_keras_hub(preset: Path, source, key: str) -> TextTokenizer:
         pad_id=pad,
         fingerprint=fingerprint,
     )
+
+
+def _encoder_without_tensorflow(encoder, layer, preset: Path, key: str):
+    """The library encoder where TensorFlow, and so KerasHub's graph to check it against, is not
+    installed: for the kinds it encodes as KerasHub does by construction (SentencePiece; byte-level
+    BPE split as GPT-2 splits); for any other, a ConfigError saying TensorFlow is needed."""
+    from meshrun.compat.keras_hub import splits_as_byte_pair_tokenizer
+    from meshrun.compat.tensorflow import TENSORFLOW_INSTALL
+
+    if isinstance(encoder, SentencePieceEncoder) or (encoder is not None and splits_as_byte_pair_tokenizer(layer)):
+        return encoder
+    raise ConfigError(key, f"{type(layer).__name__} of {preset.resolve()} splits text its own way, which meshrun encodes with KerasHub's "
+                           f"TensorFlow graph: needs TensorFlow, which is not installed: {TENSORFLOW_INSTALL}")
 
 
 def _agrees_on_probe(encoder, reference, identity: tuple[str, str]) -> bool:
