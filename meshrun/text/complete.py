@@ -6,10 +6,11 @@ tokenizer has one, then the prompt alone), so the ids the model completes are th
 trained on. Prompts go to KerasHub's `generate` as one batch of {token_ids, padding_mask}, right
 padded to `max_length` tokens (prompt and completion), the batch padded with copies of the first
 prompt to a multiple of the mesh's batch axis (a batch that axis does not divide cannot be
-placed). The padding is never the end token, though many tokenizers pad with it (GPT-2's, a
-tokenizer.json with no pad token): KerasHub's `generate` takes a stop token anywhere outside the
-padding mask as already generated, and would return at once with nothing generated. Decoding is greedy (keras_hub.samplers.GreedySampler: the most likely token every step,
-so a completion is reproducible) and stops at the end token the run's examples end with.
+placed). The padding is never the end token, though a run pads with it where the tokenizer has no
+pad token (a Hugging Face tokenizer.json such as GPT-2's or Llama 3's): KerasHub's `generate` takes
+a stop token anywhere outside the padding mask as already generated, and would return at once with
+nothing generated. Decoding is greedy (keras_hub.samplers.GreedySampler: the most likely token
+every step, so a completion is reproducible) and stops at the end token the run's examples end with.
 
 Only numpy is imported here; `complete` needs the model, so keras_hub is imported by then.
 """
