@@ -47,6 +47,12 @@ def one_of(candidates: Iterable) -> str:
     return ", ".join(items[:-1]) + " or " + items[-1]
 
 
+def counted(count: int, noun: str, plural: str | None = None) -> str:
+    """A count and its noun as messages word them: `1 example`, `0 examples`, `1,234 examples`
+    (`plural`: where it is not the noun and an s)."""
+    return f"{count:,} {noun if count == 1 else plural or noun + 's'}"
+
+
 def closest(word: str, candidates: Iterable[str], n: int = 3) -> list[str]:
     """The candidates most like `word`, ignoring case, best first (empty when none is close)."""
     by_lower = {str(c).lower(): c for c in candidates}

@@ -234,7 +234,7 @@ BAD = {
                                           "data.prompt: names field 'question', which", "instructions.jsonl:1 lacks"),
     "an empty completion": (lambda r, g: [f"data.files={_records(r, {'instruction': 'a', 'response': ' '})}", *TEMPLATES],
                             "data.completion: gives an empty completion for", "one.jsonl:1"),
-    "an empty corpus": (lambda r, g: [f"data.files={_empty(r)}"], "data.files: ", "hold no text"),
+    "an empty corpus": (lambda r, g: [f"data.files={_empty(r)}"], "data.files: ", "holds no text: it is empty or only whitespace"),
     "an end token the tokenizer lacks": (lambda r, g: [f"data.files={r / 'corpus.txt'}", "data.end_token='<nope>'"], "data.end_token: got '<nope>', which GPT2Tokenizer", "does not have"),
     "a tokenizer larger than the vocabulary": (
         lambda r, g: ["model.preset=null", "model.task=GPT2CausalLM", "model.seq_len=32",

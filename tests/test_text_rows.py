@@ -72,7 +72,7 @@ def test_missing_files_empty_corpus_and_bad_encoding_are_config_errors(tmp_path)
     assert "matches no file" in str(error_of(corpus.expand, (str(tmp_path / "*.txt"),), "data.files"))
     assert "is not a file" in str(error_of(corpus.expand, (str(tmp_path / "gone.txt"),), "data.files"))
     (tmp_path / "empty.txt").write_text("  \n")
-    assert "hold no text" in str(error_of(corpus.read_examples, (tmp_path / "empty.txt",), corpus.CorpusFormat(), "data.files"))
+    assert "holds no text" in str(error_of(corpus.read_examples, (tmp_path / "empty.txt",), corpus.CorpusFormat(), "data.files"))
     (tmp_path / "latin.txt").write_bytes("caf\xe9".encode("latin-1"))
     assert "not UTF-8" in str(error_of(corpus.read_examples, (tmp_path / "latin.txt",), corpus.CorpusFormat(), "data.files"))
 
@@ -240,3 +240,62 @@ def test_rows_cut_with_arrays_equal_rows_made_one_example_at_a_time(packing, ins
     assert made.tokens.tolist() == [ids for ids, _ in expected]
     assert made.weights.tolist() == [ws for _, ws in expected]
     assert made.dropped == count - len(kept)
+
+
+# --- issue 50: wording, links read once, a byte-order mark --------------------------------------
+
+
+def test_an_empty_corpus_says_which_files_in_words_that_agree_with_their_count(tmp_path):
+    (tmp_path / "a.txt").write_text("  \n")
+    (tmp_path / "b.jsonl").write_text("\n")
+    one = str(error_of(corpus.read_examples, (tmp_path / "a.txt",), corpus.CorpusFormat(), "data.files"))
+    assert one == f"data.files: {str(tmp_path / 'a.txt')!r} holds no text: it is empty or only whitespace"
+    two = str(error_of(corpus.read_examples, (tmp_path / "a.txt", tmp_path / "b.jsonl"), corpus.CorpusFormat(), "data.files"))
+    assert two == (f"data.files: none of the 2 files ({str(tmp_path / 'a.txt')!r}, {str(tmp_path / 'b.jsonl')!r}) holds any text: "
+                   "each is empty or only whitespace")
+
+
+def test_a_file_a_glob_also_reaches_through_a_link_is_read_once_and_the_log_says_so(tmp_path, caplog):
+    (tmp_path / "a.txt").write_text("first")
+    (tmp_path / "b.txt").write_text("second")
+    (tmp_path / "c.txt").symlink_to(tmp_path / "a.txt")
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "d.txt").symlink_to(tmp_path / "b.txt")
+    with caplog.at_level("INFO", logger="meshrun"):
+        files = corpus.expand((str(tmp_path / "*.txt"), str(tmp_path / "sub" / "*.txt")), "data.files")
+    assert files == (tmp_path / "a.txt", tmp_path / "b.txt")
+    assert [e.text for e in corpus.read_examples(files, corpus.CorpusFormat(), "data.files")] == ["first", "second"]
+    said = [r.getMessage() for r in caplog.records if "same file" in r.getMessage()]
+    assert said == [f"data.files: 2 paths name the same file as an earlier path (through a link), which is read once: "
+                    f"{tmp_path / 'c.txt'} = {tmp_path / 'a.txt'}, {tmp_path / 'sub' / 'd.txt'} = {tmp_path / 'b.txt'}"]
+
+
+def test_a_byte_order_mark_is_read_as_nothing(tmp_path):
+    records = write_jsonl(tmp_path / "bom.jsonl", [{"q": "one?", "a": "1"}, {"q": "two?", "a": "2"}])
+    records.write_bytes(b"\xef\xbb\xbf" + records.read_bytes())
+    (tmp_path / "bom.txt").write_bytes(b"\xef\xbb\xbfplain text")
+    pairs = corpus.read_examples((records,), INSTRUCTIONS, "data.files")
+    assert [(e.prompt, e.text) for e in pairs] == [("Q: one? A: ", "1"), ("Q: two? A: ", "2")]
+    assert [e.text for e in corpus.read_examples((tmp_path / "bom.txt",), corpus.CorpusFormat(), "data.files")] == ["plain text"]
+
+
+def test_counts_of_examples_agree_with_their_nouns(tmp_path, caplog):
+    """An example too long for a row is `1 example`, and one left out of two `makes` and `was`."""
+    from meshrun.data import text
+    from meshrun.text.tokenizer import load_tokenizer
+    from presets import hf_tokenizer_json
+
+    tokenizer = load_tokenizer(str(hf_tokenizer_json(tmp_path / "hf", "a short text and a longer text " * 20)), "data.tokenizer")
+    long = " ".join("qwertyuiop")  # ten tokens or more: letters the tokenizer never saw together
+    one = write_jsonl(tmp_path / "one.jsonl", [{"q": long, "a": "a"}])
+    two = write_jsonl(tmp_path / "two.jsonl", [{"q": "a short", "a": "text"}, {"q": long, "a": "a"}])
+    made = {}
+    for path in (one, two):
+        options = text.TextOptions(files=str(path), prompt="{q}", completion="{a}", cache_dir=str(tmp_path / "tokens"))
+        made[path.name] = lambda options=options: text.tokenize_cached(options, tokenizer, text.framing_for(options, tokenizer), seq_len=6)
+    assert str(error_of(made["one.jsonl"])) == "data.files: the text makes no row of model.seq_len + 1 = 7 tokens (1 example, too long)"
+    with caplog.at_level("WARNING", logger="meshrun"):
+        made["two.jsonl"]()
+    (warning,) = [r.getMessage() for r in caplog.records if "data.too_long=drop" in r.getMessage()]
+    assert warning.startswith("data.too_long=drop: 1 of the 2 train examples makes more than model.seq_len + 1 = 7 tokens and was left out")
+    assert warning.endswith("raise model.seq_len to keep it")

@@ -1,9 +1,11 @@
 """meshrun without TensorFlow, as its default install has it (TensorFlow is the `tf` extra): in a venv
 that sees every package installed here but TensorFlow, the README's main job runs (with the
-TensorBoard sink on), a KerasHub model trains on the Grain feed, and every source that needs
-TensorFlow (data=tfrecord, a tf.data factory, a KerasHub preset's tokenizer) says so in one line,
-exit 2, with the command that installs it. The TensorBoard sink's record writer, written without
-TensorFlow, writes the bytes TensorFlow's TFRecordWriter writes."""
+TensorBoard sink on), a KerasHub model trains on the Grain feed, a KerasHub preset fine-tunes on
+text, completes its sample prompts and `meshrun generate` completes them from its export as a
+process with TensorFlow does, KerasHub preset tokenizers encode as they do with TensorFlow, and
+every source that needs TensorFlow (data=tfrecord, a tf.data factory, a tokenizer that splits text
+its own way) says so in one line, exit 2, with the command that installs it. The TensorBoard sink's
+record writer, written without TensorFlow, writes the bytes TensorFlow's TFRecordWriter writes."""
 
 import json
 import site
@@ -97,29 +99,71 @@ LOAD_TOKENIZERS = """
 import json, sys
 from meshrun.errors import ConfigError
 from meshrun.text.tokenizer import load_tokenizer
-try:
-    load_tokenizer(sys.argv[1], "data.tokenizer")
-    preset = "loaded"
-except ConfigError as error:
-    preset = str(error)
-ids = load_tokenizer(sys.argv[2], "data.tokenizer").encode(["a cat"])
-print(json.dumps({"preset": preset, "tokenizer.json": [[int(i) for i in row] for row in ids]}))
+texts, outcome = json.loads(sys.argv[1]), {}
+for source in sys.argv[2:]:
+    try:
+        tokenizer = load_tokenizer(source, "data.tokenizer")
+        outcome[source] = [tokenizer.backend, [[int(i) for i in ids] for ids in tokenizer.encode(texts)]]
+    except ConfigError as error:
+        outcome[source] = str(error)
+print(json.dumps(outcome))
 """
+TEXTS = ["a cat", "Instruction: Reverse the words: red blue\nResponse: ", "  two  spaces,   three and 3.14159 in 2024 ", "café 東京 🙂"]
 
 
 @pytest.mark.e2e
-def test_a_keras_hub_presets_tokenizer_says_it_needs_tensorflow_and_a_tokenizer_json_needs_none(python_without_tensorflow, text_files, tmp_path):
+def test_keras_hub_preset_tokenizers_encode_as_with_tensorflow_and_a_tokenizer_that_splits_its_own_way_says_it_needs_it(
+        python_without_tensorflow, text_files, tmp_path):
+    """Gemma's SentencePiece and GPT-2's byte-level BPE load from their presets and encode as this
+    process (with TensorFlow, so checked against KerasHub's graph) does; a tokenizer.json as well;
+    Mistral's Tekken, which only KerasHub's graph encodes right, is one line naming TensorFlow."""
     from meshrun.text.tokenizer import load_tokenizer
-    from presets import hf_tokenizer_json
+    from presets import hf_tokenizer_json, mistral_tekken_preset
 
-    hf = hf_tokenizer_json(tmp_path / "hf", text_files.corpus.read_text())
-    done = subprocess.run([python_without_tensorflow, "-c", LOAD_TOKENIZERS, str(text_files.gemma), str(hf)],
+    text = text_files.corpus.read_text()
+    hf, tekken = hf_tokenizer_json(tmp_path / "hf", text), mistral_tekken_preset(tmp_path / "tekken", text)
+    sources = [str(text_files.gemma), str(text_files.gpt2), str(hf)]
+    done = subprocess.run([python_without_tensorflow, "-c", LOAD_TOKENIZERS, json.dumps(TEXTS), *sources, str(tekken)],
                           cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     outcome = json.loads(done.stdout.strip().splitlines()[-1])
-    assert outcome["preset"] == ("data.tokenizer: a KerasHub preset's tokenizer (checked against KerasHub's TensorFlow graph) "
-                                 f"needs TensorFlow, which is not installed: {INSTALL}")
-    assert outcome["tokenizer.json"] == [[int(i) for i in row] for row in load_tokenizer(str(hf), "data.tokenizer").encode(["a cat"])]
+    for source in sources:
+        tokenizer = load_tokenizer(source, "data.tokenizer")
+        assert outcome[source] == [tokenizer.backend, [ids.tolist() for ids in tokenizer.encode(TEXTS)]], source
+    assert [outcome[source][0] for source in sources] == ["sentencepiece", "tokenizers", "tokenizers"]
+    assert outcome[str(tekken)] == (f"data.tokenizer: MistralTekkenTokenizer of {tekken.resolve()} splits text its own way, which meshrun "
+                                    f"encodes with KerasHub's TensorFlow graph: needs TensorFlow, which is not installed: {INSTALL}")
+
+
+FEW_PROMPTS = ["The cat", "Every morning the farmer"]
+
+
+@pytest.mark.e2e
+@pytest.mark.integration
+def test_a_preset_fine_tunes_on_text_samples_and_generates_without_tensorflow(python_without_tensorflow, text_files, tmp_path, capsys):
+    """A Gemma preset fine-tuned with data=text, its sample prompts completed at the end and
+    exported, then meshrun generate, both without TensorFlow: the completions are those this
+    process (TensorFlow installed) generates from the same run, and they are not empty."""
+    from meshrun import cli
+
+    (tmp_path / "few_rows.txt").write_text(text_files.corpus.read_text()[:2000])
+    run = tmp_path / "run"
+    trained = meshrun(python_without_tensorflow, [
+        "train", "model=keras_hub", f"model.preset={text_files.gemma}", "mesh=2x1", "layout=replicated", "model.seq_len=16",
+        "data=text", "data.files=[few_rows.txt]", f"data.cache_dir={tmp_path / 'tokens'}", "train.epochs=1", "train.verbose=0",
+        "train.batch_size=8", "checkpoint.export=true", f"train.sample_prompts={json.dumps(FEW_PROMPTS)}", "train.sample_max_length=24",
+        f"hydra.run.dir={run}"], tmp_path)
+    assert trained.returncode == 0, trained.stderr[-3000:]
+    metrics = read_metrics(run)
+    assert metrics["status"] == "ok" and metrics["data"]["tokenizer"].startswith("GemmaTokenizer (SentencePiece)")
+    prompts = [f"--prompt={prompt}" for prompt in FEW_PROMPTS]
+    generated = meshrun(python_without_tensorflow, ["generate", str(run), *prompts, "--max-length", "24", "--json"], tmp_path)
+    assert generated.returncode == 0 and not generated.stderr.strip(), generated.stderr[-3000:]
+    capsys.readouterr()
+    cli.main(["generate", str(run), *prompts, "--max-length", "24", "--json"])
+    with_tensorflow = json.loads(capsys.readouterr().out)
+    assert json.loads(generated.stdout) == metrics["samples"] == with_tensorflow
+    assert all(sample["completion"] for sample in with_tensorflow)
 
 
 def test_the_record_writer_writes_the_bytes_tensorflows_does(tmp_path):

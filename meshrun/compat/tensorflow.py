@@ -1,7 +1,7 @@
 """TensorFlow, an optional dependency (the `tf` extra): whether it is installed, importing it
 quietly with its GPUs hidden, and, past its public API, the ops of a tf.data pipeline's graph.
 meshrun uses it for tf.data only (data=tfrecord, tf.data factories) and for the graph KerasHub
-preset tokenizers are checked against. Importing this module imports no TensorFlow."""
+preset tokenizers are checked against where it is installed. Importing this module imports no TensorFlow."""
 
 from __future__ import annotations
 
@@ -17,8 +17,9 @@ log = logging.getLogger("meshrun")
 
 _tensorflow_ready = False  # True once import_tensorflow has imported TensorFlow and hidden its GPUs
 # TensorFlow is an extra (pyproject.toml): the main job, the numpy and Grain feeds and the
-# TensorBoard sink run without it; data=tfrecord, tf.data factories and KerasHub preset tokenizers
-# (checked against KerasHub's TensorFlow graph) need it.
+# TensorBoard sink run without it, and so do KerasHub preset tokenizers (checked against KerasHub's
+# TensorFlow graph where it is installed; meshrun.text.tokenizer); data=tfrecord, tf.data factories
+# and a preset tokenizer that splits text its own way (Mistral's Tekken) need it.
 TENSORFLOW_INSTALL = "pip install 'meshrun[tf]'"
 
 

@@ -23,7 +23,7 @@ import numpy as np
 from meshrun.data import tf_data
 from meshrun.data.batches import ArraySpec, Batches
 from meshrun.errors import ConfigError
-from meshrun.wording import shape_text
+from meshrun.wording import counted, shape_text
 
 
 @dataclass(frozen=True)
@@ -76,7 +76,7 @@ def _weighted(data, name: str):
 def check_enough(count: int, batch_size: int, key: str, what: str) -> None:
     """ConfigError when `count` samples do not make one global batch."""
     if count < batch_size:
-        raise ConfigError(key, f"{what} holds {count} samples, fewer than one global batch (train.batch_size={batch_size})")
+        raise ConfigError(key, f"{what} holds {counted(count, 'sample')}, fewer than one global batch (train.batch_size={batch_size})")
 
 
 def check_fits_model(element_spec, signature, loss_name: str, input_key: str | None = None) -> None:

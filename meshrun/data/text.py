@@ -37,7 +37,7 @@ from meshrun.data.registry import DataContext, SourceSpec, register_source
 from meshrun.errors import ConfigError
 from meshrun.system.trust import private_dir
 from meshrun.text import cache, corpus, examples
-from meshrun.wording import format_bytes, one_of
+from meshrun.wording import counted, format_bytes, one_of
 
 log = logging.getLogger("meshrun")
 
@@ -126,9 +126,9 @@ def load(options: TextOptions, context: DataContext) -> pipeline.Datasets:
         evaluation = train
         log.warning("data=text without data.eval_files or data.eval_fraction: evaluating on the training text (the perplexity is not held-out)")
     train_rows, eval_rows = len(train[1]), len(evaluation[1])
-    pipeline.check_enough(train_rows, context.batch_size, "data.files", f"the training text ({train_rows} rows of {seq_len + 1} tokens)")
+    pipeline.check_enough(train_rows, context.batch_size, "data.files", f"the training text ({counted(train_rows, 'row')} of {seq_len + 1} tokens)")
     pipeline.check_enough(eval_rows, context.batch_size, "data.eval_files" if options.eval_files else "data.eval_fraction",
-                          f"the held-out text ({eval_source}: {eval_rows} rows)")
+                          f"the held-out text ({eval_source}: {counted(eval_rows, 'row')})")
     spec = ({"token_ids": ArraySpec((None, seq_len), np.dtype(np.int32)), "padding_mask": ArraySpec((None, seq_len), np.dtype(np.int32))},
             ArraySpec((None, seq_len), np.dtype(np.int32)), ArraySpec((None, seq_len), np.dtype(np.float32)))
 
@@ -251,12 +251,19 @@ def _tokenize_all(options: TextOptions, tokenizer, framing: examples.Framing, se
         meta[part] = {"examples": len(train if part == "train" else held_out), "rows": len(rows.lengths), "trained_tokens": rows.trained_tokens,
                       "padding_fraction": round(rows.padding_fraction, 6), "dropped": rows.dropped}
         if rows.dropped:
-            log.warning(f"data.too_long=drop: {rows.dropped} of the {part} examples make more than model.seq_len + 1 = {seq_len + 1} tokens "
-                        f"and were left out (the first: {rows.first_dropped}); raise model.seq_len to keep them")
+            _warn_dropped(rows, f"{part} example", meta[part]["examples"], seq_len)
     seconds = time.perf_counter() - started
     log.info(f"tokenized {format_bytes(total_bytes)} of text into {meta['train']['trained_tokens']:,} training tokens in {seconds:.1f} s "
              f"({format_bytes(int(total_bytes / max(seconds, 1e-9)))}/s, {tokenizer.description})")
     return arrays, meta
+
+
+def _warn_dropped(rows: examples.Rows, noun: str, count: int, seq_len: int) -> None:
+    """Says how many of `count` examples (`noun`: what they are) were too long for a row and left out."""
+    one = rows.dropped == 1
+    log.warning(f"data.too_long=drop: {rows.dropped:,} of the {counted(count, noun)} {'makes' if one else 'make'} more than "
+                f"model.seq_len + 1 = {seq_len + 1} tokens and {'was' if one else 'were'} left out (the first: {rows.first_dropped}); "
+                f"raise model.seq_len to keep {'it' if one else 'them'}")
 
 
 def _hold_out(items: list, fraction: float) -> tuple[list, list]:
@@ -274,8 +281,17 @@ def _rows(items: list, tokenizer, framing, seq_len: int, options: TextOptions, a
     rows = examples.to_rows(items, prompts, texts, framing, seq_len, options.packs, options.too_long)
     if not len(rows.lengths):
         raise ConfigError("data.files", f"the text makes no row of model.seq_len + 1 = {seq_len + 1} tokens "
-                                        f"({len(items)} examples{f', {rows.dropped} too long' if rows.dropped else ''})")
+                                        f"({counted(len(items), 'example')}{_too_long(rows.dropped, len(items))})")
     return rows
+
+
+def _too_long(dropped: int, examples: int) -> str:
+    """How many of the examples were too long, after their count: `, all too long`, `, 2 too long`."""
+    if not dropped:
+        return ""
+    if dropped == examples:
+        return ", too long" if examples == 1 else ", all too long"
+    return f", {dropped:,} too long"
 
 
 class TokenizingProgress:

@@ -18,6 +18,7 @@ from meshrun.compat.keras_hub import lora_kernel_b_dataset
 from meshrun.files import dir_written_whole
 from meshrun.models.hub import KerasHubOptions, LoraOptions, adapted_layers, import_keras_hub
 from meshrun.specs.rundir import ADAPTER_FILE, PRESET_DIR
+from meshrun.system.process import native_info_lines_dropped
 from meshrun.wording import error_text
 
 log = logging.getLogger("meshrun")
@@ -63,7 +64,8 @@ def preset_preprocessor(options: KerasHubOptions):
     keras_hub = import_keras_hub()
     preset = str(Path(options.preset).expanduser())
     try:
-        return keras_hub.models.CausalLMPreprocessor.from_preset(preset)
+        with native_info_lines_dropped():  # SentencePiece's LOG(INFO) lines on loading the tokenizer
+            return keras_hub.models.CausalLMPreprocessor.from_preset(preset)
     except Exception as err:  # the preset's own files decide; the export goes on without them
         log.warning(f"the exported preset has no tokenizer or preprocessor: CausalLMPreprocessor.from_preset({preset!r}) "
                     f"raised {error_text(err)}")

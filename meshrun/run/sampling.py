@@ -18,6 +18,7 @@ from typing import Any
 from meshrun.errors import ConfigError
 from meshrun.text.complete import complete, encode_prompts
 from meshrun.text.examples import Framing
+from meshrun.wording import counted
 
 SAMPLE_KEY = "train.sample_prompts"
 LENGTH_KEY = "train.sample_max_length"
@@ -64,10 +65,10 @@ def check_sampling_settings(config, processes: int) -> tuple[str, ...]:
                                       "2 or more (null: model.seq_len)")
     prompts = tuple(train.sample_prompts or ())
     if prompts and config.model.name != HUB_MODEL:
-        raise ConfigError(SAMPLE_KEY, f"got {len(prompts)} prompt(s) with model={config.model.name}; only KerasHub causal LMs "
+        raise ConfigError(SAMPLE_KEY, f"got {counted(len(prompts), 'prompt')} with model={config.model.name}; only KerasHub causal LMs "
                                       "(model=keras_hub) complete prompts: leave train.sample_prompts empty")
     if prompts and processes > 1:
-        raise ConfigError(SAMPLE_KEY, f"got {len(prompts)} prompt(s) in a job of {processes} processes; sample in a one-process run, "
+        raise ConfigError(SAMPLE_KEY, f"got {counted(len(prompts), 'prompt')} in a job of {processes} processes; sample in a one-process run, "
                                       "or after training with meshrun generate RUN_DIR --prompt TEXT")
     return prompts
 

@@ -66,6 +66,23 @@ def stderr_captured() -> Iterator[Captured]:
             captured.data = file.read()
 
 
+@contextlib.contextmanager
+def native_info_lines_dropped() -> Iterator[None]:
+    """Runs the block with the INFO lines native code prints straight to stderr left out; every
+    other line it prints (warnings, errors) is printed after the block. The SentencePiece built into
+    TensorFlow Text prints `normalizer.cc(51) LOG(INFO) precompiled_charsmap is empty` when a
+    process first loads a model such as Gemma's, and has no log level a caller can set (unlike the
+    sentencepiece package, which prints none)."""
+    held = None
+    try:
+        with stderr_captured() as held:
+            yield
+    finally:
+        if held is not None:
+            kept = [line for line in held.data.decode("utf-8", "replace").splitlines(keepends=True) if "LOG(INFO)" not in line]
+            sys.stderr.write("".join(kept))
+
+
 def output_to_file(path: Path) -> None:
     """Sends this process's stdout and stderr (file descriptors 1 and 2, native code's included)
     to `path` for the rest of its life, appending."""

@@ -6,8 +6,11 @@ tokenizer has one, then the prompt alone), so the ids the model completes are th
 trained on. Prompts go to KerasHub's `generate` as one batch of {token_ids, padding_mask}, right
 padded to `max_length` tokens (prompt and completion), the batch padded with copies of the first
 prompt to a multiple of the mesh's batch axis (a batch that axis does not divide cannot be
-placed). Decoding is greedy (keras_hub.samplers.GreedySampler: the most likely token every step,
-so a completion is reproducible) and stops at the end token the run's examples end with.
+placed). The padding is never the end token, though a run pads with it where the tokenizer has no
+pad token (a Hugging Face tokenizer.json such as GPT-2's or Llama 3's): KerasHub's `generate` takes
+a stop token anywhere outside the padding mask as already generated, and would return at once with
+nothing generated. Decoding is greedy (keras_hub.samplers.GreedySampler: the most likely token
+every step, so a completion is reproducible) and stops at the end token the run's examples end with.
 
 Only numpy is imported here; `complete` needs the model, so keras_hub is imported by then.
 """
@@ -55,6 +58,15 @@ def prompt_batch(encoded: list[np.ndarray], max_length: int, multiple: int, pad:
     return {"token_ids": token_ids, "padding_mask": padding_mask}
 
 
+def generation_pad(framing: Framing) -> int:
+    """The id a prompt batch is padded with: the run's pad, unless it is the end token (the stop
+    token), then the lowest other id. Which id it is changes nothing else: generation overwrites
+    the padding, and the causal model never attends to what lies after its position."""
+    if framing.end is None or framing.pad != framing.end:
+        return framing.pad
+    return 1 if framing.end == 0 else 0
+
+
 def completion_ids(row: np.ndarray, prompt_length: int, end: int | None) -> np.ndarray:
     """The generated part of one output row: after the prompt, up to and excluding the first end
     token (the whole rest of the row when none was generated)."""
@@ -83,7 +95,7 @@ def complete(model, tokenizer, framing: Framing, prompts: list[str], max_length:
     `batch_multiple` is the size of the mesh's batch axis; `key` and `length_key` name what set the
     prompts and `max_length` in errors (see encode_prompts)."""
     encoded = encode_prompts(tokenizer, framing, prompts, max_length, key, length_key)
-    batch = prompt_batch(encoded, max_length, batch_multiple, framing.pad)
+    batch = prompt_batch(encoded, max_length, batch_multiple, generation_pad(framing))
     use_greedy_sampler(model)
     stop = None if framing.end is None else [int(framing.end)]
     generated = np.asarray(model.generate(batch, stop_token_ids=stop)["token_ids"])

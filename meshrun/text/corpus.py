@@ -5,6 +5,9 @@ for training a new tokenizer, all of their text: read_texts).
   instruction data, a prompt and a completion made by format templates over its fields.
 - Any other file is UTF-8 text: one document, or several cut at `separator`.
 
+A byte-order mark at the start of a file is not part of its text. A file is read once however many
+paths name it (links included).
+
 Every problem with the files is a ConfigError naming the key, the file and, for JSONL, the line.
 """
 
@@ -12,12 +15,15 @@ from __future__ import annotations
 
 import glob
 import json
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
 
 from meshrun.errors import ConfigError
-from meshrun.wording import one_of
+from meshrun.wording import counted, one_of
+
+log = logging.getLogger("meshrun")
 
 RECORD_SUFFIXES = (".jsonl",)
 
@@ -68,7 +74,29 @@ def expand(patterns: tuple[str, ...], key: str) -> tuple[Path, ...]:
             what = "matches no file" if glob.has_magic(expanded) else "is not a file"
             raise ConfigError(key, f"got {pattern!r}, which {what}; give .txt or .jsonl files (paths or globs, e.g. 'data/*.jsonl')")
         files.extend(found)
-    return tuple(dict.fromkeys(files))  # a file named twice is read once
+    return read_once(files, key)
+
+
+def read_once(files: list[Path], key: str) -> tuple[Path, ...]:
+    """`files` with each file once, by its real path: a path named twice, or a link to a file named
+    before it (a glob over a dir that holds links), is left out, and the log says so for the links."""
+    first_by_real: dict[Path, Path] = {}
+    linked = []
+    for path in dict.fromkeys(files):
+        first = first_by_real.setdefault(path.resolve(), path)
+        if first != path:
+            linked.append(f"{path} = {first}")
+    if linked:
+        one = len(linked) == 1
+        log.info(f"{key}: {counted(len(linked), 'path')} {'names' if one else 'name'} the same file as an earlier path (through a link), "
+                 f"which is read once: {_listed(linked)}")
+    return tuple(first_by_real.values())
+
+
+def _listed(items: list[str], shown: int = 3) -> str:
+    """The first `shown` items, comma-separated, and how many more there are."""
+    more = len(items) - shown
+    return ", ".join(items[:shown]) + (f" and {more:,} more" if more > 0 else "")
 
 
 def read_examples(files: tuple[Path, ...], corpus: CorpusFormat, key: str) -> list[Example]:
@@ -77,7 +105,10 @@ def read_examples(files: tuple[Path, ...], corpus: CorpusFormat, key: str) -> li
     for path in files:
         examples.extend(_records(path, corpus) if path.suffix in RECORD_SUFFIXES else _documents(path, corpus))
     if not examples:
-        raise ConfigError(key, f"{one_of([str(f) for f in files])} hold no text: every file is empty")
+        if len(files) == 1:
+            raise ConfigError(key, f"{str(files[0])!r} holds no text: it is empty or only whitespace")
+        raise ConfigError(key, f"none of the {counted(len(files), 'file')} ({_listed([repr(str(f)) for f in files])}) holds any text: "
+                               "each is empty or only whitespace")
     return examples
 
 
@@ -101,8 +132,9 @@ def read_texts(files: tuple[Path, ...], key: str) -> list[str]:
 
 
 def _read_text(path: Path, key: str = "data.files") -> str:
+    """The file's text; a UTF-8 byte-order mark at its start (some editors write one) is not part of it."""
     try:
-        return path.read_text(encoding="utf-8")
+        return path.read_text(encoding="utf-8-sig")
     except UnicodeDecodeError as err:
         raise ConfigError(key, f"{str(path)!r} is not UTF-8 text (byte {err.start}); convert it, e.g. iconv -t UTF-8") from None
 

@@ -17,28 +17,28 @@ that splits text its own way, such as Mistral's Tekken), the reference itself is
 "keras_hub", with a warning that tokenization will be slow. KerasHub 0.32's eager path for
 byte-level BPE (calling the tokenizer outside tf.data) passes its split regex to `tokenizers` as a
 literal string, so it splits nothing and can differ from the graph on runs of spaces; meshrun
-follows the graph, which splits as GPT-2 does. So a KerasHub preset's tokenizer needs TensorFlow
-(meshrun's `tf` extra; a ConfigError says so where it is missing); a Hugging Face tokenizer.json does not.
+follows the graph, which splits as GPT-2 does. Without TensorFlow (meshrun's `tf` extra) there is
+no graph to check against: SentencePiece and byte-level BPE split as GPT-2 splits are encoded by
+their library unchecked, and a tokenizer that splits text its own way (Tekken) is a ConfigError
+saying TensorFlow is needed. A Hugging Face tokenizer.json never needs it.
 
 Importing this module imports none of jax, keras, keras_hub and tensorflow.
 """
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import itertools
 import json
 import logging
 import os
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 
 from meshrun.errors import ConfigError
-from meshrun.system.process import stderr_captured
+from meshrun.system.process import native_info_lines_dropped
 from meshrun.system.trust import check_preset_objects
 from meshrun.wording import first_line
 
@@ -254,16 +254,16 @@ class HuggingFaceEncoder:
 def _load_keras_hub(preset: Path, source, key: str) -> TextTokenizer:
     if not (preset / PRESET_CONFIG_FILE).is_file():
         raise ConfigError(key, f"got {source!r}, a KerasHub {TOKENIZER_FILE} with no {PRESET_CONFIG_FILE} beside it; {EXPECTED}")
-    from meshrun.compat.tensorflow import require_tensorflow
+    from meshrun.compat.tensorflow import tensorflow_installed
 
-    # The reference encoder is KerasHub's TensorFlow graph (KerasHubGraphEncoder).
-    require_tensorflow(key, "a KerasHub preset's tokenizer (checked against KerasHub's TensorFlow graph)")
     layer = _keras_hub_layer(preset, source, key)
     fingerprint = fingerprint_files(preset, _keras_hub_tokenizer_files(preset))
     name = type(layer).__name__
-    reference = KerasHubGraphEncoder(layer)
+    reference = KerasHubGraphEncoder(layer)  # the reference encoder: KerasHub's TensorFlow graph
     encoder = _fast_encoder(layer)
-    if encoder is not None and not _agrees_on_probe(encoder, reference, (name, fingerprint)):
+    if not tensorflow_installed():
+        encoder = _encoder_without_tensorflow(encoder, layer, preset, key)
+    elif encoder is not None and not _agrees_on_probe(encoder, reference, (name, fingerprint)):
         _warn_slow(f"{name} of {preset.resolve()}", f"does not encode a probe text as KerasHub does with {encoder.library}")
         encoder = None
     encoder = encoder or reference
@@ -279,6 +279,19 @@ def _load_keras_hub(preset: Path, source, key: str) -> TextTokenizer:
     )
 
 
+def _encoder_without_tensorflow(encoder, layer, preset: Path, key: str):
+    """The library encoder where TensorFlow, and so KerasHub's graph to check it against, is not
+    installed: for the kinds it encodes as KerasHub does by construction (SentencePiece; byte-level
+    BPE split as GPT-2 splits); for any other, a ConfigError saying TensorFlow is needed."""
+    from meshrun.compat.keras_hub import splits_as_byte_pair_tokenizer
+    from meshrun.compat.tensorflow import TENSORFLOW_INSTALL
+
+    if isinstance(encoder, SentencePieceEncoder) or (encoder is not None and splits_as_byte_pair_tokenizer(layer)):
+        return encoder
+    raise ConfigError(key, f"{type(layer).__name__} of {preset.resolve()} splits text its own way, which meshrun encodes with KerasHub's "
+                           f"TensorFlow graph: needs TensorFlow, which is not installed: {TENSORFLOW_INSTALL}")
+
+
 def _agrees_on_probe(encoder, reference, identity: tuple[str, str]) -> bool:
     """Whether `encoder` encodes PROBE_TEXTS as KerasHub's `reference` does (once per process
     for each tokenizer: the reference's graph takes a second or two to trace)."""
@@ -292,7 +305,7 @@ def _keras_hub_layer(preset: Path, source, key: str):
     check_preset_objects(preset, key)
     keras_hub = _import_keras_hub(key)
     try:
-        with native_info_lines_dropped():
+        with native_info_lines_dropped():  # SentencePiece's LOG(INFO) lines
             return keras_hub.tokenizers.Tokenizer.from_preset(str(preset))
     except Exception as error:  # whatever a broken preset makes KerasHub raise
         raise ConfigError(key, f"got {source!r}, whose tokenizer KerasHub cannot load ({first_line(error)}); {EXPECTED}") from None
@@ -309,21 +322,6 @@ def _import_keras_hub(key: str):
     except ImportError:
         raise ConfigError(key, "a KerasHub preset's tokenizer needs the keras-hub package, which is not installed: pip install 'meshrun[hub]'") from None
     return keras_hub
-
-
-@contextlib.contextmanager
-def native_info_lines_dropped():
-    """Runs the block with the INFO lines native code prints straight to stderr left out (the
-    SentencePiece inside TensorFlow Text prints `LOG(INFO) precompiled_charsmap is empty` on
-    loading most models); its other lines are printed after the block."""
-    held = None
-    try:
-        with stderr_captured() as held:
-            yield
-    finally:
-        if held is not None:
-            kept = [line for line in held.data.decode("utf-8", "replace").splitlines(keepends=True) if "LOG(INFO)" not in line]
-            sys.stderr.write("".join(kept))
 
 
 def _fast_encoder(layer):
