@@ -193,7 +193,7 @@ def build(request: Request, texts: list[str]):
     trained = family.train(texts, request.shape, VOCABULARY)
     if "jax" not in sys.modules:
         os.environ.setdefault("JAX_PLATFORMS", "cpu")
-    from meshrun.text.tokenizer import native_info_lines_dropped
+    from meshrun.system.process import native_info_lines_dropped
 
     with native_info_lines_dropped():
         try:

@@ -28,7 +28,7 @@ from meshrun.specs.metrics import (
     TimingFigures,
 )
 from meshrun.specs.rundir import METRICS_FILE, PLAN_FILE, SUMMARY_FILES
-from meshrun.wording import first_line, format_bytes, format_shape, not_a_flag, one_of
+from meshrun.wording import counted, first_line, format_bytes, format_shape, not_a_flag, one_of
 
 log = logging.getLogger("meshrun")
 
@@ -276,8 +276,7 @@ def _counted(origins: list | None, origin: str, noun: str) -> str:
     """`2 rules`: how many of `origins` are `origin`, or the bare plural when they are unknown."""
     if origins is None:
         return f"{noun}s"
-    count = origins.count(origin)
-    return f"{count} {noun}{'' if count == 1 else 's'}"
+    return counted(origins.count(origin), noun)
 
 
 def _fit_text(memory: MemoryFigures) -> str:
