@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Optional
 
 from meshrun.errors import ConfigError
+from meshrun.specs.rundir import CHECKPOINTS_DIR
 from meshrun.wording import format_shape
 
 PLATFORMS = ("auto", "cpu", "gpu", "tpu")
@@ -225,6 +227,10 @@ class CheckpointConfig:
     dir: str | None = None
     async_save: bool = True
     export: bool = False
+
+    def directory(self, run_dir: str | Path) -> Path:
+        """Where the run's checkpoints go: `dir`, else <run dir>/checkpoints (absolute)."""
+        return Path(self.dir).expanduser().resolve() if self.dir else Path(run_dir).resolve() / CHECKPOINTS_DIR
 
     @property
     def saves_every_epoch(self) -> bool:

@@ -20,6 +20,13 @@ PROCESSES_FILE = "processes.json"  # a local multi-process job: its processes an
 ERROR_LOG = "error.log"  # the traceback of a run that failed
 HYDRA_DIR = ".hydra"  # Hydra's record of the composed config and the overrides
 SUMMARY_FILES = ("summary.csv", "summary.json", "summary.png")  # a sweep dir's comparison of its runs
+UNFINISHED_PREFIX = "unfinished-run-"  # unfinished-run-1/...: an unfinished run's files, moved aside by the next run there
+
+# What a run itself writes into its run dir: a dir holding any of them holds a run (meshrun.launch.reuse).
+# Hydra's own files (.hydra/, the job log) and the launchers' (processes.json, process-*.log) are not
+# among them: they are written for each launch before the run starts, and continued.
+RUN_OUTPUTS = (METRICS_FILE, PLAN_FILE, LOG_FILE, STEPS_CSV, EPOCHS_CSV, TENSORBOARD_DIR, PROFILE_DIR, CHECKPOINTS_DIR,
+               EXPORT_FILE, PRESET_DIR, ADAPTER_FILE, ERROR_LOG)
 
 
 def process_log(run_dir: str | Path, process_id: int) -> Path:
