@@ -3,7 +3,8 @@
 alike in every process of a job (each decides from the same files; only the one that owns the dir
 moves any). A run never reads or reports another run's files:
 
-- no run there (no dir, an empty one, only Hydra's and the launchers' files): the run starts;
+- no run there (no dir, an empty one, only Hydra's and the launchers' files, or files of the user's:
+  none of meshrun.specs.rundir.RUN_RECORDS): the run starts;
 - the run resumes its own checkpoint there (resume=auto, its default with checkpoint.dir or in a
   requeued job, finding one in the checkpoint dir it saves into; or resume= naming that dir or one
   of its steps): it continues that run, its step log after the checkpoint's step;
@@ -29,7 +30,14 @@ from pathlib import Path
 from meshrun.compat.orbax import steps_on_disk
 from meshrun.config.schema import RunConfig
 from meshrun.errors import ConfigError
-from meshrun.specs.rundir import HYDRA_DIR, METRICS_FILE, RUN_OUTPUTS, SUMMARY_FILES, UNFINISHED_PREFIX
+from meshrun.specs.rundir import (
+    HYDRA_DIR,
+    METRICS_FILE,
+    RUN_OUTPUTS,
+    RUN_RECORDS,
+    SUMMARY_FILES,
+    UNFINISHED_PREFIX,
+)
 
 
 @dataclass(frozen=True)
@@ -47,18 +55,12 @@ class EarlierRun:
 
 
 def earlier_run(run_dir: str | Path) -> EarlierRun | None:
-    """The run `run_dir` holds, None where it holds none."""
+    """The run `run_dir` holds (one of RUN_RECORDS is there), None where it holds none."""
     path = Path(run_dir)
-    files = tuple(path / name for name in RUN_OUTPUTS if _holds_something(path / name))
-    if not files:
+    if not any((path / name).is_file() for name in RUN_RECORDS):
         return None
+    files = tuple(path / name for name in RUN_OUTPUTS if (path / name).exists())
     return EarlierRun(path, files, _status(path / METRICS_FILE))
-
-
-def _holds_something(path: Path) -> bool:
-    """Whether `path` is a file, or a dir that is not empty (a rejected run may leave its
-    checkpoint dir made and empty)."""
-    return path.is_file() or (path.is_dir() and any(path.iterdir()))
 
 
 def _status(metrics: Path) -> str | None:
@@ -132,4 +134,4 @@ def check_sweep_dir(sweep_dir: str | Path, resumes: bool) -> None:
     finished = [path / name for name in SUMMARY_FILES if (path / name).is_file()] or list(path.glob(f"*/{METRICS_FILE}"))
     if finished:
         raise ConfigError("hydra.sweep.dir", f"got {str(sweep_dir)!r}, which holds a finished multirun ({finished[0]}); give another "
-                                             "sweep dir, or continue its jobs from their checkpoints with resume=auto")
+                                             "hydra.sweep.dir, or continue its jobs from their checkpoints with resume=auto")
