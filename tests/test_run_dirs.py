@@ -10,6 +10,7 @@ import shutil
 import pytest
 
 from meshrun import cli
+from meshrun.errors import ConfigError
 
 pytestmark = pytest.mark.integration
 
@@ -101,3 +102,31 @@ def test_a_reused_sweep_dir_holding_a_finished_multirun_is_refused(in_tmp, capsy
     assert f"job 0: hydra.sweep.dir: got '{in_tmp / 'sweep' / '0'}', which holds a finished run" in err
     hydras = lambda name: name == "multirun.yaml" or ".hydra/" in name  # noqa: E731  Hydra writes its own before a job starts
     assert {n: d for n, d in contents(in_tmp / "sweep").items() if not hydras(n)} == {n: d for n, d in before.items() if not hydras(n)}
+
+
+def test_which_runs_a_run_dir_holds_continue_and_which_are_refused(tmp_path, monkeypatch):
+    """The decision alone, on files laid out as runs leave them: a requeued job (SLURM_RESTART_COUNT)
+    continues its preempted run from the checkpoint in its dir, as does resume= naming that
+    checkpoint; a checkpoint of another dir does not make the run that one's; a dir holding only
+    the user's own checkpoints/ holds no run."""
+    from meshrun.config.parse import parse_run_config
+    from meshrun.launch import reuse
+
+    run_dir, elsewhere = tmp_path / "run", tmp_path / "other" / "checkpoints"
+    for steps in (run_dir / "checkpoints", elsewhere):
+        (steps / "8").mkdir(parents=True)
+        (steps / "8" / "_CHECKPOINT_METADATA").write_text("{}")
+    assert reuse.earlier_run(run_dir) is None  # checkpoints alone: no run's record
+    (run_dir / "metrics.json").write_text('{"status": "preempted"}')
+
+    def check(requeued=False, **raw):
+        config = parse_run_config({"mesh": {"shape": "2x4"}, "layout": {}, "model": {"name": "dense_model"}, **raw})
+        reuse.check_run_dir(config, run_dir, requeued=requeued, moves=True)
+
+    check(requeued=True)
+    check(resume=str(run_dir / "checkpoints" / "8"))
+    with pytest.raises(ConfigError, match="holds a finished run .* status preempted.*or continue that run from its newest checkpoint"):
+        check()
+    with pytest.raises(ConfigError, match="holds a finished run"):
+        check(resume=str(elsewhere))
+    assert sorted(p.name for p in run_dir.iterdir()) == ["checkpoints", "metrics.json"]
