@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import builtins
 import contextlib
+import copy
 import importlib.resources
 import os
 import re
@@ -27,7 +28,7 @@ from hydra.experimental.callback import Callback
 from hydra.plugins.config_source import ConfigResult, ConfigSource
 from hydra.plugins.search_path_plugin import SearchPathPlugin
 from hydra.types import RunMode
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 from omegaconf.errors import OmegaConfBaseException
 
 from meshrun import compat, jobs
@@ -159,6 +160,51 @@ class RecordSweepDir(Callback):
         jobs.current().sweep_dir = config.hydra.sweep.dir
 
 
+class CheckRunDir(Callback):
+    """A Hydra callback (configs/meshrun.yaml) that checks a run's dir, or a multirun's sweep dir,
+    for an earlier run before Hydra writes into it (its .hydra/ would replace that run's):
+    meshrun.jobs.check_run_dir and check_sweep_dir. Hydra turns an exception raised in a callback
+    into a warning, so a refusal leaves as `Refused`."""
+
+    def on_run_start(self, config: DictConfig, **kwargs) -> None:
+        HydraConfig.instance().set_config(config)  # as Hydra's run_job does before it reads the run dir, which it sets
+        run_dir = str(config.hydra.run.dir)  # ${now:...} is read once: Hydra's run_job gets the same value
+        with read_write(config.hydra.runtime), open_dict(config.hydra.runtime):
+            config.hydra.runtime.output_dir = os.path.abspath(run_dir)
+        with refused_past_hydra():
+            jobs.check_run_dir(jobs.current(), run_dir, lambda: resolved(task_config(config)))
+
+    def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
+        with refused_past_hydra():
+            jobs.check_sweep_dir(jobs.current(), str(config.hydra.sweep.dir), OmegaConf.select(config, "resume"),
+                                 OmegaConf.select(config, "checkpoint.dir"))
+
+
+class Refused(BaseException):
+    """A ConfigError raised in a Hydra callback, carried past Hydra (which turns an Exception there
+    into a warning) to `run`, which says it as the config error it is."""
+
+    def __init__(self, error: ConfigError):
+        super().__init__(str(error))
+        self.error = error
+
+
+@contextlib.contextmanager
+def refused_past_hydra():
+    try:
+        yield
+    except ConfigError as err:
+        raise Refused(err) from None
+
+
+def task_config(config: DictConfig) -> DictConfig:
+    """The job's config without Hydra's node, as Hydra hands it to the job."""
+    task = copy.deepcopy(config)
+    with read_write(task), open_dict(task):
+        del task["hydra"]
+    return task
+
+
 def register_config_sources() -> None:
     """Puts meshrun's generated configs where Hydra looks: mesh shapes on demand, and
     `logging/sinks`, an off switch for every registered log sink (configs/logging/default.yaml
@@ -178,7 +224,7 @@ def run(invocation: jobs.Invocation) -> int:
         try:
             compat.ensure("hydra")
             _run_hydra(invocation, expand_overrides(invocation))
-        except ConfigError as err:
+        except (ConfigError, Refused) as err:
             say_error(str(err))
             return 2
         except Exception as err:  # jobs catch their own errors: what gets here is Hydra's composition

@@ -1,9 +1,10 @@
 """`meshrun generate RUN_DIR --prompt TEXT [--prompt TEXT ...] [--max-length N] [--json]`: the
 completions of prompts by the model a finished KerasHub run trained, loaded on the run's own mesh
 and layout (its composed config in RUN_DIR/.hydra/config.yaml; the devices set up as `train` sets
-them, before jax starts). The weights are the run's exported preset (RUN_DIR/preset), else its
-newest checkpoint, read into each variable's sharding as resuming reads it. Prompts are encoded,
-batched and decoded as `train.sample_prompts` does (meshrun.text.complete).
+them, before jax starts). The weights are those the run's metrics.json says it wrote, never a
+file that merely lies in the dir: its exported preset, else the LoRA adapters it kept (on the base
+model.preset), else its newest checkpoint, read into each variable's sharding as resuming reads it.
+Prompts are encoded, batched and decoded as `train.sample_prompts` does (meshrun.text.complete).
 
 Paths in the run's config (model.preset, data.tokenizer, data.files, checkpoint.dir) are read as
 they were at training: from the dir the run was launched in (Hydra's runtime.cwd), where it still
@@ -39,8 +40,9 @@ USAGE = """\
 usage: meshrun generate RUN_DIR --prompt TEXT [--prompt TEXT ...] [--max-length N] [--json]
 
 Completes each prompt with the model a KerasHub run of `meshrun train` trained (model=keras_hub),
-loaded on the run's own mesh and layout: from the preset its export wrote (RUN_DIR/preset, with
-checkpoint.export=true), else from its newest checkpoint. Prompts are encoded as the run's examples
+loaded on the run's own mesh and layout, with the weights its metrics.json says it saved: the preset
+its export wrote (checkpoint.export=true), else the LoRA adapters it kept on its model.preset, else
+its newest checkpoint. Prompts are encoded as the run's examples
 were, with its tokenizer (data.tokenizer, else model.preset), and decoded greedily up to the end
 token, within --max-length tokens of prompt and completion (default: the run's model.seq_len).
 Prints 'prompt' -> 'completion' for each prompt; --json prints a JSON list of {prompt, completion}.
@@ -50,7 +52,7 @@ Prints 'prompt' -> 'completion' for each prompt; --json prints a JSON list of {p
 """
 PROMPT, MAX_LENGTH, JSON = "--prompt", "--max-length", "--json"
 RUN_DIR_KEY = "RUN_DIR"
-NO_WEIGHTS_HINT = "train with checkpoint.export=true or checkpoint.every_epoch=true"
+NO_WEIGHTS_HINT = "train with checkpoint.export=true or checkpoint.every_epoch=true (a LoRA fine-tune of a model.preset keeps its adapters)"
 
 
 @dataclass(frozen=True)
@@ -66,18 +68,21 @@ class Request:
 
 @dataclass(frozen=True)
 class SavedRun:
-    """A finished run as its dir holds it: the dir, its config (meshrun.config.RunConfig)."""
+    """A finished run as its dir holds it: the dir, its config (meshrun.config.RunConfig) and its
+    metrics.json (what it wrote)."""
 
     path: Path
     config: Any
+    metrics: dict
 
 
 @dataclass(frozen=True)
 class Weights:
-    """Where a run's trained weights are: its exported preset dir, else a checkpoint
-    (meshrun.training.checkpoint.ResumePoint)."""
+    """Where a run's trained weights are: its exported preset dir, the adapter file it kept (on its
+    base model.preset), or a checkpoint (meshrun.training.checkpoint.ResumePoint)."""
 
     preset: Path | None = None
+    adapter: Path | None = None
     checkpoint: Any = None
 
 
@@ -181,7 +186,20 @@ def read_run(run_dir: Path) -> SavedRun:
     if model != HUB_MODEL:
         raise ConfigError(RUN_DIR_KEY, f"got {str(run_dir)!r}, a run of model={model}; meshrun generate completes prompts with KerasHub "
                                        "causal LMs (model=keras_hub)")
-    return SavedRun(path=run_dir, config=parse_run_config(raw))
+    return SavedRun(path=run_dir, config=parse_run_config(raw), metrics=_read_metrics(run_dir))
+
+
+def _read_metrics(run_dir: Path) -> dict:
+    """The run's metrics.json; a ConfigError for a run that wrote none (it did not finish)."""
+    path = run_dir / rundir.METRICS_FILE
+    try:
+        metrics = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(RUN_DIR_KEY, f"got {str(run_dir)!r}, which holds no {rundir.METRICS_FILE}: its run did not finish "
+                                       "(or still runs); give the dir of a finished run") from None
+    except (OSError, ValueError) as err:
+        raise ConfigError(RUN_DIR_KEY, f"cannot read {str(path)!r} ({first_line(err)})") from None
+    return metrics if isinstance(metrics, dict) else {}
 
 
 def _read_config(path: Path) -> dict:
@@ -197,17 +215,34 @@ def _read_config(path: Path) -> dict:
 
 
 def find_weights(run: SavedRun) -> Weights:
-    """The run's exported preset, else its newest complete checkpoint; a ConfigError when it has
-    neither. Imports jax (Orbax): set the devices up first."""
+    """The weights the run's metrics.json says it wrote, where they still are: its exported
+    preset, else its kept adapters (on model.preset), else the newest complete checkpoint it saved;
+    a ConfigError when it has none of them. Imports jax (Orbax): set the devices up first."""
     from meshrun.training import checkpoint as checkpoint_lib
+    from meshrun.training.orbax_io import complete_steps
 
-    preset = run.path / rundir.PRESET_DIR  # written by checkpoint.export=true
-    if (preset / "config.json").is_file():
+    saved = run.metrics.get("checkpoint") or {}
+    preset = _written(run, saved.get("exported_preset"))
+    if preset is not None and (preset / "config.json").is_file():
         return Weights(preset=preset)
-    point = checkpoint_lib.find("auto", checkpoint_lib.directory(run.config.checkpoint, str(run.path)))
-    if point is not None:
-        return Weights(checkpoint=point)
-    raise ConfigError(RUN_DIR_KEY, f"{str(run.path)!r} has no saved weights: {NO_WEIGHTS_HINT}")
+    adapter = _written(run, saved.get("exported_adapter"))
+    if adapter is not None and adapter.is_file() and run.config.model.options.preset:
+        return Weights(adapter=adapter)
+    root = _written(run, saved.get("dir"))
+    steps = set(complete_steps(root)) & set(saved.get("saved_steps") or []) if root is not None else set()
+    if steps:
+        return Weights(checkpoint=checkpoint_lib.ResumePoint(root, max(steps)))
+    raise ConfigError(RUN_DIR_KEY, f"{str(run.path)!r} has no saved weights (its metrics.json names none that are still there): {NO_WEIGHTS_HINT}")
+
+
+def _written(run: SavedRun, path: str | None) -> Path | None:
+    """A path metrics.json records, as it is now: one inside the run dir as the run wrote it is
+    read inside `run.path` (a run dir copied or moved elsewhere keeps its files)."""
+    if not path:
+        return None
+    written, then = Path(path), Path(run.metrics.get("run_dir") or run.path)
+    inside = next((base for base in (then, then.resolve()) if written.is_relative_to(base)), None)
+    return written if inside is None else run.path / written.relative_to(inside)
 
 
 def generate(run: SavedRun, request: Request) -> list[str]:
@@ -241,6 +276,8 @@ def load_model(config, weights: Weights):
     planned, mesh = enter_distribution(config)
     if weights.preset is not None:
         return _from_preset(planned, weights.preset), planned, mesh
+    if weights.adapter is not None:
+        return _from_adapter(planned, weights.adapter), planned, mesh
     return _from_checkpoint(config, planned, weights.checkpoint), planned, mesh
 
 
@@ -290,6 +327,14 @@ def _from_preset(planned, preset: Path):
 
     options = dataclasses.replace(planned.options, preset=str(preset), backbone={}, lora=hub.LoraOptions())
     return hub.build(options)
+
+
+def _from_adapter(planned, adapter: Path):
+    """The run's base model (model.preset, with separate blocks) with the LoRA adapters it kept."""
+    from meshrun.models import hub, hub_export
+
+    base = hub.build(dataclasses.replace(planned.options, lora=hub.LoraOptions()))
+    return hub_export.load_adapter(base, planned.options.lora, adapter)
 
 
 def print_completions(prompts: tuple[str, ...], completions: list[str], as_json: bool) -> None:

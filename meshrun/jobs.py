@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from meshrun.compat.keras import import_keras
@@ -20,18 +21,18 @@ from meshrun.data import notes as data_notes
 from meshrun.errors import ConfigError, Preempted, RunFailed
 from meshrun.files import write_json, write_output
 from meshrun.launch import join as join_lib
-from meshrun.launch import launchers
+from meshrun.launch import launchers, reuse
 from meshrun.launch.invocation import Invocation, Job, current, running, say_stopped
 from meshrun.launch.ownership import RunDir, remove_hydra_files
 from meshrun.launch.spawn import Role
 from meshrun.placement import devices
-from meshrun.placement.identity import Identity, job_size
+from meshrun.placement.identity import Identity, identify, job_size
 from meshrun.specs.rundir import METRICS_FILE, PLAN_FILE
 from meshrun.system import signals
 from meshrun.wording import say_error, say_warning
 
 # What meshrun.app takes from here, the invocation's state included.
-__all__ = ["Invocation", "Job", "current", "finish", "run_job", "running"]
+__all__ = ["Invocation", "Job", "check_run_dir", "check_sweep_dir", "current", "finish", "run_job", "running"]
 
 
 def run_job(invocation: Invocation, job: Job) -> None:
@@ -63,11 +64,46 @@ def _job_failed(invocation: Invocation, job: Job, message: str, status: int) -> 
 
 def train_job(invocation: Invocation, job: Job) -> None:
     """One job of `meshrun train`, run by the launcher `launcher_for` picks; in a multi-process job
-    only process 0 reports and writes files."""
+    only process 0 reports and writes files. A multirun's job checks its dir for an earlier run
+    first (a single run's was checked before Hydra wrote into it: `check_run_dir`); a job refused
+    there is no run of this multirun, and leaves the earlier run's files as they are."""
+    if job.number is not None and invocation.role is Role.USER:
+        _check_dir(job.run_dir, job.resolve, key="hydra.sweep.dir", config_is_earlier=False)
     started_at = invocation.start_job(job.run_dir)
     run_dir = RunDir(job, keeps_rejected=job.number is not None or invocation.role is Role.SWEEP_JOB,
-                     launched=invocation.role is Role.LOCAL_PROCESS)
+                     launched=invocation.role is Role.LOCAL_PROCESS, earlier=reuse.earlier_run(job.run_dir) is not None)
     launcher_for(invocation, job, run_dir, started_at).launch(job)
+
+
+def check_run_dir(invocation: Invocation, run_dir: str, resolve: Callable[[], dict]) -> None:
+    """Checks the run dir of a `meshrun train` run before Hydra writes into it (meshrun.app calls it
+    first; `resolve()` gives the run's config): a finished run there that this run does not continue
+    is a ConfigError, an unfinished one is moved aside (meshrun.launch.reuse). The processes meshrun
+    starts for a job (its local processes, a multirun job's own process) leave that to the process
+    that started them."""
+    if invocation.command == "train" and invocation.role is Role.USER:
+        _check_dir(run_dir, resolve)
+
+
+def check_sweep_dir(invocation: Invocation, sweep_dir: str, resume: str | None, checkpoint_dir: str | None) -> None:
+    """Checks a multirun's sweep dir before Hydra writes into it (meshrun.app calls it first, with
+    the multirun's `resume` and `checkpoint.dir`): one that holds a finished multirun is a
+    ConfigError unless the multirun resumes."""
+    if invocation.command in ("train", "sweep") and invocation.role is Role.USER:
+        reuse.check_sweep_dir(sweep_dir, resumes=resume not in (None, "never") or (resume is None and bool(checkpoint_dir)))
+
+
+def _check_dir(run_dir: str, resolve: Callable[[], dict], **how) -> None:
+    if reuse.earlier_run(run_dir) is None:
+        return
+    config = parse_run_config(resolve())
+    owner = identify(config.distributed, os.environ).is_first
+    reuse.check_run_dir(config, run_dir, requeued=requeued(), moves=owner, **how)
+
+
+def requeued() -> bool:
+    """Whether the scheduler started this job again (SLURM_RESTART_COUNT): it then resumes by default."""
+    return int(os.environ.get("SLURM_RESTART_COUNT") or 0) > 0
 
 
 def launcher_for(invocation: Invocation, job: Job, run_dir: RunDir, started_at: float) -> launchers.Launcher:
@@ -97,7 +133,7 @@ def _train(config: RunConfig, invocation: Invocation, job: Job, identity: Identi
 
     context = RunContext(run_dir=job.run_dir, choices=job.choices, overrides=job.overrides, started_at=started_at,
                          identity=identity, process_ends_after=invocation.as_program and job.number is None,
-                         requeued=int(os.environ.get("SLURM_RESTART_COUNT") or 0) > 0)
+                         requeued=requeued())
     return train(config, context)
 
 
@@ -212,6 +248,8 @@ def finish(invocation: Invocation) -> int:
 
     if invocation.runs:
         sweep.compare(sweep.find_runs(invocation.runs), invocation.sweep_dir)
+        return invocation.exit_status()
+    if invocation.failures:  # every job was refused before it ran: nothing of this multirun to compare
         return invocation.exit_status()
     sweep_dir = invocation.sweep_dir
     rows = sweep.compare(sweep.find_runs([sweep_dir]), sweep_dir) if sweep_dir and Path(sweep_dir).is_dir() else []

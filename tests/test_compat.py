@@ -259,13 +259,15 @@ def test_orbax_warnings_about_what_meshrun_does_on_purpose_are_info(tmp_path, ab
 def test_a_checkpoint_is_complete_once_orbax_has_written_its_step_metadata(tmp_path):
     import numpy as np
 
-    from meshrun.compat.orbax import import_orbax, is_complete_checkpoint
+    from meshrun.compat.orbax import import_orbax, is_complete_checkpoint, steps_on_disk
 
     ocp = import_orbax()
     with ocp.CheckpointManager(tmp_path, options=ocp.CheckpointManagerOptions(enable_async_checkpointing=False)) as manager:
         manager.save(3, args=ocp.args.StandardSave({"x": np.zeros(2)}))
     (tmp_path / "4").mkdir()
+    (tmp_path / "5.orbax-checkpoint-tmp").mkdir()
     assert is_complete_checkpoint(tmp_path / "3") and not is_complete_checkpoint(tmp_path / "4")
+    assert steps_on_disk(tmp_path) == [3]  # the same verdict read without Orbax (a run dir is checked before jax starts)
 
 
 def test_dataset_ops_name_a_generator_dataset_inside_a_pipeline():

@@ -3,8 +3,9 @@
 SentencePiece tokenizer is trained on local text (tests/presets.py). A completion is greedy from the
 ids a prompt is trained as ([start] + encode(prompt)), checked against a token-by-token argmax of
 the model's logits; it stops at the end token, also where the end token is the pad; one prompt on a
-batch axis of 2 completes; the CLI completes from a run's checkpoint and from an exported preset;
-every tokenizer family the tests build (Gemma's SentencePiece, GPT-2, Llama 3, Mistral's Tekken, a
+batch axis of 2 completes; the CLI completes from a run's checkpoint, from an exported preset and
+from a LoRA run's kept adapter, and only from what the run's metrics.json says it wrote; every
+tokenizer family the tests build (Gemma's SentencePiece, GPT-2, Llama 3, Mistral's Tekken, a
 tokenizer.json with no pad token) samples and generates the greedy tokens of the run's weights;
 bad input is one line with exit 2."""
 
@@ -157,11 +158,12 @@ def test_meshrun_generate_completes_from_the_runs_export(trained, capsys):
 
 
 def test_meshrun_generate_completes_from_the_runs_checkpoint(trained, tmp_path):
-    """A copy of the run dir without its export: the command, in a process of its own, reads the
-    checkpoint at the end of training (its LoRA adapters apart) and gives the recorded completion."""
+    """A copy of the run dir without its exports (elsewhere: the paths its metrics.json records are
+    read inside the copy): the command, in a process of its own, reads the checkpoint at the end of
+    training (its LoRA adapters apart) and gives the recorded completion."""
     run_dir, metrics = trained
     copy = tmp_path / "run"
-    shutil.copytree(run_dir, copy, ignore=shutil.ignore_patterns("preset"))
+    shutil.copytree(run_dir, copy, ignore=shutil.ignore_patterns("preset", "adapter.lora.h5"))
     done = run_meshrun(["generate", str(copy), "--prompt", PROMPT, "--max-length", str(MAX_LENGTH), "--json"], tmp_path)
     assert done.returncode == 0, done.stderr[-2000:]
     assert json.loads(done.stdout) == metrics["samples"][:1]
@@ -180,6 +182,48 @@ def test_a_gemma_run_that_exports_prints_nothing_on_stderr(preset, tmp_path):
     assert done.stderr == ""
 
 
+def test_meshrun_generate_loads_only_what_the_runs_metrics_json_says_it_wrote(trained, tmp_path, capsys):
+    """A stale preset/ and adapter in the dir of a run whose metrics.json says it exported nothing
+    (what a fine-tune without export left in a dir an earlier run had exported into): the command
+    reads the checkpoint the run saved and gives its recorded completion, never the stale files."""
+    run_dir, metrics = trained
+    copy = tmp_path / "run"
+    shutil.copytree(run_dir, copy)
+    (copy / "preset" / "config.json").write_text('{"stale": "an earlier run\'s preset"}')
+    (copy / "adapter.lora.h5").write_bytes(b"an earlier run's adapter")
+    unexported = {**metrics, "checkpoint": {**metrics["checkpoint"], "exported": None, "exported_preset": None, "exported_adapter": None}}
+    (copy / "metrics.json").write_text(json.dumps(unexported))
+    cli.main(["generate", str(copy), "--prompt", PROMPT, "--max-length", str(MAX_LENGTH), "--json"])
+    assert json.loads(capsys.readouterr().out) == metrics["samples"][:1]
+
+
+def fine_tune(preset, run_dir, *args: str) -> tuple:
+    """A LoRA run of the preset on 2x4 without export or checkpoints (alpha / rank = 2), completing
+    PROMPT: its run dir and metrics."""
+    cli.main(["train", *RUN, f"model.preset={preset}", "model.lora.rank=4", "model.lora.alpha=8", *args,
+              f"train.sample_prompts=['{PROMPT}']", f"train.sample_max_length={MAX_LENGTH}", f"hydra.run.dir={run_dir}"])
+    return run_dir, read_metrics(run_dir)
+
+
+def test_a_lora_fine_tune_without_export_keeps_its_adapter_and_generate_samples_it(preset, tmp_path, capsys):
+    """The adapter file is the run's one weights file (recorded in metrics.json); `meshrun generate`
+    puts it on the base preset (alpha / rank folded in) and gives the completion the run recorded."""
+    run_dir, metrics = fine_tune(preset, tmp_path / "run")
+    assert metrics["status"] == "ok" and metrics["checkpoint"]["exported_adapter"] == str(run_dir / "adapter.lora.h5")
+    assert metrics["checkpoint"]["exported"] is None and metrics["checkpoint"]["exported_preset"] is None
+    assert sorted(p.name for p in run_dir.iterdir() if p.suffix in (".h5", ".keras") or p.is_dir()) == [".hydra", "adapter.lora.h5"]
+    capsys.readouterr()
+    cli.main(["generate", str(run_dir), "--prompt", PROMPT, "--max-length", str(MAX_LENGTH), "--json"])
+    assert json.loads(capsys.readouterr().out) == metrics["samples"]
+
+
+def test_a_lora_fine_tune_told_not_to_keep_its_adapter_leaves_no_weights(preset, tmp_path, capsys):
+    run_dir, metrics = fine_tune(preset, tmp_path / "run", "checkpoint.keep_adapter=false")
+    assert metrics["status"] == "ok" and metrics["checkpoint"]["exported_adapter"] is None
+    assert not (run_dir / "adapter.lora.h5").exists()
+    assert f"RUN_DIR: '{run_dir}' has no saved weights" in error_line(["generate", str(run_dir), "--prompt", PROMPT], capsys)
+
+
 def error_line(args: list[str], capsys) -> str:
     """The one error line of `meshrun ARGS` run in this process, which must exit with status 2."""
     with pytest.raises(SystemExit) as ended:
@@ -192,8 +236,10 @@ def error_line(args: list[str], capsys) -> str:
 def test_bad_generate_input_is_one_line_with_exit_2(trained, tmp_path, capsys):
     run_dir, _ = trained
     run = str(run_dir)
+    unfinished = tmp_path / "unfinished"
+    shutil.copytree(run_dir / ".hydra", unfinished / ".hydra")
     no_weights = tmp_path / "no-weights"
-    shutil.copytree(run_dir / ".hydra", no_weights / ".hydra")
+    shutil.copytree(run_dir, no_weights, ignore=shutil.ignore_patterns("preset", "adapter.lora.h5", "checkpoints"))
     other_model = tmp_path / "dense"
     (other_model / ".hydra").mkdir(parents=True)
     (other_model / ".hydra" / "config.yaml").write_text("model:\n  name: dense_model\n")
@@ -206,7 +252,8 @@ def test_bad_generate_input_is_one_line_with_exit_2(trained, tmp_path, capsys):
         ("generate", str(tmp_path / "nowhere"), "--prompt", "x"): "which is not a directory",
         ("generate", str(tmp_path), "--prompt", "x"): "holds no .hydra/config.yaml",
         ("generate", str(other_model), "--prompt", "x"): "a run of model=dense_model",
-        ("generate", str(no_weights), "--prompt", "x"): f"RUN_DIR: '{no_weights}' has no saved weights: train with checkpoint.export=true",
+        ("generate", str(unfinished), "--prompt", "x"): f"RUN_DIR: got '{unfinished}', which holds no metrics.json: its run did not finish",
+        ("generate", str(no_weights), "--prompt", "x"): f"RUN_DIR: '{no_weights}' has no saved weights (its metrics.json names none",
         ("generate", run, "--prompt", PROMPTS[2], "--max-length", "4"): "which leaves no room to complete it within --max-length=4",
     }
     for args, expected in cases.items():

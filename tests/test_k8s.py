@@ -437,7 +437,7 @@ def test_an_object_the_api_server_refuses_is_one_line_naming_what_was_created(ap
 
 
 @pytest.mark.e2e
-def test_a_simulated_two_pod_indexed_job_trains_exactly_like_one_process(tmp_path):
+def test_a_simulated_two_pod_indexed_job_trains_exactly_like_one_process_and_reruns_in_its_run_dir(tmp_path):
     port = free_port()
     done = run_meshrun(["k8s", *CPU_JOB, *FAST, "distributed.timeout_s=120", *FLAGS, "--kind", "indexed-job", "--volume", "runs:/runs",
                         "--port", str(port), "--simulate"], tmp_path)
@@ -454,3 +454,19 @@ def test_a_simulated_two_pod_indexed_job_trains_exactly_like_one_process(tmp_pat
         assert pods == pytest.approx(one, abs=1e-5), f"epoch {epoch}"
     assert metrics["eval"]["loss"] == pytest.approx(single["eval"]["loss"], abs=1e-5)
     assert "process 1 of 2 joining the job (JAX_* environment)" in (run_dir / "process-1.log").read_text()
+
+    # Run again into the pods' run dir, which holds a finished run: the pods, each deciding from the
+    # same files, agree. Told not to resume, both refuse it before anything is written there...
+    again = ["k8s", *CPU_JOB, *FAST, "distributed.timeout_s=120", *FLAGS, "--kind", "indexed-job", "--volume", "runs:/runs",
+             "--port", str(free_port()), "--simulate"]
+    files = {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file() and not p.name.startswith("process-")}
+    refused = run_meshrun([*again, "resume=never"], tmp_path)
+    assert refused.returncode == 2 and f"meshrun: error: hydra.run.dir: got '{run_dir}', which holds a finished run" in refused.stderr
+    assert {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file() and not p.name.startswith("process-")} == files
+    # ... and with a third epoch (resume=auto, the pods' default) both continue it from its checkpoint, each step logged once.
+    done = run_meshrun([*again, "train.epochs=3"], tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    metrics = read_metrics(run_dir)
+    assert metrics["checkpoint"]["resumed_at_step"] == 16 and len(metrics["history"]["loss"]) == 3
+    steps = [json.loads(line)["step"] for line in (run_dir / "log.jsonl").read_text().splitlines() if '"epoch_end"' not in line]
+    assert steps == list(range(1, 25))

@@ -97,7 +97,7 @@ class Lines:
 
     kind = "lines"
 
-    def __init__(self, run_dir: Path):
+    def __init__(self, run_dir: Path, first_step: int):  # a fresh run in the test: nothing to drop
         self.path = run_dir / "lines.txt"
         self._file = open(self.path, "a")
 

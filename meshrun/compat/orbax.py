@@ -6,6 +6,7 @@ devices. Importing this module imports no Orbax (import_orbax does, for runs tha
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
 from meshrun.compat.names import PrivateName, ensure, uses
 
@@ -18,10 +19,15 @@ EXPECTED_WARNINGS = {
     "Type handler registry type": "orbax.checkpoint._src.serialization.type_handler_registry",
 }
 
+# The file Orbax writes last into a finished checkpoint (its _STEP_METADATA_FILENAME).
+STEP_METADATA_FILE = "_CHECKPOINT_METADATA"
+
 uses(
     "orbax",
     PrivateName("orbax-checkpoint", "orbax.checkpoint._src.metadata.checkpoint", "step_metadata_file_path",
                 "telling a complete checkpoint from a numbered dir that is not one"),
+    PrivateName("orbax-checkpoint", "orbax.checkpoint._src.metadata.checkpoint", "_STEP_METADATA_FILENAME",
+                "telling a complete checkpoint without importing Orbax (steps_on_disk)"),
     PrivateName("orbax-checkpoint", "orbax.checkpoint.type_handlers", "ArrayHandler.__init__",
                 "saving replicated arrays without splitting them between their replicas on CPU devices",
                 source_contains="use_replica_parallel"),
@@ -78,3 +84,12 @@ def keep_replicated_arrays_whole_on_cpu() -> None:
     ocp = import_orbax()
     handler = ocp.type_handlers.ArrayHandler(use_replica_parallel=False)
     ocp.type_handlers.register_type_handler(jax.Array, handler, override=True)
+
+
+def steps_on_disk(root: Path) -> list[int]:
+    """The complete checkpoints under `root` as its files tell, oldest first: the numbered dirs that
+    hold STEP_METADATA_FILE. Read without Orbax, and so without jax: a run dir is checked before the
+    devices are set (meshrun.launch.reuse). Orbax's own listing is meshrun.training.orbax_io's."""
+    if not root.is_dir():
+        return []
+    return sorted(int(p.name) for p in root.iterdir() if p.name.isdigit() and (p / STEP_METADATA_FILE).is_file())

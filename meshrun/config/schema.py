@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Optional
 
 from meshrun.errors import ConfigError
+from meshrun.specs.rundir import CHECKPOINTS_DIR
 from meshrun.wording import format_shape
 
 PLATFORMS = ("auto", "cpu", "gpu", "tpu")
@@ -222,7 +224,8 @@ class CheckpointConfig:
     keeping the newest `keep`, written in the background (`async_save`), into `dir` (None: the run
     dir's checkpoints/). `every_epoch` left None means yes when a dir is given without every_steps:
     naming a checkpoint dir asks for checkpoints. `export` also writes the final model as model.keras
-    into the run dir."""
+    into the run dir. `keep_adapter`: a LoRA run writes its adapters (adapter.lora.h5) into the run
+    dir at its end, export or not, so that it can always be sampled (meshrun generate)."""
 
     every_steps: int | None = None
     every_epoch: bool | None = None
@@ -230,6 +233,11 @@ class CheckpointConfig:
     dir: str | None = None
     async_save: bool = True
     export: bool = False
+    keep_adapter: bool = True
+
+    def directory(self, run_dir: str | Path) -> Path:
+        """Where the run's checkpoints go: `dir`, else <run dir>/checkpoints (absolute)."""
+        return Path(self.dir).expanduser().resolve() if self.dir else Path(run_dir).resolve() / CHECKPOINTS_DIR
 
     @property
     def saves_every_epoch(self) -> bool:

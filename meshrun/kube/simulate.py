@@ -24,7 +24,7 @@ from meshrun.errors import ConfigError
 from meshrun.kube.options import KubeOptions
 from meshrun.kube.render import COMPLETION_INDEX_FIELD, RUNTIME_NODE
 from meshrun.launch.join import check_port_free
-from meshrun.launch.local import follow, start_process
+from meshrun.launch.local import follow, logs_there, start_process
 from meshrun.launch.spawn import Role
 
 LOCAL_HOST = "127.0.0.1"
@@ -82,8 +82,9 @@ def run(documents: list[dict], options: KubeOptions) -> None:
     for folder in (*local.volumes.values(), Path(run_dir)):
         folder.mkdir(parents=True, exist_ok=True)
     print(_saying(options, pods, local, run_dir), file=sys.stderr)
+    logged_before = logs_there(run_dir, pods.count)
     started = [start_process(command[1:], Role.USER, index, run_dir, pod_environ(pods, index, local)) for index in range(pods.count)]
-    follow(started, run_dir)
+    follow(started, run_dir, logged_before)
 
 
 def _run_dir(command: list[str]) -> str:

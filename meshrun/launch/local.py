@@ -74,15 +74,23 @@ def run_local(config: DistributedConfig, run_dir: str, overrides: list[str]) -> 
     log.info(f"starting {count} processes on this machine (coordinator {coordinator}, listening on {listening}); "
              f"logs in {run_dir}/process-*.log")
     Path(run_dir).mkdir(parents=True, exist_ok=True)
+    logged_before = logs_there(run_dir, count)
     started = [_start(i, count, coordinator, run_dir, kept) for i in range(count)]
     _write_processes_file(run_dir, coordinator, started)
-    follow(started, run_dir)
+    follow(started, run_dir, logged_before)
 
 
-def follow(started: list[subprocess.Popen], run_dir: str) -> None:
+def logs_there(run_dir: str, count: int) -> bool:
+    """Whether the run dir holds a log of one of a job's `count` processes already (of an earlier
+    launch there, continued)."""
+    return any(log_path(run_dir, i).exists() for i in range(count))
+
+
+def follow(started: list[subprocess.Popen], run_dir: str, logged_before: bool = False) -> None:
     """Watches the started processes of one job (`start_process`) to their end, passing a stop
-    signal on to them. Raises ConfigError when they reject the config (after removing their logs),
-    Preempted when a stop signal stopped them, RunFailed when one fails, naming it and its log."""
+    signal on to them. Raises ConfigError when they reject the config (after removing their logs,
+    unless `logged_before`: those are an earlier launch's too), Preempted when a stop signal
+    stopped them, RunFailed when one fails, naming it and its log."""
     count = len(started)
     try:
         ending = _watch(started, run_dir)
@@ -92,7 +100,7 @@ def follow(started: list[subprocess.Popen], run_dir: str) -> None:
         return
     if isinstance(ending, Stopped):
         raise Preempted(ending.line, signals.exit_status(ending.signum))
-    raise _explain(ending, count, run_dir)
+    raise _explain(ending, count, run_dir, remove_logs=not logged_before)
 
 
 def _start(process_id: int, count: int, coordinator: str, run_dir: str, overrides: list[str]) -> subprocess.Popen:
@@ -178,12 +186,13 @@ def _stop(started: list[subprocess.Popen]) -> None:
             return
 
 
-def _explain(failure: Failure, count: int, run_dir: str) -> Exception:
-    """The error for a failed job: the process's own config error (its files removed), or which
-    process failed, how, and where its log is."""
+def _explain(failure: Failure, count: int, run_dir: str, remove_logs: bool) -> Exception:
+    """The error for a failed job: the process's own config error (its files removed where
+    `remove_logs`), or which process failed, how, and where its log is."""
     said = _last_error_line(failure.log)
     if failure.returncode == 2 and said:
-        _remove_launch_files(run_dir, count)
+        if remove_logs:
+            _remove_launch_files(run_dir, count)
         key, _, message = said.partition(": ")
         return ConfigError(key, message)
     if failure.returncode < 0:

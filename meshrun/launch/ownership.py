@@ -28,12 +28,15 @@ class RunDir:
     keeps the job with its reason (metrics.json, status error), a single run leaves nothing behind.
     A process started by the local launcher owns nothing (the launcher does), and once a
     multi-process job has formed only process 0 owns it. `identity` is this process's place in the
-    job once it has taken it (one process until then)."""
+    job once it has taken it (one process until then). `earlier`: the dir held a run when the job
+    began (one it continues, or one it was refused for): a rejected job leaves that run's files as
+    they are (meshrun.launch.reuse)."""
 
     job: Job
     keeps_rejected: bool
     launched: bool
     identity: Identity = ONE_PROCESS
+    earlier: bool = False
 
     @property
     def path(self) -> str:
@@ -72,7 +75,7 @@ class RunDir:
         """A config error of the job, met by process `identity`: recorded or cleaned up, as the
         owner decides (a job that does not fit a device's memory is recorded as such, with its
         figures)."""
-        if not self.owned(identity):
+        if not self.owned(identity) or self.earlier:
             return
         if not self.keeps_rejected:
             remove_hydra_files(self.path, self.job.name, rejected=True)

@@ -23,7 +23,8 @@ preset dir (keras-hub is an optional dependency: pip install 'meshrun[hub]').
   `.../query/lora_kernel_a`, `.../lora_kernel_b`, which meshrun's layouts leave replicated).
 - checkpoint.export=true writes, beside model.keras, `preset/` (a KerasHub preset with the adapters
   merged and model.preset's tokenizer) and for a LoRA run `adapter.lora.h5`
-  (meshrun.models.hub_export).
+  (meshrun.models.hub_export). Without an export, a LoRA fine-tune of model.preset keeps its
+  `adapter.lora.h5` all the same (checkpoint.keep_adapter, on by default).
 """
 
 from __future__ import annotations
@@ -326,6 +327,13 @@ def export_formats(task, options: KerasHubOptions, run_dir: Path) -> dict[str, s
     return hub_export.export(task, options, run_dir)
 
 
+def keep_adapter(trained, options: KerasHubOptions, run_dir: Path) -> str | None:
+    """checkpoint.keep_adapter: a LoRA run's adapters in the run dir (meshrun.models.hub_export)."""
+    from meshrun.models import hub_export
+
+    return hub_export.keep_adapter(trained, options, run_dir)
+
+
 def inputs(options: KerasHubOptions) -> dict:
     """token_ids and padding_mask of model.seq_len tokens."""
     return {name: InputSpec(name, (options.seq_len,), "int32") for name in ("token_ids", "padding_mask")}
@@ -471,5 +479,6 @@ SPEC = register_model(
         label=label,
         sample_weight_input="padding_mask",
         export=export_formats,
+        save_adapter=keep_adapter,
     )
 )

@@ -4,19 +4,22 @@ no meshrun installed.
 - `<run dir>/preset/`: a KerasHub preset, LoRA adapters merged into the kernels, with the
   preprocessor and tokenizer of model.preset (save_preset).
 - `<run dir>/adapter.lora.h5` for a LoRA run: the adapters in KerasHub's save_lora_weights format,
-  alpha / rank folded in (save_adapter).
+  alpha / rank folded in (save_adapter). A LoRA fine-tune of model.preset writes it without an
+  export too (checkpoint.keep_adapter: keep_adapter), and `meshrun generate` puts it back on the
+  base preset (load_adapter).
 
 Both are written under a temporary name and renamed when complete.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from pathlib import Path
 
 from meshrun.compat.keras_hub import lora_kernel_b_dataset
 from meshrun.files import dir_written_whole
-from meshrun.models.hub import KerasHubOptions, LoraOptions, adapted_layers, import_keras_hub
+from meshrun.models.hub import KerasHubOptions, LoraOptions, adapted_layers, enable_lora, import_keras_hub
 from meshrun.specs.rundir import ADAPTER_FILE, PRESET_DIR
 from meshrun.system.process import native_info_lines_dropped
 from meshrun.wording import error_text
@@ -83,6 +86,34 @@ def _count_merged_parameters(preset: Path, backbone) -> None:
     metadata = json.loads(path.read_text())
     metadata["parameter_count"] = sum(math.prod(v.shape) for v in backbone.variables if id(v) not in adapters)
     path.write_text(json.dumps(metadata, indent=4))
+
+
+def keep_adapter(trained, options: KerasHubOptions, run_dir: Path) -> str | None:
+    """The adapters of a LoRA fine-tune of model.preset, written as adapter.lora.h5 into `run_dir`
+    (save_adapter) from the trained task (`trained()`, None where it cannot be had here); returns
+    its path. None for a run without LoRA, or without a preset (its frozen weights were drawn from
+    the seed: there is no base to put the adapters back on), or whose adapters are split over
+    processes (none of them holds them whole; the log says so)."""
+    if not options.lora.enabled or options.preset is None:
+        return None
+    task = trained()
+    if task is None:
+        return None
+    split = [v.path for layer in adapted_layers(task.backbone) for v in (layer.lora_kernel_a, layer.lora_kernel_b)
+             if not (v.value.is_fully_addressable or v.value.is_fully_replicated)]
+    if split:
+        log.warning(f"checkpoint.keep_adapter: {split[0]} is split over processes, so no adapter file is written (its checkpoints hold it)")
+        return None
+    return str(save_adapter(task.backbone, options.lora, run_dir / ADAPTER_FILE))
+
+
+def load_adapter(task, lora: LoraOptions, path: Path):
+    """`task` (the base model, model.preset) with the adapters of `path` (as save_adapter wrote
+    them) on its target layers: LoRA enabled at `lora`'s rank and targets with alpha = rank (the
+    file holds alpha / rank folded in), then KerasHub's `load_lora_weights`. Returns `task`."""
+    enable_lora(task.backbone, dataclasses.replace(lora, alpha=None))
+    task.backbone.load_lora_weights(str(path))
+    return task
 
 
 def save_adapter(backbone, lora: LoraOptions, path: Path) -> Path:

@@ -7,6 +7,8 @@ Importing this module imports jax and keras: call `meshrun.placement.devices.pre
 
 from __future__ import annotations
 
+import functools
+import logging
 import math
 import time
 from dataclasses import dataclass
@@ -31,6 +33,8 @@ from meshrun.system.load_memory import LoadPeaks, LoadWatch
 from meshrun.training import objectives, restack
 from meshrun.training.callbacks import GracefulStop
 from meshrun.training.schedule import keras_schedule
+
+log = logging.getLogger("meshrun")
 
 
 @dataclass(frozen=True)
@@ -88,9 +92,9 @@ def execute(setup: RunSetup) -> Outcome:
         eval_started = time.perf_counter()
         evaluation = evaluate(model, setup, hooks.evaluation)
         eval_s = time.perf_counter() - eval_started
-        ordinary = with_separate_blocks(model, setup)
-        exported = export(ordinary, setup)
-        samples = sampling.sample(ordinary, setup.sampling) if setup.sampling else None
+        separate = functools.cache(lambda: with_separate_blocks(model, setup))
+        exported = export(separate, setup)
+        samples = sampling.sample(separate(), setup.sampling) if setup.sampling else None
         costs = costs_lib.train_step_costs(model, setup.datasets.sample_batch)
     return Outcome(
         built_at=built_at, steps=hooks.timer.stats(), async_log_fetch=hooks.async_log_fetch, history=history,
@@ -212,30 +216,50 @@ def evaluate(model, setup: RunSetup, callbacks: list) -> dict:
 
 
 def with_separate_blocks(model, setup: RunSetup):
-    """The trained model as export and sampling take it: itself, or for pipelined blocks the same
-    model with separate blocks (built off the mesh, on the default device: KerasHub's task with its
-    generate and save_to_preset, a model.keras that loads without meshrun). Built only where the
-    run exports or samples."""
-    if not (setup.config.checkpoint.export or setup.sampling):
-        return model
+    """The trained model as export, the adapter and sampling take it: itself, or for pipelined
+    blocks the same model with separate blocks (built off the mesh, on the default device:
+    KerasHub's task with its generate and save_to_preset, a model.keras that loads without
+    meshrun). `execute` builds it once, where one of them asks."""
     return restack.with_separate_blocks(model, lambda: built_off_the_mesh(setup.planned.spec, setup.planned.options, setup.config.data))
 
 
-def export(model, setup: RunSetup) -> dict | None:
-    """Writes the trained model (with separate blocks: with_separate_blocks) as model.keras into the
-    run dir when checkpoint.export asks, and the model's own formats beside it (ModelSpec.export:
-    a KerasHub preset and LoRA adapters); their paths by name (model, and what the spec's export
-    wrote), None without checkpoint.export. Keras saves a LoRA-adapted kernel merged (kernel +
-    alpha / rank * A @ B), so model.keras loads as the plain architecture with the fine-tuned
-    weights."""
+def export(trained, setup: RunSetup) -> dict | None:
+    """Writes the trained model (`trained()`: with separate blocks, with_separate_blocks) as
+    model.keras into the run dir when checkpoint.export asks, and the model's own formats beside it
+    (ModelSpec.export: a KerasHub preset and LoRA adapters); their paths by name (model, and what
+    the spec's export wrote). Without checkpoint.export: the adapters the run keeps (keep_adapter),
+    else None. Keras saves a LoRA-adapted kernel merged (kernel + alpha / rank * A @ B), so
+    model.keras loads as the plain architecture with the fine-tuned weights."""
     if not setup.config.checkpoint.export:
-        return None
+        return keep_adapter(trained, setup)
     path = Path(setup.context.run_dir) / EXPORT_FILE
     path.parent.mkdir(parents=True, exist_ok=True)
+    model = trained()
     model.save(path)
     spec = setup.planned.spec
     own = spec.export(model, setup.planned.options, path.parent) if spec.export else {}
     return {"model": str(path), **own}
+
+
+def keep_adapter(trained, setup: RunSetup) -> dict | None:
+    """The adapters a fine-tune keeps in its run dir without an export (checkpoint.keep_adapter;
+    ModelSpec.save_adapter: a KerasHub LoRA run's adapter.lora.h5), written by process 0:
+    {adapter: path}, None where the run keeps none. A run of several processes with pipeline
+    stages keeps none: rebuilding its blocks is a computation every process would have to run."""
+    spec, context = setup.planned.spec, setup.context
+    if not (setup.config.checkpoint.keep_adapter and spec.save_adapter and context.run_dir and context.identity.is_first):
+        return None
+    several_with_stages = setup.devices.processes > 1 and setup.planned.pipeline is not None
+
+    def model():
+        if several_with_stages:
+            log.warning("checkpoint.keep_adapter: a run of several processes with pipeline stages keeps no adapter file "
+                        "(its checkpoints hold the adapters)")
+            return None
+        return trained()
+
+    path = spec.save_adapter(model, setup.planned.options, Path(context.run_dir))
+    return {"adapter": path} if path else None
 
 
 def placed_variables(model, setup: RunSetup) -> dict[str, PlacedVariable]:

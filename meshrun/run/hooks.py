@@ -128,7 +128,7 @@ def make_hooks(setup: RunSetup, stop_signals: signals.StopSignals | None = None)
                                               mode=early.mode, verbose=0)
     if context.identity.is_first and context.run_dir:
         run_dir = Path(context.run_dir)
-        hooks.step_log = StepLog(functools.partial(sinks.open_sinks, run_dir, config.logging.sinks), train, setup.total_steps, first)
+        hooks.step_log = StepLog(functools.partial(sinks.open_sinks, run_dir, config.logging.sinks, first), train, setup.total_steps, first)
         if config.profile.steps is not None:
             where = Path(config.profile.dir).expanduser() if config.profile.dir else run_dir / PROFILE_DIR
             hooks.profiler = callbacks.StepProfiler(*config.profile.steps, where, first)

@@ -309,7 +309,7 @@ def plan_checkpoints(config: RunConfig, context: RunContext, processes: int) -> 
         raise ConfigError(
             "resume",
             f"checkpoint {point} is at the end of training (epoch {start.epoch} of {config.train.epochs}); nothing is left to "
-            "train: raise train.epochs, or start again with resume=never",
+            "train: raise train.epochs, or start again with resume=never in another hydra.run.dir",
         )
     return CheckpointPlan(root, point, start, model)
 

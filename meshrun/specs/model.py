@@ -65,6 +65,10 @@ class ModelSpec:
       sample weights (a language model's padding mask).
     - `export(model, options, run_dir)`: with checkpoint.export, writes the model's own formats into
       the run dir beside model.keras (KerasHub: a preset, LoRA adapters); returns {name: path}.
+    - `save_adapter(trained, options, run_dir)`: without an export, writes the adapters a fine-tune
+      keeps (checkpoint.keep_adapter; KerasHub: a LoRA run's adapter.lora.h5) into the run dir;
+      `trained()` gives the trained model (None where it cannot be had). Returns the file's path,
+      None where the run has none to keep.
     """
 
     name: str
@@ -86,6 +90,7 @@ class ModelSpec:
     label: Callable[[Any], str] | None = None
     sample_weight_input: str | None = None
     export: Callable[[Any, Any, Any], dict] | None = None
+    save_adapter: Callable[[Any, Any, Any], str | None] | None = None
 
     @property
     def default_layout(self) -> str:

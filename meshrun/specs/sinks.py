@@ -35,11 +35,13 @@ class Sink(Protocol):
 
 @dataclass(frozen=True)
 class SinkSpec:
-    """A registered sink: its name (its `logging.<name>` switch), how to open it in a run dir, what
-    it writes, and whether every run writes it (no switch then)."""
+    """A registered sink: its name (its `logging.<name>` switch), how to open it in a run dir for a
+    run that starts after a given global step (0: a fresh start; a resumed run's checkpoint step:
+    what the sink holds of later steps is dropped, so that every step is logged once), what it
+    writes, and whether every run writes it (no switch then)."""
 
     name: str
-    open: Callable[[Path], Sink]
+    open: Callable[[Path, int], Sink]
     description: str
     always: bool = False
 

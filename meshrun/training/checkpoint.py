@@ -30,7 +30,6 @@ import jax
 
 from meshrun.config.schema import CheckpointConfig
 from meshrun.errors import ConfigError
-from meshrun.specs.rundir import CHECKPOINTS_DIR
 from meshrun.training import orbax_io, restack
 from meshrun.training.orbax_io import MODEL, PROGRESS, STACKS
 from meshrun.wording import first_line, format_shape
@@ -87,7 +86,7 @@ class ResumePoint:
 
 def directory(config: CheckpointConfig, run_dir: str) -> Path:
     """Where the run's checkpoints go: checkpoint.dir, else <run dir>/checkpoints."""
-    return Path(config.dir).expanduser().resolve() if config.dir else Path(run_dir).resolve() / CHECKPOINTS_DIR
+    return config.directory(run_dir)
 
 
 def check_writable(path: Path) -> None:

@@ -25,7 +25,7 @@ class TensorBoard:
 
     kind = "tensorboard"
 
-    def __init__(self, run_dir: Path):
+    def __init__(self, run_dir: Path, first_step: int = 0):  # a resumed run adds a file; TensorBoard drops the steps it repeats
         self.path = run_dir / TENSORBOARD_DIR  # a dir of event files
         self.path.mkdir(parents=True, exist_ok=True)
         self._event, self._summary = event_protos()
