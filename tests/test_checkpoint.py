@@ -26,6 +26,7 @@ from conftest import (
     train_in_process,
 )
 from meshrun.errors import ConfigError
+from meshrun.training.checkpoint import ResumePoint, read_progress
 
 SMALL = {"data": {"name": "synthetic", "num_samples": 128, "eval_samples": 32}, "model": {"name": "dense_model"}}
 
@@ -114,6 +115,12 @@ def test_resuming_mid_epoch_trains_exactly_like_the_uninterrupted_run(tmp_path):
     assert resumed["eval"]["loss"] == pytest.approx(whole["eval"]["loss"], abs=1e-6)
     assert_same_weights(exported_weights(tmp_path / "resumed"), exported_weights(tmp_path / "whole"), 1e-6)
     assert whole["timing"]["checkpoint_s"] > 0
+    # Step 24, the last of epoch 3, is saved at the epoch's end: a whole epoch with its logs, so a
+    # run given a fourth epoch continues from it (it asked Keras for an epoch of 0 steps).
+    last = read_progress(ResumePoint(checkpoints, 24))
+    assert (last.epoch, last.step_in_epoch, last.history["loss"]) == (3, 0, pytest.approx(whole["history"]["loss"], abs=1e-6))
+    more = train_in_process(config(epochs=4, resume=str(checkpoints / "24")), tmp_path / "more").metrics
+    assert more["history"]["loss"][:3] == pytest.approx(whole["history"]["loss"], abs=1e-6) and len(more["history"]["loss"]) == 4
 
 
 @pytest.mark.integration

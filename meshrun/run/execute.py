@@ -179,8 +179,9 @@ def _fit(model, datasets, train, callbacks: list, start) -> dict:
     steps_per_epoch = datasets.steps_per_epoch
     spans = []  # (first epoch, end epoch, steps per epoch)
     epoch = start.epoch
-    if start.step_in_epoch:
-        spans.append((epoch, epoch + 1, steps_per_epoch - start.step_in_epoch))
+    if start.step_in_epoch:  # all of an epoch's steps (an older checkpoint of its last step): nothing left of it
+        if start.step_in_epoch < steps_per_epoch:
+            spans.append((epoch, epoch + 1, steps_per_epoch - start.step_in_epoch))
         epoch += 1
     if epoch < train.epochs:
         spans.append((epoch, train.epochs, steps_per_epoch))

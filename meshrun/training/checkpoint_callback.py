@@ -58,6 +58,7 @@ class Checkpointing(keras.callbacks.Callback):
         self._stopper = stopper
         self._metrics_to_restore: dict | None = None
         self._epoch_start = (start.global_step, start.step_in_epoch)
+        self._due_at_epoch_end = False  # a step schedule's save that fell on an epoch's last step
         if config.every_steps:
             self.on_train_batch_end = self._after_step
 
@@ -85,7 +86,10 @@ class Checkpointing(keras.callbacks.Callback):
         self.progress.global_step = first_step + batch + 1
         self.progress.step_in_epoch = first_in_epoch + batch + 1
         if self.progress.global_step % self.config.every_steps == 0 and finite(logs):
-            self._save()
+            if batch + 1 < self.params["steps"]:
+                self._save()
+            else:  # the epoch's last step: saved at the epoch's end, as a whole epoch with its logs
+                self._due_at_epoch_end = True
 
     def on_epoch_end(self, epoch, logs=None):
         steps = self.params["steps"]  # this fit's steps per epoch
@@ -98,7 +102,8 @@ class Checkpointing(keras.callbacks.Callback):
             self.progress.history.setdefault(name, []).append(float(value))
         self.progress.epoch = epoch + 1
         self.progress.step_in_epoch = 0
-        if self.config.saves_every_epoch and finite(logs):  # a diverged state is never kept
+        due, self._due_at_epoch_end = self._due_at_epoch_end, False
+        if (self.config.saves_every_epoch or due) and finite(logs):  # a diverged state is never kept
             self._save()
 
     def on_train_end(self, logs=None):
