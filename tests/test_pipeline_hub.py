@@ -113,6 +113,23 @@ def test_a_presets_lora_fine_tune_with_stages_trains_samples_and_exports_as_with
         np.testing.assert_allclose(mine[variable.path], np.asarray(variable), atol=2e-6, err_msg=variable.path)
 
 
+def test_a_pipelined_gemma_counts_the_flops_of_the_same_model_without_stages_and_its_bubble_apart(gemma_runs):
+    from meshrun.specs.metrics import RunMetrics
+
+    staged, separate = gemma_runs["staged"][0], gemma_runs["separate"][0]
+    flops = staged["flops"]
+    # XLA counts a loop's body once: the schedule's loops had the pipelined step counted 1.9x short here.
+    assert flops["per_step"] == pytest.approx(separate["flops"]["per_step"], rel=0.01)
+    assert flops["analytic_over_xla"] == pytest.approx(separate["flops"]["analytic_over_xla"], rel=0.01)
+    # 2 stages, 2 microbatches (one per stage): 1 of each stage's 3 ticks is the bubble's, which computes half
+    # the blocks' work more; the blocks are most of this model's
+    assert flops["bubble_fraction"] == pytest.approx(1 / 3) and 0.25 * flops["per_step"] < flops["bubble_per_step"] < 0.5 * flops["per_step"]
+    row = dict(RunMetrics.from_json(staged).summary())["flops"]
+    assert row.endswith(f"\npipeline bubble: 33.3% of each stage's ticks, {flops['bubble_per_step']:.3g} FLOPs more "
+                        "(discarded, not counted above)"), row
+    assert separate["flops"]["bubble_per_step"] is None and "bubble" not in dict(RunMetrics.from_json(separate).summary())["flops"]
+
+
 def test_meshrun_generate_completes_from_a_pipelined_runs_checkpoint(gemma_runs, tmp_path):
     staged, staged_dir = gemma_runs["staged"]
     run_dir = tmp_path / "run"

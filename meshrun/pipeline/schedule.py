@@ -7,7 +7,9 @@ a stage R times shorter: the idle share falls from (S-1)/(M+S-1) to (S-1)/(RM+S-
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import jax
 import jax.numpy as jnp
@@ -43,63 +45,92 @@ def gpipe(stage_fn: Callable, stage_params, x: jax.Array, mesh: Mesh, axis: str,
     mask), with x's rows: each stage gets the rows of the microbatch it works on. Returns what the
     last stage made of every row, in the input's order, replicated over the stage axis."""
     side = side or {}
-    stages = mesh.shape[axis]
+    ticks = Ticks(stages=mesh.shape[axis], microbatches=microbatches, repeats=repeats, axis=axis)
     leaf = jax.tree.leaves(stage_params)[0]
-    check_split(leaf.shape[0] * (leaf.shape[1] if repeats > 1 else 1), stages, x.shape[0], microbatches, repeats)
-    if stages == 1:  # nothing to hand on (and XLA refuses a collective over a manual axis of one device)
+    check_split(leaf.shape[0] * (leaf.shape[1] if repeats > 1 else 1), ticks.stages, x.shape[0], microbatches, repeats)
+    if ticks.stages == 1:  # nothing to hand on (and XLA refuses a collective over a manual axis of one device)
         return stage_fn(jax.tree.map(lambda p: p.reshape(-1, *p.shape[2:]), stage_params) if repeats > 1 else stage_params, x, side)
-    neighbours = [(i, (i + 1) % stages) for i in range(stages)]
-
-    def run_round(params, round_, x, side):
-        """The stage's blocks of round `round_` on `x`."""
-        if repeats == 1:
-            return stage_fn(params, x, side)
-        return stage_fn(jax.tree.map(lambda p: lax.dynamic_index_in_dim(p, round_, keepdims=False), params), x, side)
-
-    if repeats > 1:
-        # Kept as it is, the backward pass would keep the round's weights, sliced anew at every tick, once per
-        # tick: 19.0 MiB a device against 2.0 MiB (2 stages, 16 microbatches, scripts/bench_pipeline.py). Keeping
-        # only the matmuls' outputs, it slices them again instead (and redoes the elementwise work).
-        run_round = jax.checkpoint(run_round, policy=jax.checkpoint_policies.dots_saveable)
-
-    def per_stage(params, x, side):
-        x = x.astype(dtype)
-        side = {name: value.astype(side_dtypes[name]) for name, value in side.items()}
-        stage = lax.axis_index(axis)
-        last = stage == stages - 1
-        batches = split_microbatches(x, microbatches)
-        side_batches = {name: split_microbatches(value, microbatches) for name, value in side.items()}
-
-        def tick(carry, t):
-            handed, outputs = carry
-            item = t - stage  # this stage's piece of work at tick t: (group, round, place in group)
-            valid = (item >= 0) & (item < microbatches * repeats)
-            item = jnp.clip(item, 0, microbatches * repeats - 1)
-            round_ = (item // stages) % repeats
-            microbatch = item // (stages * repeats) * stages + item % stages
-            fresh = lax.dynamic_index_in_dim(batches, microbatch, keepdims=False)
-            beside = {name: lax.dynamic_index_in_dim(value, microbatch, keepdims=False) for name, value in side_batches.items()}
-            out = run_round(params, round_, jnp.where((stage == 0) & (round_ == 0), fresh, handed), beside)
-            done = last & valid & (round_ == repeats - 1)  # the last stage finished this microbatch
-            kept = lax.dynamic_index_in_dim(outputs, microbatch, keepdims=False)
-            outputs = lax.dynamic_update_index_in_dim(outputs, jnp.where(done, out, kept), microbatch, 0)
-            return (lax.ppermute(out, axis, neighbours), outputs), None
-
-        # A scan over the RM + S - 1 ticks, not a Python loop: compile time stays flat in the microbatch count.
-        start = (jnp.zeros_like(batches[0]), jnp.zeros_like(batches))
-        (_, outputs), _ = lax.scan(tick, start, jnp.arange(microbatches * repeats + stages - 1))
-        # Only the last stage wrote any outputs (the others' are zeros); summed in float32 (see below).
-        return join_microbatches(lax.psum(outputs.astype(jnp.float32), axis).astype(dtype))
-
-    param_specs = jax.tree.map(lambda _: PartitionSpec(None, axis) if repeats > 1 else PartitionSpec(axis), stage_params)
-    side_specs = {name: PartitionSpec() for name in side}
     # Activations enter and leave in float32 at least: the outputs are summed over the stages, and so are the
     # inputs' gradients, and XLA's CPU compiler aborts on those all-reduces in bfloat16, as mixed_bfloat16
     # gives them ("Invalid binary instruction opcode copy").
-    dtype, side_dtypes = x.dtype, {name: value.dtype for name, value in side.items()}
+    per_stage = functools.partial(_run_stage, ticks, _one_round(stage_fn, repeats), x.dtype,
+                                  {name: value.dtype for name, value in side.items()})
+    param_specs = jax.tree.map(lambda _: PartitionSpec(None, axis) if repeats > 1 else PartitionSpec(axis), stage_params)
+    side_specs = {name: PartitionSpec() for name in side}
     staged = jax.shard_map(per_stage, mesh=mesh, in_specs=(param_specs, PartitionSpec(), side_specs), out_specs=PartitionSpec(),
                            axis_names={axis}, check_vma=False)
     return jax.jit(staged)(stage_params, _at_least_float32(x), {name: _at_least_float32(value) for name, value in side.items()})  # jitted: called eagerly, a shard_map with automatic axes fails
+
+
+@dataclass(frozen=True)
+class Ticks:
+    """The shape of a schedule: S `stages` over mesh axis `axis`, M `microbatches`, R `repeats`
+    (rounds of the circular schedule), run in RM + S - 1 ticks."""
+
+    stages: int
+    microbatches: int
+    repeats: int
+    axis: str
+
+    @property
+    def count(self) -> int:
+        """How many ticks a step takes: RM + S - 1."""
+        return self.microbatches * self.repeats + self.stages - 1
+
+    def work_at(self, tick: jax.Array, stage: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+        """What `stage` works on at `tick`: whether it is real work (not a bubble tick), the round and
+        the microbatch (taken in groups of S, each group going round the ring R times)."""
+        item = tick - stage
+        valid = (item >= 0) & (item < self.microbatches * self.repeats)
+        item = jnp.clip(item, 0, self.microbatches * self.repeats - 1)
+        round_ = (item // self.stages) % self.repeats
+        microbatch = item // (self.stages * self.repeats) * self.stages + item % self.stages
+        return valid, round_, microbatch
+
+
+def _one_round(stage_fn: Callable, repeats: int) -> Callable:
+    """`run_round(params, round_, x, side)`: the stage's blocks of round `round_` on `x` (all of
+    them without rounds)."""
+    if repeats == 1:
+        return lambda params, round_, x, side: stage_fn(params, x, side)
+
+    def run_round(params, round_, x, side):
+        return stage_fn(jax.tree.map(lambda p: lax.dynamic_index_in_dim(p, round_, keepdims=False), params), x, side)
+
+    # Kept as it is, the backward pass would keep the round's weights, sliced anew at every tick, once per
+    # tick: 19.0 MiB a device against 2.0 MiB (2 stages, 16 microbatches, scripts/bench_pipeline.py). Keeping
+    # only the matmuls' outputs, it slices them again instead (and redoes the elementwise work).
+    return jax.checkpoint(run_round, policy=jax.checkpoint_policies.dots_saveable)
+
+
+def _run_stage(ticks: Ticks, run_round: Callable, dtype, side_dtypes: dict, params, x: jax.Array, side: dict) -> jax.Array:
+    """One stage's part of the schedule (the body of the shard_map over the stage axis): every tick
+    it works on the microbatch that reached it and hands its output to the next stage. Returns the
+    last stage's outputs for every row, on every stage, in `dtype`."""
+    x = x.astype(dtype)
+    side = {name: value.astype(side_dtypes[name]) for name, value in side.items()}
+    stage = lax.axis_index(ticks.axis)
+    last = stage == ticks.stages - 1
+    batches = split_microbatches(x, ticks.microbatches)
+    side_batches = {name: split_microbatches(value, ticks.microbatches) for name, value in side.items()}
+    neighbours = [(i, (i + 1) % ticks.stages) for i in range(ticks.stages)]
+
+    def tick(carry, t):
+        handed, outputs = carry
+        valid, round_, microbatch = ticks.work_at(t, stage)
+        fresh = lax.dynamic_index_in_dim(batches, microbatch, keepdims=False)
+        beside = {name: lax.dynamic_index_in_dim(value, microbatch, keepdims=False) for name, value in side_batches.items()}
+        out = run_round(params, round_, jnp.where((stage == 0) & (round_ == 0), fresh, handed), beside)
+        done = last & valid & (round_ == ticks.repeats - 1)  # the last stage finished this microbatch
+        kept = lax.dynamic_index_in_dim(outputs, microbatch, keepdims=False)
+        outputs = lax.dynamic_update_index_in_dim(outputs, jnp.where(done, out, kept), microbatch, 0)
+        return (lax.ppermute(out, ticks.axis, neighbours), outputs), None
+
+    # A scan over the RM + S - 1 ticks, not a Python loop: compile time stays flat in the microbatch count.
+    start = (jnp.zeros_like(batches[0]), jnp.zeros_like(batches))
+    (_, outputs), _ = lax.scan(tick, start, jnp.arange(ticks.count))
+    # Only the last stage wrote any outputs (the others' are zeros); summed in float32 (see gpipe).
+    return join_microbatches(lax.psum(outputs.astype(jnp.float32), ticks.axis).astype(dtype))
 
 
 def _at_least_float32(array: jax.Array) -> jax.Array:

@@ -122,7 +122,8 @@ def _timing(setup: RunSetup, outcome: Outcome, ending: Ending) -> TimingFigures:
 
 def _flops(setup: RunSetup, outcome: Outcome) -> FlopsFigures:
     """FLOPs of one step as XLA counts them, the rate achieved, and utilisation where the peak of
-    the device kind is known (from devices.peak_flops, else meshrun's table; never guessed)."""
+    the device kind is known (from devices.peak_flops, else meshrun's table; never guessed); with
+    pipeline stages, the FLOPs of their bubble ticks apart."""
     config, found, costs = setup.config, setup.devices, outcome.costs
     per_step = costs.flops_per_step
     per_s = outcome.steps.rate(per_step)
@@ -133,8 +134,11 @@ def _flops(setup: RunSetup, outcome: Outcome) -> FlopsFigures:
         source = "table" if peak is not None else None
     spec, options = setup.planned.spec, setup.planned.options
     analytic = spec.analytic_flops(options, config.train.batch_size, setup.plan.variables) if spec.analytic_flops else None
+    pipeline = setup.plan.pipeline
     return FlopsFigures(
         per_step=per_step, per_step_per_device=costs.flops_per_step_per_device, per_s=per_s, peak_per_device=peak,
+        bubble_per_step=costs.bubble_flops_per_step,
+        bubble_fraction=pipeline.bubble_fraction if pipeline and costs.bubble_flops_per_step is not None else None,
         peak_source=source, mfu=hardware.mfu(per_s, len(found.devices), peak), analytic_per_step=analytic,
         analytic_over_xla=analytic / per_step if analytic and per_step else None,
         analytic_formula=(None if not analytic else "6·N·tokens" if setup.plan.trainable_params == setup.plan.params else "(4·N+2·T)·tokens"),

@@ -22,6 +22,8 @@ import keras
 import numpy as np
 
 from meshrun.compat.keras import distribute_data, state_shardings, training_state
+from meshrun.pipeline.counting import blocks_in_turn
+from meshrun.pipeline.stack import holds_pipelined_blocks
 
 
 @dataclass(frozen=True)
@@ -33,8 +35,9 @@ class StepCosts:
     step's scratch (temp). It leaves out generated code and anything held outside the step.
     """
 
-    flops_per_step: float | None  # global, from the lowered (unpartitioned) HLO
-    flops_per_step_per_device: float | None  # from the compiled (partitioned) executable
+    flops_per_step: float | None  # global, from the lowered (unpartitioned) HLO; pipelined blocks counted in turn
+    flops_per_step_per_device: float | None  # from the compiled (partitioned) executable; None for pipelined blocks
+    bubble_flops_per_step: float | None  # what pipeline stages compute on their bubble ticks besides (None: no stages)
     argument_bytes: int | None  # compiled.memory_analysis(), per device
     output_bytes: int | None
     temp_bytes: int | None
@@ -46,14 +49,19 @@ class StepCosts:
     @classmethod
     def unknown(cls) -> StepCosts:
         """The costs of a step not analysed (a run stopped by a signal has no time to spare)."""
-        return cls(None, None, None, None, None, None, None, None, 0.0)
+        return cls(None, None, None, None, None, None, None, None, None, 0.0)
 
 
 def train_step_costs(model, batch) -> StepCosts:
     """XLA's FLOPs and memory figures for one step of `model.fit` on `batch`, one batch as this
     process feeds it ((x, y) numpy arrays; x may be a dict; with several processes, this
     process's share of the global batch), read after fit under the distribution still in force.
-    The model's variables are left as they are."""
+    The model's variables are left as they are.
+
+    XLA counts a loop's body once, however many times it runs: a model with pipelined blocks (whose
+    schedule is loops) is counted from a second lowering with its blocks run in turn, unrolled
+    (meshrun.pipeline.counting): the same model's FLOPs with separate blocks, plus apart what its
+    schedule computes on the bubble ticks. Its compiled per-device count is left out (None)."""
     if getattr(keras.config, "is_nnx_enabled", lambda: False)():
         raise RuntimeError("meshrun.run.costs does not support Keras' Flax NNX mode")
     if getattr(model, "train_function", None) is None:
@@ -71,6 +79,10 @@ def train_step_costs(model, batch) -> StepCosts:
     lowered = step.lower(state, data)
     compiled = lowered.compile()
 
+    if holds_pipelined_blocks(model):
+        (flops, bubble), per_device = _pipelined_flops(model, state, data), None
+    else:
+        flops, per_device, bubble = _flops(_analysis(lowered.cost_analysis)), _flops(_analysis(compiled.cost_analysis)), None
     memory = _analysis(compiled.memory_analysis)
     sizes = {
         field: _bytes(memory, f"{field}_size_in_bytes")
@@ -79,8 +91,9 @@ def train_step_costs(model, batch) -> StepCosts:
     parts = (sizes["argument"], sizes["output"], sizes["temp"], sizes["alias"])
     peak = None if None in parts else parts[0] + parts[1] + parts[2] - parts[3]
     return StepCosts(
-        flops_per_step=_flops(_analysis(lowered.cost_analysis)),
-        flops_per_step_per_device=_flops(_analysis(compiled.cost_analysis)),
+        flops_per_step=flops,
+        flops_per_step_per_device=per_device,
+        bubble_flops_per_step=bubble,
         argument_bytes=sizes["argument"],
         output_bytes=sizes["output"],
         temp_bytes=sizes["temp"],
@@ -89,6 +102,20 @@ def train_step_costs(model, batch) -> StepCosts:
         peak_bytes_per_device=peak,
         seconds=time.perf_counter() - start,
     )
+
+
+def _pipelined_flops(model, state, data) -> tuple[float | None, float | None]:
+    """The FLOPs of one step of `model`, whose blocks run as pipeline stages, with its blocks
+    counted in turn (as separate blocks run), and what the schedules compute on their bubble ticks
+    besides (None without stages of more than one device)."""
+    with blocks_in_turn() as bubbles:
+        # A function of its own: jit's trace cache would give back the trace of the schedule fit made.
+        lowered = jax.jit(lambda state, data: model.train_step(state, data)).lower(state, data)
+    flops = _flops(_analysis(lowered.cost_analysis))
+    if not bubbles:
+        return flops, None
+    extra = [_flops(_analysis(jax.jit(work.forward_and_backward).lower(*work.args).cost_analysis)) for work in bubbles]
+    return flops, None if None in extra else sum(work.share * count for work, count in zip(bubbles, extra, strict=True))
 
 
 def live_peak_bytes(devices) -> int | None:

@@ -128,8 +128,13 @@ def flops_text(flops, metrics) -> str | None:
     if flops.analytic_per_step:
         text += f"; {flops.analytic_formula or '6·N·tokens'} {flops.analytic_per_step:.3g}"
     if flops.mfu is not None:
-        return text + f"; MFU {flops.mfu:.1%}"
-    return text + ("; MFU n/a (no peak known)" if flops.peak_per_device is None else "")
+        text += f"; MFU {flops.mfu:.1%}"
+    elif flops.peak_per_device is None:
+        text += "; MFU n/a (no peak known)"
+    if flops.bubble_per_step is not None and flops.bubble_fraction is not None:  # a line of its own: the table stays narrow
+        text += (f"\npipeline bubble: {flops.bubble_fraction:.1%} of each stage's ticks, {flops.bubble_per_step:.3g} FLOPs more "
+                 "(discarded, not counted above)")
+    return text
 
 
 def bytes_text(template: str):

@@ -167,10 +167,14 @@ class CacheFigures:
 class FlopsFigures:
     """XLA's FLOPs of one step, the rate achieved, the device peak and utilisation, and the
     analytic 6·N·tokens estimate of the language models ((4·N+2·T)·tokens when only T of the N
-    parameters train, as under LoRA: frozen weights get no weight gradients)."""
+    parameters train, as under LoRA: frozen weights get no weight gradients). With pipeline stages,
+    the step is counted with its blocks in turn (the same model's FLOPs with separate blocks), and
+    what the stages compute on the schedule's bubble ticks, thrown away, is apart (bubble_per_step)."""
 
     per_step: float = figure()  # shown with the run (text.flops_text)
-    per_step_per_device: float = figure()
+    per_step_per_device: float = figure()  # None with pipeline stages: XLA counts the schedule's loops once
+    bubble_per_step: float = figure()  # pipeline stages: FLOPs of the bubble ticks, in neither per_step, per_s nor mfu
+    bubble_fraction: float = figure()  # pipeline stages: the bubble ticks' share of a stage's ticks, (S-1)/(RM+S-1)
     per_s: float = figure()
     peak_per_device: float = figure()
     peak_source: str = figure()
