@@ -56,14 +56,25 @@ INTERLEAVED = {"default (log.jsonl + bar)": (False, False), "everything": (True,
 TARGET = 1.02
 
 
-def main() -> None:
+def arguments() -> argparse.Namespace:
+    """The command line's settings."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--meshes", default="8x1,2x4")
     parser.add_argument("--repeats", type=int, default=3, help="separate runs of each variant, and interleaved runs, per mesh")
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--num-samples", type=int, default=4096, help="per epoch of the separate runs (x2 for interleaved runs)")
     parser.add_argument("--out", default="bench_logging.json")
-    args = parser.parse_args()
+    return parser.parse_args()
+
+
+def ratios(runs: dict) -> dict:
+    """Each variant's median step time and training seconds over those of the run that logs nothing."""
+    base = {key: statistics.median(r[key] for r in runs["nothing"]) for key in ("step_ms", "train_s")}
+    return {name: {key: statistics.median(r[key] for r in rows) / base[key] for key in base} for name, rows in runs.items()}
+
+
+def main() -> None:
+    args = arguments()
     meshes = args.meshes.split(",")
 
     from omegaconf import OmegaConf
@@ -109,13 +120,7 @@ def main() -> None:
                         timing = train(config, RunContext(run_dir=str(run_dir))).metrics.timing
                     results["runs"][mesh][name].append({"step_ms": timing.step_time_s * 1e3, "train_s": sum(timing.epoch_s[1:])})
                     print(f"repeat {repeat + 1}, {mesh}, {name}: step {timing.step_time_s * 1e3:.3f} ms", flush=True)
-    results["ratios"] = {}
-    for mesh in meshes:
-        runs = results["runs"][mesh]
-        base = {key: statistics.median(r[key] for r in runs["nothing"]) for key in ("step_ms", "train_s")}
-        results["ratios"][mesh] = {
-            name: {key: statistics.median(r[key] for r in rows) / base[key] for key in base} for name, rows in runs.items()
-        }
+    results["ratios"] = {mesh: ratios(results["runs"][mesh]) for mesh in meshes}
     results["hook_us_per_step"] = hook_cost()
     Path(args.out).write_text(json.dumps(results, indent=2) + "\n")
     show(results)
