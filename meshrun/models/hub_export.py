@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from meshrun.compat.keras_hub import lora_kernel_b_dataset
+from meshrun.compat.keras_hub import local_preset_loading, lora_kernel_b_dataset
 from meshrun.models.hub import KerasHubOptions, LoraOptions, adapted_layers, import_keras_hub
 from meshrun.specs.rundir import ADAPTER_FILE, PRESET_DIR
 from meshrun.wording import error_text
@@ -74,7 +74,8 @@ def preset_preprocessor(options: KerasHubOptions):
     keras_hub = import_keras_hub()
     preset = str(Path(options.preset).expanduser())
     try:
-        return keras_hub.models.CausalLMPreprocessor.from_preset(preset)
+        with local_preset_loading():
+            return keras_hub.models.CausalLMPreprocessor.from_preset(preset)
     except Exception as err:  # the preset's own files decide; the export goes on without them
         log.warning(f"the exported preset has no tokenizer or preprocessor: CausalLMPreprocessor.from_preset({preset!r}) "
                     f"raised {error_text(err)}")
