@@ -42,14 +42,15 @@ runpy.run_module('meshrun', run_name='__main__', alter_sys=True)
 """
 
 
-def run_measured(args: list[str], cwd, timeout: float = 120, env=None) -> Measured:
-    """Runs `python -m meshrun ARGS` in `cwd`, killed after `timeout` seconds; the peak RSS is the
-    process's own (its VmHWM at exit; -1 if it was killed before it could say)."""
+def run_measured(args: list[str], cwd, timeout: float = 120, env=None, python: str | None = None) -> Measured:
+    """Runs `python -m meshrun ARGS` in `cwd` (with interpreter `python`, default this process's),
+    killed after `timeout` seconds; the peak RSS is the process's own (its VmHWM at exit; -1 if it
+    was killed before it could say)."""
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err, tempfile.TemporaryDirectory() as scratch:
         peak_file = os.path.join(scratch, "peak")
         child_env = {**(os.environ if env is None else env), "MESHRUN_PEAK_FILE": peak_file}
         started = time.perf_counter()
-        proc = spawn(args, Role.USER, stdout=out, stderr=err, env=child_env, cwd=cwd, entry=("-c", _WRAPPER))
+        proc = spawn(args, Role.USER, stdout=out, stderr=err, env=child_env, cwd=cwd, entry=("-c", _WRAPPER), python=python)
         try:
             proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
