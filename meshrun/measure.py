@@ -1,13 +1,17 @@
 """Runs `python -m meshrun ...` in a fresh process and measures it: for benchmarks under scripts/
-and for tests that hold meshrun to a time or memory bound."""
+and for tests that hold meshrun to a time or memory bound. Also makes the venv without TensorFlow
+both compare meshrun against."""
 
 from __future__ import annotations
 
 import os
+import site
 import subprocess
+import sys
 import tempfile
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 from meshrun.launch.spawn import Role, spawn
 
@@ -67,3 +71,24 @@ def run_measured(args: list[str], cwd, timeout: float = 120, env=None, python: s
             wall_s=wall,
             peak_rss_bytes=peak_kib * 1024 if peak_kib >= 0 else -1,
         )
+
+
+# site-packages entries of TensorFlow's distributions (tensorflow, tensorflow-cpu, tensorflow-text,
+# tensorflow-io-gcs-filesystem: packages and dist-info dirs)
+TENSORFLOW_ENTRIES = ("tensorflow",)
+
+
+def venv_without_tensorflow(folder: Path) -> Path:
+    """The python of a venv made in `folder` that links in every entry of this interpreter's
+    site-packages but TensorFlow's: the packages installed here (meshrun's editable install
+    included), TensorFlow not installed, as an install without it has them."""
+    venv = Path(folder) / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, capture_output=True, timeout=120)
+    python = venv / "bin" / "python"
+    target = Path(subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                                 check=True, capture_output=True, text=True).stdout.strip())
+    for source in map(Path, site.getsitepackages()):
+        for entry in source.iterdir():
+            if not entry.name.lower().startswith(TENSORFLOW_ENTRIES) and not (target / entry.name).exists():
+                (target / entry.name).symlink_to(entry)
+    return python

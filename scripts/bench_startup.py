@@ -29,9 +29,9 @@ vocabulary 512 and 2 layers with its SentencePiece tokenizer, a Hugging Face tok
   wall (scripts/bench_plan.py has it among others).
 
 --without-tensorflow adds a column: this checkout in a venv the script makes, which links every
-package of this interpreter's site-packages but TensorFlow's (tensorflow*, as
-tests/test_without_tensorflow.py does): an install without TensorFlow, as `pip install --no-deps
-keras-hub` makes it. Target (issue 50): each hub fine-tune's time to first step within 1.5 s of
+package of this interpreter's site-packages but TensorFlow's (meshrun.measure.venv_without_tensorflow,
+which tests/test_without_tensorflow.py uses too): an install without TensorFlow, as `pip install
+--no-deps keras-hub` makes it. Target (issue 50): each hub fine-tune's time to first step within 1.5 s of
 that column's. Every job also reports its process's peak RSS.
 
 Each job is run once untimed first (a warm compile cache, warm disk, the token cache filled), then
@@ -59,7 +59,6 @@ import argparse
 import json
 import os
 import platform
-import site
 import statistics
 import subprocess
 import sys
@@ -69,7 +68,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from meshrun.measure import run_measured
+from meshrun.measure import run_measured, venv_without_tensorflow
 
 JOBS = {
     "train_mlp": ["train", "mesh=2x4", "layout=dense_model"],
@@ -123,21 +122,6 @@ def build_hub_inputs(folder: Path) -> Path:
     subprocess.run([sys.executable, "-c", BUILD_HUB_INPUTS, str(folder), str(tests)], check=True, capture_output=True,
                    env={**os.environ, "KERAS_BACKEND": "jax"}, timeout=600)
     return folder
-
-
-def python_without_tensorflow(folder: Path) -> str:
-    """The python of a venv in `folder` that links every entry of this interpreter's site-packages
-    but TensorFlow's (tests/test_without_tensorflow.py makes the same one)."""
-    venv = folder / "venv"
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, capture_output=True, timeout=120)
-    python = venv / "bin" / "python"
-    target = Path(subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                                 check=True, capture_output=True, text=True).stdout.strip())
-    for source in map(Path, site.getsitepackages()):
-        for entry in source.iterdir():
-            if not entry.name.lower().startswith("tensorflow") and not (target / entry.name).exists():
-                (target / entry.name).symlink_to(entry)
-    return str(python)
 
 
 def job_args(name: str, folder: Path, inputs: Path | None) -> list[str]:
@@ -224,7 +208,7 @@ def columns_of(args: argparse.Namespace, work: Path) -> dict[str, tuple[str | No
     """label -> (checkout, python) of each column, in the order each repeat runs them."""
     columns = {}
     if args.without_tensorflow:
-        columns[NO_TENSORFLOW] = (None, python_without_tensorflow(work / "no-tensorflow"))
+        columns[NO_TENSORFLOW] = (None, str(venv_without_tensorflow(work / "no-tensorflow")))
     if args.before:
         columns["before"] = (str(Path(args.before).resolve()), None)
     columns["after"] = (None, None)
