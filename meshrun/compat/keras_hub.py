@@ -50,7 +50,7 @@ TENSORFLOW_PACKAGES = ("tensorflow", "tensorflow_text")  # the packages keras_hu
 @dataclass(frozen=True)
 class TensorFlowName:
     """A global that keras_hub's module `module` ('' for every keras_hub module) binds at import to
-    `target` (a module, or module:attribute) when TensorFlow is importable, and to None without it."""
+    module `target` when TensorFlow is importable, and to None without it."""
 
     module: str
     name: str
@@ -157,14 +157,12 @@ def give_keras_hub_tensorflow(tensorflow) -> None:
 
 
 def _importable(target: str):
-    """The module (or module:attribute) `target`, None where it cannot be imported (as keras_hub's
-    own try/except ImportError leaves it)."""
-    module_name, _, attribute = target.partition(":")
+    """Module `target`, None where it cannot be imported (as keras_hub's own try/except ImportError
+    leaves it)."""
     try:
-        module = importlib.import_module(module_name)
+        return importlib.import_module(target)
     except ImportError:
         return None
-    return getattr(module, attribute) if attribute else module
 
 
 def _rebase_on_tf_module(module, tensorflow) -> None:
