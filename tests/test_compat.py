@@ -4,6 +4,7 @@ version, the name and the versions meshrun works with (exit 2, nothing left behi
 convention meshrun relies on still does what meshrun needs of it."""
 
 import importlib.metadata
+import json
 import logging
 import subprocess
 import sys
@@ -291,3 +292,69 @@ def test_tensorboard_reads_the_events_its_protos_make(tmp_path):
     events = EventAccumulator(str(tmp_path / "tensorboard"))
     events.Reload()
     assert [(e.step, e.value) for e in events.Scalars("train/loss")] == [(3, 0.5)]
+
+
+# keras_hub imported without TensorFlow (meshrun.compat.keras_hub), then TensorFlow imported as the
+# user's code would: every keras_hub module must hold what a plain import with TensorFlow gives it,
+# and a preset's tokenizer must run in TensorFlow's graph. argv: how to import, then the presets.
+KERAS_HUB_AS_IMPORTED = r"""
+import json, os, sys, types
+os.environ["KERAS_BACKEND"] = "jax"
+os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"
+how, presets = sys.argv[1], sys.argv[2:]
+seen = {}
+if how == "without tensorflow, then tensorflow":
+    from meshrun.compat.keras_hub import TensorFlowArrival, import_keras_hub, keras_hub_has_tensorflow
+    keras_hub = import_keras_hub()
+    seen["before"] = {"tensorflow imported": "tensorflow" in sys.modules, "keras_hub has it": keras_hub_has_tensorflow()}
+    import tensorflow
+    seen["after"] = {"keras_hub has it": keras_hub_has_tensorflow(),
+                     "finder left": not any(isinstance(f, TensorFlowArrival) for f in sys.meta_path),
+                     "tensorflow's loader": type(tensorflow.__spec__.loader).__name__}
+else:
+    import tensorflow, keras_hub
+
+def described(value):
+    if isinstance(value, types.ModuleType):
+        return "module " + value.__name__
+    if isinstance(value, type):
+        return "class " + " < ".join(f"{c.__module__}.{c.__qualname__}" for c in value.__mro__)
+    if value is None or isinstance(value, (bool, float, str)):
+        return repr(value)[:200]
+    return "a " + type(value).__module__ + "." + type(value).__qualname__
+
+namespaces = {}
+for name, module in sorted(sys.modules.items()):
+    if module is not None and name.split(".")[0] == "keras_hub":
+        namespaces[name] = {key: described(value) for key, value in vars(module).items() if not key.startswith("__")}
+        for key, value in vars(module).items():  # and each class defined there, one level down
+            if isinstance(value, type) and value.__module__ == name:
+                namespaces[f"{name}:{key}"] = {k: described(v) for k, v in vars(value).items() if not k.startswith("__")}
+from meshrun.text.tokenizer import PROBE_TEXTS, KerasHubGraphEncoder
+graphs = {path: [ids.tolist() for ids in KerasHubGraphEncoder(keras_hub.tokenizers.Tokenizer.from_preset(path)).encode(list(PROBE_TEXTS))]
+          for path in presets}
+print(json.dumps({"seen": seen, "namespaces": namespaces, "graphs": graphs}))
+"""
+
+
+@pytest.mark.e2e
+def test_keras_hub_imported_without_tensorflow_is_whole_once_tensorflow_is_imported(text_files):
+    """A keras_hub release that binds something more of TensorFlow's at import fails here, naming it:
+    add it to meshrun.compat.keras_hub.TENSORFLOW_NAMES."""
+    pytest.importorskip("tensorflow", reason="keras_hub is imported without TensorFlow only where it is installed")
+    presets = [str(text_files.gemma), str(text_files.gpt2)]  # SentencePiece, and byte-level BPE (its tf.Module cache)
+    hows = ("with tensorflow", "without tensorflow, then tensorflow")
+    processes = [subprocess.Popen([sys.executable, "-c", KERAS_HUB_AS_IMPORTED, how, *presets], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                  text=True) for how in hows]
+    outputs = [process.communicate(timeout=600) for process in processes]
+    for process, (_, err) in zip(processes, outputs, strict=True):
+        assert process.returncode == 0, err[-3000:]
+    plain, revived = (json.loads(out.strip().splitlines()[-1]) for out, _ in outputs)
+    assert revived["seen"]["before"] == {"tensorflow imported": False, "keras_hub has it": False}
+    assert revived["seen"]["after"] == {"keras_hub has it": True, "finder left": True,
+                                        "tensorflow's loader": "SourceFileLoader"}
+    assert revived["namespaces"].keys() == plain["namespaces"].keys()
+    differing = [(module, key, plain["namespaces"][module].get(key), names.get(key)) for module, names in revived["namespaces"].items()
+                 for key in names.keys() | plain["namespaces"][module].keys() if names.get(key) != plain["namespaces"][module].get(key)]
+    assert not differing, differing[:10]
+    assert revived["graphs"] == plain["graphs"] and all(ids for ids in plain["graphs"][presets[0]][:4])

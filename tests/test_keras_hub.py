@@ -273,6 +273,42 @@ def test_a_7b_llama_plans_fast_in_little_memory(tmp_path):
     assert plan["errors"] == [] and plan["warnings"] == []
 
 
+# Trains as `meshrun train ARGS` would, in this fresh process, then says whether TensorFlow came and
+# keras_hub got it.
+TRAIN_AND_SAY_TENSORFLOW = """
+import json, sys
+from meshrun import cli
+from meshrun.compat.keras_hub import keras_hub_has_tensorflow
+cli.main(["train", *sys.argv[1:]])
+print(json.dumps({"tensorflow": "tensorflow" in sys.modules, "keras_hub has it": keras_hub_has_tensorflow()}))
+"""
+
+
+@pytest.mark.e2e
+def test_keras_hub_imported_without_tensorflow_gets_it_when_tfrecord_data_comes(tmp_path):
+    """The model is built (keras_hub imported without TensorFlow) before data=tfrecord imports
+    TensorFlow; keras_hub gets it then, so its fit takes the tf.data pipeline (it would raise on
+    inputs of rank 0 otherwise)."""
+    import subprocess
+
+    tf = pytest.importorskip("tensorflow", reason="data=tfrecord needs TensorFlow")
+    rng = np.random.default_rng(0)
+    with tf.io.TFRecordWriter(str(tmp_path / "train.tfrecord")) as writer:
+        for ids in rng.integers(1, 256, (64, 17)):
+            feature = {"token_ids": ids[:16], "padding_mask": np.ones(16, np.int64), "labels": ids[1:]}
+            example = {k: tf.train.Feature(int64_list=tf.train.Int64List(value=v)) for k, v in feature.items()}
+            writer.write(tf.train.Example(features=tf.train.Features(feature=example)).SerializeToString())
+    args = [*HUB, *LLAMA, "model.seq_len=16", "layout=from_model", "mesh=2x4", "train.verbose=0", "train.epochs=1", "data=tfrecord",
+            f"data.files={tmp_path / 'train.tfrecord'}", "data.inputs=[token_ids,padding_mask]", "data.label=labels",
+            "data.features={token_ids:{dtype:int64,shape:[16]},padding_mask:{dtype:int64,shape:[16]},labels:{dtype:int64,shape:[16]}}",
+            f"hydra.run.dir={tmp_path / 'run'}"]
+    done = subprocess.run([sys.executable, "-c", TRAIN_AND_SAY_TENSORFLOW, *args], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == {"tensorflow": True, "keras_hub has it": True}
+    metrics = read_metrics(tmp_path / "run")
+    assert metrics["status"] == "ok" and metrics["data"]["loader"] == "tf.data", metrics.get("error")
+
+
 BAD = {
     "unknown class": (["model.task=LlamaCausalLN", LLAMA[1]], ["model.task: got 'LlamaCausalLN'; did you mean LlamaCausalLM?"]),
     "not a causal LM": (["model.task=BertTextClassifier", LLAMA[1]], ["model.task: got 'BertTextClassifier', which is not a causal language model"]),

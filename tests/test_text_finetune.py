@@ -15,6 +15,7 @@ import pytest
 from conftest import INSTRUCTION_PROMPT, read_metrics
 from meshrun import cli
 from meshrun.errors import ConfigError
+from meshrun.text.cache import PROBES
 from presets import corpus_text, sentencepiece_proto
 
 pytestmark = pytest.mark.integration
@@ -70,6 +71,37 @@ def test_a_lora_fine_tune_on_text_trains_exports_and_caches_its_tokens(acceptanc
     assert first["eval"]["perplexity"] == pytest.approx(math.exp(first["eval"]["loss"]), rel=1e-6)
     assert data["eval_source"].startswith("10% of the examples")
     assert (out / "first" / "preset" / "config.json").is_file() and (out / "first" / "adapter.lora.h5").is_file()
+    [verdict] = (out / "tokens" / PROBES).iterdir()  # the tokenizer's check, kept beside its tokens
+    assert json.loads(verdict.read_text())["agrees"] is True
+
+
+# Trains as `meshrun train ARGS` would, in this fresh process, then says which packages it imported.
+TRAIN_AND_SAY_IMPORTS = """
+import json, sys
+from meshrun import cli
+cli.main(["train", *sys.argv[1:]])
+print(json.dumps({name: name in sys.modules for name in ("keras_hub", "tensorflow", "tensorflow_text")}))
+"""
+
+
+@pytest.mark.e2e
+def test_a_fine_tune_whose_tokenizer_was_checked_before_imports_no_tensorflow(gemma, files, tmp_path):
+    """keras_hub imported without TensorFlow, the preset read without it, the tokenizer's check
+    read from the token cache, the model exported without it: a KerasHub fine-tune on text whose
+    tokenizer needs nothing of TensorFlow's goes without its 2-4 s and 500 MiB (issue 50)."""
+    import subprocess
+    import sys
+
+    from meshrun.text.tokenizer import load_tokenizer
+
+    load_tokenizer(str(gemma), "model.preset", str(tmp_path / "tokens"))  # the check, made and kept by an earlier process
+    args = [*GEMMA_RUN, f"model.preset={gemma}", f"data.files={files / 'corpus.txt'}", f"data.cache_dir={tmp_path / 'tokens'}",
+            "model.lora.rank=4", "train.epochs=1", "checkpoint.export=true", f"hydra.run.dir={tmp_path / 'run'}"]
+    done = subprocess.run([sys.executable, "-c", TRAIN_AND_SAY_IMPORTS, *args], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == {"keras_hub": True, "tensorflow": False, "tensorflow_text": False}
+    assert read_metrics(tmp_path / "run")["data"]["tokenizer"].startswith("GemmaTokenizer (SentencePiece)")
+    assert (tmp_path / "run" / "model.keras").is_file() and (tmp_path / "run" / "preset" / "tokenizer.json").is_file()
 
 
 def logits(model, ids) -> np.ndarray:
@@ -269,7 +301,10 @@ def test_bad_text_input_is_one_line_with_exit_2_and_leaves_no_cache(name, gpt2, 
     for part in expected:
         if part:
             assert part in lines[0], (part, lines[0])
-    assert list(tmp_path.iterdir()) == []  # no run dir, no cache entry
+    # no run dir, no token cache entry; the verdict of the tokenizer's check (made before the input
+    # was read, and true of the tokenizer whatever the input) is kept
+    folders = sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*") if p.is_dir())
+    assert folders in ([], ["tokens", f"tokens/{PROBES}"]), folders
 
 
 # --- issue 38: a preset loads only Keras' and KerasHub's own objects ------------------------------

@@ -2,12 +2,15 @@
 backend expected, encodes exactly as KerasHub's own tokenizer does in a tf.data pipeline (on a
 corpus and on tricky strings), decodes back to the text, has KerasHub's special ids, and a
 fingerprint that follows its files; a tokenizer that splits text otherwise than GPT-2 does
-(Mistral's Tekken) falls back to KerasHub itself; bad sources are one-line ConfigErrors naming the
-key and the path."""
+(Mistral's Tekken) falls back to KerasHub itself; the check's verdict is kept in the token cache and
+believed by later loads; bad sources are one-line ConfigErrors naming the key and the path."""
 
+import importlib.metadata
 import json
 import logging
+import os
 import shutil
+import socket
 import subprocess
 import sys
 
@@ -16,7 +19,9 @@ import pytest
 
 import presets
 from meshrun.errors import ConfigError
-from meshrun.text.tokenizer import PROBE_TEXTS, load_tokenizer, same_ids
+from meshrun.text import tokenizer as tokenizer_module
+from meshrun.text.cache import PROBES, ProbeVerdicts
+from meshrun.text.tokenizer import PROBE_TEXTS, load_tokenizer, probe_key, probe_libraries, same_ids
 
 KEY = "data.tokenizer"
 BACKENDS = {"gemma": "sentencepiece", "gpt2": "tokenizers", "llama3": "tokenizers", "tekken": "keras_hub", "hf": "tokenizers"}
@@ -188,6 +193,71 @@ def test_a_tokenizer_that_splits_otherwise_falls_back_to_keras_hub(sources, corp
     texts = [*documents(corpus)[:40], *TRICKY]
     assert [ids.tolist() for ids in tokenizer.encode(texts)] == keras_hub_ids(copy, texts)
     assert [tokenizer.decode(ids) for ids in tokenizer.encode(texts)] == texts
+
+
+def kept_verdicts(cache_dir) -> dict:
+    """The verdicts in the token cache at `cache_dir`: file name -> what it holds."""
+    return {file.name: json.loads(file.read_text()) for file in sorted((cache_dir / PROBES).iterdir())}
+
+
+def test_the_checks_verdict_is_kept_in_the_token_cache_and_believed_next_time(sources, tmp_path):
+    cache_dir = tmp_path / "tokens"
+    first = load_tokenizer(str(sources["gemma"]), KEY, str(cache_dir))
+    kept = kept_verdicts(cache_dir)
+    assert first.backend == "sentencepiece"
+    assert list(kept) == [f"{probe_key(first.fingerprint)}.json"]  # one file, no temporary one left
+    verdict = next(iter(kept.values()))
+    assert verdict["agrees"] is True and verdict["tokenizer"] == "GemmaTokenizer" and verdict["fingerprint"] == first.fingerprint
+    assert verdict["versions"] == probe_libraries() and tuple(verdict["probe"]) == PROBE_TEXTS
+    # A later load reads the verdict instead of checking: one that says the encoders differ is
+    # believed (the check would find they agree), so the tokenizer is KerasHub's graph.
+    ProbeVerdicts(cache_dir).put(probe_key(first.fingerprint), False, {})
+    assert load_tokenizer(str(sources["gemma"]), KEY, str(cache_dir)).backend == "keras_hub"
+    # ... and another token cache has no verdict: checked there, and kept
+    assert load_tokenizer(str(sources["gemma"]), KEY, str(tmp_path / "other")).backend == "sentencepiece"
+    assert len(kept_verdicts(tmp_path / "other")) == 1
+
+
+def test_the_verdicts_key_follows_the_tokenizer_files_the_probe_and_the_libraries(monkeypatch):
+    key = probe_key("0" * 64)
+    assert probe_key("0" * 64) == key and probe_key("1" * 64) != key
+    versions = probe_libraries()
+    assert set(versions) == set(tokenizer_module.PROBE_LIBRARIES) == {"meshrun", "keras-hub", "tensorflow", "tensorflow-text", "sentencepiece", "tokenizers"}
+    assert versions["keras-hub"] == importlib.metadata.version("keras-hub")
+    monkeypatch.setattr(tokenizer_module, "probe_libraries", lambda: {**versions, "sentencepiece": "0.0.1"})
+    assert probe_key("0" * 64) != key
+    monkeypatch.undo()
+    monkeypatch.setattr(tokenizer_module, "PROBE_TEXTS", (*PROBE_TEXTS, "one more probe"))
+    assert probe_key("0" * 64) != key
+
+
+def test_a_token_cache_others_can_write_is_refused_before_its_verdict_is_read(sources, tmp_path):
+    for shared, mode, where in ((False, 0o770, "root"), (True, 0o777, "root"), (False, 0o775, "verdicts")):
+        cache_dir = tmp_path / f"tokens-{mode:o}-{where}"
+        (cache_dir / PROBES).mkdir(parents=True)
+        os.chmod(cache_dir if where == "root" else cache_dir / PROBES, mode)
+        with pytest.raises(ConfigError) as caught:
+            load_tokenizer(str(sources["gpt2"]), KEY, str(cache_dir), shared_cache=shared)
+        assert caught.value.key == "data.cache_dir" and "the verdicts of its tokenizer check" in str(caught.value), str(caught.value)
+        assert not list((cache_dir / PROBES).iterdir())
+    group = tmp_path / "tokens-group"
+    group.mkdir(mode=0o770)
+    os.chmod(group, 0o770)
+    assert load_tokenizer(str(sources["gpt2"]), KEY, str(group), shared_cache=True).backend == "tokenizers"
+
+
+def test_a_verdict_is_written_whole_and_what_a_killed_writer_left_is_removed(tmp_path):
+    verdicts = ProbeVerdicts(tmp_path)
+    (tmp_path / PROBES).mkdir()
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True, check=True)
+    abandoned = tmp_path / PROBES / f".tmp-abc-{socket.gethostname()}-{gone.stdout.strip()}"
+    abandoned.write_text('{"agr')
+    (tmp_path / PROBES / "broken.json").write_text('{"agr')
+    verdicts.put("abc", True, {"tokenizer": "X"})
+    assert sorted(f.name for f in (tmp_path / PROBES).iterdir()) == ["abc.json", "broken.json"]
+    assert verdicts.get("abc") is True and verdicts.get("broken") is None and verdicts.get("missing") is None
+    verdicts.put("abc", False, {})
+    assert verdicts.get("abc") is False
 
 
 def test_preset_tokenizers_are_deterministic(corpus):

@@ -8,19 +8,15 @@ its own way) says so in one line, exit 2, with the command that installs it. The
 record writer, written without TensorFlow, writes the bytes TensorFlow's TFRecordWriter writes."""
 
 import json
-import site
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from conftest import FAST, one_error_line, read_metrics
 from meshrun.logs.sinks.tensorboard_events import TFRecordFile
+from meshrun.measure import venv_without_tensorflow
 
-# site-packages entries of TensorFlow's distributions (tensorflow, tensorflow-cpu, tensorflow-text,
-# tensorflow-io-gcs-filesystem: packages and dist-info dirs), left out of the venv.
-TENSORFLOW_ENTRIES = ("tensorflow",)
 INSTALL = "pip install 'meshrun[tf]'"
 LLAMA = ["model=keras_hub", "model.task=LlamaCausalLM", "model.seq_len=16", "layout=from_model",
          "model.backbone={vocabulary_size:256,num_layers:2,num_query_heads:8,num_key_value_heads:4,hidden_dim:64,intermediate_dim:128}"]
@@ -31,15 +27,7 @@ def python_without_tensorflow(tmp_path_factory) -> Path:
     """The python of a venv that links in every entry of this interpreter's site-packages but
     TensorFlow's: the packages installed here (meshrun's editable install included), TensorFlow not
     installed, as `import tensorflow` and importlib.util.find_spec("tensorflow") both find."""
-    venv = tmp_path_factory.mktemp("no-tensorflow") / "venv"
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, capture_output=True, timeout=120)
-    python = venv / "bin" / "python"
-    target = Path(subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                                 check=True, capture_output=True, text=True).stdout.strip())
-    for source in map(Path, site.getsitepackages()):
-        for entry in source.iterdir():
-            if not entry.name.lower().startswith(TENSORFLOW_ENTRIES) and not (target / entry.name).exists():
-                (target / entry.name).symlink_to(entry)
+    python = venv_without_tensorflow(tmp_path_factory.mktemp("no-tensorflow"))
     done = subprocess.run([python, "-c", "import importlib.util, meshrun, keras; print(importlib.util.find_spec('tensorflow'))"],
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0 and done.stdout.strip() == "None", done.stderr[-2000:]

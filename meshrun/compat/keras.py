@@ -46,7 +46,7 @@ def import_keras():
 uses(
     "keras",
     PrivateName("keras", "keras.src.utils.module_utils", "LazyModule",
-                "seeding Keras without importing TensorFlow (keras.utils.set_random_seed imports it when installed)",
+                "seeding Keras and saving models without importing TensorFlow (Keras asks it whether TensorFlow is installed, importing it)",
                 source_contains="self._available"),
 )
 
@@ -56,18 +56,39 @@ def set_random_seed(seed: int, tensorflow_seed: int | None) -> None:
     TensorFlow, which it seeds whenever TensorFlow is installed (2 s of start-up). Where
     TensorFlow is already imported, its global seed is set to `tensorflow_seed`, the one meshrun's
     tf.data pipelines expect (meshrun.data.order.tensorflow_global_seed)."""
-    ensure("keras")
     import keras
+
+    with _tensorflow_unavailable_to_keras():
+        keras.utils.set_random_seed(seed)
+    set_tensorflow_seed(tensorflow_seed)
+
+
+@contextlib.contextmanager
+def keras_without_tensorflow():
+    """Runs the block (saving a model) with Keras told TensorFlow is not there, unless it is
+    imported already: Keras' serialization asks whether it is (importing it when installed: 2-4 s
+    and 500 MiB) to recognise TensorFlow's shapes and types, which a process that never imported
+    TensorFlow cannot hold."""
+    if sys.modules.get("tensorflow") is not None:
+        yield
+        return
+    with _tensorflow_unavailable_to_keras():
+        yield
+
+
+@contextlib.contextmanager
+def _tensorflow_unavailable_to_keras():
+    """Keras' LazyModule of TensorFlow says it is unavailable while the block runs."""
+    ensure("keras")
     from keras.src.utils import module_utils
 
     lazy = module_utils.tensorflow
     saved = lazy._available
     lazy._available = False
     try:
-        keras.utils.set_random_seed(seed)
+        yield
     finally:
         lazy._available = saved
-    set_tensorflow_seed(tensorflow_seed)
 
 
 # --- the JAX trainer's state and data placement ----------------------------------------------------

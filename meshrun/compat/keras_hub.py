@@ -1,9 +1,28 @@
-"""KerasHub, as meshrun uses it past its public API: the layout of the LoRA weights file that
-`Backbone.save_lora_weights` writes, whose adapters meshrun rescales (meshrun.models.hub_export),
-and which byte-pair tokenizers split text as their base class does (meshrun.text.tokenizer).
-Importing this module imports no KerasHub."""
+"""KerasHub, as meshrun uses it past its public API: importing it without TensorFlow, and the layout
+of the LoRA weights file that `Backbone.save_lora_weights` writes, whose adapters meshrun rescales
+(meshrun.models.hub_export), and which byte-pair tokenizers split text as their base class does
+(meshrun.text.tokenizer). Importing this module imports no KerasHub.
+
+keras_hub imports TensorFlow and TensorFlow Text at its own import whenever they are installed
+(keras-hub requires tensorflow-text, so they are wherever it was installed with its dependencies),
+each inside try/except ImportError, for its preprocessing layers and tokenizers as tf.data runs them,
+which meshrun's own feeds do not use: 2-4 s and 500-600 MiB of every KerasHub run's start-up.
+`import_keras_hub` imports it with both unimportable, as on an install without them (keras_hub then
+binds None, or `object` for one base class, where it would have bound theirs), and leaves a finder on
+`sys.meta_path` that gives keras_hub TensorFlow's modules as soon as anything imports TensorFlow
+(meshrun for tf.data or a tokenizer's TensorFlow graph, or the user's code): the process then has
+keras_hub as an import with TensorFlow would have made it (tests/test_compat.py compares the two,
+name by name). A tokenizer layer made before TensorFlow came has no TensorFlow graph: make it again.
+"""
 
 from __future__ import annotations
+
+import contextlib
+import importlib
+import importlib.abc
+import sys
+import types
+from dataclasses import dataclass
 
 from meshrun.compat.names import PrivateName, ensure, uses
 
@@ -40,3 +59,177 @@ def splits_as_byte_pair_tokenizer(layer) -> bool:
         return False
     tokenizing = {name for name in vars(BytePairTokenizer) if "tokenize" in name or "merges" in name}
     return not any(tokenizing & set(vars(cls)) for cls in mro[: mro.index(BytePairTokenizer)])
+
+
+# --- keras_hub without TensorFlow ------------------------------------------------------------------
+
+TENSORFLOW_PACKAGES = ("tensorflow", "tensorflow_text")  # the packages keras_hub imports when it can
+
+
+@dataclass(frozen=True)
+class TensorFlowName:
+    """A global that keras_hub's module `module` ('' for every keras_hub module) binds at import to
+    module `target` when TensorFlow is importable, and to None without it."""
+
+    module: str
+    name: str
+    target: str
+
+
+BYTE_PAIR_MODULE = "keras_hub.src.tokenizers.byte_pair_tokenizer"
+TENSORFLOW_NAMES = (
+    TensorFlowName("", "tf", "tensorflow"),
+    TensorFlowName("", "tf_text", "tensorflow_text"),
+    # imported in the same try block as TensorFlow, so None without it
+    TensorFlowName("keras_hub.src.tokenizers.sentence_piece_tokenizer_trainer", "spm", "sentencepiece"),
+    TensorFlowName("keras_hub.src.tokenizers.word_piece_tokenizer_trainer", "learner",
+                   "tensorflow_text.tools.wordpiece_vocab.wordpiece_tokenizer_learner_lib"),
+)
+# BytePairTokenizerCache is a tf.Module with TensorFlow, an `object` without (`_base_class`).
+TF_MODULE_CLASS = ("BytePairTokenizerCache", "_base_class")
+
+uses(
+    "keras_hub",
+    PrivateName("keras-hub", "keras_hub.src.utils.tensor_utils", "", "importing keras_hub without TensorFlow (its `tf`, set later)",
+                source_contains="tf = try_import_tensorflow()"),
+    PrivateName("keras-hub", BYTE_PAIR_MODULE, TF_MODULE_CLASS[0], "importing keras_hub without TensorFlow (its base class, set later)",
+                source_contains=f"class {TF_MODULE_CLASS[0]}({TF_MODULE_CLASS[1]})"),
+)
+
+
+def import_keras_hub(tensorflow: bool = False):
+    """keras_hub, imported without TensorFlow (see above) unless `tensorflow` (then TensorFlow is
+    imported first, quietly: meshrun.compat.tensorflow.import_tensorflow) or TensorFlow is imported
+    already; ImportError where keras_hub is not installed. Keras is imported first (import_keras)."""
+    from meshrun.compat.keras import import_keras
+    from meshrun.compat.tensorflow import import_tensorflow, tensorflow_installed
+
+    if tensorflow:
+        import_tensorflow()  # gives an imported keras_hub TensorFlow too (the finder)
+    import_keras()
+    if "keras_hub" in sys.modules or sys.modules.get("tensorflow") is not None or not tensorflow_installed():
+        import keras_hub
+
+        return keras_hub
+    with _tensorflow_hidden():
+        import keras_hub
+    ensure("keras_hub")
+    if sys.modules.get("tensorflow") is not None:  # something else imported it meanwhile
+        give_keras_hub_tensorflow(sys.modules["tensorflow"])
+    else:
+        sys.meta_path.insert(0, TensorFlowArrival())
+    return keras_hub
+
+
+uses(
+    "keras_hub",
+    PrivateName("keras-hub", "keras_hub.src.utils.preset_utils", "tf_registered_schemes",
+                "loading a local preset without importing TensorFlow (an ImportError: no file systems of TensorFlow's)",
+                source_contains="except ImportError"),
+)
+
+
+@contextlib.contextmanager
+def local_preset_loading():
+    """Runs the block, KerasHub reading a local preset dir, without importing TensorFlow unless it
+    is imported already: KerasHub imports it to list the file systems TensorFlow registers (gs://,
+    ...) before reading any preset file, a local one's too (tf_registered_schemes), and takes none
+    registered where that import fails. meshrun reads local presets only."""
+    with _tensorflow_hidden():
+        yield
+
+
+def keras_hub_has_tensorflow() -> bool:
+    """Whether keras_hub is imported and its modules hold TensorFlow (False also where it is not
+    installed or keras_hub was imported without it and TensorFlow has not come since)."""
+    tensor_utils = sys.modules.get("keras_hub.src.utils.tensor_utils")
+    return tensor_utils is not None and getattr(tensor_utils, "tf", None) is not None
+
+
+@contextlib.contextmanager
+def _tensorflow_hidden():
+    """TensorFlow's packages unimportable while the block runs (Python's own way: None in
+    sys.modules makes `import` raise ImportError), importable again after."""
+    hidden = [name for name in TENSORFLOW_PACKAGES if name not in sys.modules]
+    for name in hidden:
+        sys.modules[name] = None
+    try:
+        yield
+    finally:
+        for name in hidden:
+            if name in sys.modules and sys.modules[name] is None:
+                del sys.modules[name]
+
+
+def give_keras_hub_tensorflow(tensorflow) -> None:
+    """Binds in keras_hub's imported modules what its import would have bound with TensorFlow
+    importable (TENSORFLOW_NAMES, and TF_MODULE_CLASS on tf.Module), where it holds None; imports
+    TensorFlow Text, as keras_hub does, when it is installed."""
+    for name, module in list(sys.modules.items()):
+        if module is None or not (name == "keras_hub" or name.startswith("keras_hub.")):
+            continue
+        namespace = vars(module)
+        for binding in TENSORFLOW_NAMES:
+            if binding.module in ("", name) and binding.name in namespace and namespace[binding.name] is None:
+                namespace[binding.name] = _importable(binding.target)
+    _rebase_on_tf_module(sys.modules.get(BYTE_PAIR_MODULE), tensorflow)
+
+
+def _importable(target: str):
+    """Module `target`, None where it cannot be imported (as keras_hub's own try/except ImportError
+    leaves it)."""
+    try:
+        return importlib.import_module(target)
+    except ImportError:
+        return None
+
+
+def _rebase_on_tf_module(module, tensorflow) -> None:
+    """Makes the module's TF_MODULE_CLASS a tf.Module again: the same class body on that base (no
+    instance of the old one can exist: its __init__ needs TensorFlow)."""
+    class_name, base_name = TF_MODULE_CLASS
+    if module is None or getattr(module, base_name, None) is not object:
+        return
+    old = getattr(module, class_name)
+    body = {key: value for key, value in vars(old).items() if key not in ("__dict__", "__weakref__")}
+    setattr(module, base_name, tensorflow.Module)
+    setattr(module, class_name, types.new_class(old.__name__, (tensorflow.Module,), exec_body=lambda namespace: namespace.update(body)))
+
+
+class TensorFlowArrival(importlib.abc.MetaPathFinder):
+    """The finder `import_keras_hub` leaves first on sys.meta_path once it has imported keras_hub
+    without TensorFlow: when TensorFlow is imported, by anyone, keras_hub gets it
+    (give_keras_hub_tensorflow) right after TensorFlow's own code has run, and the finder leaves.
+    It finds nothing itself: TensorFlow's spec is the other finders', its loader wrapped."""
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname != "tensorflow":
+            return None
+        for finder in sys.meta_path:
+            found = finder.find_spec(fullname, path, target) if finder is not self and hasattr(finder, "find_spec") else None
+            if found is not None:
+                if found.loader is not None:
+                    found.loader = _ThenKerasHub(found.loader, self)
+                return found
+        return None
+
+
+class _ThenKerasHub(importlib.abc.Loader):
+    """TensorFlow's loader, then give_keras_hub_tensorflow; the module ends up naming its own
+    loader, as if imported without this one."""
+
+    def __init__(self, loader, arrival: TensorFlowArrival):
+        self.loader = loader
+        self.arrival = arrival
+
+    def create_module(self, spec):
+        return self.loader.create_module(spec)
+
+    def exec_module(self, module):
+        module.__loader__ = self.loader
+        if module.__spec__ is not None:
+            module.__spec__.loader = self.loader
+        self.loader.exec_module(module)
+        if self.arrival in sys.meta_path:
+            sys.meta_path.remove(self.arrival)
+        give_keras_hub_tensorflow(module)

@@ -37,12 +37,6 @@ def require_tensorflow(key: str, needs: str) -> None:
         raise ConfigError(key, f"{needs} needs TensorFlow, which is not installed: {TENSORFLOW_INSTALL}")
 
 
-def import_tensorflow_if_installed():
-    """import_tensorflow() where TensorFlow is installed (before importing a library that imports
-    it when it can, such as keras_hub), else None."""
-    return import_tensorflow() if tensorflow_installed() else None
-
-
 def import_tensorflow():
     """TensorFlow, which meshrun uses for tf.data only (data=tfrecord, tf.data factories, and the
     graph KerasHub preset tokenizers are checked against), imported with its C++ start-up lines kept
@@ -50,8 +44,8 @@ def import_tensorflow():
     run an op yet). keras-hub's dependency tensorflow-text installs the full TensorFlow: that build
     prints lines about missing CUDA drivers on import (no log level silences them) and, on a GPU
     machine, would reserve GPU memory that jax needs. Call it before meshrun's own uses of
-    TensorFlow and before importing keras_hub (which imports it when installed); ImportError where
-    TensorFlow is not installed (require_tensorflow first says so as a ConfigError)."""
+    TensorFlow (a keras_hub imported without it gets it then: meshrun.compat.keras_hub); ImportError
+    where TensorFlow is not installed (require_tensorflow first says so as a ConfigError)."""
     global _tensorflow_ready
     if _tensorflow_ready and sys.modules.get("tensorflow") is not None:
         return sys.modules["tensorflow"]

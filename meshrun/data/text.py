@@ -165,11 +165,12 @@ def _model_shape(context: DataContext) -> tuple[int, int]:
 
 
 def _tokenizer(options: TextOptions, context: DataContext, vocabulary: int):
-    """The tokenizer of data.tokenizer, else the preset's; one with more ids than the model has is a ConfigError."""
+    """The tokenizer of data.tokenizer, else the preset's (its check's verdict kept in the token
+    cache); one with more ids than the model has is a ConfigError."""
     from meshrun.text.tokenizer import check_fits_vocabulary, load_tokenizer, tokenizer_source
 
     source, key = tokenizer_source(options.tokenizer, getattr(context.model_options, "preset", None), "data.tokenizer")
-    tokenizer = load_tokenizer(source, key)
+    tokenizer = load_tokenizer(source, key, options.cache_dir, context.shared_caches)
     check_fits_vocabulary(tokenizer, source, key, vocabulary)
     return tokenizer
 

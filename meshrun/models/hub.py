@@ -190,16 +190,15 @@ def _check_preset(preset: str) -> None:
 
 
 def import_keras_hub():
-    """keras_hub, imported after TensorFlow is (quietly), where TensorFlow is installed (KerasHub models need none: meshrun
-    feeds them through Grain); a ConfigError saying how to install keras_hub when it is missing."""
-    from meshrun.compat.tensorflow import import_tensorflow_if_installed
+    """keras_hub, imported without TensorFlow where nothing has imported it yet (KerasHub models need
+    none: meshrun feeds them through Grain; meshrun.compat.keras_hub); a ConfigError saying how to
+    install keras_hub when it is missing."""
+    from meshrun.compat.keras_hub import import_keras_hub as import_without_tensorflow
 
-    import_tensorflow_if_installed()  # keras_hub imports it when it is installed: quietly first
     try:
-        import keras_hub
+        return import_without_tensorflow()
     except ImportError:
         raise ConfigError("model", "model=keras_hub needs the keras-hub package, which is not installed: pip install 'meshrun[hub]'") from None
-    return keras_hub
 
 
 def task_class(options: KerasHubOptions):
@@ -245,13 +244,14 @@ def _staged(task, options: KerasHubOptions):
 
 def _build_task(options: KerasHubOptions, load_weights: bool):
     from meshrun.compat.keras import load_onto_shards
+    from meshrun.compat.keras_hub import local_preset_loading
     from meshrun.system import load_memory
 
     task = task_class(options)
     if options.preset:
         described = f"{task.__name__}.from_preset({options.preset!r})"
         loading = load_onto_shards(on_placed=load_memory.sample) if load_weights else contextlib.nullcontext()
-        with loading:  # each weight straight onto its shards
+        with loading, local_preset_loading():  # each weight straight onto its shards; no TensorFlow
             return user_code.call("model.preset", described, task.from_preset, preset=str(Path(options.preset).expanduser()),
                                   preprocessor=None, compile=False, load_weights=load_weights)
     backbone_cls = task.backbone_cls

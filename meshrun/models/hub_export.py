@@ -17,7 +17,7 @@ import dataclasses
 import logging
 from pathlib import Path
 
-from meshrun.compat.keras_hub import lora_kernel_b_dataset
+from meshrun.compat.keras_hub import local_preset_loading, lora_kernel_b_dataset
 from meshrun.files import dir_written_whole
 from meshrun.models.hub import KerasHubOptions, LoraOptions, adapted_layers, enable_lora, import_keras_hub
 from meshrun.specs.rundir import ADAPTER_FILE, PRESET_DIR
@@ -67,7 +67,7 @@ def preset_preprocessor(options: KerasHubOptions):
     keras_hub = import_keras_hub()
     preset = str(Path(options.preset).expanduser())
     try:
-        with native_info_lines_dropped():  # SentencePiece's LOG(INFO) lines on loading the tokenizer
+        with local_preset_loading(), native_info_lines_dropped():  # SentencePiece's LOG(INFO) lines on loading the tokenizer
             return keras_hub.models.CausalLMPreprocessor.from_preset(preset)
     except Exception as err:  # the preset's own files decide; the export goes on without them
         log.warning(f"the exported preset has no tokenizer or preprocessor: CausalLMPreprocessor.from_preset({preset!r}) "

@@ -17,7 +17,7 @@ from pathlib import Path
 import jax
 import keras
 
-from meshrun.compat.keras import set_random_seed
+from meshrun.compat.keras import keras_without_tensorflow, set_random_seed
 from meshrun.data import order
 from meshrun.logs.timing import StepStats
 from meshrun.placement import distribution as distribution_lib
@@ -236,9 +236,10 @@ def export(trained, setup: RunSetup) -> dict | None:
     path = Path(setup.context.run_dir) / EXPORT_FILE
     path.parent.mkdir(parents=True, exist_ok=True)
     model = trained()
-    model.save(path)
     spec = setup.planned.spec
-    own = spec.export(model, setup.planned.options, path.parent) if spec.export else {}
+    with keras_without_tensorflow():  # a run that needed no TensorFlow imports none to save
+        model.save(path)
+        own = spec.export(model, setup.planned.options, path.parent) if spec.export else {}
     return {"model": str(path), **own}
 
 

@@ -7,6 +7,11 @@ entry is written into a temporary directory and renamed into place when complete
 tokenizing the same corpus at once both finish (the second rename finds the first one's entry,
 which holds the same tokens), and a run killed halfway leaves only a temporary directory, which
 a later run removes once the process that made it is gone.
+
+Beside the entries, in `tokenizer-probes/`, are the verdicts of the check meshrun.text.tokenizer makes
+of a KerasHub preset's tokenizer (whether its library encoder encodes as KerasHub's TensorFlow graph
+does): a small JSON file each, under a key over everything the verdict depends on, written under a
+temporary name and renamed into place (ProbeVerdicts).
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ import numpy as np
 FORMAT = 1  # raise when what an entry holds changes
 META = "meta.json"
 TEMPORARY = ".tmp-"
+PROBES = "tokenizer-probes"  # the folder of the tokenizer check's verdicts, in the root
 
 
 def root(cache_dir: str | None) -> Path:
@@ -63,7 +69,7 @@ def write(directory: Path, arrays: dict[str, np.ndarray], meta: dict) -> None:
     `directory` and renames it into place; an entry already there (another run's) is kept."""
     directory.parent.mkdir(parents=True, exist_ok=True)
     remove_abandoned(directory.parent)
-    staging = directory.parent / f"{TEMPORARY}{directory.name}-{socket.gethostname()}-{os.getpid()}"
+    staging = directory.parent / _staging_name(directory.name)
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir()
     try:
@@ -81,12 +87,48 @@ def write(directory: Path, arrays: dict[str, np.ndarray], meta: dict) -> None:
 
 
 def remove_abandoned(parent: Path) -> None:
-    """Removes temporary directories of this host's processes that are gone (killed mid-write)."""
+    """Removes temporary directories and files of this host's processes that are gone (killed mid-write)."""
     host = socket.gethostname()
     for staging in parent.glob(f"{TEMPORARY}*"):
         name, _, pid = staging.name.rpartition("-")
         if name.endswith(f"-{host}") and pid.isdigit() and not _alive(int(pid)):
-            shutil.rmtree(staging, ignore_errors=True)
+            if staging.is_dir():
+                shutil.rmtree(staging, ignore_errors=True)
+            else:
+                staging.unlink(missing_ok=True)
+
+
+def _staging_name(name: str) -> str:
+    """The temporary name this process writes `name` under."""
+    return f"{TEMPORARY}{name}-{socket.gethostname()}-{os.getpid()}"
+
+
+class ProbeVerdicts:
+    """The tokenizer check's verdicts in the token cache at `root`: `get(key)` is True or False as
+    written by `put`, None when there is none (or it cannot be read: the check is made again)."""
+
+    def __init__(self, root: Path):
+        self.folder = Path(root) / PROBES
+
+    def get(self, key: str) -> bool | None:
+        try:
+            stored = json.loads((self.folder / f"{key}.json").read_text())
+        except (OSError, ValueError):
+            return None
+        agrees = stored.get("agrees") if isinstance(stored, dict) else None
+        return agrees if isinstance(agrees, bool) else None
+
+    def put(self, key: str, agrees: bool, about: dict) -> None:
+        """Writes the verdict `agrees` under `key`, with `about` (JSON-ready) for whoever reads the
+        file, into a temporary file renamed into place. Raises OSError where it cannot be written."""
+        self.folder.mkdir(parents=True, exist_ok=True)
+        remove_abandoned(self.folder)
+        staging = self.folder / _staging_name(key)
+        try:
+            staging.write_text(json.dumps({"agrees": agrees, **about}, indent=2))
+            os.replace(staging, self.folder / f"{key}.json")
+        finally:
+            staging.unlink(missing_ok=True)
 
 
 def _alive(pid: int) -> bool:

@@ -11,16 +11,19 @@
 - A Hugging Face tokenizer.json, or a dir holding one (`tokenizers.Tokenizer.from_file`).
 
 The reference for a KerasHub tokenizer is KerasHub's own, as its tf.data pipelines run it (its
-TensorFlow graph). On load the fast encoder and the reference encode a probe text (punctuation,
-digits, runs of spaces, newlines, non-ASCII text, contractions); where the ids differ (a family
-that splits text its own way, such as Mistral's Tekken), the reference itself is used, backend
-"keras_hub", with a warning that tokenization will be slow. KerasHub 0.32's eager path for
-byte-level BPE (calling the tokenizer outside tf.data) passes its split regex to `tokenizers` as a
-literal string, so it splits nothing and can differ from the graph on runs of spaces; meshrun
-follows the graph, which splits as GPT-2 does. Without TensorFlow (meshrun's `tf` extra) there is
-no graph to check against: SentencePiece and byte-level BPE split as GPT-2 splits are encoded by
-their library unchecked, and a tokenizer that splits text its own way (Tekken) is a ConfigError
-saying TensorFlow is needed. A Hugging Face tokenizer.json never needs it.
+TensorFlow graph). The first time a tokenizer is loaded the fast encoder and the reference encode a
+probe text (punctuation, digits, runs of spaces, newlines, non-ASCII text, contractions); where the
+ids differ (a family that splits text its own way, such as Mistral's Tekken), the reference itself
+is used, backend "keras_hub", with a warning that tokenization will be slow. KerasHub 0.32's eager
+path for byte-level BPE (calling the tokenizer outside tf.data) passes its split regex to
+`tokenizers` as a literal string, so it splits nothing and can differ from the graph on runs of
+spaces; meshrun follows the graph, which splits as GPT-2 does. The verdict is kept in the token
+cache (meshrun.text.cache.ProbeVerdicts) under a key over the tokenizer's files, the probe text and
+the versions of the libraries on both sides, so a later process that finds it makes no check and,
+where the fast encoder agreed, imports no TensorFlow (1-3 s and 500 MiB). Without TensorFlow
+(meshrun's `tf` extra) there is no graph to check against: SentencePiece and byte-level BPE split as
+GPT-2 splits are encoded by their library unchecked, and a tokenizer that splits text its own way
+(Tekken) is a ConfigError saying TensorFlow is needed. A Hugging Face tokenizer.json never needs it.
 
 Importing this module imports none of jax, keras, keras_hub and tensorflow.
 """
@@ -28,6 +31,7 @@ Importing this module imports none of jax, keras, keras_hub and tensorflow.
 from __future__ import annotations
 
 import hashlib
+import importlib.metadata
 import itertools
 import json
 import logging
@@ -39,7 +43,8 @@ import numpy as np
 
 from meshrun.errors import ConfigError
 from meshrun.system.process import native_info_lines_dropped
-from meshrun.system.trust import check_preset_objects
+from meshrun.system.trust import check_preset_objects, private_dir
+from meshrun.text import cache
 from meshrun.wording import first_line
 
 log = logging.getLogger("meshrun")
@@ -68,8 +73,14 @@ PROBE_TEXTS = (
     "\n\n",
 )
 
+# The libraries a verdict of the check depends on: KerasHub's graph on one side, the library
+# encoders on the other (and meshrun, which builds them). Raise PROBE_FORMAT when how meshrun
+# builds its encoders or reaches a verdict changes within one meshrun version.
+PROBE_LIBRARIES = ("meshrun", "keras-hub", "tensorflow", "tensorflow-text", "sentencepiece", "tokenizers")
+PROBE_FORMAT = 1
+VERDICTS = "the verdicts of its tokenizer check"  # what meshrun reads from the token cache for a preset's tokenizer
+
 _warned_slow: set[str] = set()
-_probe_verdicts: dict[tuple[str, str], bool] = {}  # (class, fingerprint) -> whether the library encoder agreed
 
 
 class TextTokenizer:
@@ -133,14 +144,17 @@ def check_fits_vocabulary(tokenizer: TextTokenizer, source: str, key: str, vocab
                                f"of {vocabulary}; give the tokenizer the model was trained with")
 
 
-def load_tokenizer(source: str, key: str) -> TextTokenizer:
+def load_tokenizer(source: str, key: str, cache_dir: str | None = None, shared_cache: bool = False) -> TextTokenizer:
     """The tokenizer at `source` (a KerasHub preset dir, or a Hugging Face tokenizer.json or a dir
-    holding one); anything else is a ConfigError blaming config key `key`."""
+    holding one); anything else is a ConfigError blaming config key `key`. A KerasHub preset's
+    tokenizer is checked against KerasHub's own once, the verdict kept in the token cache at
+    `cache_dir` (data.cache_dir, None: its default), which must be writable by its owner alone (by
+    its group too when `shared_cache`: meshrun.system.trust)."""
     path = Path(str(source)).expanduser()
     file = _tokenizer_file(path, source, key)
     contents = _read_json(file, source, key)
     if _is_keras_serialized(contents):
-        return _load_keras_hub(file.parent, source, key)
+        return _load_keras_hub(file.parent, source, key, _verdicts_in(cache_dir, shared_cache))
     if isinstance(contents, dict) and isinstance(contents.get("model"), dict):
         return _load_hugging_face(file, contents["model"].get("type", "?"), source, key)
     raise ConfigError(key, f"got {source!r}, whose {file.name} is neither KerasHub's nor Hugging Face's; {EXPECTED}")
@@ -251,26 +265,27 @@ class HuggingFaceEncoder:
 
 # --- KerasHub presets ------------------------------------------------------------------------------
 
-def _load_keras_hub(preset: Path, source, key: str) -> TextTokenizer:
+def _load_keras_hub(preset: Path, source, key: str, verdicts: cache.ProbeVerdicts) -> TextTokenizer:
+    """The preset's tokenizer: its library encoder where that encodes as KerasHub's TensorFlow graph
+    does (a verdict found in `verdicts`, else found now and kept there), else the graph itself.
+    TensorFlow is imported only to make the check or to use the graph."""
     if not (preset / PRESET_CONFIG_FILE).is_file():
         raise ConfigError(key, f"got {source!r}, a KerasHub {TOKENIZER_FILE} with no {PRESET_CONFIG_FILE} beside it; {EXPECTED}")
     from meshrun.compat.tensorflow import tensorflow_installed
 
-    layer = _keras_hub_layer(preset, source, key)
     fingerprint = fingerprint_files(preset, _keras_hub_tokenizer_files(preset))
-    name = type(layer).__name__
-    reference = KerasHubGraphEncoder(layer)  # the reference encoder: KerasHub's TensorFlow graph
-    encoder = _fast_encoder(layer)
-    if not tensorflow_installed():
-        encoder = _encoder_without_tensorflow(encoder, layer, preset, key)
-    elif encoder is not None and not _agrees_on_probe(encoder, reference, (name, fingerprint)):
-        _warn_slow(f"{name} of {preset.resolve()}", f"does not encode a probe text as KerasHub does with {encoder.library}")
-        encoder = None
-    encoder = encoder or reference
+    verdict_key = probe_key(fingerprint)
+    agrees = verdicts.get(verdict_key)
+    if agrees or not tensorflow_installed():  # the check made before, or nothing to check against
+        layer = _keras_hub_layer(preset, source, key, tensorflow=False)
+        encoder = _fast_encoder(layer) if agrees else _encoder_without_tensorflow(_fast_encoder(layer), layer, preset, key)
+    else:
+        layer = _keras_hub_layer(preset, source, key, tensorflow=True)
+        encoder = _checked_encoder(layer, preset, agrees, lambda verdict: _keep_verdict(verdicts, verdict_key, verdict, layer, fingerprint))
     start, end, pad = _keras_hub_special_ids(layer, preset)
     return TextTokenizer(
         encoder,
-        description=f"{name} ({encoder.library}) of {preset.resolve()}",
+        description=f"{type(layer).__name__} ({encoder.library}) of {preset.resolve()}",
         vocabulary_size=int(layer.vocabulary_size()),
         start_id=start,
         end_id=end,
@@ -292,36 +307,89 @@ def _encoder_without_tensorflow(encoder, layer, preset: Path, key: str):
                            f"TensorFlow graph: needs TensorFlow, which is not installed: {TENSORFLOW_INSTALL}")
 
 
-def _agrees_on_probe(encoder, reference, identity: tuple[str, str]) -> bool:
-    """Whether `encoder` encodes PROBE_TEXTS as KerasHub's `reference` does (once per process
-    for each tokenizer: the reference's graph takes a second or two to trace)."""
-    if identity not in _probe_verdicts:
-        _probe_verdicts[identity] = same_ids(encoder.encode(list(PROBE_TEXTS)), reference.encode(list(PROBE_TEXTS)))
-    return _probe_verdicts[identity]
+def _checked_encoder(layer, preset: Path, agrees: bool | None, keep):
+    """`layer`'s library encoder where it encodes PROBE_TEXTS as KerasHub's graph does (`agrees`
+    when known, else checked now and given to `keep`), else the graph itself (a warning where the
+    library encoder differs: it is much slower). `layer` was made with TensorFlow imported."""
+    reference = KerasHubGraphEncoder(layer)
+    encoder = _fast_encoder(layer)
+    if encoder is None:
+        return reference
+    if agrees is None:
+        agrees = same_ids(encoder.encode(list(PROBE_TEXTS)), reference.encode(list(PROBE_TEXTS)))
+        keep(agrees)
+    if not agrees:
+        _warn_slow(f"{type(layer).__name__} of {preset.resolve()}", f"does not encode a probe text as KerasHub does with {encoder.library}")
+        return reference
+    return encoder
 
 
-def _keras_hub_layer(preset: Path, source, key: str):
-    """The preset's tokenizer layer, as KerasHub loads it."""
-    check_preset_objects(preset, key)
-    keras_hub = _import_keras_hub(key)
+def probe_key(fingerprint: str) -> str:
+    """The key of the check's verdict for a tokenizer whose files have `fingerprint`: sha256 over
+    everything the verdict depends on (probe_inputs)."""
+    return hashlib.sha256(json.dumps(probe_inputs(fingerprint), sort_keys=True).encode()).hexdigest()
+
+
+def probe_inputs(fingerprint: str) -> dict:
+    """What the check's verdict depends on: the tokenizer's files (their `fingerprint`), the probe
+    texts, the versions of PROBE_LIBRARIES installed and PROBE_FORMAT."""
+    return {"format": PROBE_FORMAT, "fingerprint": fingerprint, "probe": PROBE_TEXTS, "versions": probe_libraries()}
+
+
+def probe_libraries() -> dict[str, str | None]:
+    """The installed version of each of PROBE_LIBRARIES (None: not installed), read from their
+    metadata (nothing is imported)."""
+    from meshrun.compat.names import installed_distribution
+
+    versions = {}
+    for name in PROBE_LIBRARIES:
+        try:
+            versions[name] = importlib.metadata.version(installed_distribution(name))
+        except importlib.metadata.PackageNotFoundError:
+            versions[name] = None
+    return versions
+
+
+def _verdicts_in(cache_dir: str | None, shared: bool) -> cache.ProbeVerdicts:
+    """The check's verdicts in the token cache at `cache_dir`, once its dir and the verdicts' are
+    found writable by their owner alone (their group too when `shared`)."""
+    root = private_dir(cache.root(cache_dir), "data.cache_dir", shared, what=VERDICTS)
+    private_dir(root / cache.PROBES, "data.cache_dir", shared, what=VERDICTS)
+    return cache.ProbeVerdicts(root)
+
+
+def _keep_verdict(verdicts: cache.ProbeVerdicts, verdict_key: str, agrees: bool, layer, fingerprint: str) -> None:
+    """Writes the check's verdict (with what it depends on, for whoever reads the file); one that
+    cannot be written is said in the log and made again next time."""
     try:
-        with native_info_lines_dropped():  # SentencePiece's LOG(INFO) lines
+        verdicts.put(verdict_key, agrees, {"tokenizer": type(layer).__name__, **probe_inputs(fingerprint)})
+    except OSError as error:
+        log.warning(f"the verdict of the tokenizer check could not be kept in {verdicts.folder} ({first_line(error)}); "
+                    "the next run checks again")
+
+
+def _keras_hub_layer(preset: Path, source, key: str, tensorflow: bool):
+    """The preset's tokenizer layer, as KerasHub loads it; with its TensorFlow graph when
+    `tensorflow` (TensorFlow is then imported), else keras_hub is imported without TensorFlow
+    where nothing has imported it (meshrun.compat.keras_hub)."""
+    from meshrun.compat.keras_hub import local_preset_loading
+
+    check_preset_objects(preset, key)
+    keras_hub = _import_keras_hub(key, tensorflow)
+    try:
+        with native_info_lines_dropped(), local_preset_loading():  # SentencePiece's LOG(INFO) lines
             return keras_hub.tokenizers.Tokenizer.from_preset(str(preset))
     except Exception as error:  # whatever a broken preset makes KerasHub raise
         raise ConfigError(key, f"got {source!r}, whose tokenizer KerasHub cannot load ({first_line(error)}); {EXPECTED}") from None
 
 
-def _import_keras_hub(key: str):
-    from meshrun.compat.keras import import_keras
-    from meshrun.compat.tensorflow import import_tensorflow_if_installed
+def _import_keras_hub(key: str, tensorflow: bool):
+    from meshrun.compat.keras_hub import import_keras_hub
 
-    import_tensorflow_if_installed()  # keras_hub imports it when it is installed: quietly first
-    import_keras()
     try:
-        import keras_hub
+        return import_keras_hub(tensorflow)
     except ImportError:
         raise ConfigError(key, "a KerasHub preset's tokenizer needs the keras-hub package, which is not installed: pip install 'meshrun[hub]'") from None
-    return keras_hub
 
 
 def _fast_encoder(layer):
