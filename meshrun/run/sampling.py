@@ -94,7 +94,8 @@ def load_run_tokenizer(config, key: str):
     from meshrun.text.tokenizer import load_tokenizer
 
     source, source_key = tokenizer_source(config, key)
-    tokenizer = load_tokenizer(source, source_key)
+    cache_dir = getattr(config.data.options, "cache_dir", None)  # data=text's: where its check's verdict is kept
+    tokenizer = load_tokenizer(source, source_key, cache_dir, config.cache.shared)
     return tokenizer, run_framing(config, tokenizer)
 
 
