@@ -17,6 +17,7 @@ from pathlib import Path
 
 from meshrun.errors import ConfigError
 from meshrun.files import unwritable, write_atomic, write_json
+from meshrun.flags import read_command_line
 from meshrun.logs import console
 from meshrun.pipeline.bubble import fit_bubble
 from meshrun.report.render import label_text, rate_column, render_sweep, sweep_title, varying_keys
@@ -28,7 +29,7 @@ from meshrun.specs.metrics import (
     TimingFigures,
 )
 from meshrun.specs.rundir import METRICS_FILE, PLAN_FILE, SUMMARY_FILES
-from meshrun.wording import counted, first_line, format_bytes, format_shape, not_a_flag, one_of
+from meshrun.wording import counted, first_line, format_bytes, format_shape, one_of
 
 log = logging.getLogger("meshrun")
 
@@ -78,27 +79,19 @@ def report(args: list[str]) -> list[dict]:
 
 
 def report_args(args: list[str]) -> tuple[str | None, list[str]]:
-    """The --out dir (`--out DIR` or `--out=DIR`; None: not given) and the dirs to compare; a
-    ConfigError for another flag, no dir, or an --out dir that cannot be made or written."""
-    out, dirs, rest = None, [], list(args)
-    while rest:
-        arg = rest.pop(0)
-        name, has_value, value = arg.partition("=")
-        if name == OUT:
-            out = value if has_value else rest.pop(0) if rest and not rest[0].startswith("-") else ""
-            if not out:
-                raise ConfigError(OUT, "got nothing; give the dir to write the summary files into, e.g. --out comparison/")
-            reason = unwritable(out, directory=True)
-            if reason:
-                raise ConfigError(OUT, f"got {out!r}, which cannot be written ({reason}); give a dir where you can write "
-                                       "(made if missing), e.g. --out comparison/")
-        elif arg.startswith("-"):
-            raise ConfigError(name, not_a_flag(name, "report", [f"{OUT} DIR", "--help"]))
-        else:
-            dirs.append(arg)
-    if not dirs:
+    """The --out dir (`--out DIR` or `--out=DIR`; None: not given, the last where given twice) and
+    the dirs to compare; a ConfigError for another flag, no dir, or an --out dir that cannot be made
+    or written."""
+    line = read_command_line(args, "report", {OUT: "the dir to write the summary files into, e.g. --out comparison/"}, ())
+    given = line.values.get(OUT, [None]) if line else [None]
+    out = given[-1]
+    reason = unwritable(out, directory=True) if out else None
+    if reason:
+        raise ConfigError(OUT, f"got {out!r}, which cannot be written ({reason}); give a dir where you can write "
+                               "(made if missing), e.g. --out comparison/")
+    if not line or not line.positional:
         raise ConfigError("report", "got no dir; give one or more sweep or run dirs, e.g. meshrun report multirun/DATE/TIME")
-    return out, dirs
+    return out, list(line.positional)
 
 
 def find_runs(paths) -> list[Path]:
