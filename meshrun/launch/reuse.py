@@ -23,7 +23,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -38,6 +37,7 @@ from meshrun.specs.rundir import (
     SUMMARY_FILES,
     UNFINISHED_PREFIX,
 )
+from meshrun.wording import say_warning
 
 
 @dataclass(frozen=True)
@@ -99,8 +99,8 @@ def check_run_dir(config: RunConfig, run_dir: str | Path, *, requeued: bool, mov
         raise ConfigError(key, refusal(earlier, config, run_dir, key))
     if moves:
         aside = move_aside(earlier, with_config=config_is_earlier)
-        print(f"meshrun: warning: {run_dir} held an unfinished run (no metrics.json) and this run resumes no checkpoint of it: "
-              f"moved its files to {aside}; starting afresh", file=sys.stderr)
+        say_warning(f"{run_dir} held an unfinished run (no metrics.json) and this run resumes no checkpoint of it: "
+                    f"moved its files to {aside}; starting afresh")
 
 
 def refusal(earlier: EarlierRun, config: RunConfig, run_dir: str | Path, key: str) -> str:
