@@ -156,17 +156,18 @@ def plan_job(invocation: Invocation, job: Job) -> None:
     from meshrun.run.prepare import check_without_devices
 
     plan = planned.plan
-    data = {**plan.to_dict(), "layout": job.choices.get("layout"), "choices": job.choices, "overrides": job.overrides,
+    errors = [*plan.errors, *_errors_of(lambda: check_without_devices(config, planned, processes))]
+    data = {**plan.to_dict(), "status": "error" if errors else "ok", "errors": [str(e) for e in errors],
+            "layout": job.choices.get("layout"), "choices": job.choices, "overrides": job.overrides,
             "data": {"source": config.data.name, "notes": data_notes(config.data)}}
     if invocation.as_json:
         print(json.dumps(data) if job.number is not None else json.dumps(data, indent=2))
     else:
         render_plan(data, full=invocation.full)
-    if plan.errors:
-        for error in plan.errors[:-1]:
+    if errors:
+        for error in errors[:-1]:
             say_error(str(error))
-        raise plan.errors[-1]
-    check_without_devices(config, planned, processes)
+        raise errors[-1]
     if invocation.save_layout:
         from meshrun.placement.layout_file import save_layout
 
@@ -174,6 +175,15 @@ def plan_job(invocation: Invocation, job: Job) -> None:
         save_layout(invocation.save_layout, rules, plan, job.overrides)
         print(f"wrote {invocation.save_layout} ({len(rules)} rules); load it with layout={invocation.save_layout}",
               file=sys.stderr if invocation.as_json else sys.stdout)
+
+
+def _errors_of(check: Callable[[], object]) -> list[ConfigError]:
+    """The ConfigError `check()` raises, as a list (empty where it passes)."""
+    try:
+        check()
+    except ConfigError as err:
+        return [err]
+    return []
 
 
 def planned_here(config: RunConfig, processes: int):

@@ -147,13 +147,14 @@ def byte_level_bpe(text: str, special_tokens: tuple[str, ...], vocabulary_size: 
     return tokenizer_training.byte_level_bpe(text.split("\n\n"), special_tokens, vocabulary_size, KEY)
 
 
-def hf_tokenizer_json(path, text: str) -> Path:
+def hf_tokenizer_json(path, text: str, vocabulary_size: int = VOCABULARY_SIZE) -> Path:
     """Writes a Hugging Face byte-level BPE tokenizer.json (with <|begin_of_text|> and
-    <|end_of_text|>, no pad token) trained on `text` into dir `path`; returns the file's path."""
+    <|end_of_text|>, no pad token) of `vocabulary_size` ids trained on `text` into dir `path`;
+    returns the file's path."""
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     file = path / "tokenizer.json"
-    byte_level_bpe(text, HF_SPECIAL_TOKENS).save(str(file))
+    byte_level_bpe(text, HF_SPECIAL_TOKENS, vocabulary_size).save(str(file))
     return file
 
 

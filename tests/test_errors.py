@@ -55,10 +55,10 @@ CASES = {
         ["model.heads", "got 5", "does not divide model.d_model=64"],
     ),
     "unknown preset": (["model=transformer", "model.preset=7B"], ["model.preset", "'7B'", "did you mean 7b?", "tiny, small, 125m, 1b or 7b"]),
-    "transformer_tp heads indivisible": (
-        ["model=transformer", "mesh=1x8", "model.heads=4"],
-        ["layout.rules.block_\\d+/attention/(query|key|value)/kernel", "'block_0/attention/query/kernel'", "(size 4",
-         "'model' of size 8", "valid for this dimension: null or data", "more paths matched the same way"],
+    "transformer_tp mlp width indivisible": (  # (heads it cannot divide stay whole: transformer_tp lets them)
+        ["model=transformer", "mesh=1x8", "model.ff=250"],
+        ["layout.rules.block_\\d+/mlp_up/kernel", "'block_0/mlp_up/kernel'", "(size 250", "'model' of size 8",
+         "valid for this dimension: null or data", "(and 1 more path matched the same way); 2 more layout problems"],
     ),
     "transformer_fsdp d_model indivisible": (
         ["model=transformer", "layout=transformer_fsdp", "mesh=8x1", "model.d_model=36", "model.heads=4"],
@@ -151,7 +151,7 @@ def test_unknown_command(capsys):
     with pytest.raises(SystemExit) as exit_info:
         cli.main(["trian"])
     assert exit_info.value.code == 2
-    assert capsys.readouterr().err.strip() == "meshrun: error: unknown command 'trian'; valid: train, plan, sweep, report, generate or k8s (see meshrun --help)"
+    assert capsys.readouterr().err.strip() == "meshrun: error: unknown command 'trian'; valid: train, plan, sweep, report, generate, preset or k8s (see meshrun --help)"
 
 
 def test_usage_without_command(capsys):

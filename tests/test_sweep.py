@@ -173,7 +173,7 @@ def test_summary_files(tmp_path):
         ([], "give one or more sweep or run dirs"),
         (["nowhere"], "'nowhere' is not a directory"),
         (["."], "no metrics.json under ."),
-        (["--out"], "--out: got nothing; give the dir to write the summary files into, e.g. --out comparison/"),
+        (["--out"], "--out: got nothing; give DIR after it"),
         ([".", "--out", "taken"], "--out: got 'taken', which cannot be written (it is a file); give a dir where you can write"),
         ([".", "--out", "taken/cmp"], "taken is a file, not a directory"),
     ],

@@ -285,7 +285,8 @@ def test_counts_of_examples_agree_with_their_nouns(tmp_path, caplog):
     from meshrun.text.tokenizer import load_tokenizer
     from presets import hf_tokenizer_json
 
-    tokenizer = load_tokenizer(str(hf_tokenizer_json(tmp_path / "hf", "a short text and a longer text " * 20)), "data.tokenizer")
+    short_text = "a short text and a longer text " * 20  # gives a byte-level BPE of 276 ids at most: all of them
+    tokenizer = load_tokenizer(str(hf_tokenizer_json(tmp_path / "hf", short_text, vocabulary_size=276)), "data.tokenizer")
     long = " ".join("qwertyuiop")  # ten tokens or more: letters the tokenizer never saw together
     one = write_jsonl(tmp_path / "one.jsonl", [{"q": long, "a": "a"}])
     two = write_jsonl(tmp_path / "two.jsonl", [{"q": "a short", "a": "text"}, {"q": long, "a": "a"}])

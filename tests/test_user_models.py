@@ -212,7 +212,12 @@ def test_model_kwargs_reach_the_factory(in_workdir, tmp_path):
 
 
 def test_plan_of_a_user_model_allocates_nothing_and_lists_its_paths(in_workdir, capsys):
-    cli.main(["plan", "model=python", f"model.factory={MODULE}:subclassed", "model.input_shape=[16]", "mesh=2x4", SUBCLASSED_RULES, "--json"])
+    args = ["plan", "model=python", f"model.factory={MODULE}:subclassed", "model.input_shape=[16]", "mesh=2x4", SUBCLASSED_RULES, "--json"]
+    with pytest.raises(SystemExit):  # a model compiled without a loss, and none given: train would refuse it, and so does plan
+        cli.main(args)
+    refused = json.loads(capsys.readouterr().out)
+    assert refused["status"] == "error" and refused["errors"][0].startswith("train.loss: is required")
+    cli.main([*args, SPARSE])
     plan = json.loads(capsys.readouterr().out)
     assert plan["status"] == "ok" and plan["model"]["name"] == f"{MODULE}:subclassed"
     placed = {v["path"]: v for v in plan["variables"]}

@@ -82,7 +82,7 @@ def report_args(args: list[str]) -> tuple[str | None, list[str]]:
     """The --out dir (`--out DIR` or `--out=DIR`; None: not given, the last where given twice) and
     the dirs to compare; a ConfigError for another flag, no dir, or an --out dir that cannot be made
     or written."""
-    line = read_command_line(args, "report", {OUT: "the dir to write the summary files into, e.g. --out comparison/"}, ())
+    line = read_command_line(args, "report", {OUT: "DIR"}, ())
     given = line.values.get(OUT, [None]) if line else [None]
     out = given[-1]
     reason = unwritable(out, directory=True) if out else None
