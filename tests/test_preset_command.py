@@ -219,6 +219,18 @@ def test_help_and_a_vocabulary_the_text_cannot_give_import_no_framework(texts, t
     assert done.stdout.strip() == "2 []" and "--vocabulary: got 50000, more ids" in done.stderr, (done.stdout, done.stderr)
 
 
+@pytest.mark.e2e
+def test_making_a_preset_in_a_process_of_its_own_imports_no_tensorflow_and_says_nothing_on_stderr(texts, tmp_path):
+    """KerasHub is imported without TensorFlow, and saving the preset does not import it either
+    (Keras' serialization would, printing TensorFlow's start-up lines on stderr)."""
+    done = subprocess.run([sys.executable, "-c", "import sys; from meshrun import cli; cli.main(sys.argv[1:]); "
+                           "print(sorted(m for m in ('tensorflow', 'tensorflow_text') if sys.modules.get(m)))",
+                           "preset", "gemma", "--text", str(texts / "corpus.txt"), "--out", str(tmp_path / "out")],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and done.stderr == "", done.stderr[-2000:]
+    assert done.stdout.startswith(f"wrote {tmp_path / 'out'}: a gemma preset") and done.stdout.rstrip().endswith("[]")
+
+
 @pytest.mark.parametrize("train", ["sentencepiece", "bpe"])
 def test_the_vocabulary_an_error_offers_is_one_the_text_gives(train, texts):
     """A vocabulary larger than the text gives is refused naming the largest it gives, and that one
