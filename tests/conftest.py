@@ -17,8 +17,11 @@ os.environ["JAX_PLATFORMS"] = "cpu"
 os.environ["JAX_NUM_CPU_DEVICES"] = "8"
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
-# The tests' runs (and the meshrun processes they start) share a throw-away compilation cache.
-os.environ["XDG_CACHE_HOME"] = tempfile.mkdtemp(prefix="meshrun-test-cache-")
+# The tests' runs, on every pytest-xdist worker and in the meshrun processes they start, share one
+# throw-away cache dir a session (XLA's compiled programs, tokenizer probes): the first process makes
+# it and the workers inherit its name, so a program compiles once a session, as for a user's runs.
+os.environ.setdefault("MESHRUN_TESTS_CACHE_HOME", tempfile.mkdtemp(prefix="meshrun-test-cache-"))
+os.environ["XDG_CACHE_HOME"] = os.environ["MESHRUN_TESTS_CACHE_HOME"]
 
 # Hydra's logging set-up (logging.config.dictConfig, once per job) closes every handler ever
 # created, and absl's handler closes its stream unless that stream is sys.stderr at the time. Under
