@@ -1,5 +1,6 @@
 """Test set-up: 8 emulated CPU devices and the jax backend, fixed before anything imports jax."""
 
+import gc
 import json
 import logging
 import os
@@ -39,10 +40,35 @@ SLOWEST_FILES = ("test_pipeline_config.py", "test_preemption.py", "test_zoo.py",
                  "test_sweep.py")
 
 
+# The suite's layers (README "Run the tests"): a test marked with none of these is a unit test.
+LAYERS = ("integration", "e2e", "slurm")
+
+
 def pytest_collection_modifyitems(items):
-    """Runs SLOWEST_FILES first; every other file, and the tests inside each, keep their order."""
+    """Marks the tests of no other layer `unit` (`-m unit`: the quick set); runs SLOWEST_FILES
+    first, every other file, and the tests inside each, in their order."""
+    for item in items:
+        if not any(item.get_closest_marker(layer) for layer in LAYERS):
+            item.add_marker(pytest.mark.unit)
     rank = {name: place for place, name in enumerate(SLOWEST_FILES)}
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
+
+
+# Python's cyclic garbage collector walks every object a process holds: with jax, Keras, TensorFlow
+# and KerasHub imported that is half a million, 0.3 to 0.9 s a walk, and every run in a test process
+# walks twice (Keras' clear_session). What the imports made lives as long as the process, so it is
+# frozen out of the walks (gc.freeze) after the tests that import something new. What the tests
+# make is collected as before, but for what a test still holds at that moment (a module's fixture
+# values): that stays in memory to the end.
+FROZEN_MODULES = pytest.StashKey[int]()
+
+
+def pytest_runtest_teardown(item):
+    """Freezes what a test's imports made once it ends, if it imported much."""
+    if len(sys.modules) > item.config.stash.get(FROZEN_MODULES, 0) + 50:
+        gc.collect()
+        gc.freeze()
+        item.config.stash[FROZEN_MODULES] = len(sys.modules)
 
 
 # Small, fast runs of the seeds' model: 8 steps an epoch.

@@ -15,6 +15,7 @@ from meshrun.run.collect import Ending, collect
 from meshrun.run.execute import execute
 from meshrun.run.prepare import RunContext, prepare
 from meshrun.specs.metrics import RunMetrics
+from meshrun.system.process import collectable_again, kept_to_the_end
 from meshrun.training.checkpoint import UnreadableCheckpoint
 
 log = logging.getLogger("meshrun")
@@ -38,10 +39,13 @@ def train(config: RunConfig, context: RunContext) -> TrainedRun:
     one-process run, which then starts again from the newest one before it, saying so."""
     while True:
         try:
+            _keep_to_the_end(context)  # the imports
             setup = prepare(config, context)
+            _keep_to_the_end(context)  # the model and its data
             outcome = execute(setup)
             break
         except UnreadableCheckpoint as err:
+            collectable_again()  # the model built for the checkpoint passed over goes
             distribution.reset()
             context = _passing_over(err, config, context)
         except BaseException:
@@ -49,6 +53,13 @@ def train(config: RunConfig, context: RunContext) -> TrainedRun:
             raise
     ending = teardown(context)
     return TrainedRun(metrics=collect(setup, outcome, ending), plan=setup.plan)
+
+
+def _keep_to_the_end(context: RunContext) -> None:
+    """In a process that ends after this run, keeps what lives now out of the garbage collector's
+    walks (a run in a process with more to do leaves them all to it)."""
+    if context.process_ends_after:
+        kept_to_the_end()
 
 
 def _passing_over(err: UnreadableCheckpoint, config: RunConfig, context: RunContext) -> RunContext:

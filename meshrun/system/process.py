@@ -1,10 +1,12 @@
 """Process plumbing meshrun does in several places, each written once: pointing a file descriptor
 elsewhere for a block (native code prints straight to fd 2, past Python's sys.stderr), sending a
-process's output to a log file for good, and signal handlers set for a block and put back after."""
+process's output to a log file for good, signal handlers set for a block and put back after, and
+what lives to a process's end kept out of the garbage collector's walks."""
 
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
 import signal
 import sys
@@ -127,3 +129,17 @@ class SignalHandlers:
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
         self._previous = {}
+
+
+def kept_to_the_end() -> None:
+    """Tells Python's cyclic garbage collector that every object alive now lives until the process
+    ends (gc.freeze), so its walks skip them: with jax and Keras imported a walk covers a quarter of
+    a million objects (half a million with TensorFlow and KerasHub), 0.2 to 0.9 s each, and a run
+    walks several times (Keras' clear_session among them). Only for a process that ends after
+    its run: a frozen object that becomes garbage later is never freed."""
+    gc.freeze()
+
+
+def collectable_again() -> None:
+    """Undoes kept_to_the_end: what it froze is walked, and freed when garbage, again."""
+    gc.unfreeze()
