@@ -20,11 +20,11 @@ import pytest
 from conftest import (
     FAST,
     layout_rules,
-    one_error_line,
     read_metrics,
     run_meshrun,
     train_in_process,
 )
+from meshrun import cli
 from meshrun.errors import ConfigError
 from meshrun.training.checkpoint import ResumePoint, read_progress
 
@@ -177,8 +177,8 @@ LONG = ["mesh=2x4", "layout=dense_model", "train.verbose=0", "data.num_samples=1
 def test_a_killed_run_continues_from_its_last_complete_checkpoint(tmp_path):
     """SIGKILL mid-training, a checkpoint cut short on disk, then the same command again: the
     final weights and losses equal an uninterrupted run's."""
-    whole = run_meshrun(["train", *LONG, f"hydra.run.dir={tmp_path / 'whole'}"], tmp_path)
-    assert whole.returncode == 0, whole.stderr[-2000:]
+    cli.main(["train", *LONG, f"hydra.run.dir={tmp_path / 'whole'}"])  # the reference, in this process
+    assert read_metrics(tmp_path / "whole")["status"] == "ok"
     checkpoints = tmp_path / "checkpoints"
     command = ["train", *LONG, f"checkpoint.dir={checkpoints}"]
     first = subprocess.Popen([sys.executable, "-m", "meshrun", *command, f"hydra.run.dir={tmp_path / 'first'}"], cwd=tmp_path,
@@ -195,20 +195,21 @@ def test_a_killed_run_continues_from_its_last_complete_checkpoint(tmp_path):
     if not partial.exists():  # the kill may have cut a real write short already
         shutil.copytree(checkpoints / str(complete), partial)
         shutil.rmtree(partial / "state")
-    second = run_meshrun([*command, f"hydra.run.dir={tmp_path / 'second'}"], tmp_path)
-    assert second.returncode == 0, second.stderr[-2000:]
+    cli.main([*command, f"hydra.run.dir={tmp_path / 'second'}"])  # the same command again (in this process: it is not about the process)
     metrics = read_metrics(tmp_path / "second")
-    assert metrics["checkpoint"]["resumed_from"] == str(checkpoints / str(complete))
+    assert metrics["status"] == "ok" and metrics["checkpoint"]["resumed_from"] == str(checkpoints / str(complete))
     assert metrics["history"]["loss"] == pytest.approx(read_metrics(tmp_path / "whole")["history"]["loss"], abs=1e-6)
     assert_same_weights(exported_weights(tmp_path / "second"), exported_weights(tmp_path / "whole"), 1e-6)
 
 
 @pytest.mark.e2e
-def test_bad_resume_and_checkpoint_dirs_are_one_line_errors(in_tmp):
+def test_bad_resume_and_checkpoint_dirs_are_one_line_errors(in_tmp, capfd):
+    """Through the CLI in this process (the errors are the same as a fresh process's)."""
     source = in_tmp.parent / f"{in_tmp.name}-source"
-    done = run_meshrun(["train", "mesh=2x4", "train.verbose=0", "data.num_samples=128", "train.epochs=1", "checkpoint.every_epoch=true",
-                        f"checkpoint.dir={source}", f"hydra.run.dir={source}-run"], in_tmp)
-    assert done.returncode == 0, done.stderr[-2000:]
+    cli.main(["train", "mesh=2x4", "train.verbose=0", "data.num_samples=128", "train.epochs=1", "checkpoint.every_epoch=true",
+              f"checkpoint.dir={source}", f"hydra.run.dir={source}-run"])
+    assert read_metrics(f"{source}-run")["status"] == "ok"
+    capfd.readouterr()
     (in_tmp.parent / f"{in_tmp.name}-file").write_text("")
     not_a_checkpoint = in_tmp.parent / f"{in_tmp.name}-other" / "3"
     not_a_checkpoint.mkdir(parents=True)
@@ -224,9 +225,19 @@ def test_bad_resume_and_checkpoint_dirs_are_one_line_errors(in_tmp):
         f"checkpoint.every_epoch=true checkpoint.dir={in_tmp.parent / (in_tmp.name + '-file')}/checkpoints": "checkpoint.dir: got ",
     }
     for overrides, words in cases.items():
-        line = one_error_line(run_meshrun(["train", "mesh=2x4", "data.num_samples=128", *overrides.split()], in_tmp))
+        line = cli_error_line(["train", "mesh=2x4", "data.num_samples=128", *overrides.split()], capfd)
         assert words in line, (overrides, line)
         assert list(in_tmp.iterdir()) == [], f"{overrides} left files behind"
+
+
+def cli_error_line(args: list[str], capfd) -> str:
+    """The one `meshrun: error:` line of `meshrun ARGS` run in this process and rejected with exit
+    status 2 (asserting that is all it wrote to stderr, the file descriptor's included)."""
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(args)
+    lines = capfd.readouterr().err.strip().splitlines()
+    assert exit_info.value.code == 2 and len(lines) == 1 and lines[0].startswith("meshrun: error: "), lines[-20:]
+    return lines[0]
 
 
 @pytest.mark.e2e

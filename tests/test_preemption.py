@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from conftest import read_metrics, run_meshrun
+from meshrun import cli
 
 pytestmark = pytest.mark.e2e
 
@@ -29,11 +30,13 @@ STEPS_PER_EPOCH = 512
 
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory) -> dict:
-    """The metrics of ARGS run from start to end, what every resumed run must match."""
+    """The metrics of ARGS run from start to end, what every resumed run must match, in one
+    process or two (trained in this process: the reference is not about a process)."""
     folder = tmp_path_factory.mktemp("uninterrupted")
-    done = run_meshrun([*ARGS, f"hydra.run.dir={folder / 'run'}"], folder)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return read_metrics(folder / "run")
+    cli.main([*ARGS, f"hydra.run.dir={folder / 'run'}"])
+    metrics = read_metrics(folder / "run")
+    assert metrics["status"] == "ok", metrics["error"]
+    return metrics
 
 
 def summary_rows(stdout: str) -> dict:
@@ -59,7 +62,7 @@ def wait_for_steps(run_dir: Path, process: subprocess.Popen, count: int, timeout
 
 
 @pytest.mark.parametrize("stop_signal", [pytest.param(signal.SIGTERM, marks=pytest.mark.smoke), signal.SIGUSR1, signal.SIGINT])
-def test_a_signal_mid_epoch_saves_and_the_same_command_resumes_exactly(tmp_path, stop_signal, uninterrupted):
+def test_a_signal_mid_epoch_saves_and_the_same_command_resumes_exactly(tmp_path, stop_signal, uninterrupted, capfd):
     whole = uninterrupted
     checkpoints = tmp_path / "checkpoints"
     args = [*ARGS, f"checkpoint.dir={checkpoints}", "checkpoint.export=true", "logging.csv=true"]
@@ -94,11 +97,11 @@ def test_a_signal_mid_epoch_saves_and_the_same_command_resumes_exactly(tmp_path,
     assert "Traceback" not in stderr
 
     resumed_run = tmp_path / "resumed"
-    done = run_meshrun([*args, f"hydra.run.dir={resumed_run}"], tmp_path)  # the same command
-    assert done.returncode == 0, done.stderr[-3000:]
+    capfd.readouterr()
+    cli.main([*args, f"hydra.run.dir={resumed_run}"])  # the same command (in this process: the resume is not about a process)
     resumed = read_metrics(resumed_run)
     assert resumed["status"] == "ok" and resumed["checkpoint"]["resumed_at_step"] == step and resumed["skipped"] is None
-    rows = summary_rows(done.stdout)
+    rows = summary_rows(capfd.readouterr().out)
     assert rows["export"] == "model.keras" and rows["epochs"].endswith(f" s; epoch {epoch}: {STEPS_PER_EPOCH - in_epoch} of {STEPS_PER_EPOCH} steps")
     assert resumed["history"]["loss"] == pytest.approx(whole["history"]["loss"], abs=1e-6)
     assert resumed["eval"]["loss"] == pytest.approx(whole["eval"]["loss"], abs=1e-6)
@@ -107,13 +110,19 @@ def test_a_signal_mid_epoch_saves_and_the_same_command_resumes_exactly(tmp_path,
 
 def test_sigterm_to_a_two_process_job_stops_both_at_one_step_and_the_same_command_resumes(tmp_path):
     """The local launcher passes the signal on; the processes agree on the step (they check
-    together every 20 steps), each saves its shards of that checkpoint, and the job exits 143."""
-    args = ["train", "distributed.local_processes=2", "mesh=2x4", "layout=dense_model", "data.num_samples=8192",
+    together every 20 steps), each saves its shards of that checkpoint, and the job exits 143.
+    128 steps an epoch (a step takes 30-60 ms in two processes here): the step log's first records
+    come at the end of epoch 1, and the next step the processes check is 141, so the signal lands
+    in epoch 2 with 100 steps to spare. (The reference is a two-process run too: a one-process
+    run's eval loss differs by up to 5e-5.)"""
+    steps_per_epoch = 128
+    args = ["train", "distributed.local_processes=2", "mesh=2x4", "layout=dense_model", f"data.num_samples={16 * steps_per_epoch}",
             "data.eval_samples=256", "train.epochs=2", "train.verbose=0"]
     whole_run = tmp_path / "whole"
     done = run_meshrun([*args, f"hydra.run.dir={whole_run}"], tmp_path, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     whole = read_metrics(whole_run)
+    assert whole["timing"]["epoch_steps"] == [steps_per_epoch] * 2
 
     checkpoints = tmp_path / "checkpoints"
     args = [*args, f"checkpoint.dir={checkpoints}"]
@@ -125,14 +134,15 @@ def test_sigterm_to_a_two_process_job_stops_both_at_one_step_and_the_same_comman
     assert process.returncode == 143, stderr[-3000:]
     stopped = read_metrics(first_run)
     step = stopped["train"]["stopped"]["step"]
-    assert stopped["status"] == "preempted" and (step - 1) % 20 == 0 and step < 1024 and step % 512, "mid-epoch, at a checked step"
+    assert stopped["status"] == "preempted" and (step - 1) % 20 == 0 and step < 2 * steps_per_epoch and step % steps_per_epoch, \
+        "mid-epoch, at a checked step"
     assert (checkpoints / str(step)).is_dir() and f"SIGTERM received: stopped after step {step}" in stderr
 
     resumed_run = tmp_path / "resumed"
     done = run_meshrun([*args, f"hydra.run.dir={resumed_run}"], tmp_path, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     resumed = read_metrics(resumed_run)
-    assert resumed["checkpoint"]["resumed_at_step"] == step
+    assert resumed["checkpoint"]["resumed_at_step"] == step and resumed["devices"]["processes"] == 2
     assert resumed["history"]["loss"] == pytest.approx(whole["history"]["loss"], abs=1e-5)
     assert resumed["eval"]["loss"] == pytest.approx(whole["eval"]["loss"], abs=1e-5)
 
@@ -153,8 +163,8 @@ def test_a_checkpoint_dir_that_vanishes_mid_run_stops_it_with_one_line_and_the_l
     assert process.returncode == 1 and len(lines) == 1, stderr[-3000:]
     assert lines[0].startswith(f"meshrun: error: training failed: CheckpointNotSaved: saving step 400 into {checkpoints} failed (")
     assert "Not a directory" in lines[0] and "no complete checkpoint is there" in lines[0]
-    done = run_meshrun([*args[:-3], f"resume={moved}", f"hydra.run.dir={tmp_path / 'resumed'}"], tmp_path)
-    assert done.returncode == 0, done.stderr[-3000:]
+    cli.main([*args[:-3], f"resume={moved}", f"hydra.run.dir={tmp_path / 'resumed'}"])  # in this process: not about a process
+    assert read_metrics(tmp_path / "resumed")["status"] == "ok"
     assert read_metrics(tmp_path / "resumed")["checkpoint"]["resumed_at_step"] == 200
 
 
@@ -188,22 +198,27 @@ def test_a_full_disk_stops_the_run_with_one_line_and_the_last_checkpoint_resumes
     assert resumed["eval"]["loss"] == pytest.approx(uninterrupted["eval"]["loss"], abs=1e-6)
 
 
-def test_resume_auto_passes_over_a_damaged_newest_checkpoint_and_still_ends_exactly(tmp_path, uninterrupted):
+def test_resume_auto_passes_over_a_damaged_newest_checkpoint_and_still_ends_exactly(tmp_path, uninterrupted, capfd):
+    """The runs go through the CLI in this process (none of it is about a process)."""
     checkpoints = tmp_path / "checkpoints"
     first = [*ARGS[:-2], "train.epochs=1", "train.verbose=0", f"checkpoint.dir={checkpoints}", "checkpoint.every_steps=150"]
-    done = run_meshrun([*first, f"hydra.run.dir={tmp_path / 'first'}"], tmp_path)
-    assert done.returncode == 0, done.stderr[-3000:]
+    cli.main([*first, f"hydra.run.dir={tmp_path / 'first'}"])
+    assert read_metrics(tmp_path / "first")["status"] == "ok"
     assert sorted(int(p.name) for p in checkpoints.iterdir()) == [150, 300, 450]
     damaged = max((checkpoints / "450" / "state").rglob("d/*"), key=lambda p: p.stat().st_size)
     damaged.write_bytes(damaged.read_bytes()[:100])  # truncated after the save
-    named = run_meshrun([*ARGS, f"resume={checkpoints}", f"hydra.run.dir={tmp_path / 'named'}"], tmp_path)  # by path: no fallback
-    assert named.returncode == 2 and named.stderr.strip().splitlines() == [
-        f"meshrun: error: resume: checkpoint {checkpoints / '450'} cannot be read ({named.stderr.split(' cannot be read (')[1].split('): ')[0]}): "
+    capfd.readouterr()
+    with pytest.raises(SystemExit) as named:  # by path: no fallback
+        cli.main([*ARGS, f"resume={checkpoints}", f"hydra.run.dir={tmp_path / 'named'}"])
+    stderr = capfd.readouterr().err
+    assert named.value.code == 2 and stderr.strip().splitlines() == [
+        f"meshrun: error: resume: checkpoint {checkpoints / '450'} cannot be read ({stderr.split(' cannot be read (')[1].split('): ')[0]}): "
         "its files were changed after it was saved; resume from another of its steps (resume=<dir>/<step>) or start again (resume=never)"
-    ], named.stderr[-3000:]
-    done = run_meshrun([*ARGS, f"checkpoint.dir={checkpoints}", f"hydra.run.dir={tmp_path / 'resumed'}"], tmp_path)
-    assert done.returncode == 0, done.stderr[-3000:]
-    said = done.stdout + done.stderr
+    ], stderr[-3000:]
+    cli.main([*ARGS, f"checkpoint.dir={checkpoints}", f"hydra.run.dir={tmp_path / 'resumed'}"])
+    assert read_metrics(tmp_path / "resumed")["status"] == "ok"
+    done = capfd.readouterr()
+    said = done.out + done.err
     assert f"checkpoint {checkpoints / '450'} cannot be read (" in said and "passing over it to the newest checkpoint before it" in said
     resumed = read_metrics(tmp_path / "resumed")
     assert resumed["checkpoint"]["resumed_at_step"] == 300
