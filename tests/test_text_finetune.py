@@ -75,6 +75,18 @@ def test_a_lora_fine_tune_on_text_trains_exports_and_caches_its_tokens(acceptanc
     assert json.loads(verdict.read_text())["agrees"] is True
 
 
+@pytest.fixture(scope="module")
+def gemma_verdicts(gemma, tmp_path_factory):
+    """A token cache dir holding only the verdict of the check of the Gemma preset's tokenizer (made
+    once here for the tests that start from a checked tokenizer)."""
+    from meshrun.text.tokenizer import load_tokenizer
+
+    cache_dir = tmp_path_factory.mktemp("gemma_verdicts")
+    load_tokenizer(str(gemma), "model.preset", str(cache_dir))
+    assert sorted(p.relative_to(cache_dir).as_posix() for p in cache_dir.rglob("*") if p.is_dir()) == [PROBES]
+    return cache_dir
+
+
 # Trains as `meshrun train ARGS` would, in this fresh process, then says which packages it imported.
 TRAIN_AND_SAY_IMPORTS = """
 import json, sys
@@ -85,16 +97,15 @@ print(json.dumps({name: name in sys.modules for name in ("keras_hub", "tensorflo
 
 
 @pytest.mark.e2e
-def test_a_fine_tune_whose_tokenizer_was_checked_before_imports_no_tensorflow(gemma, files, tmp_path):
+def test_a_fine_tune_whose_tokenizer_was_checked_before_imports_no_tensorflow(gemma, gemma_verdicts, files, tmp_path):
     """keras_hub imported without TensorFlow, the preset read without it, the tokenizer's check
     read from the token cache, the model exported without it: a KerasHub fine-tune on text whose
     tokenizer needs nothing of TensorFlow's goes without its 2-4 s and 500 MiB (issue 50)."""
+    import shutil
     import subprocess
     import sys
 
-    from meshrun.text.tokenizer import load_tokenizer
-
-    load_tokenizer(str(gemma), "model.preset", str(tmp_path / "tokens"))  # the check, made and kept by an earlier process
+    shutil.copytree(gemma_verdicts, tmp_path / "tokens")  # the check, made and kept by an earlier load
     args = [*GEMMA_RUN, f"model.preset={gemma}", f"data.files={files / 'corpus.txt'}", f"data.cache_dir={tmp_path / 'tokens'}",
             "model.lora.rank=4", "train.epochs=1", "checkpoint.export=true", f"hydra.run.dir={tmp_path / 'run'}"]
     done = subprocess.run([sys.executable, "-c", TRAIN_AND_SAY_IMPORTS, *args], capture_output=True, text=True, timeout=600)
@@ -187,9 +198,12 @@ def test_the_mask_weighs_exactly_the_completion_tokens_and_the_prompt_is_encoded
         assert joined.tolist() != apart.tolist()
 
 
-def test_a_short_run_learns_to_end_its_completions(gemma, files, tmp_path):
+def test_a_short_run_learns_to_end_its_completions(gemma, gemma_verdicts, files, tmp_path):
     """Every completion ends with the end token, which weighs in the loss (padding is masked by
     length, not by id): after a short run the completions stop well before the length limit."""
+    import shutil
+
+    shutil.copytree(gemma_verdicts, tmp_path / "tokens")  # its tokenizer checked before (the acceptance run checks its own)
     prompts = ["Instruction: What colour is grass? Response: ", "Instruction: Reverse the words: red blue Response: "]
     metrics = train([*GEMMA_RUN, f"model.preset={gemma}", f"data.files={files / 'instructions.jsonl'}", *TEMPLATES, "model.seq_len=32",
                      "train.epochs=6", "train.batch_size=16", "train.learning_rate=0.003", f"train.sample_prompts={json.dumps(prompts)}",
@@ -288,11 +302,32 @@ def _empty(root):
     return root / "empty.txt"
 
 
+# The case whose run checks the tokenizer itself (its verdict made by the run, before it reads the
+# input); the others find the verdict already in their token cache, as a user's later runs do, and
+# skip the check's TensorFlow graph (seconds a case).
+CHECKED_BY_THE_RUN = "an empty corpus"
+
+
+@pytest.fixture(scope="module")
+def gpt2_verdicts(gpt2, tmp_path_factory):
+    """A token cache dir holding only the verdict of the check of the GPT-2 preset's tokenizer."""
+    from meshrun.text.tokenizer import load_tokenizer
+
+    cache_dir = tmp_path_factory.mktemp("verdicts")
+    load_tokenizer(str(gpt2), "model.preset", str(cache_dir))
+    assert sorted(p.relative_to(cache_dir).as_posix() for p in cache_dir.rglob("*") if p.is_dir()) == [PROBES]
+    return cache_dir
+
+
 @pytest.mark.parametrize("name", sorted(BAD))
-def test_bad_text_input_is_one_line_with_exit_2_and_leaves_no_cache(name, gpt2, files, tmp_path, monkeypatch, capsys):
+def test_bad_text_input_is_one_line_with_exit_2_and_leaves_no_cache(name, gpt2, gpt2_verdicts, files, tmp_path, monkeypatch, capsys):
+    import shutil
+
     args, *expected = BAD[name]
     monkeypatch.chdir(tmp_path)
     cache_dir = tmp_path / "tokens"
+    if name != CHECKED_BY_THE_RUN:
+        shutil.copytree(gpt2_verdicts, cache_dir)
     with pytest.raises(SystemExit) as exit_info:
         cli.main(["train", "model=keras_hub", f"model.preset={gpt2}", "data=text", "mesh=2x4", "layout=replicated", "train.verbose=0",
                   f"data.cache_dir={cache_dir}", *args(files, gpt2)])
