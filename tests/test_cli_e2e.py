@@ -1,4 +1,5 @@
-"""The CLI end to end, as a user runs it: `python -m meshrun train ...` in a fresh subprocess."""
+"""The CLI end to end, as a user runs it: `python -m meshrun train ...` in a fresh subprocess (and
+the choices a recipe or a model brings, by the same CLI in this process)."""
 
 import json
 import re
@@ -10,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from conftest import FAST, read_metrics, run_meshrun
+from meshrun import cli
 
 pytestmark = pytest.mark.e2e
 
@@ -180,26 +182,29 @@ def test_multirun_over_mesh_shapes_in_one_process(tmp_path):
     assert earlier["teardown_s"] > 0 and later["teardown_s"] > 0  # jobs sharing a process clear the session, counted in wall_s
 
 
-def test_recipe_runs_the_seeds_model_parallel_example(tmp_path):
+@pytest.mark.integration
+def test_recipe_runs_the_seeds_model_parallel_example(tmp_path, in_tmp):
     run_dir = tmp_path / "run"
-    done = run_meshrun(["train", "recipe=seeds_model_parallel", *FAST, f"hydra.run.dir={run_dir}"], tmp_path)
-    assert done.returncode == 0, done.stderr
+    cli.main(["train", "recipe=seeds_model_parallel", *FAST, f"hydra.run.dir={run_dir}"])
     metrics = read_metrics(run_dir)
+    assert metrics["status"] == "ok", metrics["error"]
     assert metrics["mesh"]["shape"] == [2, 4]
     assert metrics["choices"]["recipe"] == "seeds_model_parallel"
 
 
-def test_picking_a_model_brings_its_layout_data_and_loss(tmp_path):
+@pytest.mark.integration
+def test_picking_a_model_brings_its_layout_data_and_loss(tmp_path, in_tmp, capsys):
     run_dir = tmp_path / "run"
-    done = run_meshrun(["train", "model=transformer", "mesh=2x4", *FAST, f"hydra.run.dir={run_dir}"], tmp_path)
-    assert done.returncode == 0, done.stderr
+    cli.main(["train", "model=transformer", "mesh=2x4", *FAST, f"hydra.run.dir={run_dir}"])
+    stdout = capsys.readouterr().out
     metrics = read_metrics(run_dir)
+    assert metrics["status"] == "ok", metrics["error"]
     assert metrics["choices"]["layout"] == "transformer_tp"
     assert metrics["data"]["family"] == "tokens"
     assert metrics["train"]["loss"] == "next_token_crossentropy"
     assert metrics["sharding"]["block_0/mlp_up/kernel"]["spec"] == [None, "model"]
     assert metrics["timing"]["tokens_per_s"] > metrics["timing"]["samples_per_s"] > 0
-    assert "tokens/s" in done.stdout and "6·N·tokens" in done.stdout
+    assert "tokens/s" in stdout and "6·N·tokens" in stdout
 
 
 def test_configs_are_found_from_an_installed_wheel(tmp_path):

@@ -360,11 +360,22 @@ def test_arrays_shares_of_two_processes_make_the_one_process_batches(data_dir):
 # --- data=tfrecord ----------------------------------------------------------------------------
 
 
-def test_tfrecord_shards_train_with_eval_files(data_dir, in_tmp):
+@pytest.fixture(scope="module")
+def tfrecord_run_with_eval_files(tmp_path_factory) -> tuple[dict, str]:
+    """One run on 3 TFRecord shards with eval files of their own, read by the tests below: its
+    metrics and the eval_files pattern it was given."""
+    data_dir, work = tmp_path_factory.mktemp("data"), tmp_path_factory.mktemp("work")
     write_tfrecords(data_dir, "train", shards=3, per_shard=48)
     write_tfrecords(data_dir, "eval", shards=1, per_shard=40)
-    args = ["data=tfrecord", f"data.files={data_dir}/train-*.tfrecord", f"data.eval_files={data_dir}/eval-*.tfrecord", FEATURES]
-    metrics = train(args, in_tmp / "run")
+    pattern = f"{data_dir}/eval-*.tfrecord"
+    args = ["data=tfrecord", f"data.files={data_dir}/train-*.tfrecord", f"data.eval_files={pattern}", FEATURES]
+    with pytest.MonkeyPatch.context() as patch:
+        patch.chdir(work)
+        return train(args, work / "run"), pattern
+
+
+def test_tfrecord_shards_train_with_eval_files(tfrecord_run_with_eval_files):
+    metrics, _ = tfrecord_run_with_eval_files
     data = metrics["data"]
     assert (data["train_samples"], data["eval_samples"]) == (144, 40)
     assert (data["train_file_count"], data["eval_file_count"]) == (3, 1)
@@ -385,12 +396,9 @@ def test_a_run_seeded_0_trains_with_either_pipeline(source, data_dir, in_tmp):
     assert len(metrics["history"]["loss"]) == 2 and np.isfinite(metrics["eval"]["loss"])
 
 
-def test_tfrecord_metrics_keep_the_eval_files_setting(data_dir, in_tmp):
-    write_tfrecords(data_dir, "train", shards=1, per_shard=16)
-    write_tfrecords(data_dir, "eval", shards=1, per_shard=16)
-    pattern = f"{data_dir}/eval-*.tfrecord"
-    args = ["data=tfrecord", f"data.files={data_dir}/train-*.tfrecord", f"data.eval_files={pattern}", FEATURES]
-    assert train(args, in_tmp / "run")["data"]["eval_files"] == pattern
+def test_tfrecord_metrics_keep_the_eval_files_setting(tfrecord_run_with_eval_files):
+    metrics, pattern = tfrecord_run_with_eval_files
+    assert metrics["data"]["eval_files"] == pattern
 
 
 def test_tfrecord_feature_spec_by_keys(data_dir, in_tmp):

@@ -5,6 +5,7 @@ line. The config checks and the arithmetic of process layouts run in-process."""
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import signal
@@ -23,6 +24,7 @@ from conftest import (
     read_metrics,
     run_meshrun,
 )
+from meshrun import cli
 from meshrun.config.parse import parse_distributed
 from meshrun.config.schema import DistributedConfig, MeshConfig
 from meshrun.config.slices import with_dcn
@@ -114,6 +116,9 @@ def test_process_layout_says_which_axes_cross_processes(shape, processes, crossi
 
 # --- two processes on this machine --------------------------------------------------------------
 
+# The one-process references, trained in this process once per mesh and layout (two cases share one).
+single_process_run = functools.cache(fast_run_in_process)
+
 
 @pytest.mark.e2e
 @pytest.mark.parametrize(
@@ -133,7 +138,7 @@ def test_two_processes_train_exactly_like_one(tmp_path, mesh_name, layout, share
     assert metrics["distributed"]["source"] == "distributed.local_processes"
     assert metrics["data"]["process_share"] == {"index": 0, "count": shares}
     assert metrics["data"]["process_batch_size"] == 16 // shares
-    single = fast_run_in_process(mesh_name, layout)
+    single = single_process_run(mesh_name, layout)
     for epoch, (multi, one) in enumerate(zip(metrics["history"]["loss"], single["history"]["loss"], strict=True)):
         assert multi == pytest.approx(one, abs=1e-5), f"epoch {epoch}"
     assert metrics["eval"]["loss"] == pytest.approx(single["eval"]["loss"], abs=1e-5)
@@ -171,7 +176,8 @@ def gone(pid: int) -> bool:
 
 def start_long_job(tmp_path, *extra) -> tuple[subprocess.Popen, Path]:
     run_dir = tmp_path / "run"
-    command = [sys.executable, "-m", "meshrun", "train", TWO, "mesh=2x4", "train.epochs=50", "data.num_samples=4096", *extra, f"hydra.run.dir={run_dir}"]
+    # 200 epochs of 64 steps: as long a job as 50 of 256, its first epoch (a process's first log line) 4 times sooner
+    command = [sys.executable, "-m", "meshrun", "train", TWO, "mesh=2x4", "train.epochs=200", "data.num_samples=1024", *extra, f"hydra.run.dir={run_dir}"]
     launcher = subprocess.Popen(command, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     return launcher, run_dir
 
@@ -187,7 +193,7 @@ def test_a_killed_process_ends_the_job_quickly_with_one_line_and_no_orphans(tmp_
     launcher, run_dir = start_long_job(tmp_path)
     try:
         listed = wait_for(lambda: (run_dir / "processes.json").exists() and json.loads((run_dir / "processes.json").read_text()), 120, "processes.json")
-        wait_for(lambda: "epoch 1/50:" in (run_dir / "process-1.log").read_text(), 120, "process 1 to train an epoch")
+        wait_for(lambda: "epoch 1/200:" in (run_dir / "process-1.log").read_text(), 120, "process 1 to train an epoch")
         pids = [p["pid"] for p in listed["processes"]]
         os.kill(pids[1], signal.SIGKILL)
         status, stderr, seconds = finish(launcher, timeout=90)
@@ -207,7 +213,7 @@ def test_a_time_budget_stops_every_process_at_the_same_step_with_a_checkpoint(tm
     """Process 0's clock decides, checked together every 20 steps: the job stops part-way through
     its 50 epochs, at a checked step, saves it and exits 0 (a disagreement would hang)."""
     run_dir = tmp_path / "run"
-    done = run_meshrun(["train", TWO, "mesh=2x4", "train.epochs=50", "data.num_samples=4096", "train.verbose=0", "train.max_time=15",
+    done = run_meshrun(["train", TWO, "mesh=2x4", "train.epochs=50", "data.num_samples=4096", "train.verbose=0", "train.max_time=10",
                         f"hydra.run.dir={run_dir}"], tmp_path, timeout=240)
     assert done.returncode == 0, done.stderr[-2000:]
     metrics = read_metrics(run_dir)
@@ -248,6 +254,16 @@ def test_an_exception_in_one_process_ends_the_job_naming_it(tmp_path):
     assert read_metrics(run_dir)["status"] == "error"
 
 
+def rejected(args: list[str], capsys) -> str:
+    """The one `meshrun: error:` line of `meshrun ARGS` run by the real CLI in this process,
+    rejected with exit status 2 before any process starts (asserting that is all it printed)."""
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(args)
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert exit_info.value.code == 2 and len(lines) == 1 and lines[0].startswith("meshrun: error: "), lines
+    return lines[0]
+
+
 def listening_port() -> socket.socket:
     taken = socket.socket()
     taken.bind(("", 0))
@@ -255,21 +271,21 @@ def listening_port() -> socket.socket:
     return taken
 
 
-@pytest.mark.e2e
-def test_processes_that_do_not_divide_the_mesh_are_rejected(in_tmp):
-    line = one_error_line(run_meshrun(["train", "distributed.local_processes=3", "mesh=2x4"], in_tmp))
+@pytest.mark.integration
+def test_processes_that_do_not_divide_the_mesh_are_rejected(in_tmp, capsys):
+    line = rejected(["train", "distributed.local_processes=3", "mesh=2x4"], capsys)
     assert line == "meshrun: error: distributed.local_processes: got 3, but mesh 2x4's 8 devices do not split evenly over 3 processes; valid: 1, 2, 4 or 8"
     assert list(in_tmp.iterdir()) == []
 
 
-@pytest.mark.e2e
-def test_a_port_in_use_is_rejected_before_anything_starts(in_tmp):
+@pytest.mark.integration
+def test_a_port_in_use_is_rejected_before_anything_starts(in_tmp, capsys):
     with listening_port() as taken:
         port = taken.getsockname()[1]
-        line = one_error_line(run_meshrun(["train", TWO, f"distributed.port={port}", "mesh=2x4"], in_tmp))
+        line = rejected(["train", TWO, f"distributed.port={port}", "mesh=2x4"], capsys)
         assert f"distributed.port: got {port}, but port {port} is already in use" in line
         explicit = ["distributed.num_processes=2", "distributed.process_id=0", f"distributed.coordinator=localhost:{port}"]
-        line = one_error_line(run_meshrun(["train", *explicit, "mesh=2x4"], in_tmp))
+        line = rejected(["train", *explicit, "mesh=2x4"], capsys)
         assert f"distributed.coordinator: got 'localhost:{port}', but port {port} is already in use" in line
     assert list(in_tmp.iterdir()) == []
 
@@ -360,9 +376,9 @@ def test_a_local_jobs_coordinator_listens_on_loopback_only(tmp_path):
         launcher.communicate(timeout=60)
 
 
-@pytest.mark.e2e
-def test_a_bind_address_not_of_this_host_is_one_line_before_any_process_starts(in_tmp):
-    line = one_error_line(run_meshrun(["train", TWO, f"distributed.bind_address={NOT_OURS}:45678", "mesh=2x4"], in_tmp))
+@pytest.mark.integration
+def test_a_bind_address_not_of_this_host_is_one_line_before_any_process_starts(in_tmp, capsys):
+    line = rejected(["train", TWO, f"distributed.bind_address={NOT_OURS}:45678", "mesh=2x4"], capsys)
     assert line.startswith(f"meshrun: error: distributed.bind_address: got '{NOT_OURS}:45678', but {NOT_OURS} is not an address of this host")
     assert list(in_tmp.iterdir()) == []
 
@@ -381,25 +397,25 @@ def alone_in_a_job(process_id: int, timeout_s: int, in_tmp) -> str:
 
 @pytest.mark.e2e
 def test_a_coordinator_that_never_answers_fails_in_bounded_time(in_tmp):
-    line = alone_in_a_job(1, 3, in_tmp)
-    assert "distributed.coordinator: got 'localhost:" in line and "nothing answered there within 3 s" in line
+    line = alone_in_a_job(1, 1, in_tmp)
+    assert "distributed.coordinator: got 'localhost:" in line and "nothing answered there within 1 s" in line
 
 
 @pytest.mark.e2e
 def test_too_few_processes_for_num_processes_fail_in_bounded_time(in_tmp):
     """Process 0 of a job said to have 2 processes, started alone: the job never forms."""
-    line = alone_in_a_job(0, 4, in_tmp)
-    assert line.startswith("meshrun: error: distributed.num_processes: process 0 of 2 waited 4 s") and "start all 2 processes" in line
+    line = alone_in_a_job(0, 2, in_tmp)
+    assert line.startswith("meshrun: error: distributed.num_processes: process 0 of 2 waited 2 s") and "start all 2 processes" in line
 
 
 @pytest.mark.e2e
-def test_a_sweep_of_two_process_jobs_and_their_plan(tmp_path):
+def test_a_sweep_of_two_process_jobs_and_their_plan(tmp_path, in_tmp, capsys):
     sweep_dir = tmp_path / "sweep"
     done = run_meshrun(["train", "-m", TWO, "mesh=2x4,1x8", "layout=dense_model", *FAST, f"hydra.sweep.dir={sweep_dir}"], tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     rows = json.loads((sweep_dir / "summary.json").read_text())["rows"]
     assert sorted(r["mesh"] for r in rows) == ["1x8", "2x4"] and all(r["status"] == "ok" for r in rows)
     assert all(read_metrics(sweep_dir / job)["devices"]["processes"] == 2 for job in ("0", "1"))
-    planned = run_meshrun(["plan", TWO, "mesh=1x8", "layout=dense_model", "--json"], tmp_path)
-    assert planned.returncode == 0, planned.stderr
-    assert json.loads(planned.stdout)["processes"] == {"count": 2, "devices_per_process": 4, "axes_across_processes": ["model"], "batch_shares": 1}
+    capsys.readouterr()
+    cli.main(["plan", TWO, "mesh=1x8", "layout=dense_model", "--json"])  # the plan, in this process
+    assert json.loads(capsys.readouterr().out)["processes"] == {"count": 2, "devices_per_process": 4, "axes_across_processes": ["model"], "batch_shares": 1}

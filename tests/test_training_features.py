@@ -12,11 +12,10 @@ import pytest
 from conftest import (
     FAST,
     layout_rules,
-    one_error_line,
     read_metrics,
-    run_meshrun,
     train_in_process,
 )
+from meshrun import cli
 from meshrun.config.parse import parse_run_config
 from meshrun.config.schema import TrainConfig
 from meshrun.errors import ConfigError
@@ -95,19 +94,20 @@ def test_mixed_precision_keeps_float32_variables_and_mesh_invariance(tmp_path):
     assert after["train"]["precision"] == "float32"
 
 
-@pytest.mark.e2e
-def test_a_diverging_learning_rate_stops_the_run_at_the_first_bad_step(in_tmp):
+@pytest.mark.integration
+def test_a_diverging_learning_rate_stops_the_run_at_the_first_bad_step(in_tmp, capsys):
+    """The real CLI in this process (tests/test_cli_e2e.py keeps a training failure's exit status 1
+    in a fresh process)."""
     run_dir = in_tmp / "run"
-    done = run_meshrun(
-        ["train", "mesh=2x4", "train.verbose=0", "data.num_samples=128", "train.epochs=3", "train.optimizer=sgd",
-         "train.learning_rate=1e20", "checkpoint.every_steps=1", "checkpoint.keep=2", f"hydra.run.dir={run_dir}"],
-        in_tmp,
-    )
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["train", "mesh=2x4", "train.verbose=0", "data.num_samples=128", "train.epochs=3", "train.optimizer=sgd",
+                  "train.learning_rate=1e20", "checkpoint.every_steps=1", "checkpoint.keep=2", f"hydra.run.dir={run_dir}"])
+    stderr = capsys.readouterr().err
     steps, _ = log_records(run_dir)
     bad = next(r["step"] for r in steps if not math.isfinite(r["loss"]))
     assert bad > 1 and steps[-1]["step"] == bad, "training went on after the loss turned"
-    errors = [line for line in done.stderr.splitlines() if line.startswith("meshrun: error:")]
-    assert done.returncode == 1 and len(errors) == 1, done.stderr[-2000:]
+    errors = [line for line in stderr.splitlines() if line.startswith("meshrun: error:")]
+    assert exit_info.value.code == 1 and len(errors) == 1, stderr[-2000:]
     epoch, in_epoch = divmod(bad - 1, 8)
     assert f"at step {bad} (epoch {epoch + 1}, step {in_epoch + 1} of 8); training stopped there (train.stop_on_nan)" in errors[0]
     kept = sorted(int(p.name) for p in (run_dir / "checkpoints").iterdir() if p.name.isdigit())
@@ -249,16 +249,19 @@ def test_the_progress_bar_shows_step_time_and_throughput():
     assert "ms/step" in text and "samples/s" in text and "loss " in text
 
 
-@pytest.mark.e2e
-def test_progress_is_a_line_per_epoch_off_a_terminal_and_nothing_when_quiet(in_tmp):
-    shown = run_meshrun(["train", "mesh=2x4", "data.num_samples=128", "data.eval_samples=32", "train.epochs=2", "train.verbose=1",
-                         "train.max_time=1h", f"hydra.run.dir={in_tmp / 'shown'}"], in_tmp)
-    assert shown.returncode == 0, shown.stderr[-2000:]
-    lines = [line for line in shown.stdout.splitlines() if line.startswith("epoch ")]
-    assert [line.split(":")[0] for line in lines] == ["epoch 1/2", "epoch 2/2"] and "samples/s" in lines[1]
-    quiet = run_meshrun(["train", "mesh=2x4", *FAST, f"hydra.run.dir={in_tmp / 'quiet'}"], in_tmp)
-    assert quiet.returncode == 0 and not any(line.startswith("epoch ") for line in quiet.stdout.splitlines())
-    assert "meshrun: dense_model on mesh 2x4" in quiet.stdout  # the summary still shows
+@pytest.mark.integration
+def test_progress_is_a_line_per_epoch_off_a_terminal_and_nothing_when_quiet(in_tmp, capsys):
+    """The real CLI in this process, its stdout pytest's capture: not a terminal."""
+    cli.main(["train", "mesh=2x4", "data.num_samples=128", "data.eval_samples=32", "train.epochs=2", "train.verbose=1",
+              "train.max_time=1h", f"hydra.run.dir={in_tmp / 'shown'}"])
+    shown = capsys.readouterr()
+    assert read_metrics(in_tmp / "shown")["status"] == "ok", shown.err[-2000:]
+    lines = [line for line in shown.out.splitlines() if line.startswith("epoch ")]
+    assert [line.split(":")[0] for line in lines] == ["epoch 1/2", "epoch 2/2"] and "samples/s" in lines[1], shown.err[-2000:]
+    cli.main(["train", "mesh=2x4", *FAST, f"hydra.run.dir={in_tmp / 'quiet'}"])
+    quiet = capsys.readouterr()
+    assert read_metrics(in_tmp / "quiet")["status"] == "ok" and not any(line.startswith("epoch ") for line in quiet.out.splitlines())
+    assert "meshrun: dense_model on mesh 2x4" in quiet.out  # the summary still shows
 
 
 # --- bad switches --------------------------------------------------------------------------------
@@ -307,9 +310,11 @@ def test_switches_that_need_the_run_are_checked_before_training(tmp_path, raw, k
     assert not (tmp_path / "log.jsonl").exists()
 
 
-@pytest.mark.e2e
-def test_a_profile_past_the_last_step_is_one_line_and_leaves_nothing(in_tmp):
-    done = run_meshrun(["train", "mesh=2x4", *FAST, "profile.steps=[10,40]", "hydra.run.dir=run"], in_tmp)
-    assert done.returncode == 2 and "Traceback" not in done.stderr
-    assert one_error_line(done) == "meshrun: error: profile.steps: got [10, 40]; the run has 16 training steps: valid 1 <= first <= last <= 16"
+@pytest.mark.integration
+def test_a_profile_past_the_last_step_is_one_line_and_leaves_nothing(in_tmp, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["train", "mesh=2x4", *FAST, "profile.steps=[10,40]", "hydra.run.dir=run"])
+    stderr = capsys.readouterr().err
+    assert exit_info.value.code == 2 and "Traceback" not in stderr
+    assert stderr.strip().splitlines() == ["meshrun: error: profile.steps: got [10, 40]; the run has 16 training steps: valid 1 <= first <= last <= 16"]
     assert list(in_tmp.iterdir()) == []
