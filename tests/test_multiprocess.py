@@ -213,7 +213,7 @@ def test_a_time_budget_stops_every_process_at_the_same_step_with_a_checkpoint(tm
     """Process 0's clock decides, checked together every 20 steps: the job stops part-way through
     its 50 epochs, at a checked step, saves it and exits 0 (a disagreement would hang)."""
     run_dir = tmp_path / "run"
-    done = run_meshrun(["train", TWO, "mesh=2x4", "train.epochs=50", "data.num_samples=4096", "train.verbose=0", "train.max_time=10",
+    done = run_meshrun(["train", TWO, "mesh=2x4", "train.epochs=50", "data.num_samples=4096", "train.verbose=0", "train.max_time=15",
                         f"hydra.run.dir={run_dir}"], tmp_path, timeout=240)
     assert done.returncode == 0, done.stderr[-2000:]
     metrics = read_metrics(run_dir)
