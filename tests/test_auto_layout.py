@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+from types import SimpleNamespace
 
 import pytest
 
@@ -208,9 +209,27 @@ def test_auto_keys_on_another_layout_are_one_grammatical_warning_said_once_a_pro
     assert all(said in setup.plan.warnings for setup in setups)
 
 
-def plans(tmp_path, *overrides) -> list[dict]:
+def meshrun_in_process(args: list[str], cwd, capsys, monkeypatch) -> SimpleNamespace:
+    """`meshrun ARGS` run in this process in the working dir `cwd`, as run_meshrun runs it in a
+    fresh one: its exit status (`returncode`), `stdout` and `stderr`."""
+    import jax  # noqa: F401  started here with conftest's 8 devices: a plan would start it with 1, and later tests need 8
+
+    from meshrun import cli
+
+    monkeypatch.chdir(cwd)
+    capsys.readouterr()
+    try:
+        cli.main(args)
+        returncode = 0
+    except SystemExit as exit_info:
+        returncode = exit_info.code if isinstance(exit_info.code, int) else 1
+    out, err = capsys.readouterr()
+    return SimpleNamespace(returncode=returncode, stdout=out, stderr=err)
+
+
+def plans(tmp_path, capsys, monkeypatch, *overrides) -> list[dict]:
     """The JSON plans `meshrun plan -m OVERRIDES --json` prints, one per job."""
-    done = run_meshrun(["plan", "-m", *overrides, "--json"], tmp_path)
+    done = meshrun_in_process(["plan", "-m", *overrides, "--json"], tmp_path, capsys, monkeypatch)
     assert done.returncode == 0, done.stderr[-2000:]
     return [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
 
@@ -221,10 +240,10 @@ def key(job: dict) -> tuple:
 
 
 @pytest.mark.e2e
-def test_auto_on_the_zoo_transformer_is_within_15_percent_of_the_hand_written_layouts(tmp_path):
+def test_auto_on_the_zoo_transformer_is_within_15_percent_of_the_hand_written_layouts(tmp_path, capsys, monkeypatch):
     # The tiny preset's variables are under 1 MiB: auto shards those of 1 KiB or more here.
     # scripts/auto_layout_bytes.py prints the same comparison for the 7b preset at the default.
-    jobs = plans(tmp_path, "model=transformer", "layout.min_bytes=1KiB", "mesh=1x8,2x4,8x1",
+    jobs = plans(tmp_path, capsys, monkeypatch, "model=transformer", "layout.min_bytes=1KiB", "mesh=1x8,2x4,8x1",
                  "layout=auto,transformer_tp,transformer_fsdp,transformer_2d", "layout.fsdp=false,true")
     total = {key(j): j["per_device"]["total_bytes"] for j in jobs}
     pairs = [(("1x8", "auto", False), ("1x8", "transformer_tp", False)),
@@ -245,15 +264,15 @@ def test_auto_on_the_zoo_transformer_is_within_15_percent_of_the_hand_written_la
 
 
 @pytest.mark.e2e
-def test_a_saved_layout_loads_back_with_the_same_placement(tmp_path):
+def test_a_saved_layout_loads_back_with_the_same_placement(tmp_path, capsys, monkeypatch):
     args = ["plan", "model=transformer", "mesh=2x4", "layout=auto", "layout.min_bytes=1KiB", "layout.fsdp=true"]
-    done = run_meshrun([*args, "--json", "--save-layout", "saved/tp.yaml"], tmp_path)  # saved/ is made
+    done = meshrun_in_process([*args, "--json", "--save-layout", "saved/tp.yaml"], tmp_path, capsys, monkeypatch)  # saved/ is made
     assert done.returncode == 0, done.stderr
     auto = json.loads(done.stdout)
     text = (tmp_path / "saved" / "tp.yaml").read_text()
     assert text.startswith("# Saved by `meshrun plan model=transformer mesh=2x4 layout=auto")
     assert r"block_\d+/mlp_up/kernel: [data, model]" in text
-    again = run_meshrun(["plan", "model=transformer", "mesh=2x4", "layout=saved/tp.yaml", "--json"], tmp_path)
+    again = meshrun_in_process(["plan", "model=transformer", "mesh=2x4", "layout=saved/tp.yaml", "--json"], tmp_path, capsys, monkeypatch)
     assert again.returncode == 0, again.stderr
     loaded = json.loads(again.stdout)
     assert [(v["path"], v["spec"], v["bytes_per_device"]) for v in loaded["variables"]] == \
@@ -275,8 +294,8 @@ def test_a_saved_layout_loads_back_with_the_same_placement(tmp_path):
          "devices.memory_gib: does not fit: the plan puts 9.40 GiB on each device of mesh 1x8"),
     ],
 )
-def test_bad_auto_save_and_memory_input_is_one_line_exit_2(tmp_path, args, expected):
-    done = run_meshrun(["plan", *args], tmp_path)
+def test_bad_auto_save_and_memory_input_is_one_line_exit_2(tmp_path, args, expected, capsys, monkeypatch):
+    done = meshrun_in_process(["plan", *args], tmp_path, capsys, monkeypatch)
     assert expected in one_error_line(done)
     assert not (tmp_path / "x.yaml").exists() and not (tmp_path / "out.txt").exists()
 
@@ -304,7 +323,7 @@ def test_a_sweep_over_meshes_and_layouts_skips_jobs_that_do_not_fit(tmp_path):
 
 
 @pytest.mark.e2e
-def test_a_single_run_that_does_not_fit_is_one_line_and_leaves_nothing(tmp_path):
-    done = run_meshrun(["train", "mesh=2x4", "devices.memory_gib=0.0001"], tmp_path)
+def test_a_single_run_that_does_not_fit_is_one_line_and_leaves_nothing(tmp_path, capsys, monkeypatch):
+    done = meshrun_in_process(["train", "mesh=2x4", "devices.memory_gib=0.0001"], tmp_path, capsys, monkeypatch)
     assert "devices.memory_gib: does not fit" in one_error_line(done)
     assert list(tmp_path.iterdir()) == []

@@ -20,6 +20,7 @@ import re
 import shlex
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -646,6 +647,45 @@ def run_plan(args, tmp_path, env=None):
     return done
 
 
+@dataclass
+class Planned:
+    """What `meshrun plan` gave in this process: its exit status and what it printed."""
+
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+def plan_in_process(args, tmp_path, capsys, monkeypatch, env=None) -> Planned:
+    """`meshrun plan ARGS` as run_plan runs it (an empty working dir below tmp_path, a private
+    TMPDIR, `env` added to the environment, the same checks that it left nothing behind), but in
+    this test process: the same CLI without a fresh process's start-up."""
+    import tempfile
+
+    import jax  # noqa: F401  started here with conftest's 8 devices: a plan would start it with 1, and later tests need 8
+
+    from meshrun import cli
+
+    cwd = tmp_path / "work"
+    cwd.mkdir(parents=True)
+    scratch = plan_env(tmp_path)["TMPDIR"]
+    for key, value in {"TMPDIR": scratch, **(env or {})}.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setattr(tempfile, "tempdir", scratch)
+    monkeypatch.chdir(cwd)
+    capsys.readouterr()
+    try:
+        cli.main(["plan", *args])
+        returncode = 0
+    except SystemExit as exit_info:
+        returncode = exit_info.code if isinstance(exit_info.code, int) else 1
+    out, err = capsys.readouterr()
+    assert list(cwd.iterdir()) == [], "plan wrote into the working dir"
+    assert list(Path(scratch).iterdir()) == [], "plan left its scratch run dir behind"
+    monkeypatch.undo()
+    return Planned(returncode, out, err)
+
+
 @pytest.mark.e2e
 def test_json_for_the_default_tiny_transformer(tmp_path):
     done = run_plan(["model=transformer", "mesh=2x4", "--json"], tmp_path)
@@ -668,8 +708,8 @@ def test_json_for_the_default_tiny_transformer(tmp_path):
 
 
 @pytest.mark.e2e
-def test_tables_name_every_variable_and_the_totals(tmp_path):
-    done = run_plan(["model=transformer", "mesh=2x4", "--full"], tmp_path)
+def test_tables_name_every_variable_and_the_totals(tmp_path, capsys, monkeypatch):
+    done = plan_in_process(["model=transformer", "mesh=2x4", "--full"], tmp_path, capsys, monkeypatch)
     assert done.returncode == 0, done.stderr
     out = done.stdout
     assert "plan: transformer on mesh 2x4 ('data', 'model'), all float32" in out  # one dtype: no dtype column
@@ -698,8 +738,8 @@ def test_tables_name_every_variable_and_the_totals(tmp_path):
     ],
     ids=["indivisible-mlp", "rules-match-nothing"],
 )
-def test_lint_errors_exit_2_with_one_stderr_line_each(tmp_path, overrides, errors):
-    done = run_plan(["model=transformer", "mesh=2x4", *overrides, "--json"], tmp_path)
+def test_lint_errors_exit_2_with_one_stderr_line_each(tmp_path, overrides, errors, capsys, monkeypatch):
+    done = plan_in_process(["model=transformer", "mesh=2x4", *overrides, "--json"], tmp_path, capsys, monkeypatch)
     assert done.returncode == 2
     assert "Traceback" not in done.stderr
     plan = json.loads(done.stdout)
@@ -713,9 +753,9 @@ ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
 @pytest.mark.e2e
-def test_a_plan_collapses_repeated_blocks_and_never_wraps_a_path(tmp_path):
-    narrow = run_plan(["model=transformer", "model.layers=12", "mesh=2x4"], tmp_path / "narrow",
-                      env={"COLUMNS": "100", "TTY_COMPATIBLE": "1"})
+def test_a_plan_collapses_repeated_blocks_and_never_wraps_a_path(tmp_path, capsys, monkeypatch):
+    narrow = plan_in_process(["model=transformer", "model.layers=12", "mesh=2x4"], tmp_path / "narrow",
+                             capsys, monkeypatch, env={"COLUMNS": "100", "TTY_COMPATIBLE": "1"})
     assert narrow.returncode == 0, narrow.stderr
     lines = ANSI.sub("", narrow.stdout).splitlines()
     assert max(map(len, lines)) <= 100
@@ -725,7 +765,7 @@ def test_a_plan_collapses_repeated_blocks_and_never_wraps_a_path(tmp_path):
     assert len(paths) < 40  # 12 blocks of 16 variables each would be 199 rows
     assert r"block_\d+/attention/(query|key|value)/kernel" in table_cells(ANSI.sub("", narrow.stdout), "rule")  # folded, whole
 
-    full = run_plan(["model=transformer", "model.layers=12", "mesh=2x4", "--full"], tmp_path / "full")
+    full = plan_in_process(["model=transformer", "model.layers=12", "mesh=2x4", "--full"], tmp_path / "full", capsys, monkeypatch)
     assert full.returncode == 0, full.stderr
     full_paths = [line.split("│")[1].strip() for line in full.stdout.splitlines() if line.startswith("│ ")]
     assert "block_11/attention/query/kernel" in full_paths and not any("{" in p for p in full_paths)
@@ -738,8 +778,8 @@ IDLE_MODEL_AXIS = ("mesh axis 'model' (size 4) shards no variable, so every step
 
 
 @pytest.mark.e2e
-def test_a_mesh_axis_that_shards_nothing_is_a_warning(tmp_path):
-    done = run_plan(["-m", "layout=replicated,dense_model", "mesh=2x4", "--json"], tmp_path)
+def test_a_mesh_axis_that_shards_nothing_is_a_warning(tmp_path, capsys, monkeypatch):
+    done = plan_in_process(["-m", "layout=replicated,dense_model", "mesh=2x4", "--json"], tmp_path, capsys, monkeypatch)
     assert done.returncode == 0, done.stderr
     replicated, dense = [json.loads(line) for line in done.stdout.splitlines()]
     assert replicated["warnings"] == [IDLE_MODEL_AXIS]
@@ -747,8 +787,8 @@ def test_a_mesh_axis_that_shards_nothing_is_a_warning(tmp_path):
 
 
 @pytest.mark.e2e
-def test_multirun_prints_one_json_line_per_job(tmp_path):
-    done = run_plan(["-m", "model=transformer", "mesh=2x4,1x8", "--json"], tmp_path)
+def test_multirun_prints_one_json_line_per_job(tmp_path, capsys, monkeypatch):
+    done = plan_in_process(["-m", "model=transformer", "mesh=2x4,1x8", "--json"], tmp_path, capsys, monkeypatch)
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
     assert len(lines) == 2, done.stdout[:2000]
@@ -765,10 +805,10 @@ def test_multirun_prints_one_json_line_per_job(tmp_path):
 
 
 @pytest.mark.e2e
-def test_an_explicit_mesh_larger_than_this_machine_plans(tmp_path):
+def test_an_explicit_mesh_larger_than_this_machine_plans(tmp_path, capsys, monkeypatch):
     # 256 devices: plan needs none for an explicit shape. The 1b preset (16 heads, d_model 2048,
     # ff 8192, vocab 32000) divides 16 ways on both axes.
-    done = run_plan(["mesh=16x16", "model=transformer", "model.preset=1b", "layout=transformer_2d", "--json"], tmp_path)
+    done = plan_in_process(["mesh=16x16", "model=transformer", "model.preset=1b", "layout=transformer_2d", "--json"], tmp_path, capsys, monkeypatch)
     assert done.returncode == 0, done.stderr
     plan = json.loads(done.stdout)
     assert plan["status"] == "ok"
