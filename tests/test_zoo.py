@@ -4,7 +4,6 @@ rest of the suite); what a run places equals the plan (spec and bytes of every v
 state); with a fixed seed the per-epoch losses do not depend on the mesh shape; FLOPs and memory
 are reported."""
 
-import gc
 import math
 
 import pytest
@@ -43,18 +42,7 @@ class Runs(dict):
 
 
 @pytest.fixture(scope="module")
-def frozen_heap():
-    """keras.backend.clear_session calls gc.collect twice a run, and each call scans every object
-    of this test process (hundreds of thousands, alive for the whole session): those alive before
-    the zoo's runs are frozen meanwhile (gc.freeze), so a collection scans only what the runs made."""
-    gc.collect()
-    gc.freeze()
-    yield
-    gc.unfreeze()
-
-
-@pytest.fixture(scope="module")
-def runs(frozen_heap):
+def runs():
     """Every (model, layout) on every mesh shape, each trained once in this process when first read."""
     return Runs()
 
