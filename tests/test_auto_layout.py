@@ -239,7 +239,7 @@ def key(job: dict) -> tuple:
     return job["choices"]["mesh"], job["layout"], "layout.fsdp=true" in [o.lower() for o in job["overrides"]]
 
 
-@pytest.mark.e2e
+@pytest.mark.integration
 def test_auto_on_the_zoo_transformer_is_within_15_percent_of_the_hand_written_layouts(tmp_path, capsys, monkeypatch):
     # The tiny preset's variables are under 1 MiB: auto shards those of 1 KiB or more here.
     # scripts/auto_layout_bytes.py prints the same comparison for the 7b preset at the default.
@@ -263,7 +263,7 @@ def test_auto_on_the_zoo_transformer_is_within_15_percent_of_the_hand_written_la
     assert r"block_\d+/mlp_up/kernel" in rules and len(rules) < 15
 
 
-@pytest.mark.e2e
+@pytest.mark.integration
 def test_a_saved_layout_loads_back_with_the_same_placement(tmp_path, capsys, monkeypatch):
     args = ["plan", "model=transformer", "mesh=2x4", "layout=auto", "layout.min_bytes=1KiB", "layout.fsdp=true"]
     done = meshrun_in_process([*args, "--json", "--save-layout", "saved/tp.yaml"], tmp_path, capsys, monkeypatch)  # saved/ is made
@@ -281,7 +281,7 @@ def test_a_saved_layout_loads_back_with_the_same_placement(tmp_path, capsys, mon
     assert {v.get("origin") for v in loaded["variables"] if v["rule"]} == {"rules"}
 
 
-@pytest.mark.e2e
+@pytest.mark.integration
 @pytest.mark.parametrize(
     "args,expected",
     [
@@ -322,7 +322,7 @@ def test_a_sweep_over_meshes_and_layouts_skips_jobs_that_do_not_fit(tmp_path):
         assert not (run_dir / "log.jsonl").exists()  # never ran a step
 
 
-@pytest.mark.e2e
+@pytest.mark.integration
 def test_a_single_run_that_does_not_fit_is_one_line_and_leaves_nothing(tmp_path, capsys, monkeypatch):
     done = meshrun_in_process(["train", "mesh=2x4", "devices.memory_gib=0.0001"], tmp_path, capsys, monkeypatch)
     assert "devices.memory_gib: does not fit" in one_error_line(done)

@@ -202,7 +202,7 @@ def test_a_killed_run_continues_from_its_last_complete_checkpoint(tmp_path):
     assert_same_weights(exported_weights(tmp_path / "second"), exported_weights(tmp_path / "whole"), 1e-6)
 
 
-@pytest.mark.e2e
+@pytest.mark.integration
 def test_bad_resume_and_checkpoint_dirs_are_one_line_errors(in_tmp, capfd):
     """Through the CLI in this process (the errors are the same as a fresh process's)."""
     source = in_tmp.parent / f"{in_tmp.name}-source"

@@ -707,7 +707,7 @@ def test_json_for_the_default_tiny_transformer(tmp_path):
     assert plan["per_device"]["params_bytes"] == sum(v["bytes_per_device"] for v in plan["variables"])
 
 
-@pytest.mark.e2e
+@pytest.mark.integration
 def test_tables_name_every_variable_and_the_totals(tmp_path, capsys, monkeypatch):
     done = plan_in_process(["model=transformer", "mesh=2x4", "--full"], tmp_path, capsys, monkeypatch)
     assert done.returncode == 0, done.stderr
@@ -726,7 +726,7 @@ def test_tables_name_every_variable_and_the_totals(tmp_path, capsys, monkeypatch
     assert len(rows) == 1 and "64x256" in rows[0] and "16.00 KiB" in rows[0]  # 64*256*4 / 4
 
 
-@pytest.mark.e2e
+@pytest.mark.integration
 @pytest.mark.parametrize(
     "overrides, errors",
     [
@@ -752,7 +752,7 @@ def test_lint_errors_exit_2_with_one_stderr_line_each(tmp_path, overrides, error
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
-@pytest.mark.e2e
+@pytest.mark.integration
 def test_a_plan_collapses_repeated_blocks_and_never_wraps_a_path(tmp_path, capsys, monkeypatch):
     narrow = plan_in_process(["model=transformer", "model.layers=12", "mesh=2x4"], tmp_path / "narrow",
                              capsys, monkeypatch, env={"COLUMNS": "100", "TTY_COMPATIBLE": "1"})
@@ -777,7 +777,7 @@ IDLE_MODEL_AXIS = ("mesh axis 'model' (size 4) shards no variable, so every step
                    "pick a layout that uses it (layout=...) or give it size 1")
 
 
-@pytest.mark.e2e
+@pytest.mark.integration
 def test_a_mesh_axis_that_shards_nothing_is_a_warning(tmp_path, capsys, monkeypatch):
     done = plan_in_process(["-m", "layout=replicated,dense_model", "mesh=2x4", "--json"], tmp_path, capsys, monkeypatch)
     assert done.returncode == 0, done.stderr
@@ -786,7 +786,7 @@ def test_a_mesh_axis_that_shards_nothing_is_a_warning(tmp_path, capsys, monkeypa
     assert dense["warnings"] == []
 
 
-@pytest.mark.e2e
+@pytest.mark.integration
 def test_multirun_prints_one_json_line_per_job(tmp_path, capsys, monkeypatch):
     done = plan_in_process(["-m", "model=transformer", "mesh=2x4,1x8", "--json"], tmp_path, capsys, monkeypatch)
     assert done.returncode == 0, done.stderr
@@ -804,7 +804,7 @@ def test_multirun_prints_one_json_line_per_job(tmp_path, capsys, monkeypatch):
     assert [e["bytes_per_device"] for e in embedding] == [512 * 64 * 4 // 4, 512 * 64 * 4 // 8]
 
 
-@pytest.mark.e2e
+@pytest.mark.integration
 def test_an_explicit_mesh_larger_than_this_machine_plans(tmp_path, capsys, monkeypatch):
     # 256 devices: plan needs none for an explicit shape. The 1b preset (16 heads, d_model 2048,
     # ff 8192, vocab 32000) divides 16 ways on both axes.
