@@ -26,6 +26,11 @@ PROMPTS = [PROMPT, "A", "Every morning the old farmer walks"]  # three lengths: 
 MAX_LENGTH = 24
 RUN = ["model=keras_hub", "mesh=2x4", "layout=gemma_tp", "model.seq_len=32", "train.epochs=1", "train.verbose=0",
        "data.num_samples=32", "data.eval_samples=16"]
+# LoRA at rank 4 with alpha / rank = 2 (folded into what a run exports or keeps), completing PROMPTS:
+# `trained` and the fine-tunes without export train, evaluate and sample the same programs, so the
+# fine-tunes find them compiled.
+LORA_RUN = [*RUN, "model.lora.rank=4", "model.lora.alpha=8", f"train.sample_prompts={json.dumps(PROMPTS)}",
+            f"train.sample_max_length={MAX_LENGTH}"]
 
 
 @pytest.fixture(scope="module")
@@ -43,11 +48,11 @@ def tokenizer(preset):
 
 @pytest.fixture(scope="module")
 def trained(preset, tmp_path_factory):
-    """A LoRA run of the preset on 2x4 that checkpoints, exports and completes PROMPTS; its run dir
-    and metrics."""
+    """A LoRA run of the preset on 2x4 (alpha / rank = 2) that checkpoints, exports and completes
+    PROMPTS; its run dir and metrics."""
     run_dir = tmp_path_factory.mktemp("runs") / "trained"
-    cli.main(["train", *RUN, f"model.preset={preset}", "model.lora.rank=4", "checkpoint.every_epoch=true", "checkpoint.export=true",
-              f"train.sample_prompts={json.dumps(PROMPTS)}", f"train.sample_max_length={MAX_LENGTH}", f"hydra.run.dir={run_dir}"])
+    cli.main(["train", *LORA_RUN, f"model.preset={preset}", "checkpoint.every_epoch=true", "checkpoint.export=true",
+              f"hydra.run.dir={run_dir}"])
     metrics = read_metrics(run_dir)
     assert metrics["status"] == "ok", metrics["error"]
     return run_dir, metrics
@@ -199,9 +204,8 @@ def test_meshrun_generate_loads_only_what_the_runs_metrics_json_says_it_wrote(tr
 
 def fine_tune(preset, run_dir, *args: str) -> tuple:
     """A LoRA run of the preset on 2x4 without export or checkpoints (alpha / rank = 2), completing
-    PROMPT: its run dir and metrics."""
-    cli.main(["train", *RUN, f"model.preset={preset}", "model.lora.rank=4", "model.lora.alpha=8", *args,
-              f"train.sample_prompts=['{PROMPT}']", f"train.sample_max_length={MAX_LENGTH}", f"hydra.run.dir={run_dir}"])
+    PROMPTS: its run dir and metrics."""
+    cli.main(["train", *LORA_RUN, f"model.preset={preset}", *args, f"hydra.run.dir={run_dir}"])
     return run_dir, read_metrics(run_dir)
 
 
@@ -213,7 +217,7 @@ def test_a_lora_fine_tune_without_export_keeps_its_adapter_and_generate_samples_
     assert metrics["checkpoint"]["exported"] is None and metrics["checkpoint"]["exported_preset"] is None
     assert sorted(p.name for p in run_dir.iterdir() if p.suffix in (".h5", ".keras") or p.is_dir()) == [".hydra", "adapter.lora.h5"]
     capsys.readouterr()
-    cli.main(["generate", str(run_dir), "--prompt", PROMPT, "--max-length", str(MAX_LENGTH), "--json"])
+    cli.main(["generate", str(run_dir), *[f"--prompt={prompt}" for prompt in PROMPTS], "--max-length", str(MAX_LENGTH), "--json"])
     assert json.loads(capsys.readouterr().out) == metrics["samples"]
 
 

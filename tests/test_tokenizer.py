@@ -19,6 +19,7 @@ import pytest
 
 import presets
 from meshrun.errors import ConfigError
+from meshrun.text import cache
 from meshrun.text import tokenizer as tokenizer_module
 from meshrun.text.cache import PROBES, ProbeVerdicts
 from meshrun.text.tokenizer import PROBE_TEXTS, load_tokenizer, probe_key, probe_libraries, same_ids
@@ -231,7 +232,7 @@ def test_the_verdicts_key_follows_the_tokenizer_files_the_probe_and_the_librarie
     assert probe_key("0" * 64) != key
 
 
-def test_a_token_cache_others_can_write_is_refused_before_its_verdict_is_read(sources, tmp_path):
+def test_a_token_cache_others_can_write_is_refused_before_its_verdict_is_read(sources, tokenizers, tmp_path):
     for shared, mode, where in ((False, 0o770, "root"), (True, 0o777, "root"), (False, 0o775, "verdicts")):
         cache_dir = tmp_path / f"tokens-{mode:o}-{where}"
         (cache_dir / PROBES).mkdir(parents=True)
@@ -243,6 +244,11 @@ def test_a_token_cache_others_can_write_is_refused_before_its_verdict_is_read(so
     group = tmp_path / "tokens-group"
     group.mkdir(mode=0o770)
     os.chmod(group, 0o770)
+    # the verdict of the check `tokenizers` made (kept in the session's token cache), copied: the
+    # group's cache is trusted and its verdict read, without checking anew (other tests check)
+    (group / PROBES).mkdir(mode=0o770)
+    verdict = f"{probe_key(tokenizers['gpt2'].fingerprint)}.json"
+    shutil.copy(cache.root(None) / PROBES / verdict, group / PROBES / verdict)
     assert load_tokenizer(str(sources["gpt2"]), KEY, str(group), shared_cache=True).backend == "tokenizers"
 
 
