@@ -90,6 +90,7 @@ def test_a_rejected_config_is_a_multirun_jobs_row_and_leaves_nothing_of_a_single
     assert single.failures == [2] and not (tmp_path / "outputs").exists()
 
 
+@pytest.mark.e2e
 def test_a_job_in_a_process_of_its_own_trains_like_one_in_this_process(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     overrides = ["mesh=2x4", *FAST]
