@@ -4,10 +4,14 @@ a pipelined run's losses equal the unpipelined run's; bad input is one line, exi
 
 import json
 import logging
+import shutil
+import tempfile
+from pathlib import Path
 
 import pytest
 
-from conftest import FAST, LogRecords, Trained, layout_rules, one_error_line, run_meshrun, train_in_process
+from conftest import FAST, LogRecords, Trained, layout_rules, run_meshrun, train_in_process
+from meshrun import cli
 from meshrun.config.parse import parse_run_config
 from meshrun.config.schema import LayoutRule, MeshConfig, PipelineConfig
 from meshrun.errors import ConfigError
@@ -141,15 +145,48 @@ def test_a_lenient_rule_leaves_the_same_dimension_whole_in_every_stacked_block_a
     assert [bend.path for bend in bends] == ["embedding/embeddings", *BLOCKS]
 
 
-_REFERENCES: dict[str, dict] = {}
+_RUNS: dict[str, tuple[Trained, Path]] = {}
+
+
+def _trained(raw: dict) -> tuple[Trained, Path]:
+    """The run `raw` and its run dir, trained once per test session (several tests compare with the
+    same run); one the checkpoint tests resume from (RESUMED_FROM) with a checkpoint at the end of
+    each epoch (checkpoints/4 and checkpoints/8)."""
+    if raw in RESUMED_FROM:
+        raw = {**raw, "checkpoint": {"every_epoch": True}}
+    key = json.dumps(raw, sort_keys=True)
+    if key not in _RUNS:
+        run_dir = Path(tempfile.mkdtemp(prefix="meshrun-pipeline-run-"))
+        _RUNS[key] = train_in_process(raw, run_dir), run_dir
+    return _RUNS[key]
 
 
 def _reference_metrics(raw: dict) -> dict:
-    """The metrics of the unpipelined run `raw`, trained once per test session (several tests compare with it)."""
-    key = json.dumps(raw, sort_keys=True)
-    if key not in _REFERENCES:
-        _REFERENCES[key] = train_in_process(raw).metrics
-    return _REFERENCES[key]
+    """The metrics of the unpipelined run `raw` (_trained)."""
+    return _trained(raw)[0].metrics
+
+
+def _cli(args: list[str], capsys) -> tuple[int, str, str]:
+    """Runs the CLI with `args` in this process: its exit status, stdout and stderr."""
+    capsys.readouterr()
+    try:
+        cli.main(args)
+        status = 0
+    except SystemExit as ended:
+        status = ended.code
+    out, err = capsys.readouterr()
+    return status, out, err
+
+
+def _one_error_line(args: list[str], capsys) -> str:
+    """The one `meshrun: error:` line the in-process CLI prints for `args`, leaving with exit status
+    2 (asserting that is all it printed)."""
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(args)
+    err = capsys.readouterr().err
+    lines = err.strip().splitlines()
+    assert exit_info.value.code == 2 and len(lines) == 1 and lines[0].startswith("meshrun: error: "), err[-2000:]
+    return lines[0]
 
 
 def _transformer(mesh: str, names: list, layout: str, layers: int = 2, **pipeline) -> dict:
@@ -161,6 +198,14 @@ def _transformer(mesh: str, names: list, layout: str, layers: int = 2, **pipelin
         "train": {"epochs": 2, "verbose": 0, "batch_size": 16},
         "pipeline": pipeline,
     }
+
+
+STAGES_TP = ["stage", "data", "model"]
+PIPELINED = _transformer("2x2x2", STAGES_TP, "transformer_tp", microbatches=2)
+CIRCULAR = _transformer("2x2x2", STAGES_TP, "transformer_tp", layers=4, microbatches=2, repeats=2)
+SEPARATE = _transformer("2x2", ["data", "model"], "transformer_tp")
+SEPARATE_4 = _transformer("2x2", ["data", "model"], "transformer_tp", layers=4)
+RESUMED_FROM = (PIPELINED, CIRCULAR, SEPARATE, SEPARATE_4)  # (the losses of each are compared with another's too)
 
 
 @pytest.mark.integration
@@ -190,17 +235,14 @@ def _mixed(raw: dict) -> dict:
 
 @pytest.mark.integration
 @pytest.mark.parametrize("pipelined, reference, rel", [
-    (_transformer("2x2x2", ["stage", "data", "model"], "transformer_tp", microbatches=2), _transformer("2x2", ["data", "model"], "transformer_tp"),
-     2e-5),
+    (PIPELINED, SEPARATE, 2e-5),
     (_transformer("4x2", ["stage", "data"], "replicated", layers=4, remat=True), _transformer("2", ["data"], "replicated", layers=4), 2e-5),
-    (_transformer("2x2x2", ["stage", "data", "model"], "transformer_tp", layers=4, microbatches=2, repeats=2),
-     _transformer("2x2", ["data", "model"], "transformer_tp", layers=4), 2e-5),
+    (CIRCULAR, SEPARATE_4, 2e-5),
     # bfloat16 activations: XLA's CPU compiler aborted on the stage sums in bfloat16 until they were made in float32
-    (_mixed(_transformer("2x2x2", ["stage", "data", "model"], "transformer_tp", microbatches=2)),
-     _mixed(_transformer("2x2", ["data", "model"], "transformer_tp")), 1e-3),
+    (_mixed(PIPELINED), _mixed(SEPARATE), 1e-3),
 ], ids=["2 stages, tensor parallel inside", "4 stages, remat", "circular, 2 rounds", "mixed_bfloat16"])
 def test_a_pipelined_run_trains_and_counts_flops_as_the_same_model_with_separate_blocks(pipelined, reference, rel):
-    staged = train_in_process(pipelined)
+    staged = _trained(pipelined)[0]
     expected = _reference_metrics(reference)
     assert staged.metrics["history"]["loss"] == pytest.approx(expected["history"]["loss"], rel=rel)
     assert staged.metrics["history"]["loss"][1] < staged.metrics["history"]["loss"][0]
@@ -231,11 +273,10 @@ def test_a_pipelined_run_trains_and_counts_flops_as_the_same_model_with_separate
      "(attention/seed_generator_2/seed_generator_state, blocks/seed_generator/seed_generator_state) (dropout's random state: set the "
      "model's dropout to 0), which pipeline stages cannot hand on yet; train it without a stage axis"),
 ])
-def test_bad_pipeline_input_is_one_line_and_exit_2(tmp_path, overrides, text):
+def test_bad_pipeline_input_is_one_line_and_exit_2(in_tmp, capsys, overrides, text):
     base = ["train", "model=transformer", "layout=replicated", "mesh.batch_axis=data", *FAST]
-    done = run_meshrun([*base, *overrides, "hydra.run.dir=run"], cwd=tmp_path)
-    assert text in one_error_line(done)
-    assert not (tmp_path / "run" / "metrics.json").exists()
+    assert text in _one_error_line([*base, *overrides, "hydra.run.dir=run"], capsys)
+    assert not (in_tmp / "run" / "metrics.json").exists()
 
 
 STACKS = {"blocks/stacked_mlp_kernel": ("block_0/mlp/kernel", "block_1/mlp/kernel")}
@@ -271,14 +312,13 @@ def test_a_checkpoint_resumes_with_and_without_stages_as_the_run_it_stands_for(t
     import keras
     import numpy as np
 
-    runs = {"pipelined": _transformer("2x2x2", ["stage", "data", "model"], "transformer_tp", microbatches=2),
-            "circular": _transformer("2x2x2", ["stage", "data", "model"], "transformer_tp", microbatches=2, repeats=2, layers=4),
-            "gpipe": _transformer("2x2x2", ["stage", "data", "model"], "transformer_tp", microbatches=2, layers=4),
-            "separate": _transformer("2x2", ["data", "model"], "transformer_tp", layers=4 if "circular" in (first, second) else 2)}
+    runs = {"pipelined": PIPELINED, "circular": CIRCULAR, "gpipe": _transformer("2x2x2", STAGES_TP, "transformer_tp", microbatches=2, layers=4),
+            "separate": SEPARATE_4 if "circular" in (first, second) else SEPARATE}
     whole = _reference_metrics(runs["separate"])["history"]["loss"]
-    checkpoints = str(tmp_path / "checkpoints")
-    train_in_process(_with(runs[first], train={"epochs": 1}, checkpoint={"dir": checkpoints}))
-    resumed = train_in_process(_with(runs[second], checkpoint={"dir": checkpoints, "export": True}), tmp_path / "resumed").metrics
+    checkpoints = tmp_path / "checkpoints"
+    shutil.copytree(_trained(runs[first])[1] / "checkpoints", checkpoints)
+    shutil.rmtree(checkpoints / "8")  # the first epoch's checkpoint (4 steps) is left, as a run of 1 epoch leaves
+    resumed = train_in_process(_with(runs[second], checkpoint={"dir": str(checkpoints), "export": True}), tmp_path / "resumed").metrics
     assert resumed["checkpoint"]["resumed_at_step"] == 4
     assert resumed["history"]["loss"][1] == pytest.approx(whole[1], rel=2e-5)  # the optimizer's state came along too
 
@@ -347,26 +387,28 @@ def test_stages_across_two_processes_train_as_one_process_with_separate_blocks(t
 
 
 @pytest.mark.integration
-def test_a_layout_saved_from_a_pipelined_plan_is_written_for_separate_blocks(tmp_path):
+def test_a_layout_saved_from_a_pipelined_plan_is_written_for_separate_blocks(in_tmp, capsys):
     stage_mesh = ["mesh=2x2x2", "mesh.axis_names=[stage,data,model]", "mesh.batch_axis=data"]
-    saved = run_meshrun(["plan", "model=transformer", *stage_mesh, "layout=transformer_tp", "--save-layout", "saved.yaml"], cwd=tmp_path)
-    assert saved.returncode == 0, saved.stderr[-2000:]
-    text = (tmp_path / "saved.yaml").read_text()
+    status, _, err = _cli(["plan", "model=transformer", *stage_mesh, "layout=transformer_tp", "--save-layout", "saved.yaml"], capsys)
+    assert status == 0, err[-2000:]
+    text = (in_tmp / "saved.yaml").read_text()
     assert "block_\\d+/mlp_up/kernel: [null, model]" in text and "stacked" not in text
     for mesh in (stage_mesh, ["mesh=2x4"]):  # the same file serves a run with stages and one without
-        done = run_meshrun(["plan", "--json", "model=transformer", *mesh, "layout=saved.yaml"], cwd=tmp_path)
-        assert done.returncode == 0, done.stderr[-2000:]
-        assert json.loads(done.stdout)["status"] == "ok"
+        status, out, err = _cli(["plan", "--json", "model=transformer", *mesh, "layout=saved.yaml"], capsys)
+        assert status == 0, err[-2000:]
+        assert json.loads(out)["status"] == "ok"
 
 
 @pytest.mark.e2e
-def test_a_sweep_over_microbatches_reports_the_idle_share_by_the_formula_and_fitted(tmp_path):
-    done = run_meshrun(["train", "-m", "model=transformer", "model.layers=4", "mesh=2x4", "mesh.axis_names=[stage,data]",
-                        "mesh.batch_axis=data", "layout=replicated", "pipeline.microbatches=1,2,4", "train.epochs=2", "train.verbose=0",
-                        "data.num_samples=128", "hydra.sweep.dir=sweep"], cwd=tmp_path, timeout=600)
-    assert done.returncode == 0, done.stderr[-2000:]
-    rows = {row["microbatches"]: row for row in json.loads((tmp_path / "sweep" / "summary.json").read_text())["rows"]}
+def test_a_sweep_over_microbatches_reports_the_idle_share_by_the_formula_and_fitted(in_tmp, capsys):
+    # PIPELINED's model and mesh (2 stages; the job of 2 microbatches finds its step compiled)
+    status, out, err = _cli(["train", "-m", "model=transformer", "model.layers=2", "mesh=2x2x2", "mesh.axis_names=[stage,data,model]",
+                             "mesh.batch_axis=data", "layout=transformer_tp", "pipeline.microbatches=1,2,4", "train.epochs=2",
+                             "train.verbose=0", "train.batch_size=16", "data.num_samples=64", "data.eval_samples=16",
+                             "hydra.sweep.dir=sweep"], capsys)
+    assert status == 0, err[-2000:]
+    rows = {row["microbatches"]: row for row in json.loads((in_tmp / "sweep" / "summary.json").read_text())["rows"]}
     assert sorted(rows) == [1, 2, 4]
     assert [rows[m]["bubble_formula"] for m in (1, 2, 4)] == [pytest.approx(1 / 2), pytest.approx(1 / 3), pytest.approx(1 / 5)]
     assert all(0 <= rows[m]["bubble_fit"] < 1 and rows[m]["stages"] == 2 for m in rows)
-    assert "idle (formula, fit)" in done.stdout
+    assert "idle (formula, fit)" in out
