@@ -29,15 +29,15 @@ os.environ["XDG_CACHE_HOME"] = os.environ["MESHRUN_TESTS_CACHE_HOME"]
 # pytest's capture it is not, so in-process CLI tests would close pytest's own capture file.
 absl.logging.get_absl_handler().python_handler.stream = sys.__stderr__
 
-# The slowest test files, slowest first (a whole file's seconds on the 2-core CI machine, one file
-# at a time: 45 to 160 each, the median file 10). The README's test command runs the files on two
+# The slowest test files, slowest first (a whole file's test seconds in a run of the whole suite on two
+# workers on the 2-core CI machine: 65 to 300 each, the median file 10). The README's test command runs the files on two
 # workers (pytest-xdist, --dist loadfile), each file on one worker from start to end, handing them
 # out in the order collected: these go first so that the workers end together on small files, not
 # one of them alone on a slow file for minutes at the end.
-SLOWEST_FILES = ("test_pipeline_config.py", "test_preemption.py", "test_zoo.py", "test_multiprocess.py", "test_slurm.py",
-                 "test_pipeline_hub.py", "test_keras_hub.py", "test_checkpoint.py", "test_user_models.py", "test_data_sources.py",
-                 "test_lora.py", "test_training_features.py", "test_text_finetune.py", "test_page_faults.py", "test_bench_gpu.py",
-                 "test_sweep.py")
+SLOWEST_FILES = ("test_pipeline_config.py", "test_preemption.py", "test_zoo.py", "test_keras_hub.py", "test_slurm.py",
+                 "test_generate.py", "test_multiprocess.py", "test_pipeline_hub.py", "test_bench_gpu.py", "test_checkpoint.py",
+                 "test_text_finetune.py", "test_sweep.py", "test_page_faults.py", "test_lora.py", "test_data_sources.py",
+                 "test_auto_layout.py", "test_k8s.py")
 
 
 # The suite's layers (README "Run the tests"): a test marked with none of these is a unit test.
@@ -84,6 +84,26 @@ def run_meshrun(args, cwd, timeout=300):
         text=True,
         timeout=timeout,
     )
+
+
+def cli_here(args, capture) -> subprocess.CompletedProcess:
+    """`meshrun ARGS` run by the real CLI in this test process, as run_meshrun runs it in a fresh
+    one, without the fresh process's start-up: its exit status and what it printed, as a
+    CompletedProcess (`capture`: pytest's capsys, or capfd to take what native code writes to the
+    file descriptors too). jax is started first, with this process's 8 devices: a plan started
+    alone would start it with one."""
+    import jax  # noqa: F401
+
+    from meshrun import cli
+
+    capture.readouterr()
+    try:
+        cli.main(args)
+        returncode = 0
+    except SystemExit as ended:
+        returncode = ended.code if isinstance(ended.code, int) else 1
+    out, err = capture.readouterr()
+    return subprocess.CompletedProcess(["meshrun", *args], returncode, out, err)
 
 
 def one_error_line(done) -> str:

@@ -15,11 +15,10 @@ from __future__ import annotations
 import json
 import logging
 import re
-from types import SimpleNamespace
 
 import pytest
 
-from conftest import one_error_line, run_meshrun
+from conftest import cli_here, one_error_line, run_meshrun
 from meshrun.config.parse import parse_size
 from meshrun.config.schema import LayoutRule, MeshConfig
 from meshrun.errors import ConfigError
@@ -209,22 +208,11 @@ def test_auto_keys_on_another_layout_are_one_grammatical_warning_said_once_a_pro
     assert all(said in setup.plan.warnings for setup in setups)
 
 
-def meshrun_in_process(args: list[str], cwd, capsys, monkeypatch) -> SimpleNamespace:
+def meshrun_in_process(args: list[str], cwd, capsys, monkeypatch):
     """`meshrun ARGS` run in this process in the working dir `cwd`, as run_meshrun runs it in a
     fresh one: its exit status (`returncode`), `stdout` and `stderr`."""
-    import jax  # noqa: F401  started here with conftest's 8 devices: a plan would start it with 1, and later tests need 8
-
-    from meshrun import cli
-
     monkeypatch.chdir(cwd)
-    capsys.readouterr()
-    try:
-        cli.main(args)
-        returncode = 0
-    except SystemExit as exit_info:
-        returncode = exit_info.code if isinstance(exit_info.code, int) else 1
-    out, err = capsys.readouterr()
-    return SimpleNamespace(returncode=returncode, stdout=out, stderr=err)
+    return cli_here(args, capsys)
 
 
 def plans(tmp_path, capsys, monkeypatch, *overrides) -> list[dict]:

@@ -19,7 +19,9 @@ import pytest
 
 from conftest import (
     FAST,
+    cli_here,
     layout_rules,
+    one_error_line,
     read_metrics,
     run_meshrun,
     train_in_process,
@@ -233,11 +235,7 @@ def test_bad_resume_and_checkpoint_dirs_are_one_line_errors(in_tmp, capfd):
 def cli_error_line(args: list[str], capfd) -> str:
     """The one `meshrun: error:` line of `meshrun ARGS` run in this process and rejected with exit
     status 2 (asserting that is all it wrote to stderr, the file descriptor's included)."""
-    with pytest.raises(SystemExit) as exit_info:
-        cli.main(args)
-    lines = capfd.readouterr().err.strip().splitlines()
-    assert exit_info.value.code == 2 and len(lines) == 1 and lines[0].startswith("meshrun: error: "), lines[-20:]
-    return lines[0]
+    return one_error_line(cli_here(args, capfd))
 
 
 @pytest.mark.e2e

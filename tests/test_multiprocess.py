@@ -19,6 +19,7 @@ import pytest
 
 from conftest import (
     FAST,
+    cli_here,
     fast_run_in_process,
     one_error_line,
     read_metrics,
@@ -257,11 +258,7 @@ def test_an_exception_in_one_process_ends_the_job_naming_it(tmp_path):
 def rejected(args: list[str], capsys) -> str:
     """The one `meshrun: error:` line of `meshrun ARGS` run by the real CLI in this process,
     rejected with exit status 2 before any process starts (asserting that is all it printed)."""
-    with pytest.raises(SystemExit) as exit_info:
-        cli.main(args)
-    lines = capsys.readouterr().err.strip().splitlines()
-    assert exit_info.value.code == 2 and len(lines) == 1 and lines[0].startswith("meshrun: error: "), lines
-    return lines[0]
+    return one_error_line(cli_here(args, capsys))
 
 
 def listening_port() -> socket.socket:

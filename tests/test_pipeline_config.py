@@ -10,8 +10,16 @@ from pathlib import Path
 
 import pytest
 
-from conftest import FAST, LogRecords, Trained, layout_rules, run_meshrun, train_in_process
-from meshrun import cli
+from conftest import (
+    FAST,
+    LogRecords,
+    Trained,
+    cli_here,
+    layout_rules,
+    one_error_line,
+    run_meshrun,
+    train_in_process,
+)
 from meshrun.config.parse import parse_run_config
 from meshrun.config.schema import LayoutRule, MeshConfig, PipelineConfig
 from meshrun.errors import ConfigError
@@ -168,25 +176,14 @@ def _reference_metrics(raw: dict) -> dict:
 
 def _cli(args: list[str], capsys) -> tuple[int, str, str]:
     """Runs the CLI with `args` in this process: its exit status, stdout and stderr."""
-    capsys.readouterr()
-    try:
-        cli.main(args)
-        status = 0
-    except SystemExit as ended:
-        status = ended.code
-    out, err = capsys.readouterr()
-    return status, out, err
+    done = cli_here(args, capsys)
+    return done.returncode, done.stdout, done.stderr
 
 
 def _one_error_line(args: list[str], capsys) -> str:
     """The one `meshrun: error:` line the in-process CLI prints for `args`, leaving with exit status
     2 (asserting that is all it printed)."""
-    with pytest.raises(SystemExit) as exit_info:
-        cli.main(args)
-    err = capsys.readouterr().err
-    lines = err.strip().splitlines()
-    assert exit_info.value.code == 2 and len(lines) == 1 and lines[0].startswith("meshrun: error: "), err[-2000:]
-    return lines[0]
+    return one_error_line(cli_here(args, capsys))
 
 
 def _transformer(mesh: str, names: list, layout: str, layers: int = 2, **pipeline) -> dict:

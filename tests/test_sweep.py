@@ -8,7 +8,7 @@ import shutil
 
 import pytest
 
-from conftest import FAST, read_metrics, run_meshrun
+from conftest import FAST, cli_here, read_metrics, run_meshrun
 from meshrun import cli
 from meshrun.report import sweep
 
@@ -17,14 +17,8 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 def meshrun_here(args: list[str], capsys) -> tuple[int, str, str]:
     """`meshrun ARGS` by the real CLI in this process: its exit status, stdout and stderr."""
-    capsys.readouterr()
-    try:
-        cli.main(args)
-        status = 0
-    except SystemExit as ended:
-        status = ended.code
-    out, err = capsys.readouterr()
-    return status, out, err
+    done = cli_here(args, capsys)
+    return done.returncode, done.stdout, done.stderr
 
 
 def test_mesh_shapes_are_every_ordered_factorisation():
