@@ -174,12 +174,6 @@ def _reference_metrics(raw: dict) -> dict:
     return _trained(raw)[0].metrics
 
 
-def _cli(args: list[str], capsys) -> tuple[int, str, str]:
-    """Runs the CLI with `args` in this process: its exit status, stdout and stderr."""
-    done = cli_here(args, capsys)
-    return done.returncode, done.stdout, done.stderr
-
-
 def _one_error_line(args: list[str], capsys) -> str:
     """The one `meshrun: error:` line the in-process CLI prints for `args`, leaving with exit status
     2 (asserting that is all it printed)."""
@@ -386,26 +380,26 @@ def test_stages_across_two_processes_train_as_one_process_with_separate_blocks(t
 @pytest.mark.integration
 def test_a_layout_saved_from_a_pipelined_plan_is_written_for_separate_blocks(in_tmp, capsys):
     stage_mesh = ["mesh=2x2x2", "mesh.axis_names=[stage,data,model]", "mesh.batch_axis=data"]
-    status, _, err = _cli(["plan", "model=transformer", *stage_mesh, "layout=transformer_tp", "--save-layout", "saved.yaml"], capsys)
-    assert status == 0, err[-2000:]
+    done = cli_here(["plan", "model=transformer", *stage_mesh, "layout=transformer_tp", "--save-layout", "saved.yaml"], capsys)
+    assert done.returncode == 0, done.stderr[-2000:]
     text = (in_tmp / "saved.yaml").read_text()
     assert "block_\\d+/mlp_up/kernel: [null, model]" in text and "stacked" not in text
     for mesh in (stage_mesh, ["mesh=2x4"]):  # the same file serves a run with stages and one without
-        status, out, err = _cli(["plan", "--json", "model=transformer", *mesh, "layout=saved.yaml"], capsys)
-        assert status == 0, err[-2000:]
-        assert json.loads(out)["status"] == "ok"
+        done = cli_here(["plan", "--json", "model=transformer", *mesh, "layout=saved.yaml"], capsys)
+        assert done.returncode == 0, done.stderr[-2000:]
+        assert json.loads(done.stdout)["status"] == "ok"
 
 
 @pytest.mark.e2e
 def test_a_sweep_over_microbatches_reports_the_idle_share_by_the_formula_and_fitted(in_tmp, capsys):
     # PIPELINED's model and mesh (2 stages; the job of 2 microbatches finds its step compiled)
-    status, out, err = _cli(["train", "-m", "model=transformer", "model.layers=2", "mesh=2x2x2", "mesh.axis_names=[stage,data,model]",
-                             "mesh.batch_axis=data", "layout=transformer_tp", "pipeline.microbatches=1,2,4", "train.epochs=2",
-                             "train.verbose=0", "train.batch_size=16", "data.num_samples=64", "data.eval_samples=16",
-                             "hydra.sweep.dir=sweep"], capsys)
-    assert status == 0, err[-2000:]
+    done = cli_here(["train", "-m", "model=transformer", "model.layers=2", "mesh=2x2x2", "mesh.axis_names=[stage,data,model]",
+                     "mesh.batch_axis=data", "layout=transformer_tp", "pipeline.microbatches=1,2,4", "train.epochs=2",
+                     "train.verbose=0", "train.batch_size=16", "data.num_samples=64", "data.eval_samples=16",
+                     "hydra.sweep.dir=sweep"], capsys)
+    assert done.returncode == 0, done.stderr[-2000:]
     rows = {row["microbatches"]: row for row in json.loads((in_tmp / "sweep" / "summary.json").read_text())["rows"]}
     assert sorted(rows) == [1, 2, 4]
     assert [rows[m]["bubble_formula"] for m in (1, 2, 4)] == [pytest.approx(1 / 2), pytest.approx(1 / 3), pytest.approx(1 / 5)]
     assert all(0 <= rows[m]["bubble_fit"] < 1 and rows[m]["stages"] == 2 for m in rows)
-    assert "idle (formula, fit)" in out
+    assert "idle (formula, fit)" in done.stdout
