@@ -171,13 +171,11 @@ def test_min_bytes_that_is_not_a_size_names_the_key_and_examples(bad):
 
 
 def plan_in_process(args: list[str], capsys) -> dict:
-    """The plan `meshrun plan ARGS --json` prints, run in this process."""
-    import jax  # noqa: F401  started here with conftest's 8 devices: a plan would start it with 1, and later tests need 8
-
-    from meshrun import cli
-
-    cli.main(["plan", *args, "--json"])
-    return json.loads(capsys.readouterr().out)
+    """The plan `meshrun plan ARGS --json` prints, run in this process (conftest's cli_here starts
+    jax with its 8 devices first: a plan would start it with 1, and later tests need 8)."""
+    done = cli_here(["plan", *args, "--json"], capsys)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads(done.stdout)
 
 
 @pytest.mark.integration

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import FAST, read_metrics, run_meshrun
+from conftest import FAST, cli_here, read_metrics, run_meshrun
 from meshrun import cli
 
 pytestmark = pytest.mark.e2e
@@ -36,9 +36,22 @@ def flat_keys(tree, prefix=""):
     return keys
 
 
-def test_train_writes_a_complete_metrics_json(tmp_path):
-    run_dir = tmp_path / "run"
-    done = run_meshrun(["train", "mesh=2x4", "layout=dense_model", *FAST, f"hydra.run.dir={run_dir}"], tmp_path)
+# The README's main job, `meshrun train mesh=2x4 layout=dense_model` in a fresh process, run once a
+# module: its run dir and output serve the metrics.json test and the README's losses test.
+_readme_run: dict = {}
+
+
+def readme_run(tmp_path_factory) -> tuple[subprocess.CompletedProcess, Path]:
+    """The README's main job's outcome and run dir, run by the first test that asks."""
+    if not _readme_run:
+        root = tmp_path_factory.mktemp("readme-run")
+        run_dir = root / "run"
+        _readme_run["run"] = (run_meshrun(["train", "mesh=2x4", "layout=dense_model", f"hydra.run.dir={run_dir}"], root), run_dir)
+    return _readme_run["run"]
+
+
+def test_train_writes_a_complete_metrics_json(tmp_path_factory):
+    done, run_dir = readme_run(tmp_path_factory)
     assert done.returncode == 0, done.stderr
     metrics = read_metrics(run_dir)
     assert REQUIRED <= flat_keys(metrics), REQUIRED - flat_keys(metrics)
@@ -46,7 +59,7 @@ def test_train_writes_a_complete_metrics_json(tmp_path):
     assert metrics["mesh"]["shape"] == [2, 4]
     assert metrics["devices"] == {**metrics["devices"], "platform": "cpu", "count": 8, "processes": 1, "emulated": True}
     assert metrics["sharding"]["d1/kernel"]["spec"] == [None, "model"]
-    assert len(metrics["history"]["loss"]) == 2 == len(metrics["timing"]["epoch_s"])
+    assert len(metrics["history"]["loss"]) == 3 == len(metrics["timing"]["epoch_s"])
     assert 0 < metrics["timing"]["startup_s"] < metrics["timing"]["wall_s"]
     assert metrics["timing"]["teardown_s"] < 0.01  # the process ends right after: no session to clear
     assert "emulating 8 CPU devices" in done.stdout + done.stderr
@@ -83,9 +96,8 @@ def readme_losses() -> list[float]:
 
 
 @pytest.mark.smoke
-def test_the_readme_quickstart_trains_to_the_losses_the_readme_shows(tmp_path):
-    run_dir = tmp_path / "run"
-    done = run_meshrun(["train", "mesh=2x4", "layout=dense_model", f"hydra.run.dir={run_dir}"], tmp_path)
+def test_the_readme_quickstart_trains_to_the_losses_the_readme_shows(tmp_path_factory):
+    done, run_dir = readme_run(tmp_path_factory)
     assert done.returncode == 0, done.stderr[-3000:]
     shown = readme_losses()
     assert len(shown) == 3
@@ -141,7 +153,9 @@ def test_config_error_in_a_fresh_process_is_one_line_exit_2_and_leaves_nothing(t
     assert list(tmp_path.iterdir()) == []
 
 
-def test_failure_during_training_writes_status_error(tmp_path):
+@pytest.mark.integration
+def test_failure_during_training_writes_status_error(tmp_path, in_tmp, capsys):
+    """By the CLI in this process (the run's failure, not the process, is the point)."""
     run_dir = tmp_path / "run"
     # The user's data generator fails in the middle of the first epoch.
     (tmp_path / "failing_data.py").write_text(
@@ -151,10 +165,10 @@ def test_failure_during_training_writes_status_error(tmp_path):
         "        yield np.zeros((28, 28, 1), np.float32), np.zeros((10,), np.float32)\n"
         "    raise RuntimeError('disk went away')\n"
     )
-    done = run_meshrun(
+    done = cli_here(
         ["train", *FAST, "data=python", "data.factory=failing_data:make", "data.num_samples=128",
          "data.eval_samples=32", f"hydra.run.dir={run_dir}"],
-        tmp_path,
+        capsys,
     )
     assert done.returncode == 1
     lines = done.stderr.strip().splitlines()

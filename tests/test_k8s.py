@@ -16,7 +16,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 import yaml
 
-from conftest import FAST, fast_run_in_process, read_metrics, run_meshrun
+from conftest import FAST, cli_here, fast_run_in_process, read_metrics, run_meshrun
 from meshrun import cli
 from meshrun.config.parse import parse_distributed
 from meshrun.errors import ConfigError
@@ -437,7 +437,7 @@ def test_an_object_the_api_server_refuses_is_one_line_naming_what_was_created(ap
 
 
 @pytest.mark.e2e
-def test_a_simulated_two_pod_indexed_job_trains_exactly_like_one_process_and_reruns_in_its_run_dir(tmp_path):
+def test_a_simulated_two_pod_indexed_job_trains_exactly_like_one_process_and_reruns_in_its_run_dir(tmp_path, capfd, monkeypatch):
     port = free_port()
     done = run_meshrun(["k8s", *CPU_JOB, *FAST, "distributed.timeout_s=120", *FLAGS, "--kind", "indexed-job", "--volume", "runs:/runs",
                         "--port", str(port), "--simulate"], tmp_path)
@@ -460,11 +460,13 @@ def test_a_simulated_two_pod_indexed_job_trains_exactly_like_one_process_and_rer
     again = ["k8s", *CPU_JOB, *FAST, "distributed.timeout_s=120", *FLAGS, "--kind", "indexed-job", "--volume", "runs:/runs",
              "--port", str(free_port()), "--simulate"]
     files = {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file() and not p.name.startswith("process-")}
-    refused = run_meshrun([*again, "resume=never"], tmp_path)
+    # (These two simulations by the CLI in this process, their pods real processes as before.)
+    monkeypatch.chdir(tmp_path)
+    refused = cli_here([*again, "resume=never"], capfd)
     assert refused.returncode == 2 and f"meshrun: error: hydra.run.dir: got '{run_dir}', which holds a finished run" in refused.stderr
     assert {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file() and not p.name.startswith("process-")} == files
     # ... and with a third epoch (resume=auto, the pods' default) both continue it from its checkpoint, each step logged once.
-    done = run_meshrun([*again, "train.epochs=3"], tmp_path)
+    done = cli_here([*again, "train.epochs=3"], capfd)
     assert done.returncode == 0, done.stderr[-3000:]
     metrics = read_metrics(run_dir)
     assert metrics["checkpoint"]["resumed_at_step"] == 16 and len(metrics["history"]["loss"]) == 3

@@ -120,6 +120,24 @@ def test_process_layout_says_which_axes_cross_processes(shape, processes, crossi
 # The one-process references, trained in this process once per mesh and layout (two cases share one).
 single_process_run = functools.cache(fast_run_in_process)
 
+# One two-process sweep a module (mesh=2x4,1x8 on dense_model, FAST; `meshrun train -m` by the CLI
+# in this process, each job's two processes real ones): its jobs are two cases of
+# test_two_processes_train_exactly_like_one, and test_a_sweep_of_two_process_jobs_and_their_plan
+# reads it too.
+SWEPT = {"2x4": "0", "1x8": "1"}
+_two_process_sweep: dict = {}
+
+
+def two_process_sweep(tmp_path_factory, capfd, monkeypatch) -> tuple[subprocess.CompletedProcess, Path]:
+    """The sweep's outcome (as run_meshrun gives it) and its dir, run by the first test that asks."""
+    if not _two_process_sweep:
+        root = tmp_path_factory.mktemp("two-process-sweep")
+        monkeypatch.chdir(root)
+        sweep_dir = root / "sweep"
+        done = cli_here(["train", "-m", TWO, "mesh=2x4,1x8", "layout=dense_model", *FAST, f"hydra.sweep.dir={sweep_dir}"], capfd)
+        _two_process_sweep["run"] = (done, sweep_dir)
+    return _two_process_sweep["run"]
+
 
 @pytest.mark.e2e
 @pytest.mark.parametrize(
@@ -129,10 +147,21 @@ single_process_run = functools.cache(fast_run_in_process)
      # the hybrid mesh: the model axis across the two processes, the data axis within each
      ("2x4", "dense_model", 1, [1, 2], True)],
 )
-def test_two_processes_train_exactly_like_one(tmp_path, mesh_name, layout, shares, dcn, given):
-    run_dir = tmp_path / "run"
-    extra = [f"mesh.dcn=[{dcn[0]},{dcn[1]}]"] if given else []
-    done = run_meshrun(["train", TWO, f"mesh={mesh_name}", f"layout={layout}", *extra, *FAST, f"hydra.run.dir={run_dir}"], tmp_path)
+def test_two_processes_train_exactly_like_one(tmp_path, tmp_path_factory, capfd, monkeypatch, mesh_name, layout, shares, dcn, given):
+    """Each job's launcher is the CLI in this process (its two processes real ones): the jobs of
+    the module's sweep where it has them, else one `meshrun train` of its own."""
+    if layout == "dense_model" and not given:
+        done, sweep_dir = two_process_sweep(tmp_path_factory, capfd, monkeypatch)
+        run_dir = sweep_dir / SWEPT[mesh_name]
+        # Process 0 of each job reports: once a job, each under its own mesh.
+        assert done.stdout.count("meshrun: dense_model on mesh") == len(SWEPT)
+        reports = done.stdout.count(f"meshrun: dense_model on mesh {mesh_name}")
+    else:
+        run_dir = tmp_path / "run"
+        extra = [f"mesh.dcn=[{dcn[0]},{dcn[1]}]"] if given else []
+        monkeypatch.chdir(tmp_path)
+        done = cli_here(["train", TWO, f"mesh={mesh_name}", f"layout={layout}", *extra, *FAST, f"hydra.run.dir={run_dir}"], capfd)
+        reports = done.stdout.count("meshrun: dense_model on mesh")
     assert done.returncode == 0, done.stderr[-3000:]
     metrics = read_metrics(run_dir)
     assert metrics["devices"]["processes"] == 2 and metrics["devices"]["per_process"] == 4 and metrics["devices"]["count"] == 8
@@ -145,7 +174,7 @@ def test_two_processes_train_exactly_like_one(tmp_path, mesh_name, layout, share
     assert metrics["eval"]["loss"] == pytest.approx(single["eval"]["loss"], abs=1e-5)
     assert {p: v["spec"] for p, v in metrics["sharding"].items()} == {p: v["spec"] for p, v in single["sharding"].items()}
     # Process 0 reports; process 1 logs into its own file and writes nothing else.
-    assert done.stdout.count("meshrun: dense_model on mesh") == 1
+    assert reports == 1
     log = (run_dir / "process-1.log").read_text()
     assert "process 1 of 2 joining the job" in log
     listed = json.loads((run_dir / "processes.json").read_text())
@@ -190,31 +219,11 @@ def finish(launcher: subprocess.Popen, timeout: float) -> tuple[int, str, float]
 
 
 @pytest.mark.e2e
-def test_a_killed_process_ends_the_job_quickly_with_one_line_and_no_orphans(tmp_path):
-    launcher, run_dir = start_long_job(tmp_path)
-    try:
-        listed = wait_for(lambda: (run_dir / "processes.json").exists() and json.loads((run_dir / "processes.json").read_text()), 120, "processes.json")
-        wait_for(lambda: "epoch 1/200:" in (run_dir / "process-1.log").read_text(), 120, "process 1 to train an epoch")
-        pids = [p["pid"] for p in listed["processes"]]
-        os.kill(pids[1], signal.SIGKILL)
-        status, stderr, seconds = finish(launcher, timeout=90)
-    finally:
-        launcher.kill()
-    errors = [line for line in stderr.splitlines() if line.startswith("meshrun: error:")]
-    assert status == 1 and seconds < 60, (status, seconds, stderr[-2000:])
-    assert errors == [f"meshrun: error: process 1 of 2 was killed by SIGKILL; its log: {run_dir / 'process-1.log'}"], stderr[-2000:]
-    assert "Traceback" not in stderr
-    assert all(gone(pid) for pid in pids), "a process outlived the job"
-    metrics = read_metrics(run_dir)
-    assert metrics["status"] == "error" and "process 1 of 2 was killed" in metrics["error"]
-
-
-@pytest.mark.e2e
 def test_a_time_budget_stops_every_process_at_the_same_step_with_a_checkpoint(tmp_path):
     """Process 0's clock decides, checked together every 20 steps: the job stops part-way through
     its 50 epochs, at a checked step, saves it and exits 0 (a disagreement would hang)."""
     run_dir = tmp_path / "run"
-    done = run_meshrun(["train", TWO, "mesh=2x4", "train.epochs=50", "data.num_samples=4096", "train.verbose=0", "train.max_time=15",
+    done = run_meshrun(["train", TWO, "mesh=2x4", "train.epochs=50", "data.num_samples=4096", "train.verbose=0", "train.max_time=8",
                         f"hydra.run.dir={run_dir}"], tmp_path, timeout=240)
     assert done.returncode == 0, done.stderr[-2000:]
     metrics = read_metrics(run_dir)
@@ -239,13 +248,14 @@ def make(split, seed):
 
 
 @pytest.mark.e2e
-def test_an_exception_in_one_process_ends_the_job_naming_it(tmp_path):
-    (tmp_path / "failing_reader.py").write_text(FAILING_FACTORY)
-    run_dir = tmp_path / "run"
-    done = run_meshrun(
+def test_an_exception_in_one_process_ends_the_job_naming_it(in_tmp, capfd):
+    """The job's launcher is the CLI in this process; its two processes are real ones."""
+    (in_tmp / "failing_reader.py").write_text(FAILING_FACTORY)
+    run_dir = in_tmp / "run"
+    done = cli_here(
         ["train", TWO, "mesh=2x4", "data=python", "data.factory=failing_reader:make", "data.num_samples=512",
          "data.eval_samples=64", "train.verbose=0", f"hydra.run.dir={run_dir}"],
-        tmp_path, timeout=180,
+        capfd,
     )
     errors = [line for line in done.stderr.splitlines() if line.startswith("meshrun: error:")]
     assert done.returncode == 1, done.stderr[-2000:]
@@ -354,7 +364,8 @@ LOOPBACK = {"0100007F", "0000000000000000FFFF00000100007F", "0000000000000000000
 
 
 @pytest.mark.e2e
-def test_a_local_jobs_coordinator_listens_on_loopback_only(tmp_path):
+def test_a_local_jobs_coordinator_listens_on_loopback_only_and_a_killed_process_ends_the_job_quickly_with_one_line_and_no_orphans(tmp_path):
+    """One long job: where its coordinator listens while it trains, then process 1 killed."""
     port = free_port()
     launcher, run_dir = start_long_job(tmp_path, f"distributed.port={port}")
     try:
@@ -368,9 +379,23 @@ def test_a_local_jobs_coordinator_listens_on_loopback_only(tmp_path):
         log = (run_dir / "train.log").read_text()
         assert f"coordinator 127.0.0.1:{port}, listening on 127.0.0.1:{port}, loopback only" in log
         assert f"its coordinator listens on 127.0.0.1:{port}" in log
+
+        listed = wait_for(lambda: (run_dir / "processes.json").exists() and json.loads((run_dir / "processes.json").read_text()), 120, "processes.json")
+        wait_for(lambda: "epoch 1/200:" in (run_dir / "process-1.log").read_text(), 120, "process 1 to train an epoch")
+        pids = [p["pid"] for p in listed["processes"]]
+        os.kill(pids[1], signal.SIGKILL)
+        status, stderr, seconds = finish(launcher, timeout=90)
     finally:
-        launcher.kill()
-        launcher.communicate(timeout=60)
+        if launcher.poll() is None:
+            launcher.kill()
+            launcher.communicate(timeout=60)
+    errors = [line for line in stderr.splitlines() if line.startswith("meshrun: error:")]
+    assert status == 1 and seconds < 60, (status, seconds, stderr[-2000:])
+    assert errors == [f"meshrun: error: process 1 of 2 was killed by SIGKILL; its log: {run_dir / 'process-1.log'}"], stderr[-2000:]
+    assert "Traceback" not in stderr
+    assert all(gone(pid) for pid in pids), "a process outlived the job"
+    metrics = read_metrics(run_dir)
+    assert metrics["status"] == "error" and "process 1 of 2 was killed" in metrics["error"]
 
 
 @pytest.mark.integration
@@ -406,13 +431,12 @@ def test_too_few_processes_for_num_processes_fail_in_bounded_time(in_tmp):
 
 
 @pytest.mark.e2e
-def test_a_sweep_of_two_process_jobs_and_their_plan(tmp_path, in_tmp, capsys):
-    sweep_dir = tmp_path / "sweep"
-    done = run_meshrun(["train", "-m", TWO, "mesh=2x4,1x8", "layout=dense_model", *FAST, f"hydra.sweep.dir={sweep_dir}"], tmp_path)
+def test_a_sweep_of_two_process_jobs_and_their_plan(tmp_path_factory, in_tmp, capfd, monkeypatch):
+    done, sweep_dir = two_process_sweep(tmp_path_factory, capfd, monkeypatch)
     assert done.returncode == 0, done.stderr[-3000:]
     rows = json.loads((sweep_dir / "summary.json").read_text())["rows"]
     assert sorted(r["mesh"] for r in rows) == ["1x8", "2x4"] and all(r["status"] == "ok" for r in rows)
     assert all(read_metrics(sweep_dir / job)["devices"]["processes"] == 2 for job in ("0", "1"))
-    capsys.readouterr()
+    capfd.readouterr()
     cli.main(["plan", TWO, "mesh=1x8", "layout=dense_model", "--json"])  # the plan, in this process
-    assert json.loads(capsys.readouterr().out)["processes"] == {"count": 2, "devices_per_process": 4, "axes_across_processes": ["model"], "batch_shares": 1}
+    assert json.loads(capfd.readouterr().out)["processes"] == {"count": 2, "devices_per_process": 4, "axes_across_processes": ["model"], "batch_shares": 1}

@@ -15,12 +15,6 @@ from meshrun.report import sweep
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
-def meshrun_here(args: list[str], capsys) -> tuple[int, str, str]:
-    """`meshrun ARGS` by the real CLI in this process: its exit status, stdout and stderr."""
-    done = cli_here(args, capsys)
-    return done.returncode, done.stdout, done.stderr
-
-
 def test_mesh_shapes_are_every_ordered_factorisation():
     assert sweep.mesh_shapes(8, 2) == [(8, 1), (4, 2), (2, 4), (1, 8)]
     assert sweep.mesh_shapes(6, 2) == [(6, 1), (3, 2), (2, 3), (1, 6)]
@@ -198,9 +192,9 @@ def test_sweep_runs_every_shape_compares_them_and_report_reproduces_the_files(tm
     """The sweep and the reports by the CLI in this process (its jobs share it, as they share a
     `meshrun sweep` process)."""
     sweep_dir = tmp_path / "sweep"
-    status, stdout, stderr = meshrun_here(["sweep", "layout=dense_model", *FAST, f"hydra.sweep.dir={sweep_dir}"], capsys)
-    assert status == 0, stderr
-    assert "meshrun sweep: 4 mesh shapes of 8 devices: 8x1, 4x2, 2x4, 1x8" in stdout
+    done = cli_here(["sweep", "layout=dense_model", *FAST, f"hydra.sweep.dir={sweep_dir}"], capsys)
+    assert done.returncode == 0, done.stderr
+    assert "meshrun sweep: 4 mesh shapes of 8 devices: 8x1, 4x2, 2x4, 1x8" in done.stdout
     rows = json.loads((sweep_dir / "summary.json").read_text())["rows"]
     assert sorted(r["mesh"] for r in rows) == ["1x8", "2x4", "4x2", "8x1"]
     assert all(r["status"] == "ok" for r in rows) and sum(r["best"] for r in rows) == 1
@@ -209,15 +203,15 @@ def test_sweep_runs_every_shape_compares_them_and_report_reproduces_the_files(tm
     losses = [read_metrics(sweep_dir / str(job))["history"]["loss"] for job in range(4)]
     assert all(loss == pytest.approx(losses[0], abs=1e-5) for loss in losses)
     assert (sweep_dir / "summary.png").read_bytes().startswith(PNG_MAGIC)
-    assert "best" in stdout and "fastest first" in stdout
+    assert "best" in done.stdout and "fastest first" in done.stdout
 
     original = (sweep_dir / "summary.csv").read_text()
-    again, _, stderr = meshrun_here(["report", str(sweep_dir), "--out", str(tmp_path / "again")], capsys)
-    assert again == 0, stderr
+    again = cli_here(["report", str(sweep_dir), "--out", str(tmp_path / "again")], capsys)
+    assert again.returncode == 0, again.stderr
     assert (tmp_path / "again" / "summary.csv").read_text().replace("../sweep/", "") == original
     shutil.rmtree(tmp_path / "again")
-    in_place, _, _ = meshrun_here(["report", str(sweep_dir)], capsys)
-    assert in_place == 0 and (sweep_dir / "summary.csv").read_text() == original
+    in_place = cli_here(["report", str(sweep_dir)], capsys)
+    assert in_place.returncode == 0 and (sweep_dir / "summary.csv").read_text() == original
 
 
 @pytest.mark.integration
@@ -225,27 +219,27 @@ def test_a_job_that_cannot_run_is_recorded_and_the_sweep_goes_on(tmp_path, in_tm
     # hidden=202 divides by a model axis of 1 (8x1) but not of 4 (2x4); two batch sizes each. The
     # multiruns by the CLI in this process, their jobs sharing it as they share a meshrun process.
     sweep_dir = tmp_path / "sweep"
-    status, _, stderr = meshrun_here(
+    done = cli_here(
         ["train", "-m", "mesh=8x1,2x4", "train.batch_size=16,32", "layout=dense_model", "model.hidden=202",
          *FAST, f"hydra.sweep.dir={sweep_dir}"],
         capsys,
     )
-    assert status == 0, stderr  # at least one job succeeded
+    assert done.returncode == 0, done.stderr  # at least one job succeeded
     statuses = {job: read_metrics(sweep_dir / str(job)) for job in range(4)}
     assert [statuses[j]["status"] for j in range(4)] == ["ok", "ok", "error", "error"]
     failed = statuses[2]
     assert failed["error"].startswith("layout.rules.d1/kernel: shards dimension 1") and failed["exit_status"] == 2
     assert statuses[1]["train"]["global_batch_size"] == 32
-    assert "meshrun: error: job 2: layout.rules.d1/kernel" in stderr
+    assert "meshrun: error: job 2: layout.rules.d1/kernel" in done.stderr
     rows = json.loads((sweep_dir / "summary.json").read_text())["rows"]
     assert [r["status"] for r in rows][-2:] == ["error", "error"]
 
-    none_ok, _, _ = meshrun_here(
+    none_ok = cli_here(
         ["train", "-m", "mesh=2x4,1x8", "layout=dense_model", "model.hidden=202", *FAST,
          f"hydra.sweep.dir={tmp_path / 'all-failed'}"],
         capsys,
     )
-    assert none_ok == 2
+    assert none_ok.returncode == 2
     assert (tmp_path / "all-failed" / "summary.csv").exists()
 
 
@@ -253,9 +247,9 @@ def test_a_job_that_cannot_run_is_recorded_and_the_sweep_goes_on(tmp_path, in_tm
 def test_jobs_needing_different_device_counts_run_in_their_own_processes(tmp_path, in_tmp, capsys):
     """The multirun by the CLI in this process; each job in a meshrun process of its own."""
     sweep_dir = tmp_path / "sweep"
-    status, stdout, stderr = meshrun_here(["train", "-m", "mesh=2x2,2x4", "layout=dense_model", *FAST, f"hydra.sweep.dir={sweep_dir}"], capsys)
-    assert status == 0, stderr
-    assert "jobs need different device counts (4 or 8): running each job in its own process" in stdout
+    done = cli_here(["train", "-m", "mesh=2x2,2x4", "layout=dense_model", *FAST, f"hydra.sweep.dir={sweep_dir}"], capsys)
+    assert done.returncode == 0, done.stderr
+    assert "jobs need different device counts (4 or 8): running each job in its own process" in done.stdout
     small, large = read_metrics(sweep_dir / "0"), read_metrics(sweep_dir / "1")
     assert (small["devices"]["available"], large["devices"]["available"]) == (4, 8)
     assert small["status"] == large["status"] == "ok"
@@ -267,10 +261,10 @@ def test_a_job_in_a_process_of_its_own_that_cannot_run_is_recorded_too(tmp_path,
     # Different device counts: each job runs as `meshrun train --role=sweep-job`, which keeps a
     # rejected job's run dir with its reason instead of removing it. hidden=202 divides by 2, not 4.
     sweep_dir = tmp_path / "sweep"
-    status, stdout, stderr = meshrun_here(["train", "-m", "mesh=2x2,2x4", "layout=dense_model", "model.hidden=202", *FAST,
-                                           f"hydra.sweep.dir={sweep_dir}"], capsys)
-    assert status == 0, stderr
-    assert "running each job in its own process" in stdout
+    done = cli_here(["train", "-m", "mesh=2x2,2x4", "layout=dense_model", "model.hidden=202", *FAST,
+                     f"hydra.sweep.dir={sweep_dir}"], capsys)
+    assert done.returncode == 0, done.stderr
+    assert "running each job in its own process" in done.stdout
     ok, failed = read_metrics(sweep_dir / "0"), read_metrics(sweep_dir / "1")
     assert ok["status"] == "ok" and failed["status"] == "error" and failed["exit_status"] == 2
     assert failed["error"].startswith("layout.rules.d1/kernel: shards dimension 1 of variable 'd1/kernel' (size 202")
