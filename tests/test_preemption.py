@@ -111,11 +111,12 @@ def test_a_signal_mid_epoch_saves_and_the_same_command_resumes_exactly(tmp_path,
 def test_sigterm_to_a_two_process_job_stops_both_at_one_step_and_the_same_command_resumes(tmp_path):
     """The local launcher passes the signal on; the processes agree on the step (they check
     together every 20 steps), each saves its shards of that checkpoint, and the job exits 143.
-    128 steps an epoch (a step takes 30-60 ms in two processes here): the step log's first records
-    come at the end of epoch 1, and the next step the processes check is 141, so the signal lands
-    in epoch 2 with 100 steps to spare. (The reference is a two-process run too: a one-process
-    run's eval loss differs by up to 5e-5.)"""
-    steps_per_epoch = 128
+    64 steps an epoch (a step takes 30-60 ms in two processes here): the step log's first records
+    come at the end of epoch 1 (step 64), and the processes check at steps 81, 101 and 121 before
+    epoch 2 ends at 128, so the signal lands mid-epoch if it arrives within 57 steps (1.7 to 3.4 s;
+    it takes well under 0.1 s). (The reference is a two-process run too: a one-process run's eval
+    loss differs by up to 5e-5.)"""
+    steps_per_epoch = 64
     args = ["train", "distributed.local_processes=2", "mesh=2x4", "layout=dense_model", f"data.num_samples={16 * steps_per_epoch}",
             "data.eval_samples=256", "train.epochs=2", "train.verbose=0"]
     whole_run = tmp_path / "whole"
