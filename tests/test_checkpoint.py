@@ -174,7 +174,7 @@ def test_naming_a_checkpoint_dir_saves_every_epoch_and_a_schedule_that_never_fir
 # --- the command line: faults and bad input -------------------------------------------------------
 
 # 32 steps an epoch, 128 in all: the kill comes once the checkpoint of step 60 is complete, with 68
-# steps (13 saves, over 2 s here) still to run; it takes the 0.05 s of a poll.
+# steps and 13 saves still to run (3 to 4 s on the 2-core machine under load); it takes a 0.05 s poll.
 LONG = ["mesh=2x4", "layout=dense_model", "train.verbose=0", "data.num_samples=512", "data.eval_samples=32", "train.epochs=4",
         "checkpoint.every_steps=5", "checkpoint.keep=4", "checkpoint.export=true"]
 
