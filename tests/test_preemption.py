@@ -114,7 +114,7 @@ def test_sigterm_to_a_two_process_job_stops_both_at_one_step_and_the_same_comman
     64 steps an epoch (a step takes 30-60 ms in two processes here): the step log's first records
     come at the end of epoch 1 (step 64), and the processes check at steps 81, 101 and 121 before
     epoch 2 ends at 128, so the signal lands mid-epoch if it arrives within 57 steps (1.7 to 3.4 s;
-    it takes well under 0.1 s). (The reference is a two-process run too: a one-process run's eval
+    it was in by step 81 on the 2-core machine under a load of 10). (The reference is a two-process run too: a one-process run's eval
     loss differs by up to 5e-5.)"""
     steps_per_epoch = 64
     args = ["train", "distributed.local_processes=2", "mesh=2x4", "layout=dense_model", f"data.num_samples={16 * steps_per_epoch}",
