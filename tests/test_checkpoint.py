@@ -153,16 +153,18 @@ def test_the_exported_model_loads_in_plain_keras_without_meshrun(tmp_path):
     assert done.stdout.split()[-2:] == ["158810", "d2"]
 
 
-@pytest.mark.e2e
-def test_naming_a_checkpoint_dir_saves_every_epoch_and_a_schedule_that_never_fires_warns(tmp_path):
+@pytest.mark.integration
+def test_naming_a_checkpoint_dir_saves_every_epoch_and_a_schedule_that_never_fires_warns(tmp_path, capfd):
+    """Through the CLI in this process (what it saves and prints is a fresh process's); the
+    seeds' model as config() trains it, so its programs are compiled already."""
     checkpoints = tmp_path / "checkpoints"
     args = ["train", "mesh=2x4", "layout=dense_model", *FAST, f"checkpoint.dir={checkpoints}"]
-    done = run_meshrun([*args, f"hydra.run.dir={tmp_path / 'run'}"], tmp_path)
+    done = cli_here([*args, f"hydra.run.dir={tmp_path / 'run'}"], capfd)
     assert done.returncode == 0, done.stderr[-2000:]
     assert read_metrics(tmp_path / "run")["checkpoint"]["saved_steps"] == [8, 16]
     assert sorted(p.name for p in checkpoints.iterdir()) == ["16", "8"]
 
-    never = run_meshrun([*args, "checkpoint.every_steps=100", "resume=never", f"hydra.run.dir={tmp_path / 'never'}"], tmp_path)
+    never = cli_here([*args, "checkpoint.every_steps=100", "resume=never", f"hydra.run.dir={tmp_path / 'never'}"], capfd)
     assert never.returncode == 0, never.stderr[-2000:]
     assert ("checkpoint.every_steps=100 is more than the run's 16 training steps, so it never saves; "
             "give at most 16 or checkpoint.every_epoch=true") in never.stdout  # the log's console lines
@@ -171,7 +173,9 @@ def test_naming_a_checkpoint_dir_saves_every_epoch_and_a_schedule_that_never_fir
 
 # --- the command line: faults and bad input -------------------------------------------------------
 
-LONG = ["mesh=2x4", "layout=dense_model", "train.verbose=0", "data.num_samples=1024", "data.eval_samples=32", "train.epochs=4",
+# 32 steps an epoch, 128 in all: the kill comes once the checkpoint of step 60 is complete, with 68
+# steps and 13 saves still to run (3 to 4 s on the 2-core machine under load); it takes a 0.05 s poll.
+LONG = ["mesh=2x4", "layout=dense_model", "train.verbose=0", "data.num_samples=512", "data.eval_samples=32", "train.epochs=4",
         "checkpoint.every_steps=5", "checkpoint.keep=4", "checkpoint.export=true"]
 
 
