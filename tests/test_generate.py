@@ -154,12 +154,16 @@ def test_a_run_completes_its_prompts_after_training(trained):
 
 
 def test_meshrun_generate_completes_from_the_runs_export(trained, capsys):
-    """The run's exported preset (LoRA merged into the kernels) gives the completion the run
-    recorded at the end of training."""
+    """The run's exported preset (LoRA merged into the kernels) gives the completions the run
+    recorded at the end of training, a line each (all of PROMPTS: the program the gemma family's
+    case below runs on the same export, compiled once)."""
     run_dir, metrics = trained
     assert (run_dir / "preset" / "config.json").is_file()
-    cli.main(["generate", str(run_dir), "--prompt", PROMPT, "--max-length", str(MAX_LENGTH)])
-    assert capsys.readouterr().out.strip() == f"{PROMPT!r} -> {metrics['samples'][0]['completion']!r}"
+    capsys.readouterr()
+    cli.main(["generate", str(run_dir), *[f"--prompt={prompt}" for prompt in PROMPTS], "--max-length", str(MAX_LENGTH)])
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert lines[0] == f"{PROMPT!r} -> {metrics['samples'][0]['completion']!r}"
+    assert lines == [f"{sample['prompt']!r} -> {sample['completion']!r}" for sample in metrics["samples"]]
 
 
 def test_meshrun_generate_completes_from_the_runs_checkpoint(trained, tmp_path):

@@ -116,7 +116,9 @@ def test_a_fine_tune_whose_tokenizer_was_checked_before_imports_no_tensorflow(ge
 
 
 def logits(model, ids) -> np.ndarray:
-    return np.asarray(model({"token_ids": ids, "padding_mask": np.ones_like(ids)}))
+    """The model's logits for rows of token ids, by its jit-compiled predict step (one program;
+    calling the model eagerly compiles each of its operations apart, seconds in all)."""
+    return np.asarray(model.predict_on_batch({"token_ids": ids, "padding_mask": np.ones_like(ids)}))
 
 
 def test_the_merged_preset_and_base_plus_adapter_agree_and_differ_from_the_base(acceptance, gemma):
@@ -228,9 +230,9 @@ def test_unpacked_examples_do_not_see_their_neighbours_and_packed_ones_do(gemma)
         return examples.model_batch(({"tokens": made.tokens, "lengths": made.lengths}, made.weights))[0]
 
     model = keras_hub.models.CausalLM.from_preset(str(gemma), preprocessor=None)
-    unpacked = [np.asarray(model(rows(pair, False))) for pair in (("a", "b"), ("a", "c"))]
+    unpacked = [np.asarray(model.predict_on_batch(rows(pair, False))) for pair in (("a", "b"), ("a", "c"))]
     np.testing.assert_allclose(unpacked[0][0], unpacked[1][0], atol=1e-6)  # a's logits, whatever its neighbour
-    packed = [np.asarray(model(rows(pair, True))) for pair in (("b", "a"), ("c", "a"))]
+    packed = [np.asarray(model.predict_on_batch(rows(pair, True))) for pair in (("b", "a"), ("c", "a"))]
     assert np.abs(packed[0][0, 11:] - packed[1][0, 11:]).max() > 1e-4  # packed after b or c, a attends to it
 
 

@@ -40,12 +40,15 @@ def corpus() -> str:
 
 
 @pytest.fixture(scope="module")
-def sources(tmp_path_factory, corpus) -> dict:
-    """Every kind of tokenizer source, built once: four KerasHub presets and a tokenizer.json."""
+def sources(tmp_path_factory, corpus, text_files) -> dict:
+    """Every kind of tokenizer source: four KerasHub presets and a tokenizer.json. Gemma's and
+    GPT-2's are the session's (conftest's text_files, which the fine-tuning tests build and have
+    checked already; their tokenizers trained on this corpus and instruction lines), read here
+    only (a test that changes one changes a copy); the others are built here, on the corpus."""
     root = tmp_path_factory.mktemp("tokenizers")
     return {
-        "gemma": presets.gemma_preset(root / "gemma", corpus),
-        "gpt2": presets.gpt2_preset(root / "gpt2", corpus),
+        "gemma": text_files.gemma,
+        "gpt2": text_files.gpt2,
         "llama3": presets.llama3_preset(root / "llama3", corpus),
         "tekken": presets.mistral_tekken_preset(root / "tekken", corpus),
         "hf": presets.hf_tokenizer_json(root / "hf", corpus),
