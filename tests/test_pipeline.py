@@ -27,6 +27,26 @@ def _stage(weights, x, side=None):
     return lax.scan(lambda h, w: (jnp.tanh(h @ w) * scale + h, None), x, weights)[0]
 
 
+# The blocks run one after another: the reference each case of a test compares its schedule with.
+# It does not depend on the case, so it is compiled once for all of them, not once a case: with
+# side inputs, one jitted function for every case of both tests that have them; without, the loss
+# against the test's one target, computed by its first case.
+_IN_TURN = {}
+
+
+def _in_turn_once(test: str, compute):
+    """The loss and gradients `compute()` gives for `test`'s blocks run in turn, computed on first use."""
+    if test not in _IN_TURN:
+        _IN_TURN[test] = compute()
+    return _IN_TURN[test]
+
+
+@jax.jit
+@jax.value_and_grad
+def _scaled_in_turn(w, x, scale):
+    return jnp.mean(_stage(w, x, {"scale": scale}) ** 2)
+
+
 def _mesh(stages: int, data: int) -> jax.sharding.Mesh:
     devices = np.array(jax.devices()).reshape(stages, data, 8 // (stages * data))
     return jax.sharding.Mesh(devices, ("stage", "data", "model"))
@@ -73,7 +93,7 @@ def test_the_schedule_gives_the_losses_and_gradients_of_the_blocks_in_turn(stage
 
     staged = jax.device_put(weights, NamedSharding(mesh, P("stage")))
     loss, grads = jax.jit(jax.value_and_grad(pipelined))(staged, jax.device_put(x, NamedSharding(mesh, P("data"))))
-    expected_loss, expected_grads = jax.jit(jax.value_and_grad(in_turn))(weights, x)
+    expected_loss, expected_grads = _in_turn_once("schedule", lambda: jax.jit(jax.value_and_grad(in_turn))(weights, x))
     assert float(loss) == pytest.approx(float(expected_loss), rel=1e-6)
     np.testing.assert_allclose(np.asarray(grads), np.asarray(expected_grads), atol=1e-6)
     assert grads.sharding.spec == P("stage")  # each stage holds its own blocks' gradients
@@ -91,13 +111,10 @@ def test_the_circular_schedule_gives_the_losses_and_gradients_of_the_blocks_in_t
     def pipelined(w, x, scale):  # rounds in the first dimension, stages in the second: blocks in order when read as one
         return jnp.mean(gpipe(_stage, w, x, mesh, "stage", microbatches, {"scale": scale}, repeats=repeats) ** 2)
 
-    def in_turn(w, x, scale):
-        return jnp.mean(_stage(w, x, {"scale": scale}) ** 2)
-
     staged = jax.device_put(weights.reshape(repeats, BLOCKS // repeats, WIDTH, WIDTH), NamedSharding(mesh, P(None, "stage")))
     rows = NamedSharding(mesh, P("data"))
     loss, grads = jax.jit(jax.value_and_grad(pipelined))(staged, jax.device_put(x, rows), jax.device_put(scale, rows))
-    expected_loss, expected_grads = jax.jit(jax.value_and_grad(in_turn))(weights, x, scale)
+    expected_loss, expected_grads = _scaled_in_turn(weights, x, scale)
     assert float(loss) == pytest.approx(float(expected_loss), rel=1e-6)
     np.testing.assert_allclose(np.asarray(grads).reshape(BLOCKS, WIDTH, WIDTH), np.asarray(expected_grads), atol=1e-6)
 
@@ -114,13 +131,10 @@ def test_inputs_beside_the_activations_reach_each_stage_with_its_microbatch_rows
     def pipelined(w, x, scale):
         return jnp.mean(gpipe(_stage, w, x, mesh, "stage", microbatches, {"scale": scale}) ** 2)
 
-    def in_turn(w, x, scale):
-        return jnp.mean(_stage(w, x, {"scale": scale}) ** 2)
-
     staged = jax.device_put(weights, NamedSharding(mesh, P("stage")))
     rows = NamedSharding(mesh, P("data"))
     loss, grads = jax.jit(jax.value_and_grad(pipelined))(staged, jax.device_put(x, rows), jax.device_put(scale, rows))
-    expected_loss, expected_grads = jax.jit(jax.value_and_grad(in_turn))(weights, x, scale)
+    expected_loss, expected_grads = _scaled_in_turn(weights, x, scale)
     assert float(loss) == pytest.approx(float(expected_loss), rel=1e-6)
     np.testing.assert_allclose(np.asarray(grads), np.asarray(expected_grads), atol=1e-6)
 
