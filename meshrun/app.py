@@ -32,7 +32,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 from omegaconf.errors import OmegaConfBaseException
 
 from meshrun import compat, jobs
-from meshrun.compat.hydra import split_sweep
+from meshrun.compat.hydra import run_mode_from_the_command_line, split_sweep
 from meshrun.config.parse import known_keys, other_choice_hint, parse_run_config
 from meshrun.errors import ConfigError
 from meshrun.logs import sinks
@@ -259,7 +259,8 @@ def _run_hydra(invocation: jobs.Invocation, overrides: list[str]) -> None:
     saved_argv = sys.argv
     sys.argv = [f"meshrun {invocation.command}", *overrides, *hydra_args]
     try:
-        app()
+        with run_mode_from_the_command_line():
+            app()
     finally:
         sys.argv = saved_argv
         if scratch:
@@ -296,6 +297,8 @@ def prepare_overrides(overrides: list[str]) -> list[str]:
     rewritten = []
     for override in overrides:
         key, _, value = override.partition("=")
+        if key.lstrip("+~") == "hydra.mode":
+            raise ConfigError("hydra.mode", f"got {value!r}; meshrun runs a multirun with -m (meshrun train -m KEY=A,B), one job without it")
         if key == "mesh":
             value = shapes_from_lists(value)
         if key == "mesh" and re.fullmatch(r"[\w,-]+", value):

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from conftest import LogRecords
+from conftest import LogRecords, cli_here
 from meshrun import cli
 from meshrun.compat import names as compat
 
@@ -225,6 +225,26 @@ def test_split_sweep_gives_each_job_its_overrides():
 
     parsed = OverridesParser.create().parse_overrides(["mesh=8x1,2x4", "train.epochs=1"])
     assert split_sweep(parsed) == [["mesh=8x1", "train.epochs=1"], ["mesh=2x4", "train.epochs=1"]]
+
+
+def test_a_command_composes_its_config_once_and_a_multirun_follows_minus_m(in_tmp, capsys, monkeypatch):
+    from hydra._internal.hydra import Hydra
+
+    composed = []
+    compose_config = Hydra.compose_config
+
+    def counted(self, *args, **kwargs):
+        composed.append(kwargs.get("run_mode"))
+        return compose_config(self, *args, **kwargs)
+
+    monkeypatch.setattr(Hydra, "compose_config", counted)
+    assert cli_here(["plan", "mesh=2x4", "layout=dense_model"], capsys).returncode == 0
+    assert len(composed) == 1  # Hydra.get_mode's composition left out (meshrun.compat.hydra)
+    done = cli_here(["plan", "-m", "mesh=2x4,4x2", "layout=dense_model"], capsys)  # -m alone makes it a multirun
+    assert done.returncode == 0, done.stderr
+    assert [line.strip() for line in done.stdout.splitlines() if "plan: " in line] == [
+        "plan: dense_model on mesh 2x4 ('data', 'model')", "plan: dense_model on mesh 4x2 ('data', 'model')"]
+    assert Hydra.get_mode.__name__ == "get_mode"  # Hydra's own, put back after each command
 
 
 @pytest.fixture

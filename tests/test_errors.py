@@ -100,6 +100,7 @@ CASES = {
     "key of two other models": (["model=transformer", "model.hidden=64"], [
         "model.hidden is a key of model=cnn or model=dense_model; add one of them"]),
     # Hydra's own
+    "hydra.mode set": (["hydra.mode=MULTIRUN"], ["hydra.mode", "'MULTIRUN'", "a multirun with -m"]),
     "malformed override": (["mesh=="], ["malformed override 'mesh=='", "key=value"]),
     "regex rule without escapes": (["layout.rules={d[12]/kernel:[null,model]}"], [
         "malformed override 'layout.rules={d[12]/kernel:[null,model]}' (", "put a backslash before ( ) [ ] { } : = , and spaces",
