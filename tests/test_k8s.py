@@ -167,6 +167,11 @@ def test_the_checks_leave_the_environment_the_simulated_pods_inherit_as_it_was(i
     # The plan's device set-up (one CPU device) sets JAX_PLATFORMS=cpu, which would keep the pods of
     # --simulate off the GPUs; jax is set up already in this process, so nothing else changes here.
     monkeypatch.delenv("JAX_PLATFORMS")
+    # What any command sets before this one's checks (so that the test alone sees what it sees after
+    # other tests): jax's import-time settings, and Hydra's whole errors (meshrun.app.run).
+    import jax  # noqa: F401
+
+    monkeypatch.setenv("HYDRA_FULL_ERROR", "1")
     before = dict(os.environ)
     rendered(["mesh=2x4", "layout=dense_model", *FLAGS, "--volume", "runs:/runs"], capsys)
     assert dict(os.environ) == before
