@@ -19,8 +19,9 @@ pytestmark = [pytest.mark.integration, pytest.mark.e2e]
 MAX_FAULTS_PER_STEP = 100
 LLAMA = ["model=keras_hub", "model.task=LlamaCausalLM", "model.seq_len=32",
          "model.backbone={vocabulary_size:512,num_layers:2,num_query_heads:8,num_key_value_heads:4,hidden_dim:64,intermediate_dim:128}"]
-# 160 steps of 8 sequences: 110 counted after the first 50.
-LLAMA_RUN = [*LLAMA, "train.batch_size=8", "data.num_samples=1280", "data.eval_samples=64", "train.epochs=1"]
+# 110 steps of 8 sequences: the median of the 59 steady steps after the first 50 is counted (a run of
+# fewer than 101 steps would count the second half of its steps instead, after a shorter warm-up).
+LLAMA_RUN = [*LLAMA, "train.batch_size=8", "data.num_samples=880", "data.eval_samples=64", "train.epochs=1"]
 
 DATA_MODULE = "meshrun_test_generator_data"
 DATA_SOURCE = '''
@@ -73,20 +74,22 @@ def assert_few_faults(metrics: dict) -> None:
 def test_a_keras_hub_llama_fed_through_grain_faults_no_buffer_in_afresh(mesh, tmp_path):
     metrics = trained([*LLAMA_RUN, f"mesh={mesh}"], tmp_path)
     assert metrics["data"]["loader"] == "grain" and metrics["data"]["allocator_restored"] is False
-    assert metrics["timing"]["steady_steps"] == 159
+    assert metrics["timing"]["steady_steps"] == 109
     assert_few_faults(metrics)
 
 
 def test_a_generator_pipeline_gets_the_allocator_policy_back_over_epochs_and_evaluations(tmp_path):
     """The zoo transformer fed by a tf.data.Dataset.from_generator: three epochs, each followed by a
-    validation, and a final evaluation, every one a new iterator of the pipeline."""
+    validation, and a final evaluation, every one a new iterator of the pipeline. 40 steps an epoch:
+    the faults counted are those of the steps after the first 50, every one of them after an
+    evaluation (the second and third epochs')."""
     (tmp_path / f"{DATA_MODULE}.py").write_text(textwrap.dedent(DATA_SOURCE))
     args = ["model=transformer", "model.vocab=256", "model.seq_len=64", "mesh=1x1", "data=python",
-            f"data.factory={DATA_MODULE}:sequences", "+data.kwargs.samples=960", "data.num_samples=960",
-            "data.eval_samples=960", "train.epochs=3", "train.eval_every=1"]
+            f"data.factory={DATA_MODULE}:sequences", "+data.kwargs.samples=640", "data.num_samples=640",
+            "data.eval_samples=640", "train.epochs=3", "train.eval_every=1"]
     metrics = trained(args, tmp_path)
     assert metrics["data"]["loader"] == "tf.data" and metrics["data"]["allocator_restored"] is True
-    assert len(metrics["history"]["val_loss"]) == 3 and metrics["timing"]["steady_steps"] == 3 * 59
+    assert len(metrics["history"]["val_loss"]) == 3 and metrics["timing"]["steady_steps"] == 3 * 39
     assert_few_faults(metrics)
     log = (tmp_path / "run" / "train.log").read_text()
     assert log.count("holds a tf.data.Dataset.from_generator") == 1, log
@@ -95,7 +98,7 @@ def test_a_generator_pipeline_gets_the_allocator_policy_back_over_epochs_and_eva
 def test_an_own_model_faults_no_buffer_in_afresh(tmp_path):
     (tmp_path / f"{MODEL_MODULE}.py").write_text(textwrap.dedent(MODEL_SOURCE))
     args = ["model=python", f"model.factory={MODEL_MODULE}:wide_mlp", "train.loss=mse", "mesh=2x4",
-            "train.batch_size=64", "data.num_samples=10240", "data.eval_samples=64", "train.epochs=1"]
+            "train.batch_size=64", "data.num_samples=7040", "data.eval_samples=64", "train.epochs=1"]
     metrics = trained(args, tmp_path)
-    assert metrics["data"]["loader"] == "pydataset" and metrics["timing"]["steady_steps"] == 159
+    assert metrics["data"]["loader"] == "pydataset" and metrics["timing"]["steady_steps"] == 109  # 110 steps, as the Llama's
     assert_few_faults(metrics)

@@ -10,7 +10,7 @@ import shutil
 import numpy as np
 import pytest
 
-from conftest import read_metrics, run_meshrun
+from conftest import cli_here, read_metrics, run_meshrun
 from meshrun import cli
 
 pytestmark = pytest.mark.integration
@@ -130,12 +130,13 @@ def test_a_pipelined_gemma_counts_the_flops_of_the_same_model_without_stages_and
     assert separate["flops"]["bubble_per_step"] is None and "bubble" not in dict(RunMetrics.from_json(separate).summary())["flops"]
 
 
-def test_meshrun_generate_completes_from_a_pipelined_runs_checkpoint(gemma_runs, tmp_path):
+def test_meshrun_generate_completes_from_a_pipelined_runs_checkpoint(gemma_runs, in_tmp, capsys):
     staged, staged_dir = gemma_runs["staged"]
-    run_dir = tmp_path / "run"
+    run_dir = in_tmp / "run"
     shutil.copytree(staged_dir, run_dir)
     shutil.rmtree(run_dir / "preset")  # no export to read: the checkpoint holds the stacked weights
-    done = run_meshrun(["generate", str(run_dir), "--prompt", PROMPT, "--max-length", "24", "--json"], tmp_path)
+    # The CLI in this process (test_generate starts `meshrun generate` processes): the same output, the same exit status.
+    done = cli_here(["generate", str(run_dir), "--prompt", PROMPT, "--max-length", "24", "--json"], capsys)
     assert done.returncode == 0, done.stderr[-2000:]
     assert json.loads(done.stdout) == staged["samples"]
 
