@@ -29,15 +29,15 @@ os.environ["XDG_CACHE_HOME"] = os.environ["MESHRUN_TESTS_CACHE_HOME"]
 # pytest's capture it is not, so in-process CLI tests would close pytest's own capture file.
 absl.logging.get_absl_handler().python_handler.stream = sys.__stderr__
 
-# The slowest test files, slowest first (a whole file's test seconds in a run of the whole suite on two
-# workers on the 2-core CI machine: 65 to 300 each, the median file 10). The README's test command runs the files on two
-# workers (pytest-xdist, --dist loadfile), each file on one worker from start to end, handing them
-# out in the order collected: these go first so that the workers end together on small files, not
-# one of them alone on a slow file for minutes at the end.
-SLOWEST_FILES = ("test_pipeline_config.py", "test_preemption.py", "test_zoo.py", "test_keras_hub.py", "test_slurm.py",
-                 "test_generate.py", "test_multiprocess.py", "test_pipeline_hub.py", "test_bench_gpu.py", "test_checkpoint.py",
-                 "test_text_finetune.py", "test_sweep.py", "test_page_faults.py", "test_lora.py", "test_data_sources.py",
-                 "test_auto_layout.py", "test_k8s.py")
+# The slowest test files, slowest first (a whole file's test seconds in a run of the whole suite on
+# two workers on the 2-core CI machine: 60 to 270 each, the median file 31). The README's test command
+# runs the files on two workers (pytest-xdist, --dist loadfile), each file on one worker from start to
+# end, handing them out in the order collected: these go first so that the workers end together on
+# small files, not one of them alone on a slow file for minutes at the end.
+SLOWEST_FILES = ("test_pipeline_config.py", "test_preemption.py", "test_zoo.py", "test_slurm.py", "test_pipeline_hub.py",
+                 "test_generate.py", "test_keras_hub.py", "test_lora.py", "test_bench_gpu.py", "test_multiprocess.py",
+                 "test_checkpoint.py", "test_text_finetune.py", "test_page_faults.py", "test_sweep.py",
+                 "test_without_tensorflow.py", "test_user_models.py", "test_auto_layout.py")
 
 
 # The suite's layers (README "Run the tests"): a test marked with none of these is a unit test.
