@@ -24,7 +24,7 @@ def load_script():
 
 @pytest.fixture(scope="module")
 def bench(tmp_path_factory):
-    """One run of the small set on CPU (about 45 s on 2 cores): its exit status, stdout and JSON."""
+    """One run of the small set on CPU (about 90 s on 2 cores): its exit status, stdout and JSON."""
     workdir = tmp_path_factory.mktemp("bench_gpu")
     out = workdir / "bench.json"
     done = subprocess.run([sys.executable, str(SCRIPT), "--scale", "small", "--json-out", str(out), "--workdir", str(workdir)],
