@@ -230,6 +230,19 @@ def test_the_profiler_traces_the_asked_steps_into_the_run_dir(tmp_path):
     assert all(Path(f).stat().st_size > 0 and Path(f).is_relative_to(tmp_path / "profile" / "plugins" / "profile") for f in profile["files"])
 
 
+def test_step_hooks_run_out_of_order_still_count_every_step_of_the_epoch(capsys):
+    from meshrun.logs.progress import EpochProgress
+
+    progress = EpochProgress("lines", epochs=1, batch_size=8)
+    progress.set_params({"steps": 8})
+    progress.on_epoch_begin(0)
+    for batch in (0, 1, 2, 3, 4, 5, 7, 6):  # as Keras' worker threads may run them (async-safe callbacks)
+        progress.on_train_batch_end(batch, {"loss": 1.0})
+    progress.on_epoch_end(0, {"loss": 1.0})
+    line = capsys.readouterr().out.strip()
+    assert line.startswith("epoch 1/1: loss 1.0000") and "stopped" not in line, line
+
+
 def test_the_progress_bar_shows_step_time_and_throughput():
     import io
 

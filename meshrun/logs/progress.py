@@ -70,10 +70,10 @@ class EpochProgress(keras.callbacks.Callback):
         with self._lock:
             now = time.perf_counter()
             self._ends.append(now)
-            self._batches = batch + 1
+            self._batches = max(self._batches, batch + 1)  # Keras' worker threads may run the hooks out of order
             if self._bar is not None and now - self._updated >= UPDATE_EVERY_S:
                 self._updated = now
-                self._bar.update(self._task, completed=batch + 1, speed=self._speed(), metrics=metrics_text(logs))
+                self._bar.update(self._task, completed=self._batches, speed=self._speed(), metrics=metrics_text(logs))
 
     def _speed(self) -> str:
         if len(self._ends) < 3:  # the first step is mostly compilation
