@@ -114,6 +114,12 @@ def one_error_line(done) -> str:
     return lines[0]
 
 
+def error_line_here(args, capture) -> str:
+    """The one `meshrun: error:` line of `meshrun ARGS` run by the real CLI in this process
+    (cli_here) and rejected with exit status 2, asserting that is all it printed."""
+    return one_error_line(cli_here(args, capture))
+
+
 def read_metrics(run_dir) -> dict:
     """The metrics.json a run wrote into `run_dir`."""
     return json.loads((Path(run_dir) / "metrics.json").read_text())

@@ -20,8 +20,8 @@ import pytest
 from conftest import (
     FAST,
     cli_here,
+    error_line_here,
     layout_rules,
-    one_error_line,
     read_metrics,
     run_meshrun,
     train_in_process,
@@ -231,15 +231,9 @@ def test_bad_resume_and_checkpoint_dirs_are_one_line_errors(in_tmp, capfd):
         f"checkpoint.every_epoch=true checkpoint.dir={in_tmp.parent / (in_tmp.name + '-file')}/checkpoints": "checkpoint.dir: got ",
     }
     for overrides, words in cases.items():
-        line = cli_error_line(["train", "mesh=2x4", "data.num_samples=128", *overrides.split()], capfd)
+        line = error_line_here(["train", "mesh=2x4", "data.num_samples=128", *overrides.split()], capfd)
         assert words in line, (overrides, line)
         assert list(in_tmp.iterdir()) == [], f"{overrides} left files behind"
-
-
-def cli_error_line(args: list[str], capfd) -> str:
-    """The one `meshrun: error:` line of `meshrun ARGS` run in this process and rejected with exit
-    status 2 (asserting that is all it wrote to stderr, the file descriptor's included)."""
-    return one_error_line(cli_here(args, capfd))
 
 
 @pytest.mark.e2e

@@ -16,7 +16,7 @@ from io import StringIO
 import numpy as np
 import pytest
 
-from conftest import layout_rules, one_error_line, read_metrics, run_meshrun
+from conftest import error_line_here, layout_rules, one_error_line, read_metrics, run_meshrun
 from meshrun import cli
 
 pytestmark = pytest.mark.integration
@@ -229,16 +229,7 @@ def test_a_lora_fine_tune_told_not_to_keep_its_adapter_leaves_no_weights(preset,
     run_dir, metrics = fine_tune(preset, tmp_path / "run", "checkpoint.keep_adapter=false")
     assert metrics["status"] == "ok" and metrics["checkpoint"]["exported_adapter"] is None
     assert not (run_dir / "adapter.lora.h5").exists()
-    assert f"RUN_DIR: '{run_dir}' has no saved weights" in error_line(["generate", str(run_dir), "--prompt", PROMPT], capsys)
-
-
-def error_line(args: list[str], capsys) -> str:
-    """The one error line of `meshrun ARGS` run in this process, which must exit with status 2."""
-    with pytest.raises(SystemExit) as ended:
-        cli.main(args)
-    lines = capsys.readouterr().err.strip().splitlines()
-    assert ended.value.code == 2 and len(lines) == 1 and lines[0].startswith("meshrun: error: "), lines
-    return lines[0]
+    assert f"RUN_DIR: '{run_dir}' has no saved weights" in error_line_here(["generate", str(run_dir), "--prompt", PROMPT], capsys)
 
 
 def test_bad_generate_input_is_one_line_with_exit_2(trained, tmp_path, capsys):
@@ -265,7 +256,7 @@ def test_bad_generate_input_is_one_line_with_exit_2(trained, tmp_path, capsys):
         ("generate", run, "--prompt", PROMPTS[2], "--max-length", "4"): "which leaves no room to complete it within --max-length=4",
     }
     for args, expected in cases.items():
-        assert expected in error_line(list(args), capsys), args
+        assert expected in error_line_here(list(args), capsys), args
     done = run_meshrun(["generate", str(tmp_path / "nowhere"), "--prompt", "x"], tmp_path)  # the program itself
     assert "RUN_DIR: got" in one_error_line(done)
     cli.main(["generate", "--help"])
@@ -285,7 +276,7 @@ PRESET_RUN = ["model=keras_hub", "model.preset=PRESET", "mesh=2x4", "layout=gemm
 ])
 def test_bad_sample_prompts_are_one_line_before_training(args, expected, preset, in_tmp, capsys):
     args = [arg.replace("PRESET", str(preset)) for arg in args]
-    line = error_line(["train", *args, f"train.sample_prompts=['{PROMPTS[2]}']", "train.verbose=0"], capsys)
+    line = error_line_here(["train", *args, f"train.sample_prompts=['{PROMPTS[2]}']", "train.verbose=0"], capsys)
     assert expected in line
     assert not list(in_tmp.rglob("metrics.json"))  # rejected before anything ran
 

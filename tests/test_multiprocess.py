@@ -20,6 +20,7 @@ import pytest
 from conftest import (
     FAST,
     cli_here,
+    error_line_here,
     fast_run_in_process,
     one_error_line,
     read_metrics,
@@ -265,12 +266,6 @@ def test_an_exception_in_one_process_ends_the_job_naming_it(in_tmp, capfd):
     assert read_metrics(run_dir)["status"] == "error"
 
 
-def rejected(args: list[str], capsys) -> str:
-    """The one `meshrun: error:` line of `meshrun ARGS` run by the real CLI in this process,
-    rejected with exit status 2 before any process starts (asserting that is all it printed)."""
-    return one_error_line(cli_here(args, capsys))
-
-
 def listening_port() -> socket.socket:
     taken = socket.socket()
     taken.bind(("", 0))
@@ -280,7 +275,7 @@ def listening_port() -> socket.socket:
 
 @pytest.mark.integration
 def test_processes_that_do_not_divide_the_mesh_are_rejected(in_tmp, capsys):
-    line = rejected(["train", "distributed.local_processes=3", "mesh=2x4"], capsys)
+    line = error_line_here(["train", "distributed.local_processes=3", "mesh=2x4"], capsys)
     assert line == "meshrun: error: distributed.local_processes: got 3, but mesh 2x4's 8 devices do not split evenly over 3 processes; valid: 1, 2, 4 or 8"
     assert list(in_tmp.iterdir()) == []
 
@@ -289,10 +284,10 @@ def test_processes_that_do_not_divide_the_mesh_are_rejected(in_tmp, capsys):
 def test_a_port_in_use_is_rejected_before_anything_starts(in_tmp, capsys):
     with listening_port() as taken:
         port = taken.getsockname()[1]
-        line = rejected(["train", TWO, f"distributed.port={port}", "mesh=2x4"], capsys)
+        line = error_line_here(["train", TWO, f"distributed.port={port}", "mesh=2x4"], capsys)
         assert f"distributed.port: got {port}, but port {port} is already in use" in line
         explicit = ["distributed.num_processes=2", "distributed.process_id=0", f"distributed.coordinator=localhost:{port}"]
-        line = rejected(["train", *explicit, "mesh=2x4"], capsys)
+        line = error_line_here(["train", *explicit, "mesh=2x4"], capsys)
         assert f"distributed.coordinator: got 'localhost:{port}', but port {port} is already in use" in line
     assert list(in_tmp.iterdir()) == []
 
@@ -400,7 +395,7 @@ def test_a_local_jobs_coordinator_listens_on_loopback_only_and_a_killed_process_
 
 @pytest.mark.integration
 def test_a_bind_address_not_of_this_host_is_one_line_before_any_process_starts(in_tmp, capsys):
-    line = rejected(["train", TWO, f"distributed.bind_address={NOT_OURS}:45678", "mesh=2x4"], capsys)
+    line = error_line_here(["train", TWO, f"distributed.bind_address={NOT_OURS}:45678", "mesh=2x4"], capsys)
     assert line.startswith(f"meshrun: error: distributed.bind_address: got '{NOT_OURS}:45678', but {NOT_OURS} is not an address of this host")
     assert list(in_tmp.iterdir()) == []
 

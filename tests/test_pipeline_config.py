@@ -15,8 +15,8 @@ from conftest import (
     LogRecords,
     Trained,
     cli_here,
+    error_line_here,
     layout_rules,
-    one_error_line,
     run_meshrun,
     train_in_process,
 )
@@ -174,12 +174,6 @@ def _reference_metrics(raw: dict) -> dict:
     return _trained(raw)[0].metrics
 
 
-def _one_error_line(args: list[str], capsys) -> str:
-    """The one `meshrun: error:` line the in-process CLI prints for `args`, leaving with exit status
-    2 (asserting that is all it printed)."""
-    return one_error_line(cli_here(args, capsys))
-
-
 def _transformer(mesh: str, names: list, layout: str, layers: int = 2, **pipeline) -> dict:
     return {
         "mesh": {"shape": mesh, "axis_names": names, "batch_axis": "data"},
@@ -266,7 +260,7 @@ def test_a_pipelined_run_trains_and_counts_flops_as_the_same_model_with_separate
 ])
 def test_bad_pipeline_input_is_one_line_and_exit_2(in_tmp, capsys, overrides, text):
     base = ["train", "model=transformer", "layout=replicated", "mesh.batch_axis=data", *FAST]
-    assert text in _one_error_line([*base, *overrides, "hydra.run.dir=run"], capsys)
+    assert text in error_line_here([*base, *overrides, "hydra.run.dir=run"], capsys)
     assert not (in_tmp / "run" / "metrics.json").exists()
 
 
