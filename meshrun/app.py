@@ -44,9 +44,21 @@ from meshrun.wording import did_you_mean, first_line, one_of, say_error
 # The commands that train nothing here (k8s renders its pods' run dir): their jobs get a throw-away
 # run dir, and Hydra's settings for `meshrun plan`: no files written, no log files.
 SCRATCH_COMMANDS = ("plan", "k8s")
-PLAN_HYDRA_OVERRIDES = ("hydra.output_subdir=null", "hydra/job_logging=none", "hydra/hydra_logging=none", "hydra.job.name=plan")
+PLAN_HYDRA_OVERRIDES = (
+    "hydra.output_subdir=null",
+    "hydra/job_logging=none",
+    "hydra/hydra_logging=none",
+    "hydra.job.name=plan",
+)
 # Config keys holding free-form mappings: `key={...}` on the command line replaces the mapping.
-MAPPING_KEYS = ("layout.rules", "layout.extra_rules", "data.features", "data.kwargs", "model.kwargs", "model.backbone")
+MAPPING_KEYS = (
+    "layout.rules",
+    "layout.extra_rules",
+    "data.features",
+    "data.kwargs",
+    "model.kwargs",
+    "model.backbone",
+)
 CONFIG_MODULE = "meshrun.configs"
 
 
@@ -57,7 +69,12 @@ class ServedConfigs(ConfigSource):
         super().__init__(provider=provider, path=path)
 
     def result(self, config) -> ConfigResult:
-        return ConfigResult(config=config, path=f"{self.scheme()}://{self.path}", provider=self.provider, header={"package": None})
+        return ConfigResult(
+            config=config,
+            path=f"{self.scheme()}://{self.path}",
+            provider=self.provider,
+            header={"package": None},
+        )
 
     def available(self) -> bool:
         return True
@@ -76,7 +93,9 @@ class MeshShapeSource(ServedConfigs):
 
     def load_config(self, config_path: str) -> ConfigResult:
         name = config_path.rsplit("/", 1)[-1].removesuffix(".yaml")
-        return self.result(OmegaConf.create({"shape": name, "axis_names": None, "batch_axis": None, "dcn": None}))
+        return self.result(
+            OmegaConf.create({"shape": name, "axis_names": None, "batch_axis": None, "dcn": None})
+        )
 
     def is_group(self, config_path: str) -> bool:
         return config_path.strip("/") in ("", "mesh")
@@ -167,7 +186,9 @@ class CheckRunDir(Callback):
     into a warning, so a refusal leaves as `Refused`."""
 
     def on_run_start(self, config: DictConfig, **kwargs) -> None:
-        HydraConfig.instance().set_config(config)  # as Hydra's run_job does before it reads the run dir, which it sets
+        HydraConfig.instance().set_config(
+            config
+        )  # as Hydra's run_job does before it reads the run dir, which it sets
         run_dir = str(config.hydra.run.dir)  # ${now:...} is read once: Hydra's run_job gets the same value
         with read_write(config.hydra.runtime), open_dict(config.hydra.runtime):
             config.hydra.runtime.output_dir = os.path.abspath(run_dir)
@@ -176,8 +197,12 @@ class CheckRunDir(Callback):
 
     def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
         with refused_past_hydra():
-            jobs.check_sweep_dir(jobs.current(), str(config.hydra.sweep.dir), OmegaConf.select(config, "resume"),
-                                 OmegaConf.select(config, "checkpoint.dir"))
+            jobs.check_sweep_dir(
+                jobs.current(),
+                str(config.hydra.sweep.dir),
+                OmegaConf.select(config, "resume"),
+                OmegaConf.select(config, "checkpoint.dir"),
+            )
 
 
 class Refused(BaseException):
@@ -213,7 +238,9 @@ def register_config_sources() -> None:
     Plugins.instance().register(ModelConfigSource)
     Plugins.instance().register(FileOptionSource)
     Plugins.instance().register(MeshrunSearchPath)
-    ConfigStore.instance().store(group="logging", name="sinks", node={name: False for name in sinks.switch_names()}, provider="meshrun")
+    ConfigStore.instance().store(
+        group="logging", name="sinks", node={name: False for name in sinks.switch_names()}, provider="meshrun"
+    )
 
 
 def run(invocation: jobs.Invocation) -> int:
@@ -254,8 +281,14 @@ def _run_hydra(invocation: jobs.Invocation, overrides: list[str]) -> None:
     def app(cfg: DictConfig) -> None:  # a multirun's sweep dir is noted by RecordSweepDir
         jobs.run_job(invocation, job_of(cfg, HydraConfig.get()))
 
-    scratch = tempfile.mkdtemp(prefix=f"meshrun-{invocation.command}-") if invocation.command in SCRATCH_COMMANDS else None
-    hydra_args = [*PLAN_HYDRA_OVERRIDES, f"hydra.run.dir={scratch}", f"hydra.sweep.dir={scratch}"] if scratch else []
+    scratch = (
+        tempfile.mkdtemp(prefix=f"meshrun-{invocation.command}-")
+        if invocation.command in SCRATCH_COMMANDS
+        else None
+    )
+    hydra_args = (
+        [*PLAN_HYDRA_OVERRIDES, f"hydra.run.dir={scratch}", f"hydra.sweep.dir={scratch}"] if scratch else []
+    )
     saved_argv = sys.argv
     sys.argv = [f"meshrun {invocation.command}", *overrides, *hydra_args]
     try:
@@ -274,9 +307,12 @@ def job_of(cfg: DictConfig, hydra_cfg) -> jobs.Job:
     all_choices = OmegaConf.to_container(hydra_cfg.runtime.choices, resolve=False)
     choices = {k: v for k, v in all_choices.items() if not k.startswith("hydra")}
     return jobs.Job(
-        resolve=lambda: resolved(cfg), run_dir=hydra_cfg.runtime.output_dir, name=hydra_cfg.job.name,
+        resolve=lambda: resolved(cfg),
+        run_dir=hydra_cfg.runtime.output_dir,
+        name=hydra_cfg.job.name,
         number=hydra_cfg.job.num if hydra_cfg.mode == RunMode.MULTIRUN else None,
-        choices=choices, overrides=OmegaConf.to_container(hydra_cfg.overrides.task, resolve=False),
+        choices=choices,
+        overrides=OmegaConf.to_container(hydra_cfg.overrides.task, resolve=False),
     )
 
 
@@ -298,7 +334,10 @@ def prepare_overrides(overrides: list[str]) -> list[str]:
     for override in overrides:
         key, _, value = override.partition("=")
         if key.lstrip("+~") == "hydra.mode":
-            raise ConfigError("hydra.mode", f"got {value!r}; meshrun runs a multirun with -m (meshrun train -m KEY=A,B), one job without it")
+            raise ConfigError(
+                "hydra.mode",
+                f"got {value!r}; meshrun runs a multirun with -m (meshrun train -m KEY=A,B), one job without it",
+            )
         if key == "mesh":
             value = shapes_from_lists(value)
         if key == "mesh" and re.fullmatch(r"[\w,-]+", value):
@@ -343,7 +382,11 @@ def config_groups_text() -> str:
     with composer():
         loader = GlobalHydra.instance().config_loader()
         for group in sorted(g for g in loader.list_groups("") if g != "hydra"):
-            options = sorted(o for o in loader.get_group_options(group, ObjectType.CONFIG) if f"{group}/{o}" != "logging/sinks")
+            options = sorted(
+                o
+                for o in loader.get_group_options(group, ObjectType.CONFIG)
+                if f"{group}/{o}" != "logging/sinks"
+            )
             shapes = ", or any shape: mesh=2x4, mesh=[2,4]" if group == "mesh" else ""
             lines.append(f"  {group}: {', '.join(options)}{shapes}")
     return "\n".join(lines)
@@ -364,7 +407,9 @@ def jobs_need_own_processes(overrides: list[str]) -> bool:
         return False
     if len(counts) < 2:
         return False
-    print(f"meshrun: jobs need different device counts ({one_of(sorted(counts))}): running each job in its own process")
+    print(
+        f"meshrun: jobs need different device counts ({one_of(sorted(counts))}): running each job in its own process"
+    )
     return True
 
 
@@ -381,11 +426,17 @@ def sweep_overrides(overrides: list[str]) -> list[str]:
     kept = [o for o in overrides if o != "-m"]
     given = [o.partition("=")[2] for o in kept if o.startswith("mesh=")]
     if given:
-        print(f"meshrun sweep: mesh={given[-1]} given: running that; leave mesh out to sweep every shape of the devices")
+        print(
+            f"meshrun sweep: mesh={given[-1]} given: running that; leave mesh out to sweep every shape of the devices"
+        )
         return kept
     parser = OverridesParser.create()
     names = [o for o in kept if o.startswith("mesh.axis_names=")]
-    fixed = [o for o in prepare_overrides(kept) if o not in names and not parser.parse_override(o).is_sweep_override()]
+    fixed = [
+        o
+        for o in prepare_overrides(kept)
+        if o not in names and not parser.parse_override(o).is_sweep_override()
+    ]
     with composer() as compose:
         config = parse_run_config(compose(fixed))
     rank = len(parser.parse_override(names[-1]).value()) if names else len(config.mesh.shape)
@@ -399,26 +450,37 @@ def sweep_overrides(overrides: list[str]) -> list[str]:
     return [*kept, "mesh=" + ",".join(shapes)]
 
 
-def shapes_within_processes(shapes: list[tuple[int, ...]], config, rank: int, processes: int) -> list[tuple[int, ...]]:
+def shapes_within_processes(
+    shapes: list[tuple[int, ...]], config, rank: int, processes: int
+) -> list[tuple[int, ...]]:
     """The shapes of a sweep of `processes`-process jobs that keep every axis but the batch and
     stage axes within a process (mesh.dcn as given, else its default); says which it leaves out."""
     from meshrun.config.schema import DEFAULT_AXIS_NAMES, MeshConfig
     from meshrun.config.slices import across_processes, with_dcn
     from meshrun.wording import format_shape
 
-    names = config.mesh.axis_names if len(config.mesh.axis_names) == rank else DEFAULT_AXIS_NAMES.get(rank, config.mesh.axis_names)
+    names = (
+        config.mesh.axis_names
+        if len(config.mesh.axis_names) == rank
+        else DEFAULT_AXIS_NAMES.get(rank, config.mesh.axis_names)
+    )
     batch = config.mesh.batch_axis if config.mesh.batch_axis in names else names[0]
     kept, left = [], []
     for shape in shapes:
         mesh = MeshConfig(shape=shape, axis_names=tuple(names), batch_axis=batch, dcn=config.mesh.dcn)
         try:
-            crossing = set(across_processes(with_dcn(mesh, processes, (config.pipeline.axis,)))) - {batch, config.pipeline.axis}
+            crossing = set(across_processes(with_dcn(mesh, processes, (config.pipeline.axis,)))) - {
+                batch,
+                config.pipeline.axis,
+            }
         except ConfigError:
             crossing = {"(none fits mesh.dcn)"}
         (left if crossing else kept).append(shape)
     if left:
-        print(f"meshrun sweep: left out {', '.join(format_shape(s) for s in left)}: across {processes} processes they would "
-              "split variables over the slow network (an axis besides the batch axis spanning processes)")
+        print(
+            f"meshrun sweep: left out {', '.join(format_shape(s) for s in left)}: across {processes} processes they would "
+            "split variables over the slow network (an axis besides the batch axis spanning processes)"
+        )
     return kept
 
 
@@ -451,7 +513,9 @@ def hydra_error_line(err: Exception, overrides: list[str]) -> str:
             return f"{key}: not a key of the chosen {chosen} (got override {given!r}); {other}"
         hint = did_you_mean(key, known_keys()).strip() or "run `meshrun train --cfg job` to see every key"
         return f"{key}: no such key (got override {given!r}); {hint}"
-    return textwrap.shorten(" ".join(first_line(e) for e in _chain(err) if first_line(e)), 500, placeholder=" ...")
+    return textwrap.shorten(
+        " ".join(first_line(e) for e in _chain(err) if first_line(e)), 500, placeholder=" ..."
+    )
 
 
 def as_typed(override: str, typed: list[str]) -> str:
@@ -472,4 +536,3 @@ def _chain(err: BaseException):
 def _quoted(text: str) -> str:
     found = re.search(r"'([^']+)'", text)
     return found.group(1) if found else text
-

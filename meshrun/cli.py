@@ -114,9 +114,19 @@ SAVE_LAYOUT = "--save-layout"
 # Each command's flags; train's are the Hydra flags meshrun passes on (Hydra's others would change
 # meshrun's config tree or its app: --config-path, --config-name, --run, --shell-completion, ...).
 FLAGS = {
-    "train": (MULTIRUN, Flag(("--cfg", "-c"), ("job", "hydra", "all"), "job|hydra|all", hydra=True), Flag(("--resolve",), hydra=True),
-              Flag(("--package", "-p"), (), "PACKAGE", hydra=True),
-              Flag(("--info", "-i"), ("all", "config", "defaults", "defaults-tree", "plugins", "searchpath"), "[WHAT]", optional=True, hydra=True)),
+    "train": (
+        MULTIRUN,
+        Flag(("--cfg", "-c"), ("job", "hydra", "all"), "job|hydra|all", hydra=True),
+        Flag(("--resolve",), hydra=True),
+        Flag(("--package", "-p"), (), "PACKAGE", hydra=True),
+        Flag(
+            ("--info", "-i"),
+            ("all", "config", "defaults", "defaults-tree", "plugins", "searchpath"),
+            "[WHAT]",
+            optional=True,
+            hydra=True,
+        ),
+    ),
     "plan": (Flag(("--json",)), Flag(("--full",)), Flag((SAVE_LAYOUT,), (), "FILE.yaml"), MULTIRUN),
     "sweep": (MULTIRUN,),
 }
@@ -132,9 +142,19 @@ def parse(command: str, args: list[str], as_program: bool):
     if save_layout is not None:
         check_layout_path(save_layout)
     if save_layout is not None and "-m" in given:
-        raise ConfigError(SAVE_LAYOUT, f"got {save_layout!r} with -m; a layout file holds the rules of one job: plan one job at a time")
-    return Invocation(command=command, overrides=[*hydra_flags, *overrides], role=role, as_json="--json" in given, full="--full" in given,
-                      as_program=as_program, save_layout=save_layout)
+        raise ConfigError(
+            SAVE_LAYOUT,
+            f"got {save_layout!r} with -m; a layout file holds the rules of one job: plan one job at a time",
+        )
+    return Invocation(
+        command=command,
+        overrides=[*hydra_flags, *overrides],
+        role=role,
+        as_json="--json" in given,
+        full="--full" in given,
+        as_program=as_program,
+        save_layout=save_layout,
+    )
 
 
 def read_flags(command: str, args: list[str]) -> tuple[dict, list[str], list[str], Role]:
@@ -151,18 +171,28 @@ def read_flags(command: str, args: list[str]) -> tuple[dict, list[str], list[str
         elif not arg.startswith("-"):
             overrides.append(arg)
         elif name not in by_name:
-            raise ConfigError(name, not_a_flag(name, command, [*map(str, FLAGS[command]), "--help"], taken_by(name, command)))
+            raise ConfigError(
+                name,
+                not_a_flag(name, command, [*map(str, FLAGS[command]), "--help"], taken_by(name, command)),
+            )
         else:
             flag = by_name[name]
             given[flag.names[0]] = _flag_value(flag, name, value if has_value else None, rest)
-    hydra_flags = [part for flag in FLAGS[command] if flag.hydra and flag.names[0] in given
-                   for part in (flag.names[0], given[flag.names[0]]) if part]
+    hydra_flags = [
+        part
+        for flag in FLAGS[command]
+        if flag.hydra and flag.names[0] in given
+        for part in (flag.names[0], given[flag.names[0]])
+        if part
+    ]
     return given, hydra_flags, overrides, role
 
 
 def taken_by(flag: str, command: str) -> list[str]:
     """The other commands (of train, plan and sweep) that take `flag`."""
-    return [other for other, flags in FLAGS.items() if other != command and any(flag in f.names for f in flags)]
+    return [
+        other for other, flags in FLAGS.items() if other != command and any(flag in f.names for f in flags)
+    ]
 
 
 def _flag_value(flag: Flag, name: str, value: str | None, rest: list[str]) -> str:
@@ -172,12 +202,19 @@ def _flag_value(flag: Flag, name: str, value: str | None, rest: list[str]) -> st
         if value is not None:
             raise ConfigError(name, f"got {value!r}; it takes no value")
         return ""
-    if value is None and rest and not rest[0].startswith("-") and (not flag.optional or rest[0] in flag.values):
+    if (
+        value is None
+        and rest
+        and not rest[0].startswith("-")
+        and (not flag.optional or rest[0] in flag.values)
+    ):
         value = rest.pop(0)
     if value is None and flag.optional:
         return ""
     if flag.values and value not in flag.values:
-        raise ConfigError(name, f"got {'nothing' if value is None else repr(value)}; valid: {one_of(flag.values)}")
+        raise ConfigError(
+            name, f"got {'nothing' if value is None else repr(value)}; valid: {one_of(flag.values)}"
+        )
     if value is None and flag.names[0] != SAVE_LAYOUT:  # check_layout_path words a missing layout path
         raise ConfigError(name, f"got nothing; give {flag.meta} after it")
     return value or ""
@@ -198,20 +235,31 @@ def parse_k8s(args: list[str], as_program: bool):
     from meshrun.kube.render import pod_overrides
 
     options, overrides = parse_options(args)
-    return Invocation(command="k8s", overrides=pod_overrides(overrides, options), kube=options, as_program=as_program)
+    return Invocation(
+        command="k8s", overrides=pod_overrides(overrides, options), kube=options, as_program=as_program
+    )
 
 
 def check_layout_path(path: str) -> None:
     """ConfigError unless `path` is a .yaml file path that can be written (its missing dirs are
     made when it is)."""
     if not path or path.startswith("-"):
-        raise ConfigError(SAVE_LAYOUT, f"got {path!r}; give the path of the layout file to write, e.g. --save-layout my_layout.yaml")
+        raise ConfigError(
+            SAVE_LAYOUT,
+            f"got {path!r}; give the path of the layout file to write, e.g. --save-layout my_layout.yaml",
+        )
     if not path.endswith((".yaml", ".yml")):
-        raise ConfigError(SAVE_LAYOUT, f"got {path!r}; a layout file is YAML: give a path ending in .yaml (layout=PATH loads it back)")
+        raise ConfigError(
+            SAVE_LAYOUT,
+            f"got {path!r}; a layout file is YAML: give a path ending in .yaml (layout=PATH loads it back)",
+        )
     reason = unwritable(path)
     if reason:
-        raise ConfigError(SAVE_LAYOUT, f"got {path!r}, which cannot be written ({reason}); give a file path where you can write, "
-                                       "e.g. --save-layout layouts/my_layout.yaml")
+        raise ConfigError(
+            SAVE_LAYOUT,
+            f"got {path!r}, which cannot be written ({reason}); give a file path where you can write, "
+            "e.g. --save-layout layouts/my_layout.yaml",
+        )
 
 
 def leave(status: int) -> None:

@@ -27,12 +27,18 @@ class CommandLine:
         """The one positional argument; a ConfigError on `key` for none or several, saying
         `wanted` (what to give, e.g. "the one run dir of ...")."""
         if len(self.positional) != 1:
-            got = f"got {len(self.positional)} ({', '.join(map(repr, self.positional))})" if self.positional else "is required"
+            got = (
+                f"got {len(self.positional)} ({', '.join(map(repr, self.positional))})"
+                if self.positional
+                else "is required"
+            )
             raise ConfigError(key, f"{got}; give {wanted}")
         return self.positional[0]
 
 
-def read_command_line(args: list[str], command: str, value_flags: Mapping[str, str], switches: tuple[str, ...]) -> CommandLine | None:
+def read_command_line(
+    args: list[str], command: str, value_flags: Mapping[str, str], switches: tuple[str, ...]
+) -> CommandLine | None:
     """The command line `args` of `meshrun COMMAND`, whose value flags are `value_flags` (each with
     the name of its value in messages: {"--prompt": "TEXT"}) and whose switches are `switches`;
     None when it asks for --help. An unknown flag, or a value flag without its value (nothing, or

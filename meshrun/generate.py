@@ -104,14 +104,24 @@ def parse_request(args: list[str]) -> Request | None:
     line = read_command_line(args, "generate", {PROMPT: "TEXT", MAX_LENGTH: "N"}, (JSON,))
     if line is None:
         return None
-    run_dir = line.only_positional(RUN_DIR_KEY, "the one run dir of a KerasHub run of meshrun train, e.g. "
-                                                "meshrun generate outputs/DATE/TIME --prompt 'Once upon a time'")
+    run_dir = line.only_positional(
+        RUN_DIR_KEY,
+        "the one run dir of a KerasHub run of meshrun train, e.g. "
+        "meshrun generate outputs/DATE/TIME --prompt 'Once upon a time'",
+    )
     prompts = line.values.get(PROMPT, [])
     if not prompts:
-        raise ConfigError(PROMPT, "is required: give the text to complete, e.g. --prompt 'Once upon a time' (repeat it for more)")
+        raise ConfigError(
+            PROMPT,
+            "is required: give the text to complete, e.g. --prompt 'Once upon a time' (repeat it for more)",
+        )
     max_length = [_max_length(value) for value in line.values.get(MAX_LENGTH, [])]
-    return Request(run_dir=Path(run_dir).expanduser().resolve(), prompts=tuple(prompts), max_length=max_length[-1] if max_length else None,
-                   as_json=JSON in line.switches)
+    return Request(
+        run_dir=Path(run_dir).expanduser().resolve(),
+        prompts=tuple(prompts),
+        max_length=max_length[-1] if max_length else None,
+        as_json=JSON in line.switches,
+    )
 
 
 def _max_length(value: str) -> int:
@@ -120,7 +130,10 @@ def _max_length(value: str) -> int:
     except ValueError:
         length = 0
     if length < 2:
-        raise ConfigError(MAX_LENGTH, f"got {value!r}; expected the tokens of prompt and completion together, a whole number of 2 or more")
+        raise ConfigError(
+            MAX_LENGTH,
+            f"got {value!r}; expected the tokens of prompt and completion together, a whole number of 2 or more",
+        )
     return length
 
 
@@ -177,15 +190,24 @@ def read_run(run_dir: Path) -> SavedRun:
     from meshrun.config.parse import parse_run_config
 
     if not run_dir.is_dir():
-        raise ConfigError(RUN_DIR_KEY, f"got {str(run_dir)!r}, which is not a directory; give the run dir of a meshrun train run (outputs/DATE/TIME)")
+        raise ConfigError(
+            RUN_DIR_KEY,
+            f"got {str(run_dir)!r}, which is not a directory; give the run dir of a meshrun train run (outputs/DATE/TIME)",
+        )
     config_file = run_dir / rundir.HYDRA_DIR / "config.yaml"
     if not config_file.is_file():
-        raise ConfigError(RUN_DIR_KEY, f"got {str(run_dir)!r}, which holds no .hydra/config.yaml: not the run dir of a meshrun train run")
+        raise ConfigError(
+            RUN_DIR_KEY,
+            f"got {str(run_dir)!r}, which holds no .hydra/config.yaml: not the run dir of a meshrun train run",
+        )
     raw = _read_config(config_file)
     model = (raw.get("model") or {}).get("name")
     if model != HUB_MODEL:
-        raise ConfigError(RUN_DIR_KEY, f"got {str(run_dir)!r}, a run of model={model}; meshrun generate completes prompts with KerasHub "
-                                       "causal LMs (model=keras_hub)")
+        raise ConfigError(
+            RUN_DIR_KEY,
+            f"got {str(run_dir)!r}, a run of model={model}; meshrun generate completes prompts with KerasHub "
+            "causal LMs (model=keras_hub)",
+        )
     return SavedRun(path=run_dir, config=parse_run_config(raw), metrics=_read_metrics(run_dir))
 
 
@@ -195,8 +217,11 @@ def _read_metrics(run_dir: Path) -> dict:
     try:
         metrics = json.loads(path.read_text())
     except FileNotFoundError:
-        raise ConfigError(RUN_DIR_KEY, f"got {str(run_dir)!r}, which holds no {rundir.METRICS_FILE}: its run did not finish "
-                                       "(or still runs); give the dir of a finished run") from None
+        raise ConfigError(
+            RUN_DIR_KEY,
+            f"got {str(run_dir)!r}, which holds no {rundir.METRICS_FILE}: its run did not finish "
+            "(or still runs); give the dir of a finished run",
+        ) from None
     except (OSError, ValueError) as err:
         raise ConfigError(RUN_DIR_KEY, f"cannot read {str(path)!r} ({first_line(err)})") from None
     return metrics if isinstance(metrics, dict) else {}
@@ -232,7 +257,10 @@ def find_weights(run: SavedRun) -> Weights:
     steps = set(complete_steps(root)) & set(saved.get("saved_steps") or []) if root is not None else set()
     if steps:
         return Weights(checkpoint=checkpoint_lib.ResumePoint(root, max(steps)))
-    raise ConfigError(RUN_DIR_KEY, f"{str(run.path)!r} has no saved weights (its metrics.json names none that are still there): {NO_WEIGHTS_HINT}")
+    raise ConfigError(
+        RUN_DIR_KEY,
+        f"{str(run.path)!r} has no saved weights (its metrics.json names none that are still there): {NO_WEIGHTS_HINT}",
+    )
 
 
 def _written(run: SavedRun, path: str | None) -> Path | None:
@@ -265,7 +293,16 @@ def generate(run: SavedRun, request: Request) -> list[str]:
     try:
         model, planned, mesh = load_model(config, weights)
         check_vocabulary(tokenizer, config, model_vocabulary(planned.abstract.signature))
-        return complete(model, tokenizer, framing, prompts, max_length, mesh.axis_size(mesh.batch_axis), PROMPT, MAX_LENGTH)
+        return complete(
+            model,
+            tokenizer,
+            framing,
+            prompts,
+            max_length,
+            mesh.axis_size(mesh.batch_axis),
+            PROMPT,
+            MAX_LENGTH,
+        )
     finally:
         distribution_lib.reset()
 
@@ -294,7 +331,9 @@ def enter_distribution(config):
     keras = import_keras()
     compat.ensure("keras")
     devices_lib.set_compilation_cache(config.cache)
-    found = devices_lib.discover(config.devices, dataclasses.replace(config.mesh, dcn=None))  # one process, whatever the run's
+    found = devices_lib.discover(
+        config.devices, dataclasses.replace(config.mesh, dcn=None)
+    )  # one process, whatever the run's
     planned = place(config, found.mesh)
     planned.plan.raise_first_error()
     distribution = distribution_lib.make_distribution(found.mesh, planned.rules, found.devices)
@@ -311,7 +350,9 @@ def _from_checkpoint(config, planned, point):
     from meshrun.training import checkpoint as checkpoint_lib
     from meshrun.training.restack import with_separate_blocks
 
-    model, _ = build_model(planned.spec, planned.options, config.data, abstract=True, pipeline=planned.pipeline)  # initial weights, replaced next
+    model, _ = build_model(
+        planned.spec, planned.options, config.data, abstract=True, pipeline=planned.pipeline
+    )  # initial weights, replaced next
     check_paths_match(model, planned.abstract, planned.spec, planned.options)
     try:
         checkpoint_lib.restore_weights(model, point)
@@ -340,7 +381,10 @@ def _from_adapter(planned, adapter: Path):
 def print_completions(prompts: tuple[str, ...], completions: list[str], as_json: bool) -> None:
     """Prints each prompt and its completion: a line each ('prompt' -> 'completion'), or a JSON list
     of {prompt, completion}."""
-    pairs = [{"prompt": prompt, "completion": completion} for prompt, completion in zip(prompts, completions, strict=True)]
+    pairs = [
+        {"prompt": prompt, "completion": completion}
+        for prompt, completion in zip(prompts, completions, strict=True)
+    ]
     if as_json:
         print(json.dumps(pairs, indent=2, ensure_ascii=False))
         return

@@ -70,8 +70,12 @@ def train_job(invocation: Invocation, job: Job) -> None:
     if job.number is not None and invocation.role is Role.USER:
         _check_dir(job.run_dir, job.resolve, key="hydra.sweep.dir", config_is_earlier=False)
     started_at = invocation.start_job(job.run_dir)
-    run_dir = RunDir(job, keeps_rejected=job.number is not None or invocation.role is Role.SWEEP_JOB,
-                     launched=invocation.role is Role.LOCAL_PROCESS, earlier=reuse.earlier_run(job.run_dir) is not None)
+    run_dir = RunDir(
+        job,
+        keeps_rejected=job.number is not None or invocation.role is Role.SWEEP_JOB,
+        launched=invocation.role is Role.LOCAL_PROCESS,
+        earlier=reuse.earlier_run(job.run_dir) is not None,
+    )
     launcher_for(invocation, job, run_dir, started_at).launch(job)
 
 
@@ -85,12 +89,16 @@ def check_run_dir(invocation: Invocation, run_dir: str, resolve: Callable[[], di
         _check_dir(run_dir, resolve)
 
 
-def check_sweep_dir(invocation: Invocation, sweep_dir: str, resume: str | None, checkpoint_dir: str | None) -> None:
+def check_sweep_dir(
+    invocation: Invocation, sweep_dir: str, resume: str | None, checkpoint_dir: str | None
+) -> None:
     """Checks a multirun's sweep dir before Hydra writes into it (meshrun.app calls it first, with
     the multirun's `resume` and `checkpoint.dir`): one that holds a finished multirun is a
     ConfigError unless the multirun resumes."""
     if invocation.command in ("train", "sweep") and invocation.role is Role.USER:
-        reuse.check_sweep_dir(sweep_dir, resumes=resume not in (None, "never") or (resume is None and bool(checkpoint_dir)))
+        reuse.check_sweep_dir(
+            sweep_dir, resumes=resume not in (None, "never") or (resume is None and bool(checkpoint_dir))
+        )
 
 
 def _check_dir(run_dir: str, resolve: Callable[[], dict], **how) -> None:
@@ -121,7 +129,9 @@ def launcher_for(invocation: Invocation, job: Job, run_dir: RunDir, started_at: 
             launcher = launchers.LocalProcesses(config.distributed, run_dir)
         else:
             launcher = launchers.InProcess(
-                config, run_dir, train=lambda identity: _train(config, invocation, job, identity, started_at),
+                config,
+                run_dir,
+                train=lambda identity: _train(config, invocation, job, identity, started_at),
                 publish=lambda trained: publish(trained, job.run_dir),
             )
     requeue_signal = signals.scheduler_signal()
@@ -131,9 +141,15 @@ def launcher_for(invocation: Invocation, job: Job, run_dir: RunDir, started_at: 
 def _train(config: RunConfig, invocation: Invocation, job: Job, identity: Identity, started_at: float):
     from meshrun.train import RunContext, train  # imports jax and keras: only after devices.prepare
 
-    context = RunContext(run_dir=job.run_dir, choices=job.choices, overrides=job.overrides, started_at=started_at,
-                         identity=identity, process_ends_after=invocation.as_program and job.number is None,
-                         requeued=requeued())
+    context = RunContext(
+        run_dir=job.run_dir,
+        choices=job.choices,
+        overrides=job.overrides,
+        started_at=started_at,
+        identity=identity,
+        process_ends_after=invocation.as_program and job.number is None,
+        requeued=requeued(),
+    )
     return train(config, context)
 
 
@@ -157,9 +173,15 @@ def plan_job(invocation: Invocation, job: Job) -> None:
 
     plan = planned.plan
     errors = [*plan.errors, *_errors_of(lambda: check_without_devices(config, planned, processes))]
-    data = {**plan.to_dict(), "status": "error" if errors else "ok", "errors": [str(e) for e in errors],
-            "layout": job.choices.get("layout"), "choices": job.choices, "overrides": job.overrides,
-            "data": {"source": config.data.name, "notes": data_notes(config.data)}}
+    data = {
+        **plan.to_dict(),
+        "status": "error" if errors else "ok",
+        "errors": [str(e) for e in errors],
+        "layout": job.choices.get("layout"),
+        "choices": job.choices,
+        "overrides": job.overrides,
+        "data": {"source": config.data.name, "notes": data_notes(config.data)},
+    }
     if invocation.as_json:
         print(json.dumps(data) if job.number is not None else json.dumps(data, indent=2))
     else:
@@ -171,10 +193,14 @@ def plan_job(invocation: Invocation, job: Job) -> None:
     if invocation.save_layout:
         from meshrun.placement.layout_file import save_layout
 
-        rules = planned.written_rules  # for separate blocks: the same file serves a run with stages and one without
+        rules = (
+            planned.written_rules
+        )  # for separate blocks: the same file serves a run with stages and one without
         save_layout(invocation.save_layout, rules, plan, job.overrides)
-        print(f"wrote {invocation.save_layout} ({len(rules)} rules); load it with layout={invocation.save_layout}",
-              file=sys.stderr if invocation.as_json else sys.stdout)
+        print(
+            f"wrote {invocation.save_layout} ({len(rules)} rules); load it with layout={invocation.save_layout}",
+            file=sys.stderr if invocation.as_json else sys.stdout,
+        )
 
 
 def _errors_of(check: Callable[[], object]) -> list[ConfigError]:
@@ -262,7 +288,11 @@ def finish(invocation: Invocation) -> int:
     if invocation.failures:  # every job was refused before it ran: nothing of this multirun to compare
         return invocation.exit_status()
     sweep_dir = invocation.sweep_dir
-    rows = sweep.compare(sweep.find_runs([sweep_dir]), sweep_dir) if sweep_dir and Path(sweep_dir).is_dir() else []
+    rows = (
+        sweep.compare(sweep.find_runs([sweep_dir]), sweep_dir)
+        if sweep_dir and Path(sweep_dir).is_dir()
+        else []
+    )
     if any(row["status"] == "ok" for row in rows):
         return 0
     say_error(f"no job of the multirun succeeded (their files: {sweep_dir})")

@@ -50,11 +50,24 @@ def run_measured(args: list[str], cwd, timeout: float = 120, env=None, python: s
     """Runs `python -m meshrun ARGS` in `cwd` (with interpreter `python`, default this process's),
     killed after `timeout` seconds; the peak RSS is the process's own (its VmHWM at exit; -1 if it
     was killed before it could say)."""
-    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err, tempfile.TemporaryDirectory() as scratch:
+    with (
+        tempfile.TemporaryFile() as out,
+        tempfile.TemporaryFile() as err,
+        tempfile.TemporaryDirectory() as scratch,
+    ):
         peak_file = os.path.join(scratch, "peak")
         child_env = {**(os.environ if env is None else env), "MESHRUN_PEAK_FILE": peak_file}
         started = time.perf_counter()
-        proc = spawn(args, Role.USER, stdout=out, stderr=err, env=child_env, cwd=cwd, entry=("-c", _WRAPPER), python=python)
+        proc = spawn(
+            args,
+            Role.USER,
+            stdout=out,
+            stderr=err,
+            env=child_env,
+            cwd=cwd,
+            entry=("-c", _WRAPPER),
+            python=python,
+        )
         try:
             proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
@@ -83,10 +96,21 @@ def venv_without_tensorflow(folder: Path) -> Path:
     site-packages but TensorFlow's: the packages installed here (meshrun's editable install
     included), TensorFlow not installed, as an install without it has them."""
     venv = Path(folder) / "venv"
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, capture_output=True, timeout=120)
+    subprocess.run(
+        [sys.executable, "-m", "venv", "--without-pip", str(venv)],
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
     python = venv / "bin" / "python"
-    target = Path(subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                                 check=True, capture_output=True, text=True).stdout.strip())
+    target = Path(
+        subprocess.run(
+            [python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout.strip()
+    )
     for source in map(Path, site.getsitepackages()):
         for entry in source.iterdir():
             if not entry.name.lower().startswith(TENSORFLOW_ENTRIES) and not (target / entry.name).exists():

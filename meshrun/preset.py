@@ -58,9 +58,19 @@ keras_hub.models.CausalLM.from_preset(DIR). Needs keras-hub: pip install 'meshru
 """
 FAMILY_KEY, TEXT, OUT, HEADS, FORCE = "FAMILY", "--text", "--out", "--heads", "--force"
 VOCABULARY = "--vocabulary"
-NUMBERS = {VOCABULARY: "vocabulary_size", "--layers": "num_layers", "--hidden": "hidden_dim", "--seq-len": "sequence_length",
-           "--seed": "seed"}
-VALUE_FLAGS = {TEXT: "PATH", OUT: "DIR", **dict.fromkeys(NUMBERS, "N"), HEADS: "Q:KV"}  # flag: its value, in messages
+NUMBERS = {
+    VOCABULARY: "vocabulary_size",
+    "--layers": "num_layers",
+    "--hidden": "hidden_dim",
+    "--seq-len": "sequence_length",
+    "--seed": "seed",
+}
+VALUE_FLAGS = {
+    TEXT: "PATH",
+    OUT: "DIR",
+    **dict.fromkeys(NUMBERS, "N"),
+    HEADS: "Q:KV",
+}  # flag: its value, in messages
 OUT_HINT = "the preset dir to write, e.g. --out tiny_model"
 PRESET_CONFIG = "config.json"  # what makes a dir a preset (save_to_preset writes it)
 
@@ -91,10 +101,16 @@ def main(args: list[str]) -> int:
     from meshrun.compat.keras import keras_without_tensorflow
 
     try:
-        with dir_written_whole(request.out) as partial, keras_without_tensorflow():  # 2-4 s of TensorFlow's import saved
+        with (
+            dir_written_whole(request.out) as partial,
+            keras_without_tensorflow(),
+        ):  # 2-4 s of TensorFlow's import saved
             causal_lm.save_to_preset(str(partial))
     except OSError as err:  # a full disk, a dir made read-only meanwhile
-        raise ConfigError(OUT, f"got {str(request.out)!r}, which could not be written ({err.strerror or err}); nothing was written") from None
+        raise ConfigError(
+            OUT,
+            f"got {str(request.out)!r}, which could not be written ({err.strerror or err}); nothing was written",
+        ) from None
     print(summary(request, causal_lm, files, texts))
     return 0
 
@@ -104,10 +120,18 @@ def parse_request(args: list[str]) -> Request | None:
     line = read_command_line(args, "preset", VALUE_FLAGS, (FORCE,))
     if line is None:
         return None
-    family = _family(line.only_positional(FAMILY_KEY, f"the one model family to make, e.g. meshrun preset gemma --text 'data/*.jsonl' "
-                                                      f"--out tiny_gemma; valid: {one_of(sorted(FAMILIES))}"))
+    family = _family(
+        line.only_positional(
+            FAMILY_KEY,
+            f"the one model family to make, e.g. meshrun preset gemma --text 'data/*.jsonl' "
+            f"--out tiny_gemma; valid: {one_of(sorted(FAMILIES))}",
+        )
+    )
     values = line.values
-    for flag, hint in ((TEXT, "the text to train the tokenizer on, e.g. --text 'data/*.jsonl'"), (OUT, OUT_HINT)):
+    for flag, hint in (
+        (TEXT, "the text to train the tokenizer on, e.g. --text 'data/*.jsonl'"),
+        (OUT, OUT_HINT),
+    ):
         if not values.get(flag):
             raise ConfigError(flag, f"is required: give {hint}")
     for flag, given in values.items():
@@ -116,7 +140,13 @@ def parse_request(args: list[str]) -> Request | None:
     if not values[OUT][0].strip():
         raise ConfigError(OUT, f"got ''; give {OUT_HINT}")
     out = Path(values[OUT][0]).expanduser().resolve()
-    return Request(family=family, texts=tuple(values[TEXT]), out=out, shape=_shape(family, values), force=FORCE in line.switches)
+    return Request(
+        family=family,
+        texts=tuple(values[TEXT]),
+        out=out,
+        shape=_shape(family, values),
+        force=FORCE in line.switches,
+    )
 
 
 def _family(name: str) -> Family:
@@ -132,12 +162,18 @@ def _shape(family: Family, values: dict[str, list[str]]) -> PresetShape:
     heads = _heads(family, values[HEADS][0]) if HEADS in values else family.heads
     shape = replace(PresetShape(num_query_heads=heads[0], num_key_value_heads=heads[1]), **numbers)
     if shape.hidden_dim % shape.num_query_heads:
-        raise ConfigError("--hidden", f"got {shape.hidden_dim}, which {shape.num_query_heads} query heads do not divide (each head is "
-                                      f"hidden / Q wide); give a multiple of {shape.num_query_heads}, e.g. {8 * shape.num_query_heads}")
+        raise ConfigError(
+            "--hidden",
+            f"got {shape.hidden_dim}, which {shape.num_query_heads} query heads do not divide (each head is "
+            f"hidden / Q wide); give a multiple of {shape.num_query_heads}, e.g. {8 * shape.num_query_heads}",
+        )
     if family.rotary and shape.head_dim % 2:
-        raise ConfigError("--hidden", f"got {shape.hidden_dim}, which makes each of {shape.num_query_heads} heads {shape.head_dim} wide; "
-                                      f"{family.name}'s rotary position embedding needs an even width: give a multiple of "
-                                      f"{2 * shape.num_query_heads}")
+        raise ConfigError(
+            "--hidden",
+            f"got {shape.hidden_dim}, which makes each of {shape.num_query_heads} heads {shape.head_dim} wide; "
+            f"{family.name}'s rotary position embedding needs an even width: give a multiple of "
+            f"{2 * shape.num_query_heads}",
+        )
     return shape
 
 
@@ -160,12 +196,21 @@ def _heads(family: Family, value: str) -> tuple[int, int]:
     except ValueError:
         heads = (0, 0)
     if min(heads) < 1:
-        raise ConfigError(HEADS, f"got {value!r}; expected Q:KV, query and key/value heads, e.g. {HEADS} 8:2 (or {HEADS} 8: as many of each)")
+        raise ConfigError(
+            HEADS,
+            f"got {value!r}; expected Q:KV, query and key/value heads, e.g. {HEADS} 8:2 (or {HEADS} 8: as many of each)",
+        )
     if not family.grouped and heads[0] != heads[1]:
-        raise ConfigError(HEADS, f"got {value!r}; {family.name} has a key/value head for each query head: give {HEADS} {heads[0]}")
+        raise ConfigError(
+            HEADS,
+            f"got {value!r}; {family.name} has a key/value head for each query head: give {HEADS} {heads[0]}",
+        )
     if heads[0] % heads[1]:
-        raise ConfigError(HEADS, f"got {value!r}: {heads[1]} key/value heads do not divide {heads[0]} query heads (each key/value head "
-                                 f"serves an equal group of them); give e.g. {HEADS} {heads[0]}:1")
+        raise ConfigError(
+            HEADS,
+            f"got {value!r}: {heads[1]} key/value heads do not divide {heads[0]} query heads (each key/value head "
+            f"serves an equal group of them); give e.g. {HEADS} {heads[0]}:1",
+        )
     return heads
 
 
@@ -174,17 +219,29 @@ def check_out(out: Path, force: bool, files: tuple[Path, ...]) -> None:
     parents are made), new or empty, or with --force one that holds a preset and none of the text."""
     reason = unwritable(out, directory=True)
     if reason:
-        raise ConfigError(OUT, f"got {str(out)!r}, which cannot be written ({reason}); give a dir where you can write, e.g. --out tiny_model")
+        raise ConfigError(
+            OUT,
+            f"got {str(out)!r}, which cannot be written ({reason}); give a dir where you can write, e.g. --out tiny_model",
+        )
     if not out.is_dir() or not any(out.iterdir()):
         return
     if not force:
-        raise ConfigError(OUT, f"got {str(out)!r}, which already holds files; give a new or empty dir, or {FORCE} to replace the preset there")
+        raise ConfigError(
+            OUT,
+            f"got {str(out)!r}, which already holds files; give a new or empty dir, or {FORCE} to replace the preset there",
+        )
     if not (out / PRESET_CONFIG).is_file():
-        raise ConfigError(OUT, f"got {str(out)!r}, which holds files but no preset ({PRESET_CONFIG}); {FORCE} replaces only a preset: "
-                               "give a new or empty dir")
+        raise ConfigError(
+            OUT,
+            f"got {str(out)!r}, which holds files but no preset ({PRESET_CONFIG}); {FORCE} replaces only a preset: "
+            "give a new or empty dir",
+        )
     inside = [f for f in files if f.resolve().is_relative_to(out)]
     if inside:
-        raise ConfigError(OUT, f"got {str(out)!r}, which holds the {TEXT} file {str(inside[0])!r}: {FORCE} would delete it; give another dir")
+        raise ConfigError(
+            OUT,
+            f"got {str(out)!r}, which holds the {TEXT} file {str(inside[0])!r}: {FORCE} would delete it; give another dir",
+        )
 
 
 def build(request: Request, texts: list[str]):
@@ -203,17 +260,27 @@ def build(request: Request, texts: list[str]):
         except ConfigError:
             raise
         except Exception as err:  # whatever KerasHub raises for sizes it cannot build
-            raise ConfigError(FAMILY_KEY, f"got {family.name!r}, which KerasHub cannot build at these sizes: {first_line(err)}") from None
+            raise ConfigError(
+                FAMILY_KEY,
+                f"got {family.name!r}, which KerasHub cannot build at these sizes: {first_line(err)}",
+            ) from None
 
 
 def check_installed(family: Family) -> None:
     """A ConfigError saying how to install what the family needs, when a package is missing
     (found, not imported: keras_hub takes seconds). KerasHub's tokenizers are built on
     tensorflow-text, which a keras-hub installed without its dependencies lacks."""
-    needed = (("keras-hub", "keras_hub"), (family.library, family.library), ("tensorflow-text", "tensorflow_text"))
+    needed = (
+        ("keras-hub", "keras_hub"),
+        (family.library, family.library),
+        ("tensorflow-text", "tensorflow_text"),
+    )
     missing = [package for package, module in needed if not _installed(module)]
     if missing:
-        raise ConfigError(FAMILY_KEY, f"got {family.name!r}, which needs {one_of(missing)}, not installed: pip install 'meshrun[hub]'")
+        raise ConfigError(
+            FAMILY_KEY,
+            f"got {family.name!r}, which needs {one_of(missing)}, not installed: pip install 'meshrun[hub]'",
+        )
 
 
 def _installed(module: str) -> bool:
@@ -225,13 +292,19 @@ def _installed(module: str) -> bool:
 def summary(request: Request, causal_lm, files: tuple[Path, ...], texts: list[str]) -> str:
     """The line that says what was written, and that its weights are random."""
     shape, family = request.shape, request.family
-    heads = f"{shape.num_query_heads} query and {shape.num_key_value_heads} key/value heads" if family.grouped else f"{shape.num_query_heads} heads"
+    heads = (
+        f"{shape.num_query_heads} query and {shape.num_key_value_heads} key/value heads"
+        if family.grouped
+        else f"{shape.num_query_heads} heads"
+    )
     size = format_bytes(sum(len(text.encode()) for text in texts))
-    return (f"wrote {request.out}: a {family.name} preset, {family.task} of {causal_lm.backbone.count_params():,} parameters "
-            f"({_count(shape.num_layers, 'layer')}, hidden {shape.hidden_dim}, {heads}), a {family.tokenizer_kind} vocabulary of "
-            f"{shape.vocabulary_size} trained on {size} of text in {_count(len(files), 'file')}, sequence length "
-            f"{shape.sequence_length}; RANDOM weights, for trying the workflow, not a pretrained model: "
-            f"meshrun train model=keras_hub {shlex.quote(f'model.preset={request.out}')} data=text ...")
+    return (
+        f"wrote {request.out}: a {family.name} preset, {family.task} of {causal_lm.backbone.count_params():,} parameters "
+        f"({_count(shape.num_layers, 'layer')}, hidden {shape.hidden_dim}, {heads}), a {family.tokenizer_kind} vocabulary of "
+        f"{shape.vocabulary_size} trained on {size} of text in {_count(len(files), 'file')}, sequence length "
+        f"{shape.sequence_length}; RANDOM weights, for trying the workflow, not a pretrained model: "
+        f"meshrun train model=keras_hub {shlex.quote(f'model.preset={request.out}')} data=text ..."
+    )
 
 
 def _count(number: int, noun: str) -> str:

@@ -25,7 +25,9 @@ class Registry(Generic[Spec]):
     def register(self, spec: Spec) -> Spec:
         """Adds `spec`; raises ValueError when its name is taken or not in the table of modules."""
         if spec.name not in self.modules:
-            raise ValueError(f"{self.kind} {spec.name!r} is not in the table of {self.kind}s; add it beside the others")
+            raise ValueError(
+                f"{self.kind} {spec.name!r} is not in the table of {self.kind}s; add it beside the others"
+            )
         if spec.name in self._specs:
             raise ValueError(f"{self.kind} {spec.name!r} is registered twice")
         self._specs[spec.name] = spec

@@ -36,10 +36,16 @@ def load_callable(key: str, reference: str) -> Callable:
         module = importlib.import_module(module_name)
     except ModuleNotFoundError as err:
         if err.name and module_name.startswith(err.name):  # the module itself, not one it imports
-            raise ConfigError(key, f"got {reference!r}: no module {module_name!r} {_where_searched()}") from None
-        raise ConfigError(key, f"got {reference!r}: importing {module_name!r} failed ({_failure(err)})") from None
+            raise ConfigError(
+                key, f"got {reference!r}: no module {module_name!r} {_where_searched()}"
+            ) from None
+        raise ConfigError(
+            key, f"got {reference!r}: importing {module_name!r} failed ({_failure(err)})"
+        ) from None
     except Exception as err:  # the user's module may fail in any way while importing
-        raise ConfigError(key, f"got {reference!r}: importing {module_name!r} failed ({_failure(err)})") from None
+        raise ConfigError(
+            key, f"got {reference!r}: importing {module_name!r} failed ({_failure(err)})"
+        ) from None
     if not hasattr(module, attribute):
         names = [n for n in dir(module) if not n.startswith("_") and callable(getattr(module, n))]
         raise ConfigError(
@@ -50,12 +56,20 @@ def load_callable(key: str, reference: str) -> Callable:
         )
     function = getattr(module, attribute)
     if not callable(function):
-        raise ConfigError(key, f"got {reference!r}: {attribute!r} is a {type(function).__name__}, not a function or class")
+        raise ConfigError(
+            key, f"got {reference!r}: {attribute!r} is a {type(function).__name__}, not a function or class"
+        )
     return function
 
 
-def check_kwargs(key: str, function: Callable, reference: str, kwargs: dict, fixed: tuple[str, ...] = (),
-                 passed_on: tuple[str, ...] | None = None) -> None:
+def check_kwargs(
+    key: str,
+    function: Callable,
+    reference: str,
+    kwargs: dict,
+    fixed: tuple[str, ...] = (),
+    passed_on: tuple[str, ...] | None = None,
+) -> None:
     """ConfigError on `key` when `function` does not take `kwargs` (besides the arguments in
     `fixed` that meshrun passes itself), or needs arguments that nobody gives it. A function with
     **kwargs takes any name, unless `passed_on` lists the names its **kwargs accepts."""
@@ -65,7 +79,9 @@ def check_kwargs(key: str, function: Callable, reference: str, kwargs: dict, fix
         return
     params = signature.parameters
     takes_any = passed_on is None and any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
-    named = [n for n, p in params.items() if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and n not in fixed]
+    named = [
+        n for n, p in params.items() if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and n not in fixed
+    ]
     unknown = [k for k in kwargs if k not in named and k not in (passed_on or ()) and not takes_any]
     if unknown:
         raise ConfigError(
@@ -74,10 +90,17 @@ def check_kwargs(key: str, function: Callable, reference: str, kwargs: dict, fix
             + did_you_mean(unknown[0], named)
             + f"it takes: {one_of(named) if named else 'no keyword arguments'}",
         )
-    missing = [n for n in named if params[n].default is inspect.Parameter.empty and n not in kwargs
-               and params[n].kind is not inspect.Parameter.VAR_POSITIONAL]
+    missing = [
+        n
+        for n in named
+        if params[n].default is inspect.Parameter.empty
+        and n not in kwargs
+        and params[n].kind is not inspect.Parameter.VAR_POSITIONAL
+    ]
     if missing:
-        raise ConfigError(key, f"is missing {one_of(missing)}: {reference} requires {'it' if len(missing) == 1 else 'them'}")
+        raise ConfigError(
+            key, f"is missing {one_of(missing)}: {reference} requires {'it' if len(missing) == 1 else 'them'}"
+        )
 
 
 def call(key: str, described: str, function: Callable, **kwargs) -> Any:

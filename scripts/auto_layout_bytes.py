@@ -34,8 +34,21 @@ def plan(preset: str, mesh: str, layout_overrides: list[str]) -> dict:
     """`meshrun plan --json` of the transformer preset on `mesh` with `layout_overrides`."""
     with tempfile.TemporaryDirectory() as scratch:
         done = subprocess.run(
-            [sys.executable, "-m", "meshrun", "plan", "model=transformer", f"model.preset={preset}", f"mesh={mesh}", *layout_overrides, "--json"],
-            capture_output=True, text=True, check=False, cwd=scratch,
+            [
+                sys.executable,
+                "-m",
+                "meshrun",
+                "plan",
+                "model=transformer",
+                f"model.preset={preset}",
+                f"mesh={mesh}",
+                *layout_overrides,
+                "--json",
+            ],
+            capture_output=True,
+            text=True,
+            check=False,
+            cwd=scratch,
         )
     if done.returncode:
         raise SystemExit(f"meshrun plan failed: {done.stderr.strip()}")
@@ -52,19 +65,34 @@ def main() -> None:
     for mesh, fsdp, hand in PAIRS:
         auto = plan(args.preset, mesh, ["layout=auto", f"layout.fsdp={str(fsdp).lower()}"])
         written = plan(args.preset, mesh, [f"layout={hand}"])
-        rows.append({
-            "mesh": mesh, "auto": "auto, fsdp" if fsdp else "auto", "hand_written": hand,
-            "auto_bytes": auto["per_device"]["total_bytes"], "hand_bytes": written["per_device"]["total_bytes"],
-            "auto_params_bytes": auto["per_device"]["params_bytes"], "hand_params_bytes": written["per_device"]["params_bytes"],
-            "auto_rules": len({v["rule"] for v in auto["variables"] if v.get("rule")}),
-        })
+        rows.append(
+            {
+                "mesh": mesh,
+                "auto": "auto, fsdp" if fsdp else "auto",
+                "hand_written": hand,
+                "auto_bytes": auto["per_device"]["total_bytes"],
+                "hand_bytes": written["per_device"]["total_bytes"],
+                "auto_params_bytes": auto["per_device"]["params_bytes"],
+                "hand_params_bytes": written["per_device"]["params_bytes"],
+                "auto_rules": len({v["rule"] for v in auto["variables"] if v.get("rule")}),
+            }
+        )
 
-    table = Table(title=f"transformer {args.preset}: parameters + optimizer state per device, layout=auto vs hand-written")
+    table = Table(
+        title=f"transformer {args.preset}: parameters + optimizer state per device, layout=auto vs hand-written"
+    )
     for column in ("mesh", "auto", "bytes", "hand-written", "bytes", "auto / hand", "auto rules"):
         table.add_column(column, justify="left" if column in ("mesh", "auto", "hand-written") else "right")
     for row in rows:
-        table.add_row(row["mesh"], row["auto"], format_bytes(row["auto_bytes"]), row["hand_written"], format_bytes(row["hand_bytes"]),
-                      f"{row['auto_bytes'] / row['hand_bytes']:.3f}", str(row["auto_rules"]))
+        table.add_row(
+            row["mesh"],
+            row["auto"],
+            format_bytes(row["auto_bytes"]),
+            row["hand_written"],
+            format_bytes(row["hand_bytes"]),
+            f"{row['auto_bytes'] / row['hand_bytes']:.3f}",
+            str(row["auto_rules"]),
+        )
     Console(width=None if sys.stdout.isatty() else 120).print(table)
     if args.out:
         with open(args.out, "w") as file:

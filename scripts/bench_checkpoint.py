@@ -38,25 +38,43 @@ def main() -> None:
     parser.add_argument("--mesh", default="2x4")
     parser.add_argument("--out", default="bench_checkpoint.json")
     args = parser.parse_args()
-    common = ["model=transformer", f"mesh={args.mesh}", "train.verbose=0", "cache.enabled=false",
-              f"train.epochs={args.epochs}", f"data.num_samples={args.num_samples}"]
+    common = [
+        "model=transformer",
+        f"mesh={args.mesh}",
+        "train.verbose=0",
+        "cache.enabled=false",
+        f"train.epochs={args.epochs}",
+        f"data.num_samples={args.num_samples}",
+    ]
     runs = {name: [] for name in VARIANTS}
     with tempfile.TemporaryDirectory(prefix="bench-checkpoint-") as work:
         for repeat in range(args.repeats):
             for name, extra in VARIANTS.items():
                 run_dir = Path(work) / f"{repeat}-{name.replace(' ', '_').replace(',', '')}"
-                done = run_measured(["train", *common, *extra, f"hydra.run.dir={run_dir}"], work, timeout=1800)
+                done = run_measured(
+                    ["train", *common, *extra, f"hydra.run.dir={run_dir}"], work, timeout=1800
+                )
                 if done.returncode != 0:
                     raise SystemExit(f"{name} failed ({done.returncode}):\n{done.stderr[-2000:]}")
                 timing = json.loads((run_dir / "metrics.json").read_text())["timing"]
                 train_s = sum(timing["epoch_s"])
-                runs[name].append({"step_ms": timing["step_time_s"] * 1e3, "epoch_s": statistics.median(timing["epoch_s"]),
-                                   "train_s": train_s, "checkpoint_s": timing["checkpoint_s"],
-                                   "checkpoint_share": timing["checkpoint_s"] / train_s})
-                print(f"repeat {repeat + 1}, {name}: step {runs[name][-1]['step_ms']:.2f} ms, checkpoints {timing['checkpoint_s']:.3f} s")
+                runs[name].append(
+                    {
+                        "step_ms": timing["step_time_s"] * 1e3,
+                        "epoch_s": statistics.median(timing["epoch_s"]),
+                        "train_s": train_s,
+                        "checkpoint_s": timing["checkpoint_s"],
+                        "checkpoint_share": timing["checkpoint_s"] / train_s,
+                    }
+                )
+                print(
+                    f"repeat {repeat + 1}, {name}: step {runs[name][-1]['step_ms']:.2f} ms, checkpoints {timing['checkpoint_s']:.3f} s"
+                )
     results = {"epochs": args.epochs, "num_samples": args.num_samples, "mesh": args.mesh, "runs": runs}
     base = statistics.median(r["step_ms"] for r in runs["no checkpoints"])
-    results["step_ratio"] = {name: statistics.median(r["step_ms"] for r in rows) / base for name, rows in runs.items()}
+    results["step_ratio"] = {
+        name: statistics.median(r["step_ms"] for r in rows) / base for name, rows in runs.items()
+    }
     Path(args.out).write_text(json.dumps(results, indent=2) + "\n")
     show(results)
     print(f"results: {args.out}")
@@ -64,16 +82,33 @@ def main() -> None:
 
 def show(results: dict) -> None:
     console = Console(width=max(Console().width, 110))
-    table = Table(title=f"checkpointing the tiny transformer on {results['mesh']} ({results['epochs']} epochs, medians)")
-    for column in ("variant", "step ms", "step ratio", "epoch s", "blocked on checkpoints s", "share of training"):
+    table = Table(
+        title=f"checkpointing the tiny transformer on {results['mesh']} ({results['epochs']} epochs, medians)"
+    )
+    for column in (
+        "variant",
+        "step ms",
+        "step ratio",
+        "epoch s",
+        "blocked on checkpoints s",
+        "share of training",
+    ):
         table.add_column(column)
     for name, rows in results["runs"].items():
         median = {key: statistics.median(r[key] for r in rows) for key in rows[0]}
-        table.add_row(name, f"{median['step_ms']:.2f}", f"{results['step_ratio'][name]:.3f}", f"{median['epoch_s']:.2f}",
-                      f"{median['checkpoint_s']:.3f}", f"{median['checkpoint_share']:.1%}")
+        table.add_row(
+            name,
+            f"{median['step_ms']:.2f}",
+            f"{results['step_ratio'][name]:.3f}",
+            f"{median['epoch_s']:.2f}",
+            f"{median['checkpoint_s']:.3f}",
+            f"{median['checkpoint_share']:.1%}",
+        )
     console.print(table)
     ratio = results["step_ratio"]["every epoch, async"]
-    console.print(f"step time with async checkpoints every epoch / without: {ratio:.3f} (target <= 1.05: {'PASS' if ratio <= 1.05 else 'FAIL'})")
+    console.print(
+        f"step time with async checkpoints every epoch / without: {ratio:.3f} (target <= 1.05: {'PASS' if ratio <= 1.05 else 'FAIL'})"
+    )
 
 
 if __name__ == "__main__":

@@ -68,19 +68,29 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=16, help="global batch size (part a)")
     parser.add_argument("--epochs", type=int, default=2, help="epochs of each training run (part a)")
     parser.add_argument("--meshes", nargs="+", default=["8x1", "2x4"])
-    parser.add_argument("--layout", default="dense_model", help="layout of every run (dense_model: the seeds' rules)")
+    parser.add_argument(
+        "--layout", default="dense_model", help="layout of every run (dense_model: the seeds' rules)"
+    )
     parser.add_argument("--repeats", type=int, default=2, help="training runs per mesh and source (part a)")
     parser.add_argument("--big-gib", type=float, default=13.0, help="size of the big feature file (part b)")
     parser.add_argument("--big-batch", type=int, default=8192, help="global batch of the big run (part b)")
     parser.add_argument("--big-dir", default=None, help="where the big files go (default: the temp dir)")
     parser.add_argument("--skip-big", action="store_true", help="skip part b")
     parser.add_argument("--only-big", action="store_true", help="skip part a")
-    parser.add_argument("--timeout", type=float, default=900, help="seconds before a training process is killed")
+    parser.add_argument(
+        "--timeout", type=float, default=900, help="seconds before a training process is killed"
+    )
     parser.add_argument("--out", default="bench_data.json")
     args = parser.parse_args()
 
     # Other processes on the machine skew every figure here: the load averages say how busy it was.
-    results = {"throughput": None, "memory": None, "args": vars(args), "cpus": os.cpu_count(), "loadavg_start": os.getloadavg()}
+    results = {
+        "throughput": None,
+        "memory": None,
+        "args": vars(args),
+        "cpus": os.cpu_count(),
+        "loadavg_start": os.getloadavg(),
+    }
     if not args.only_big:
         with tempfile.TemporaryDirectory(prefix="bench-data-") as work:
             results["throughput"] = throughput(args, Path(work))
@@ -102,32 +112,52 @@ def throughput(args, work: Path) -> dict:
     rng = np.random.default_rng(0)
     train_file, eval_file = work / "train.npz", work / "eval.npz"
     for path, count in ((train_file, args.samples), (eval_file, args.eval_samples)):
-        np.savez(path, x=rng.standard_normal((count, *INPUT_SHAPE), dtype=np.float32),
-                 y=rng.standard_normal((count, CLASSES), dtype=np.float32))
+        np.savez(
+            path,
+            x=rng.standard_normal((count, *INPUT_SHAPE), dtype=np.float32),
+            y=rng.standard_normal((count, CLASSES), dtype=np.float32),
+        )
     print(f"wrote {train_file} ({train_file.stat().st_size / 2**20:.1f} MiB, {args.samples} samples)")
     rows = []
     for shape in args.meshes:
         pipeline = pipeline_rate(shape, args, train_file, eval_file)
-        print(f"mesh {shape}: pipeline {pipeline['sharded_samples_per_s']:,.0f} samples/s sharded, "
-              f"{pipeline['host_samples_per_s']:,.0f} on the host")
+        print(
+            f"mesh {shape}: pipeline {pipeline['sharded_samples_per_s']:,.0f} samples/s sharded, "
+            f"{pipeline['host_samples_per_s']:,.0f} on the host"
+        )
         runs = {"arrays": [], "synthetic": []}
         for repeat in range(args.repeats):
             for source in ("arrays", "synthetic") if repeat % 2 == 0 else ("synthetic", "arrays"):
-                run = train_rate(shape, source, args, train_file, eval_file, work / f"{shape}-{source}-{repeat}")
+                run = train_rate(
+                    shape, source, args, train_file, eval_file, work / f"{shape}-{source}-{repeat}"
+                )
                 runs[source].append(run)
-                print(f"mesh {shape}, {source} run {repeat + 1}/{args.repeats}: {run['samples_per_s']:,.0f} samples/s "
-                      f"(step {run['step_time_s'] * 1e3:.2f} ms over {run['steady_steps']} steps), wall {run['wall_s']:.1f} s")
+                print(
+                    f"mesh {shape}, {source} run {repeat + 1}/{args.repeats}: {run['samples_per_s']:,.0f} samples/s "
+                    f"(step {run['step_time_s'] * 1e3:.2f} ms over {run['steady_steps']} steps), wall {run['wall_s']:.1f} s"
+                )
         arrays = statistics.median(r["samples_per_s"] for r in runs["arrays"])
         synthetic = statistics.median(r["samples_per_s"] for r in runs["synthetic"])
-        rows.append({
-            "mesh": shape, **pipeline,
-            "train_arrays_samples_per_s": arrays, "train_synthetic_samples_per_s": synthetic,
-            "pipeline_over_training": pipeline["sharded_samples_per_s"] / arrays,
-            "arrays_over_synthetic": arrays / synthetic,
-            "runs": runs,
-        })
-    return {"samples": args.samples, "eval_samples": args.eval_samples, "batch": args.batch, "epochs": args.epochs,
-            "layout": args.layout, "file_bytes": train_file.stat().st_size, "meshes": rows}
+        rows.append(
+            {
+                "mesh": shape,
+                **pipeline,
+                "train_arrays_samples_per_s": arrays,
+                "train_synthetic_samples_per_s": synthetic,
+                "pipeline_over_training": pipeline["sharded_samples_per_s"] / arrays,
+                "arrays_over_synthetic": arrays / synthetic,
+                "runs": runs,
+            }
+        )
+    return {
+        "samples": args.samples,
+        "eval_samples": args.eval_samples,
+        "batch": args.batch,
+        "epochs": args.epochs,
+        "layout": args.layout,
+        "file_bytes": train_file.stat().st_size,
+        "meshes": rows,
+    }
 
 
 def pipeline_rate(shape: str, args, train_file: Path, eval_file: Path) -> dict:
@@ -136,11 +166,16 @@ def pipeline_rate(shape: str, args, train_file: Path, eval_file: Path) -> dict:
     from meshrun.config.parse import parse_run_config
     from meshrun.placement import devices
 
-    config = parse_run_config({
-        "mesh": {"shape": shape}, "layout": {"rules": layout_rules(args.layout)}, "model": {"name": "dense_model"},
-        "data": {"name": "arrays", "path": str(train_file), "eval_path": str(eval_file)},
-        "train": {"batch_size": args.batch}, "devices": {"platform": "cpu"},
-    })
+    config = parse_run_config(
+        {
+            "mesh": {"shape": shape},
+            "layout": {"rules": layout_rules(args.layout)},
+            "model": {"name": "dense_model"},
+            "data": {"name": "arrays", "path": str(train_file), "eval_path": str(eval_file)},
+            "train": {"batch_size": args.batch},
+            "devices": {"platform": "cpu"},
+        }
+    )
     devices.prepare(config.devices, config.mesh)  # before jax is imported: 8 emulated CPU devices
     import jax
 
@@ -149,14 +184,22 @@ def pipeline_rate(shape: str, args, train_file: Path, eval_file: Path) -> dict:
     from meshrun.placement import distribution as distribution_lib
 
     device_set = devices.discover(config.devices, config.mesh)
-    distribution = distribution_lib.make_distribution(device_set.mesh, config.layout.rules, device_set.devices)
-    context = data_lib.DataContext(model=get_model("dense_model"), model_options=config.model.options,
-                                   batch_size=args.batch, seed=config.train.seed)
+    distribution = distribution_lib.make_distribution(
+        device_set.mesh, config.layout.rules, device_set.devices
+    )
+    context = data_lib.DataContext(
+        model=get_model("dense_model"),
+        model_options=config.model.options,
+        batch_size=args.batch,
+        seed=config.train.seed,
+    )
     datasets = data_lib.make_datasets("arrays", config.data.options, context)
     steps = datasets.steps_per_epoch * args.epochs
     x_spec, y_spec = datasets.train.element_spec
-    shardings = (distribution.get_data_layout(tuple(x_spec.shape)).backend_layout,
-                 distribution.get_data_layout(tuple(y_spec.shape)).backend_layout)
+    shardings = (
+        distribution.get_data_layout(tuple(x_spec.shape)).backend_layout,
+        distribution.get_data_layout(tuple(y_spec.shape)).backend_layout,
+    )
 
     def rate(place: bool) -> float:
         batches = iter(datasets.train)
@@ -166,31 +209,62 @@ def pipeline_rate(shape: str, args, train_file: Path, eval_file: Path) -> dict:
         for _ in range(steps):
             batch = next(batches)
             if place:
-                jax.block_until_ready([jax.make_array_from_process_local_data(s, b) for s, b in zip(shardings, batch, strict=True)])
+                jax.block_until_ready(
+                    [
+                        jax.make_array_from_process_local_data(s, b)
+                        for s, b in zip(shardings, batch, strict=True)
+                    ]
+                )
         return steps * args.batch / (time.perf_counter() - started)
 
     hosts = [rate(place=False) for _ in range(args.repeats)]
     sharded = [rate(place=True) for _ in range(args.repeats)]
-    return {"host_samples_per_s": statistics.median(hosts), "sharded_samples_per_s": statistics.median(sharded),
-            "host_runs": hosts, "sharded_runs": sharded, "pipeline_steps": steps,
-            "x_sharding": str(shardings[0].spec), "y_sharding": str(shardings[1].spec)}
+    return {
+        "host_samples_per_s": statistics.median(hosts),
+        "sharded_samples_per_s": statistics.median(sharded),
+        "host_runs": hosts,
+        "sharded_runs": sharded,
+        "pipeline_steps": steps,
+        "x_sharding": str(shardings[0].spec),
+        "y_sharding": str(shardings[1].spec),
+    }
 
 
 def train_rate(shape: str, source: str, args, train_file: Path, eval_file: Path, run_dir: Path) -> dict:
-    data = (["data=arrays", f"data.path={train_file}", f"data.eval_path={eval_file}"] if source == "arrays"
-            else ["data=synthetic", f"data.num_samples={args.samples}", f"data.eval_samples={args.eval_samples}"])
+    data = (
+        ["data=arrays", f"data.path={train_file}", f"data.eval_path={eval_file}"]
+        if source == "arrays"
+        else ["data=synthetic", f"data.num_samples={args.samples}", f"data.eval_samples={args.eval_samples}"]
+    )
     done = run_measured(
-        ["train", "model=dense_model", f"layout={args.layout}", f"mesh={shape}", *data, f"train.batch_size={args.batch}",
-         f"train.epochs={args.epochs}", "train.verbose=0", "cache.enabled=false", "devices.platform=cpu",
-         f"hydra.run.dir={run_dir}"],
-        run_dir.parent, timeout=args.timeout, env=BASE_ENV,
+        [
+            "train",
+            "model=dense_model",
+            f"layout={args.layout}",
+            f"mesh={shape}",
+            *data,
+            f"train.batch_size={args.batch}",
+            f"train.epochs={args.epochs}",
+            "train.verbose=0",
+            "cache.enabled=false",
+            "devices.platform=cpu",
+            f"hydra.run.dir={run_dir}",
+        ],
+        run_dir.parent,
+        timeout=args.timeout,
+        env=BASE_ENV,
     )
     check(done, f"train mesh={shape} data={source}")
     metrics = json.loads((run_dir / "metrics.json").read_text())
     assert metrics["data"]["train_samples"] == args.samples, metrics["data"]
     timing = metrics["timing"]
-    return {"samples_per_s": timing["samples_per_s"], "step_time_s": timing["step_time_s"],
-            "steady_steps": timing["steady_steps"], "wall_s": done.wall_s, "peak_rss_bytes": done.peak_rss_bytes}
+    return {
+        "samples_per_s": timing["samples_per_s"],
+        "step_time_s": timing["step_time_s"],
+        "steady_steps": timing["steady_steps"],
+        "wall_s": done.wall_s,
+        "peak_rss_bytes": done.peak_rss_bytes,
+    }
 
 
 def layout_rules(name: str) -> dict:
@@ -229,10 +303,22 @@ def memory(args) -> dict:
         size = x_file.stat().st_size
         print(f"wrote {x_file} ({size / GiB:.2f} GiB, {rows:,} rows) and {y_file} in {write_s:.0f} s")
         run_dir = work / "run"
-        command = ["train", "model=dense_model", f"layout={args.layout}", "data=arrays", f"data.path={x_file}",
-                   f"data.labels_path={y_file}", "data.validation_split=0.01", "train.epochs=1", "mesh=8x1",
-                   f"train.batch_size={args.big_batch}", "train.verbose=0", "cache.enabled=false",
-                   "devices.platform=cpu", f"hydra.run.dir={run_dir}"]
+        command = [
+            "train",
+            "model=dense_model",
+            f"layout={args.layout}",
+            "data=arrays",
+            f"data.path={x_file}",
+            f"data.labels_path={y_file}",
+            "data.validation_split=0.01",
+            "train.epochs=1",
+            "mesh=8x1",
+            f"train.batch_size={args.big_batch}",
+            "train.verbose=0",
+            "cache.enabled=false",
+            "devices.platform=cpu",
+            f"hydra.run.dir={run_dir}",
+        ]
         own_peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
         sampler = RssSampler()
         sampler.start()
@@ -244,17 +330,27 @@ def memory(args) -> dict:
         metrics = json.loads((run_dir / "metrics.json").read_text())
         data = metrics["data"]
         return {
-            "file_bytes": size, "labels_bytes": y_file.stat().st_size, "rows": rows, "write_s": write_s,
-            "batch": args.big_batch, "steps": metrics["train"]["steps_per_epoch"],
-            "train_samples": data["train_samples"], "eval_samples": data["eval_samples"],
+            "file_bytes": size,
+            "labels_bytes": y_file.stat().st_size,
+            "rows": rows,
+            "write_s": write_s,
+            "batch": args.big_batch,
+            "steps": metrics["train"]["steps_per_epoch"],
+            "train_samples": data["train_samples"],
+            "eval_samples": data["eval_samples"],
             # read in place: `read_by_rows` (the pread reader), `memory_mapped` in earlier meshrun
-            "read_in_place": data.get("read_by_rows", data.get("memory_mapped")), "wall_s": done.wall_s,
-            "samples_per_s": metrics["timing"]["samples_per_s"], "epoch_s": metrics["timing"]["epoch_s"],
+            "read_in_place": data.get("read_by_rows", data.get("memory_mapped")),
+            "wall_s": done.wall_s,
+            "samples_per_s": metrics["timing"]["samples_per_s"],
+            "epoch_s": metrics["timing"]["epoch_s"],
             # The child's own peak: its VmHWM (its memory since exec), read at the last sample.
-            "peak_rss_bytes": sampler.peak.get("VmHWM"), "peak_rss_over_file": (sampler.peak.get("VmHWM") or 0) / size,
-            "rusage_peak_rss_bytes": done.peak_rss_bytes, "bench_process_peak_rss_bytes": own_peak,
+            "peak_rss_bytes": sampler.peak.get("VmHWM"),
+            "peak_rss_over_file": (sampler.peak.get("VmHWM") or 0) / size,
+            "rusage_peak_rss_bytes": done.peak_rss_bytes,
+            "bench_process_peak_rss_bytes": own_peak,
             "peak_sampled_rss_bytes": sampler.peak.get("VmRSS"),
-            "peak_anon_rss_bytes": sampler.peak.get("RssAnon"), "peak_file_rss_bytes": sampler.peak.get("RssFile"),
+            "peak_anon_rss_bytes": sampler.peak.get("RssAnon"),
+            "peak_file_rss_bytes": sampler.peak.get("RssFile"),
             "samples_taken": sampler.samples,
         }
     finally:
@@ -335,17 +431,30 @@ def check(done, what: str) -> None:
 
 
 def show_throughput(console, a: dict) -> None:
-    table = Table(title=f"data=arrays vs training: dense_model, {a['samples']} samples, batch {a['batch']}, "
-                        f"{a['epochs']} epochs, layout {a['layout']}")
-    for column in ("mesh", "pipeline host", "pipeline sharded", "train arrays", "train synthetic",
-                   "pipeline / train (>= 5)", "arrays / synthetic (>= 0.95)"):
+    table = Table(
+        title=f"data=arrays vs training: dense_model, {a['samples']} samples, batch {a['batch']}, "
+        f"{a['epochs']} epochs, layout {a['layout']}"
+    )
+    for column in (
+        "mesh",
+        "pipeline host",
+        "pipeline sharded",
+        "train arrays",
+        "train synthetic",
+        "pipeline / train (>= 5)",
+        "arrays / synthetic (>= 0.95)",
+    ):
         table.add_column(column, justify="right")
     for row in a["meshes"]:
         ratio, parity = row["pipeline_over_training"], row["arrays_over_synthetic"]
         table.add_row(
-            row["mesh"], f"{row['host_samples_per_s']:,.0f}/s", f"{row['sharded_samples_per_s']:,.0f}/s",
-            f"{row['train_arrays_samples_per_s']:,.0f}/s", f"{row['train_synthetic_samples_per_s']:,.0f}/s",
-            f"{ratio:.1f} {'PASS' if ratio >= 5 else 'FAIL'}", f"{parity:.3f} {'PASS' if parity >= 0.95 else 'FAIL'}",
+            row["mesh"],
+            f"{row['host_samples_per_s']:,.0f}/s",
+            f"{row['sharded_samples_per_s']:,.0f}/s",
+            f"{row['train_arrays_samples_per_s']:,.0f}/s",
+            f"{row['train_synthetic_samples_per_s']:,.0f}/s",
+            f"{ratio:.1f} {'PASS' if ratio >= 5 else 'FAIL'}",
+            f"{parity:.3f} {'PASS' if parity >= 0.95 else 'FAIL'}",
         )
     console.print(table)
 
@@ -361,14 +470,29 @@ def show(results: dict) -> None:
     if b.get("skipped"):
         table.add_row("skipped", b["skipped"])
     else:
-        table.add_row("feature file", f"{b['file_bytes'] / GiB:.2f} GiB ({b['rows']:,} rows; labels {b['labels_bytes'] / GiB:.2f} GiB)")
-        table.add_row("run", f"batch {b['batch']}, {b['steps']} steps, {b['train_samples']:,} train + "
-                             f"{b['eval_samples']:,} eval samples, wall {b['wall_s']:.0f} s")
+        table.add_row(
+            "feature file",
+            f"{b['file_bytes'] / GiB:.2f} GiB ({b['rows']:,} rows; labels {b['labels_bytes'] / GiB:.2f} GiB)",
+        )
+        table.add_row(
+            "run",
+            f"batch {b['batch']}, {b['steps']} steps, {b['train_samples']:,} train + "
+            f"{b['eval_samples']:,} eval samples, wall {b['wall_s']:.0f} s",
+        )
         table.add_row("read in place (not loaded whole)", str(b["read_in_place"]))
-        table.add_row("peak RSS of the run (its VmHWM)", f"{b['peak_rss_bytes'] / GiB:.2f} GiB = {b['peak_rss_over_file']:.3f} x the file")
-        table.add_row("peak RSS by rusage (run_measured)", f"{b['rusage_peak_rss_bytes'] / GiB:.2f} GiB "
-                      f"(this process's own peak: {b['bench_process_peak_rss_bytes'] / GiB:.2f} GiB)")
-        for key, label in (("peak_anon_rss_bytes", "peak anonymous RSS (sampled)"), ("peak_file_rss_bytes", "peak file-backed RSS (sampled)")):
+        table.add_row(
+            "peak RSS of the run (its VmHWM)",
+            f"{b['peak_rss_bytes'] / GiB:.2f} GiB = {b['peak_rss_over_file']:.3f} x the file",
+        )
+        table.add_row(
+            "peak RSS by rusage (run_measured)",
+            f"{b['rusage_peak_rss_bytes'] / GiB:.2f} GiB "
+            f"(this process's own peak: {b['bench_process_peak_rss_bytes'] / GiB:.2f} GiB)",
+        )
+        for key, label in (
+            ("peak_anon_rss_bytes", "peak anonymous RSS (sampled)"),
+            ("peak_file_rss_bytes", "peak file-backed RSS (sampled)"),
+        ):
             table.add_row(label, "n/a" if b[key] is None else f"{b[key] / GiB:.2f} GiB")
     console.print(table)
 

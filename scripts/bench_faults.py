@@ -46,19 +46,49 @@ from rich.table import Table
 from meshrun.launch.spawn import Role, spawn
 
 WARMUP_STEPS = 50
-LLAMA = ["model=keras_hub", "model.task=LlamaCausalLM", "model.seq_len=32", "train.batch_size=8",
-         "model.backbone={vocabulary_size:512,num_layers:2,num_query_heads:8,num_key_value_heads:4,hidden_dim:64,intermediate_dim:128}",
-         "data.num_samples=2048", "data.eval_samples=64", "train.epochs=1"]
-TOKENS = ["model=transformer", "model.vocab=256", "model.seq_len=64", "mesh=1x1", "data=python", "train.batch_size=16",
-          "data.eval_samples=320", "train.eval_every=1"]
+LLAMA = [
+    "model=keras_hub",
+    "model.task=LlamaCausalLM",
+    "model.seq_len=32",
+    "train.batch_size=8",
+    "model.backbone={vocabulary_size:512,num_layers:2,num_query_heads:8,num_key_value_heads:4,hidden_dim:64,intermediate_dim:128}",
+    "data.num_samples=2048",
+    "data.eval_samples=64",
+    "train.epochs=1",
+]
+TOKENS = [
+    "model=transformer",
+    "model.vocab=256",
+    "model.seq_len=64",
+    "mesh=1x1",
+    "data=python",
+    "train.batch_size=16",
+    "data.eval_samples=320",
+    "train.eval_every=1",
+]
 JOBS = {
     "llama-1x1": [*LLAMA, "mesh=1x1"],
     "llama-2x4": [*LLAMA, "mesh=2x4"],
-    "generator": [*TOKENS, "data.factory=bench_faults_data:generated", "+data.kwargs.samples=4096", "data.num_samples=4096",
-                  "train.epochs=2"],
-    "slices": [*TOKENS, "data.factory=bench_faults_data:sliced", "+data.kwargs.samples=4096", "train.epochs=2"],
-    "long": [*TOKENS, "data.factory=bench_faults_data:generated", "+data.kwargs.samples=40000", "data.num_samples=40000",
-             "train.epochs=2"],
+    "generator": [
+        *TOKENS,
+        "data.factory=bench_faults_data:generated",
+        "+data.kwargs.samples=4096",
+        "data.num_samples=4096",
+        "train.epochs=2",
+    ],
+    "slices": [
+        *TOKENS,
+        "data.factory=bench_faults_data:sliced",
+        "+data.kwargs.samples=4096",
+        "train.epochs=2",
+    ],
+    "long": [
+        *TOKENS,
+        "data.factory=bench_faults_data:generated",
+        "+data.kwargs.samples=40000",
+        "data.num_samples=40000",
+        "train.epochs=2",
+    ],
 }
 SHORT_JOBS = ("llama-1x1", "llama-2x4", "generator", "slices")
 
@@ -150,7 +180,15 @@ def run_job(name: str, checkout: str | None, work: Path) -> dict:
     env["BENCH_FAULTS_NOTES"] = str(folder / "notes.json")
     args = ["train", "train.verbose=0", *JOBS[name], f"hydra.run.dir={folder / 'run'}"]
     with open(folder / "stderr.txt", "w") as err:
-        process = spawn(args, Role.USER, stdout=subprocess.DEVNULL, stderr=err, env=env, cwd=folder, entry=("-c", _WRAPPER))
+        process = spawn(
+            args,
+            Role.USER,
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+            env=env,
+            cwd=folder,
+            entry=("-c", _WRAPPER),
+        )
         try:
             returncode = process.wait(timeout=900)
         except subprocess.TimeoutExpired:
@@ -159,23 +197,36 @@ def run_job(name: str, checkout: str | None, work: Path) -> dict:
     metrics_file = folder / "run" / "metrics.json"
     metrics = json.loads(metrics_file.read_text()) if metrics_file.exists() else {}
     if returncode != 0 or metrics.get("status") != "ok":
-        return {"ok": False, "exit": returncode, "error": metrics.get("error") or (folder / "stderr.txt").read_text()[-2000:]}
+        return {
+            "ok": False,
+            "exit": returncode,
+            "error": metrics.get("error") or (folder / "stderr.txt").read_text()[-2000:],
+        }
     notes = json.loads((folder / "notes.json").read_text())
     faults, seconds = steady(notes, 2), steady(notes, 0)
     data = metrics.get("data", {})
     return {
-        "ok": True, "steps": len(notes), "step_ms": statistics.median(seconds) * 1e3,
-        "faults_median": statistics.median(faults), "faults_mean": statistics.mean(faults),
-        "rss_at_warmup_mib": notes[WARMUP_STEPS][3] / 2**20, "rss_end_mib": notes[-1][3] / 2**20,
-        "rss_by_step_mib": {i + 1: notes[i][3] / 2**20 for i in range(0, len(notes), max(1, len(notes) // 10))},
-        "loader": data.get("loader", "(not reported)"), "allocator_restored": data.get("allocator_restored"),
+        "ok": True,
+        "steps": len(notes),
+        "step_ms": statistics.median(seconds) * 1e3,
+        "faults_median": statistics.median(faults),
+        "faults_mean": statistics.mean(faults),
+        "rss_at_warmup_mib": notes[WARMUP_STEPS][3] / 2**20,
+        "rss_end_mib": notes[-1][3] / 2**20,
+        "rss_by_step_mib": {
+            i + 1: notes[i][3] / 2**20 for i in range(0, len(notes), max(1, len(notes) // 10))
+        },
+        "loader": data.get("loader", "(not reported)"),
+        "allocator_restored": data.get("allocator_restored"),
         "losses": metrics.get("history", {}).get("loss"),
     }
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--jobs", nargs="+", choices=sorted(JOBS), help="jobs to run (default: the four short ones)")
+    parser.add_argument(
+        "--jobs", nargs="+", choices=sorted(JOBS), help="jobs to run (default: the four short ones)"
+    )
     parser.add_argument("--long", action="store_true", help="also run the 5,000-step generator job")
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--before", help="another checkout to run in turns with this one")
@@ -192,19 +243,36 @@ def main():
                     figures = run_job(job, checkout, Path(work))
                     results[job][label].append(figures)
                     failed |= not figures["ok"]
-                    said = (f"{figures['step_ms']:.2f} ms/step, {figures['faults_median']:.0f} faults/step median, "
-                            f"{figures['faults_mean']:.0f} mean" if figures["ok"] else f"FAILED: {figures['error'][-300:]}")
+                    said = (
+                        f"{figures['step_ms']:.2f} ms/step, {figures['faults_median']:.0f} faults/step median, "
+                        f"{figures['faults_mean']:.0f} mean"
+                        if figures["ok"]
+                        else f"FAILED: {figures['error'][-300:]}"
+                    )
                     print(f"{job} {label} repeat {repeat + 1}: {said}", flush=True)
     report(results)
     if args.out:
-        Path(args.out).write_text(json.dumps({"machine": platform.node(), "cpus": os.cpu_count(), "results": results}, indent=1))
+        Path(args.out).write_text(
+            json.dumps({"machine": platform.node(), "cpus": os.cpu_count(), "results": results}, indent=1)
+        )
     return 1 if failed else 0
 
 
 def report(results: dict) -> None:
-    table = Table(title=f"page faults, step time and memory per job (medians of repeats; steps after the first {WARMUP_STEPS})")
-    for column in ("job", "code", "loader", "ms/step", "faults/step median", "faults/step mean", "RSS after warm-up",
-                   "RSS at end", "losses equal"):
+    table = Table(
+        title=f"page faults, step time and memory per job (medians of repeats; steps after the first {WARMUP_STEPS})"
+    )
+    for column in (
+        "job",
+        "code",
+        "loader",
+        "ms/step",
+        "faults/step median",
+        "faults/step mean",
+        "RSS after warm-up",
+        "RSS at end",
+        "losses equal",
+    ):
         table.add_column(column, justify="left" if column in ("job", "code", "loader") else "right")
     for job, by_label in results.items():
         losses = {label: runs[0].get("losses") for label, runs in by_label.items() if runs and runs[0]["ok"]}
@@ -217,9 +285,22 @@ def report(results: dict) -> None:
             def median(key, good=good):
                 return statistics.median(r[key] for r in good)
 
-            same = "-" if len(losses) < 2 else ("yes" if len({json.dumps(v) for v in losses.values()}) == 1 else "no")
-            table.add_row(job, label, str(good[0]["loader"]), f"{median('step_ms'):.2f}", f"{median('faults_median'):,.0f}",
-                          f"{median('faults_mean'):,.0f}", f"{median('rss_at_warmup_mib'):.0f} MiB", f"{median('rss_end_mib'):.0f} MiB", same)
+            same = (
+                "-"
+                if len(losses) < 2
+                else ("yes" if len({json.dumps(v) for v in losses.values()}) == 1 else "no")
+            )
+            table.add_row(
+                job,
+                label,
+                str(good[0]["loader"]),
+                f"{median('step_ms'):.2f}",
+                f"{median('faults_median'):,.0f}",
+                f"{median('faults_mean'):,.0f}",
+                f"{median('rss_at_warmup_mib'):.0f} MiB",
+                f"{median('rss_end_mib'):.0f} MiB",
+                same,
+            )
     Console(width=200).print(table)
     long_runs = [r for r in results.get("long", {}).get("this", []) if r["ok"]]
     for run in long_runs:

@@ -65,11 +65,23 @@ LANGUAGE_MODELS = ("transformer", "llama")
 TARGET_TAX = 1.03  # meshrun / keras step time
 TARGET_MFU_1B = 0.40  # transformer-1b, XLA's FLOPs
 TARGET_MEMORY = 0.20  # live peak within 20% of the plan's estimate
-TINY_LLAMA = dict(vocabulary_size=512, num_layers=2, num_query_heads=8, num_key_value_heads=4, hidden_dim=64,
-                  intermediate_dim=128)
+TINY_LLAMA = dict(
+    vocabulary_size=512,
+    num_layers=2,
+    num_query_heads=8,
+    num_key_value_heads=4,
+    hidden_dim=64,
+    intermediate_dim=128,
+)
 # TinyLlama-1.1B's sizes: 1.10e9 parameters, 4 KV heads (grouped-query attention), untied head.
-LLAMA_1B = dict(vocabulary_size=32000, num_layers=22, num_query_heads=32, num_key_value_heads=4, hidden_dim=2048,
-                intermediate_dim=5632)
+LLAMA_1B = dict(
+    vocabulary_size=32000,
+    num_layers=22,
+    num_query_heads=32,
+    num_key_value_heads=4,
+    hidden_dim=2048,
+    intermediate_dim=5632,
+)
 
 
 @dataclass(frozen=True)
@@ -127,17 +139,29 @@ def main():
     args.warmup = args.warmup if args.warmup is not None else (2 if scale == "small" else 3)
     models, skipped = choose_models(args, scale)
     precision = args.precision or default_precision(environment)
-    print(f"{environment['device_count']} x {environment['device_kind']} ({environment['platform']}), {scale} set, "
-          f"precision {precision}, {args.repeats} repeat(s)", flush=True)
+    print(
+        f"{environment['device_count']} x {environment['device_kind']} ({environment['platform']}), {scale} set, "
+        f"precision {precision}, {args.repeats} repeat(s)",
+        flush=True,
+    )
     workdir = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="bench_gpu-"))
     workdir.mkdir(parents=True, exist_ok=True)
     out = Path(args.json_out) if args.json_out else workdir / "bench_gpu.json"
     results, failed = {}, {}
 
     def report(complete: bool) -> dict:
-        return {"environment": environment, "scale": scale, "precision": precision, "settings": settings(args),
-                "models": results, "skipped": skipped, "failed": failed, "targets": targets(results, environment),
-                "complete": complete, "wall_s": time.perf_counter() - started}
+        return {
+            "environment": environment,
+            "scale": scale,
+            "precision": precision,
+            "settings": settings(args),
+            "models": results,
+            "skipped": skipped,
+            "failed": failed,
+            "targets": targets(results, environment),
+            "complete": complete,
+            "wall_s": time.perf_counter() - started,
+        }
 
     for model in models:
         model_started = time.perf_counter()
@@ -166,25 +190,70 @@ def write_json(path: Path, report: dict) -> None:
 
 def parse_args():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--models", default=None, help="comma-separated names from the set (default: all of it)")
-    parser.add_argument("--scale", choices=("auto", "small", "full"), default="auto",
-                        help="which set of models: full on accelerators, small on CPU (auto)")
-    parser.add_argument("--steps", type=int, default=None, help="training steps per run (default: each model's)")
-    parser.add_argument("--batch-size", type=int, default=None, help="batch per device (default: each model's)")
-    parser.add_argument("--repeats", type=int, default=None, help="runs of each variant (default: 2, small set 1)")
-    parser.add_argument("--warmup", type=int, default=None, help="steady gaps left out after the first step (default: 3, small set 2)")
-    parser.add_argument("--precision", default=None,
-                        help="float32 or mixed_bfloat16 (default: mixed_bfloat16 on GPUs of compute capability 8+ and TPUs)")
-    parser.add_argument("--cpu-devices", type=int, default=1,
-                        help="without accelerators: how many CPU devices to emulate (more than 1 runs the data-parallel paths)")
-    parser.add_argument("--peak-flops", type=float, default=None, help="peak FLOP/s of one device, where meshrun's table lacks the kind")
-    parser.add_argument("--no-cache", action="store_true",
-                        help="compile in every run (default: each variant's later repeats load its first run's compiled steps)")
-    parser.add_argument("--profile", action="store_true", help="also one untimed meshrun run per model with a profiler trace")
-    parser.add_argument("--meshrun-override", action="append", default=[], help="extra Hydra override for meshrun (repeatable)")
+    parser.add_argument(
+        "--models", default=None, help="comma-separated names from the set (default: all of it)"
+    )
+    parser.add_argument(
+        "--scale",
+        choices=("auto", "small", "full"),
+        default="auto",
+        help="which set of models: full on accelerators, small on CPU (auto)",
+    )
+    parser.add_argument(
+        "--steps", type=int, default=None, help="training steps per run (default: each model's)"
+    )
+    parser.add_argument(
+        "--batch-size", type=int, default=None, help="batch per device (default: each model's)"
+    )
+    parser.add_argument(
+        "--repeats", type=int, default=None, help="runs of each variant (default: 2, small set 1)"
+    )
+    parser.add_argument(
+        "--warmup",
+        type=int,
+        default=None,
+        help="steady gaps left out after the first step (default: 3, small set 2)",
+    )
+    parser.add_argument(
+        "--precision",
+        default=None,
+        help="float32 or mixed_bfloat16 (default: mixed_bfloat16 on GPUs of compute capability 8+ and TPUs)",
+    )
+    parser.add_argument(
+        "--cpu-devices",
+        type=int,
+        default=1,
+        help="without accelerators: how many CPU devices to emulate (more than 1 runs the data-parallel paths)",
+    )
+    parser.add_argument(
+        "--peak-flops",
+        type=float,
+        default=None,
+        help="peak FLOP/s of one device, where meshrun's table lacks the kind",
+    )
+    parser.add_argument(
+        "--no-cache",
+        action="store_true",
+        help="compile in every run (default: each variant's later repeats load its first run's compiled steps)",
+    )
+    parser.add_argument(
+        "--profile", action="store_true", help="also one untimed meshrun run per model with a profiler trace"
+    )
+    parser.add_argument(
+        "--meshrun-override",
+        action="append",
+        default=[],
+        help="extra Hydra override for meshrun (repeatable)",
+    )
     parser.add_argument("--json-out", default=None, help="results JSON (default: in the work dir)")
-    parser.add_argument("--workdir", default=None, help="where the runs' dirs, traces and caches go (default: a new temp dir, kept)")
-    parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)  # one run in this process (internal)
+    parser.add_argument(
+        "--workdir",
+        default=None,
+        help="where the runs' dirs, traces and caches go (default: a new temp dir, kept)",
+    )
+    parser.add_argument(
+        "--worker", default=None, help=argparse.SUPPRESS
+    )  # one run in this process (internal)
     return parser.parse_args()
 
 
@@ -206,9 +275,13 @@ def choose_models(args, scale: str) -> tuple[list[Model], dict]:
         if model.kind == "llama" and not _installed("keras_hub"):
             skipped[name] = "keras-hub is not installed (pip install -e '.[hub]')"
             continue
-        model = replace(model, steps=args.steps or model.steps, batch_per_device=args.batch_size or model.batch_per_device)
+        model = replace(
+            model, steps=args.steps or model.steps, batch_per_device=args.batch_size or model.batch_per_device
+        )
         if model.steps < args.warmup + 4:
-            sys.exit(f"--steps {model.steps} leaves too few steady steps after --warmup {args.warmup}; use at least {args.warmup + 4}")
+            sys.exit(
+                f"--steps {model.steps} leaves too few steady steps after --warmup {args.warmup}; use at least {args.warmup + 4}"
+            )
         models.append(model)
     return models, skipped
 
@@ -243,7 +316,9 @@ def nvidia_driver() -> str | None:
     """The NVIDIA driver version nvidia-smi reports, or None without one."""
     if not shutil.which("nvidia-smi"):
         return None
-    done = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"], capture_output=True, text=True)
+    done = subprocess.run(
+        ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"], capture_output=True, text=True
+    )
     return done.stdout.strip().splitlines()[0] if done.returncode == 0 and done.stdout.strip() else None
 
 
@@ -253,10 +328,14 @@ def bench_model(model: Model, environment: dict, precision: str, args, workdir: 
     batch = model.batch_per_device
     while True:
         try:
-            return measure_model(replace(model, batch_per_device=batch), environment, precision, args, workdir)
+            return measure_model(
+                replace(model, batch_per_device=batch), environment, precision, args, workdir
+            )
         except OutOfMemory as err:
             if batch == 1:
-                raise RunFailed(f"{model.name}: out of device memory even at batch 1 per device", err.stderr) from None
+                raise RunFailed(
+                    f"{model.name}: out of device memory even at batch 1 per device", err.stderr
+                ) from None
             batch //= 2
             print(f"{model.name}: out of device memory; again with batch {batch} per device", flush=True)
 
@@ -271,41 +350,74 @@ def measure_model(model: Model, environment: dict, precision: str, args, workdir
         for variant in order:
             # A compilation cache of the variant's own: its first run compiles, later ones load.
             cache = None if args.no_cache else workdir / "xla-cache" / f"{tag}-{variant}"
-            run = run_variant(variant, model, devices, cpu, precision, args, workdir / f"{tag}-{variant}-{repeat}", cache)
+            run = run_variant(
+                variant, model, devices, cpu, precision, args, workdir / f"{tag}-{variant}-{repeat}", cache
+            )
             runs[variant].append(run)
-            print(f"{model.name} {variant} repeat {repeat + 1}/{args.repeats}: step {_ms(run['step_s'])} median, "
-                  f"{_ms(run['step_p90_s'])} p90, first step {run['first_step_s']:.2f} s", flush=True)
+            print(
+                f"{model.name} {variant} repeat {repeat + 1}/{args.repeats}: step {_ms(run['step_s'])} median, "
+                f"{_ms(run['step_p90_s'])} p90, first step {run['first_step_s']:.2f} s",
+                flush=True,
+            )
     profile = None
     if args.profile:
-        profiled = run_meshrun(model, devices, precision, args, workdir / f"{tag}-profile", None, profile=True)
+        profiled = run_meshrun(
+            model, devices, precision, args, workdir / f"{tag}-profile", None, profile=True
+        )
         profile = profiled["profile"]
     return summarise(model, devices, precision, runs, environment, args.peak_flops, profile)
 
 
-def run_variant(variant: str, model: Model, devices: int, cpu: bool, precision: str, args, run_dir: Path,
-                cache: Path | None) -> dict:
+def run_variant(
+    variant: str,
+    model: Model,
+    devices: int,
+    cpu: bool,
+    precision: str,
+    args,
+    run_dir: Path,
+    cache: Path | None,
+) -> dict:
     """One run of one variant: its step statistics and what it reports. On CPU the hand-written
     variants get as many devices as meshrun emulates for its mesh."""
     if variant == "meshrun":
         return run_meshrun(model, devices, precision, args, run_dir, cache)
-    spec = {"role": variant, "model": asdict(model), "devices": devices, "precision": precision,
-            "batch_size": model.batch_per_device * devices}
+    spec = {
+        "role": variant,
+        "model": asdict(model),
+        "devices": devices,
+        "precision": precision,
+        "batch_size": model.batch_per_device * devices,
+    }
     run = worker_run(spec, cpu_devices=devices if cpu else None, cache=cache)
     run.update(step_stats(run["first_step_s"], run.pop("gaps"), args.warmup))
     return run
 
 
-def run_meshrun(model: Model, devices: int, precision: str, args, run_dir: Path, cache: Path | None,
-                profile: bool = False) -> dict:
+def run_meshrun(
+    model: Model, devices: int, precision: str, args, run_dir: Path, cache: Path | None, profile: bool = False
+) -> dict:
     """`python -m meshrun train` of `model` for one epoch of `steps` batches; its figures from
     metrics.json, its steps from log.jsonl."""
     batch = model.batch_per_device * devices
     command = [
-        sys.executable, "-m", "meshrun", "train", *meshrun_model_overrides(model), f"mesh={devices}x1",
-        f"train.batch_size={batch}", "train.epochs=1", f"data.num_samples={batch * model.steps}",
-        f"data.eval_samples={batch}", "data.shuffle=false", "train.verbose=0", f"train.precision={precision}",
-        "devices.platform=auto", *(["cache.enabled=true", f"cache.dir={cache}"] if cache else ["cache.enabled=false"]),
-        f"hydra.run.dir={run_dir}", *args.meshrun_override,
+        sys.executable,
+        "-m",
+        "meshrun",
+        "train",
+        *meshrun_model_overrides(model),
+        f"mesh={devices}x1",
+        f"train.batch_size={batch}",
+        "train.epochs=1",
+        f"data.num_samples={batch * model.steps}",
+        f"data.eval_samples={batch}",
+        "data.shuffle=false",
+        "train.verbose=0",
+        f"train.precision={precision}",
+        "devices.platform=auto",
+        *(["cache.enabled=true", f"cache.dir={cache}"] if cache else ["cache.enabled=false"]),
+        f"hydra.run.dir={run_dir}",
+        *args.meshrun_override,
     ]
     if profile:
         command.append(f"profile.steps=[{args.warmup + 2},{args.warmup + 4}]")
@@ -314,20 +426,36 @@ def run_meshrun(model: Model, devices: int, precision: str, args, run_dir: Path,
     wall = time.perf_counter() - started
     if done.returncode != 0:
         _raise_if_out_of_memory(done.stderr)
-        raise RunFailed(f"meshrun {model.name} failed (exit {done.returncode}): {' '.join(command)}", done.stderr)
+        raise RunFailed(
+            f"meshrun {model.name} failed (exit {done.returncode}): {' '.join(command)}", done.stderr
+        )
     metrics = json.loads((run_dir / "metrics.json").read_text())
     steps = [json.loads(line) for line in (run_dir / "log.jsonl").read_text().splitlines() if line.strip()]
-    gaps = [r["step_s"] for r in sorted((r for r in steps if "epoch_end" not in r), key=lambda r: r["step"]) if r["step"] > 1]
+    gaps = [
+        r["step_s"]
+        for r in sorted((r for r in steps if "epoch_end" not in r), key=lambda r: r["step"])
+        if r["step"] > 1
+    ]
     timing, flops, memory = metrics["timing"], metrics["flops"], metrics["memory"]
     run = step_stats(timing["compile_s"], gaps, args.warmup)
     run.update(
-        reported_step_s=timing["step_time_s"], reported_step_p90_s=timing["step_time_p90_s"],
-        async_log_fetch=timing["async_log_fetch"], platform=metrics["devices"]["platform"],
-        device_count=metrics["devices"]["count"], params=metrics["model"]["params"],
-        xla_flops_per_step=flops["per_step"], reported_mfu=flops["mfu"], reported_analytic_per_step=flops["analytic_per_step"],
-        live_peak_bytes=memory["live_peak_bytes_per_device"], compiled_peak_bytes=memory["peak_bytes_per_device"],
-        planned_bytes=_sum(memory["planned_params_bytes_per_device"], memory["planned_optimizer_bytes_per_device"]),
-        precision=metrics["train"]["precision"], run_dir=str(run_dir), process_wall_s=wall,
+        reported_step_s=timing["step_time_s"],
+        reported_step_p90_s=timing["step_time_p90_s"],
+        async_log_fetch=timing["async_log_fetch"],
+        platform=metrics["devices"]["platform"],
+        device_count=metrics["devices"]["count"],
+        params=metrics["model"]["params"],
+        xla_flops_per_step=flops["per_step"],
+        reported_mfu=flops["mfu"],
+        reported_analytic_per_step=flops["analytic_per_step"],
+        live_peak_bytes=memory["live_peak_bytes_per_device"],
+        compiled_peak_bytes=memory["peak_bytes_per_device"],
+        planned_bytes=_sum(
+            memory["planned_params_bytes_per_device"], memory["planned_optimizer_bytes_per_device"]
+        ),
+        precision=metrics["train"]["precision"],
+        run_dir=str(run_dir),
+        process_wall_s=wall,
         profile=(metrics.get("profile") or {}).get("dir"),
     )
     return run
@@ -337,12 +465,21 @@ def meshrun_model_overrides(model: Model) -> list[str]:
     """The Hydra overrides that pick `model` (replicated layout: every device holds the whole model,
     as in the hand-written variants)."""
     if model.kind == "transformer":
-        return ["model=transformer", *(f"model.{k}={v}" for k, v in model.options.items()), "layout=replicated"]
+        return [
+            "model=transformer",
+            *(f"model.{k}={v}" for k, v in model.options.items()),
+            "layout=replicated",
+        ]
     if model.kind == "mlp":
         return ["model=dense_model", "layout=replicated"]
     backbone = ",".join(f"{k}:{v}" for k, v in model.options["backbone"].items())
-    return ["model=keras_hub", "model.task=LlamaCausalLM", f"model.backbone={{{backbone}}}",
-            f"model.seq_len={model.options['seq_len']}", "layout=replicated"]
+    return [
+        "model=keras_hub",
+        "model.task=LlamaCausalLM",
+        f"model.backbone={{{backbone}}}",
+        f"model.seq_len={model.options['seq_len']}",
+        "layout=replicated",
+    ]
 
 
 def worker_run(spec: dict, cpu_devices: int | None = None, cache: Path | None = None) -> dict:
@@ -352,21 +489,37 @@ def worker_run(spec: dict, cpu_devices: int | None = None, cache: Path | None = 
         out = Path(scratch) / "result.json"
         env = _child_env(cpu_devices)
         if cache:
-            env.update(JAX_ENABLE_COMPILATION_CACHE="true", JAX_COMPILATION_CACHE_DIR=str(cache),
-                       JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0", JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")
+            env.update(
+                JAX_ENABLE_COMPILATION_CACHE="true",
+                JAX_COMPILATION_CACHE_DIR=str(cache),
+                JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
+                JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0",
+            )
         env["BENCH_GPU_OUT"] = str(out)
         started = time.perf_counter()
-        done = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--worker", json.dumps(spec)],
-                              capture_output=True, text=True, env=env, cwd=REPO)
+        done = subprocess.run(
+            [sys.executable, str(Path(__file__).resolve()), "--worker", json.dumps(spec)],
+            capture_output=True,
+            text=True,
+            env=env,
+            cwd=REPO,
+        )
         wall = time.perf_counter() - started
         if done.returncode != 0:
             _raise_if_out_of_memory(done.stderr)
-            raise RunFailed(f"worker {spec['role']} {spec.get('model', {}).get('name', '')} failed (exit {done.returncode})", done.stderr)
+            raise RunFailed(
+                f"worker {spec['role']} {spec.get('model', {}).get('name', '')} failed (exit {done.returncode})",
+                done.stderr,
+            )
         return {**json.loads(out.read_text()), "process_wall_s": wall}
 
 
 def _child_env(cpu_devices: int | None = None) -> dict:
-    env = {**os.environ, "KERAS_BACKEND": "jax", "TF_CPP_MIN_LOG_LEVEL": os.environ.get("TF_CPP_MIN_LOG_LEVEL", "2")}
+    env = {
+        **os.environ,
+        "KERAS_BACKEND": "jax",
+        "TF_CPP_MIN_LOG_LEVEL": os.environ.get("TF_CPP_MIN_LOG_LEVEL", "2"),
+    }
     if cpu_devices:  # the hand-written variants use as many CPU devices as meshrun emulates
         env["JAX_NUM_CPU_DEVICES"] = str(cpu_devices)
     return env
@@ -401,15 +554,26 @@ def step_stats(first_step_s: float, gaps: list[float], warmup: int) -> dict:
         raise ValueError(f"only {len(steady)} steady steps after {warmup} warm-up steps")
     from meshrun.logs.timing import percentile
 
-    return {"first_step_s": first_step_s, "step_s": statistics.median(steady), "step_p90_s": percentile(steady, 90),
-            "steady_steps": len(steady)}
+    return {
+        "first_step_s": first_step_s,
+        "step_s": statistics.median(steady),
+        "step_p90_s": percentile(steady, 90),
+        "steady_steps": len(steady),
+    }
 
 
 # --- the figures -------------------------------------------------------------------------------------
 
 
-def summarise(model: Model, devices: int, precision: str, runs: dict, environment: dict, peak_flops: float | None,
-              profile: str | None) -> dict:
+def summarise(
+    model: Model,
+    devices: int,
+    precision: str,
+    runs: dict,
+    environment: dict,
+    peak_flops: float | None,
+    profile: str | None,
+) -> dict:
     """A model's figures: per variant the medians over its runs and the rates and MFU they give; the
     ratios between variants (medians of the per-repeat ratios); memory against the plan."""
     from meshrun.run import hardware
@@ -418,18 +582,34 @@ def summarise(model: Model, devices: int, precision: str, runs: dict, environmen
     tokens = batch * model.seq_len if model.seq_len else None
     meshrun_run = runs["meshrun"][0]
     analytic = analytic_flops(model, batch, meshrun_run["reported_analytic_per_step"])
-    peak = peak_flops or (hardware.peak_flops(environment["device_kind"]) if environment["platform"] != "cpu" else None)
-    variants = {name: variant_figures(variant_runs, batch, tokens, analytic["per_step"], devices, peak)
-                for name, variant_runs in runs.items()}
+    peak = peak_flops or (
+        hardware.peak_flops(environment["device_kind"]) if environment["platform"] != "cpu" else None
+    )
+    variants = {
+        name: variant_figures(variant_runs, batch, tokens, analytic["per_step"], devices, peak)
+        for name, variant_runs in runs.items()
+    }
     return {
-        "kind": model.kind, "options": model.options, "batch_size": batch, "batch_per_device": model.batch_per_device,
-        "tokens_per_step": tokens, "steps": model.steps, "precision": precision, "params": meshrun_run["params"],
-        "analytic_flops": analytic, "peak_flops_per_device": peak, "variants": variants, "ratios": ratios(runs),
-        "memory": memory_figures(runs), "profile": profile,
+        "kind": model.kind,
+        "options": model.options,
+        "batch_size": batch,
+        "batch_per_device": model.batch_per_device,
+        "tokens_per_step": tokens,
+        "steps": model.steps,
+        "precision": precision,
+        "params": meshrun_run["params"],
+        "analytic_flops": analytic,
+        "peak_flops_per_device": peak,
+        "variants": variants,
+        "ratios": ratios(runs),
+        "memory": memory_figures(runs),
+        "profile": profile,
     }
 
 
-def variant_figures(runs: list[dict], batch: int, tokens: int | None, analytic: float, devices: int, peak: float | None) -> dict:
+def variant_figures(
+    runs: list[dict], batch: int, tokens: int | None, analytic: float, devices: int, peak: float | None
+) -> dict:
     """One variant's figures over its runs: step median and p90 (medians of the runs'), rates,
     compile time (of the first run: later ones may load it from the compilation cache), FLOPs and
     MFU both ways, live peak memory; and the runs themselves."""
@@ -438,8 +618,10 @@ def variant_figures(runs: list[dict], batch: int, tokens: int | None, analytic: 
     step = statistics.median(r["step_s"] for r in runs)
     xla = _median_of(runs, "xla_flops_per_step")
     return {
-        "step_s": step, "step_p90_s": statistics.median(r["step_p90_s"] for r in runs),
-        "samples_per_s": batch / step, "tokens_per_s": tokens / step if tokens else None,
+        "step_s": step,
+        "step_p90_s": statistics.median(r["step_p90_s"] for r in runs),
+        "samples_per_s": batch / step,
+        "tokens_per_s": tokens / step if tokens else None,
         "compile_s": max(runs[0]["first_step_s"] - runs[0]["step_s"], 0.0),
         "xla_flops_per_step": xla,
         "mfu_xla": hardware.mfu(xla / step, devices, peak) if xla else None,
@@ -466,7 +648,12 @@ def analytic_flops(model: Model, batch: int, meshrun_six_n: float | None) -> dic
         six_n = meshrun_six_n
         layers, width = model.options["backbone"]["num_layers"], model.options["backbone"]["hidden_dim"]
     attention = 12.0 * layers * width * model.seq_len * batch * model.seq_len
-    return {"six_n": six_n, "attention": attention, "per_step": six_n + attention, "meshrun_six_n": meshrun_six_n}
+    return {
+        "six_n": six_n,
+        "attention": attention,
+        "per_step": six_n + attention,
+        "meshrun_six_n": meshrun_six_n,
+    }
 
 
 def mlp_matmul_params(options: dict) -> int:
@@ -488,8 +675,13 @@ def ratios(runs: dict) -> dict:
     """Step-time ratios meshrun/keras, meshrun/jax and keras/jax: the median of the ratios within
     each repeat (the runs of one repeat are neighbours in time)."""
     pairs = [("meshrun", "keras"), ("meshrun", "jax"), ("keras", "jax")]
-    return {f"{a}/{b}": statistics.median(x["step_s"] / y["step_s"] for x, y in zip(runs[a], runs[b], strict=False))
-            for a, b in pairs if a in runs and b in runs}
+    return {
+        f"{a}/{b}": statistics.median(
+            x["step_s"] / y["step_s"] for x, y in zip(runs[a], runs[b], strict=False)
+        )
+        for a, b in pairs
+        if a in runs and b in runs
+    }
 
 
 def memory_figures(runs: dict) -> dict:
@@ -500,7 +692,9 @@ def memory_figures(runs: dict) -> dict:
     compiled = _median_of(meshrun_runs, "compiled_peak_bytes")
     live = _median_of(meshrun_runs, "live_peak_bytes")
     return {
-        "planned_bytes": planned, "compiled_peak_bytes": compiled, "live_peak_bytes": live,
+        "planned_bytes": planned,
+        "compiled_peak_bytes": compiled,
+        "live_peak_bytes": live,
         "live_over_planned": live / planned if live and planned else None,
         "live_over_compiled": live / compiled if live and compiled else None,
         "live_peak_bytes_by_variant": {v: _median_of(r, "live_peak_bytes") for v, r in runs.items()},
@@ -514,25 +708,54 @@ def targets(results: dict, environment: dict) -> list[dict]:
     rows = []
     for name, model in results.items():
         tax = model["ratios"].get("meshrun/keras")
-        rows.append(_target(f"{name}: meshrun/keras step", tax, f"<= {TARGET_TAX}", tax is not None and tax <= TARGET_TAX,
-                            measurable, tax - 1 if tax else None))
+        rows.append(
+            _target(
+                f"{name}: meshrun/keras step",
+                tax,
+                f"<= {TARGET_TAX}",
+                tax is not None and tax <= TARGET_TAX,
+                measurable,
+                tax - 1 if tax else None,
+            )
+        )
         # The plan counts parameters and optimizer state only; XLA's compiled estimate adds the
         # step's activations and scratch, so it is held to the same bound beside it.
         for estimate, key in (("plan", "live_over_planned"), ("compiled estimate", "live_over_compiled")):
             memory = model["memory"][key]
-            rows.append(_target(f"{name}: live peak / {estimate}", memory, f"within {TARGET_MEMORY:.0%}",
-                                memory is not None and abs(memory - 1) <= TARGET_MEMORY, measurable and memory is not None,
-                                memory - 1 if memory else None))
+            rows.append(
+                _target(
+                    f"{name}: live peak / {estimate}",
+                    memory,
+                    f"within {TARGET_MEMORY:.0%}",
+                    memory is not None and abs(memory - 1) <= TARGET_MEMORY,
+                    measurable and memory is not None,
+                    memory - 1 if memory else None,
+                )
+            )
     if "transformer-1b" in results:
         mfu = results["transformer-1b"]["variants"]["meshrun"]["mfu_xla"]
-        rows.append(_target("transformer-1b: MFU (XLA FLOPs)", mfu, f">= {TARGET_MFU_1B:.0%}", mfu is not None and mfu >= TARGET_MFU_1B,
-                            mfu is not None, mfu - TARGET_MFU_1B if mfu is not None else None))
+        rows.append(
+            _target(
+                "transformer-1b: MFU (XLA FLOPs)",
+                mfu,
+                f">= {TARGET_MFU_1B:.0%}",
+                mfu is not None and mfu >= TARGET_MFU_1B,
+                mfu is not None,
+                mfu - TARGET_MFU_1B if mfu is not None else None,
+            )
+        )
     return rows
 
 
 def _target(name, value, target, met, measurable, off_by) -> dict:
     verdict = ("met" if met else "missed") if measurable else "n/a"
-    return {"target": name, "value": value, "wanted": target, "verdict": verdict, "off_by": off_by if verdict == "missed" else None}
+    return {
+        "target": name,
+        "value": value,
+        "wanted": target,
+        "verdict": verdict,
+        "off_by": off_by if verdict == "missed" else None,
+    }
 
 
 def _median_of(runs: list[dict], key: str):
@@ -553,10 +776,12 @@ def print_report(report: dict) -> None:
 
     console = Console(width=max(Console().width, 180))  # piped output would get 80 columns
     env = report["environment"]
-    console.print(f"meshrun GPU benchmark: {env['device_count']} x {env['device_kind']} ({env['platform']}), "
-                  f"precision {report['precision']}; jax {env['jax']}, jaxlib {env['jaxlib']}, keras {env['keras']}, "
-                  f"keras-hub {env['keras_hub']}, meshrun {env['meshrun']}, driver {env['driver'] or 'n/a'} "
-                  f"({env['platform_version']})")
+    console.print(
+        f"meshrun GPU benchmark: {env['device_count']} x {env['device_kind']} ({env['platform']}), "
+        f"precision {report['precision']}; jax {env['jax']}, jaxlib {env['jaxlib']}, keras {env['keras']}, "
+        f"keras-hub {env['keras_hub']}, meshrun {env['meshrun']}, driver {env['driver'] or 'n/a'} "
+        f"({env['platform_version']})"
+    )
     console.print(speed_table(report))
     console.print(memory_table(report))
     console.print(target_table(report))
@@ -569,19 +794,46 @@ def print_report(report: dict) -> None:
 def speed_table(report: dict):
     from rich.table import Table
 
-    table = Table(title=f"step time per variant ({report['settings']['repeats']} repeat(s); ratios: median of per-repeat ratios)")
-    for column in ("model", "variant", "batch", "step ms", "p90 ms", "samples/s", "tokens/s", "compile s", "XLA flop/step",
-                   "6N+attn flop/step", "MFU XLA", "MFU 6N+attn", "x keras", "x jax"):
-        table.add_column(column, justify="left" if column in ("model", "variant") else "right", no_wrap=column == "model")
+    table = Table(
+        title=f"step time per variant ({report['settings']['repeats']} repeat(s); ratios: median of per-repeat ratios)"
+    )
+    for column in (
+        "model",
+        "variant",
+        "batch",
+        "step ms",
+        "p90 ms",
+        "samples/s",
+        "tokens/s",
+        "compile s",
+        "XLA flop/step",
+        "6N+attn flop/step",
+        "MFU XLA",
+        "MFU 6N+attn",
+        "x keras",
+        "x jax",
+    ):
+        table.add_column(
+            column, justify="left" if column in ("model", "variant") else "right", no_wrap=column == "model"
+        )
     for name, model in report["models"].items():
         for index, (variant, v) in enumerate(model["variants"].items()):
             last = index == len(model["variants"]) - 1
             table.add_row(
-                name if index == 0 else "", variant, str(model["batch_size"]), _ms(v["step_s"]), _ms(v["step_p90_s"]),
-                f"{v['samples_per_s']:,.0f}", f"{v['tokens_per_s']:,.0f}" if v["tokens_per_s"] else "-",
-                f"{v['compile_s']:.2f}", _flops(v["xla_flops_per_step"]), _flops(model["analytic_flops"]["per_step"]),
-                _pct(v["mfu_xla"]), _pct(v["mfu_analytic"]),
-                _ratio(model["ratios"].get(f"{variant}/keras")), _ratio(model["ratios"].get(f"{variant}/jax")),
+                name if index == 0 else "",
+                variant,
+                str(model["batch_size"]),
+                _ms(v["step_s"]),
+                _ms(v["step_p90_s"]),
+                f"{v['samples_per_s']:,.0f}",
+                f"{v['tokens_per_s']:,.0f}" if v["tokens_per_s"] else "-",
+                f"{v['compile_s']:.2f}",
+                _flops(v["xla_flops_per_step"]),
+                _flops(model["analytic_flops"]["per_step"]),
+                _pct(v["mfu_xla"]),
+                _pct(v["mfu_analytic"]),
+                _ratio(model["ratios"].get(f"{variant}/keras")),
+                _ratio(model["ratios"].get(f"{variant}/jax")),
                 end_section=last,
             )
     return table
@@ -590,13 +842,32 @@ def speed_table(report: dict):
 def memory_table(report: dict):
     from rich.table import Table
 
-    table = Table(title="memory per device: meshrun's plan (parameters + optimizer state), XLA's compiled estimate, live peaks")
-    for column in ("model", "planned", "compiled", "live meshrun", "live / planned", "live / compiled", "live keras", "live jax"):
+    table = Table(
+        title="memory per device: meshrun's plan (parameters + optimizer state), XLA's compiled estimate, live peaks"
+    )
+    for column in (
+        "model",
+        "planned",
+        "compiled",
+        "live meshrun",
+        "live / planned",
+        "live / compiled",
+        "live keras",
+        "live jax",
+    ):
         table.add_column(column, justify="left" if column == "model" else "right")
     for name, model in report["models"].items():
         m, by = model["memory"], model["memory"]["live_peak_bytes_by_variant"]
-        table.add_row(name, _bytes(m["planned_bytes"]), _bytes(m["compiled_peak_bytes"]), _bytes(m["live_peak_bytes"]),
-                      _ratio(m["live_over_planned"]), _ratio(m["live_over_compiled"]), _bytes(by.get("keras")), _bytes(by.get("jax")))
+        table.add_row(
+            name,
+            _bytes(m["planned_bytes"]),
+            _bytes(m["compiled_peak_bytes"]),
+            _bytes(m["live_peak_bytes"]),
+            _ratio(m["live_over_planned"]),
+            _ratio(m["live_over_compiled"]),
+            _bytes(by.get("keras")),
+            _bytes(by.get("jax")),
+        )
     return table
 
 
@@ -660,9 +931,15 @@ def worker_probe(spec: dict) -> dict:
     devices = jax.devices()
     first = devices[0]
     return {
-        "platform": first.platform, "device_kind": first.device_kind, "device_count": len(devices),
-        "compute_capability": getattr(first, "compute_capability", None), "platform_version": first.client.platform_version,
-        "jax": jax.__version__, "jaxlib": jaxlib.__version__, "keras": _version("keras"), "meshrun": _version("meshrun"),
+        "platform": first.platform,
+        "device_kind": first.device_kind,
+        "device_count": len(devices),
+        "compute_capability": getattr(first, "compute_capability", None),
+        "platform_version": first.client.platform_version,
+        "jax": jax.__version__,
+        "jaxlib": jaxlib.__version__,
+        "keras": _version("keras"),
+        "meshrun": _version("meshrun"),
         "keras_hub": _version("keras_hub"),
     }
 
@@ -687,15 +964,26 @@ def worker_keras(spec: dict) -> dict:
     batch, steps = spec["batch_size"], model_spec["steps"]
     _distribute_keras(devices)
     model, loss, metrics = build_model(model_spec, spec["precision"])
-    model.compile(optimizer=keras.optimizers.Adam(1e-3), loss=loss,
-                  **({"weighted_metrics": metrics} if model_spec["kind"] == "llama" else {"metrics": metrics}))
+    model.compile(
+        optimizer=keras.optimizers.Adam(1e-3),
+        loss=loss,
+        **({"weighted_metrics": metrics} if model_spec["kind"] == "llama" else {"metrics": metrics}),
+    )
     x, y, weights = make_data(model_spec, batch * steps)
-    timer = step_timer(async_safe=devices[0].platform != "cpu")  # as meshrun: Keras' own async log fetch, except on CPU
-    model.fit(x, y, sample_weight=weights, batch_size=batch, epochs=1, shuffle=False, verbose=0, callbacks=[timer])
+    timer = step_timer(
+        async_safe=devices[0].platform != "cpu"
+    )  # as meshrun: Keras' own async log fetch, except on CPU
+    model.fit(
+        x, y, sample_weight=weights, batch_size=batch, epochs=1, shuffle=False, verbose=0, callbacks=[timer]
+    )
     head = (_head(x, batch), _head(y, batch)) + ((_head(weights, batch),) if weights is not None else ())
-    return {"first_step_s": timer.first_step_s(), "gaps": timer.gaps(),
-            "xla_flops_per_step": costs.train_step_costs(model, head).flops_per_step,
-            "live_peak_bytes": costs.live_peak_bytes(devices), "params": int(model.count_params())}
+    return {
+        "first_step_s": timer.first_step_s(),
+        "gaps": timer.gaps(),
+        "xla_flops_per_step": costs.train_step_costs(model, head).flops_per_step,
+        "live_peak_bytes": costs.live_peak_bytes(devices),
+        "params": int(model.count_params()),
+    }
 
 
 def worker_jax(spec: dict) -> dict:
@@ -717,10 +1005,18 @@ def worker_jax(spec: dict) -> dict:
     optimizer.build(model.trainable_variables)
     mesh = Mesh(np.array(devices), ("data",))
     whole, split = NamedSharding(mesh, PartitionSpec()), NamedSharding(mesh, PartitionSpec("data"))
-    state = jax.device_put(([v.value for v in model.trainable_variables], [v.value for v in model.non_trainable_variables],
-                            [v.value for v in optimizer.variables]), whole)
+    state = jax.device_put(
+        (
+            [v.value for v in model.trainable_variables],
+            [v.value for v in model.non_trainable_variables],
+            [v.value for v in optimizer.variables],
+        ),
+        whole,
+    )
     x, y, weights = make_data(model_spec, batch * 4)  # four distinct batches, cycled
-    batches = [jax.device_put(tuple(_rows(a, i * batch, batch) for a in (x, y, weights)), split) for i in range(4)]
+    batches = [
+        jax.device_put(tuple(_rows(a, i * batch, batch) for a in (x, y, weights)), split) for i in range(4)
+    ]
     step = jax.jit(stateless_train_step(model, optimizer, loss_fn), donate_argnums=0)
 
     started = time.perf_counter()
@@ -737,9 +1033,13 @@ def worker_jax(spec: dict) -> dict:
     waiting.pop(0).block_until_ready()
     ends.append(time.perf_counter())
     flops = step.lower(state, *batches[0]).cost_analysis()
-    return {"first_step_s": ends[0] - started, "gaps": [b - a for a, b in zip(ends, ends[1:], strict=False)],
-            "xla_flops_per_step": float(flops["flops"]) if flops and flops.get("flops", -1) >= 0 else None,
-            "live_peak_bytes": costs.live_peak_bytes(devices), "params": int(model.count_params())}
+    return {
+        "first_step_s": ends[0] - started,
+        "gaps": [b - a for a, b in zip(ends, ends[1:], strict=False)],
+        "xla_flops_per_step": float(flops["flops"]) if flops and flops.get("flops", -1) >= 0 else None,
+        "live_peak_bytes": costs.live_peak_bytes(devices),
+        "params": int(model.count_params()),
+    }
 
 
 def stateless_train_step(model, optimizer, loss_fn):
@@ -784,22 +1084,34 @@ def build_model(model_spec: dict, precision: str):
     from meshrun.compat.keras import set_random_seed
 
     keras.config.set_dtype_policy(precision)
-    set_random_seed(1337, tensorflow_seed=None)  # keras.utils.set_random_seed, without importing TensorFlow to seed it
+    set_random_seed(
+        1337, tensorflow_seed=None
+    )  # keras.utils.set_random_seed, without importing TensorFlow to seed it
     kind, options = model_spec["kind"], model_spec["options"]
     if kind == "transformer":
         from meshrun.models import transformer
         from meshrun.models.registry import class_accuracy
 
         built = _transformer_options(options)
-        return transformer.build(built), keras.losses.SparseCategoricalCrossentropy(from_logits=True), class_accuracy(built)
+        return (
+            transformer.build(built),
+            keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+            class_accuracy(built),
+        )
     if kind == "mlp":
         from meshrun.models import dense_model
 
-        return dense_model.build(dense_model.DenseModelOptions(**options)), keras.losses.MeanSquaredError(), []
+        return (
+            dense_model.build(dense_model.DenseModelOptions(**options)),
+            keras.losses.MeanSquaredError(),
+            [],
+        )
     from meshrun.models import hub
     from meshrun.models.registry import class_accuracy
 
-    built = hub.KerasHubOptions(task="LlamaCausalLM", backbone=options["backbone"], seq_len=options["seq_len"])
+    built = hub.KerasHubOptions(
+        task="LlamaCausalLM", backbone=options["backbone"], seq_len=options["seq_len"]
+    )
     return hub.build(built), hub.next_token_loss(built), class_accuracy(built)
 
 
@@ -810,7 +1122,11 @@ def make_data(model_spec: dict, count: int):
     rng = np.random.default_rng(1337)
     kind = model_spec["kind"]
     if kind == "mlp":
-        return (rng.standard_normal((count, 28, 28, 1), dtype=np.float32), rng.standard_normal((count, 10), dtype=np.float32), None)
+        return (
+            rng.standard_normal((count, 28, 28, 1), dtype=np.float32),
+            rng.standard_normal((count, 10), dtype=np.float32),
+            None,
+        )
     if kind == "transformer":
         options = _transformer_options(model_spec["options"])
         tokens = rng.integers(0, options.vocab, (count, options.seq_len + 1), dtype=np.int32)
@@ -825,8 +1141,8 @@ def _rows(array, start: int, count: int):
     if array is None:
         return None
     if isinstance(array, dict):
-        return {k: v[start:start + count] for k, v in array.items()}
-    return array[start:start + count]
+        return {k: v[start : start + count] for k, v in array.items()}
+    return array[start : start + count]
 
 
 def _head(array, count: int):
@@ -861,7 +1177,9 @@ def step_timer(async_safe: bool):
         def _ordered(self) -> list[float]:
             ends = []
             for _, end in sorted(self._ends.items()):
-                ends.append(max(end, ends[-1]) if ends else end)  # worker threads may note a hair out of order
+                ends.append(
+                    max(end, ends[-1]) if ends else end
+                )  # worker threads may note a hair out of order
             return ends
 
         def first_step_s(self) -> float:

@@ -45,11 +45,18 @@ HIDDEN, HEADS, HEAD_DIM, INTERMEDIATE, VOCABULARY = 2048, 8, 256, 8192, 16384
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--size-gb", type=float, default=1.0, help="size of the preset to build (float32 weights)")
+    parser.add_argument(
+        "--size-gb", type=float, default=1.0, help="size of the preset to build (float32 weights)"
+    )
     parser.add_argument("--preset", type=Path, help="load this Gemma preset dir instead of building one")
     parser.add_argument("--mesh", default="2x4", help="mesh shape DATAxMODEL of emulated CPU devices")
     parser.add_argument("--out", type=Path, help="also write the results here as JSON")
-    parser.add_argument("--stages", type=int, nargs="+", help="measure meshrun train with this many pipeline stages instead (8 devices)")
+    parser.add_argument(
+        "--stages",
+        type=int,
+        nargs="+",
+        help="measure meshrun train with this many pipeline stages instead (8 devices)",
+    )
     parser.add_argument("--blocks", type=int, default=4, help="the preset's decoder blocks with --stages")
     parser.add_argument("--load", choices=LOADERS, help=argparse.SUPPRESS)  # one loader's child process
     args = parser.parse_args()
@@ -61,8 +68,12 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as scratch:
         preset = args.preset or build_preset(Path(scratch) / "gemma", args.size_gb)
         weights = sum(f.stat().st_size for f in preset.glob("*.weights*.h5"))
-        results = {"preset": str(args.preset or f"built: {preset_shape(args.size_gb)}"), "weights_bytes": weights, "mesh": args.mesh,
-                   "loaders": {loader: run_child(preset, args.mesh, loader) for loader in LOADERS}}
+        results = {
+            "preset": str(args.preset or f"built: {preset_shape(args.size_gb)}"),
+            "weights_bytes": weights,
+            "mesh": args.mesh,
+            "loaders": {loader: run_child(preset, args.mesh, loader) for loader in LOADERS},
+        }
     report(results)
     if args.out:
         args.out.write_text(json.dumps(results, indent=2))
@@ -76,26 +87,69 @@ def staged_loads(args) -> None:
     rows = []
     with tempfile.TemporaryDirectory() as scratch:
         hidden = hidden_for(args.size_gb, args.blocks)
-        preset = args.preset or build_preset(Path(scratch) / "gemma", args.size_gb, layers=args.blocks, hidden=hidden)
+        preset = args.preset or build_preset(
+            Path(scratch) / "gemma", args.size_gb, layers=args.blocks, hidden=hidden
+        )
         for stages in args.stages:
-            mesh = ["mesh=1x8"] if stages == 1 else [f"mesh={stages}x1x{8 // stages}", "mesh.axis_names=[stage,data,model]", "mesh.batch_axis=data"]
+            mesh = (
+                ["mesh=1x8"]
+                if stages == 1
+                else [
+                    f"mesh={stages}x1x{8 // stages}",
+                    "mesh.axis_names=[stage,data,model]",
+                    "mesh.batch_axis=data",
+                ]
+            )
             run_dir = Path(scratch) / f"run-{stages}"
-            done = run_measured(["train", "model=keras_hub", f"model.preset={preset}", "layout=gemma_tp", *mesh, "model.seq_len=16",
-                                 "train.batch_size=8", "data.num_samples=8", "data.eval_samples=8", "train.epochs=1", "train.verbose=0",
-                                 f"hydra.run.dir={run_dir}"], cwd=scratch, timeout=1800,
-                                env={**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8", "JAX_PLATFORMS": "cpu"})
+            done = run_measured(
+                [
+                    "train",
+                    "model=keras_hub",
+                    f"model.preset={preset}",
+                    "layout=gemma_tp",
+                    *mesh,
+                    "model.seq_len=16",
+                    "train.batch_size=8",
+                    "data.num_samples=8",
+                    "data.eval_samples=8",
+                    "train.epochs=1",
+                    "train.verbose=0",
+                    f"hydra.run.dir={run_dir}",
+                ],
+                cwd=scratch,
+                timeout=1800,
+                env={
+                    **os.environ,
+                    "XLA_FLAGS": "--xla_force_host_platform_device_count=8",
+                    "JAX_PLATFORMS": "cpu",
+                },
+            )
             if done.returncode:
                 raise SystemExit(f"the run with {stages} stages failed:\n{done.stderr[-3000:]}")
             memory = json.loads((run_dir / "metrics.json").read_text())["memory"]
-            rows.append({"stages": stages, "load_peak_bytes_per_device": memory["load_peak_bytes_per_device"],
-                         "params_bytes_per_device": memory["params_bytes_per_device"], "peak_rss_bytes": done.peak_rss_bytes})
-    print(f"Gemma preset of {args.blocks} blocks, hidden {hidden}, about {args.size_gb:g} GB; layout gemma_tp on 8 emulated CPU devices")
+            rows.append(
+                {
+                    "stages": stages,
+                    "load_peak_bytes_per_device": memory["load_peak_bytes_per_device"],
+                    "params_bytes_per_device": memory["params_bytes_per_device"],
+                    "peak_rss_bytes": done.peak_rss_bytes,
+                }
+            )
+    print(
+        f"Gemma preset of {args.blocks} blocks, hidden {hidden}, about {args.size_gb:g} GB; layout gemma_tp on 8 emulated CPU devices"
+    )
     print(f"{'stages':>6}{'load peak':>14}{'params':>12}{'peak/params':>13}{'process RSS':>14}")
     for row in rows:
         peak, params = row["load_peak_bytes_per_device"], row["params_bytes_per_device"]
-        print(f"{row['stages']:>6}{peak / 2**20:>10,.1f} MiB{params / 2**20:>8,.1f} MiB{peak / params:>12.2f}x{row['peak_rss_bytes'] / 2**20:>10,.0f} MiB")
+        print(
+            f"{row['stages']:>6}{peak / 2**20:>10,.1f} MiB{params / 2**20:>8,.1f} MiB{peak / params:>12.2f}x{row['peak_rss_bytes'] / 2**20:>10,.0f} MiB"
+        )
     if args.out:
-        args.out.write_text(json.dumps({"blocks": args.blocks, "hidden": hidden, "size_gb": args.size_gb, "rows": rows}, indent=2))
+        args.out.write_text(
+            json.dumps(
+                {"blocks": args.blocks, "hidden": hidden, "size_gb": args.size_gb, "rows": rows}, indent=2
+            )
+        )
 
 
 def hidden_for(size_gb: float, blocks: int) -> int:
@@ -109,7 +163,9 @@ def hidden_for(size_gb: float, blocks: int) -> int:
 
 def layers_for(size_gb: float) -> int:
     """How many decoder blocks make the preset about `size_gb` GB."""
-    per_block = 4 * (4 * HIDDEN * HEADS * HEAD_DIM + 3 * HIDDEN * INTERMEDIATE // 2)  # Gemma's MLP is intermediate_dim / 2 wide
+    per_block = 4 * (
+        4 * HIDDEN * HEADS * HEAD_DIM + 3 * HIDDEN * INTERMEDIATE // 2
+    )  # Gemma's MLP is intermediate_dim / 2 wide
     embedding = 4 * VOCABULARY * HIDDEN
     return max(1, round((size_gb * 1e9 - embedding) / per_block))
 
@@ -129,9 +185,16 @@ def build_preset(path: Path, size_gb: float, layers: int | None = None, hidden: 
         "keras_hub.models.GemmaCausalLM(backbone=backbone, preprocessor=None).save_to_preset(sys.argv[1])\n"
     )
     started = time.perf_counter()
-    subprocess.run([sys.executable, "-c", code, str(path)], check=True, env={**os.environ, "KERAS_BACKEND": "jax"},
-                   stderr=subprocess.DEVNULL)
-    print(f"built a Gemma preset of {layers} blocks, hidden {hidden}, in {time.perf_counter() - started:.0f} s", file=sys.stderr)
+    subprocess.run(
+        [sys.executable, "-c", code, str(path)],
+        check=True,
+        env={**os.environ, "KERAS_BACKEND": "jax"},
+        stderr=subprocess.DEVNULL,
+    )
+    print(
+        f"built a Gemma preset of {layers} blocks, hidden {hidden}, in {time.perf_counter() - started:.0f} s",
+        file=sys.stderr,
+    )
     return path
 
 
@@ -139,9 +202,19 @@ def run_child(preset: Path, mesh: str, loader: str) -> dict:
     devices = 1
     for size in mesh.split("x"):
         devices *= int(size)
-    env = {**os.environ, "KERAS_BACKEND": "jax", "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}", "JAX_PLATFORMS": "cpu"}
-    done = subprocess.run([sys.executable, __file__, "--load", loader, "--preset", str(preset), "--mesh", mesh],
-                          env=env, capture_output=True, text=True, check=False)
+    env = {
+        **os.environ,
+        "KERAS_BACKEND": "jax",
+        "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}",
+        "JAX_PLATFORMS": "cpu",
+    }
+    done = subprocess.run(
+        [sys.executable, __file__, "--load", loader, "--preset", str(preset), "--mesh", mesh],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     if done.returncode:
         raise SystemExit(f"the {loader} load failed:\n{done.stderr[-3000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -163,31 +236,50 @@ def load(preset: Path, mesh: str, loader: str) -> dict:
     from meshrun.system.load_memory import LoadWatch, bytes_by_device
 
     rules_text = (importlib.resources.files("meshrun.configs") / "layout" / "gemma_tp.yaml").read_text()
-    rules = tuple(LayoutRule(pattern, tuple(axes)) for pattern, axes in yaml.safe_load(rules_text)["rules"].items())
+    rules = tuple(
+        LayoutRule(pattern, tuple(axes)) for pattern, axes in yaml.safe_load(rules_text)["rules"].items()
+    )
     shape = tuple(int(size) for size in mesh.split("x"))
     mesh_config = MeshConfig(shape=shape, axis_names=("data", "model"), batch_axis="data")
     keras.distribution.set_distribution(make_distribution(mesh_config, rules, jax.devices()))
     started = time.perf_counter()
     with LoadWatch(jax.devices()) as watch:
-        onto_shards = load_onto_shards(on_placed=watch.sample) if loader == "meshrun" else contextlib.nullcontext()
+        onto_shards = (
+            load_onto_shards(on_placed=watch.sample) if loader == "meshrun" else contextlib.nullcontext()
+        )
         with onto_shards:
             task = keras_hub.models.CausalLM.from_preset(str(preset), preprocessor=None, compile=False)
     seconds = time.perf_counter() - started
     held = bytes_by_device()
     planned = max(held.get(device, 0) for device in jax.devices())
     peaks = watch.peaks()
-    return {"load_peak_bytes_per_device": peaks.bytes_per_device, "planned_bytes_per_device": planned,
-            "load_peak_host_bytes": peaks.host_bytes, "seconds": seconds, "params": int(task.count_params())}
+    return {
+        "load_peak_bytes_per_device": peaks.bytes_per_device,
+        "planned_bytes_per_device": planned,
+        "load_peak_host_bytes": peaks.host_bytes,
+        "seconds": seconds,
+        "params": int(task.count_params()),
+    }
 
 
 def report(results: dict) -> None:
     weights = results["weights_bytes"]
-    print(f"preset: {results['preset']}; weights {weights / 2**20:,.0f} MiB; mesh {results['mesh']} (data, model), layout gemma_tp")
-    print(f"{'loader':<9}{'device peak':>14}{'planned':>11}{'peak/planned':>14}{'host peak':>12}{'host/preset':>13}{'load s':>8}")
+    print(
+        f"preset: {results['preset']}; weights {weights / 2**20:,.0f} MiB; mesh {results['mesh']} (data, model), layout gemma_tp"
+    )
+    print(
+        f"{'loader':<9}{'device peak':>14}{'planned':>11}{'peak/planned':>14}{'host peak':>12}{'host/preset':>13}{'load s':>8}"
+    )
     for loader, found in results["loaders"].items():
-        device, planned, host = found["load_peak_bytes_per_device"], found["planned_bytes_per_device"], found["load_peak_host_bytes"]
-        print(f"{loader:<9}{device / 2**20:>10,.0f} MiB{planned / 2**20:>7,.0f} MiB{device / planned:>13.2f}x"
-              f"{host / 2**20:>8,.0f} MiB{host / weights:>12.2f}x{found['seconds']:>8.1f}")
+        device, planned, host = (
+            found["load_peak_bytes_per_device"],
+            found["planned_bytes_per_device"],
+            found["load_peak_host_bytes"],
+        )
+        print(
+            f"{loader:<9}{device / 2**20:>10,.0f} MiB{planned / 2**20:>7,.0f} MiB{device / planned:>13.2f}x"
+            f"{host / 2**20:>8,.0f} MiB{host / weights:>12.2f}x{found['seconds']:>8.1f}"
+        )
     print("targets for meshrun: device peak at most 1.3x planned; host peak under 1.5x the preset's weights")
 
 

@@ -60,9 +60,16 @@ def arguments() -> argparse.Namespace:
     """The command line's settings."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--meshes", default="8x1,2x4")
-    parser.add_argument("--repeats", type=int, default=3, help="separate runs of each variant, and interleaved runs, per mesh")
+    parser.add_argument(
+        "--repeats", type=int, default=3, help="separate runs of each variant, and interleaved runs, per mesh"
+    )
     parser.add_argument("--epochs", type=int, default=3)
-    parser.add_argument("--num-samples", type=int, default=4096, help="per epoch of the separate runs (x2 for interleaved runs)")
+    parser.add_argument(
+        "--num-samples",
+        type=int,
+        default=4096,
+        help="per epoch of the separate runs (x2 for interleaved runs)",
+    )
     parser.add_argument("--out", default="bench_logging.json")
     return parser.parse_args()
 
@@ -70,7 +77,10 @@ def arguments() -> argparse.Namespace:
 def ratios(runs: dict) -> dict:
     """Each variant's median step time and training seconds over those of the run that logs nothing."""
     base = {key: statistics.median(r[key] for r in runs["nothing"]) for key in ("step_ms", "train_s")}
-    return {name: {key: statistics.median(r[key] for r in rows) / base[key] for key in base} for name, rows in runs.items()}
+    return {
+        name: {key: statistics.median(r[key] for r in rows) / base[key] for key in base}
+        for name, rows in runs.items()
+    }
 
 
 def main() -> None:
@@ -83,34 +93,62 @@ def main() -> None:
     from meshrun.config.parse import parse_run_config
     from meshrun.placement import devices
 
-    rules = OmegaConf.to_container(OmegaConf.load(Path(meshrun.configs.__file__).parent / "layout" / "dense_model.yaml"))["rules"]
+    rules = OmegaConf.to_container(
+        OmegaConf.load(Path(meshrun.configs.__file__).parent / "layout" / "dense_model.yaml")
+    )["rules"]
 
     def run_config(mesh: str, verbose: int, tensorboard: bool, csv: bool, samples: int, epochs: int):
-        return parse_run_config({
-            "mesh": {"shape": mesh}, "layout": {"rules": rules}, "model": {"name": "dense_model"},
-            "data": {"name": "synthetic", "num_samples": samples, "eval_samples": 256},
-            "train": {"epochs": epochs, "verbose": verbose}, "logging": {"tensorboard": tensorboard, "csv": csv},
-        })
+        return parse_run_config(
+            {
+                "mesh": {"shape": mesh},
+                "layout": {"rules": rules},
+                "model": {"name": "dense_model"},
+                "data": {"name": "synthetic", "num_samples": samples, "eval_samples": 256},
+                "train": {"epochs": epochs, "verbose": verbose},
+                "logging": {"tensorboard": tensorboard, "csv": csv},
+            }
+        )
 
     first = run_config(meshes[0], 0, False, False, args.num_samples, args.epochs)
     devices.prepare(first.devices, first.mesh)
     from meshrun.run.phases import RunContext, train
 
-    results = {"epochs": args.epochs, "num_samples": args.num_samples, "repeats": args.repeats,
-               "interleaved": {mesh: {name: [] for name in INTERLEAVED} for mesh in meshes}, "runs": {mesh: {name: [] for name in VARIANTS} for mesh in meshes}}
+    results = {
+        "epochs": args.epochs,
+        "num_samples": args.num_samples,
+        "repeats": args.repeats,
+        "interleaved": {mesh: {name: [] for name in INTERLEAVED} for mesh in meshes},
+        "runs": {mesh: {name: [] for name in VARIANTS} for mesh in meshes},
+    }
     with tempfile.TemporaryDirectory(prefix="bench-logging-") as work, open(os.devnull, "w") as devnull:
         for repeat in range(args.repeats):
             for mesh in meshes:
                 for name, (tensorboard, csv) in INTERLEAVED.items():
                     with gated_hooks() as gaps, contextlib.redirect_stdout(devnull):
-                        config = run_config(mesh, 1, tensorboard, csv, args.num_samples * 2, INTERLEAVED_EPOCHS)
-                        train(config, RunContext(run_dir=str(Path(work) / f"interleaved-{mesh}-{repeat}-{tensorboard}")))
+                        config = run_config(
+                            mesh, 1, tensorboard, csv, args.num_samples * 2, INTERLEAVED_EPOCHS
+                        )
+                        train(
+                            config,
+                            RunContext(
+                                run_dir=str(Path(work) / f"interleaved-{mesh}-{repeat}-{tensorboard}")
+                            ),
+                        )
                     on, off = statistics.mean(gaps[True]), statistics.mean(gaps[False])
                     results["interleaved"][mesh][name].append(
-                        {"on_ms": on * 1e3, "off_ms": off * 1e3, "ratio": on / off, "steps": len(gaps[True]) + len(gaps[False])})
-                    print(f"repeat {repeat + 1}, {mesh}, interleaved {name}: on {on * 1e3:.3f} ms, off {off * 1e3:.3f} ms, ratio {on / off:.4f}", flush=True)
+                        {
+                            "on_ms": on * 1e3,
+                            "off_ms": off * 1e3,
+                            "ratio": on / off,
+                            "steps": len(gaps[True]) + len(gaps[False]),
+                        }
+                    )
+                    print(
+                        f"repeat {repeat + 1}, {mesh}, interleaved {name}: on {on * 1e3:.3f} ms, off {off * 1e3:.3f} ms, ratio {on / off:.4f}",
+                        flush=True,
+                    )
             names = list(VARIANTS)
-            names = names[repeat % len(names):] + names[:repeat % len(names)]
+            names = names[repeat % len(names) :] + names[: repeat % len(names)]
             for mesh in meshes:
                 for name in names:
                     writes, verbose, tensorboard, csv = VARIANTS[name]
@@ -118,8 +156,13 @@ def main() -> None:
                     with contextlib.redirect_stdout(devnull):
                         config = run_config(mesh, verbose, tensorboard, csv, args.num_samples, args.epochs)
                         timing = train(config, RunContext(run_dir=str(run_dir))).metrics.timing
-                    results["runs"][mesh][name].append({"step_ms": timing.step_time_s * 1e3, "train_s": sum(timing.epoch_s[1:])})
-                    print(f"repeat {repeat + 1}, {mesh}, {name}: step {timing.step_time_s * 1e3:.3f} ms", flush=True)
+                    results["runs"][mesh][name].append(
+                        {"step_ms": timing.step_time_s * 1e3, "train_s": sum(timing.epoch_s[1:])}
+                    )
+                    print(
+                        f"repeat {repeat + 1}, {mesh}, {name}: step {timing.step_time_s * 1e3:.3f} ms",
+                        flush=True,
+                    )
     results["ratios"] = {mesh: ratios(results["runs"][mesh]) for mesh in meshes}
     results["hook_us_per_step"] = hook_cost()
     Path(args.out).write_text(json.dumps(results, indent=2) + "\n")
@@ -170,7 +213,9 @@ def hook_cost(calls: int = 5000) -> dict:
     costs = {}
     with tempfile.TemporaryDirectory(prefix="bench-logging-hooks-") as work, open(os.devnull, "w") as devnull:
         hooks = {
-            "step log, every sink": StepLog(lambda: open_sinks(Path(work), {"tensorboard", "csv"}), TrainConfig(), calls, 0),
+            "step log, every sink": StepLog(
+                lambda: open_sinks(Path(work), {"tensorboard", "csv"}), TrainConfig(), calls, 0
+            ),
             "progress bar": EpochProgress("bar", 1, 16, console=Console(file=devnull, force_terminal=True)),
         }
         for name, hook in hooks.items():
@@ -188,32 +233,68 @@ def hook_cost(calls: int = 5000) -> dict:
 
 
 def show(results: dict) -> None:
-    console = Console(width=max(Console().width, 110), force_terminal=sys.stdout.isatty())  # TTY_COMPATIBLE is for the bar only
-    table = Table(title=f"logging and progress in alternate epochs of one run ({INTERLEAVED_EPOCHS} epochs; mean steps)")
-    for column in ("mesh", "logging", "runs", "steps timed", "step ms, logging", "step ms, none", "ratio (median of runs)"):
+    console = Console(
+        width=max(Console().width, 110), force_terminal=sys.stdout.isatty()
+    )  # TTY_COMPATIBLE is for the bar only
+    table = Table(
+        title=f"logging and progress in alternate epochs of one run ({INTERLEAVED_EPOCHS} epochs; mean steps)"
+    )
+    for column in (
+        "mesh",
+        "logging",
+        "runs",
+        "steps timed",
+        "step ms, logging",
+        "step ms, none",
+        "ratio (median of runs)",
+    ):
         table.add_column(column)
     verdicts = []
     for mesh, variants in results["interleaved"].items():
         for name, rows in variants.items():
             ratio = statistics.median(r["ratio"] for r in rows)
             verdicts.append((mesh, name, ratio))
-            table.add_row(mesh, name, str(len(rows)), str(rows[0]["steps"]), f"{statistics.median(r['on_ms'] for r in rows):.3f}",
-                          f"{statistics.median(r['off_ms'] for r in rows):.3f}", f"{ratio:.4f}")
+            table.add_row(
+                mesh,
+                name,
+                str(len(rows)),
+                str(rows[0]["steps"]),
+                f"{statistics.median(r['on_ms'] for r in rows):.3f}",
+                f"{statistics.median(r['off_ms'] for r in rows):.3f}",
+                f"{ratio:.4f}",
+            )
     console.print(table)
-    table = Table(title=f"separate runs, order rotated ({results['epochs']} epochs, medians of {results['repeats']})")
+    table = Table(
+        title=f"separate runs, order rotated ({results['epochs']} epochs, medians of {results['repeats']})"
+    )
     for column in ("mesh", "variant", "step ms", "step ratio", "train s (epochs 2+)", "train ratio"):
         table.add_column(column)
     for mesh, variants in results["runs"].items():
         for name, rows in variants.items():
             ratio = results["ratios"][mesh][name]
-            table.add_row(mesh, name, f"{statistics.median(r['step_ms'] for r in rows):.3f}", f"{ratio['step_ms']:.3f}",
-                          f"{statistics.median(r['train_s'] for r in rows):.3f}", f"{ratio['train_s']:.3f}")
+            table.add_row(
+                mesh,
+                name,
+                f"{statistics.median(r['step_ms'] for r in rows):.3f}",
+                f"{ratio['step_ms']:.3f}",
+                f"{statistics.median(r['train_s'] for r in rows):.3f}",
+                f"{ratio['train_s']:.3f}",
+            )
     console.print(table)
     hooks = results["hook_us_per_step"]
-    console.print("the hooks alone, outside training: " + ", ".join(f"{k} {v:.1f} µs per step" for k, v in hooks.items()))
+    console.print(
+        "the hooks alone, outside training: "
+        + ", ".join(f"{k} {v:.1f} µs per step" for k, v in hooks.items())
+    )
     for mesh, name, ratio in verdicts:
-        verdict = f"target <= {TARGET}: {'PASS' if ratio <= TARGET else 'FAIL'}" if name.startswith("default") else "no target"
-        console.print(f"{mesh}, {name}: step time with logging and progress / without (interleaved): {ratio:.4f} ({verdict})")
+        verdict = (
+            f"target <= {TARGET}: {'PASS' if ratio <= TARGET else 'FAIL'}"
+            if name.startswith("default")
+            else "no target"
+        )
+        console.print(
+            f"{mesh}, {name}: step time with logging and progress / without (interleaved): {ratio:.4f} ({verdict})"
+        )
 
 
 if __name__ == "__main__":

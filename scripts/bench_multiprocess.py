@@ -40,30 +40,56 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--num-samples", type=int, default=1024)
     parser.add_argument("--out", default="bench_multiprocess.json")
-    parser.add_argument("--overrides", nargs="+", default=["layout=dense_model"], help="the run's model and layout")
+    parser.add_argument(
+        "--overrides", nargs="+", default=["layout=dense_model"], help="the run's model and layout"
+    )
     parser.add_argument("--no-kill", action="store_true", help="skip the SIGKILL test")
     args = parser.parse_args()
-    common = [*args.overrides, "train.verbose=0", "cache.enabled=false",
-              f"train.epochs={args.epochs}", f"data.num_samples={args.num_samples}"]
+    common = [
+        *args.overrides,
+        "train.verbose=0",
+        "cache.enabled=false",
+        f"train.epochs={args.epochs}",
+        f"data.num_samples={args.num_samples}",
+    ]
     rows = []
     with tempfile.TemporaryDirectory(prefix="bench-multiprocess-") as work:
         for shape in args.shapes:
             row = {"mesh": shape}
             for label, extra in (("one", []), ("two", ["distributed.local_processes=2"])):
                 run_dir = Path(work) / f"{shape}-{label}"
-                done = run_measured(["train", f"mesh={shape}", *common, *extra, f"hydra.run.dir={run_dir}"], work, timeout=1800)
+                done = run_measured(
+                    ["train", f"mesh={shape}", *common, *extra, f"hydra.run.dir={run_dir}"],
+                    work,
+                    timeout=1800,
+                )
                 if done.returncode != 0:
-                    raise SystemExit(f"mesh={shape} {label} failed ({done.returncode}):\n{done.stderr[-2000:]}")
+                    raise SystemExit(
+                        f"mesh={shape} {label} failed ({done.returncode}):\n{done.stderr[-2000:]}"
+                    )
                 metrics = json.loads((run_dir / "metrics.json").read_text())
-                row[label] = {"wall_s": done.wall_s, "first_step_s": metrics["timing"]["time_to_first_step_s"],
-                              "step_ms": metrics["timing"]["step_time_s"] * 1e3, "losses": metrics["history"]["loss"]}
+                row[label] = {
+                    "wall_s": done.wall_s,
+                    "first_step_s": metrics["timing"]["time_to_first_step_s"],
+                    "step_ms": metrics["timing"]["step_time_s"] * 1e3,
+                    "losses": metrics["history"]["loss"],
+                }
             row["step_ratio"] = row["two"]["step_ms"] / row["one"]["step_ms"]
-            row["max_loss_difference"] = max(abs(a - b) for a, b in zip(row["one"]["losses"], row["two"]["losses"], strict=False))
+            row["max_loss_difference"] = max(
+                abs(a - b) for a, b in zip(row["one"]["losses"], row["two"]["losses"], strict=False)
+            )
             rows.append(row)
-            print(f"mesh {shape}: step {row['one']['step_ms']:.2f} ms -> {row['two']['step_ms']:.2f} ms with 2 processes")
+            print(
+                f"mesh {shape}: step {row['one']['step_ms']:.2f} ms -> {row['two']['step_ms']:.2f} ms with 2 processes"
+            )
         kill_s = None if args.no_kill else time_to_stop_after_a_kill(Path(work))
-    results = {"epochs": args.epochs, "num_samples": args.num_samples, "overrides": args.overrides, "runs": rows,
-               "stop_after_kill_s": kill_s}
+    results = {
+        "epochs": args.epochs,
+        "num_samples": args.num_samples,
+        "overrides": args.overrides,
+        "runs": rows,
+        "stop_after_kill_s": kill_s,
+    }
     Path(args.out).write_text(json.dumps(results, indent=2) + "\n")
     show(results)
     print(f"results: {args.out}")
@@ -73,12 +99,26 @@ def time_to_stop_after_a_kill(work: Path) -> float:
     """Seconds from SIGKILL of process 1 (mid-training) to the launcher's exit."""
     run_dir = work / "killed"
     launcher = subprocess.Popen(
-        [sys.executable, "-m", "meshrun", "train", "distributed.local_processes=2", "mesh=2x4", "train.epochs=100",
-         "data.num_samples=4096", f"hydra.run.dir={run_dir}"],
-        cwd=work, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        [
+            sys.executable,
+            "-m",
+            "meshrun",
+            "train",
+            "distributed.local_processes=2",
+            "mesh=2x4",
+            "train.epochs=100",
+            "data.num_samples=4096",
+            f"hydra.run.dir={run_dir}",
+        ],
+        cwd=work,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     deadline = time.monotonic() + 300
-    while not (run_dir / "process-1.log").exists() or "Epoch 2/" not in (run_dir / "process-1.log").read_text():
+    while (
+        not (run_dir / "process-1.log").exists() or "Epoch 2/" not in (run_dir / "process-1.log").read_text()
+    ):
         if time.monotonic() > deadline or launcher.poll() is not None:
             launcher.kill()
             raise SystemExit("the job to kill never reached its second epoch")
@@ -88,25 +128,44 @@ def time_to_stop_after_a_kill(work: Path) -> float:
     os.kill(pid, signal.SIGKILL)
     _, stderr = launcher.communicate(timeout=120)
     seconds = time.monotonic() - killed_at
-    print(f"after SIGKILL of process 1: exit {launcher.returncode} in {seconds:.2f} s; {stderr.strip().splitlines()[-1]}")
+    print(
+        f"after SIGKILL of process 1: exit {launcher.returncode} in {seconds:.2f} s; {stderr.strip().splitlines()[-1]}"
+    )
     return seconds
 
 
 def show(results: dict) -> None:
     console = Console(width=max(Console().width, 110))
     title = f"one process vs 2 local processes ({' '.join(results['overrides'])}, {results['epochs']} epochs, 8 CPU devices)"
-    table = Table(title=escape(title))  # overrides such as 'mesh.axis_names=[stage,data]' are not rich's markup
-    for column in ("mesh", "wall s (1 / 2)", "first step s (1 / 2)", "step ms (1 / 2)", "step ratio", "max loss diff"):
+    table = Table(
+        title=escape(title)
+    )  # overrides such as 'mesh.axis_names=[stage,data]' are not rich's markup
+    for column in (
+        "mesh",
+        "wall s (1 / 2)",
+        "first step s (1 / 2)",
+        "step ms (1 / 2)",
+        "step ratio",
+        "max loss diff",
+    ):
         table.add_column(column)
     for row in results["runs"]:
         one, two = row["one"], row["two"]
-        table.add_row(row["mesh"], f"{one['wall_s']:.1f} / {two['wall_s']:.1f}", f"{one['first_step_s']:.1f} / {two['first_step_s']:.1f}",
-                      f"{one['step_ms']:.2f} / {two['step_ms']:.2f}", f"{row['step_ratio']:.1f}", f"{row['max_loss_difference']:.1e}")
+        table.add_row(
+            row["mesh"],
+            f"{one['wall_s']:.1f} / {two['wall_s']:.1f}",
+            f"{one['first_step_s']:.1f} / {two['first_step_s']:.1f}",
+            f"{one['step_ms']:.2f} / {two['step_ms']:.2f}",
+            f"{row['step_ratio']:.1f}",
+            f"{row['max_loss_difference']:.1e}",
+        )
     console.print(table)
     if results["stop_after_kill_s"] is None:
         return
     verdict = "PASS" if results["stop_after_kill_s"] < 60 else "FAIL"
-    console.print(f"job stopped {results['stop_after_kill_s']:.2f} s after SIGKILL of process 1 (target < 60 s: {verdict})")
+    console.print(
+        f"job stopped {results['stop_after_kill_s']:.2f} s after SIGKILL of process 1 (target < 60 s: {verdict})"
+    )
 
 
 if __name__ == "__main__":

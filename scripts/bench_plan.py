@@ -42,8 +42,12 @@ RSS_TARGET_BYTES = 2 << 30
 
 TRANSFORMER_MESHES = ("1x8", "2x4", "8x1")
 TRANSFORMER_LAYOUTS = ("transformer_tp", "transformer_fsdp", "transformer_2d")
-LLAMA_7B = ["model=keras_hub", "model.task=LlamaCausalLM", "model.seq_len=2048",
-            "model.backbone={vocabulary_size:32000,num_layers:32,num_query_heads:32,num_key_value_heads:32,hidden_dim:4096,intermediate_dim:11008}"]
+LLAMA_7B = [
+    "model=keras_hub",
+    "model.task=LlamaCausalLM",
+    "model.seq_len=2048",
+    "model.backbone={vocabulary_size:32000,num_layers:32,num_query_heads:32,num_key_value_heads:32,hidden_dim:4096,intermediate_dim:11008}",
+]
 LLAMA_LAYOUTS = ("from_model", "llama_tp", "llama_fsdp", "llama_2d")
 
 
@@ -52,16 +56,31 @@ def jobs() -> list[dict]:
     found = []
     for layout in TRANSFORMER_LAYOUTS:
         for mesh in TRANSFORMER_MESHES:
-            found.append({
-                "model": "transformer/7b", "mesh": mesh, "layout": layout,
-                "overrides": ["model=transformer", "model.preset=7b", f"mesh={mesh}", f"layout={layout}"],
-            })
-    found.append({
-        "model": "two_tower/large", "mesh": "1x8", "layout": "two_tower",
-        "overrides": ["model=two_tower", "model.preset=large", "mesh=1x8", "layout=two_tower"],
-    })
+            found.append(
+                {
+                    "model": "transformer/7b",
+                    "mesh": mesh,
+                    "layout": layout,
+                    "overrides": ["model=transformer", "model.preset=7b", f"mesh={mesh}", f"layout={layout}"],
+                }
+            )
+    found.append(
+        {
+            "model": "two_tower/large",
+            "mesh": "1x8",
+            "layout": "two_tower",
+            "overrides": ["model=two_tower", "model.preset=large", "mesh=1x8", "layout=two_tower"],
+        }
+    )
     for layout in LLAMA_LAYOUTS:
-        found.append({"model": "keras_hub/llama-7b", "mesh": "2x4", "layout": layout, "overrides": [*LLAMA_7B, "mesh=2x4", f"layout={layout}"]})
+        found.append(
+            {
+                "model": "keras_hub/llama-7b",
+                "mesh": "2x4",
+                "layout": layout,
+                "overrides": [*LLAMA_7B, "mesh=2x4", f"layout={layout}"],
+            }
+        )
     return found
 
 
@@ -89,7 +108,9 @@ def summarise(job: dict, runs: list[dict]) -> dict:
     rss = [r["peak_rss_bytes"] for r in runs]
     plan = runs[-1]["plan"]
     result = {
-        "model": job["model"], "mesh": job["mesh"], "layout": job["layout"],
+        "model": job["model"],
+        "mesh": job["mesh"],
+        "layout": job["layout"],
         "command": "meshrun plan " + " ".join(job["overrides"]) + " --json",
         "repeats": len(runs),
         "rc": [r["rc"] for r in runs],
@@ -122,9 +143,17 @@ def gib(count: int) -> str:
 def render(results: list[dict], console: Console) -> None:
     table = Table(title="meshrun plan: wall time and peak RSS of a fresh process (per-device bytes in GiB)")
     for name, justify in (
-        ("model", "left"), ("mesh", "left"), ("layout", "left"), ("status", "left"),
-        ("wall median s", "right"), ("wall max s", "right"), ("peak RSS MiB", "right"),
-        ("params/dev", "right"), ("optimizer/dev", "right"), ("total/dev", "right"), ("lint E/W", "right"),
+        ("model", "left"),
+        ("mesh", "left"),
+        ("layout", "left"),
+        ("status", "left"),
+        ("wall median s", "right"),
+        ("wall max s", "right"),
+        ("peak RSS MiB", "right"),
+        ("params/dev", "right"),
+        ("optimizer/dev", "right"),
+        ("total/dev", "right"),
+        ("lint E/W", "right"),
     ):
         table.add_column(name, justify=justify)
     for r in results:
@@ -133,11 +162,22 @@ def render(results: list[dict], console: Console) -> None:
         else:
             per_device = r["per_device"]
             status = r["status"]
-            params, optimizer, total = (gib(per_device[k]) for k in ("params_bytes", "optimizer_bytes", "total_bytes"))
+            params, optimizer, total = (
+                gib(per_device[k]) for k in ("params_bytes", "optimizer_bytes", "total_bytes")
+            )
             lint = f"{r['errors']}/{r['warnings']}"
         table.add_row(
-            r["model"], r["mesh"], r["layout"], status, f"{r['wall_median_s']:.2f}", f"{r['wall_max_s']:.2f}",
-            f"{r['peak_rss_max_bytes'] / (1 << 20):.0f}", params, optimizer, total, lint,
+            r["model"],
+            r["mesh"],
+            r["layout"],
+            status,
+            f"{r['wall_median_s']:.2f}",
+            f"{r['wall_max_s']:.2f}",
+            f"{r['peak_rss_max_bytes'] / (1 << 20):.0f}",
+            params,
+            optimizer,
+            total,
+            lint,
         )
     console.print(table)
 
@@ -145,8 +185,12 @@ def render(results: list[dict], console: Console) -> None:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=int, default=3, help="fresh subprocesses per job (default 3)")
-    parser.add_argument("--out", type=Path, default=Path("bench_plan.json"), help="results file (default ./bench_plan.json)")
-    parser.add_argument("--timeout", type=float, default=300.0, help="seconds before a plan is killed (default 300)")
+    parser.add_argument(
+        "--out", type=Path, default=Path("bench_plan.json"), help="results file (default ./bench_plan.json)"
+    )
+    parser.add_argument(
+        "--timeout", type=float, default=300.0, help="seconds before a plan is killed (default 300)"
+    )
     args = parser.parse_args(argv)
     if args.repeats < 1:
         parser.error("--repeats must be at least 1")
@@ -160,20 +204,25 @@ def main(argv=None) -> int:
             runs.append(run)
             console.print(
                 f"{job['model']} {job['mesh']} {job['layout']} #{repeat + 1}: rc {run['rc']}, "
-                f"{run['wall_s']:.2f} s, {run['peak_rss_bytes'] / (1 << 20):.0f} MiB", highlight=False,
+                f"{run['wall_s']:.2f} s, {run['peak_rss_bytes'] / (1 << 20):.0f} MiB",
+                highlight=False,
             )
         results.append(summarise(job, runs))
 
     render(results, console)
     within = True
-    for model, mesh, layout in (("transformer/7b", "1x8", "transformer_tp"), ("keras_hub/llama-7b", "2x4", "from_model")):
+    for model, mesh, layout in (
+        ("transformer/7b", "1x8", "transformer_tp"),
+        ("keras_hub/llama-7b", "2x4", "from_model"),
+    ):
         target = next(r for r in results if (r["model"], r["mesh"], r["layout"]) == (model, mesh, layout))
         met = target["wall_max_s"] < WALL_TARGET_S and target["peak_rss_max_bytes"] < RSS_TARGET_BYTES
         within = within and met
         console.print(
             f"{model} on {mesh} ({layout}): max wall {target['wall_max_s']:.2f} s (target < {WALL_TARGET_S:.0f} s), "
             f"max peak RSS {target['peak_rss_max_bytes'] / (1 << 20):.0f} MiB (target < 2048 MiB): "
-            f"{'within' if met else 'OUTSIDE'} the bound", highlight=False,
+            f"{'within' if met else 'OUTSIDE'} the bound",
+            highlight=False,
         )
     report = {
         "benchmark": "meshrun plan",

@@ -37,8 +37,21 @@ COMMON = ["train", "train.epochs=50", "train.verbose=0", "data.num_samples=2048"
 
 def stop_once(args: list[str], folder: Path) -> dict:
     run_dir, checkpoints = folder / "run", folder / "checkpoints"
-    process = subprocess.Popen([sys.executable, "-m", "meshrun", *COMMON, *args, f"checkpoint.dir={checkpoints}", f"hydra.run.dir={run_dir}"],
-                               cwd=folder, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "meshrun",
+            *COMMON,
+            *args,
+            f"checkpoint.dir={checkpoints}",
+            f"hydra.run.dir={run_dir}",
+        ],
+        cwd=folder,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     log = run_dir / "log.jsonl"
     while not (log.exists() and log.read_text().count('"step"') >= 50):
         if process.poll() is not None:
@@ -48,13 +61,20 @@ def stop_once(args: list[str], folder: Path) -> dict:
     process.send_signal(signal.SIGTERM)
     _, stderr = process.communicate(timeout=300)
     exit_s = time.perf_counter() - signalled
-    metrics = json.loads((run_dir / "metrics.json").read_text()) if (run_dir / "metrics.json").exists() else {}
+    metrics = (
+        json.loads((run_dir / "metrics.json").read_text()) if (run_dir / "metrics.json").exists() else {}
+    )
     ok = process.returncode == 143 and metrics.get("status") == "preempted"
     if not ok:
         return {"ok": False, "returncode": process.returncode, "stderr": stderr[-2000:]}
     timing = metrics["timing"]
-    return {"ok": True, "signal_to_exit_s": exit_s, "step": metrics["train"]["stopped"]["step"],
-            "step_time_ms": timing["step_time_s"] * 1e3 if timing["step_time_s"] else None, "checkpoint_s": timing["checkpoint_s"]}
+    return {
+        "ok": True,
+        "signal_to_exit_s": exit_s,
+        "step": metrics["train"]["stopped"]["step"],
+        "step_time_ms": timing["step_time_s"] * 1e3 if timing["step_time_s"] else None,
+        "checkpoint_s": timing["checkpoint_s"],
+    }
 
 
 def main() -> int:
@@ -81,12 +101,22 @@ def main() -> int:
         if not good:
             table.add_row(name, "failed", "", "", "")
             continue
-        figures = {key: statistics.median(r[key] for r in good) for key in ("signal_to_exit_s", "step_time_ms", "checkpoint_s")}
+        figures = {
+            key: statistics.median(r[key] for r in good)
+            for key in ("signal_to_exit_s", "step_time_ms", "checkpoint_s")
+        }
         summary[name] = {**figures, "steps": [r["step"] for r in good]}
-        table.add_row(name, f"{figures['signal_to_exit_s']:.2f} s", ", ".join(str(r["step"]) for r in good),
-                      f"{figures['step_time_ms']:.1f} ms", f"{figures['checkpoint_s']:.2f} s")
+        table.add_row(
+            name,
+            f"{figures['signal_to_exit_s']:.2f} s",
+            ", ".join(str(r["step"]) for r in good),
+            f"{figures['step_time_ms']:.1f} ms",
+            f"{figures['checkpoint_s']:.2f} s",
+        )
     console.print(table)
-    Path(args.out).write_text(json.dumps({"repeats": args.repeats, "summary": summary, "runs": results}, indent=2))
+    Path(args.out).write_text(
+        json.dumps({"repeats": args.repeats, "summary": summary, "runs": results}, indent=2)
+    )
     console.print(f"wrote {args.out}")
     return 1 if failed else 0
 

@@ -83,18 +83,40 @@ ERROR_TEXT = {"error_rule": "matches no variable", "error_data": "data.path"}
 
 # --hub: tiny KerasHub fine-tunes; {inputs} is the folder of the inputs build_hub_inputs makes.
 HUB_COMMON = ["train", "mesh=2x4", "train.epochs=1", "train.verbose=0"]
-GEMMA_TEXT = [*HUB_COMMON, "model=keras_hub", "model.preset={inputs}/gemma", "layout=gemma_tp", "model.seq_len=32", "model.lora.rank=4",
-              "data=text", "data.files={inputs}/corpus.txt"]
+GEMMA_TEXT = [
+    *HUB_COMMON,
+    "model=keras_hub",
+    "model.preset={inputs}/gemma",
+    "layout=gemma_tp",
+    "model.seq_len=32",
+    "model.lora.rank=4",
+    "data=text",
+    "data.files={inputs}/corpus.txt",
+]
 HUB_JOBS = {
-    "hub_synthetic": [*HUB_COMMON, "model=keras_hub", "model.task=LlamaCausalLM", "model.seq_len=32", "layout=from_model",
-                      "model.backbone={{vocabulary_size:512,num_layers:2,num_query_heads:8,num_key_value_heads:4,hidden_dim:64,intermediate_dim:128}}",
-                      "data.num_samples=256", "data.eval_samples=32"],
+    "hub_synthetic": [
+        *HUB_COMMON,
+        "model=keras_hub",
+        "model.task=LlamaCausalLM",
+        "model.seq_len=32",
+        "layout=from_model",
+        "model.backbone={{vocabulary_size:512,num_layers:2,num_query_heads:8,num_key_value_heads:4,hidden_dim:64,intermediate_dim:128}}",
+        "data.num_samples=256",
+        "data.eval_samples=32",
+    ],
     "hub_text": [*GEMMA_TEXT, "data.tokenizer={inputs}/hf/tokenizer.json"],
     "hub_preset_tok": GEMMA_TEXT,
     # and a plan: a KerasHub Llama of Llama-7B's sizes (scripts/bench_plan.py's), built from shapes alone
-    "plan_hub_7b": ["plan", "model=keras_hub", "model.task=LlamaCausalLM", "model.seq_len=2048", "mesh=2x4", "layout=from_model",
-                    "model.backbone={{vocabulary_size:32000,num_layers:32,num_query_heads:32,num_key_value_heads:32,hidden_dim:4096,"
-                    "intermediate_dim:11008}}"],
+    "plan_hub_7b": [
+        "plan",
+        "model=keras_hub",
+        "model.task=LlamaCausalLM",
+        "model.seq_len=2048",
+        "mesh=2x4",
+        "layout=from_model",
+        "model.backbone={{vocabulary_size:32000,num_layers:32,num_query_heads:32,num_key_value_heads:32,hidden_dim:4096,"
+        "intermediate_dim:11008}}",
+    ],
 }
 JOBS.update(HUB_JOBS)
 NEEDS_TENSORFLOW = {"hub_preset_tok"}  # its tokenizer check, made by the warm-up run, needs TensorFlow
@@ -119,8 +141,13 @@ def build_hub_inputs(folder: Path) -> Path:
     """The hub jobs' inputs in `folder` (tests/presets.py, in a process of its own)."""
     folder.mkdir(parents=True, exist_ok=True)
     tests = Path(__file__).resolve().parent.parent / "tests"
-    subprocess.run([sys.executable, "-c", BUILD_HUB_INPUTS, str(folder), str(tests)], check=True, capture_output=True,
-                   env={**os.environ, "KERAS_BACKEND": "jax"}, timeout=600)
+    subprocess.run(
+        [sys.executable, "-c", BUILD_HUB_INPUTS, str(folder), str(tests)],
+        check=True,
+        capture_output=True,
+        env={**os.environ, "KERAS_BACKEND": "jax"},
+        timeout=600,
+    )
     return folder
 
 
@@ -137,7 +164,9 @@ def job_args(name: str, folder: Path, inputs: Path | None) -> list[str]:
     return [*args, f"hydra.run.dir={folder / 'run'}"]
 
 
-def run_job(name: str, checkout: str | None, work: Path, python: str | None = None, inputs: Path | None = None) -> dict:
+def run_job(
+    name: str, checkout: str | None, work: Path, python: str | None = None, inputs: Path | None = None
+) -> dict:
     """One fresh process of job `name` with this checkout's code or `checkout`'s (with interpreter
     `python`, default this one), in a folder of `work`; its figures."""
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
@@ -167,7 +196,12 @@ def training_figures(name: str, returncode: int, run_dir: Path) -> dict:
     if returncode != 0 or metrics.get("status") != "ok":
         return {"ok": False}
     timing = metrics["timing"]
-    figures = {"ok": True, "first_step_s": timing["time_to_first_step_s"], "startup_s": timing["startup_s"], "step_ms": timing["step_time_s"] * 1e3}
+    figures = {
+        "ok": True,
+        "first_step_s": timing["time_to_first_step_s"],
+        "startup_s": timing["startup_s"],
+        "step_ms": timing["step_time_s"] * 1e3,
+    }
     if name == "train_mlp":
         figures.update(losses=metrics["history"]["loss"], eval_loss=metrics["eval"]["loss"])
     return figures
@@ -196,9 +230,19 @@ def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--before", help="another checkout to compare with (run through PYTHONPATH)")
-    parser.add_argument("--sweep", action="store_true", help="also time `meshrun sweep layout=dense_model` (about 15 s a run)")
-    parser.add_argument("--hub", action="store_true", help=f"also time the KerasHub fine-tunes ({', '.join(HUB_JOBS)}; 10-30 s a run)")
-    parser.add_argument("--without-tensorflow", action="store_true", help="also run this checkout in a venv without TensorFlow")
+    parser.add_argument(
+        "--sweep", action="store_true", help="also time `meshrun sweep layout=dense_model` (about 15 s a run)"
+    )
+    parser.add_argument(
+        "--hub",
+        action="store_true",
+        help=f"also time the KerasHub fine-tunes ({', '.join(HUB_JOBS)}; 10-30 s a run)",
+    )
+    parser.add_argument(
+        "--without-tensorflow",
+        action="store_true",
+        help="also run this checkout in a venv without TensorFlow",
+    )
     parser.add_argument("--jobs", nargs="*", default=None, help=f"only these jobs (of {', '.join(JOBS)})")
     parser.add_argument("--out", default="bench_startup.json")
     return parser.parse_args()
@@ -222,14 +266,22 @@ def measure(names: list[str], columns: dict, repeats: int, work: Path, console: 
     failed = False
     for name in names:
         for label in results[name]:
-            run_job(name, columns[label][0], work, python=columns[label][1], inputs=inputs)  # warm-up: compile cache, disk, token cache
+            run_job(
+                name, columns[label][0], work, python=columns[label][1], inputs=inputs
+            )  # warm-up: compile cache, disk, token cache
         for repeat in range(repeats):
             for label in results[name]:
                 figures = run_job(name, columns[label][0], work, python=columns[label][1], inputs=inputs)
                 results[name][label].append(figures)
                 failed |= not figures["ok"]
-                console.print(f"{name} {label} #{repeat + 1}: " + ", ".join(
-                    f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}" for k, v in figures.items() if k not in ("losses", "stderr_tail")))
+                console.print(
+                    f"{name} {label} #{repeat + 1}: "
+                    + ", ".join(
+                        f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}"
+                        for k, v in figures.items()
+                        if k not in ("losses", "stderr_tail")
+                    )
+                )
     return results, failed
 
 
@@ -249,18 +301,35 @@ def summarize(names: list[str], labels: list[str], results: dict, repeats: int) 
         medians = {label: headline(name, runs[label]) if label in runs else None for label in labels}
         ranges = {label: spread(name, runs[label]) if label in runs else None for label in labels}
         target = TARGETS_S.get(name)
-        summary[name] = {"median_s": medians, "range_s": ranges, "target_s": target,
-                         "met": None if target is None or medians["after"] is None else medians["after"] <= target}
+        summary[name] = {
+            "median_s": medians,
+            "range_s": ranges,
+            "target_s": target,
+            "met": None if target is None or medians["after"] is None else medians["after"] <= target,
+        }
         cells = [cell(medians[label], ranges[label], " s", label in runs) for label in labels]
-        table.add_row(name, "time to first step" if name in TRAINING_JOBS else "wall", *cells, f"<= {target} s" if target else "within noise")
+        table.add_row(
+            name,
+            "time to first step" if name in TRAINING_JOBS else "wall",
+            *cells,
+            f"<= {target} s" if target else "within noise",
+        )
         if name in HUB_JOBS and medians.get(NO_TENSORFLOW) is not None and medians["after"] is not None:
             gap = medians["after"] - medians[NO_TENSORFLOW]
             judged = name in TRAINING_JOBS  # the fine-tunes; the plan's gap is for information
             summary[name].update(gap_to_no_tensorflow_s=gap, met=gap <= HUB_GAP_S if judged else None)
-            table.add_row("", f"after - {NO_TENSORFLOW}", *["" for _ in labels[:-1]], f"{gap:+.2f} s", f"<= {HUB_GAP_S} s" if judged else "")
+            table.add_row(
+                "",
+                f"after - {NO_TENSORFLOW}",
+                *["" for _ in labels[:-1]],
+                f"{gap:+.2f} s",
+                f"<= {HUB_GAP_S} s" if judged else "",
+            )
         rss = {label: median_of(runs[label], "rss_mib") if label in runs else None for label in labels}
         summary[name]["rss_mib"] = rss
-        table.add_row("", "peak RSS", *(cell(rss[label], None, " MiB", label in runs, digits=0) for label in labels), "")
+        table.add_row(
+            "", "peak RSS", *(cell(rss[label], None, " MiB", label in runs, digits=0) for label in labels), ""
+        )
         if name == "train_mlp":
             train_mlp_rows(table, summary[name], runs, labels)
     return table, summary
@@ -276,8 +345,16 @@ def cell(value: float | None, width: float | None, unit: str, ran: bool, digits:
 
 def train_mlp_rows(table: Table, summary: dict, runs: dict, labels: list[str]) -> None:
     steps = {label: median_of(runs[label], "step_ms") for label in labels}
-    table.add_row("", "steady step", *(f"{steps[label]:.2f} ms" if steps[label] else "-" for label in labels), "within noise")
-    losses = {label: {tuple(r["losses"]) + (r["eval_loss"],) for r in runs[label] if r.get("ok")} for label in labels}
+    table.add_row(
+        "",
+        "steady step",
+        *(f"{steps[label]:.2f} ms" if steps[label] else "-" for label in labels),
+        "within noise",
+    )
+    losses = {
+        label: {tuple(r["losses"]) + (r["eval_loss"],) for r in runs[label] if r.get("ok")}
+        for label in labels
+    }
     same = len(set().union(*losses.values())) == 1
     summary.update(step_ms=steps, same_losses=same, losses=sorted(set().union(*losses.values())))
     table.add_row("", "losses", *("identical" if same else "DIFFER" for _ in labels), "the same")
@@ -295,9 +372,19 @@ def main() -> int:
         results, failed = measure(names, columns, args.repeats, work, console)
     table, summary = summarize(names, list(columns), results, args.repeats)
     console.print(table)
-    payload = {"machine": {"python": sys.version.split()[0], "platform": platform.platform(), "cpus": os.cpu_count(),
-                           "load_average_at_start": load_at_start, "load_average_at_end": os.getloadavg()},
-               "repeats": args.repeats, "columns": list(columns), "summary": summary, "runs": results}
+    payload = {
+        "machine": {
+            "python": sys.version.split()[0],
+            "platform": platform.platform(),
+            "cpus": os.cpu_count(),
+            "load_average_at_start": load_at_start,
+            "load_average_at_end": os.getloadavg(),
+        },
+        "repeats": args.repeats,
+        "columns": list(columns),
+        "summary": summary,
+        "runs": results,
+    }
     Path(args.out).write_text(json.dumps(payload, indent=2, default=list))
     console.print(f"wrote {args.out}")
     return 1 if failed else 0

@@ -46,8 +46,12 @@ JOBS = {
 def run_once(args: list[str], run_dir: Path) -> dict:
     """One `python -m meshrun train` process: its outside wall and the figures of its metrics.json."""
     started = time.time()
-    done = subprocess.run([sys.executable, "-m", "meshrun", "train", *args, *COMMON, f"hydra.run.dir={run_dir}"],
-                          capture_output=True, text=True, check=False)
+    done = subprocess.run(
+        [sys.executable, "-m", "meshrun", "train", *args, *COMMON, f"hydra.run.dir={run_dir}"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     ended = time.time()
     if done.returncode != 0:
         sys.exit(f"bench_teardown: the run failed (exit {done.returncode}):\n{done.stderr[-3000:]}")
@@ -64,6 +68,7 @@ def run_once(args: list[str], run_dir: Path) -> dict:
 
 def summarise(samples: list[dict]) -> dict:
     """Medians (and the gap's maximum) over the repeats of one job."""
+
     def median(key):
         values = [s[key] for s in samples if s[key] is not None]
         return statistics.median(values) if values else None
@@ -87,16 +92,42 @@ def main() -> None:
                 samples[name].append(run_once(args, Path(scratch) / f"{index}-{repeat}"))
     results = {name: summarise(runs) for name, runs in samples.items()}
 
-    table = Table(title=f"meshrun train: outside wall vs reported wall, median of {options.repeats} (target: gap <= {TARGET_S} s)")
-    for column in ("job", "outside wall s", "timing.wall_s", "gap s", "gap max s", "teardown_s", "exit after write s", "target"):
+    table = Table(
+        title=f"meshrun train: outside wall vs reported wall, median of {options.repeats} (target: gap <= {TARGET_S} s)"
+    )
+    for column in (
+        "job",
+        "outside wall s",
+        "timing.wall_s",
+        "gap s",
+        "gap max s",
+        "teardown_s",
+        "exit after write s",
+        "target",
+    ):
         table.add_column(column, justify="left" if column == "job" else "right")
     for name, r in results.items():
         teardown = "-" if r["teardown_s"] is None else f"{r['teardown_s']:.2f}"
-        table.add_row(name, f"{r['outside_wall_s']:.2f}", f"{r['wall_s']:.2f}", f"{r['gap_s']:.2f}", f"{r['gap_max_s']:.2f}",
-                      teardown, f"{r['exit_after_write_s']:.2f}", "met" if r["meets_target"] else "missed")
+        table.add_row(
+            name,
+            f"{r['outside_wall_s']:.2f}",
+            f"{r['wall_s']:.2f}",
+            f"{r['gap_s']:.2f}",
+            f"{r['gap_max_s']:.2f}",
+            teardown,
+            f"{r['exit_after_write_s']:.2f}",
+            "met" if r["meets_target"] else "missed",
+        )
     Console(width=160).print(table)
-    report = {"python": platform.python_version(), "machine": platform.machine(), "cpus": os.cpu_count(),
-              "repeats": options.repeats, "target_gap_s": TARGET_S, "jobs": results, "samples": samples}
+    report = {
+        "python": platform.python_version(),
+        "machine": platform.machine(),
+        "cpus": os.cpu_count(),
+        "repeats": options.repeats,
+        "target_gap_s": TARGET_S,
+        "jobs": results,
+        "samples": samples,
+    }
     Path(options.out).write_text(json.dumps(report, indent=2) + "\n")
     print(f"wrote {options.out}")
 

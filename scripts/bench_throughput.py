@@ -28,8 +28,12 @@ RUN = ["train", "mesh=2x4", "layout=dense_model", "train.verbose=0", "logging.cs
 def one_run(epochs: int, folder: Path) -> dict:
     """The throughput figures of one fresh run of the main job."""
     run_dir = folder / "run"
-    done = subprocess.run([sys.executable, "-m", "meshrun", *RUN, f"train.epochs={epochs}", f"hydra.run.dir={run_dir}"],
-                          capture_output=True, text=True, cwd=folder)
+    done = subprocess.run(
+        [sys.executable, "-m", "meshrun", *RUN, f"train.epochs={epochs}", f"hydra.run.dir={run_dir}"],
+        capture_output=True,
+        text=True,
+        cwd=folder,
+    )
     if done.returncode:
         raise SystemExit(f"run failed: {done.stderr[-2000:]}")
     metrics = json.loads((run_dir / "metrics.json").read_text())

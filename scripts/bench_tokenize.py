@@ -40,7 +40,9 @@ from pathlib import Path
 os.environ.setdefault("KERAS_BACKEND", "jax")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))  # tests/presets.py builds the presets
+sys.path.insert(
+    0, str(Path(__file__).resolve().parent.parent / "tests")
+)  # tests/presets.py builds the presets
 
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
@@ -60,31 +62,58 @@ def main() -> None:
     documents = [doc for doc in corpus.split("\n\n") if doc]
     size = sum(len(doc.encode("utf-8")) for doc in documents)
     console = Console(width=170)
-    console.print(f"corpus: {size / MB:.1f} MB, {len(documents):,} documents (median {statistics.median(map(len, documents)):.0f} "
-                  f"characters); {available_cores()} cores; chunks of {args.chunk_mb} MB")
+    console.print(
+        f"corpus: {size / MB:.1f} MB, {len(documents):,} documents (median {statistics.median(map(len, documents)):.0f} "
+        f"characters); {available_cores()} cores; chunks of {args.chunk_mb} MB"
+    )
     with tempfile.TemporaryDirectory(prefix="bench-tokenize-") as tmp:
         text = presets.corpus_text()
-        built = {"gemma": presets.gemma_preset(Path(tmp) / "gemma", text), "gpt2": presets.gpt2_preset(Path(tmp) / "gpt2", text)}
+        built = {
+            "gemma": presets.gemma_preset(Path(tmp) / "gemma", text),
+            "gpt2": presets.gpt2_preset(Path(tmp) / "gpt2", text),
+        }
         results = {kind: compare(kind, preset, documents, size, args) for kind, preset in built.items()}
         sweeps = {kind: sweep(preset, documents, size, args) for kind, preset in built.items()}
         corpus_file = Path(tmp) / "corpus.txt"
         corpus_file.write_text("\n\n".join(documents), encoding="utf-8")
         for kind, preset in built.items():
-            results[kind].update(whole_source(preset, corpus_file, Path(tmp) / f"cache-{kind}", size, results[kind]))
+            results[kind].update(
+                whole_source(preset, corpus_file, Path(tmp) / f"cache-{kind}", size, results[kind])
+            )
     report(console, results, sweeps, args)
     if args.out:
-        Path(args.out).write_text(json.dumps({"corpus_bytes": size, "documents": len(documents), "cores": available_cores(),
-                                              "chunk_mb": args.chunk_mb, "results": results, "sweeps": sweeps}, indent=2))
+        Path(args.out).write_text(
+            json.dumps(
+                {
+                    "corpus_bytes": size,
+                    "documents": len(documents),
+                    "cores": available_cores(),
+                    "chunk_mb": args.chunk_mb,
+                    "results": results,
+                    "sweeps": sweeps,
+                },
+                indent=2,
+            )
+        )
 
 
 def parse_args():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--corpus", help="a UTF-8 text file (documents cut at blank lines); default: generated")
+    parser.add_argument(
+        "--corpus", help="a UTF-8 text file (documents cut at blank lines); default: generated"
+    )
     parser.add_argument("--size-mb", type=float, default=50, help="generated corpus size in MB (default 50)")
-    parser.add_argument("--chunk-mb", type=float, default=4, help="MB of documents per encode call in the comparison (default 4)")
+    parser.add_argument(
+        "--chunk-mb",
+        type=float,
+        default=4,
+        help="MB of documents per encode call in the comparison (default 4)",
+    )
     parser.add_argument("--sweep-mb", default="0.25,1,4,16", help="chunk sizes (MB) for meshrun alone")
     parser.add_argument("--repeats", type=int, default=3, help="passes of each (medians; default 3)")
-    parser.add_argument("--sweep-repeats", type=int, default=1, help="passes of each chunk size (medians; default 1)")
+    parser.add_argument(
+        "--sweep-repeats", type=int, default=1, help="passes of each chunk size (medians; default 1)"
+    )
     parser.add_argument("--out", help="write the results as JSON here")
     return parser.parse_args()
 
@@ -118,12 +147,20 @@ def library_encoder(kind: str, preset: Path):
         return lambda texts: processor.encode(texts, out_type=int, num_threads=cores)
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
-    merges = [tuple(line.split(" ")) for line in (assets / "merges.txt").read_text(encoding="utf-8").splitlines() if line]
-    tokenizer = Tokenizer(models.BPE(vocab=json.loads((assets / "vocabulary.json").read_text(encoding="utf-8")), merges=merges))
+    merges = [
+        tuple(line.split(" "))
+        for line in (assets / "merges.txt").read_text(encoding="utf-8").splitlines()
+        if line
+    ]
+    tokenizer = Tokenizer(
+        models.BPE(vocab=json.loads((assets / "vocabulary.json").read_text(encoding="utf-8")), merges=merges)
+    )
     tokenizer.add_special_tokens(list(presets.GPT2_SPECIAL_TOKENS))
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
-    return lambda texts: [encoding.ids for encoding in tokenizer.encode_batch(texts, add_special_tokens=False)]
+    return lambda texts: [
+        encoding.ids for encoding in tokenizer.encode_batch(texts, add_special_tokens=False)
+    ]
 
 
 def timed(encode, chunk) -> tuple[float, float, int]:
@@ -146,8 +183,10 @@ def compare(kind: str, preset: Path, documents: list[str], size: int, args) -> d
     for _ in range(args.repeats):
         totals = {name: [0.0, 0.0, 0] for name in encoders}
         for index, chunk in enumerate(chunks):
-            for name in (("meshrun", "library") if index % 2 == 0 else ("library", "meshrun")):
-                totals[name] = [sum(pair) for pair in zip(totals[name], timed(encoders[name], chunk), strict=True)]
+            for name in ("meshrun", "library") if index % 2 == 0 else ("library", "meshrun"):
+                totals[name] = [
+                    sum(pair) for pair in zip(totals[name], timed(encoders[name], chunk), strict=True)
+                ]
         for name, (wall, cpu, _) in totals.items():
             walls[name].append(wall)
             cpus[name].append(cpu)
@@ -155,7 +194,11 @@ def compare(kind: str, preset: Path, documents: list[str], size: int, args) -> d
     wall = {name: statistics.median(values) for name, values in walls.items()}
     cpu = {name: statistics.median(values) for name, values in cpus.items()}
     return {
-        "tokenizer": tokenizer.description, "backend": tokenizer.backend, "tokens": tokens, "wall_s": walls, "cpu_s": cpus,
+        "tokenizer": tokenizer.description,
+        "backend": tokenizer.backend,
+        "tokens": tokens,
+        "wall_s": walls,
+        "cpu_s": cpus,
         **{f"{name}_mb_per_s": size / MB / seconds for name, seconds in wall.items()},
         **{f"{name}_tokens_per_s": tokens / seconds for name, seconds in wall.items()},
         **{f"{name}_cores_busy": cpu[name] / wall[name] for name in wall},
@@ -170,7 +213,9 @@ def sweep(preset: Path, documents: list[str], size: int, args) -> dict:
     speeds = {}
     for chunk_mb in (float(mb) for mb in args.sweep_mb.split(",")):
         chunks = chunked(documents, chunk_mb * MB)
-        seconds = statistics.median(sum(timed(tokenizer.encode, chunk)[0] for chunk in chunks) for _ in range(args.sweep_repeats))
+        seconds = statistics.median(
+            sum(timed(tokenizer.encode, chunk)[0] for chunk in chunks) for _ in range(args.sweep_repeats)
+        )
         speeds[str(chunk_mb)] = size / MB / seconds
     return speeds
 
@@ -192,17 +237,43 @@ def whole_source(preset: Path, corpus_file: Path, cache_dir: Path, size: int, co
 
 
 def report(console: Console, results: dict, sweeps: dict, args) -> None:
-    table = Table(title=f"encode: meshrun vs the library (medians of {args.repeats}, chunks of {args.chunk_mb} MB)")
-    for column in ("preset", "backend", "MB/s meshrun", "MB/s library", "tokens/s meshrun", "tokens/s library",
-                   "cores busy meshrun", "cores busy library", "time meshrun / library", "CPU time meshrun / library"):
+    table = Table(
+        title=f"encode: meshrun vs the library (medians of {args.repeats}, chunks of {args.chunk_mb} MB)"
+    )
+    for column in (
+        "preset",
+        "backend",
+        "MB/s meshrun",
+        "MB/s library",
+        "tokens/s meshrun",
+        "tokens/s library",
+        "cores busy meshrun",
+        "cores busy library",
+        "time meshrun / library",
+        "CPU time meshrun / library",
+    ):
         table.add_column(column, justify="left" if column in ("preset", "backend") else "right")
     for kind, r in results.items():
-        table.add_row(kind, r["backend"], f"{r['meshrun_mb_per_s']:.2f}", f"{r['library_mb_per_s']:.2f}", f"{r['meshrun_tokens_per_s']:,.0f}",
-                      f"{r['library_tokens_per_s']:,.0f}", f"{r['meshrun_cores_busy']:.2f}", f"{r['library_cores_busy']:.2f}",
-                      f"{r['ratio']:.2f}x", f"{r['cpu_ratio']:.2f}x")
+        table.add_row(
+            kind,
+            r["backend"],
+            f"{r['meshrun_mb_per_s']:.2f}",
+            f"{r['library_mb_per_s']:.2f}",
+            f"{r['meshrun_tokens_per_s']:,.0f}",
+            f"{r['library_tokens_per_s']:,.0f}",
+            f"{r['meshrun_cores_busy']:.2f}",
+            f"{r['library_cores_busy']:.2f}",
+            f"{r['ratio']:.2f}x",
+            f"{r['cpu_ratio']:.2f}x",
+        )
     console.print(table)
-    console.print("data=text's whole pass on a cache miss (read, encode, pack, write): "
-                  + ", ".join(f"{kind} {r['data_text_mb_per_s']:.2f} MB/s, {r['data_text_ratio']:.2f}x the library's encode time" for kind, r in results.items()))
+    console.print(
+        "data=text's whole pass on a cache miss (read, encode, pack, write): "
+        + ", ".join(
+            f"{kind} {r['data_text_mb_per_s']:.2f} MB/s, {r['data_text_ratio']:.2f}x the library's encode time"
+            for kind, r in results.items()
+        )
+    )
     sweep_table = Table(title=f"meshrun encode MB/s by chunk size (medians of {args.sweep_repeats})")
     sweep_table.add_column("preset")
     chunk_sizes = list(next(iter(sweeps.values())))

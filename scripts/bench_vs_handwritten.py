@@ -46,16 +46,34 @@ def run_once(tool, mesh, epochs, args, workdir):
     if tool == "meshrun":
         command = [
             # No compilation cache: the hand-written script compiles every time too.
-            "meshrun", "train", f"mesh={mesh}", "layout=dense_model", "train.verbose=0", "cache.enabled=false",
-            "data.shuffle=false", f"data.num_samples={args.num_samples}",
-            f"train.batch_size={args.batch_size}", f"train.epochs={epochs}", f"hydra.run.dir={out}",
+            "meshrun",
+            "train",
+            f"mesh={mesh}",
+            "layout=dense_model",
+            "train.verbose=0",
+            "cache.enabled=false",
+            "data.shuffle=false",
+            f"data.num_samples={args.num_samples}",
+            f"train.batch_size={args.batch_size}",
+            f"train.epochs={epochs}",
+            f"hydra.run.dir={out}",
             *args.meshrun_override,
         ]
     else:
         command = [
-            sys.executable, str(HANDWRITTEN), "--mesh", mesh, "--epochs", str(epochs), "--no-shuffle",
-            "--num-samples", str(args.num_samples), "--batch-size", str(args.batch_size),
-            "--json-out", str(out / "result.json"),
+            sys.executable,
+            str(HANDWRITTEN),
+            "--mesh",
+            mesh,
+            "--epochs",
+            str(epochs),
+            "--no-shuffle",
+            "--num-samples",
+            str(args.num_samples),
+            "--batch-size",
+            str(args.batch_size),
+            "--json-out",
+            str(out / "result.json"),
         ]
     for attempt in range(1, ABORT_RETRIES + 1):
         started = time.perf_counter()
@@ -64,19 +82,28 @@ def run_once(tool, mesh, epochs, args, workdir):
         if proc.returncode not in (-6, 134):  # SIGABRT: XLA's CPU all-reduce rendezvous timed out
             break
         ABORTS[tool] += 1
-        print(f"{tool} {mesh} epochs {epochs}: aborted by XLA (rendezvous deadlock), attempt {attempt}", flush=True)
+        print(
+            f"{tool} {mesh} epochs {epochs}: aborted by XLA (rendezvous deadlock), attempt {attempt}",
+            flush=True,
+        )
     if proc.returncode != 0:
         sys.exit(f"{tool} failed (exit {proc.returncode}): {' '.join(command)}\n{proc.stderr[-3000:]}")
     if tool == "meshrun":
         m = json.loads((out / "metrics.json").read_text())
         return {
-            "wall_s": wall, "time_to_first_step_s": m["timing"]["time_to_first_step_s"],
-            "loss": m["history"]["loss"], "reported_step_s": m["timing"]["step_time_s"],
+            "wall_s": wall,
+            "time_to_first_step_s": m["timing"]["time_to_first_step_s"],
+            "loss": m["history"]["loss"],
+            "reported_step_s": m["timing"]["step_time_s"],
             "steps_per_epoch": m["train"]["steps_per_epoch"],
         }
     r = json.loads((out / "result.json").read_text())
-    return {"wall_s": wall, "time_to_first_step_s": r["time_to_first_step_s"], "loss": r["history"]["loss"],
-            "reported_step_s": r["step_time_s"]}
+    return {
+        "wall_s": wall,
+        "time_to_first_step_s": r["time_to_first_step_s"],
+        "loss": r["history"]["loss"],
+        "reported_step_s": r["step_time_s"],
+    }
 
 
 def summarize(runs, args):
@@ -113,8 +140,10 @@ def summarize(runs, args):
 
 
 def report(summaries, args):
-    table = Table(title=f"meshrun vs hand-written Keras (epochs {args.epochs[0]} and {args.epochs[1]}, "
-                        f"{args.num_samples // args.batch_size} steps/epoch, {args.repeats} repeats)")
+    table = Table(
+        title=f"meshrun vs hand-written Keras (epochs {args.epochs[0]} and {args.epochs[1]}, "
+        f"{args.num_samples // args.batch_size} steps/epoch, {args.repeats} repeats)"
+    )
     for column in ("mesh", "measure", "meshrun", "handwritten", "value", "target", "verdict"):
         table.add_column(column, justify="left" if column in ("mesh", "measure") else "right")
 
@@ -126,19 +155,45 @@ def report(summaries, args):
     for mesh, s in summaries.items():
         mr, hw = s["meshrun"], s["handwritten"]
         positive = mr["step_s"] > 0 and hw["step_s"] > 0
-        table.add_row(mesh, "step ms, external: ratio", f"{mr['step_s'] * 1e3:.3f}", f"{hw['step_s'] * 1e3:.3f}",
-                      f"{s['step_ratio']:.3f}", "<= 1.05", verdict(s["step_ratio"] <= 1.05, positive))
-        table.add_row("", "step ms, in-process median: ratio", f"{mr['reported_step_s'] * 1e3:.3f}",
-                      f"{hw['reported_step_s'] * 1e3:.3f}", f"{s['inprocess_step_ratio']:.3f}", "<= 1.05",
-                      verdict(s["inprocess_step_ratio"] <= 1.05))
-        table.add_row("", "first step s: difference", f"{mr['time_to_first_step_s']:.2f}",
-                      f"{hw['time_to_first_step_s']:.2f}", f"{s['first_step_diff_s']:+.2f}", "<= 1.5",
-                      verdict(s["first_step_diff_s"] <= 1.5))
-        table.add_row("", "step ms, reported/external", f"{mr['reported_step_s'] * 1e3:.3f}", "",
-                      f"{s['reported_vs_external']:.3f}", "0.90-1.10",
-                      verdict(abs(s["reported_vs_external"] - 1) <= 0.10, mr["step_s"] > 0))
-        table.add_row("", "loss max abs diff", "", "", f"{s['loss_max_abs_diff']:.1e}", "(info)", "",
-                      end_section=True)
+        table.add_row(
+            mesh,
+            "step ms, external: ratio",
+            f"{mr['step_s'] * 1e3:.3f}",
+            f"{hw['step_s'] * 1e3:.3f}",
+            f"{s['step_ratio']:.3f}",
+            "<= 1.05",
+            verdict(s["step_ratio"] <= 1.05, positive),
+        )
+        table.add_row(
+            "",
+            "step ms, in-process median: ratio",
+            f"{mr['reported_step_s'] * 1e3:.3f}",
+            f"{hw['reported_step_s'] * 1e3:.3f}",
+            f"{s['inprocess_step_ratio']:.3f}",
+            "<= 1.05",
+            verdict(s["inprocess_step_ratio"] <= 1.05),
+        )
+        table.add_row(
+            "",
+            "first step s: difference",
+            f"{mr['time_to_first_step_s']:.2f}",
+            f"{hw['time_to_first_step_s']:.2f}",
+            f"{s['first_step_diff_s']:+.2f}",
+            "<= 1.5",
+            verdict(s["first_step_diff_s"] <= 1.5),
+        )
+        table.add_row(
+            "",
+            "step ms, reported/external",
+            f"{mr['reported_step_s'] * 1e3:.3f}",
+            "",
+            f"{s['reported_vs_external']:.3f}",
+            "0.90-1.10",
+            verdict(abs(s["reported_vs_external"] - 1) <= 0.10, mr["step_s"] > 0),
+        )
+        table.add_row(
+            "", "loss max abs diff", "", "", f"{s['loss_max_abs_diff']:.1e}", "(info)", "", end_section=True
+        )
     console = Console()
     console.width = max(console.width, 100)  # piped output defaults to 80 columns
     console.print(table)
@@ -149,10 +204,18 @@ def honesty_only(args, meshes, workdir):
     comparison can afford: reported median step vs the step time measured from outside."""
     e1, e2 = args.epochs
     steps = args.num_samples // args.batch_size
-    table = Table(title=f"meshrun reported vs external step time (epochs {e1} and {e2}, {steps} steps/epoch, "
-                        f"{args.repeats} repeats)")
-    for column in ("mesh", "external ms (median walls)", "external ms (min walls)", "reported ms",
-                   "reported/external (min)", "verdict"):
+    table = Table(
+        title=f"meshrun reported vs external step time (epochs {e1} and {e2}, {steps} steps/epoch, "
+        f"{args.repeats} repeats)"
+    )
+    for column in (
+        "mesh",
+        "external ms (median walls)",
+        "external ms (min walls)",
+        "reported ms",
+        "reported/external (min)",
+        "verdict",
+    ):
         table.add_column(column, justify="right")
     results = {}
     for mesh in meshes:
@@ -162,17 +225,31 @@ def honesty_only(args, meshes, workdir):
                 r = run_once("meshrun", mesh, epochs, args, workdir)
                 walls[epochs].append(r["wall_s"])
                 reported.append(r["reported_step_s"])
-                print(f"repeat {repeat + 1}/{args.repeats} mesh {mesh} epochs {epochs}: wall {r['wall_s']:.2f} s, "
-                      f"reported step {r['reported_step_s'] * 1e3:.3f} ms", flush=True)
+                print(
+                    f"repeat {repeat + 1}/{args.repeats} mesh {mesh} epochs {epochs}: wall {r['wall_s']:.2f} s, "
+                    f"reported step {r['reported_step_s'] * 1e3:.3f} ms",
+                    flush=True,
+                )
         # The fastest wall of each length is the least disturbed one: on a small shared machine a
         # run now and then loses seconds to things outside training (seen: exits 11 s late).
         by_median = (statistics.median(walls[e2]) - statistics.median(walls[e1])) / ((e2 - e1) * steps)
         by_min = (min(walls[e2]) - min(walls[e1])) / ((e2 - e1) * steps)
         ratio = statistics.median(reported) / by_min
-        results[mesh] = {"external_step_s_median_walls": by_median, "external_step_s_min_walls": by_min,
-                         "reported_step_s": statistics.median(reported), "ratio": ratio, "walls": walls}
-        table.add_row(mesh, f"{by_median * 1e3:.3f}", f"{by_min * 1e3:.3f}", f"{statistics.median(reported) * 1e3:.3f}",
-                      f"{ratio:.3f}", "[green]PASS[/]" if abs(ratio - 1) <= 0.10 else "[red]FAIL[/]")
+        results[mesh] = {
+            "external_step_s_median_walls": by_median,
+            "external_step_s_min_walls": by_min,
+            "reported_step_s": statistics.median(reported),
+            "ratio": ratio,
+            "walls": walls,
+        }
+        table.add_row(
+            mesh,
+            f"{by_median * 1e3:.3f}",
+            f"{by_min * 1e3:.3f}",
+            f"{statistics.median(reported) * 1e3:.3f}",
+            f"{ratio:.3f}",
+            "[green]PASS[/]" if abs(ratio - 1) <= 0.10 else "[red]FAIL[/]",
+        )
     Console(width=120).print(table)
     return results
 
@@ -184,11 +261,18 @@ def main():
     parser.add_argument("--epochs", type=int, nargs=2, default=(2, 6), metavar=("E1", "E2"))
     parser.add_argument("--num-samples", type=int, default=4096)
     parser.add_argument("--batch-size", type=int, default=16)
-    parser.add_argument("--meshrun-override", action="append", default=[],
-                        help="extra Hydra override for meshrun, e.g. devices.platform=cpu (repeatable)")
+    parser.add_argument(
+        "--meshrun-override",
+        action="append",
+        default=[],
+        help="extra Hydra override for meshrun, e.g. devices.platform=cpu (repeatable)",
+    )
     parser.add_argument("--out", default=None, help="results JSON (default: a new temp dir)")
-    parser.add_argument("--honesty-only", action="store_true",
-                        help="run meshrun alone and check its reported step time against the external one")
+    parser.add_argument(
+        "--honesty-only",
+        action="store_true",
+        help="run meshrun alone and check its reported step time against the external one",
+    )
     args = parser.parse_args()
     if not args.epochs[0] < args.epochs[1]:
         parser.error("--epochs E1 E2 needs E1 < E2")
@@ -207,8 +291,11 @@ def main():
                 for tool in TOOLS if repeat % 2 == 0 else TOOLS[::-1]:
                     r = run_once(tool, mesh, epochs, args, workdir)
                     runs[mesh][tool][epochs].append(r)
-                    print(f"repeat {repeat + 1}/{args.repeats} mesh {mesh} epochs {epochs} {tool}: "
-                          f"wall {r['wall_s']:.2f} s, first step {r['time_to_first_step_s']:.2f} s", flush=True)
+                    print(
+                        f"repeat {repeat + 1}/{args.repeats} mesh {mesh} epochs {epochs} {tool}: "
+                        f"wall {r['wall_s']:.2f} s, first step {r['time_to_first_step_s']:.2f} s",
+                        flush=True,
+                    )
 
     summaries = {mesh: summarize(runs[mesh], args) for mesh in meshes}
     report(summaries, args)

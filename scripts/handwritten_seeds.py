@@ -90,8 +90,11 @@ def main():
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--seed", type=int, default=1337)
     parser.add_argument("--no-shuffle", action="store_true", help="like meshrun's data.shuffle=false")
-    parser.add_argument("--keras-async", action="store_true",
-                        help="leave Keras' asynchronous log fetching on (may deadlock on CPU devices)")
+    parser.add_argument(
+        "--keras-async",
+        action="store_true",
+        help="leave Keras' asynchronous log fetching on (may deadlock on CPU devices)",
+    )
     parser.add_argument("--json-out", default=None)
     args = parser.parse_args()
 

@@ -53,9 +53,10 @@ def static_figures() -> dict:
         "modules_loaded_by_parsing_a_config": _modules_loaded(
             "from meshrun.config import parse_run_config\n"
             "parse_run_config({'mesh': {'shape': '2x4'}, 'model': {'name': 'dense_model'}})"
-            if _has_reexport() else
-            "from meshrun.config.parse import parse_run_config\n"
-            "parse_run_config({'mesh': {'shape': '2x4'}, 'model': {'name': 'dense_model'}})"),
+            if _has_reexport()
+            else "from meshrun.config.parse import parse_run_config\n"
+            "parse_run_config({'mesh': {'shape': '2x4'}, 'model': {'name': 'dense_model'}})"
+        ),
         **sizes(root),
     }
 
@@ -67,7 +68,9 @@ def _has_reexport() -> bool:
 
 
 def _modules_loaded(code: str) -> int:
-    done = subprocess.run([sys.executable, "-c", _LOADED.format(code=code)], capture_output=True, text=True, check=True)
+    done = subprocess.run(
+        [sys.executable, "-c", _LOADED.format(code=code)], capture_output=True, text=True, check=True
+    )
     return int(done.stdout.split()[-1])
 
 
@@ -131,8 +134,10 @@ def sizes(root: Path) -> dict:
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 length = node.end_lineno - node.lineno + 1
                 longest = max(longest, (f"{name}:{node.name}", length), key=lambda pair: pair[1])
-    return {"largest_module": {"path": largest[0], "lines": largest[1]},
-            "longest_function": {"name": longest[0], "lines": longest[1]}}
+    return {
+        "largest_module": {"path": largest[0], "lines": largest[1]},
+        "longest_function": {"name": longest[0], "lines": longest[1]},
+    }
 
 
 def time_commands(pythons: dict[str, str], repeats: int) -> dict:
@@ -143,18 +148,27 @@ def time_commands(pythons: dict[str, str], repeats: int) -> dict:
             for command, args in COMMANDS.items():
                 for label, python in pythons.items():
                     started = time.perf_counter()
-                    done = subprocess.run([python, "-m", "meshrun", *args], cwd=cwd, capture_output=True, text=True)
+                    done = subprocess.run(
+                        [python, "-m", "meshrun", *args], cwd=cwd, capture_output=True, text=True
+                    )
                     walls[label][command].append(time.perf_counter() - started)
                     if done.returncode != 0:
-                        raise SystemExit(f"{label}: meshrun {' '.join(args)} exited {done.returncode}: {done.stderr[-500:]}")
-    return {label: {command: round(statistics.median(times), 3) for command, times in by.items()} for label, by in walls.items()}
+                        raise SystemExit(
+                            f"{label}: meshrun {' '.join(args)} exited {done.returncode}: {done.stderr[-500:]}"
+                        )
+    return {
+        label: {command: round(statistics.median(times), 3) for command, times in by.items()}
+        for label, by in walls.items()
+    }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--baseline-python", help="an interpreter whose meshrun is the tree to compare with")
-    parser.add_argument("--static", action="store_true", help="print this tree's static figures as JSON and stop")
+    parser.add_argument(
+        "--static", action="store_true", help="print this tree's static figures as JSON and stop"
+    )
     parser.add_argument("--out", help="also write the figures to this JSON file")
     args = parser.parse_args()
     if args.static:
@@ -163,7 +177,9 @@ def main() -> None:
     figures = {"this": static_figures()}
     pythons = {"this": sys.executable}
     if args.baseline_python:
-        done = subprocess.run([args.baseline_python, __file__, "--static"], capture_output=True, text=True, check=True)
+        done = subprocess.run(
+            [args.baseline_python, __file__, "--static"], capture_output=True, text=True, check=True
+        )
         figures["baseline"] = json.loads(done.stdout.splitlines()[-1])
         pythons["baseline"] = args.baseline_python
     for label, walls in time_commands(pythons, args.repeats).items():

@@ -34,10 +34,25 @@ absl.logging.get_absl_handler().python_handler.stream = sys.__stderr__
 # runs the files on two workers (pytest-xdist, --dist loadfile), each file on one worker from start to
 # end, handing them out in the order collected: these go first so that the workers end together on
 # small files, not one of them alone on a slow file for minutes at the end.
-SLOWEST_FILES = ("test_pipeline_config.py", "test_preemption.py", "test_zoo.py", "test_slurm.py", "test_pipeline_hub.py",
-                 "test_generate.py", "test_keras_hub.py", "test_lora.py", "test_bench_gpu.py", "test_multiprocess.py",
-                 "test_checkpoint.py", "test_text_finetune.py", "test_page_faults.py", "test_sweep.py",
-                 "test_without_tensorflow.py", "test_user_models.py", "test_auto_layout.py")
+SLOWEST_FILES = (
+    "test_pipeline_config.py",
+    "test_preemption.py",
+    "test_zoo.py",
+    "test_slurm.py",
+    "test_pipeline_hub.py",
+    "test_generate.py",
+    "test_keras_hub.py",
+    "test_lora.py",
+    "test_bench_gpu.py",
+    "test_multiprocess.py",
+    "test_checkpoint.py",
+    "test_text_finetune.py",
+    "test_page_faults.py",
+    "test_sweep.py",
+    "test_without_tensorflow.py",
+    "test_user_models.py",
+    "test_auto_layout.py",
+)
 
 
 # The suite's layers (README "Run the tests"): a test marked with none of these is a unit test.
@@ -110,7 +125,9 @@ def one_error_line(done) -> str:
     """The one `meshrun: error:` line of a run rejected with exit status 2 (asserting that is
     all it printed)."""
     lines = done.stderr.strip().splitlines()
-    assert done.returncode == 2 and len(lines) == 1 and lines[0].startswith("meshrun: error: "), done.stderr[-2000:]
+    assert done.returncode == 2 and len(lines) == 1 and lines[0].startswith("meshrun: error: "), done.stderr[
+        -2000:
+    ]
     return lines[0]
 
 
@@ -206,9 +223,18 @@ def text_files(tmp_path_factory) -> TextFiles:
     corpus.write_text(corpus_text())
     records = instruction_records(400)
     instructions.write_text("".join(json.dumps(r) + "\n" for r in records))
-    tokenizer_text = corpus.read_text() + "\n\n" + "\n".join(INSTRUCTION_PROMPT.format(**r) + r["response"] for r in records)
-    return TextFiles(root=root, corpus=corpus, instructions=instructions,
-                     gemma=gemma_preset(root / "gemma", tokenizer_text, num_key_value_heads=4), gpt2=gpt2_preset(root / "gpt2", tokenizer_text))
+    tokenizer_text = (
+        corpus.read_text()
+        + "\n\n"
+        + "\n".join(INSTRUCTION_PROMPT.format(**r) + r["response"] for r in records)
+    )
+    return TextFiles(
+        root=root,
+        corpus=corpus,
+        instructions=instructions,
+        gemma=gemma_preset(root / "gemma", tokenizer_text, num_key_value_heads=4),
+        gpt2=gpt2_preset(root / "gpt2", tokenizer_text),
+    )
 
 
 class LogRecords(logging.Handler):

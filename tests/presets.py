@@ -30,8 +30,15 @@ from meshrun.text import tokenizer_training
 VOCABULARY_SIZE = 512
 SEQUENCE_LENGTH = 64
 SEED = 0
-SHAPE = PresetShape(vocabulary_size=VOCABULARY_SIZE, num_layers=2, hidden_dim=64, num_query_heads=4, num_key_value_heads=2,
-                    sequence_length=SEQUENCE_LENGTH, seed=SEED)
+SHAPE = PresetShape(
+    vocabulary_size=VOCABULARY_SIZE,
+    num_layers=2,
+    hidden_dim=64,
+    num_query_heads=4,
+    num_key_value_heads=2,
+    sequence_length=SEQUENCE_LENGTH,
+    seed=SEED,
+)
 KEY = "vocabulary_size"  # what an error about the vocabulary would name
 
 HF_SPECIAL_TOKENS = ("<|begin_of_text|>", "<|end_of_text|>")
@@ -62,8 +69,16 @@ UNICODE_WORDS = ("café", "naïve", "résumé", "Zürich", "über", "東京", "�
 
 # Facts an instruction-tuned tiny model can learn: "What colour is the sky?" -> "blue".
 COLOUR_OF = {
-    "the sky": "blue", "grass": "green", "snow": "white", "coal": "black", "a banana": "yellow",
-    "blood": "red", "an orange": "orange", "a plum": "purple", "ash": "grey", "soil": "brown",
+    "the sky": "blue",
+    "grass": "green",
+    "snow": "white",
+    "coal": "black",
+    "a banana": "yellow",
+    "blood": "red",
+    "an orange": "orange",
+    "a plum": "purple",
+    "ash": "grey",
+    "soil": "brown",
 }
 COLOURS = ("red", "blue", "green", "yellow", "white", "black")
 
@@ -97,7 +112,9 @@ def _sentence(rng: random.Random) -> str:
     if kind < 0.2:
         words.insert(rng.randrange(len(words)), f"in {rng.choice(YEARS)}")
     elif kind < 0.3:
-        words.insert(rng.randrange(len(words)), str(rng.choice([rng.randint(0, 99), rng.randint(100, 99_999)])))
+        words.insert(
+            rng.randrange(len(words)), str(rng.choice([rng.randint(0, 99), rng.randint(100, 99_999)]))
+        )
     if kind < 0.45:
         words.insert(rng.randrange(len(words)), rng.choice(CONTRACTIONS))
     if kind < 0.5:
@@ -133,11 +150,14 @@ def _colour_record(rng: random.Random) -> dict:
 
 # --- tokenizers -----------------------------------------------------------------------------------
 
+
 def sentencepiece_proto(text: str, vocabulary_size: int = VOCABULARY_SIZE) -> bytes:
     """A SentencePiece model (serialized proto) trained on the lines of `text`, set up as Gemma's:
     pad=0, eos=1, bos=2, unk=3, BPE with byte fallback, digits split, no whitespace normalisation
     and no dummy prefix (so decoding gives back the text exactly)."""
-    return tokenizer_training.sentencepiece_proto([text], vocabulary_size, tokenizer_training.GEMMA_SENTENCEPIECE, KEY)
+    return tokenizer_training.sentencepiece_proto(
+        [text], vocabulary_size, tokenizer_training.GEMMA_SENTENCEPIECE, KEY
+    )
 
 
 def byte_level_bpe(text: str, special_tokens: tuple[str, ...], vocabulary_size: int = VOCABULARY_SIZE):
@@ -159,6 +179,7 @@ def hf_tokenizer_json(path, text: str, vocabulary_size: int = VOCABULARY_SIZE) -
 
 
 # --- presets: meshrun preset's families at the tests' sizes ---------------------------------------
+
 
 def gemma_preset(path, text: str, num_key_value_heads: int = 1, dropout: float = 0.0) -> Path:
     """A tiny Gemma (SentencePiece tokenizer trained on `text`) saved as a KerasHub preset in

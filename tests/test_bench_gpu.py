@@ -11,7 +11,11 @@ from pathlib import Path
 import pytest
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "bench_gpu.py"
-EXPECTED = {"transformer-tiny": {"meshrun", "keras", "jax"}, "mlp": {"meshrun", "keras"}, "llama-tiny": {"meshrun", "keras"}}
+EXPECTED = {
+    "transformer-tiny": {"meshrun", "keras", "jax"},
+    "mlp": {"meshrun", "keras"},
+    "llama-tiny": {"meshrun", "keras"},
+}
 
 
 def load_script():
@@ -27,8 +31,12 @@ def bench(tmp_path_factory):
     """One run of the small set on CPU (about 90 s on 2 cores): its exit status, stdout and JSON."""
     workdir = tmp_path_factory.mktemp("bench_gpu")
     out = workdir / "bench.json"
-    done = subprocess.run([sys.executable, str(SCRIPT), "--scale", "small", "--json-out", str(out), "--workdir", str(workdir)],
-                          capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [sys.executable, str(SCRIPT), "--scale", "small", "--json-out", str(out), "--workdir", str(workdir)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     return done.stdout, json.loads(out.read_text())
 
@@ -49,7 +57,9 @@ def test_every_model_and_variant_is_measured(bench):
             assert figures["samples_per_s"] == pytest.approx(model["batch_size"] / figures["step_s"])
             assert figures["compile_s"] > 0, (name, variant)
             if model["tokens_per_step"]:
-                assert figures["tokens_per_s"] == pytest.approx(figures["samples_per_s"] * model["tokens_per_step"] / model["batch_size"])
+                assert figures["tokens_per_s"] == pytest.approx(
+                    figures["samples_per_s"] * model["tokens_per_step"] / model["batch_size"]
+                )
 
 
 @pytest.mark.e2e
@@ -86,7 +96,11 @@ def test_cpu_has_no_mfu_live_memory_or_verdicts(bench):
     for name, model in report["models"].items():
         assert model["peak_flops_per_device"] is None
         for figures in model["variants"].values():
-            assert figures["mfu_xla"] is None and figures["mfu_analytic"] is None and figures["live_peak_bytes"] is None
+            assert (
+                figures["mfu_xla"] is None
+                and figures["mfu_analytic"] is None
+                and figures["live_peak_bytes"] is None
+            )
         memory = model["memory"]
         # XLA's estimate holds the parameters and optimizer state the plan counts, and more.
         assert 0 < memory["planned_bytes"] <= memory["compiled_peak_bytes"], name
@@ -120,8 +134,25 @@ def test_stdout_has_the_tables_and_the_versions(bench):
 @pytest.mark.e2e
 def test_a_failed_run_is_recorded_and_the_benchmark_exits_1(tmp_path):
     out = tmp_path / "bench.json"
-    done = subprocess.run([sys.executable, str(SCRIPT), "--scale", "small", "--models", "mlp", "--meshrun-override", "no_such.key=1",
-                           "--json-out", str(out), "--workdir", str(tmp_path)], capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(SCRIPT),
+            "--scale",
+            "small",
+            "--models",
+            "mlp",
+            "--meshrun-override",
+            "no_such.key=1",
+            "--json-out",
+            str(out),
+            "--workdir",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 1, done.stderr[-2000:]
     assert "no_such.key" in done.stderr
     report = json.loads(out.read_text())
@@ -131,10 +162,16 @@ def test_a_failed_run_is_recorded_and_the_benchmark_exits_1(tmp_path):
 def test_targets_say_by_how_much_a_gpu_run_misses_them():
     bench_gpu = load_script()
     results = {
-        "transformer-1b": {"ratios": {"meshrun/keras": 1.10}, "memory": {"live_over_planned": 1.05, "live_over_compiled": 0.7},
-                           "variants": {"meshrun": {"mfu_xla": 0.31}}},
-        "mlp": {"ratios": {"meshrun/keras": 1.01}, "memory": {"live_over_planned": 3.0, "live_over_compiled": None},
-                "variants": {"meshrun": {"mfu_xla": 0.01}}},
+        "transformer-1b": {
+            "ratios": {"meshrun/keras": 1.10},
+            "memory": {"live_over_planned": 1.05, "live_over_compiled": 0.7},
+            "variants": {"meshrun": {"mfu_xla": 0.31}},
+        },
+        "mlp": {
+            "ratios": {"meshrun/keras": 1.01},
+            "memory": {"live_over_planned": 3.0, "live_over_compiled": None},
+            "variants": {"meshrun": {"mfu_xla": 0.01}},
+        },
     }
     rows = {row["target"]: row for row in bench_gpu.targets(results, {"platform": "gpu"})}
     assert rows["transformer-1b: meshrun/keras step"]["verdict"] == "missed"
@@ -143,7 +180,10 @@ def test_targets_say_by_how_much_a_gpu_run_misses_them():
     assert rows["transformer-1b: live peak / compiled estimate"]["off_by"] == pytest.approx(-0.3)
     assert rows["transformer-1b: MFU (XLA FLOPs)"]["verdict"] == "missed"
     assert rows["transformer-1b: MFU (XLA FLOPs)"]["off_by"] == pytest.approx(-0.09)
-    assert rows["mlp: meshrun/keras step"]["verdict"] == "met" and rows["mlp: meshrun/keras step"]["off_by"] is None
+    assert (
+        rows["mlp: meshrun/keras step"]["verdict"] == "met"
+        and rows["mlp: meshrun/keras step"]["off_by"] is None
+    )
     assert rows["mlp: live peak / plan"]["verdict"] == "missed"
     assert rows["mlp: live peak / compiled estimate"]["verdict"] == "n/a"  # no figure: never a verdict
 
@@ -169,7 +209,11 @@ def test_the_analytic_flops_of_the_1b_preset_follow_palm():
     model = next(m for m in bench_gpu.CATALOG["full"] if m.name == "transformer-1b")
     flops = bench_gpu.analytic_flops(model, batch=8, meshrun_six_n=None)
     layers, width, ff, vocab, seq = 24, 2048, 8192, 32000, 2048
-    matmul_params = layers * (4 * width * width + 2 * width * ff + 4 * width + ff + width + 4 * width) + 2 * width + width * vocab
+    matmul_params = (
+        layers * (4 * width * width + 2 * width * ff + 4 * width + ff + width + 4 * width)
+        + 2 * width
+        + width * vocab
+    )
     tokens = 8 * seq
     assert flops["six_n"] == 6 * matmul_params * tokens
     assert flops["attention"] == 12 * layers * width * seq * tokens

@@ -24,7 +24,9 @@ def made(tmp_path, mode: int):
 
 
 def test_a_missing_cache_dir_passes_and_is_left_for_the_cache_to_make(tmp_path):
-    assert private_dir(tmp_path / "new" / "xla", "cache.dir", shared=False, what=XLA) == tmp_path / "new" / "xla"
+    assert (
+        private_dir(tmp_path / "new" / "xla", "cache.dir", shared=False, what=XLA) == tmp_path / "new" / "xla"
+    )
     assert list(tmp_path.iterdir()) == []
 
 
@@ -43,7 +45,8 @@ def test_a_dir_its_group_can_write_is_refused_unless_shared_then_a_warning(tmp_p
     with caplog.at_level(logging.WARNING, logger="meshrun"):
         assert private_dir(group, "cache.dir", shared=True, what=XLA) == group
     assert [r.getMessage() for r in caplog.records] == [
-        f"cache.dir: {group} is writable by its group (mode 0770); using it since cache.shared=true trusts that group"]
+        f"cache.dir: {group} is writable by its group (mode 0770); using it since cache.shared=true trusts that group"
+    ]
 
 
 @pytest.mark.parametrize("shared", [False, True])
@@ -61,12 +64,27 @@ def test_a_dir_everyone_can_write_is_always_refused(tmp_path, shared):
 def test_a_run_refuses_a_compilation_cache_others_can_write_and_takes_a_shared_one(in_tmp):
     everyone = made(in_tmp, 0o777)
     line = one_error_line(run_meshrun(["train", "mesh=2x4", f"cache.dir={everyone}", *FAST], in_tmp))
-    assert line.startswith(f"meshrun: error: cache.dir: got {everyone}, which everyone can write to (mode 0777)")
+    assert line.startswith(
+        f"meshrun: error: cache.dir: got {everyone}, which everyone can write to (mode 0777)"
+    )
     assert list(everyone.iterdir()) == []  # nothing compiled into it
     group = made(in_tmp, 0o770)
-    done = run_meshrun(["train", "mesh=2x4", f"cache.dir={group}", "cache.shared=true", *FAST, f"hydra.run.dir={in_tmp / 'run'}"], in_tmp)
+    done = run_meshrun(
+        [
+            "train",
+            "mesh=2x4",
+            f"cache.dir={group}",
+            "cache.shared=true",
+            *FAST,
+            f"hydra.run.dir={in_tmp / 'run'}",
+        ],
+        in_tmp,
+    )
     assert done.returncode == 0, done.stderr[-2000:]
-    assert f"cache.dir: {group} is writable by its group (mode 0770); using it since cache.shared=true trusts that group" in done.stdout + done.stderr
+    assert (
+        f"cache.dir: {group} is writable by its group (mode 0770); using it since cache.shared=true trusts that group"
+        in done.stdout + done.stderr
+    )
     assert any(group.iterdir())  # the compiled programs went there
 
 

@@ -16,13 +16,39 @@ from meshrun import cli
 pytestmark = pytest.mark.e2e
 
 REQUIRED = {
-    "status", "error", "mesh.shape", "mesh.axis_names", "mesh.batch_axis", "devices.platform",
-    "devices.count", "devices.processes", "model.name", "model.params", "train.global_batch_size",
-    "train.steps_per_epoch", "timing.startup_s", "timing.compile_s", "timing.step_time_s",
-    "timing.step_time_p90_s", "timing.samples_per_s", "timing.epoch_s", "timing.eval_s",
-    "timing.wall_s", "timing.teardown_s", "timing.tokens_per_s", "history.loss", "eval.loss", "sharding", "flops.per_step",
-    "flops.per_s", "flops.mfu", "flops.analytic_per_step", "memory.peak_bytes_per_device",
-    "memory.live_peak_bytes_per_device", "memory.params_bytes_per_device", "memory.optimizer_bytes_per_device",
+    "status",
+    "error",
+    "mesh.shape",
+    "mesh.axis_names",
+    "mesh.batch_axis",
+    "devices.platform",
+    "devices.count",
+    "devices.processes",
+    "model.name",
+    "model.params",
+    "train.global_batch_size",
+    "train.steps_per_epoch",
+    "timing.startup_s",
+    "timing.compile_s",
+    "timing.step_time_s",
+    "timing.step_time_p90_s",
+    "timing.samples_per_s",
+    "timing.epoch_s",
+    "timing.eval_s",
+    "timing.wall_s",
+    "timing.teardown_s",
+    "timing.tokens_per_s",
+    "history.loss",
+    "eval.loss",
+    "sharding",
+    "flops.per_step",
+    "flops.per_s",
+    "flops.mfu",
+    "flops.analytic_per_step",
+    "memory.peak_bytes_per_device",
+    "memory.live_peak_bytes_per_device",
+    "memory.params_bytes_per_device",
+    "memory.optimizer_bytes_per_device",
 }
 
 
@@ -46,7 +72,10 @@ def readme_run(tmp_path_factory) -> tuple[subprocess.CompletedProcess, Path]:
     if not _readme_run:
         root = tmp_path_factory.mktemp("readme-run")
         run_dir = root / "run"
-        _readme_run["run"] = (run_meshrun(["train", "mesh=2x4", "layout=dense_model", f"hydra.run.dir={run_dir}"], root), run_dir)
+        _readme_run["run"] = (
+            run_meshrun(["train", "mesh=2x4", "layout=dense_model", f"hydra.run.dir={run_dir}"], root),
+            run_dir,
+        )
     return _readme_run["run"]
 
 
@@ -57,7 +86,13 @@ def test_train_writes_a_complete_metrics_json(tmp_path_factory):
     assert REQUIRED <= flat_keys(metrics), REQUIRED - flat_keys(metrics)
     assert metrics["status"] == "ok" and metrics["error"] is None
     assert metrics["mesh"]["shape"] == [2, 4]
-    assert metrics["devices"] == {**metrics["devices"], "platform": "cpu", "count": 8, "processes": 1, "emulated": True}
+    assert metrics["devices"] == {
+        **metrics["devices"],
+        "platform": "cpu",
+        "count": 8,
+        "processes": 1,
+        "emulated": True,
+    }
     assert metrics["sharding"]["d1/kernel"]["spec"] == [None, "model"]
     assert len(metrics["history"]["loss"]) == 3 == len(metrics["timing"]["epoch_s"])
     assert 0 < metrics["timing"]["startup_s"] < metrics["timing"]["wall_s"]
@@ -74,7 +109,9 @@ def test_train_writes_a_complete_metrics_json(tmp_path_factory):
         assert planned[path]["bytes_per_device"] == placed["bytes_per_device"], path
     assert plan["per_device"]["params_bytes"] == metrics["memory"]["params_bytes_per_device"]
     assert metrics["flops"]["per_step"] > 0 and metrics["flops"]["mfu"] is None
-    assert sorted(p.name for p in run_dir.iterdir()) == files_a_default_run_writes()  # as `meshrun train --help` says
+    assert (
+        sorted(p.name for p in run_dir.iterdir()) == files_a_default_run_writes()
+    )  # as `meshrun train --help` says
 
 
 def files_a_default_run_writes() -> list[str]:
@@ -101,7 +138,9 @@ def test_the_readme_quickstart_trains_to_the_losses_the_readme_shows(tmp_path_fa
     assert done.returncode == 0, done.stderr[-3000:]
     shown = readme_losses()
     assert len(shown) == 3
-    assert [round(loss, 4) for loss in read_metrics(run_dir)["history"]["loss"]] == pytest.approx(shown, abs=1e-4)
+    assert [round(loss, 4) for loss in read_metrics(run_dir)["history"]["loss"]] == pytest.approx(
+        shown, abs=1e-4
+    )
 
 
 # Imported only where used (data=tfrecord, tf.data factories; keras' scikit-learn wrappers and
@@ -118,7 +157,9 @@ print(json.dumps({"status": status, "imported": [m for m in sys.argv[1].split(",
 """
 
 
-@pytest.mark.parametrize("data, expected", [([], []), (["data=python", "data.factory=tf_factory:dataset"], ["tensorflow"])])
+@pytest.mark.parametrize(
+    "data, expected", [([], []), (["data=python", "data.factory=tf_factory:dataset"], ["tensorflow"])]
+)
 def test_only_a_run_that_reads_tf_data_imports_tensorflow(tmp_path, data, expected):
     """The README's main job imports neither TensorFlow nor scikit-learn (nor matplotlib); one whose
     data is a tf.data.Dataset imports TensorFlow (the check can tell)."""
@@ -127,8 +168,13 @@ def test_only_a_run_that_reads_tf_data_imports_tensorflow(tmp_path, data, expect
         "    return tf.data.Dataset.from_tensor_slices((np.zeros((64, 28, 28, 1), 'float32'), np.zeros((64, 10), 'float32')))\n"
     )
     args = ["train", "mesh=2x4", "layout=dense_model", *FAST, *data, f"hydra.run.dir={tmp_path / 'run'}"]
-    done = subprocess.run([sys.executable, "-c", RUN_AND_LIST, ",".join(NOT_FOR_THE_DEFAULT_RUN), *args],
-                          cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [sys.executable, "-c", RUN_AND_LIST, ",".join(NOT_FOR_THE_DEFAULT_RUN), *args],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     outcome = json.loads(done.stdout.strip().splitlines()[-1])
     assert outcome == {"status": 0, "imported": expected}
@@ -136,9 +182,19 @@ def test_only_a_run_that_reads_tf_data_imports_tensorflow(tmp_path, data, expect
 
 
 def test_importing_meshrun_train_imports_keras_but_not_tensorflow(tmp_path):
-    done = subprocess.run([sys.executable, "-c", "import sys, meshrun.train; print(sorted(m for m in sys.argv[1].split(',') "
-                           "if sys.modules.get(m) is not None), 'keras' in sys.modules)", ",".join(NOT_FOR_THE_DEFAULT_RUN)],
-                          cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys, meshrun.train; print(sorted(m for m in sys.argv[1].split(',') "
+            "if sys.modules.get(m) is not None), 'keras' in sys.modules)",
+            ",".join(NOT_FOR_THE_DEFAULT_RUN),
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.split() == ["[]", "True"]
 
@@ -166,8 +222,15 @@ def test_failure_during_training_writes_status_error(tmp_path, in_tmp, capsys):
         "    raise RuntimeError('disk went away')\n"
     )
     done = cli_here(
-        ["train", *FAST, "data=python", "data.factory=failing_data:make", "data.num_samples=128",
-         "data.eval_samples=32", f"hydra.run.dir={run_dir}"],
+        [
+            "train",
+            *FAST,
+            "data=python",
+            "data.factory=failing_data:make",
+            "data.num_samples=128",
+            "data.eval_samples=32",
+            f"hydra.run.dir={run_dir}",
+        ],
         capsys,
     )
     assert done.returncode == 1
@@ -191,9 +254,13 @@ def test_multirun_over_mesh_shapes_in_one_process(tmp_path):
     assert second["history"]["loss"] == pytest.approx(first["history"]["loss"], abs=1e-5)
     # Job 1 counts from its own start, not from the process's (which would include all of job 0).
     later, earlier = second["timing"], first["timing"]
-    assert later["time_to_first_step_s"] < earlier["wall_s"]  # cumulative, it would include all of job 0's wall
+    assert (
+        later["time_to_first_step_s"] < earlier["wall_s"]
+    )  # cumulative, it would include all of job 0's wall
     assert 0 < later["startup_s"] < later["time_to_first_step_s"] < later["wall_s"]
-    assert earlier["teardown_s"] > 0 and later["teardown_s"] > 0  # jobs sharing a process clear the session, counted in wall_s
+    assert (
+        earlier["teardown_s"] > 0 and later["teardown_s"] > 0
+    )  # jobs sharing a process clear the session, counted in wall_s
 
 
 @pytest.mark.integration
@@ -227,8 +294,21 @@ def test_configs_are_found_from_an_installed_wheel(tmp_path):
     repo = Path(__file__).resolve().parents[1]
     wheel_dir, target = tmp_path / "wheel", tmp_path / "site"
     subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(wheel_dir), str(repo)],
-        check=True, capture_output=True, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "-q",
+            "-w",
+            str(wheel_dir),
+            str(repo),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=300,
     )
     (wheel,) = wheel_dir.glob("meshrun-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
@@ -236,13 +316,23 @@ def test_configs_are_found_from_an_installed_wheel(tmp_path):
     assert "meshrun/configs/recipe/seeds_model_parallel.yaml" in names
     subprocess.run(
         [sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(target), str(wheel)],
-        check=True, capture_output=True, timeout=300,
+        check=True,
+        capture_output=True,
+        timeout=300,
     )
     done = subprocess.run(
-        [sys.executable, "-c", "import sys; sys.path.insert(0, sys.argv[1]); import meshrun.cli as c; "
-         "assert c.__file__.startswith(sys.argv[1]), c.__file__; sys.argv[1:] = []; "
-         "c.main(['train', 'recipe=seeds_model_parallel', '--cfg', 'job'])", str(target)],
-        cwd=tmp_path, capture_output=True, text=True, timeout=120,
+        [
+            sys.executable,
+            "-c",
+            "import sys; sys.path.insert(0, sys.argv[1]); import meshrun.cli as c; "
+            "assert c.__file__.startswith(sys.argv[1]), c.__file__; sys.argv[1:] = []; "
+            "c.main(['train', 'recipe=seeds_model_parallel', '--cfg', 'job'])",
+            str(target),
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert done.returncode == 0, done.stderr
     assert "d1/kernel" in done.stdout and "2x4" in done.stdout

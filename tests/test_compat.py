@@ -39,18 +39,24 @@ def rejected(args, capsys) -> str:
 
 
 @pytest.mark.integration
-def test_keras_without_a_name_meshrun_uses_stops_the_run_with_one_line(in_tmp, capsys, monkeypatch, unchecked):
+def test_keras_without_a_name_meshrun_uses_stops_the_run_with_one_line(
+    in_tmp, capsys, monkeypatch, unchecked
+):
     from keras.src.backend.jax.trainer import JAXTrainer
 
     monkeypatch.delattr(JAXTrainer, "_get_jax_state")
     line = rejected(["mesh=2x4", "layout=dense_model"], capsys)
     version = importlib.metadata.version("keras")
-    assert line.startswith(f"meshrun: error: keras: keras {version} has no keras.Model._get_jax_state, which meshrun uses for ")
+    assert line.startswith(
+        f"meshrun: error: keras: keras {version} has no keras.Model._get_jax_state, which meshrun uses for "
+    )
     assert "; meshrun works with keras<3.16,>=3.14 (pip install 'keras<3.16,>=3.14')" in line
     assert list(in_tmp.iterdir()) == []
 
 
-def test_hydra_without_a_name_meshrun_uses_stops_the_command_with_one_line(in_tmp, capsys, monkeypatch, unchecked):
+def test_hydra_without_a_name_meshrun_uses_stops_the_command_with_one_line(
+    in_tmp, capsys, monkeypatch, unchecked
+):
     from hydra.core.plugins import Plugins
 
     Plugins.instance()  # Hydra's first plugin scan runs its core plugins' modules afresh: before the patch, not after
@@ -59,25 +65,33 @@ def test_hydra_without_a_name_meshrun_uses_stops_the_command_with_one_line(in_tm
     monkeypatch.delattr(BasicSweeper, "split_arguments")
     line = rejected(["-m", "mesh=8x1,2x4"], capsys)
     version = importlib.metadata.version("hydra-core")
-    assert line.startswith(f"meshrun: error: hydra-core: hydra-core {version} has no "
-                           "hydra._internal.core_plugins.basic_sweeper.BasicSweeper.split_arguments")
+    assert line.startswith(
+        f"meshrun: error: hydra-core: hydra-core {version} has no "
+        "hydra._internal.core_plugins.basic_sweeper.BasicSweeper.split_arguments"
+    )
     assert list(in_tmp.iterdir()) == []
 
 
 @pytest.mark.integration
-def test_orbax_without_a_name_meshrun_uses_stops_a_checkpointing_run_with_one_line(in_tmp, capsys, monkeypatch, unchecked):
+def test_orbax_without_a_name_meshrun_uses_stops_a_checkpointing_run_with_one_line(
+    in_tmp, capsys, monkeypatch, unchecked
+):
     from orbax.checkpoint._src.metadata import checkpoint
 
     monkeypatch.delattr(checkpoint, "step_metadata_file_path")
     line = rejected(["mesh=2x4", f"checkpoint.dir={in_tmp / 'ckpt'}", "hydra.run.dir=run"], capsys)
     version = importlib.metadata.version("orbax-checkpoint")
-    assert line.startswith(f"meshrun: error: orbax-checkpoint: orbax-checkpoint {version} has no "
-                           "orbax.checkpoint._src.metadata.checkpoint.step_metadata_file_path")
+    assert line.startswith(
+        f"meshrun: error: orbax-checkpoint: orbax-checkpoint {version} has no "
+        "orbax.checkpoint._src.metadata.checkpoint.step_metadata_file_path"
+    )
     assert not (in_tmp / "run").exists()
 
 
 @pytest.mark.integration
-def test_tensorflow_without_a_name_meshrun_uses_stops_a_tf_data_run_with_one_line(in_tmp, capsys, monkeypatch, unchecked):
+def test_tensorflow_without_a_name_meshrun_uses_stops_a_tf_data_run_with_one_line(
+    in_tmp, capsys, monkeypatch, unchecked
+):
     """A tf.data pipeline is looked into for a generator dataset before training (meshrun.run.feed)."""
     import tensorflow as tf
 
@@ -89,10 +103,14 @@ def test_tensorflow_without_a_name_meshrun_uses_stops_a_tf_data_run_with_one_lin
     monkeypatch.syspath_prepend(str(in_tmp))
     monkeypatch.delattr(tf.data.Dataset, "_as_serialized_graph")
     line = rejected(["data=python", "data.factory=tf_data_factory:make", "hydra.run.dir=run"], capsys)
-    installed = compat.installed_distribution("tensorflow")  # tensorflow (meshrun[dev]) or tensorflow-cpu (meshrun[tf])
+    installed = compat.installed_distribution(
+        "tensorflow"
+    )  # tensorflow (meshrun[dev]) or tensorflow-cpu (meshrun[tf])
     version = importlib.metadata.version(installed)
-    assert line.startswith(f"meshrun: error: {installed}: {installed} {version} has no "
-                           "tensorflow.data.Dataset._as_serialized_graph, which meshrun uses for telling whether a tf.data")
+    assert line.startswith(
+        f"meshrun: error: {installed}: {installed} {version} has no "
+        "tensorflow.data.Dataset._as_serialized_graph, which meshrun uses for telling whether a tf.data"
+    )
     assert not (in_tmp / "run").exists()
 
 
@@ -130,29 +148,40 @@ def on_both_ends(name: compat.PrivateName):
 @pytest.mark.parametrize("name", [on_both_ends(name) for name in EVERY_NAME])
 def test_each_private_name_is_where_meshrun_reaches_it(name):
     if not installed(name.package):
-        pytest.skip(f"{name.package} is not installed here (the oldest stack's smoke set installs no TensorFlow)")
+        pytest.skip(
+            f"{name.package} is not installed here (the oldest stack's smoke set installs no TensorFlow)"
+        )
     compat.check_name(name)
 
 
 def test_every_module_of_compat_lists_its_names_by_its_own_package():
     packages = {(name.package, name.module.split(".")[0]) for name in EVERY_NAME}
-    assert packages == {("keras", "keras"), ("jax", "jax"), ("hydra-core", "hydra"), ("orbax-checkpoint", "orbax"),
-                        ("tensorflow", "tensorflow"), ("tensorboard", "tensorboard"), ("keras-hub", "keras_hub")}
+    assert packages == {
+        ("keras", "keras"),
+        ("jax", "jax"),
+        ("hydra-core", "hydra"),
+        ("orbax-checkpoint", "orbax"),
+        ("tensorflow", "tensorflow"),
+        ("tensorboard", "tensorboard"),
+        ("keras-hub", "keras_hub"),
+    }
 
 
 @pytest.mark.smoke
 def test_keras_is_seeded_without_importing_tensorflow():
     """set_random_seed switches off Keras' LazyModule of TensorFlow while keras.utils.set_random_seed
     runs: Python's, numpy's and Keras' seeds are set, TensorFlow stays unimported."""
-    script = ("import sys, numpy as np\n"
-              "from meshrun.compat.keras import import_keras, set_random_seed\n"
-              "keras = import_keras()\n"
-              "set_random_seed(7, None); first = np.random.rand(), float(keras.random.uniform((), seed=None))\n"
-              "set_random_seed(7, None); again = np.random.rand(), float(keras.random.uniform((), seed=None))\n"
-              "assert first == again, (first, again)\n"
-              "assert 'tensorflow' not in sys.modules\n"
-              "from keras.src.utils import module_utils\n"
-              "assert module_utils.tensorflow._available is not False\n")
+    script = (
+        "import sys, numpy as np\n"
+        "from meshrun.compat.keras import import_keras, set_random_seed\n"
+        "keras = import_keras()\n"
+        "set_random_seed(7, None); first = np.random.rand(), float(keras.random.uniform((), seed=None))\n"
+        "set_random_seed(7, None); again = np.random.rand(), float(keras.random.uniform((), seed=None))\n"
+        "assert first == again, (first, again)\n"
+        "assert 'tensorflow' not in sys.modules\n"
+        "from keras.src.utils import module_utils\n"
+        "assert module_utils.tensorflow._available is not False\n"
+    )
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
 
@@ -173,8 +202,10 @@ def test_compile_recorded_records_what_compile_was_given_and_puts_compile_back()
         without_loss.compile(optimizer="adam")
         assert not by_keyword.compiled
     assert keras.Model.compile is original
-    assert compiled == {id(by_keyword): {"loss": "mse", "metrics": ["mae"], "weighted_metrics": ["mse"]},
-                        id(by_position): {"loss": "mae", "metrics": ["mse"]}}
+    assert compiled == {
+        id(by_keyword): {"loss": "mse", "metrics": ["mae"], "weighted_metrics": ["mse"]},
+        id(by_position): {"loss": "mae", "metrics": ["mse"]},
+    }
 
 
 @pytest.mark.smoke
@@ -184,7 +215,9 @@ def test_sublayers_lists_nested_layers_and_not_the_model():
     from meshrun.compat.keras import sublayers
 
     inner = keras.Sequential([keras.Input((3,)), keras.layers.Dense(4, name="inner_dense")], name="inner")
-    outer = keras.Sequential([keras.Input((3,)), inner, keras.layers.Dense(2, name="outer_dense")], name="outer")
+    outer = keras.Sequential(
+        [keras.Input((3,)), inner, keras.layers.Dense(2, name="outer_dense")], name="outer"
+    )
     names = [layer.name for layer in sublayers(outer) if not isinstance(layer, keras.layers.InputLayer)]
     assert names == ["inner", "inner_dense", "outer_dense"]
 
@@ -240,10 +273,14 @@ def test_a_command_composes_its_config_once_and_a_multirun_follows_minus_m(in_tm
     monkeypatch.setattr(Hydra, "compose_config", counted)
     assert cli_here(["plan", "mesh=2x4", "layout=dense_model"], capsys).returncode == 0
     assert len(composed) == 1  # Hydra.get_mode's composition left out (meshrun.compat.hydra)
-    done = cli_here(["plan", "-m", "mesh=2x4,4x2", "layout=dense_model"], capsys)  # -m alone makes it a multirun
+    done = cli_here(
+        ["plan", "-m", "mesh=2x4,4x2", "layout=dense_model"], capsys
+    )  # -m alone makes it a multirun
     assert done.returncode == 0, done.stderr
     assert [line.strip() for line in done.stdout.splitlines() if "plan: " in line] == [
-        "plan: dense_model on mesh 2x4 ('data', 'model')", "plan: dense_model on mesh 4x2 ('data', 'model')"]
+        "plan: dense_model on mesh 2x4 ('data', 'model')",
+        "plan: dense_model on mesh 4x2 ('data', 'model')",
+    ]
     assert Hydra.get_mode.__name__ == "get_mode"  # Hydra's own, put back after each command
 
 
@@ -283,19 +320,25 @@ def test_a_checkpoint_is_complete_once_orbax_has_written_its_step_metadata(tmp_p
     from meshrun.compat.orbax import import_orbax, is_complete_checkpoint, steps_on_disk
 
     ocp = import_orbax()
-    with ocp.CheckpointManager(tmp_path, options=ocp.CheckpointManagerOptions(enable_async_checkpointing=False)) as manager:
+    with ocp.CheckpointManager(
+        tmp_path, options=ocp.CheckpointManagerOptions(enable_async_checkpointing=False)
+    ) as manager:
         manager.save(3, args=ocp.args.StandardSave({"x": np.zeros(2)}))
     (tmp_path / "4").mkdir()
     (tmp_path / "5.orbax-checkpoint-tmp").mkdir()
     assert is_complete_checkpoint(tmp_path / "3") and not is_complete_checkpoint(tmp_path / "4")
-    assert steps_on_disk(tmp_path) == [3]  # the same verdict read without Orbax (a run dir is checked before jax starts)
+    assert steps_on_disk(tmp_path) == [
+        3
+    ]  # the same verdict read without Orbax (a run dir is checked before jax starts)
 
 
 def test_dataset_ops_name_a_generator_dataset_inside_a_pipeline():
     from meshrun.compat.tensorflow import dataset_ops, import_tensorflow
 
     tf = import_tensorflow()
-    generated = tf.data.Dataset.from_generator(lambda: iter(range(3)), output_signature=tf.TensorSpec((), tf.int64))
+    generated = tf.data.Dataset.from_generator(
+        lambda: iter(range(3)), output_signature=tf.TensorSpec((), tf.int64)
+    )
     assert "GeneratorDataset" in dataset_ops(generated.map(lambda x: x + 1).batch(2))
     assert "GeneratorDataset" not in dataset_ops(tf.data.Dataset.range(3).batch(2))
 
@@ -361,20 +404,39 @@ print(json.dumps({"seen": seen, "namespaces": namespaces, "graphs": graphs}))
 def test_keras_hub_imported_without_tensorflow_is_whole_once_tensorflow_is_imported(text_files):
     """A keras_hub release that binds something more of TensorFlow's at import fails here, naming it:
     add it to meshrun.compat.keras_hub.TENSORFLOW_NAMES."""
-    pytest.importorskip("tensorflow", reason="keras_hub is imported without TensorFlow only where it is installed")
-    presets = [str(text_files.gemma), str(text_files.gpt2)]  # SentencePiece, and byte-level BPE (its tf.Module cache)
+    pytest.importorskip(
+        "tensorflow", reason="keras_hub is imported without TensorFlow only where it is installed"
+    )
+    presets = [
+        str(text_files.gemma),
+        str(text_files.gpt2),
+    ]  # SentencePiece, and byte-level BPE (its tf.Module cache)
     hows = ("with tensorflow", "without tensorflow, then tensorflow")
-    processes = [subprocess.Popen([sys.executable, "-c", KERAS_HUB_AS_IMPORTED, how, *presets], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                  text=True) for how in hows]
+    processes = [
+        subprocess.Popen(
+            [sys.executable, "-c", KERAS_HUB_AS_IMPORTED, how, *presets],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for how in hows
+    ]
     outputs = [process.communicate(timeout=600) for process in processes]
     for process, (_, err) in zip(processes, outputs, strict=True):
         assert process.returncode == 0, err[-3000:]
     plain, revived = (json.loads(out.strip().splitlines()[-1]) for out, _ in outputs)
     assert revived["seen"]["before"] == {"tensorflow imported": False, "keras_hub has it": False}
-    assert revived["seen"]["after"] == {"keras_hub has it": True, "finder left": True,
-                                        "tensorflow's loader": "SourceFileLoader"}
+    assert revived["seen"]["after"] == {
+        "keras_hub has it": True,
+        "finder left": True,
+        "tensorflow's loader": "SourceFileLoader",
+    }
     assert revived["namespaces"].keys() == plain["namespaces"].keys()
-    differing = [(module, key, plain["namespaces"][module].get(key), names.get(key)) for module, names in revived["namespaces"].items()
-                 for key in names.keys() | plain["namespaces"][module].keys() if names.get(key) != plain["namespaces"][module].get(key)]
+    differing = [
+        (module, key, plain["namespaces"][module].get(key), names.get(key))
+        for module, names in revived["namespaces"].items()
+        for key in names.keys() | plain["namespaces"][module].keys()
+        if names.get(key) != plain["namespaces"][module].get(key)
+    ]
     assert not differing, differing[:10]
     assert revived["graphs"] == plain["graphs"] and all(ids for ids in plain["graphs"][presets[0]][:4])

@@ -44,12 +44,19 @@ def model_of_layout(layout):
 # Data sources that read the user's files or code, and models that are the user's, need to be told where.
 REQUIRED = {
     ("data", "arrays"): ["data.path=train.npz"],
-    ("data", "tfrecord"): ["data.files=train-*.tfrecord", "data.features={x:{dtype:float32,shape:[784]},y:{dtype:int64,shape:[]}}"],
+    ("data", "tfrecord"): [
+        "data.files=train-*.tfrecord",
+        "data.features={x:{dtype:float32,shape:[784]},y:{dtype:int64,shape:[]}}",
+    ],
     ("data", "python"): ["data.factory=mydata:make"],
     ("model", "python"): ["model.factory=mymodels:build"],
     ("model", "keras_hub"): ["model.task=LlamaCausalLM", "model.backbone={vocabulary_size:512}"],
     ("data", "text"): [f"data.files={Path(__file__).parents[1] / 'README.md'}"],
-    ("recipe", "finetune_lora"): ["model.task=GemmaCausalLM", "model.backbone={vocabulary_size:512}", f"data.files={Path(__file__).parents[1] / 'README.md'}"],
+    ("recipe", "finetune_lora"): [
+        "model.task=GemmaCausalLM",
+        "model.backbone={vocabulary_size:512}",
+        f"data.files={Path(__file__).parents[1] / 'README.md'}",
+    ],
 }
 
 
@@ -66,7 +73,11 @@ def test_every_option_composes(group, option):
 @pytest.mark.parametrize("layout", group_options("layout"))
 def test_every_layout_composes_with_its_model(layout):
     model = model_of_layout(layout)
-    config = composed(*app.prepare_overrides([f"model={model}", f"layout={layout}", "mesh=2x4", *REQUIRED.get(("model", model), [])]))
+    config = composed(
+        *app.prepare_overrides(
+            [f"model={model}", f"layout={layout}", "mesh=2x4", *REQUIRED.get(("model", model), [])]
+        )
+    )
     assert config.model.name == model
 
 
@@ -82,9 +93,10 @@ def test_each_model_brings_its_default_layout(name):
 
 
 def test_command_line_and_recipe_layouts_win_over_the_models_default():
-    assert composed("model=transformer", "layout=transformer_fsdp").layout == composed(
-        "model=transformer", "layout=transformer_fsdp", "model.preset=tiny"
-    ).layout
+    assert (
+        composed("model=transformer", "layout=transformer_fsdp").layout
+        == composed("model=transformer", "layout=transformer_fsdp", "model.preset=tiny").layout
+    )
     assert composed("model=transformer", "layout=replicated").layout.rules == ()
     assert composed("recipe=seeds_data_parallel").layout.rules == ()
 
@@ -104,7 +116,11 @@ def test_presets_fill_what_is_not_set():
     assert (options.layers, options.d_model, options.heads, options.vocab) == (2, 4096, 32, 32000)
     assert options.tied_head is False
     two_tower = composed("model=two_tower", "model.preset=large").model.options
-    assert (two_tower.num_users, two_tower.num_items, two_tower.embedding_dim) == (100_000_000, 10_000_000, 128)
+    assert (two_tower.num_users, two_tower.num_items, two_tower.embedding_dim) == (
+        100_000_000,
+        10_000_000,
+        128,
+    )
 
 
 @pytest.mark.parametrize(
@@ -123,7 +139,9 @@ def test_any_mesh_shape_is_a_mesh_option(shape, expected_shape, expected_names):
     assert config.mesh.batch_axis == "data"
 
 
-@pytest.mark.parametrize("written, expected_shape", [("[2,4]", (2, 4)), ("[8]", (8,)), ("[1, 8]", (1, 8)), ("[-1,2]", (-1, 2))])
+@pytest.mark.parametrize(
+    "written, expected_shape", [("[2,4]", (2, 4)), ("[8]", (8,)), ("[1, 8]", (1, 8)), ("[-1,2]", (-1, 2))]
+)
 def test_a_mesh_written_as_a_list_is_that_shape(written, expected_shape):
     assert composed(*app.prepare_overrides([f"mesh={written}"])).mesh.shape == expected_shape
 
@@ -172,13 +190,17 @@ def test_model_sizes_are_configurable():
 
 
 def test_layout_rules_override_replaces_the_rules():
-    overrides = app.prepare_overrides(["mesh=2x4", "layout=dense_model", "layout.rules={d1/kernel:[null,model]}"])
+    overrides = app.prepare_overrides(
+        ["mesh=2x4", "layout=dense_model", "layout.rules={d1/kernel:[null,model]}"]
+    )
     config = composed(*overrides)
     assert config.layout.rules == (LayoutRule("d1/kernel", (None, "model")),)
 
 
 def test_unknown_appended_key_is_rejected_with_suggestion():
-    with pytest.raises(ConfigError, match=r"^train\.epoch: unknown key \(got 3\); did you mean train\.epochs\?"):
+    with pytest.raises(
+        ConfigError, match=r"^train\.epoch: unknown key \(got 3\); did you mean train\.epochs\?"
+    ):
         composed("+train.epoch=3")
 
 
@@ -186,5 +208,7 @@ def test_sizes_in_configs_recipes_and_readme_use_the_plans_binary_units():
     repo = Path(__file__).parents[1]
     texts = [*repo.glob("configs/**/*.yaml"), *repo.glob("recipes/*.yaml"), repo / "README.md"]
     decimal = re.compile(r"\b\d[\d.,]*\s?(?:GB|MB|KB|kB)\b")
-    found = [f"{path.relative_to(repo)}: {m.group()}" for path in texts for m in decimal.finditer(path.read_text())]
+    found = [
+        f"{path.relative_to(repo)}: {m.group()}" for path in texts for m in decimal.finditer(path.read_text())
+    ]
     assert found == [], "write GiB/MiB/KiB as the plan does"

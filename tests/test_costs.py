@@ -230,7 +230,10 @@ def _costs_after_fit(mesh_shape: tuple, axis_names: tuple, pipeline=None):
     mesh = MeshConfig(shape=mesh_shape, axis_names=axis_names, batch_axis="data")
     rules = (LayoutRule("blocks/stacked_.*", ("stage",)),) if pipeline else ()
     rng = np.random.default_rng(0)
-    x, y = rng.standard_normal((B, WIDTH), dtype=np.float32), rng.standard_normal((B, WIDTH), dtype=np.float32)
+    x, y = (
+        rng.standard_normal((B, WIDTH), dtype=np.float32),
+        rng.standard_normal((B, WIDTH), dtype=np.float32),
+    )
     distribution.reset()
     keras.backend.clear_session()
     kd.set_distribution(distribution.make_distribution(mesh, rules, jax.devices()[:8]))
@@ -249,7 +252,9 @@ def _costs_after_fit(mesh_shape: tuple, axis_names: tuple, pipeline=None):
 
 @pytest.mark.integration
 @pytest.mark.parametrize("stages, microbatches, repeats", [(2, 2, 1), (4, 4, 1), (2, 2, 2)])
-def test_a_pipelined_step_counts_its_blocks_once_each_and_its_bubble_ticks_apart(stages, microbatches, repeats):
+def test_a_pipelined_step_counts_its_blocks_once_each_and_its_bubble_ticks_apart(
+    stages, microbatches, repeats
+):
     from meshrun.config.schema import PipelineConfig
 
     separate = _costs_after_fit((8,), ("data",))

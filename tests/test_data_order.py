@@ -20,7 +20,9 @@ def tf_shuffled(count: int, buffer: int, seed: int, passes: int) -> list[list[in
     """0..count-1 through tf.data's shuffle, as meshrun's tf.data pipelines seed it, pass by pass."""
     tf = tf_data.seeded_tensorflow(seed)
     stream = tf_data.passes(
-        lambda p: tf.data.Dataset.range(count).shuffle(buffer, seed=order.pass_seed(seed, p), reshuffle_each_iteration=False),
+        lambda p: tf.data.Dataset.range(count).shuffle(
+            buffer, seed=order.pass_seed(seed, p), reshuffle_each_iteration=False
+        ),
         endless=True,
     )
     values = [int(v) for v in stream.take(count * passes).as_numpy_iterator()]
@@ -35,7 +37,10 @@ def test_a_full_buffer_shuffle_is_tf_datas_permutation_in_every_pass(seed):
     assert got[0] != got[1] and sorted(got[0]) == list(range(257))
 
 
-@pytest.mark.parametrize("seed, count, buffer", [(0, 100, 30), (7, 100, 1), (42, 50, 7), (order.SEED_MODULUS, 64, 64), (3, 10, 100)])
+@pytest.mark.parametrize(
+    "seed, count, buffer",
+    [(0, 100, 30), (7, 100, 1), (42, 50, 7), (order.SEED_MODULUS, 64, 64), (3, 10, 100)],
+)
 def test_a_buffer_shuffle_of_a_stream_is_tf_datas(seed, count, buffer):
     expected = tf_shuffled(count, buffer, seed, passes=2)
     got = [list(order.buffer_shuffled(range(count), buffer, order.seed_pair(seed, p))) for p in range(2)]
@@ -63,7 +68,9 @@ def tf_reference(x, y, w, batch_size: int, shuffle: bool, seed: int, share, endl
     """The same rows through meshrun's tf.data pipeline (each row an element, a full buffer)."""
     tf = tf_data.seeded_tensorflow(seed)
     elements = tf.data.Dataset.from_tensor_slices((x, y) if w is None else (x, y, w))
-    return tf_data.element_batches(elements, batch_size, shuffle, seed, buffer=len(y), share=share, endless=endless)
+    return tf_data.element_batches(
+        elements, batch_size, shuffle, seed, buffer=len(y), share=share, endless=endless
+    )
 
 
 def assert_same_batches(numpy_batches, tf_batches, count: int):
@@ -88,7 +95,9 @@ def assert_same_batches(numpy_batches, tf_batches, count: int):
 @pytest.mark.parametrize("weights, named", [(False, False), (True, True)])
 def test_indexed_batches_are_the_tf_data_pipelines_batches_over_passes(seed, share, weights, named):
     x, y, w = columns(70, weights, named)  # 70 rows, batches of 16: 4 a pass, 6 rows dropped
-    ours = indexed_batches(x, y, np.arange(70), 16, shuffle=True, seed=seed, share=share, endless=True, weights=w)
+    ours = indexed_batches(
+        x, y, np.arange(70), 16, shuffle=True, seed=seed, share=share, endless=True, weights=w
+    )
     assert ours.per_pass == 4 and ours.num_batches is None
     assert_same_batches(ours, tf_reference(x, y, w, 16, True, seed, share, endless=True), count=4 * 3)
 
@@ -115,19 +124,34 @@ def test_element_batches_skip_and_share_like_the_tf_pipeline():
     """A Python iterable's elements: every second one for process 1 of 2, shuffled in a buffer of
     10, batches of 4; the stream from step 5 on equals the tf.data pipeline's."""
     x, y = np.arange(60, dtype=np.float32), np.arange(60) * 10
-    stream = element_batches(lambda: zip(x.tolist(), y.tolist(), strict=True), 4, True, 11, 10, share=(1, 2), per_pass=7,
-                             first_element=(x[0].item(), y[0].item()), endless=True)
+    stream = element_batches(
+        lambda: zip(x.tolist(), y.tolist(), strict=True),
+        4,
+        True,
+        11,
+        10,
+        share=(1, 2),
+        per_pass=7,
+        first_element=(x[0].item(), y[0].item()),
+        endless=True,
+    )
     tf = tf_data.seeded_tensorflow(11)
     elements = tf.data.Dataset.from_tensor_slices((x, y.astype(np.int32))).shard(2, 1)
     reference = tf_data.element_batches(elements, 4, True, 11, 10, endless=True)
-    assert stream.element_spec == (ArraySpec((None,), np.dtype(np.float32)), ArraySpec((None,), np.dtype(np.int32)))
+    assert stream.element_spec == (
+        ArraySpec((None,), np.dtype(np.float32)),
+        ArraySpec((None,), np.dtype(np.int32)),
+    )
     assert_same_batches(stream.skip(5), reference.skip(5), count=12)
 
 
 def test_a_mapped_stream_carries_its_new_spec():
     x, y, _ = columns(32)
     stream = indexed_batches(x, y, np.arange(32), 8, shuffle=False, seed=0)
-    weighted = stream.map(lambda b: (*b, np.ones(len(b[1]), np.float32)), (*stream.element_spec, ArraySpec((None,), np.dtype(np.float32))))
+    weighted = stream.map(
+        lambda b: (*b, np.ones(len(b[1]), np.float32)),
+        (*stream.element_spec, ArraySpec((None,), np.dtype(np.float32))),
+    )
     assert len(weighted.element_spec) == 3 and len(next(iter(weighted))) == 3
     assert isinstance(weighted, Batches) and len(stream.element_spec) == 2
 
@@ -140,7 +164,9 @@ def test_keras_reads_batches_in_order_and_from_anywhere():
     expected = [b[1].tolist() for b in itertools.islice(stream, 14)]
     feed = keras_input(stream, model=None)
     assert isinstance(feed, BatchesForKeras) and feed.num_batches is None
-    assert [feed[i][1].tolist() for i in (0, 1, 2, 13, 7, 8, 0)] == [expected[i] for i in (0, 1, 2, 13, 7, 8, 0)]
+    assert [feed[i][1].tolist() for i in (0, 1, 2, 13, 7, 8, 0)] == [
+        expected[i] for i in (0, 1, 2, 13, 7, 8, 0)
+    ]
     evaluation = keras_input(indexed_batches(x, y, np.arange(48), 8, shuffle=False, seed=2), model=None)
     assert evaluation.num_batches == len(evaluation) == 6
 
@@ -148,7 +174,9 @@ def test_keras_reads_batches_in_order_and_from_anywhere():
 def test_a_source_that_runs_short_of_its_declared_samples_says_so():
     from meshrun.run.feed import keras_input
 
-    short = element_batches(lambda: iter([(1.0, 1)] * 10), 4, False, 0, 1, share=(0, 1), per_pass=5, first_element=(1.0, 1))
+    short = element_batches(
+        lambda: iter([(1.0, 1)] * 10), 4, False, 0, 1, share=(0, 1), per_pass=5, first_element=(1.0, 1)
+    )
     feed = keras_input(short, model=None)
     assert feed[1][0].tolist() == [1.0] * 4
     with pytest.raises(RuntimeError, match="the data ran out at batch 2"):
@@ -204,7 +232,9 @@ def test_a_generator_dataset_is_found_at_any_depth_of_a_tf_data_pipeline():
     """What meshrun looks for before training a tf.data pipeline (TensorFlow's generator dataset sets
     glibc's mmap threshold for the whole process; meshrun.system.allocator)."""
     tf = tf_data.seeded_tensorflow(0)
-    generated = tf.data.Dataset.from_generator(lambda: iter(range(4)), output_signature=tf.TensorSpec((), tf.int64))
+    generated = tf.data.Dataset.from_generator(
+        lambda: iter(range(4)), output_signature=tf.TensorSpec((), tf.int64)
+    )
     sliced = tf.data.Dataset.from_tensor_slices(np.arange(4))
     assert tf_data.has_generator(generated.shuffle(4).batch(2).prefetch(1))
     assert tf_data.has_generator(tf.data.Dataset.range(3).interleave(lambda _: generated, cycle_length=2))

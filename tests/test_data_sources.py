@@ -72,7 +72,9 @@ def example(values: dict) -> bytes:
     return tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString()
 
 
-def write_tfrecords(folder: Path, prefix: str, shards: int, per_shard: int, compression=None, make=None) -> list[Path]:
+def write_tfrecords(
+    folder: Path, prefix: str, shards: int, per_shard: int, compression=None, make=None
+) -> list[Path]:
     """`shards` files `<prefix>-NNNNN.tfrecord` of `per_shard` records each: by default an 8x8x1
     float feature `x` and an int64 class `y`."""
     import tensorflow as tf
@@ -194,8 +196,11 @@ def test_npy_with_labels_path_and_eval_path(data_dir, in_tmp):
     np.save(data_dir / "eval_x.npy", features(48, start=1000))
     np.save(data_dir / "eval_y.npy", classes(48))
     args = [
-        "data=arrays", f"data.path={data_dir / 'x.npy'}", f"data.labels_path={data_dir / 'y.npy'}",
-        f"data.eval_path={data_dir / 'eval_x.npy'}", f"data.eval_labels_path={data_dir / 'eval_y.npy'}",
+        "data=arrays",
+        f"data.path={data_dir / 'x.npy'}",
+        f"data.labels_path={data_dir / 'y.npy'}",
+        f"data.eval_path={data_dir / 'eval_x.npy'}",
+        f"data.eval_labels_path={data_dir / 'eval_y.npy'}",
     ]
     data = train(args, in_tmp / "run")["data"]
     assert data["read_by_rows"] is True
@@ -206,7 +211,9 @@ def test_npy_with_labels_path_and_eval_path(data_dir, in_tmp):
 def test_npz_eval_path(data_dir, in_tmp):
     train_file = write_npz(data_dir / "train.npz", 64)
     eval_file = write_npz(data_dir / "eval.npz", 32)
-    data = train(["data=arrays", f"data.path={train_file}", f"data.eval_path={eval_file}"], in_tmp / "run")["data"]
+    data = train(["data=arrays", f"data.path={train_file}", f"data.eval_path={eval_file}"], in_tmp / "run")[
+        "data"
+    ]
     assert (data["train_samples"], data["eval_samples"]) == (64, 32)
 
 
@@ -262,8 +269,16 @@ def element_pipeline(kind: str, share: tuple[int, int] = (0, 1)):
 
         elements = tf.data.Dataset.from_tensor_slices((x, y))
         return tf_data.element_batches(elements, 8, shuffle=True, seed=4, buffer=100, share=share)
-    return batches_lib.element_batches(lambda: zip(x, y, strict=True), 8, shuffle=True, seed=4, buffer=100, share=(0, 1),
-                                       per_pass=12, first_element=(x[0], y[0]))
+    return batches_lib.element_batches(
+        lambda: zip(x, y, strict=True),
+        8,
+        shuffle=True,
+        seed=4,
+        buffer=100,
+        share=(0, 1),
+        per_pass=12,
+        first_element=(x[0], y[0]),
+    )
 
 
 @pytest.mark.parametrize("count", [1, 2, 4])
@@ -338,7 +353,14 @@ def test_arrays_shares_of_two_processes_make_the_one_process_batches(data_dir):
     options = ArraysOptions(path=str(data_dir / "p.npz"), validation_split=0.25)
 
     def labels(shard_index: int, shard_count: int) -> tuple[list, list]:
-        context = DataContext(get_model("dense_model"), None, batch_size=16, seed=5, shard_index=shard_index, shard_count=shard_count)
+        context = DataContext(
+            get_model("dense_model"),
+            None,
+            batch_size=16,
+            seed=5,
+            shard_index=shard_index,
+            shard_count=shard_count,
+        )
         datasets = make_datasets("arrays", options, context)
         assert datasets.steps_per_epoch == 3 and datasets.info["train_samples"] == 48
         train = []
@@ -351,7 +373,11 @@ def test_arrays_shares_of_two_processes_make_the_one_process_batches(data_dir):
     (whole, whole_eval), (first, first_eval), (second, second_eval) = labels(0, 1), labels(0, 2), labels(1, 2)
     for k in range(6):
         np.testing.assert_array_equal(np.concatenate([first[k], second[k]]), whole[k])
-    assert sorted(np.concatenate(whole[:3]).tolist()) == sorted(np.concatenate(whole[3:]).tolist()) == list(range(48))
+    assert (
+        sorted(np.concatenate(whole[:3]).tolist())
+        == sorted(np.concatenate(whole[3:]).tolist())
+        == list(range(48))
+    )
     assert np.concatenate(whole[:3]).tolist() != np.concatenate(whole[3:]).tolist(), "not reshuffled"
     assert first_eval[0].tolist() == list(range(48, 56)) and second_eval[0].tolist() == list(range(56, 64))
     np.testing.assert_array_equal(np.concatenate(whole_eval), np.arange(48, 64))
@@ -368,7 +394,12 @@ def tfrecord_run_with_eval_files(tmp_path_factory) -> tuple[dict, str]:
     write_tfrecords(data_dir, "train", shards=3, per_shard=48)
     write_tfrecords(data_dir, "eval", shards=1, per_shard=40)
     pattern = f"{data_dir}/eval-*.tfrecord"
-    args = ["data=tfrecord", f"data.files={data_dir}/train-*.tfrecord", f"data.eval_files={pattern}", FEATURES]
+    args = [
+        "data=tfrecord",
+        f"data.files={data_dir}/train-*.tfrecord",
+        f"data.eval_files={pattern}",
+        FEATURES,
+    ]
     with pytest.MonkeyPatch.context() as patch:
         patch.chdir(work)
         return train(args, work / "run"), pattern
@@ -405,8 +436,10 @@ def test_tfrecord_feature_spec_by_keys(data_dir, in_tmp):
     """The spec may also be given feature by feature."""
     write_tfrecords(data_dir, "train", shards=2, per_shard=16)
     args = [
-        "data=tfrecord", f"data.files={data_dir}/train-*.tfrecord",
-        "+data.features.x={dtype:float32,shape:[8,8,1]}", "+data.features.y={dtype:int64,shape:[]}",
+        "data=tfrecord",
+        f"data.files={data_dir}/train-*.tfrecord",
+        "+data.features.x={dtype:float32,shape:[8,8,1]}",
+        "+data.features.y={dtype:int64,shape:[]}",
     ]
     assert train(args, in_tmp / "run")["data"]["train_samples"] == 32
 
@@ -437,14 +470,21 @@ def test_python_factory_returning_a_dataset_gets_its_kwargs(factories, in_tmp):
 
 
 def test_python_kwargs_as_a_mapping(factories, in_tmp):
-    data = train(["data=python", f"data.factory={factories}:dataset", "data.kwargs={n:32}"], in_tmp / "run")["data"]
+    data = train(["data=python", f"data.factory={factories}:dataset", "data.kwargs={n:32}"], in_tmp / "run")[
+        "data"
+    ]
     assert data["kwargs"] == {"n": 32} and data["train_samples"] == 32
 
 
 def test_python_factory_returning_a_generator(factories, in_tmp):
     """A generator can be read once: every pass (two epochs here) calls the factory again."""
-    args = ["data=python", f"data.factory={factories}:generator", "data.num_samples=64", "data.eval_samples=32",
-            "train.epochs=2"]
+    args = [
+        "data=python",
+        f"data.factory={factories}:generator",
+        "data.num_samples=64",
+        "data.eval_samples=32",
+        "train.epochs=2",
+    ]
     metrics = train(args, in_tmp / "run")
     assert (metrics["data"]["train_samples"], metrics["data"]["eval_samples"]) == (64, 32)
     assert len(metrics["history"]["loss"]) == 2 and metrics["timing"]["steady_steps"] == 6
@@ -453,7 +493,9 @@ def test_python_factory_returning_a_generator(factories, in_tmp):
 def test_python_factory_returning_a_grain_dataset(factories, in_tmp):
     """A Grain MapDataset of samples knows its size; it is read as an iterable (the PyDataset feeds
     this model)."""
-    metrics = train(["data=python", f"data.factory={factories}:grain_samples", "+data.kwargs.n=48"], in_tmp / "run")
+    metrics = train(
+        ["data=python", f"data.factory={factories}:grain_samples", "+data.kwargs.n=48"], in_tmp / "run"
+    )
     assert (metrics["data"]["train_samples"], metrics["data"]["eval_samples"]) == (48, 48)
     assert metrics["data"]["loader"] == "pydataset" and metrics["data"]["allocator_restored"] is False
 
@@ -511,16 +553,26 @@ BAD = {
         ["data.eval_path: got", "none.npz", "not a file"],
     ),
     "not a numpy file": (
-        lambda d, f: ((d / "text.npy").write_text("hello"), ["data=arrays", f"data.path={d}/text.npy", f"data.labels_path={d}/text.npy"])[1],
+        lambda d, f: (
+            (d / "text.npy").write_text("hello"),
+            ["data=arrays", f"data.path={d}/text.npy", f"data.labels_path={d}/text.npy"],
+        )[1],
         ["data.path: cannot read", "text.npy", "as a numpy file"],
     ),
     "features in a file that is neither .npz nor .npy": (
-        lambda d, f: (np.save(d / "x.npy", features(64)), np.save(d / "y.npy", classes(64)), (d / "x.npy").rename(d / "x.dat"),
-                      ["data=arrays", f"data.path={d}/x.dat", f"data.labels_path={d}/y.npy"])[-1],
+        lambda d, f: (
+            np.save(d / "x.npy", features(64)),
+            np.save(d / "y.npy", classes(64)),
+            (d / "x.npy").rename(d / "x.dat"),
+            ["data=arrays", f"data.path={d}/x.dat", f"data.labels_path={d}/y.npy"],
+        )[-1],
         ["data.path: got", "x.dat'; data=arrays reads .npz files (np.savez) or a .npy of features (np.save)"],
     ),
     "labels in a .npz": (
-        lambda d, f: (np.save(d / "x.npy", features(64)), ["data=arrays", f"data.path={d}/x.npy", f"data.labels_path={npz_args(d)[1][10:]}"])[1],
+        lambda d, f: (
+            np.save(d / "x.npy", features(64)),
+            ["data=arrays", f"data.path={d}/x.npy", f"data.labels_path={npz_args(d)[1][10:]}"],
+        )[1],
         ["data.labels_path: got", "bad.npz'; expected a .npy file of labels"],
     ),
     "npz key not present": (
@@ -541,27 +593,38 @@ BAD = {
     ),
     "feature shape does not fit the model": (
         lambda d, f: npz_args(d, x=features(64, shape=(28, 28, 1))),
-        ["data: features of shape (28, 28, 1) do not fit the model's input of shape (8, 8, 1); "
-         "set model.input_shape=[28,28,1] to build the model for this data"],
+        [
+            "data: features of shape (28, 28, 1) do not fit the model's input of shape (8, 8, 1); "
+            "set model.input_shape=[28,28,1] to build the model for this data"
+        ],
     ),
     "int features into dense_model": (
         lambda d, f: npz_args(d, x=features(64).astype(np.int32)),
         ["data: features of dtype int32 do not fit the model's input of dtype float32"],
     ),
     "float ids into two_tower": (
-        lambda d, f: [*tfrecord_args(d, make=ids_record, spec=IDS_SPEC), "data.inputs=[user_id,item_id]", "data.label=label"],
+        lambda d, f: [
+            *tfrecord_args(d, make=ids_record, spec=IDS_SPEC),
+            "data.inputs=[user_id,item_id]",
+            "data.label=label",
+        ],
         ["data: features of dtype float32 do not fit the model's input", "of dtype int32"],
         TWO_TOWER,
     ),
     "one-hot labels under a sparse loss": (
         lambda d, f: npz_args(d, y=np.eye(10, dtype=np.float32)[classes(64)]),
-        ["data: labels of shape (10) do not fit the loss sparse_categorical_crossentropy", "output of shape (10)",
-         "expects labels of shape () (class indices); for one-hot labels set train.loss=categorical_crossentropy"],
+        [
+            "data: labels of shape (10) do not fit the loss sparse_categorical_crossentropy",
+            "output of shape (10)",
+            "expects labels of shape () (class indices); for one-hot labels set train.loss=categorical_crossentropy",
+        ],
     ),
     "class labels under the default mse loss": (
         lambda d, f: [*npz_args(d), "train.loss=mean_squared_error"],
-        ["data: labels of shape () do not fit the loss mean_squared_error",
-         "; for integer class labels set train.loss=sparse_categorical_crossentropy"],
+        [
+            "data: labels of shape () do not fit the loss mean_squared_error",
+            "; for integer class labels set train.loss=sparse_categorical_crossentropy",
+        ],
     ),
     "int labels of the wrong shape": (
         lambda d, f: npz_args(d, y=np.zeros((64, 3), dtype=np.int64)),
@@ -569,12 +632,17 @@ BAD = {
     ),
     "float class labels under a sparse loss": (
         lambda d, f: npz_args(d, y=classes(64).astype(np.float32)),
-        ["data: labels of dtype float32 do not fit the loss sparse_categorical_crossentropy", "integer class indices"],
+        [
+            "data: labels of dtype float32 do not fit the loss sparse_categorical_crossentropy",
+            "integer class indices",
+        ],
     ),
     "class labels under a dense loss": (
         lambda d, f: [*npz_args(d), "train.loss=categorical_crossentropy"],
-        ["data: labels of shape () do not fit the loss categorical_crossentropy",
-         "expects labels of shape (10); for integer class labels set train.loss=sparse_categorical_crossentropy"],
+        [
+            "data: labels of shape () do not fit the loss categorical_crossentropy",
+            "expects labels of shape (10); for integer class labels set train.loss=sparse_categorical_crossentropy",
+        ],
     ),
     "arrays fewer samples than one global batch": (
         lambda d, f: npz_args(d, count=8),
@@ -590,7 +658,11 @@ BAD = {
     ),
     "tfrecord fewer samples than one global batch": (
         lambda d, f: tfrecord_args(d, count=10),
-        ["data.files:", "train-*.tfrecord", "holds 10 samples, fewer than one global batch (train.batch_size=16)"],
+        [
+            "data.files:",
+            "train-*.tfrecord",
+            "holds 10 samples, fewer than one global batch (train.batch_size=16)",
+        ],
     ),
     "empty glob": (
         lambda d, f: ["data=tfrecord", f"data.files={d}/nothing-*.tfrecord", FEATURES],
@@ -605,8 +677,11 @@ BAD = {
         ["data.files:", "train-00001.tfrecord", "is corrupt or not a TFRecord file"],
     ),
     "truncated tfrecord": (
-        lambda d, f: (write_tfrecords(d, "train", 1, 32), _truncate(d / "train-00000.tfrecord"),
-                      ["data=tfrecord", f"data.files={d}/train-*.tfrecord", FEATURES])[-1],
+        lambda d, f: (
+            write_tfrecords(d, "train", 1, 32),
+            _truncate(d / "train-00000.tfrecord"),
+            ["data=tfrecord", f"data.files={d}/train-*.tfrecord", FEATURES],
+        )[-1],
         ["data.files:", "train-00000.tfrecord", "is corrupt or not a TFRecord file"],
     ),
     "plain tfrecord read as GZIP": (
@@ -614,16 +689,24 @@ BAD = {
         ["data.files:", "is corrupt or not a TFRecord file"],
     ),
     "feature spec of the wrong shape": (
-        lambda d, f: tfrecord_args(d, spec="data.features={x:{dtype:float32,shape:[4,4,1]},y:{dtype:int64,shape:[]}}"),
+        lambda d, f: tfrecord_args(
+            d, spec="data.features={x:{dtype:float32,shape:[4,4,1]},y:{dtype:int64,shape:[]}}"
+        ),
         ["data.features: does not parse the records of", "train-00000.tfrecord"],
     ),
     "feature spec of the wrong dtype": (
-        lambda d, f: tfrecord_args(d, spec="data.features={x:{dtype:int64,shape:[8,8,1]},y:{dtype:int64,shape:[]}}"),
+        lambda d, f: tfrecord_args(
+            d, spec="data.features={x:{dtype:int64,shape:[8,8,1]},y:{dtype:int64,shape:[]}}"
+        ),
         ["data.features: does not parse the records of"],
     ),
     "feature spec naming a missing feature": (
-        lambda d, f: tfrecord_args(d, spec="data.features={x:{dtype:float32,shape:[8,8,1]},label:{dtype:int64,shape:[]}}")
-        + ["data.label=label"],
+        lambda d, f: (
+            tfrecord_args(
+                d, spec="data.features={x:{dtype:float32,shape:[8,8,1]},label:{dtype:int64,shape:[]}}"
+            )
+            + ["data.label=label"]
+        ),
         ["data.features: does not parse the records of"],
     ),
     "feature spec without a dtype": (
@@ -640,7 +723,10 @@ BAD = {
     ),
     "factory that does not import": (
         lambda d, f: ["data=python", "data.factory=meshrun_no_such_module:make"],
-        ["data.factory: got 'meshrun_no_such_module:make': no module 'meshrun_no_such_module' in the working dir", "PYTHONPATH"],
+        [
+            "data.factory: got 'meshrun_no_such_module:make': no module 'meshrun_no_such_module' in the working dir",
+            "PYTHONPATH",
+        ],
     ),
     "factory naming a missing function": (
         lambda d, f: ["data=python", f"data.factory={f}:nope"],
@@ -651,8 +737,16 @@ BAD = {
         ["data.factory: got", "expected module:function"],
     ),
     "factory returning no dataset": (
-        lambda d, f: ["data=python", f"data.factory={f}:number", "data.num_samples=64", "data.eval_samples=32"],
-        ["data.factory:", f"{FACTORIES}:number(split='train') returned int, not a tf.data.Dataset or an iterable"],
+        lambda d, f: [
+            "data=python",
+            f"data.factory={f}:number",
+            "data.num_samples=64",
+            "data.eval_samples=32",
+        ],
+        [
+            "data.factory:",
+            f"{FACTORIES}:number(split='train') returned int, not a tf.data.Dataset or an iterable",
+        ],
     ),
     "grain source of the wrong shape": (
         lambda d, f: ["data=python", f"data.factory={f}:grain_samples", "+data.kwargs.side=7"],
@@ -660,7 +754,9 @@ BAD = {
     ),
     "grain source of the wrong dtype": (
         lambda d, f: ["data=python", f"data.factory={f}:grain_samples", "+data.kwargs.label_dtype=float32"],
-        ["data: labels of dtype float32 do not fit the loss sparse_categorical_crossentropy: it expects integer class indices"],
+        [
+            "data: labels of dtype float32 do not fit the loss sparse_categorical_crossentropy: it expects integer class indices"
+        ],
     ),
     "factory that raises": (
         lambda d, f: ["data=python", f"data.factory={f}:broken"],
@@ -668,13 +764,19 @@ BAD = {
     ),
     "generator without either size": (
         lambda d, f: ["data=python", f"data.factory={f}:generator"],
-        ["data.num_samples, data.eval_samples: are required: the train and eval datasets from", "do not know their size; set both",
-         "(data.num_samples=N data.eval_samples=M), or return a list"],
+        [
+            "data.num_samples, data.eval_samples: are required: the train and eval datasets from",
+            "do not know their size; set both",
+            "(data.num_samples=N data.eval_samples=M), or return a list",
+        ],
     ),
     "generator without num_samples": (
         lambda d, f: ["data=python", f"data.factory={f}:generator", "data.eval_samples=32"],
-        ["data.num_samples: is required: the train dataset from", "does not know its size; set data.num_samples=N",
-         "or return a list"],
+        [
+            "data.num_samples: is required: the train dataset from",
+            "does not know its size; set data.num_samples=N",
+            "or return a list",
+        ],
     ),
     "generator without eval_samples": (
         lambda d, f: ["data=python", f"data.factory={f}:generator", "data.num_samples=64"],
@@ -689,12 +791,18 @@ BAD = {
         ["data.kwargs: got 'rows', which", "does not take; it takes: n"],
     ),
     "missing data.path": (lambda d, f: ["data=arrays"], ["data.path: is required for data=arrays"]),
-    "missing data.files": (lambda d, f: ["data=tfrecord", FEATURES], ["data.files: is required for data=tfrecord"]),
+    "missing data.files": (
+        lambda d, f: ["data=tfrecord", FEATURES],
+        ["data.files: is required for data=tfrecord"],
+    ),
     "missing data.features": (
         lambda d, f: ["data=tfrecord", f"data.files={d}/x-*.tfrecord"],
         ["data.features: is required"],
     ),
-    "missing data.factory": (lambda d, f: ["data=python"], ["data.factory: got None; expected module:function"]),
+    "missing data.factory": (
+        lambda d, f: ["data=python"],
+        ["data.factory: got None; expected module:function"],
+    ),
     "unknown data.name": (
         lambda d, f: ["data.name=nope"],
         ["data.name: got 'nope'; available data sources: arrays, python, synthetic, text or tfrecord"],
@@ -728,8 +836,10 @@ def test_string_features_into_a_float_input_are_a_config_error(data_dir, in_tmp,
 
     with tf.io.TFRecordWriter(str(data_dir / "train-00000.tfrecord")) as writer:
         for i in range(32):
-            feature = {"x": tf.train.Feature(bytes_list=tf.train.BytesList(value=[b"a"] * 64)),
-                       "y": tf.train.Feature(int64_list=tf.train.Int64List(value=[i % 10]))}
+            feature = {
+                "x": tf.train.Feature(bytes_list=tf.train.BytesList(value=[b"a"] * 64)),
+                "y": tf.train.Feature(int64_list=tf.train.Int64List(value=[i % 10])),
+            }
             writer.write(tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString())
     spec = "data.features={x:{dtype:string,shape:[8,8,1]},y:{dtype:int64,shape:[]}}"
     line = rejected(["data=tfrecord", f"data.files={data_dir}/train-*.tfrecord", spec], in_tmp, capsys)
@@ -746,14 +856,39 @@ def test_the_fit_check_takes_sizes_a_model_leaves_open_as_any_size():
     from meshrun.models.registry import InputSpec
     from meshrun.run.build import Signature
 
-    open_length = Signature(inputs=(InputSpec("token_ids", (None,), "int32"), InputSpec("padding_mask", (None,), "int32")),
-                            outputs=(InputSpec(None, (None, 512)),))
+    open_length = Signature(
+        inputs=(InputSpec("token_ids", (None,), "int32"), InputSpec("padding_mask", (None,), "int32")),
+        outputs=(InputSpec(None, (None, 512)),),
+    )
     ints = tf.TensorSpec((8, 32), tf.int32)
-    check_fits_model(({"token_ids": ints, "padding_mask": ints}, ints, tf.TensorSpec((8, 32), tf.float32)), open_length, "sparse_categorical_crossentropy")
-    with pytest.raises(ConfigError, match=r"sample weights of shape \(31\) do not fit labels of shape \(32\)"):
-        check_fits_model(({"token_ids": ints, "padding_mask": ints}, ints, tf.TensorSpec((8, 31), tf.float32)), open_length, "sparse_categorical_crossentropy")
+    check_fits_model(
+        ({"token_ids": ints, "padding_mask": ints}, ints, tf.TensorSpec((8, 32), tf.float32)),
+        open_length,
+        "sparse_categorical_crossentropy",
+    )
+    with pytest.raises(
+        ConfigError, match=r"sample weights of shape \(31\) do not fit labels of shape \(32\)"
+    ):
+        check_fits_model(
+            ({"token_ids": ints, "padding_mask": ints}, ints, tf.TensorSpec((8, 31), tf.float32)),
+            open_length,
+            "sparse_categorical_crossentropy",
+        )
     fixed = Signature(inputs=(InputSpec(None, (16,), "float32"),), outputs=(InputSpec(None, (4,)),))
-    with pytest.raises(ConfigError, match=r"features of shape \(15\) do not fit the model's input of shape \(16\)"):
-        check_fits_model((tf.TensorSpec((8, 15), tf.float32), tf.TensorSpec((8,), tf.int32)), fixed, "sparse_categorical_crossentropy")
-    with pytest.raises(ConfigError, match=r"the data's features \(\['x'\]\) do not fit the model's inputs \(one unnamed tensor\)"):
-        check_fits_model(({"x": tf.TensorSpec((8, 16), tf.float32)}, tf.TensorSpec((8,), tf.int32)), fixed, "sparse_categorical_crossentropy")
+    with pytest.raises(
+        ConfigError, match=r"features of shape \(15\) do not fit the model's input of shape \(16\)"
+    ):
+        check_fits_model(
+            (tf.TensorSpec((8, 15), tf.float32), tf.TensorSpec((8,), tf.int32)),
+            fixed,
+            "sparse_categorical_crossentropy",
+        )
+    with pytest.raises(
+        ConfigError,
+        match=r"the data's features \(\['x'\]\) do not fit the model's inputs \(one unnamed tensor\)",
+    ):
+        check_fits_model(
+            ({"x": tf.TensorSpec((8, 16), tf.float32)}, tf.TensorSpec((8,), tf.int32)),
+            fixed,
+            "sparse_categorical_crossentropy",
+        )

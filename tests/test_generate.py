@@ -22,15 +22,32 @@ from meshrun import cli
 pytestmark = pytest.mark.integration
 
 PROMPT = "The cat"
-PROMPTS = [PROMPT, "A", "Every morning the old farmer walks"]  # three lengths: a batch of 4 rows on a batch axis of 2
+PROMPTS = [
+    PROMPT,
+    "A",
+    "Every morning the old farmer walks",
+]  # three lengths: a batch of 4 rows on a batch axis of 2
 MAX_LENGTH = 24
-RUN = ["model=keras_hub", "mesh=2x4", "layout=gemma_tp", "model.seq_len=32", "train.epochs=1", "train.verbose=0",
-       "data.num_samples=32", "data.eval_samples=16"]
+RUN = [
+    "model=keras_hub",
+    "mesh=2x4",
+    "layout=gemma_tp",
+    "model.seq_len=32",
+    "train.epochs=1",
+    "train.verbose=0",
+    "data.num_samples=32",
+    "data.eval_samples=16",
+]
 # LoRA at rank 4 with alpha / rank = 2 (folded into what a run exports or keeps), completing PROMPTS:
 # `trained` and the fine-tunes without export train, evaluate and sample the same programs, so the
 # fine-tunes find them compiled.
-LORA_RUN = [*RUN, "model.lora.rank=4", "model.lora.alpha=8", f"train.sample_prompts={json.dumps(PROMPTS)}",
-            f"train.sample_max_length={MAX_LENGTH}"]
+LORA_RUN = [
+    *RUN,
+    "model.lora.rank=4",
+    "model.lora.alpha=8",
+    f"train.sample_prompts={json.dumps(PROMPTS)}",
+    f"train.sample_max_length={MAX_LENGTH}",
+]
 
 
 @pytest.fixture(scope="module")
@@ -51,8 +68,16 @@ def trained(preset, tmp_path_factory):
     """A LoRA run of the preset on 2x4 (alpha / rank = 2) that checkpoints, exports and completes
     PROMPTS; its run dir and metrics."""
     run_dir = tmp_path_factory.mktemp("runs") / "trained"
-    cli.main(["train", *LORA_RUN, f"model.preset={preset}", "checkpoint.every_epoch=true", "checkpoint.export=true",
-              f"hydra.run.dir={run_dir}"])
+    cli.main(
+        [
+            "train",
+            *LORA_RUN,
+            f"model.preset={preset}",
+            "checkpoint.every_epoch=true",
+            "checkpoint.export=true",
+            f"hydra.run.dir={run_dir}",
+        ]
+    )
     metrics = read_metrics(run_dir)
     assert metrics["status"] == "ok", metrics["error"]
     return run_dir, metrics
@@ -66,7 +91,10 @@ def by_hand(preset, tokenizer):
     import keras_hub
 
     model = keras_hub.models.CausalLM.from_preset(str(preset), preprocessor=None)
-    return [greedy_by_hand(model, [tokenizer.start_id, *tokenizer.encode([prompt])[0].tolist()], MAX_LENGTH) for prompt in PROMPTS]
+    return [
+        greedy_by_hand(model, [tokenizer.start_id, *tokenizer.encode([prompt])[0].tolist()], MAX_LENGTH)
+        for prompt in PROMPTS
+    ]
 
 
 def greedy_by_hand(model, prompt_ids: list[int], max_length: int, end: int | None = None) -> list[int]:
@@ -83,7 +111,7 @@ def greedy_by_hand(model, prompt_ids: list[int], max_length: int, end: int | Non
         if token == end:
             break
         ids.append(token)
-    return ids[len(prompt_ids):]
+    return ids[len(prompt_ids) :]
 
 
 def up_to(ids: list[int], end: int) -> list[int]:
@@ -98,9 +126,16 @@ def test_prompts_are_encoded_as_training_encodes_them(tokenizer):
     encoded = encode_prompts(tokenizer, framing, PROMPTS, MAX_LENGTH, "key", "length_key")
     for prompt, ids in zip(PROMPTS, encoded, strict=True):
         assert ids.tolist() == [tokenizer.start_id, *tokenizer.encode([prompt])[0].tolist()]
-    batch = prompt_batch(encoded[:1], MAX_LENGTH, multiple=2, pad=tokenizer.pad_id)  # one prompt, batch axis of 2
-    assert batch["token_ids"].shape == (2, MAX_LENGTH) and batch["padding_mask"].sum(axis=1).tolist() == [len(encoded[0])] * 2
-    assert batch["token_ids"][0, len(encoded[0]):].tolist() == [tokenizer.pad_id] * (MAX_LENGTH - len(encoded[0]))
+    batch = prompt_batch(
+        encoded[:1], MAX_LENGTH, multiple=2, pad=tokenizer.pad_id
+    )  # one prompt, batch axis of 2
+    assert (
+        batch["token_ids"].shape == (2, MAX_LENGTH)
+        and batch["padding_mask"].sum(axis=1).tolist() == [len(encoded[0])] * 2
+    )
+    assert batch["token_ids"][0, len(encoded[0]) :].tolist() == [tokenizer.pad_id] * (
+        MAX_LENGTH - len(encoded[0])
+    )
 
 
 def test_completions_on_a_2x4_mesh_are_greedy_and_stop_at_the_end_token(preset, tokenizer, by_hand):
@@ -132,7 +167,9 @@ def test_completions_on_a_2x4_mesh_are_greedy_and_stop_at_the_end_token(preset, 
         (alone,) = complete(model, tokenizer, stopping, [PROMPT], MAX_LENGTH, 2, "key", "length_key")
         assert alone == tokenizer.decode(up_to(by_hand[0], end)) and 1 <= len(up_to(by_hand[0], end)) <= 2
         padded_with_the_end = Framing(start=tokenizer.start_id, end=end, pad=end)
-        (same,) = complete(model, tokenizer, padded_with_the_end, [PROMPT], MAX_LENGTH, 2, "key", "length_key")
+        (same,) = complete(
+            model, tokenizer, padded_with_the_end, [PROMPT], MAX_LENGTH, 2, "key", "length_key"
+        )
         assert same == alone
     finally:
         distribution_lib.reset()
@@ -150,7 +187,10 @@ def test_a_run_completes_its_prompts_after_training(trained):
     console = Console(file=StringIO(), width=200)
     console.print(summary_table(RunMetrics.from_json(metrics)))
     for sample in metrics["samples"]:
-        assert isinstance(sample["completion"], str) and f"{sample['prompt']!r} -> {sample['completion']!r}" in console.file.getvalue()
+        assert (
+            isinstance(sample["completion"], str)
+            and f"{sample['prompt']!r} -> {sample['completion']!r}" in console.file.getvalue()
+        )
 
 
 def test_meshrun_generate_completes_from_the_runs_export(trained, capsys):
@@ -160,7 +200,15 @@ def test_meshrun_generate_completes_from_the_runs_export(trained, capsys):
     run_dir, metrics = trained
     assert (run_dir / "preset" / "config.json").is_file()
     capsys.readouterr()
-    cli.main(["generate", str(run_dir), *[f"--prompt={prompt}" for prompt in PROMPTS], "--max-length", str(MAX_LENGTH)])
+    cli.main(
+        [
+            "generate",
+            str(run_dir),
+            *[f"--prompt={prompt}" for prompt in PROMPTS],
+            "--max-length",
+            str(MAX_LENGTH),
+        ]
+    )
     lines = capsys.readouterr().out.strip().splitlines()
     assert lines[0] == f"{PROMPT!r} -> {metrics['samples'][0]['completion']!r}"
     assert lines == [f"{sample['prompt']!r} -> {sample['completion']!r}" for sample in metrics["samples"]]
@@ -173,7 +221,9 @@ def test_meshrun_generate_completes_from_the_runs_checkpoint(trained, tmp_path):
     run_dir, metrics = trained
     copy = tmp_path / "run"
     shutil.copytree(run_dir, copy, ignore=shutil.ignore_patterns("preset", "adapter.lora.h5"))
-    done = run_meshrun(["generate", str(copy), "--prompt", PROMPT, "--max-length", str(MAX_LENGTH), "--json"], tmp_path)
+    done = run_meshrun(
+        ["generate", str(copy), "--prompt", PROMPT, "--max-length", str(MAX_LENGTH), "--json"], tmp_path
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     assert json.loads(done.stdout) == metrics["samples"][:1]
     assert not done.stderr.strip()  # no library chatter
@@ -184,10 +234,27 @@ def test_a_gemma_run_that_exports_prints_nothing_on_stderr(preset, tmp_path):
     """A Gemma run in a process of its own that loads no tokenizer before its export: the
     SentencePiece inside TensorFlow Text prints a LOG(INFO) line on loading Gemma's tokenizer to
     export it, which the run leaves out (and every other line it would print on stderr)."""
-    done = run_meshrun(["train", "model=keras_hub", f"model.preset={preset}", "mesh=2x1", "layout=replicated", "model.seq_len=16",
-                        "train.epochs=1", "train.verbose=0", "train.batch_size=8", "data.num_samples=8", "data.eval_samples=8",
-                        "checkpoint.export=true", f"hydra.run.dir={tmp_path / 'run'}"], tmp_path)
-    assert done.returncode == 0 and (tmp_path / "run" / "preset" / "tokenizer.json").is_file(), done.stderr[-2000:]
+    done = run_meshrun(
+        [
+            "train",
+            "model=keras_hub",
+            f"model.preset={preset}",
+            "mesh=2x1",
+            "layout=replicated",
+            "model.seq_len=16",
+            "train.epochs=1",
+            "train.verbose=0",
+            "train.batch_size=8",
+            "data.num_samples=8",
+            "data.eval_samples=8",
+            "checkpoint.export=true",
+            f"hydra.run.dir={tmp_path / 'run'}",
+        ],
+        tmp_path,
+    )
+    assert done.returncode == 0 and (tmp_path / "run" / "preset" / "tokenizer.json").is_file(), done.stderr[
+        -2000:
+    ]
     assert done.stderr == ""
 
 
@@ -200,7 +267,15 @@ def test_meshrun_generate_loads_only_what_the_runs_metrics_json_says_it_wrote(tr
     shutil.copytree(run_dir, copy)
     (copy / "preset" / "config.json").write_text('{"stale": "an earlier run\'s preset"}')
     (copy / "adapter.lora.h5").write_bytes(b"an earlier run's adapter")
-    unexported = {**metrics, "checkpoint": {**metrics["checkpoint"], "exported": None, "exported_preset": None, "exported_adapter": None}}
+    unexported = {
+        **metrics,
+        "checkpoint": {
+            **metrics["checkpoint"],
+            "exported": None,
+            "exported_preset": None,
+            "exported_adapter": None,
+        },
+    }
     (copy / "metrics.json").write_text(json.dumps(unexported))
     cli.main(["generate", str(copy), "--prompt", PROMPT, "--max-length", str(MAX_LENGTH), "--json"])
     assert json.loads(capsys.readouterr().out) == metrics["samples"][:1]
@@ -217,11 +292,25 @@ def test_a_lora_fine_tune_without_export_keeps_its_adapter_and_generate_samples_
     """The adapter file is the run's one weights file (recorded in metrics.json); `meshrun generate`
     puts it on the base preset (alpha / rank folded in) and gives the completion the run recorded."""
     run_dir, metrics = fine_tune(preset, tmp_path / "run")
-    assert metrics["status"] == "ok" and metrics["checkpoint"]["exported_adapter"] == str(run_dir / "adapter.lora.h5")
+    assert metrics["status"] == "ok" and metrics["checkpoint"]["exported_adapter"] == str(
+        run_dir / "adapter.lora.h5"
+    )
     assert metrics["checkpoint"]["exported"] is None and metrics["checkpoint"]["exported_preset"] is None
-    assert sorted(p.name for p in run_dir.iterdir() if p.suffix in (".h5", ".keras") or p.is_dir()) == [".hydra", "adapter.lora.h5"]
+    assert sorted(p.name for p in run_dir.iterdir() if p.suffix in (".h5", ".keras") or p.is_dir()) == [
+        ".hydra",
+        "adapter.lora.h5",
+    ]
     capsys.readouterr()
-    cli.main(["generate", str(run_dir), *[f"--prompt={prompt}" for prompt in PROMPTS], "--max-length", str(MAX_LENGTH), "--json"])
+    cli.main(
+        [
+            "generate",
+            str(run_dir),
+            *[f"--prompt={prompt}" for prompt in PROMPTS],
+            "--max-length",
+            str(MAX_LENGTH),
+            "--json",
+        ]
+    )
     assert json.loads(capsys.readouterr().out) == metrics["samples"]
 
 
@@ -229,7 +318,9 @@ def test_a_lora_fine_tune_told_not_to_keep_its_adapter_leaves_no_weights(preset,
     run_dir, metrics = fine_tune(preset, tmp_path / "run", "checkpoint.keep_adapter=false")
     assert metrics["status"] == "ok" and metrics["checkpoint"]["exported_adapter"] is None
     assert not (run_dir / "adapter.lora.h5").exists()
-    assert f"RUN_DIR: '{run_dir}' has no saved weights" in error_line_here(["generate", str(run_dir), "--prompt", PROMPT], capsys)
+    assert f"RUN_DIR: '{run_dir}' has no saved weights" in error_line_here(
+        ["generate", str(run_dir), "--prompt", PROMPT], capsys
+    )
 
 
 def test_bad_generate_input_is_one_line_with_exit_2(trained, tmp_path, capsys):
@@ -238,7 +329,9 @@ def test_bad_generate_input_is_one_line_with_exit_2(trained, tmp_path, capsys):
     unfinished = tmp_path / "unfinished"
     shutil.copytree(run_dir / ".hydra", unfinished / ".hydra")
     no_weights = tmp_path / "no-weights"
-    shutil.copytree(run_dir, no_weights, ignore=shutil.ignore_patterns("preset", "adapter.lora.h5", "checkpoints"))
+    shutil.copytree(
+        run_dir, no_weights, ignore=shutil.ignore_patterns("preset", "adapter.lora.h5", "checkpoints")
+    )
     other_model = tmp_path / "dense"
     (other_model / ".hydra").mkdir(parents=True)
     (other_model / ".hydra" / "config.yaml").write_text("model:\n  name: dense_model\n")
@@ -246,18 +339,44 @@ def test_bad_generate_input_is_one_line_with_exit_2(trained, tmp_path, capsys):
         ("generate", "--prompt", "x"): "RUN_DIR: is required",
         ("generate", run): "--prompt: is required",
         ("generate", run, "--prompt", "x", "--max-length", "one"): "--max-length: got 'one'",
-        ("generate", run, "--prompt", "x", "--temperature", "1"): "--temperature: not a flag of meshrun generate",
+        (
+            "generate",
+            run,
+            "--prompt",
+            "x",
+            "--temperature",
+            "1",
+        ): "--temperature: not a flag of meshrun generate",
         ("generate", run, "--prompt", "--json"): "--prompt: got nothing; give TEXT after it",
         ("generate", str(tmp_path / "nowhere"), "--prompt", "x"): "which is not a directory",
         ("generate", str(tmp_path), "--prompt", "x"): "holds no .hydra/config.yaml",
         ("generate", str(other_model), "--prompt", "x"): "a run of model=dense_model",
-        ("generate", str(unfinished), "--prompt", "x"): f"RUN_DIR: got '{unfinished}', which holds no metrics.json: its run did not finish",
-        ("generate", str(no_weights), "--prompt", "x"): f"RUN_DIR: '{no_weights}' has no saved weights (its metrics.json names none",
-        ("generate", run, "--prompt", PROMPTS[2], "--max-length", "4"): "which leaves no room to complete it within --max-length=4",
+        (
+            "generate",
+            str(unfinished),
+            "--prompt",
+            "x",
+        ): f"RUN_DIR: got '{unfinished}', which holds no metrics.json: its run did not finish",
+        (
+            "generate",
+            str(no_weights),
+            "--prompt",
+            "x",
+        ): f"RUN_DIR: '{no_weights}' has no saved weights (its metrics.json names none",
+        (
+            "generate",
+            run,
+            "--prompt",
+            PROMPTS[2],
+            "--max-length",
+            "4",
+        ): "which leaves no room to complete it within --max-length=4",
     }
     for args, expected in cases.items():
         assert expected in error_line_here(list(args), capsys), args
-    done = run_meshrun(["generate", str(tmp_path / "nowhere"), "--prompt", "x"], tmp_path)  # the program itself
+    done = run_meshrun(
+        ["generate", str(tmp_path / "nowhere"), "--prompt", "x"], tmp_path
+    )  # the program itself
     assert "RUN_DIR: got" in one_error_line(done)
     cli.main(["generate", "--help"])
     assert capsys.readouterr().out.startswith("usage: meshrun generate RUN_DIR --prompt TEXT")
@@ -266,31 +385,58 @@ def test_bad_generate_input_is_one_line_with_exit_2(trained, tmp_path, capsys):
 PRESET_RUN = ["model=keras_hub", "model.preset=PRESET", "mesh=2x4", "layout=gemma_tp", "model.seq_len=32"]
 
 
-@pytest.mark.parametrize("args, expected", [
-    (["model=dense_model", "mesh=2x4"], "train.sample_prompts: got 1 prompt with model=dense_model"),
-    (["model=keras_hub", "model.task=GemmaCausalLM", "mesh=2x4", "model.seq_len=16",
-      "model.backbone={vocabulary_size:512,num_layers:1,num_query_heads:4,num_key_value_heads:4,hidden_dim:32,intermediate_dim:64,head_dim:8}"],
-     "train.sample_prompts: needs a tokenizer: model.preset or data.tokenizer"),
-    ([*PRESET_RUN, "train.sample_max_length=3"], "which leaves no room to complete it within train.sample_max_length=3"),
-    ([*PRESET_RUN, "train.sample_max_length=1"], "train.sample_max_length: got 1"),
-])
+@pytest.mark.parametrize(
+    "args, expected",
+    [
+        (["model=dense_model", "mesh=2x4"], "train.sample_prompts: got 1 prompt with model=dense_model"),
+        (
+            [
+                "model=keras_hub",
+                "model.task=GemmaCausalLM",
+                "mesh=2x4",
+                "model.seq_len=16",
+                "model.backbone={vocabulary_size:512,num_layers:1,num_query_heads:4,num_key_value_heads:4,hidden_dim:32,intermediate_dim:64,head_dim:8}",
+            ],
+            "train.sample_prompts: needs a tokenizer: model.preset or data.tokenizer",
+        ),
+        (
+            [*PRESET_RUN, "train.sample_max_length=3"],
+            "which leaves no room to complete it within train.sample_max_length=3",
+        ),
+        ([*PRESET_RUN, "train.sample_max_length=1"], "train.sample_max_length: got 1"),
+    ],
+)
 def test_bad_sample_prompts_are_one_line_before_training(args, expected, preset, in_tmp, capsys):
     args = [arg.replace("PRESET", str(preset)) for arg in args]
-    line = error_line_here(["train", *args, f"train.sample_prompts=['{PROMPTS[2]}']", "train.verbose=0"], capsys)
+    line = error_line_here(
+        ["train", *args, f"train.sample_prompts=['{PROMPTS[2]}']", "train.verbose=0"], capsys
+    )
     assert expected in line
     assert not list(in_tmp.rglob("metrics.json"))  # rejected before anything ran
 
 
 # --- every tokenizer family: the samples and meshrun generate give the greedy tokens ---------------
 
-FAMILY_RUN = ["model=keras_hub", "mesh=2x1", "layout=replicated", "model.seq_len=16", "train.epochs=1", "train.verbose=0",
-              "train.batch_size=8", "checkpoint.export=true", f"train.sample_prompts={json.dumps(PROMPTS)}",
-              f"train.sample_max_length={MAX_LENGTH}"]
+FAMILY_RUN = [
+    "model=keras_hub",
+    "mesh=2x1",
+    "layout=replicated",
+    "model.seq_len=16",
+    "train.epochs=1",
+    "train.verbose=0",
+    "train.batch_size=8",
+    "checkpoint.export=true",
+    f"train.sample_prompts={json.dumps(PROMPTS)}",
+    f"train.sample_max_length={MAX_LENGTH}",
+]
 SYNTHETIC = ["data.num_samples=8", "data.eval_samples=8"]
 # A Llama built from model.backbone, trained with data=text on a tokenizer.json alone: the tokenizer
 # has no pad token, so the run pads with its end token (the issue's tiny Llama).
-HF_LLAMA = ["model.task=LlamaCausalLM", "data=text",
-            "model.backbone={vocabulary_size:512,num_layers:2,num_query_heads:4,num_key_value_heads:2,hidden_dim:64,intermediate_dim:128}"]
+HF_LLAMA = [
+    "model.task=LlamaCausalLM",
+    "data=text",
+    "model.backbone={vocabulary_size:512,num_layers:2,num_query_heads:4,num_key_value_heads:2,hidden_dim:64,intermediate_dim:128}",
+]
 FAMILIES = ("gemma", "gpt2", "llama3", "tekken", "hf_tokenizer_json")
 
 
@@ -308,12 +454,18 @@ def families(text_files, tmp_path_factory) -> dict:
         "gpt2": [*SYNTHETIC, f"model.preset={text_files.gpt2}"],
         "llama3": [*SYNTHETIC, f"model.preset={llama3_preset(root / 'llama3', text)}"],
         "tekken": [*SYNTHETIC, f"model.preset={mistral_tekken_preset(root / 'tekken', text)}"],
-        "hf_tokenizer_json": [*HF_LLAMA, f"data.tokenizer={hf_tokenizer_json(root / 'hf', text)}", f"data.files=[{few_rows}]"],
+        "hf_tokenizer_json": [
+            *HF_LLAMA,
+            f"data.tokenizer={hf_tokenizer_json(root / 'hf', text)}",
+            f"data.files=[{few_rows}]",
+        ],
     }
 
 
 @pytest.mark.parametrize("family", FAMILIES)
-def test_every_tokenizer_family_samples_and_generates_the_greedy_tokens(family, families, trained, tmp_path, capsys):
+def test_every_tokenizer_family_samples_and_generates_the_greedy_tokens(
+    family, families, trained, tmp_path, capsys
+):
     """A run of each family completes PROMPTS at the end of training, and meshrun generate does from
     the run's export, with the tokens a greedy argmax of the exported weights gives, up to the end
     token: never '' where the tokenizer's pad is its end token (the tokenizer.json)."""
@@ -328,16 +480,32 @@ def test_every_tokenizer_family_samples_and_generates_the_greedy_tokens(family, 
     metrics = read_metrics(run_dir)
     assert metrics["status"] == "ok", metrics["error"]
     capsys.readouterr()
-    cli.main(["generate", str(run_dir), *[f"--prompt={prompt}" for prompt in PROMPTS], "--max-length", str(MAX_LENGTH), "--json"])
+    cli.main(
+        [
+            "generate",
+            str(run_dir),
+            *[f"--prompt={prompt}" for prompt in PROMPTS],
+            "--max-length",
+            str(MAX_LENGTH),
+            "--json",
+        ]
+    )
     out = capsys.readouterr().out
-    generated = json.loads(out[out.index("[\n"):])  # after the log lines of this process's runs
+    generated = json.loads(out[out.index("[\n") :])  # after the log lines of this process's runs
 
     tokenizer, framing = load_run_tokenizer(parse_run_config(saved_config(run_dir)), "key")
     model = keras_hub.models.CausalLM.from_preset(str(run_dir / "preset"), preprocessor=None)
     expected = []
     for prompt in PROMPTS:
-        ids = greedy_by_hand(model, [*([framing.start] if framing.start is not None else []), *tokenizer.encode([prompt])[0].tolist()],
-                             MAX_LENGTH, framing.end)
+        ids = greedy_by_hand(
+            model,
+            [
+                *([framing.start] if framing.start is not None else []),
+                *tokenizer.encode([prompt])[0].tolist(),
+            ],
+            MAX_LENGTH,
+            framing.end,
+        )
         assert ids, prompt  # the weights generate tokens before the end token
         expected.append({"prompt": prompt, "completion": tokenizer.decode(ids)})
     assert metrics["samples"] == expected

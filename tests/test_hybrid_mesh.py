@@ -29,7 +29,9 @@ TWO = "distributed.local_processes=2"
 
 
 def mesh(shape, names=("data", "model"), batch="data", dcn=None) -> MeshConfig:
-    return MeshConfig(shape=tuple(shape), axis_names=tuple(names), batch_axis=batch, dcn=tuple(dcn) if dcn else None)
+    return MeshConfig(
+        shape=tuple(shape), axis_names=tuple(names), batch_axis=batch, dcn=tuple(dcn) if dcn else None
+    )
 
 
 def raw(**sections) -> dict:
@@ -49,19 +51,29 @@ def test_dcn_is_read_as_a_list_or_as_shape_text(given):
 @pytest.mark.parametrize(
     "sections, message",
     [
-        ({"mesh": {"dcn": [2]}, "distributed": {"local_processes": 2}},
-         "mesh.dcn: got [2] (1 size) for the 2-D mesh 2x4; give one slice count per axis (data or model), e.g. mesh.dcn=[2,1]"),
-        ({"mesh": {"dcn": [1, 3]}},
-         "mesh.dcn: got [1, 3]: 3 slices do not divide axis 'model' of size 4 (mesh 2x4); valid for that axis: 1, 2 or 4"),
-        ({"mesh": {"dcn": [0, 1]}},
-         "mesh.dcn: got [0, 1]; expected one positive slice count per mesh axis, e.g. mesh.dcn=[2,1] (the first axis spans 2 "
-         "processes), or null for the default"),
-        ({"mesh": {"dcn": [2, 2]}, "distributed": {"local_processes": 2}},
-         "mesh.dcn: got [2, 2], 4 slices, but the job has 2 processes (distributed.local_processes); give slice counts whose "
-         "product is 2, one slice per process"),
-        ({"mesh": {"dcn": [2, 1]}},
-         "mesh.dcn: got [2, 1], 2 slices, but the job has 1 process (distributed.mode=off); give slice counts whose product "
-         "is 1, one slice per process"),
+        (
+            {"mesh": {"dcn": [2]}, "distributed": {"local_processes": 2}},
+            "mesh.dcn: got [2] (1 size) for the 2-D mesh 2x4; give one slice count per axis (data or model), e.g. mesh.dcn=[2,1]",
+        ),
+        (
+            {"mesh": {"dcn": [1, 3]}},
+            "mesh.dcn: got [1, 3]: 3 slices do not divide axis 'model' of size 4 (mesh 2x4); valid for that axis: 1, 2 or 4",
+        ),
+        (
+            {"mesh": {"dcn": [0, 1]}},
+            "mesh.dcn: got [0, 1]; expected one positive slice count per mesh axis, e.g. mesh.dcn=[2,1] (the first axis spans 2 "
+            "processes), or null for the default",
+        ),
+        (
+            {"mesh": {"dcn": [2, 2]}, "distributed": {"local_processes": 2}},
+            "mesh.dcn: got [2, 2], 4 slices, but the job has 2 processes (distributed.local_processes); give slice counts whose "
+            "product is 2, one slice per process",
+        ),
+        (
+            {"mesh": {"dcn": [2, 1]}},
+            "mesh.dcn: got [2, 1], 2 slices, but the job has 1 process (distributed.mode=off); give slice counts whose product "
+            "is 1, one slice per process",
+        ),
     ],
 )
 def test_bad_dcn_is_one_error_naming_the_key_the_value_and_what_is_valid(sections, message):
@@ -87,10 +99,18 @@ def test_a_dcn_of_a_mesh_with_minus_one_is_checked_once_the_devices_fill_it():
         ((2, 4), ("model", "data"), "data", 2, (1, 2)),  # wherever it stands
         ((2, 4), ("data", "model"), "data", 4, (2, 2)),  # then the others, outermost first
         ((1, 8), ("data", "model"), "data", 2, (1, 2)),  # a batch axis of 1 cannot
-        ((2, 2, 2), ("stage", "data", "model"), "data", 2, (2, 1, 1)),  # stages first: their steps send little
+        (
+            (2, 2, 2),
+            ("stage", "data", "model"),
+            "data",
+            2,
+            (2, 1, 1),
+        ),  # stages first: their steps send little
     ],
 )
-def test_the_default_dcn_puts_stages_then_the_batch_axis_across_processes(shape, names, batch, processes, expected):
+def test_the_default_dcn_puts_stages_then_the_batch_axis_across_processes(
+    shape, names, batch, processes, expected
+):
     assert with_dcn(mesh(shape, names, batch), processes, first=("stage",)).dcn == expected
 
 
@@ -125,10 +145,13 @@ def test_each_process_holds_one_contiguous_slice_of_the_mesh_in_the_order_jax_gi
     hybrid = mesh((2, 4), dcn=dcn)
     processes = dcn[0] * dcn[1]
     per_process = 8 // processes
-    devices = [SimpleNamespace(id=i, process_index=i // per_process, device_kind="cpu", platform="cpu") for i in range(8)]
+    devices = [
+        SimpleNamespace(id=i, process_index=i // per_process, device_kind="cpu", platform="cpu")
+        for i in range(8)
+    ]
     ordered = mesh_order(devices, hybrid, processes)
     assert [d.process_index for d in ordered] == owners(hybrid)
-    grid = [ordered[row * 4:(row + 1) * 4] for row in range(2)]
+    grid = [ordered[row * 4 : (row + 1) * 4] for row in range(2)]
     in_data, in_model = (span.in_process for span in spans(hybrid))
     for process in range(processes):  # its devices form one in_data x in_model block of the grid
         cells = [(r, c) for r in range(2) for c in range(4) if grid[r][c].process_index == process]
@@ -152,11 +175,19 @@ def test_gradients_all_reduce_over_the_batch_axis_across_processes():
     plan = planned([KERNEL], [], mesh((2, 4), dcn=(2, 1)), 2)
     data = plan.to_dict()
     assert data["mesh"]["across_processes"] == ["data"]
-    assert data["mesh"]["axes"] == [{"name": "data", "size": 2, "in_process": 1, "across_processes": 2},
-                                    {"name": "model", "size": 4, "in_process": 4, "across_processes": 1}]
+    assert data["mesh"]["axes"] == [
+        {"name": "data", "size": 2, "in_process": 1, "across_processes": 2},
+        {"name": "model", "size": 4, "in_process": 4, "across_processes": 1},
+    ]
     # A ring all-reduce over 2 processes sends 2 x 1/2 of the 64 KiB gradient from each.
-    assert data["slow_network"] == {"bytes_per_step": 65536, "gradients": 65536, "fsdp_all_gathers": 0, "tensor_activations": 0,
-                                    "stage_activations": 0, "tensor_axes_across_processes": []}
+    assert data["slow_network"] == {
+        "bytes_per_step": 65536,
+        "gradients": 65536,
+        "fsdp_all_gathers": 0,
+        "tensor_activations": 0,
+        "stage_activations": 0,
+        "tensor_axes_across_processes": [],
+    }
     assert not [w for w in plan.warnings if "slow network" in w]
 
 
@@ -183,7 +214,9 @@ def test_tensor_parallelism_across_processes_costs_activations_and_is_a_warning_
 def test_stage_activations_cross_when_the_stage_axis_spans_processes():
     staged = mesh((2, 2, 2), names=("stage", "data", "model"), dcn=(2, 1, 1))
     abstract = AbstractModel(tensors=(KERNEL,), slots=())
-    activations = Activations(samples=16, itemsize=4, stage_axis="stage", stage_rounds=2, block_output_bytes_per_row=512)
+    activations = Activations(
+        samples=16, itemsize=4, stage_axis="stage", stage_rounds=2, block_output_bytes_per_row=512
+    )
     plan = make_plan("toy", staged, (), abstract, "adam", 2, activations=activations)
     assert plan.traffic.stage_activations == 2 * 2 * 16 * 512  # forward and back, twice round, every row
     assert plan.traffic.gradients == 0 and "stage" in plan.to_dict()["mesh"]["across_processes"]
@@ -195,7 +228,9 @@ def test_stage_activations_cross_when_the_stage_axis_spans_processes():
 def test_layout_auto_splits_nothing_over_an_axis_that_spans_processes_and_says_why():
     variables = [TensorSpec("dense/kernel", (1024, 1024))]
     within = derive_layout(variables, mesh((2, 4), dcn=(2, 1)), 1 << 20, fsdp=False)
-    assert [r.axes for r in within.rules] == [(None, "model")] or [r.axes for r in within.rules] == [("model", None)]
+    assert [r.axes for r in within.rules] == [(None, "model")] or [r.axes for r in within.rules] == [
+        ("model", None)
+    ]
     across = derive_layout(variables, mesh((2, 4), dcn=(1, 2)), 1 << 20, fsdp=False)
     assert across.rules == ()
     assert across.warnings == (
@@ -223,7 +258,10 @@ def test_the_plan_of_a_hybrid_mesh_from_the_cli(in_tmp):
     assert plan["processes"]["batch_shares"] == 1
     # dense_model's d1/kernel (784x200) split column-wise over 'model': its input gradient, 16 rows of 784, crosses.
     assert plan["slow_network"]["tensor_activations"] == 16 * 784 * 4
-    assert any(w.startswith("mesh axis 'model' splits variables (tensor parallelism) across 2 processes") for w in plan["warnings"])
+    assert any(
+        w.startswith("mesh axis 'model' splits variables (tensor parallelism) across 2 processes")
+        for w in plan["warnings"]
+    )
     text = run_meshrun(["plan", TWO, "mesh=2x4", "layout=dense_model", "mesh.dcn=[1,2]"], in_tmp)
     assert "data 2 in a process x 1 across; model 2 in a process x 2 across" in text.stdout
     assert "about 49.00 KiB a step from each process (tensor activations 49.00 KiB)" in text.stdout
@@ -232,6 +270,8 @@ def test_the_plan_of_a_hybrid_mesh_from_the_cli(in_tmp):
 @pytest.mark.e2e
 def test_a_dcn_that_does_not_fit_the_processes_is_one_line_before_any_process_starts(in_tmp):
     line = one_error_line(run_meshrun(["train", TWO, "mesh=2x4", "mesh.dcn=[2,2]"], in_tmp))
-    assert line == ("meshrun: error: mesh.dcn: got [2, 2], 4 slices, but the job has 2 processes (distributed.local_processes); "
-                    "give slice counts whose product is 2, one slice per process")
+    assert line == (
+        "meshrun: error: mesh.dcn: got [2, 2], 4 slices, but the job has 2 processes (distributed.local_processes); "
+        "give slice counts whose product is 2, one slice per process"
+    )
     assert not list(in_tmp.rglob("process-*.log"))

@@ -36,7 +36,14 @@ def composed(overrides: list[str]) -> dict:
 
 def job_of(run_dir, overrides: list[str], number: int | None = None) -> Job:
     raw = composed(overrides)
-    return Job(resolve=lambda: raw, run_dir=str(run_dir), name="train", number=number, choices={}, overrides=overrides)
+    return Job(
+        resolve=lambda: raw,
+        run_dir=str(run_dir),
+        name="train",
+        number=number,
+        choices={},
+        overrides=overrides,
+    )
 
 
 def unreadable_job(run_dir) -> Job:
@@ -45,11 +52,15 @@ def unreadable_job(run_dir) -> Job:
     def resolve() -> dict:
         raise AssertionError("the config was read in the launching process")
 
-    return Job(resolve=resolve, run_dir=str(run_dir), name="train", number=0, choices={}, overrides=["mesh=2x4"])
+    return Job(
+        resolve=resolve, run_dir=str(run_dir), name="train", number=0, choices={}, overrides=["mesh=2x4"]
+    )
 
 
 def picked(invocation: Invocation, job: Job) -> launchers.Launcher:
-    return jobs.launcher_for(invocation, job, RunDir(job, keeps_rejected=False, launched=False), started_at=0.0)
+    return jobs.launcher_for(
+        invocation, job, RunDir(job, keeps_rejected=False, launched=False), started_at=0.0
+    )
 
 
 def test_a_job_runs_in_this_process_unless_its_config_or_its_multirun_says_otherwise(tmp_path):
@@ -125,7 +136,9 @@ def send_once_caught(signum: int) -> None:
     threading.Thread(target=send, daemon=True).start()
 
 
-def test_a_job_stopped_by_submitits_signal_is_said_then_handed_on_as_it_began_then_counted(tmp_path, monkeypatch, capsys):
+def test_a_job_stopped_by_submitits_signal_is_said_then_handed_on_as_it_began_then_counted(
+    tmp_path, monkeypatch, capsys
+):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("SUBMITIT_EXECUTOR", "slurm")
     run_dir = tmp_path / "sweep" / "0"
@@ -134,8 +147,15 @@ def test_a_job_stopped_by_submitits_signal_is_said_then_handed_on_as_it_began_th
     handed_on = []
 
     def submitits_handler(signum, frame):  # submitit pickles the job as it is now, and requeues it
-        handed_on.append((signum, list(invocation.runs), list(invocation.failures), invocation.preempted,
-                          capsys.readouterr().err))
+        handed_on.append(
+            (
+                signum,
+                list(invocation.runs),
+                list(invocation.failures),
+                invocation.preempted,
+                capsys.readouterr().err,
+            )
+        )
 
     with SignalHandlers({signal.SIGUSR2: submitits_handler}):
         send_once_caught(signal.SIGUSR2)
@@ -162,7 +182,9 @@ def test_remove_hydra_files_of_a_job_not_run_keeps_a_log_with_lines_in_it(tmp_pa
     assert [p.name for p in run_dir.iterdir()] == ["train.log"]
 
 
-def test_remove_hydra_files_of_a_rejected_job_takes_its_log_and_empty_parents_below_the_working_dir(tmp_path, monkeypatch):
+def test_remove_hydra_files_of_a_rejected_job_takes_its_log_and_empty_parents_below_the_working_dir(
+    tmp_path, monkeypatch
+):
     monkeypatch.chdir(tmp_path)
     run_dir = tmp_path / "outputs" / "day" / "time"
     (run_dir / ".hydra").mkdir(parents=True)
@@ -179,7 +201,9 @@ class Complaining:
         raise AttributeError("'Complaining' object has no attribute '_thread'")
 
 
-def test_stop_signals_nest_take_their_signals_back_and_each_ctrl_c_after_the_first_interrupts(monkeypatch, capfd):
+def test_stop_signals_nest_take_their_signals_back_and_each_ctrl_c_after_the_first_interrupts(
+    monkeypatch, capfd
+):
     before, before_int = signal.getsignal(signal.SIGUSR1), signal.getsignal(signal.SIGINT)
     hook_before = sys.unraisablehook
     monkeypatch.setattr(sys, "unraisablehook", hook_before)  # a second Ctrl-C quiets finalizers
@@ -192,7 +216,9 @@ def test_stop_signals_nest_take_their_signals_back_and_each_ctrl_c_after_the_fir
         signal.signal(signal.SIGUSR1, signal.SIG_IGN)
         outer.catch()
         assert catching(signal.SIGUSR1)
-        for _ in range(2):  # a Ctrl-C that lands where Python swallows exceptions (a finalizer) is lost: the next one counts
+        for _ in range(
+            2
+        ):  # a Ctrl-C that lands where Python swallows exceptions (a finalizer) is lost: the next one counts
             with pytest.raises(KeyboardInterrupt):
                 signal.raise_signal(signal.SIGINT)
         assert sys.unraisablehook is not hook_before
@@ -220,20 +246,28 @@ def test_an_error_raised_while_a_ctrl_c_unwinds_is_the_interrupt_and_records_not
 
 
 def test_a_stop_signal_is_forwarded_to_the_process_group_it_stops(tmp_path):
-    code = ("import signal, sys, time; signal.signal(signal.SIGTERM, lambda *_: sys.exit(143)); "
-            "print('ready', flush=True); time.sleep(60)")
-    child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, start_new_session=True)
+    code = (
+        "import signal, sys, time; signal.signal(signal.SIGTERM, lambda *_: sys.exit(143)); "
+        "print('ready', flush=True); time.sleep(60)"
+    )
+    child = subprocess.Popen(
+        [sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, start_new_session=True
+    )
     assert child.stdout.readline() == "ready\n"
     before = signal.getsignal(signal.SIGTERM)
     with ForwardedStop([child]) as forwarded:
         signal.raise_signal(signal.SIGTERM)
         status = child.wait(timeout=10)
     assert forwarded.signum == signal.SIGTERM and forwarded.stopped(status)
-    assert forwarded.stopped_line(str(tmp_path)).startswith("SIGTERM received: the job stopped before training began")
+    assert forwarded.stopped_line(str(tmp_path)).startswith(
+        "SIGTERM received: the job stopped before training began"
+    )
     assert signal.getsignal(signal.SIGTERM) is before
 
 
-def test_a_sweep_job_in_its_own_process_records_a_rejected_config_and_a_local_process_leaves_it(tmp_path, monkeypatch):
+def test_a_sweep_job_in_its_own_process_records_a_rejected_config_and_a_local_process_leaves_it(
+    tmp_path, monkeypatch
+):
     monkeypatch.chdir(tmp_path)
     bad = ["mesh=2x4", "train.epochs=0"]
     row = tmp_path / "sweep" / "1"
@@ -246,4 +280,6 @@ def test_a_sweep_job_in_its_own_process_records_a_rejected_config_and_a_local_pr
     (launched / ".hydra").mkdir(parents=True)
     local_process = Invocation("train", bad, role=Role.LOCAL_PROCESS)
     jobs.run_job(local_process, job_of(launched, bad))
-    assert local_process.failures == [2] and [p.name for p in launched.iterdir()] == [".hydra"]  # the launcher answers
+    assert local_process.failures == [2] and [p.name for p in launched.iterdir()] == [
+        ".hydra"
+    ]  # the launcher answers

@@ -34,9 +34,15 @@ def test_parsing_a_config_imports_the_chosen_model_and_data_source_and_no_other(
         from meshrun.config.parse import parse_run_config
         parse_run_config({"mesh": {"shape": "2x4"}, "model": {"name": "dense_model"}, "data": {"name": "synthetic"}})
     """)
-    models = [m for m in loaded["meshrun"] if m.startswith("meshrun.models.") and m != "meshrun.models.registry"]
-    sources = [m for m in loaded["meshrun"] if m.startswith("meshrun.data.") and m.rsplit(".", 1)[1] in
-               ("arrays", "python_source", "synthetic", "text", "tfrecord")]
+    models = [
+        m for m in loaded["meshrun"] if m.startswith("meshrun.models.") and m != "meshrun.models.registry"
+    ]
+    sources = [
+        m
+        for m in loaded["meshrun"]
+        if m.startswith("meshrun.data.")
+        and m.rsplit(".", 1)[1] in ("arrays", "python_source", "synthetic", "text", "tfrecord")
+    ]
     assert models == ["meshrun.models.dense_model"]
     assert sources == ["meshrun.data.synthetic"]
     assert loaded["heavy"] == []
@@ -45,7 +51,8 @@ def test_parsing_a_config_imports_the_chosen_model_and_data_source_and_no_other(
 @pytest.fixture
 def plugin_module(tmp_path, monkeypatch):
     """A module on sys.path that registers a spec named `one` into the registry it is handed."""
-    (tmp_path / "meshrun_test_plugin.py").write_text(textwrap.dedent("""
+    (tmp_path / "meshrun_test_plugin.py").write_text(
+        textwrap.dedent("""
         from dataclasses import dataclass
         from tests_registry_target import REGISTRY
 
@@ -54,7 +61,8 @@ def plugin_module(tmp_path, monkeypatch):
             name: str
 
         REGISTRY.register(Spec("one"))
-    """))
+    """)
+    )
     monkeypatch.syspath_prepend(str(tmp_path))
     yield "meshrun_test_plugin"
     for name in ("meshrun_test_plugin", "tests_registry_target"):

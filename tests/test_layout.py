@@ -34,7 +34,10 @@ def test_patterns_must_match_the_whole_path():
 def test_seeds_rules_assign_and_leave_the_rest_replicated():
     rules = (rule("d1/kernel", None, "model"), rule("d2/output", "data", None))
     assigned = assign_rules(rules, MESH, TENSORS)
-    assert {path: r.pattern for path, r in assigned.items()} == {"d1/kernel": "d1/kernel", "d2/output": "d2/output"}
+    assert {path: r.pattern for path, r in assigned.items()} == {
+        "d1/kernel": "d1/kernel",
+        "d2/output": "d2/output",
+    }
 
 
 def test_unknown_batch_dimension_of_an_output_is_not_checked_for_divisibility():
@@ -48,17 +51,26 @@ def test_two_matching_regexes_name_both():
 
 
 def test_rank_mismatch_names_rule_path_and_shape():
-    with pytest.raises(ConfigError, match=r"^layout\.rules\.d2/bias: gives 2 axes \[null, model\] but variable 'd2/bias' has rank 1 \(shape \(10\)\)"):
+    with pytest.raises(
+        ConfigError,
+        match=r"^layout\.rules\.d2/bias: gives 2 axes \[null, model\] but variable 'd2/bias' has rank 1 \(shape \(10\)\)",
+    ):
         assign_rules((rule("d2/bias", None, "model"),), MESH, TENSORS)
 
 
 def test_indivisible_dimension_lists_axes_that_would_fit():
-    with pytest.raises(ConfigError, match=r"dimension 1 of variable 'd2/kernel' \(size 10.*'model' of size 4.*valid for this dimension: null or data"):
+    with pytest.raises(
+        ConfigError,
+        match=r"dimension 1 of variable 'd2/kernel' \(size 10.*'model' of size 4.*valid for this dimension: null or data",
+    ):
         assign_rules((rule("d2/kernel", None, "model"),), MESH, TENSORS)
 
 
 def test_rule_matching_nothing_lists_closest_paths():
-    with pytest.raises(ConfigError, match=r"^layout\.rules\.d1/bias: matches no variable or output .*closest real paths: d2/bias"):
+    with pytest.raises(
+        ConfigError,
+        match=r"^layout\.rules\.d1/bias: matches no variable or output .*closest real paths: d2/bias",
+    ):
         assign_rules((rule("d1/bias", "model"),), MESH, TENSORS)
 
 
@@ -71,12 +83,20 @@ def test_layout_sections_carry_origins_optional_rules_and_extra_rules():
     from meshrun.config.parse import parse_layout
 
     layout = parse_layout(
-        {"rules": {"d1/kernel": [None, "model"], "d9/kernel": ["model", None]}, "optional": ["d9/kernel"],
-         "extra_rules": {"d2/kernel": ["model", None]}},
+        {
+            "rules": {"d1/kernel": [None, "model"], "d9/kernel": ["model", None]},
+            "optional": ["d9/kernel"],
+            "extra_rules": {"d2/kernel": ["model", None]},
+        },
         MESH,
     )
-    assert [(r.pattern, r.origin, r.optional) for r in layout.rules] == [("d1/kernel", "rules", False), ("d9/kernel", "rules", True)]
-    assert [(r.pattern, r.origin, r.key) for r in layout.extra_rules] == [("d2/kernel", "extra_rules", "layout.extra_rules.d2/kernel")]
+    assert [(r.pattern, r.origin, r.optional) for r in layout.rules] == [
+        ("d1/kernel", "rules", False),
+        ("d9/kernel", "rules", True),
+    ]
+    assert [(r.pattern, r.origin, r.key) for r in layout.extra_rules] == [
+        ("d2/kernel", "extra_rules", "layout.extra_rules.d2/kernel")
+    ]
     check = check_rules(layout.rules + layout.extra_rules, MESH, TENSORS)
     assert check.errors == ()  # d9/kernel matches nothing, but may
     assert [r.pattern for r in check.unmatched_optional] == ["d9/kernel"]
@@ -89,7 +109,9 @@ def test_the_models_own_rules_are_reported_under_layout_from_model():
     own = LayoutRule("d1/kernel", ("model",), origin="from_model", optional=True)
     (error,) = check_rules((own,), MESH, TENSORS).errors
     assert str(error).startswith("layout.from_model: the model's own rule 'd1/kernel' gives 1 axes")
-    with pytest.raises(ConfigError, match=r"^layout\.rules: got 1 rule with layout\.from_model=true.*layout\.extra_rules"):
+    with pytest.raises(
+        ConfigError, match=r"^layout\.rules: got 1 rule with layout\.from_model=true.*layout\.extra_rules"
+    ):
         parse_layout({"from_model": True, "rules": {"d1/kernel": [None, "model"]}}, MESH)
     with pytest.raises(ConfigError, match=r"^layout\.extra_rules\.d1/kernel: got axis 'tensor'"):
         parse_layout({"extra_rules": {"d1/kernel": [None, "tensor"]}}, MESH)
@@ -106,33 +128,47 @@ ATTENTION = [
 
 
 def test_a_lenient_rule_leaves_an_indivisible_dimension_whole_with_an_exact_rule_for_keras():
-    heads = LayoutRule(r"block_\d+/(query|key)/kernel", ("model", "data", None), replicate_if_indivisible=True)
+    heads = LayoutRule(
+        r"block_\d+/(query|key)/kernel", ("model", "data", None), replicate_if_indivisible=True
+    )
     check = check_rules((heads,), MESH, ATTENTION)
     assert check.errors == () and check.misfits == {}
     assert check.assigned["block_0/query/kernel"] == heads
     exact = check.assigned["block_0/key/kernel"]
-    assert exact == LayoutRule("block_0/key/kernel", (None, "data", None), derived_from=heads.pattern)  # hidden still over data
-    assert [(bend.path, bend.whole) for bend in check.bends] == [("block_0/key/kernel", ((0, "model"),)),
-                                                                 ("block_1/key/kernel", ((0, "model"),))]
+    assert exact == LayoutRule(
+        "block_0/key/kernel", (None, "data", None), derived_from=heads.pattern
+    )  # hidden still over data
+    assert [(bend.path, bend.whole) for bend in check.bends] == [
+        ("block_0/key/kernel", ((0, "model"),)),
+        ("block_1/key/kernel", ((0, "model"),)),
+    ]
     # Keras looks the exact path up before any pattern: the written rule and the exact ones agree
     # with the check, and the written rule counts as used.
     again = check_rules((*(bend.exact_rule for bend in check.bends), heads), MESH, ATTENTION)
-    assert again.errors == () and again.bends == () and again.assigned["block_1/key/kernel"].axes == (None, "data", None)
+    assert (
+        again.errors == ()
+        and again.bends == ()
+        and again.assigned["block_1/key/kernel"].axes == (None, "data", None)
+    )
 
 
 def test_one_note_per_lenient_rule_says_what_stays_whole_and_why():
     heads = LayoutRule(r"block_\d+/(query|key)/kernel", ("model", None, None), replicate_if_indivisible=True)
     notes = bend_notes(check_rules((heads,), MESH, ATTENTION).bends, MESH)
-    assert notes == [r"rule 'block_\d+/(query|key)/kernel' cannot split dimension 0 of 'block_0/key/kernel' (size 1, shape "
-                     "(1, 64, 16)) over mesh axis 'model' of size 4, so it keeps that dimension whole, replicated over 'model'; "
-                     "the same for 1 more path (8.00 KiB in all)"]
+    assert notes == [
+        r"rule 'block_\d+/(query|key)/kernel' cannot split dimension 0 of 'block_0/key/kernel' (size 1, shape "
+        "(1, 64, 16)) over mesh axis 'model' of size 4, so it keeps that dimension whole, replicated over 'model'; "
+        "the same for 1 more path (8.00 KiB in all)"
+    ]
 
 
 def test_the_same_rule_written_strict_is_an_error_and_keeps_the_path_as_its_misfit():
     heads = LayoutRule(r"block_\d+/(query|key)/kernel", ("model", None, None))
     check = check_rules((heads,), MESH, ATTENTION)
     assert len(check.errors) == 1 and check.bends == ()
-    assert "dimension 0 of variable 'block_0/key/kernel' (size 1" in str(check.errors[0]) and "(and 1 more path matched" in str(check.errors[0])
+    assert "dimension 0 of variable 'block_0/key/kernel' (size 1" in str(
+        check.errors[0]
+    ) and "(and 1 more path matched" in str(check.errors[0])
     assert check.misfits == {"block_0/key/kernel": heads, "block_1/key/kernel": heads}
     assert "block_0/key/kernel" not in check.assigned
 
@@ -140,7 +176,11 @@ def test_the_same_rule_written_strict_is_an_error_and_keeps_the_path_as_its_misf
 def test_a_lenient_rule_of_the_wrong_rank_is_still_an_error():
     heads = LayoutRule(r"block_\d+/(query|key)/kernel", ("model", None), replicate_if_indivisible=True)
     check = check_rules((heads,), MESH, ATTENTION)
-    assert check.bends == () and "gives 2 axes [model, null] but variable 'block_0/query/kernel' has rank 3" in str(check.errors[0])
+    assert (
+        check.bends == ()
+        and "gives 2 axes [model, null] but variable 'block_0/query/kernel' has rank 3"
+        in str(check.errors[0])
+    )
 
 
 def test_a_layout_file_marks_its_lenient_rules_and_a_saved_layout_keeps_them():
@@ -151,14 +191,21 @@ def test_a_layout_file_marks_its_lenient_rules_and_a_saved_layout_keeps_them():
     from meshrun.placement.plan import make_plan
     from meshrun.run.build import AbstractModel
 
-    raw = {"rules": {r"block_\d+/(query|key)/kernel": ["model", None, None], r"block_\d+/other": [None]},
-           "replicate_if_indivisible": [r"block_\d+/(query|key)/kernel", "not/a/rule/here"]}  # one no rule has: marks nothing
+    raw = {
+        "rules": {r"block_\d+/(query|key)/kernel": ["model", None, None], r"block_\d+/other": [None]},
+        "replicate_if_indivisible": [r"block_\d+/(query|key)/kernel", "not/a/rule/here"],
+    }  # one no rule has: marks nothing
     layout = parse_layout(raw, MESH)
-    assert [(r.pattern, r.replicate_if_indivisible) for r in layout.rules] == [(r"block_\d+/(query|key)/kernel", True),
-                                                                                (r"block_\d+/other", False)]
+    assert [(r.pattern, r.replicate_if_indivisible) for r in layout.rules] == [
+        (r"block_\d+/(query|key)/kernel", True),
+        (r"block_\d+/other", False),
+    ]
     plan = make_plan("toy", MESH, layout.rules[:1], AbstractModel(tensors=tuple(ATTENTION), slots=()), "adam")
     saved = yaml.safe_load(layout_text(layout.rules, plan, ["mesh=2x4"]))
     assert saved["replicate_if_indivisible"] == [r"block_\d+/(query|key)/kernel"]
     assert parse_layout(saved, MESH).rules == layout.rules
-    with pytest.raises(ConfigError, match=r"^layout\.replicate_if_indivisible: got 'block_0'; expected a list of patterns of layout\.rules$"):
+    with pytest.raises(
+        ConfigError,
+        match=r"^layout\.replicate_if_indivisible: got 'block_0'; expected a list of patterns of layout\.rules$",
+    ):
         parse_layout({**raw, "replicate_if_indivisible": "block_0"}, MESH)

@@ -30,7 +30,9 @@ def gemma_tp_on_2x4():
     keras.backend.clear_session()
 
 
-def test_a_preset_lands_on_its_shards_with_the_values_keras_hub_reads_and_no_device_holds_more(text_files, gemma_tp_on_2x4):
+def test_a_preset_lands_on_its_shards_with_the_values_keras_hub_reads_and_no_device_holds_more(
+    text_files, gemma_tp_on_2x4
+):
     import jax
     import keras
     import keras_hub
@@ -50,13 +52,22 @@ def test_a_preset_lands_on_its_shards_with_the_values_keras_hub_reads_and_no_dev
         np.testing.assert_array_equal(np.asarray(value), expected[path], err_msg=path)
     assert tuple(loaded["token_embedding/embeddings"].sharding.spec) == ("model", None)
     assert tuple(loaded["decoder_block_0/ffw_gating/kernel"].sharding.spec) == (None, "model")
-    planned = max(sum(shard.data.nbytes for value in loaded.values() for shard in value.addressable_shards if shard.device == device)
-                  for device in jax.devices())
+    planned = max(
+        sum(
+            shard.data.nbytes
+            for value in loaded.values()
+            for shard in value.addressable_shards
+            if shard.device == device
+        )
+        for device in jax.devices()
+    )
     assert planned <= peaks.bytes_per_device <= 1.3 * planned, (peaks, planned)
     assert peaks.host_bytes is not None and 0 < peaks.host_bytes < 64 << 20
 
 
-def test_variables_the_files_do_not_fill_get_their_initializers_values_and_keras_is_itself_after(gemma_tp_on_2x4):
+def test_variables_the_files_do_not_fill_get_their_initializers_values_and_keras_is_itself_after(
+    gemma_tp_on_2x4,
+):
     import keras
     from keras.src.backend.jax.core import JaxVariable
 
@@ -75,4 +86,7 @@ def test_variables_the_files_do_not_fill_get_their_initializers_values_and_keras
     np.testing.assert_array_equal(np.asarray(filled.kernel.value), kernel)
     assert np.asarray(left.kernel.value).std() > 0.1  # glorot_uniform's values, not zeros
     np.testing.assert_array_equal(np.asarray(left.bias.value), np.ones(8))
-    assert "assign" not in JaxVariable.__dict__ and JaxVariable._initialize_with_initializer.__module__ == "keras.src.backend.jax.core"
+    assert (
+        "assign" not in JaxVariable.__dict__
+        and JaxVariable._initialize_with_initializer.__module__ == "keras.src.backend.jax.core"
+    )

@@ -23,7 +23,13 @@ pytestmark = pytest.mark.integration
 
 RANK, ALPHA = 4, 8.0  # alpha / rank = 2, so the adapter file must carry the scale folded in
 LORA = [f"model.lora.rank={RANK}", f"model.lora.alpha={ALPHA}"]
-FAST = ["train.verbose=0", "train.epochs=2", "data.num_samples=64", "data.eval_samples=16", "model.seq_len=16"]
+FAST = [
+    "train.verbose=0",
+    "train.epochs=2",
+    "data.num_samples=64",
+    "data.eval_samples=16",
+    "model.seq_len=16",
+]
 ON_2X4 = ["mesh=2x4", "layout=gemma_tp"]
 
 
@@ -45,7 +51,9 @@ def train(args: list[str], run_dir) -> dict:
 def lora_run(base_preset, tmp_path_factory):
     """The LoRA run of two epochs, exported: its metrics and run dir."""
     run_dir = tmp_path_factory.mktemp("lora") / "run"
-    return train([f"model.preset={base_preset}", *LORA, *ON_2X4, *FAST, "checkpoint.export=true"], run_dir), run_dir
+    return train(
+        [f"model.preset={base_preset}", *LORA, *ON_2X4, *FAST, "checkpoint.export=true"], run_dir
+    ), run_dir
 
 
 def is_adapter(path: str) -> bool:
@@ -55,27 +63,50 @@ def is_adapter(path: str) -> bool:
 def test_only_the_adapters_train_and_the_optimizer_keeps_state_for_them_alone(lora_run):
     metrics, run_dir = lora_run
     adapters = {path: placed for path, placed in metrics["sharding"].items() if is_adapter(path)}
-    assert sorted(adapters) == sorted(f"decoder_block_{i}/attention/{layer}/lora_kernel_{ab}"
-                                      for i in range(2) for layer in ("query", "value") for ab in "ab")
+    assert sorted(adapters) == sorted(
+        f"decoder_block_{i}/attention/{layer}/lora_kernel_{ab}"
+        for i in range(2)
+        for layer in ("query", "value")
+        for ab in "ab"
+    )
     adapter_params = sum(math.prod(placed["shape"]) for placed in adapters.values())
     model = metrics["model"]
     assert model["trainable_params"] == adapter_params < model["params"] / 5
-    assert model["label"].endswith(f"LoRA rank {RANK}") and model["options"]["lora"] == {"rank": RANK, "alpha": ALPHA, "targets": None}
+    assert model["label"].endswith(f"LoRA rank {RANK}") and model["options"]["lora"] == {
+        "rank": RANK,
+        "alpha": ALPHA,
+        "targets": None,
+    }
     plan = json.loads((run_dir / "plan.json").read_text())
     assert plan["model"]["trainable_params"] == adapter_params
     assert plan["model"]["frozen_params"] == model["params"] - adapter_params
     assert {v["path"] for v in plan["variables"] if v["trainable"]} == set(adapters)
     mirrored = {slot["reference"] for slot in plan["optimizer_variables"] if "reference" in slot}
     assert mirrored == set(adapters)  # Adam's two moments of every adapter, of nothing else
-    assert plan["lora_adapters"] == {"variables": 8, "params": adapter_params, "placed_by_rules": 0,
-                                     "bytes_per_device": 4 * adapter_params}
-    assert all(placed["spec"] == [None] * len(placed["shape"]) and placed["rule"] is None for placed in adapters.values())
+    assert plan["lora_adapters"] == {
+        "variables": 8,
+        "params": adapter_params,
+        "placed_by_rules": 0,
+        "bytes_per_device": 4 * adapter_params,
+    }
+    assert all(
+        placed["spec"] == [None] * len(placed["shape"]) and placed["rule"] is None
+        for placed in adapters.values()
+    )
     assert metrics["memory"]["planned_optimizer_bytes_per_device"] < 3 * 4 * adapter_params
-    assert metrics["memory"]["optimizer_bytes_per_device"] == metrics["memory"]["planned_optimizer_bytes_per_device"]
+    assert (
+        metrics["memory"]["optimizer_bytes_per_device"]
+        == metrics["memory"]["planned_optimizer_bytes_per_device"]
+    )
     # The preset went onto its shards (tests/test_load_onto_shards.py): no device held more than its planned weights.
-    assert metrics["memory"]["load_peak_bytes_per_device"] <= 1.3 * metrics["memory"]["planned_params_bytes_per_device"]
+    assert (
+        metrics["memory"]["load_peak_bytes_per_device"]
+        <= 1.3 * metrics["memory"]["planned_params_bytes_per_device"]
+    )
     assert metrics["memory"]["load_peak_host_bytes"] > 0
-    assert metrics["flops"]["analytic_formula"] == "(4·N+2·T)·tokens"  # frozen weights get no weight gradients
+    assert (
+        metrics["flops"]["analytic_formula"] == "(4·N+2·T)·tokens"
+    )  # frozen weights get no weight gradients
     assert 0.7 < metrics["flops"]["analytic_over_xla"] < 1.3
 
 
@@ -125,21 +156,34 @@ def test_the_exports_load_in_plain_keras_hub_merged_and_as_base_plus_adapter(lor
     assert metrics["checkpoint"]["exported"] == str(run_dir / "model.keras")
     assert metrics["checkpoint"]["exported_preset"] == str(run_dir / "preset")
     assert metrics["checkpoint"]["exported_adapter"] == str(run_dir / "adapter.lora.h5")
-    saved_config = (run_dir / "preset" / "config.json").read_text() + (run_dir / "preset" / "task.json").read_text()
+    saved_config = (run_dir / "preset" / "config.json").read_text() + (
+        run_dir / "preset" / "task.json"
+    ).read_text()
     assert "lora" not in saved_config
     metadata = json.loads((run_dir / "preset" / "metadata.json").read_text())
     assert metadata["parameter_count"] == metrics["model"]["params"] - metrics["model"]["trainable_params"]
     assert not [p for p in run_dir.iterdir() if p.name.startswith(".partial")]
-    done = subprocess.run([sys.executable, "-c", CHECK_EXPORTS, str(base_preset), str(run_dir), str(RANK)],
-                          capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    done = subprocess.run(
+        [sys.executable, "-c", CHECK_EXPORTS, str(base_preset), str(run_dir), str(RANK)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     found = json.loads(done.stdout.strip().splitlines()[-1])
     assert found["merged_vs_adapter"] < 1e-4 < found["merged_vs_base"], found
     assert found["keras_file_vs_merged"] < 1e-5, found
     assert found["merged_kernels_off"] < 1e-6, found
-    assert found["changed"] == sorted(f"decoder_block_{i}/attention/{layer}/kernel" for i in range(2) for layer in ("query", "value"))
+    assert found["changed"] == sorted(
+        f"decoder_block_{i}/attention/{layer}/kernel" for i in range(2) for layer in ("query", "value")
+    )
     assert found["adapted"] == ["query", "value"]
-    assert found["preprocessor"] == "GemmaCausalLMPreprocessor" and found["same_tokens"] and not found["meshrun_imported"]
+    assert (
+        found["preprocessor"] == "GemmaCausalLMPreprocessor"
+        and found["same_tokens"]
+        and not found["meshrun_imported"]
+    )
 
 
 def test_a_lora_fine_tune_stopped_by_sigterm_then_killed_resumes_exactly(text_files, tmp_path):
@@ -151,16 +195,36 @@ def test_a_lora_fine_tune_stopped_by_sigterm_then_killed_resumes_exactly(text_fi
 
     preset = gemma_preset(tmp_path / "preset", corpus_text(), num_key_value_heads=4, dropout=0.1)
     checkpoints = tmp_path / "checkpoints"
-    command = ["train", "model=keras_hub", f"model.preset={preset}", *LORA, *ON_2X4, "data=text", f"data.files=[{text_files.instructions}]",
-               f"data.prompt='{INSTRUCTION_PROMPT}'", "data.completion='{response}'", "data.eval_fraction=0.1",
-               f"data.cache_dir={tmp_path / 'tokens'}", "train.epochs=2", "train.batch_size=8", "train.verbose=0",
-               "train.learning_rate=0.01", "checkpoint.every_steps=5", "checkpoint.keep=2", "checkpoint.export=true"]
+    command = [
+        "train",
+        "model=keras_hub",
+        f"model.preset={preset}",
+        *LORA,
+        *ON_2X4,
+        "data=text",
+        f"data.files=[{text_files.instructions}]",
+        f"data.prompt='{INSTRUCTION_PROMPT}'",
+        "data.completion='{response}'",
+        "data.eval_fraction=0.1",
+        f"data.cache_dir={tmp_path / 'tokens'}",
+        "train.epochs=2",
+        "train.batch_size=8",
+        "train.verbose=0",
+        "train.learning_rate=0.01",
+        "checkpoint.every_steps=5",
+        "checkpoint.keep=2",
+        "checkpoint.export=true",
+    ]
     cli.main([*command, f"hydra.run.dir={tmp_path / 'whole'}"])  # the run never interrupted, in this process
     assert read_metrics(tmp_path / "whole")["status"] == "ok"
     resumed = [*command, f"checkpoint.dir={checkpoints}"]
     stop_after(resumed, tmp_path / "stopped", checkpoints, at_step=20, stop=signal.SIGTERM, returncode=143)
-    stop_after(resumed, tmp_path / "killed", checkpoints, at_step=50, stop=signal.SIGKILL, returncode=-signal.SIGKILL)
-    cli.main([*resumed, f"hydra.run.dir={tmp_path / 'final'}"])  # the third run, in this process (the resume is not about a process)
+    stop_after(
+        resumed, tmp_path / "killed", checkpoints, at_step=50, stop=signal.SIGKILL, returncode=-signal.SIGKILL
+    )
+    cli.main(
+        [*resumed, f"hydra.run.dir={tmp_path / 'final'}"]
+    )  # the third run, in this process (the resume is not about a process)
     assert read_metrics(tmp_path / "final")["status"] == "ok"
     stopped, metrics, reference = (read_metrics(tmp_path / name) for name in ("stopped", "final", "whole"))
     assert stopped["status"] == "preempted" and stopped["train"]["stopped"]["signal"] == "SIGTERM"
@@ -174,11 +238,17 @@ def test_a_lora_fine_tune_stopped_by_sigterm_then_killed_resumes_exactly(text_fi
         np.testing.assert_allclose(value, adapters[1][key], atol=1e-6, rtol=0)
 
 
-def stop_after(command: list[str], run_dir, checkpoints, at_step: int, stop: signal.Signals, returncode: int) -> None:
+def stop_after(
+    command: list[str], run_dir, checkpoints, at_step: int, stop: signal.Signals, returncode: int
+) -> None:
     """Runs `meshrun COMMAND` and sends it `stop` once a checkpoint of step `at_step` or later is
     complete on disk; asserts the run ended with `returncode`."""
-    run = subprocess.Popen([sys.executable, "-m", "meshrun", *command, f"hydra.run.dir={run_dir}"], cwd=run_dir.parent,
-                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    run = subprocess.Popen(
+        [sys.executable, "-m", "meshrun", *command, f"hydra.run.dir={run_dir}"],
+        cwd=run_dir.parent,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     deadline = time.monotonic() + 240
     while not any(p.name.isdigit() and int(p.name) >= at_step for p in checkpoints.glob("*")):
         assert run.poll() is None and time.monotonic() < deadline, "the run ended before it could be stopped"
@@ -193,7 +263,9 @@ def adapter_weights(path) -> dict:
 
     found = {}
     with h5py.File(path, "r") as adapter:
-        adapter.visititems(lambda name, item: found.__setitem__(name, item[()]) if isinstance(item, h5py.Dataset) else None)
+        adapter.visititems(
+            lambda name, item: found.__setitem__(name, item[()]) if isinstance(item, h5py.Dataset) else None
+        )
     return found
 
 
@@ -205,20 +277,40 @@ def plan_json(args: list[str], capsys) -> dict:
     return json.loads(capsys.readouterr().out)
 
 
-def test_a_rule_that_catches_adapters_is_a_warning_and_one_they_do_not_divide_is_an_error(base_preset, capsys):
+def test_a_rule_that_catches_adapters_is_a_warning_and_one_they_do_not_divide_is_an_error(
+    base_preset, capsys
+):
     """A rule written for the MLP's kernels that also matches the adapters of a LoRA on them
     places them (a warning naming the rule); an adapter dimension the mesh cannot divide is a
     layout error like any other."""
     preset = f"model.preset={base_preset}"
-    catching = plan_json([preset, *LORA, "model.lora.targets=[ffw_gating]", "mesh=2x4",
-                          "layout.rules={decoder_block_\\d+/ffw_gating.*:[null,model]}"], capsys)
+    catching = plan_json(
+        [
+            preset,
+            *LORA,
+            "model.lora.targets=[ffw_gating]",
+            "mesh=2x4",
+            "layout.rules={decoder_block_\\d+/ffw_gating.*:[null,model]}",
+        ],
+        capsys,
+    )
     assert catching["status"] == "ok", catching["errors"]
     warned = [w for w in catching["warnings"] if "LoRA adapter" in w]
     assert len(warned) == 1, catching["warnings"]
-    assert warned[0].startswith("rule 'decoder_block_\\d+/ffw_gating.*' (rules) also places the LoRA adapter decoder_block_0/ffw_gating/lora_kernel_a "
-                                "and 3 more adapter variables"), warned[0]
+    assert warned[0].startswith(
+        "rule 'decoder_block_\\d+/ffw_gating.*' (rules) also places the LoRA adapter decoder_block_0/ffw_gating/lora_kernel_a "
+        "and 3 more adapter variables"
+    ), warned[0]
     assert catching["lora_adapters"]["placed_by_rules"] == 4
-    indivisible = plan_json([preset, *LORA, "mesh=1x8", "layout.rules={decoder_block_\\d+/attention/query/lora_kernel_a:[null,null,model]}"], capsys)
+    indivisible = plan_json(
+        [
+            preset,
+            *LORA,
+            "mesh=1x8",
+            "layout.rules={decoder_block_\\d+/attention/query/lora_kernel_a:[null,null,model]}",
+        ],
+        capsys,
+    )
     assert indivisible["status"] == "error"
     assert any("lora_kernel_a" in e and "(size 4" in e for e in indivisible["errors"]), indivisible["errors"]
 
@@ -232,9 +324,18 @@ def test_lora_in_the_plan_text(base_preset, capsys):
 
 BAD = {
     "rank 0": (["model.lora.rank=0"], "model.lora.rank: got 0; valid: a positive integer"),
-    "negative alpha": (["model.lora.rank=4", "model.lora.alpha=-2"], "model.lora.alpha: got -2; valid: a positive number"),
-    "alpha without a rank": (["model.lora.alpha=16"], "model.lora.alpha: got 16 with model.lora.rank=null, which leaves LoRA off"),
-    "a misspelt key": (["model.lora.rnak=4"], "model.lora.rnak: no such key (got override 'model.lora.rnak=4'); did you mean model.lora.rank?"),
+    "negative alpha": (
+        ["model.lora.rank=4", "model.lora.alpha=-2"],
+        "model.lora.alpha: got -2; valid: a positive number",
+    ),
+    "alpha without a rank": (
+        ["model.lora.alpha=16"],
+        "model.lora.alpha: got 16 with model.lora.rank=null, which leaves LoRA off",
+    ),
+    "a misspelt key": (
+        ["model.lora.rnak=4"],
+        "model.lora.rnak: no such key (got override 'model.lora.rnak=4'); did you mean model.lora.rank?",
+    ),
     "a layer the backbone lacks": (
         ["model.lora.rank=4", "model.lora.targets=[quary,value]"],
         "model.lora.targets: got ['quary', 'value'], but GemmaBackbone has no Dense or EinsumDense layer named 'quary'; did you mean query? "
@@ -246,7 +347,10 @@ BAD = {
 @pytest.mark.parametrize("name", sorted(BAD))
 def test_bad_lora_values_are_one_line_with_exit_2(name, in_tmp, capsys):
     args, expected = BAD[name]
-    gemma = ["model.task=GemmaCausalLM", "model.backbone={vocabulary_size:256,num_layers:1,num_query_heads:2,num_key_value_heads:1,hidden_dim:32,intermediate_dim:64,head_dim:16}"]
+    gemma = [
+        "model.task=GemmaCausalLM",
+        "model.backbone={vocabulary_size:256,num_layers:1,num_query_heads:2,num_key_value_heads:1,hidden_dim:32,intermediate_dim:64,head_dim:16}",
+    ]
     with pytest.raises(SystemExit) as exit_info:
         cli.main(["train", "model=keras_hub", *gemma, *args, "model.seq_len=16", "train.verbose=0"])
     lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]

@@ -39,4 +39,5 @@ def test_what_a_failed_read_wrote_to_stderr_goes_to_the_debug_log(capfd, meshrun
         raise RuntimeError("unreadable")
     assert capfd.readouterr().err == ""
     assert [(r.levelno, r.getMessage()) for r in meshrun_records] == [
-        (logging.DEBUG, "held back from stderr after a failed read: Event loop is closed\n")]
+        (logging.DEBUG, "held back from stderr after a failed read: Event loop is closed\n")
+    ]

@@ -17,8 +17,12 @@ from conftest import read_metrics, run_meshrun
 pytestmark = [pytest.mark.integration, pytest.mark.e2e]
 
 MAX_FAULTS_PER_STEP = 100
-LLAMA = ["model=keras_hub", "model.task=LlamaCausalLM", "model.seq_len=32",
-         "model.backbone={vocabulary_size:512,num_layers:2,num_query_heads:8,num_key_value_heads:4,hidden_dim:64,intermediate_dim:128}"]
+LLAMA = [
+    "model=keras_hub",
+    "model.task=LlamaCausalLM",
+    "model.seq_len=32",
+    "model.backbone={vocabulary_size:512,num_layers:2,num_query_heads:8,num_key_value_heads:4,hidden_dim:64,intermediate_dim:128}",
+]
 # 110 steps of 8 sequences: the median of the 59 steady steps after the first 50 is counted (a run of
 # fewer than 101 steps would count the second half of its steps instead, after a shorter warm-up).
 LLAMA_RUN = [*LLAMA, "train.batch_size=8", "data.num_samples=880", "data.eval_samples=64", "train.epochs=1"]
@@ -44,7 +48,7 @@ def sequences(split, seed, samples=1024, seq_len=64, vocab=256):
 '''
 
 MODEL_MODULE = "meshrun_test_own_model"
-MODEL_SOURCE = '''
+MODEL_SOURCE = """
 import keras
 
 
@@ -53,7 +57,7 @@ def wide_mlp(width=1024):
     x = keras.layers.Dense(width, activation="relu", name="up")(inputs)
     x = keras.layers.Dense(width, activation="relu", name="mid")(x)
     return keras.Model(inputs, keras.layers.Dense(10, name="out")(x))
-'''
+"""
 
 
 def trained(args: list[str], cwd) -> dict:
@@ -67,7 +71,9 @@ def trained(args: list[str], cwd) -> dict:
 
 def assert_few_faults(metrics: dict) -> None:
     faults = metrics["timing"]["minor_faults_per_step"]
-    assert faults is not None and faults < MAX_FAULTS_PER_STEP, f"{faults:.0f} minor page faults per steady step"
+    assert faults is not None and faults < MAX_FAULTS_PER_STEP, (
+        f"{faults:.0f} minor page faults per steady step"
+    )
 
 
 @pytest.mark.parametrize("mesh", ["1x1", "2x4"])
@@ -84,9 +90,19 @@ def test_a_generator_pipeline_gets_the_allocator_policy_back_over_epochs_and_eva
     the faults counted are those of the steps after the first 50, every one of them after an
     evaluation (the second and third epochs')."""
     (tmp_path / f"{DATA_MODULE}.py").write_text(textwrap.dedent(DATA_SOURCE))
-    args = ["model=transformer", "model.vocab=256", "model.seq_len=64", "mesh=1x1", "data=python",
-            f"data.factory={DATA_MODULE}:sequences", "+data.kwargs.samples=640", "data.num_samples=640",
-            "data.eval_samples=640", "train.epochs=3", "train.eval_every=1"]
+    args = [
+        "model=transformer",
+        "model.vocab=256",
+        "model.seq_len=64",
+        "mesh=1x1",
+        "data=python",
+        f"data.factory={DATA_MODULE}:sequences",
+        "+data.kwargs.samples=640",
+        "data.num_samples=640",
+        "data.eval_samples=640",
+        "train.epochs=3",
+        "train.eval_every=1",
+    ]
     metrics = trained(args, tmp_path)
     assert metrics["data"]["loader"] == "tf.data" and metrics["data"]["allocator_restored"] is True
     assert len(metrics["history"]["val_loss"]) == 3 and metrics["timing"]["steady_steps"] == 3 * 39
@@ -97,8 +113,18 @@ def test_a_generator_pipeline_gets_the_allocator_policy_back_over_epochs_and_eva
 
 def test_an_own_model_faults_no_buffer_in_afresh(tmp_path):
     (tmp_path / f"{MODEL_MODULE}.py").write_text(textwrap.dedent(MODEL_SOURCE))
-    args = ["model=python", f"model.factory={MODEL_MODULE}:wide_mlp", "train.loss=mse", "mesh=2x4",
-            "train.batch_size=64", "data.num_samples=7040", "data.eval_samples=64", "train.epochs=1"]
+    args = [
+        "model=python",
+        f"model.factory={MODEL_MODULE}:wide_mlp",
+        "train.loss=mse",
+        "mesh=2x4",
+        "train.batch_size=64",
+        "data.num_samples=7040",
+        "data.eval_samples=64",
+        "train.epochs=1",
+    ]
     metrics = trained(args, tmp_path)
-    assert metrics["data"]["loader"] == "pydataset" and metrics["timing"]["steady_steps"] == 109  # 110 steps, as the Llama's
+    assert (
+        metrics["data"]["loader"] == "pydataset" and metrics["timing"]["steady_steps"] == 109
+    )  # 110 steps, as the Llama's
     assert_few_faults(metrics)

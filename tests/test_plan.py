@@ -36,7 +36,9 @@ from meshrun.wording import format_bytes
 
 MESH_2X4 = MeshConfig(shape=(2, 4), axis_names=("data", "model"), batch_axis="data")
 MESH_1X1 = MeshConfig(shape=(1, 1), axis_names=("data", "model"), batch_axis="data")
-MESH_8X1 = MeshConfig(shape=(8, 1), axis_names=("data", "model"), batch_axis="data")  # no axis left idle by replication
+MESH_8X1 = MeshConfig(
+    shape=(8, 1), axis_names=("data", "model"), batch_axis="data"
+)  # no axis left idle by replication
 MESH_1X8 = MeshConfig(shape=(1, 8), axis_names=("data", "model"), batch_axis="data")
 MIB = 1 << 20
 GIB = 1 << 30
@@ -128,7 +130,9 @@ def test_an_axis_of_size_one_shards_nothing():
     assert p.spec == ("model", None) and p.replicated
     assert p.bytes_per_device == p.bytes == 1024 * 512 * 4
     assert [q.path for q in plan.largest_replicated()] == ["embedding"]
-    assert len(plan.warnings) == 1 and plan.warnings[0].startswith("embedding (1024x512, 2.00 MiB) is replicated")
+    assert len(plan.warnings) == 1 and plan.warnings[0].startswith(
+        "embedding (1024x512, 2.00 MiB) is replicated"
+    )
 
 
 def test_optimizer_slots_mirror_their_variable_and_scalars_are_replicated():
@@ -145,7 +149,11 @@ def test_optimizer_slots_mirror_their_variable_and_scalars_are_replicated():
             ref = placed[v.path]
             assert slot.reference == v.path
             assert (slot.shape, slot.spec, slot.rule, slot.bytes, slot.bytes_per_device) == (
-                ref.shape, ref.spec, ref.rule, ref.bytes, ref.bytes_per_device
+                ref.shape,
+                ref.spec,
+                ref.rule,
+                ref.bytes,
+                ref.bytes_per_device,
             )
 
     iteration, learning_rate = slots["adam/iteration"], slots["adam/learning_rate"]
@@ -180,18 +188,34 @@ def test_a_lenient_rule_places_what_it_can_and_says_once_what_stays_whole():
     rule and the spec Keras gets (heads whole), one note says so for the rule, and the large
     replicated key/value kernels get no warning of their own besides it."""
     heads = LayoutRule(r"block_\d+/(query|key)/kernel", (None, "model", None), replicate_if_indivisible=True)
-    variables = [var(f"block_{i}/{kind}/kernel", 1024, heads_count, 128) for i in range(2) for kind, heads_count in (("query", 8), ("key", 1))]
+    variables = [
+        var(f"block_{i}/{kind}/kernel", 1024, heads_count, 128)
+        for i in range(2)
+        for kind, heads_count in (("query", 8), ("key", 1))
+    ]
     rules, bends = with_bends((heads,), MESH_1X8, variables)
     plan = make_plan("toy", MESH_1X8, rules, abstract(variables), "adam", bends=bends)
     assert plan.errors == ()
     placed = by_path(plan.variables)
-    assert (placed["block_0/query/kernel"].rule, placed["block_0/query/kernel"].spec) == (heads.pattern, (None, "model", None))
-    assert (placed["block_0/key/kernel"].rule, placed["block_0/key/kernel"].spec) == (heads.pattern, (None, None, None))
-    assert placed["block_1/key/kernel"].bytes_per_device == 1024 * 128 * 4 == placed["block_1/key/kernel"].bytes
-    assert placed["block_1/query/kernel"].bytes_per_device == 1024 * 128 * 4  # 8 heads over 8 devices: one each
-    assert plan.warnings == (f"rule '{heads.pattern}' cannot split dimension 1 of 'block_0/key/kernel' (size 1, shape (1024, 1, 128)) "
-                             "over mesh axis 'model' of size 8, so it keeps that dimension whole, replicated over 'model'; the same "
-                             "for 1 more path (1.00 MiB in all)",)
+    assert (placed["block_0/query/kernel"].rule, placed["block_0/query/kernel"].spec) == (
+        heads.pattern,
+        (None, "model", None),
+    )
+    assert (placed["block_0/key/kernel"].rule, placed["block_0/key/kernel"].spec) == (
+        heads.pattern,
+        (None, None, None),
+    )
+    assert (
+        placed["block_1/key/kernel"].bytes_per_device == 1024 * 128 * 4 == placed["block_1/key/kernel"].bytes
+    )
+    assert (
+        placed["block_1/query/kernel"].bytes_per_device == 1024 * 128 * 4
+    )  # 8 heads over 8 devices: one each
+    assert plan.warnings == (
+        f"rule '{heads.pattern}' cannot split dimension 1 of 'block_0/key/kernel' (size 1, shape (1024, 1, 128)) "
+        "over mesh axis 'model' of size 8, so it keeps that dimension whole, replicated over 'model'; the same "
+        "for 1 more path (1.00 MiB in all)",
+    )
 
 
 def test_largest_replicated_is_ordered_by_size_and_skips_sharded_and_scalars():
@@ -278,18 +302,27 @@ def test_every_kind_of_lint_error_is_collected_at_once():
     assert len(messages) == 4, messages
     double, rank, indivisible, unused = messages
     assert double.startswith("layout.rules: 'dense/kernel' is matched by 2 rules, 'dense/.*' and '.*/kernel'")
-    assert rank.startswith("layout.rules.emb/embeddings: gives 1 axes [model] but variable 'emb/embeddings' has rank 2")
-    assert indivisible.startswith("layout.rules.odd/kernel: shards dimension 0 of variable 'odd/kernel' (size 10")
+    assert rank.startswith(
+        "layout.rules.emb/embeddings: gives 1 axes [model] but variable 'emb/embeddings' has rank 2"
+    )
+    assert indivisible.startswith(
+        "layout.rules.odd/kernel: shards dimension 0 of variable 'odd/kernel' (size 10"
+    )
     assert "over mesh axis 'model' of size 4, which does not divide 10 on mesh 2x4" in indivisible
     assert "valid for this dimension: null or data" in indivisible
     assert unused.startswith("layout.rules.nothing/here: matches no variable or output of the model")
     assert [e.key for e in plan.errors] == [
-        "layout.rules", "layout.rules.emb/embeddings", "layout.rules.odd/kernel", "layout.rules.nothing/here",
+        "layout.rules",
+        "layout.rules.emb/embeddings",
+        "layout.rules.odd/kernel",
+        "layout.rules.nothing/here",
     ]
 
     placed = by_path(plan.variables)
     assert placed["ok/kernel"].spec == (None, "model")  # the one fit goes through
-    assert placed["dense/kernel"].rule is None and placed["dense/kernel"].replicated  # which of two rules: none applies
+    assert (
+        placed["dense/kernel"].rule is None and placed["dense/kernel"].replicated
+    )  # which of two rules: none applies
     for path in ("emb/embeddings", "odd/kernel"):  # a misfit is listed under the rule its error names
         assert placed[path].rule == path and placed[path].spec == by_path(rules)[path].axes
     assert placed["emb/embeddings"].bytes_per_device == 250 * 32 * 4  # the rank it lacks: whole
@@ -318,11 +351,15 @@ def test_a_rule_misfitting_many_paths_is_one_error_with_a_count():
     plan = plan_of(blocks + pairs + single, rules)
     messages = [str(e) for e in plan.errors]
     assert len(messages) == 3, messages
-    assert messages[0].startswith(r"layout.rules.block_\d+/attn/kernel: shards dimension 0 of variable 'block_0/attn/kernel'")
+    assert messages[0].startswith(
+        r"layout.rules.block_\d+/attn/kernel: shards dimension 0 of variable 'block_0/attn/kernel'"
+    )
     assert messages[0].endswith("(and 4 more paths matched the same way)")
     assert messages[1].startswith("layout.rules: 'pair_0/w' is matched by 2 rules")
     assert messages[1].endswith("(and 2 more paths matched the same way)")
-    assert messages[2].startswith(r"layout.rules.solo_\d+/w: gives 2 axes [null, model] but variable 'solo_0/w'")
+    assert messages[2].startswith(
+        r"layout.rules.solo_\d+/w: gives 2 axes [null, model] but variable 'solo_0/w'"
+    )
     assert messages[2].endswith("(and 1 more path matched the same way)")
 
 
@@ -334,7 +371,9 @@ def test_output_rules_are_planned_and_checked():
     ]
     plan = plan_of(variables, [rule("dense/output", "data", "model")], outputs=outputs)
     assert plan.errors == ()
-    assert plan.outputs == ({"path": "dense/output", "shape": [None, 32], "rule": "dense/output", "spec": ["data", "model"]},)
+    assert plan.outputs == (
+        {"path": "dense/output", "shape": [None, 32], "rule": "dense/output", "spec": ["data", "model"]},
+    )
     assert [p.path for p in plan.variables] == ["dense/kernel"]  # outputs hold no bytes
     assert plan.params == 16 * 32
 
@@ -351,19 +390,50 @@ def test_output_rules_are_planned_and_checked():
 def test_to_dict_has_every_key_and_is_json():
     variables = [var("dense/kernel", 64, 256), var("dense/bias", 256)]
     outputs = [TensorSpec("dense/output", (None, 256), is_output=True)]
-    plan = plan_of(variables, [rule("dense/kernel", None, "model"), rule("dense/output", "data", None)], outputs=outputs)
+    plan = plan_of(
+        variables, [rule("dense/kernel", None, "model"), rule("dense/output", "data", None)], outputs=outputs
+    )
     data = plan.to_dict()
     assert set(data) == {
-        "status", "model", "mesh", "optimizer", "variables", "optimizer_variables", "outputs",
-        "per_device", "largest_replicated", "errors", "warnings", "processes",
+        "status",
+        "model",
+        "mesh",
+        "optimizer",
+        "variables",
+        "optimizer_variables",
+        "outputs",
+        "per_device",
+        "largest_replicated",
+        "errors",
+        "warnings",
+        "processes",
     }
     assert data["status"] == "ok"
-    assert data["processes"] == {"count": 1, "devices_per_process": 8, "axes_across_processes": [], "batch_shares": 1}
-    assert data["model"] == {"name": "toy", "params": 64 * 256 + 256, "params_bytes": (64 * 256 + 256) * 4,
-                             "trainable_params": 64 * 256 + 256, "frozen_params": 0}
-    assert data["mesh"] == {"shape": [2, 4], "axis_names": ["data", "model"], "batch_axis": "data", "devices": 8, "dcn": [1, 1],
-                            "across_processes": [], "axes": [{"name": "data", "size": 2, "in_process": 2, "across_processes": 1},
-                                                             {"name": "model", "size": 4, "in_process": 4, "across_processes": 1}]}
+    assert data["processes"] == {
+        "count": 1,
+        "devices_per_process": 8,
+        "axes_across_processes": [],
+        "batch_shares": 1,
+    }
+    assert data["model"] == {
+        "name": "toy",
+        "params": 64 * 256 + 256,
+        "params_bytes": (64 * 256 + 256) * 4,
+        "trainable_params": 64 * 256 + 256,
+        "frozen_params": 0,
+    }
+    assert data["mesh"] == {
+        "shape": [2, 4],
+        "axis_names": ["data", "model"],
+        "batch_axis": "data",
+        "devices": 8,
+        "dcn": [1, 1],
+        "across_processes": [],
+        "axes": [
+            {"name": "data", "size": 2, "in_process": 2, "across_processes": 1},
+            {"name": "model", "size": 4, "in_process": 4, "across_processes": 1},
+        ],
+    }
     assert data["optimizer"] == "adam"
     assert data["per_device"] == {
         "params_bytes": plan.params_bytes_per_device,
@@ -371,14 +441,27 @@ def test_to_dict_has_every_key_and_is_json():
         "total_bytes": plan.params_bytes_per_device + plan.optimizer_bytes_per_device,
     }
     assert data["variables"][0] == {
-        "path": "dense/kernel", "shape": [64, 256], "dtype": "float32", "rule": "dense/kernel", "origin": "rules",
-        "spec": [None, "model"], "bytes": 65536, "bytes_per_device": 16384, "trainable": True,
+        "path": "dense/kernel",
+        "shape": [64, 256],
+        "dtype": "float32",
+        "rule": "dense/kernel",
+        "origin": "rules",
+        "spec": [None, "model"],
+        "bytes": 65536,
+        "bytes_per_device": 16384,
+        "trainable": True,
     }
-    assert data["variables"][1]["rule"] is None and data["variables"][1]["spec"] == [None] and "origin" not in data["variables"][1]
+    assert (
+        data["variables"][1]["rule"] is None
+        and data["variables"][1]["spec"] == [None]
+        and "origin" not in data["variables"][1]
+    )
     slots = data["optimizer_variables"]
     assert [("reference" in s) for s in slots] == [False, False, True, True, True, True]
     assert slots[2]["reference"] == "dense/kernel" and slots[2]["spec"] == [None, "model"]
-    assert data["outputs"] == [{"path": "dense/output", "shape": [None, 256], "rule": "dense/output", "spec": ["data", None]}]
+    assert data["outputs"] == [
+        {"path": "dense/output", "shape": [None, 256], "rule": "dense/output", "spec": ["data", None]}
+    ]
     assert json.loads(json.dumps(data)) == data  # plain JSON types only
 
 
@@ -416,7 +499,7 @@ def table_cells(text: str, column: str) -> list[str]:
     start = next(n for n, line in enumerate(lines) if line.startswith("┃"))
     index = [cell.strip() for cell in lines[start].split("┃")].index(column)
     cells = []
-    for line in lines[start + 1:]:
+    for line in lines[start + 1 :]:
         if line.startswith("└"):
             break
         if not line.startswith("│"):
@@ -433,7 +516,9 @@ LONG_RULE = r"block_\d+/attention/(query|key|value|query_norm|key_norm)/kernel"
 
 
 def test_rules_are_shown_whole_on_a_narrow_terminal():
-    variables = [var(f"block_{n}/attention/{p}/kernel", 64, 8, 8) for n in range(2) for p in ("query", "key", "value")]
+    variables = [
+        var(f"block_{n}/attention/{p}/kernel", 64, 8, 8) for n in range(2) for p in ("query", "key", "value")
+    ]
     plan = plan_of(variables, [rule(LONG_RULE, None, "model", None)])
     text = rendered(plan, width=90, terminal=True)
     assert max(map(len, text.splitlines())) <= 90
@@ -441,7 +526,9 @@ def test_rules_are_shown_whole_on_a_narrow_terminal():
 
 
 def test_a_plan_counts_the_models_parameters():
-    plan = plan_of([var("dense/kernel", 64, 256), var("dense/bias", 256)], [rule("dense/kernel", None, "model")])
+    plan = plan_of(
+        [var("dense/kernel", 64, 256), var("dense/bias", 256)], [rule("dense/kernel", None, "model")]
+    )
     row = next(line for line in rendered(plan).splitlines() if "model parameters" in line)
     assert "16,640 (65.00 KiB unsharded)" in row
 
@@ -450,21 +537,38 @@ def test_seed_generators_share_a_row_per_kind_whatever_their_numbers():
     # GPT-2's 36 layers: 3 seed generators each, numbered 1..108 across the model.
     variables = [var("token_embedding/embeddings", 512, 64)]
     for n in range(36):
-        variables += [var(f"transformer_layer_{n}/self_attention/seed_generator_{3 * n + 1}/seed_generator_state", 2,
-                          dtype="uint32", itemsize=4),
-                      *(var(f"transformer_layer_{n}/seed_generator_{3 * n + k}/seed_generator_state", 2, dtype="uint32", itemsize=4)
-                        for k in (2, 3))]
+        variables += [
+            var(
+                f"transformer_layer_{n}/self_attention/seed_generator_{3 * n + 1}/seed_generator_state",
+                2,
+                dtype="uint32",
+                itemsize=4,
+            ),
+            *(
+                var(
+                    f"transformer_layer_{n}/seed_generator_{3 * n + k}/seed_generator_state",
+                    2,
+                    dtype="uint32",
+                    itemsize=4,
+                )
+                for k in (2, 3)
+            ),
+        ]
     text = rendered(plan_of(variables, mesh=MESH_8X1))
     paths = table_cells(text, "path")
-    assert paths == ["token_embedding/embeddings",
-                     "transformer_layer_{0..35}/self_attention/seed_generator_{36 in 1..106}/seed_generator_state",
-                     "transformer_layer_{0..35}/seed_generator_{72 in 2..108}/seed_generator_state"]
+    assert paths == [
+        "token_embedding/embeddings",
+        "transformer_layer_{0..35}/self_attention/seed_generator_{36 in 1..106}/seed_generator_state",
+        "transformer_layer_{0..35}/seed_generator_{72 in 2..108}/seed_generator_state",
+    ]
     assert max(map(len, text.splitlines())) < 200
 
 
 # The README's example of regex rules on the command line (### Layout rules), run as written.
-README_REGEX_RULES = (r"meshrun plan model=transformer mesh=2x4 'layout.rules={block_\d+/attention/\(query|key|value\)/kernel:"
-                      r"[null,model,null],block_\[01\]/mlp_up/kernel:[null,model]}'")
+README_REGEX_RULES = (
+    r"meshrun plan model=transformer mesh=2x4 'layout.rules={block_\d+/attention/\(query|key|value\)/kernel:"
+    r"[null,model,null],block_\[01\]/mlp_up/kernel:[null,model]}'"
+)
 
 
 @pytest.mark.integration
@@ -478,7 +582,10 @@ def test_the_readmes_regex_rules_parse_on_the_command_line_as_written(capsys):
     cli.main([*args, "--json"])
     plan = json.loads(capsys.readouterr().out)
     rules = {v["path"]: (v["rule"], v["spec"]) for v in plan["variables"]}
-    assert rules["block_1/attention/value/kernel"] == (r"block_\d+/attention/(query|key|value)/kernel", [None, "model", None])
+    assert rules["block_1/attention/value/kernel"] == (
+        r"block_\d+/attention/(query|key|value)/kernel",
+        [None, "model", None],
+    )
     assert rules["block_0/mlp_up/kernel"] == ("block_[01]/mlp_up/kernel", [None, "model"])
     assert plan["errors"] == []
 
@@ -493,7 +600,10 @@ P7B = {"layers": 32, "d_model": 4096, "heads": 32, "ff": 16384, "vocab": 32000, 
 def transformer_shapes(layers, d_model, heads, ff, vocab, seq_len):
     """Every variable of the untied-head transformer and its shape, in model order."""
     head_dim = d_model // heads
-    shapes = {"token_embedding/embeddings": (vocab, d_model), "position_embedding/embeddings": (seq_len, d_model)}
+    shapes = {
+        "token_embedding/embeddings": (vocab, d_model),
+        "position_embedding/embeddings": (seq_len, d_model),
+    }
     for n in range(layers):
         b = f"block_{n}"
         shapes[f"{b}/ln_1/gamma"] = shapes[f"{b}/ln_1/beta"] = (d_model,)
@@ -536,9 +646,16 @@ def tp_spec(path: str, rank: int) -> tuple:
 @pytest.mark.e2e
 def test_7b_transformer_plans_fast_in_little_memory_with_exact_bytes(tmp_path):
     done = run_measured(
-        ["plan", "model=transformer", "model.preset=7b", "mesh=1x8", "layout=transformer_tp", "--json"], tmp_path
+        ["plan", "model=transformer", "model.preset=7b", "mesh=1x8", "layout=transformer_tp", "--json"],
+        tmp_path,
     )
-    rc, stdout, stderr, wall, peak_rss = done.returncode, done.stdout, done.stderr, done.wall_s, done.peak_rss_bytes
+    rc, stdout, stderr, wall, peak_rss = (
+        done.returncode,
+        done.stdout,
+        done.stderr,
+        done.wall_s,
+        done.peak_rss_bytes,
+    )
     assert rc == 0, stderr
     assert "Traceback" not in stderr
     assert 0 < peak_rss < 2 * GIB, f"peak RSS {format_bytes(peak_rss)}"
@@ -546,8 +663,17 @@ def test_7b_transformer_plans_fast_in_little_memory_with_exact_bytes(tmp_path):
     assert list(tmp_path.iterdir()) == []
     plan = json.loads(stdout)
     assert plan["status"] == "ok" and plan["errors"] == [] and plan["warnings"] == []
-    assert {k: plan["mesh"][k] for k in ("shape", "axis_names", "batch_axis", "devices", "dcn", "across_processes")} == {
-        "shape": [1, 8], "axis_names": ["data", "model"], "batch_axis": "data", "devices": 8, "dcn": [1, 1], "across_processes": []}
+    assert {
+        k: plan["mesh"][k]
+        for k in ("shape", "axis_names", "batch_axis", "devices", "dcn", "across_processes")
+    } == {
+        "shape": [1, 8],
+        "axis_names": ["data", "model"],
+        "batch_axis": "data",
+        "devices": 8,
+        "dcn": [1, 1],
+        "across_processes": [],
+    }
     assert plan["optimizer"] == "adam"
 
     # Variables: exactly the preset's, shapes and all.
@@ -559,8 +685,13 @@ def test_7b_transformer_plans_fast_in_little_memory_with_exact_bytes(tmp_path):
     per_block = 4 * d * d + 4 * d + 2 * d * ff + ff + d + 4 * d  # attention, MLP, two layer norms
     assert params == layers * per_block + 2 * vocab * d + P7B["seq_len"] * d + 2 * d
     assert 6.7e9 < params < 6.8e9  # 7B-class
-    assert plan["model"] == {"name": "transformer", "params": params, "params_bytes": params * 4, "trainable_params": params,
-                             "frozen_params": 0}
+    assert plan["model"] == {
+        "name": "transformer",
+        "params": params,
+        "params_bytes": params * 4,
+        "trainable_params": params,
+        "frozen_params": 0,
+    }
 
     params_per_device = 0
     for path, shape in shapes.items():
@@ -581,8 +712,14 @@ def test_7b_transformer_plans_fast_in_little_memory_with_exact_bytes(tmp_path):
     assert variables["token_embedding/embeddings"]["spec"] == ["model", None]
     assert variables["token_embedding/embeddings"]["rule"] == "(token_embedding|head)/embeddings"
     assert variables["block_0/ln_1/gamma"] == {
-        "path": "block_0/ln_1/gamma", "shape": [4096], "dtype": "float32", "rule": None, "spec": [None],
-        "bytes": 16384, "bytes_per_device": 16384, "trainable": True,
+        "path": "block_0/ln_1/gamma",
+        "shape": [4096],
+        "dtype": "float32",
+        "rule": None,
+        "spec": [None],
+        "bytes": 16384,
+        "bytes_per_device": 16384,
+        "trainable": True,
     }
 
     # Adam: a momentum and a velocity mirroring every variable, plus its own replicated scalars.
@@ -592,10 +729,15 @@ def test_7b_transformer_plans_fast_in_little_memory_with_exact_bytes(tmp_path):
     for s in mirrored:
         v = variables[s["reference"]]
         assert s["path"] in (
-            f"adam/{v['path'].replace('/', '_')}_momentum", f"adam/{v['path'].replace('/', '_')}_velocity"
+            f"adam/{v['path'].replace('/', '_')}_momentum",
+            f"adam/{v['path'].replace('/', '_')}_velocity",
         )
         assert (s["shape"], s["dtype"], s["spec"], s["rule"], s["bytes_per_device"]) == (
-            v["shape"], v["dtype"], v["spec"], v["rule"], v["bytes_per_device"]
+            v["shape"],
+            v["dtype"],
+            v["spec"],
+            v["rule"],
+            v["bytes_per_device"],
         )
     assert sorted(s["reference"] for s in mirrored) == sorted(list(shapes) * 2)
     assert sorted(s["path"] for s in scalars) == ["adam/iteration", "adam/learning_rate"]
@@ -612,9 +754,17 @@ def test_7b_transformer_plans_fast_in_little_memory_with_exact_bytes(tmp_path):
     }
     # The recipe of this plan states its figures as the plan prints them.
     recipe = (Path(__file__).parents[1] / "recipes" / "transformer_7b_tp.yaml").read_text()
-    assert f"{format_bytes(params_per_device)} of parameters and {format_bytes(2 * params_per_device)} of Adam" in recipe
+    assert (
+        f"{format_bytes(params_per_device)} of parameters and {format_bytes(2 * params_per_device)} of Adam"
+        in recipe
+    )
     assert plan["outputs"] == [
-        {"path": "head/output", "shape": [None, P7B["seq_len"], vocab], "rule": "head/output", "spec": ["data", None, "model"]}
+        {
+            "path": "head/output",
+            "shape": [None, P7B["seq_len"], vocab],
+            "rule": "head/output",
+            "spec": ["data", None, "model"],
+        }
     ]
     # The largest replicated: 16 KiB norms and row-parallel biases (d_model floats each).
     assert [r["bytes"] for r in plan["largest_replicated"]] == [d * 4] * 5
@@ -640,7 +790,12 @@ def run_plan(args, tmp_path, env=None):
     env = {**plan_env(tmp_path), **(env or {})}
     done = subprocess.run(
         [sys.executable, "-m", "meshrun", "plan", *args],
-        cwd=cwd, env=env, capture_output=True, text=True, timeout=120, check=False,
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
     )
     assert list(cwd.iterdir()) == [], "plan wrote into the working dir"
     assert list(Path(env["TMPDIR"]).iterdir()) == [], "plan left its scratch run dir behind"
@@ -739,7 +894,9 @@ def test_tables_name_every_variable_and_the_totals(tmp_path, capsys, monkeypatch
     ids=["indivisible-mlp", "rules-match-nothing"],
 )
 def test_lint_errors_exit_2_with_one_stderr_line_each(tmp_path, overrides, errors, capsys, monkeypatch):
-    done = plan_in_process(["model=transformer", "mesh=2x4", *overrides, "--json"], tmp_path, capsys, monkeypatch)
+    done = plan_in_process(
+        ["model=transformer", "mesh=2x4", *overrides, "--json"], tmp_path, capsys, monkeypatch
+    )
     assert done.returncode == 2
     assert "Traceback" not in done.stderr
     plan = json.loads(done.stdout)
@@ -754,8 +911,13 @@ ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 @pytest.mark.integration
 def test_a_plan_collapses_repeated_blocks_and_never_wraps_a_path(tmp_path, capsys, monkeypatch):
-    narrow = plan_in_process(["model=transformer", "model.layers=12", "mesh=2x4"], tmp_path / "narrow",
-                             capsys, monkeypatch, env={"COLUMNS": "100", "TTY_COMPATIBLE": "1"})
+    narrow = plan_in_process(
+        ["model=transformer", "model.layers=12", "mesh=2x4"],
+        tmp_path / "narrow",
+        capsys,
+        monkeypatch,
+        env={"COLUMNS": "100", "TTY_COMPATIBLE": "1"},
+    )
     assert narrow.returncode == 0, narrow.stderr
     lines = ANSI.sub("", narrow.stdout).splitlines()
     assert max(map(len, lines)) <= 100
@@ -763,9 +925,13 @@ def test_a_plan_collapses_repeated_blocks_and_never_wraps_a_path(tmp_path, capsy
     assert "block_{0..11}/attention/query/kernel" in paths and "block_{0..11}/ln_{1..2}/gamma" in paths
     assert "token_embedding/embeddings" in paths and not any(p.startswith("block_0/") for p in paths)
     assert len(paths) < 40  # 12 blocks of 16 variables each would be 199 rows
-    assert r"block_\d+/attention/(query|key|value)/kernel" in table_cells(ANSI.sub("", narrow.stdout), "rule")  # folded, whole
+    assert r"block_\d+/attention/(query|key|value)/kernel" in table_cells(
+        ANSI.sub("", narrow.stdout), "rule"
+    )  # folded, whole
 
-    full = plan_in_process(["model=transformer", "model.layers=12", "mesh=2x4", "--full"], tmp_path / "full", capsys, monkeypatch)
+    full = plan_in_process(
+        ["model=transformer", "model.layers=12", "mesh=2x4", "--full"], tmp_path / "full", capsys, monkeypatch
+    )
     assert full.returncode == 0, full.stderr
     full_paths = [line.split("│")[1].strip() for line in full.stdout.splitlines() if line.startswith("│ ")]
     assert "block_11/attention/query/kernel" in full_paths and not any("{" in p for p in full_paths)
@@ -773,13 +939,17 @@ def test_a_plan_collapses_repeated_blocks_and_never_wraps_a_path(tmp_path, capsy
     assert len(piped_widths) == 1  # off a terminal the table is printed whole, one line per row
 
 
-IDLE_MODEL_AXIS = ("mesh axis 'model' (size 4) shards no variable, so every step is computed 4 times over; "
-                   "pick a layout that uses it (layout=...) or give it size 1")
+IDLE_MODEL_AXIS = (
+    "mesh axis 'model' (size 4) shards no variable, so every step is computed 4 times over; "
+    "pick a layout that uses it (layout=...) or give it size 1"
+)
 
 
 @pytest.mark.integration
 def test_a_mesh_axis_that_shards_nothing_is_a_warning(tmp_path, capsys, monkeypatch):
-    done = plan_in_process(["-m", "layout=replicated,dense_model", "mesh=2x4", "--json"], tmp_path, capsys, monkeypatch)
+    done = plan_in_process(
+        ["-m", "layout=replicated,dense_model", "mesh=2x4", "--json"], tmp_path, capsys, monkeypatch
+    )
     assert done.returncode == 0, done.stderr
     replicated, dense = [json.loads(line) for line in done.stdout.splitlines()]
     assert replicated["warnings"] == [IDLE_MODEL_AXIS]
@@ -788,7 +958,9 @@ def test_a_mesh_axis_that_shards_nothing_is_a_warning(tmp_path, capsys, monkeypa
 
 @pytest.mark.integration
 def test_multirun_prints_one_json_line_per_job(tmp_path, capsys, monkeypatch):
-    done = plan_in_process(["-m", "model=transformer", "mesh=2x4,1x8", "--json"], tmp_path, capsys, monkeypatch)
+    done = plan_in_process(
+        ["-m", "model=transformer", "mesh=2x4,1x8", "--json"], tmp_path, capsys, monkeypatch
+    )
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
     assert len(lines) == 2, done.stdout[:2000]
@@ -796,8 +968,14 @@ def test_multirun_prints_one_json_line_per_job(tmp_path, capsys, monkeypatch):
     assert [p["mesh"]["shape"] for p in plans] == [[2, 4], [1, 8]]
     # Each line says which job it is: the layout, every config group choice and the overrides.
     assert [p["layout"] for p in plans] == ["transformer_tp", "transformer_tp"]
-    assert [(p["choices"]["model"], p["choices"]["mesh"]) for p in plans] == [("transformer", "2x4"), ("transformer", "1x8")]
-    assert [p["overrides"] for p in plans] == [["model=transformer", "mesh=2x4"], ["model=transformer", "mesh=1x8"]]
+    assert [(p["choices"]["model"], p["choices"]["mesh"]) for p in plans] == [
+        ("transformer", "2x4"),
+        ("transformer", "1x8"),
+    ]
+    assert [p["overrides"] for p in plans] == [
+        ["model=transformer", "mesh=2x4"],
+        ["model=transformer", "mesh=1x8"],
+    ]
     assert [p["status"] for p in plans] == ["ok", "ok"]
     assert plans[0]["model"]["params"] == plans[1]["model"]["params"]
     embedding = [next(v for v in p["variables"] if v["path"] == "token_embedding/embeddings") for p in plans]
@@ -808,7 +986,12 @@ def test_multirun_prints_one_json_line_per_job(tmp_path, capsys, monkeypatch):
 def test_an_explicit_mesh_larger_than_this_machine_plans(tmp_path, capsys, monkeypatch):
     # 256 devices: plan needs none for an explicit shape. The 1b preset (16 heads, d_model 2048,
     # ff 8192, vocab 32000) divides 16 ways on both axes.
-    done = plan_in_process(["mesh=16x16", "model=transformer", "model.preset=1b", "layout=transformer_2d", "--json"], tmp_path, capsys, monkeypatch)
+    done = plan_in_process(
+        ["mesh=16x16", "model=transformer", "model.preset=1b", "layout=transformer_2d", "--json"],
+        tmp_path,
+        capsys,
+        monkeypatch,
+    )
     assert done.returncode == 0, done.stderr
     plan = json.loads(done.stdout)
     assert plan["status"] == "ok"

@@ -23,8 +23,15 @@ pytestmark = pytest.mark.e2e
 
 # The seeds' MLP, 512 steps an epoch (about a second each here): a signal after the first records
 # of the step log lands mid-epoch.
-ARGS = ["train", "mesh=2x4", "layout=dense_model", "data.num_samples=8192", "data.eval_samples=256", "train.epochs=2",
-        "train.verbose=0"]
+ARGS = [
+    "train",
+    "mesh=2x4",
+    "layout=dense_model",
+    "data.num_samples=8192",
+    "data.eval_samples=256",
+    "train.epochs=2",
+    "train.verbose=0",
+]
 STEPS_PER_EPOCH = 512
 
 
@@ -41,12 +48,20 @@ def uninterrupted(tmp_path_factory) -> dict:
 
 def summary_rows(stdout: str) -> dict:
     """The rows of the run summary a run printed, by name (the first column of its table)."""
-    cells = [line.split("│")[1:3] for line in stdout.splitlines() if line.startswith("│") and line.count("│") == 3]
+    cells = [
+        line.split("│")[1:3] for line in stdout.splitlines() if line.startswith("│") and line.count("│") == 3
+    ]
     return {name.strip(): value.strip() for name, value in cells}
 
 
 def start_meshrun(args: list[str], cwd: Path) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "meshrun", *args], cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "meshrun", *args],
+        cwd=cwd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def wait_for_steps(run_dir: Path, process: subprocess.Popen, count: int, timeout: float = 120) -> None:
@@ -61,8 +76,12 @@ def wait_for_steps(run_dir: Path, process: subprocess.Popen, count: int, timeout
     raise AssertionError(f"no {count} steps in {log} after {timeout} s")
 
 
-@pytest.mark.parametrize("stop_signal", [pytest.param(signal.SIGTERM, marks=pytest.mark.smoke), signal.SIGUSR1, signal.SIGINT])
-def test_a_signal_mid_epoch_saves_and_the_same_command_resumes_exactly(tmp_path, stop_signal, uninterrupted, capfd):
+@pytest.mark.parametrize(
+    "stop_signal", [pytest.param(signal.SIGTERM, marks=pytest.mark.smoke), signal.SIGUSR1, signal.SIGINT]
+)
+def test_a_signal_mid_epoch_saves_and_the_same_command_resumes_exactly(
+    tmp_path, stop_signal, uninterrupted, capfd
+):
     whole = uninterrupted
     checkpoints = tmp_path / "checkpoints"
     args = [*ARGS, f"checkpoint.dir={checkpoints}", "checkpoint.export=true", "logging.csv=true"]
@@ -76,12 +95,22 @@ def test_a_signal_mid_epoch_saves_and_the_same_command_resumes_exactly(tmp_path,
     stopped = read_metrics(first_run)
     step = stopped["train"]["stopped"]["step"]
     assert stopped["status"] == "preempted" and stopped["exit_status"] == 128 + stop_signal
-    assert stopped["train"]["stopped"] == {"reason": "signal", "signal": name, "exit_status": 128 + stop_signal, "step": step,
-                                           "checkpoint": str(checkpoints / str(step))}
+    assert stopped["train"]["stopped"] == {
+        "reason": "signal",
+        "signal": name,
+        "exit_status": 128 + stop_signal,
+        "step": step,
+        "checkpoint": str(checkpoints / str(step)),
+    }
     assert 50 <= step < 2 * STEPS_PER_EPOCH and step % STEPS_PER_EPOCH, "the signal landed mid-epoch"
     epoch = step // STEPS_PER_EPOCH + 1
-    assert stopped["checkpoint"]["saved_steps"] == [STEPS_PER_EPOCH] * (epoch - 1) + [step] and (checkpoints / str(step)).is_dir()
-    assert stopped["eval"] is None and len(stopped["history"]["loss"]) == epoch  # no evaluation; up to the epoch it stopped in
+    assert (
+        stopped["checkpoint"]["saved_steps"] == [STEPS_PER_EPOCH] * (epoch - 1) + [step]
+        and (checkpoints / str(step)).is_dir()
+    )
+    assert (
+        stopped["eval"] is None and len(stopped["history"]["loss"]) == epoch
+    )  # no evaluation; up to the epoch it stopped in
     assert stopped["skipped"] == ["eval", "flops", "export"] and stopped["flops"]["per_step"] is None
     in_epoch = step - (epoch - 1) * STEPS_PER_EPOCH
     assert stopped["timing"]["epoch_steps"] == [STEPS_PER_EPOCH] * (epoch - 1) + [in_epoch]
@@ -90,19 +119,38 @@ def test_a_signal_mid_epoch_saves_and_the_same_command_resumes_exactly(tmp_path,
     assert (int(last["epoch_end"]), int(last["step"]), int(last["epoch_steps"])) == (epoch, step, in_epoch)
     rows = summary_rows(stdout)  # what was skipped and why, and the cut epoch marked
     skipped = f"skipped: {name} received after step {step}"
-    assert rows["eval"] == skipped + "; a run stopped by a signal only saves its checkpoint, to exit within the scheduler's grace period"
-    assert rows["flops"] == f"skipped (XLA's cost analysis, and the compiled memory estimate with it): {name} received after step {step}"
-    assert rows["export"] == skipped and rows["epochs"].endswith(f" s; epoch {epoch}: {in_epoch} of {STEPS_PER_EPOCH} steps")
-    assert f"meshrun: {name} received: stopped after step {step}; checkpoint {checkpoints / str(step)}" in stderr
+    assert (
+        rows["eval"]
+        == skipped
+        + "; a run stopped by a signal only saves its checkpoint, to exit within the scheduler's grace period"
+    )
+    assert (
+        rows["flops"]
+        == f"skipped (XLA's cost analysis, and the compiled memory estimate with it): {name} received after step {step}"
+    )
+    assert rows["export"] == skipped and rows["epochs"].endswith(
+        f" s; epoch {epoch}: {in_epoch} of {STEPS_PER_EPOCH} steps"
+    )
+    assert (
+        f"meshrun: {name} received: stopped after step {step}; checkpoint {checkpoints / str(step)}" in stderr
+    )
     assert "Traceback" not in stderr
 
     resumed_run = tmp_path / "resumed"
     capfd.readouterr()
-    cli.main([*args, f"hydra.run.dir={resumed_run}"])  # the same command (in this process: the resume is not about a process)
+    cli.main(
+        [*args, f"hydra.run.dir={resumed_run}"]
+    )  # the same command (in this process: the resume is not about a process)
     resumed = read_metrics(resumed_run)
-    assert resumed["status"] == "ok" and resumed["checkpoint"]["resumed_at_step"] == step and resumed["skipped"] is None
+    assert (
+        resumed["status"] == "ok"
+        and resumed["checkpoint"]["resumed_at_step"] == step
+        and resumed["skipped"] is None
+    )
     rows = summary_rows(capfd.readouterr().out)
-    assert rows["export"] == "model.keras" and rows["epochs"].endswith(f" s; epoch {epoch}: {STEPS_PER_EPOCH - in_epoch} of {STEPS_PER_EPOCH} steps")
+    assert rows["export"] == "model.keras" and rows["epochs"].endswith(
+        f" s; epoch {epoch}: {STEPS_PER_EPOCH - in_epoch} of {STEPS_PER_EPOCH} steps"
+    )
     assert resumed["history"]["loss"] == pytest.approx(whole["history"]["loss"], abs=1e-6)
     assert resumed["eval"]["loss"] == pytest.approx(whole["eval"]["loss"], abs=1e-6)
     assert json.loads((resumed_run / "metrics.json").read_text())["train"]["stopped"] is None
@@ -117,8 +165,16 @@ def test_sigterm_to_a_two_process_job_stops_both_at_one_step_and_the_same_comman
     it was in by step 81 on the 2-core machine under a load of 10). (The reference is a two-process run too: a one-process run's eval
     loss differs by up to 5e-5.)"""
     steps_per_epoch = 64
-    args = ["train", "distributed.local_processes=2", "mesh=2x4", "layout=dense_model", f"data.num_samples={16 * steps_per_epoch}",
-            "data.eval_samples=256", "train.epochs=2", "train.verbose=0"]
+    args = [
+        "train",
+        "distributed.local_processes=2",
+        "mesh=2x4",
+        "layout=dense_model",
+        f"data.num_samples={16 * steps_per_epoch}",
+        "data.eval_samples=256",
+        "train.epochs=2",
+        "train.verbose=0",
+    ]
     whole_run = tmp_path / "whole"
     done = run_meshrun([*args, f"hydra.run.dir={whole_run}"], tmp_path, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -135,8 +191,12 @@ def test_sigterm_to_a_two_process_job_stops_both_at_one_step_and_the_same_comman
     assert process.returncode == 143, stderr[-3000:]
     stopped = read_metrics(first_run)
     step = stopped["train"]["stopped"]["step"]
-    assert stopped["status"] == "preempted" and (step - 1) % 20 == 0 and step < 2 * steps_per_epoch and step % steps_per_epoch, \
-        "mid-epoch, at a checked step"
+    assert (
+        stopped["status"] == "preempted"
+        and (step - 1) % 20 == 0
+        and step < 2 * steps_per_epoch
+        and step % steps_per_epoch
+    ), "mid-epoch, at a checked step"
     assert (checkpoints / str(step)).is_dir() and f"SIGTERM received: stopped after step {step}" in stderr
 
     resumed_run = tmp_path / "resumed"
@@ -148,10 +208,18 @@ def test_sigterm_to_a_two_process_job_stops_both_at_one_step_and_the_same_comman
     assert resumed["eval"]["loss"] == pytest.approx(whole["eval"]["loss"], abs=1e-5)
 
 
-def test_a_checkpoint_dir_that_vanishes_mid_run_stops_it_with_one_line_and_the_last_checkpoint_resumes(tmp_path):
+def test_a_checkpoint_dir_that_vanishes_mid_run_stops_it_with_one_line_and_the_last_checkpoint_resumes(
+    tmp_path,
+):
     checkpoints, moved = tmp_path / "checkpoints", tmp_path / "moved"
-    args = [*ARGS[:-2], "train.epochs=1", "train.verbose=0", f"checkpoint.dir={checkpoints}", "checkpoint.every_steps=200",
-            "checkpoint.async_save=false"]
+    args = [
+        *ARGS[:-2],
+        "train.epochs=1",
+        "train.verbose=0",
+        f"checkpoint.dir={checkpoints}",
+        "checkpoint.every_steps=200",
+        "checkpoint.async_save=false",
+    ]
     process = start_meshrun([*args, f"hydra.run.dir={tmp_path / 'run'}"], tmp_path)
     deadline = time.monotonic() + 120
     while not (checkpoints / "200" / "_CHECKPOINT_METADATA").exists():
@@ -162,39 +230,68 @@ def test_a_checkpoint_dir_that_vanishes_mid_run_stops_it_with_one_line_and_the_l
     _, stderr = process.communicate(timeout=120)
     lines = stderr.strip().splitlines()
     assert process.returncode == 1 and len(lines) == 1, stderr[-3000:]
-    assert lines[0].startswith(f"meshrun: error: training failed: CheckpointNotSaved: saving step 400 into {checkpoints} failed (")
+    assert lines[0].startswith(
+        f"meshrun: error: training failed: CheckpointNotSaved: saving step 400 into {checkpoints} failed ("
+    )
     assert "Not a directory" in lines[0] and "no complete checkpoint is there" in lines[0]
-    cli.main([*args[:-3], f"resume={moved}", f"hydra.run.dir={tmp_path / 'resumed'}"])  # in this process: not about a process
+    cli.main(
+        [*args[:-3], f"resume={moved}", f"hydra.run.dir={tmp_path / 'resumed'}"]
+    )  # in this process: not about a process
     assert read_metrics(tmp_path / "resumed")["status"] == "ok"
     assert read_metrics(tmp_path / "resumed")["checkpoint"]["resumed_at_step"] == 200
 
 
-def test_a_full_disk_stops_the_run_with_one_line_and_the_last_checkpoint_resumes_exactly(tmp_path, uninterrupted):
+def test_a_full_disk_stops_the_run_with_one_line_and_the_last_checkpoint_resumes_exactly(
+    tmp_path, uninterrupted
+):
     """A real full disk: the checkpoint dir is a 2600 KiB tmpfs, room for one checkpoint of the
     MLP (about 1.8 MiB) but not two. The save at step 400 stops the run with one line naming the
     dir and ENOSPC; the checkpoint of step 200 resumes to an uninterrupted run's losses. The
     tmpfs lives in a mount namespace of its own (unshare), so the run goes in a shell script that
     copies the checkpoints, as the failed save left them, out of it before it ends; the resume
     reads that copy, through the CLI in this process (it is not about a process)."""
-    if shutil.which("unshare") is None or subprocess.run(["unshare", "--user", "--map-root-user", "--mount", "true"]).returncode:
-        pytest.skip("no mount namespace here (unshare --user --map-root-user --mount fails), so no small tmpfs to fill")
+    if (
+        shutil.which("unshare") is None
+        or subprocess.run(["unshare", "--user", "--map-root-user", "--mount", "true"]).returncode
+    ):
+        pytest.skip(
+            "no mount namespace here (unshare --user --map-root-user --mount fails), so no small tmpfs to fill"
+        )
     disk, checkpoints, saved = tmp_path / "disk", tmp_path / "disk" / "checkpoints", tmp_path / "saved"
     disk.mkdir()
     meshrun = [sys.executable, "-m", "meshrun", *ARGS]
-    script = "\n".join([
-        f"mount -t tmpfs -o size=2600k tmpfs {disk} || exit 99",
-        shlex.join([*meshrun, f"checkpoint.dir={checkpoints}", "checkpoint.every_steps=200", f"hydra.run.dir={tmp_path / 'full'}"])
-        + f" 2> {tmp_path / 'full.err'}; echo $? > {tmp_path / 'full.status'}",
-        shlex.join(["cp", "-a", str(checkpoints), str(saved)]),
-    ])
-    done = subprocess.run(["unshare", "--user", "--map-root-user", "--mount", "sh", "-c", script], cwd=tmp_path,
-                          capture_output=True, text=True, timeout=300)
+    script = "\n".join(
+        [
+            f"mount -t tmpfs -o size=2600k tmpfs {disk} || exit 99",
+            shlex.join(
+                [
+                    *meshrun,
+                    f"checkpoint.dir={checkpoints}",
+                    "checkpoint.every_steps=200",
+                    f"hydra.run.dir={tmp_path / 'full'}",
+                ]
+            )
+            + f" 2> {tmp_path / 'full.err'}; echo $? > {tmp_path / 'full.status'}",
+            shlex.join(["cp", "-a", str(checkpoints), str(saved)]),
+        ]
+    )
+    done = subprocess.run(
+        ["unshare", "--user", "--map-root-user", "--mount", "sh", "-c", script],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, (done.stderr[-3000:], (tmp_path / "full.err").read_text()[-3000:])
     lines = (tmp_path / "full.err").read_text().strip().splitlines()
     assert (tmp_path / "full.status").read_text().strip() == "1" and len(lines) == 1, lines
-    assert lines[0].startswith(f"meshrun: error: training failed: CheckpointNotSaved: saving step 400 into {checkpoints} failed "
-                               "(OSError: [Errno 28] No space left on device: the checkpoint takes about ")
-    assert lines[0].endswith(f"the newest complete checkpoint is {checkpoints / '200'} (traceback in {tmp_path / 'full'}/error.log)")
+    assert lines[0].startswith(
+        f"meshrun: error: training failed: CheckpointNotSaved: saving step 400 into {checkpoints} failed "
+        "(OSError: [Errno 28] No space left on device: the checkpoint takes about "
+    )
+    assert lines[0].endswith(
+        f"the newest complete checkpoint is {checkpoints / '200'} (traceback in {tmp_path / 'full'}/error.log)"
+    )
     cli.main([*ARGS, f"resume={saved}", f"hydra.run.dir={tmp_path / 'resumed'}"])
     resumed = read_metrics(tmp_path / "resumed")
     assert resumed["status"] == "ok" and resumed["checkpoint"]["resumed_at_step"] == 200
@@ -202,10 +299,18 @@ def test_a_full_disk_stops_the_run_with_one_line_and_the_last_checkpoint_resumes
     assert resumed["eval"]["loss"] == pytest.approx(uninterrupted["eval"]["loss"], abs=1e-6)
 
 
-def test_resume_auto_passes_over_a_damaged_newest_checkpoint_and_still_ends_exactly(tmp_path, uninterrupted, capfd):
+def test_resume_auto_passes_over_a_damaged_newest_checkpoint_and_still_ends_exactly(
+    tmp_path, uninterrupted, capfd
+):
     """The runs go through the CLI in this process (none of it is about a process)."""
     checkpoints = tmp_path / "checkpoints"
-    first = [*ARGS[:-2], "train.epochs=1", "train.verbose=0", f"checkpoint.dir={checkpoints}", "checkpoint.every_steps=150"]
+    first = [
+        *ARGS[:-2],
+        "train.epochs=1",
+        "train.verbose=0",
+        f"checkpoint.dir={checkpoints}",
+        "checkpoint.every_steps=150",
+    ]
     cli.main([*first, f"hydra.run.dir={tmp_path / 'first'}"])
     assert read_metrics(tmp_path / "first")["status"] == "ok"
     assert sorted(int(p.name) for p in checkpoints.iterdir()) == [150, 300, 450]
@@ -223,7 +328,10 @@ def test_resume_auto_passes_over_a_damaged_newest_checkpoint_and_still_ends_exac
     assert read_metrics(tmp_path / "resumed")["status"] == "ok"
     done = capfd.readouterr()
     said = done.out + done.err
-    assert f"checkpoint {checkpoints / '450'} cannot be read (" in said and "passing over it to the newest checkpoint before it" in said
+    assert (
+        f"checkpoint {checkpoints / '450'} cannot be read (" in said
+        and "passing over it to the newest checkpoint before it" in said
+    )
     resumed = read_metrics(tmp_path / "resumed")
     assert resumed["checkpoint"]["resumed_at_step"] == 300
     whole = uninterrupted
@@ -244,7 +352,9 @@ def keep_sending(process: subprocess.Popen, signum: int, every_s: float = 0.01, 
 
 def test_a_second_ctrl_c_stops_at_once_with_one_line(tmp_path):
     checkpoints = tmp_path / "checkpoints"
-    process = start_meshrun([*ARGS, f"checkpoint.dir={checkpoints}", f"hydra.run.dir={tmp_path / 'run'}"], tmp_path)
+    process = start_meshrun(
+        [*ARGS, f"checkpoint.dir={checkpoints}", f"hydra.run.dir={tmp_path / 'run'}"], tmp_path
+    )
     wait_for_steps(tmp_path / "run", process, 50)
     stderr = keep_sending(process, signal.SIGINT)
     assert process.returncode == 130, stderr[-3000:]
@@ -260,8 +370,17 @@ def test_sigterm_while_a_two_process_job_starts_up_ends_it_with_143_and_one_line
     the processes caught it (they stop after their first step, with its checkpoint) or were still
     too early to (killed by it, nothing to save)."""
     run_dir = tmp_path / "run"
-    process = start_meshrun(["train", "distributed.local_processes=2", "mesh=2x4", "layout=dense_model", "train.verbose=0",
-                             f"hydra.run.dir={run_dir}"], tmp_path)
+    process = start_meshrun(
+        [
+            "train",
+            "distributed.local_processes=2",
+            "mesh=2x4",
+            "layout=dense_model",
+            "train.verbose=0",
+            f"hydra.run.dir={run_dir}",
+        ],
+        tmp_path,
+    )
     deadline = time.monotonic() + 60
     while not (run_dir / "processes.json").exists():
         assert process.poll() is None and time.monotonic() < deadline, process.communicate()[1][-3000:]
@@ -272,18 +391,33 @@ def test_sigterm_while_a_two_process_job_starts_up_ends_it_with_143_and_one_line
     assert process.returncode == 143 and len(lines) == 1, stderr[-3000:]
     assert lines[0].startswith("meshrun: SIGTERM received: ")
     if (run_dir / "metrics.json").exists():
-        assert read_metrics(run_dir)["train"]["stopped"]["step"] == 1 and (run_dir / "checkpoints" / "1").is_dir()
+        assert (
+            read_metrics(run_dir)["train"]["stopped"]["step"] == 1
+            and (run_dir / "checkpoints" / "1").is_dir()
+        )
     else:
         assert "stopped before training began; nothing was saved" in lines[0]
 
 
-@pytest.mark.parametrize("shapes", ["2x4,4x2", "2x4,2x2"], ids=["jobs-in-this-process", "jobs-in-their-own-processes"])
+@pytest.mark.parametrize(
+    "shapes", ["2x4,4x2", "2x4,2x2"], ids=["jobs-in-this-process", "jobs-in-their-own-processes"]
+)
 def test_sigterm_to_a_multirun_stops_its_job_with_a_checkpoint_and_runs_no_later_job(tmp_path, shapes):
     """In a multirun the signal stops the running job (in this process, or passed on to the job's
     own process when the jobs' device counts differ) and the jobs after it are not started."""
     sweep_dir = tmp_path / "sweep"
-    process = start_meshrun(["train", "-m", f"mesh={shapes}", "layout=dense_model", "data.num_samples=8192", "train.verbose=0",
-                             f"hydra.sweep.dir={sweep_dir}"], tmp_path)
+    process = start_meshrun(
+        [
+            "train",
+            "-m",
+            f"mesh={shapes}",
+            "layout=dense_model",
+            "data.num_samples=8192",
+            "train.verbose=0",
+            f"hydra.sweep.dir={sweep_dir}",
+        ],
+        tmp_path,
+    )
     wait_for_steps(sweep_dir / "0", process, 50)
     process.send_signal(signal.SIGTERM)
     _, stderr = process.communicate(timeout=120)

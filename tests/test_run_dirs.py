@@ -33,11 +33,17 @@ def refused(args: list[str], capsys) -> str:
 
 def steps_logged(path) -> list[int]:
     """The steps of the step records of a log.jsonl, in their order."""
-    return [record["step"] for record in map(json.loads, path.read_text().splitlines()) if "epoch_end" not in record]
+    return [
+        record["step"]
+        for record in map(json.loads, path.read_text().splitlines())
+        if "epoch_end" not in record
+    ]
 
 
 def contents(run_dir) -> dict:
-    return {p.relative_to(run_dir).as_posix(): p.read_bytes() for p in sorted(run_dir.rglob("*")) if p.is_file()}
+    return {
+        p.relative_to(run_dir).as_posix(): p.read_bytes() for p in sorted(run_dir.rglob("*")) if p.is_file()
+    }
 
 
 def test_a_dir_holding_a_finished_run_is_refused_and_an_unfinished_one_moved_aside(in_tmp, capsys):
@@ -49,18 +55,34 @@ def test_a_dir_holding_a_finished_run_is_refused_and_an_unfinished_one_moved_asi
     train(["hydra.run.dir=run"])
     first = contents(run_dir)
     line = refused(["hydra.run.dir=run", "train.seed=7"], capsys)
-    assert line == ("meshrun: error: hydra.run.dir: got 'run', which holds a finished run (its metrics.json, status ok); "
-                    "give another hydra.run.dir (that run saved no checkpoint to continue from)")
+    assert line == (
+        "meshrun: error: hydra.run.dir: got 'run', which holds a finished run (its metrics.json, status ok); "
+        "give another hydra.run.dir (that run saved no checkpoint to continue from)"
+    )
     assert contents(run_dir) == first and steps_logged(run_dir / "log.jsonl") == [1, 2, 3, 4]
 
     (run_dir / "metrics.json").unlink()
     train(["hydra.run.dir=run", "train.seed=7"])
     aside = run_dir / "unfinished-run-1"
-    assert (f"meshrun: warning: run held an unfinished run (no metrics.json) and this run resumes no checkpoint of it: "
-            f"moved its files to {aside.relative_to(in_tmp)}; starting afresh") in capsys.readouterr().err
-    assert sorted(contents(aside)) == [".hydra/config.yaml", ".hydra/hydra.yaml", ".hydra/overrides.yaml", "log.jsonl", "plan.json"]
-    assert contents(aside)["log.jsonl"] == first["log.jsonl"] and "seed: 7" not in contents(aside)[".hydra/config.yaml"].decode()
-    assert steps_logged(run_dir / "log.jsonl") == [1, 2, 3, 4] and (run_dir / "log.jsonl").read_bytes() != first["log.jsonl"]
+    assert (
+        f"meshrun: warning: run held an unfinished run (no metrics.json) and this run resumes no checkpoint of it: "
+        f"moved its files to {aside.relative_to(in_tmp)}; starting afresh"
+    ) in capsys.readouterr().err
+    assert sorted(contents(aside)) == [
+        ".hydra/config.yaml",
+        ".hydra/hydra.yaml",
+        ".hydra/overrides.yaml",
+        "log.jsonl",
+        "plan.json",
+    ]
+    assert (
+        contents(aside)["log.jsonl"] == first["log.jsonl"]
+        and "seed: 7" not in contents(aside)[".hydra/config.yaml"].decode()
+    )
+    assert (
+        steps_logged(run_dir / "log.jsonl") == [1, 2, 3, 4]
+        and (run_dir / "log.jsonl").read_bytes() != first["log.jsonl"]
+    )
     assert "seed: 7" in (run_dir / ".hydra" / "config.yaml").read_text()
 
 
@@ -72,15 +94,26 @@ def test_a_run_that_resumes_its_own_checkpoint_continues_its_logs_each_step_once
     train(args)
     run_dir = in_tmp / "run"
     assert "or continue that run from its newest checkpoint with resume=auto" in refused(args, capsys)
-    for killed in (run_dir / "checkpoints" / "4", run_dir / "metrics.json"):  # what the kill left: steps 1-4 logged, checkpoint 2
+    for killed in (
+        run_dir / "checkpoints" / "4",
+        run_dir / "metrics.json",
+    ):  # what the kill left: steps 1-4 logged, checkpoint 2
         killed.unlink() if killed.is_file() else shutil.rmtree(killed)
     train([*args, "resume=auto"])
     metrics = json.loads((run_dir / "metrics.json").read_text())
     assert metrics["checkpoint"]["resumed_at_step"] == 2 and metrics["status"] == "ok"
     assert steps_logged(run_dir / "log.jsonl") == [1, 2, 3, 4]
-    assert [line.split(",")[0] for line in (run_dir / "steps.csv").read_text().splitlines()] == ["step", "1", "2", "3", "4"]
-    assert [line.split(",")[:3] for line in (run_dir / "epochs.csv").read_text().splitlines()] == [["epoch_end", "step", "epoch_steps"],
-                                                                                                   ["1", "4", "2"]]
+    assert [line.split(",")[0] for line in (run_dir / "steps.csv").read_text().splitlines()] == [
+        "step",
+        "1",
+        "2",
+        "3",
+        "4",
+    ]
+    assert [line.split(",")[:3] for line in (run_dir / "epochs.csv").read_text().splitlines()] == [
+        ["epoch_end", "step", "epoch_steps"],
+        ["1", "4", "2"],
+    ]
     assert not list(run_dir.glob("unfinished-run-*"))
 
 
@@ -93,7 +126,9 @@ def test_a_reused_sweep_dir_holding_a_finished_multirun_is_refused(in_tmp, capsy
     train(sweep)
     before = contents(in_tmp / "sweep")
     line = refused(sweep, capsys)
-    assert line.startswith("meshrun: error: hydra.sweep.dir: got 'sweep', which holds a finished multirun (sweep/summary")
+    assert line.startswith(
+        "meshrun: error: hydra.sweep.dir: got 'sweep', which holds a finished multirun (sweep/summary"
+    )
     assert contents(in_tmp / "sweep") == before
     with pytest.raises(SystemExit) as ended:  # every job refused: the multirun fails, and compares nothing
         train([*sweep, "resume=auto"])
@@ -101,7 +136,9 @@ def test_a_reused_sweep_dir_holding_a_finished_multirun_is_refused(in_tmp, capsy
     assert ended.value.code == 2 and err.count("which holds a finished run") == 2, err
     assert f"job 0: hydra.sweep.dir: got '{in_tmp / 'sweep' / '0'}', which holds a finished run" in err
     hydras = lambda name: name == "multirun.yaml" or ".hydra/" in name  # noqa: E731  Hydra writes its own before a job starts
-    assert {n: d for n, d in contents(in_tmp / "sweep").items() if not hydras(n)} == {n: d for n, d in before.items() if not hydras(n)}
+    assert {n: d for n, d in contents(in_tmp / "sweep").items() if not hydras(n)} == {
+        n: d for n, d in before.items() if not hydras(n)
+    }
 
 
 def test_which_runs_a_run_dir_holds_continue_and_which_are_refused(tmp_path, monkeypatch):
@@ -120,12 +157,17 @@ def test_which_runs_a_run_dir_holds_continue_and_which_are_refused(tmp_path, mon
     (run_dir / "metrics.json").write_text('{"status": "preempted"}')
 
     def check(requeued=False, **raw):
-        config = parse_run_config({"mesh": {"shape": "2x4"}, "layout": {}, "model": {"name": "dense_model"}, **raw})
+        config = parse_run_config(
+            {"mesh": {"shape": "2x4"}, "layout": {}, "model": {"name": "dense_model"}, **raw}
+        )
         reuse.check_run_dir(config, run_dir, requeued=requeued, moves=True)
 
     check(requeued=True)
     check(resume=str(run_dir / "checkpoints" / "8"))
-    with pytest.raises(ConfigError, match="holds a finished run .* status preempted.*or continue that run from its newest checkpoint"):
+    with pytest.raises(
+        ConfigError,
+        match="holds a finished run .* status preempted.*or continue that run from its newest checkpoint",
+    ):
         check()
     with pytest.raises(ConfigError, match="holds a finished run"):
         check(resume=str(elsewhere))

@@ -8,7 +8,9 @@ from meshrun.config.schema import MeshConfig
 from meshrun.errors import ConfigError
 
 
-@pytest.mark.parametrize("text,shape", [("8", (8,)), ("2x4", (2, 4)), ("2x2x2", (2, 2, 2)), ([1, -1], (1, -1))])
+@pytest.mark.parametrize(
+    "text,shape", [("8", (8,)), ("2x4", (2, 4)), ("2x2x2", (2, 2, 2)), ([1, -1], (1, -1))]
+)
 def test_mesh_shapes_parse(text, shape):
     assert parse_mesh_shape(text) == shape
 

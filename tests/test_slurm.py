@@ -27,10 +27,14 @@ pytestmark = [pytest.mark.slurm, pytest.mark.e2e]
 def cluster():
     """Skips unless a SLURM cluster here runs a 2-task step."""
     if shutil.which("sbatch") is None:
-        pytest.skip("no SLURM here (sbatch not found); scripts/slurm_localhost.sh start sets up a local cluster")
+        pytest.skip(
+            "no SLURM here (sbatch not found); scripts/slurm_localhost.sh start sets up a local cluster"
+        )
     status = subprocess.run([str(SCRIPTS / "slurm_localhost.sh"), "status"], capture_output=True, timeout=120)
     if status.returncode != 0:
-        pytest.skip("SLURM is installed but no cluster runs a 2-task step here; start one with scripts/slurm_localhost.sh start")
+        pytest.skip(
+            "SLURM is installed but no cluster runs a 2-task step here; start one with scripts/slurm_localhost.sh start"
+        )
 
 
 def check_two_task_run(run_dir: Path) -> None:
@@ -46,9 +50,20 @@ def check_two_task_run(run_dir: Path) -> None:
 
 def test_an_sbatch_job_of_two_tasks_trains_like_one_process(cluster, tmp_path):
     submitted = subprocess.run(
-        ["sbatch", "--wait", "--parsable", "--nodes=1", "--ntasks-per-node=2", f"--chdir={tmp_path}",
-         f"--output={tmp_path}/slurm-%j.out", str(SCRIPTS / "sbatch_meshrun.sh"), *JOB],
-        capture_output=True, text=True, timeout=300,
+        [
+            "sbatch",
+            "--wait",
+            "--parsable",
+            "--nodes=1",
+            "--ntasks-per-node=2",
+            f"--chdir={tmp_path}",
+            f"--output={tmp_path}/slurm-%j.out",
+            str(SCRIPTS / "sbatch_meshrun.sh"),
+            *JOB,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     outputs = "\n".join(p.read_text() for p in tmp_path.glob("slurm-*.out"))
     assert submitted.returncode == 0, (submitted.stderr, outputs[-3000:])
@@ -59,12 +74,23 @@ def test_an_sbatch_job_of_two_tasks_trains_like_one_process(cluster, tmp_path):
 
 
 def test_the_submitit_launcher_runs_a_two_task_job(cluster, tmp_path):
-    pytest.importorskip("hydra_plugins.hydra_submitit_launcher", reason="hydra-submitit-launcher is not installed (pip install 'meshrun[slurm]')")
+    pytest.importorskip(
+        "hydra_plugins.hydra_submitit_launcher",
+        reason="hydra-submitit-launcher is not installed (pip install 'meshrun[slurm]')",
+    )
     sweep_dir = tmp_path / "sweep"
     done = run_meshrun(
-        ["train", "-m", "hydra/launcher=meshrun_slurm", "hydra.launcher.tasks_per_node=2", "distributed=auto", *JOB,
-         f"hydra.sweep.dir={sweep_dir}"],
-        tmp_path, timeout=300,
+        [
+            "train",
+            "-m",
+            "hydra/launcher=meshrun_slurm",
+            "hydra.launcher.tasks_per_node=2",
+            "distributed=auto",
+            *JOB,
+            f"hydra.sweep.dir={sweep_dir}",
+        ],
+        tmp_path,
+        timeout=300,
     )
     assert done.returncode == 0, done.stderr[-3000:]
     check_two_task_run(sweep_dir / "0")
@@ -73,7 +99,14 @@ def test_the_submitit_launcher_runs_a_two_task_job(cluster, tmp_path):
 
 
 # Two epochs of 256 steps, for the stop-and-requeue tests.
-REQUEUED_JOB = ["mesh=2x4", "layout=dense_model", "data.num_samples=4096", "data.eval_samples=256", "train.epochs=2", "train.verbose=0"]
+REQUEUED_JOB = [
+    "mesh=2x4",
+    "layout=dense_model",
+    "data.num_samples=4096",
+    "data.eval_samples=256",
+    "train.epochs=2",
+    "train.verbose=0",
+]
 
 
 @pytest.fixture(scope="module")
@@ -81,21 +114,38 @@ def two_process_whole(tmp_path_factory) -> dict:
     """The metrics of REQUEUED_JOB run without a stop by two local processes, whose sums round as
     the two tasks' do."""
     folder = tmp_path_factory.mktemp("whole")
-    done = run_meshrun(["train", "distributed.local_processes=2", *REQUEUED_JOB, f"hydra.run.dir={folder / 'run'}"], folder, timeout=300)
+    done = run_meshrun(
+        ["train", "distributed.local_processes=2", *REQUEUED_JOB, f"hydra.run.dir={folder / 'run'}"],
+        folder,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     return read_metrics(folder / "run")
 
 
-def test_usr1_to_an_sbatch_job_saves_requeues_and_the_requeued_job_finishes_exactly(cluster, tmp_path, two_process_whole):
+def test_usr1_to_an_sbatch_job_saves_requeues_and_the_requeued_job_finishes_exactly(
+    cluster, tmp_path, two_process_whole
+):
     """`scancel --signal=USR1 --batch` (what --signal=B:USR1@120 sends before the time limit): the
     script passes it on, the tasks stop together with a checkpoint and exit 138, the script
     requeues the job (SLURM would start it again about 2 minutes later; the test lets it start at
     once) and the requeued job resumes from that checkpoint and ends with an uninterrupted run's
     losses."""
     submitted = subprocess.run(
-        ["sbatch", "--parsable", "--nodes=1", "--ntasks-per-node=2", f"--chdir={tmp_path}", f"--output={tmp_path}/slurm-%j.out",
-         str(SCRIPTS / "sbatch_meshrun.sh"), "devices.platform=cpu", *REQUEUED_JOB],
-        capture_output=True, text=True, timeout=60,
+        [
+            "sbatch",
+            "--parsable",
+            "--nodes=1",
+            "--ntasks-per-node=2",
+            f"--chdir={tmp_path}",
+            f"--output={tmp_path}/slurm-%j.out",
+            str(SCRIPTS / "sbatch_meshrun.sh"),
+            "devices.platform=cpu",
+            *REQUEUED_JOB,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert submitted.returncode == 0, submitted.stderr
     job_id = submitted.stdout.strip().split(";")[0]
@@ -106,21 +156,42 @@ def test_usr1_to_an_sbatch_job_saves_requeues_and_the_requeued_job_finishes_exac
     finally:
         subprocess.run(["scancel", job_id], timeout=30)
     output = (tmp_path / f"slurm-{job_id}.out").read_text()
-    assert "SIGUSR1 received: stopped after step" in output and f"requeueing job {job_id} (restart 1)" in output, output[-3000:]
+    assert (
+        "SIGUSR1 received: stopped after step" in output and f"requeueing job {job_id} (restart 1)" in output
+    ), output[-3000:]
     check_resumed_exactly(run_dir, two_process_whole)
 
 
-def test_usr2_to_a_submitit_job_saves_submitit_requeues_it_and_it_finishes_exactly(cluster, tmp_path, two_process_whole):
+def test_usr2_to_a_submitit_job_saves_submitit_requeues_it_and_it_finishes_exactly(
+    cluster, tmp_path, two_process_whole
+):
     """Hydra's submitit launcher: SIGUSR2 to the job's tasks (what SLURM sends signal_delay_s
     before the time limit) makes them stop together with a checkpoint; then submitit's own handler
     requeues the job, which resumes from the checkpoint in its run dir (a requeued job defaults to
     resume=auto) and ends with an uninterrupted run's losses; the launcher waits it out and exits 0."""
-    pytest.importorskip("hydra_plugins.hydra_submitit_launcher", reason="hydra-submitit-launcher is not installed (pip install 'meshrun[slurm]')")
+    pytest.importorskip(
+        "hydra_plugins.hydra_submitit_launcher",
+        reason="hydra-submitit-launcher is not installed (pip install 'meshrun[slurm]')",
+    )
     sweep_dir = tmp_path / "sweep"
     launcher = subprocess.Popen(
-        [sys.executable, "-m", "meshrun", "train", "-m", "hydra/launcher=meshrun_slurm", "hydra.launcher.tasks_per_node=2",
-         "distributed=auto", "devices.platform=cpu", *REQUEUED_JOB, f"hydra.sweep.dir={sweep_dir}"],
-        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        [
+            sys.executable,
+            "-m",
+            "meshrun",
+            "train",
+            "-m",
+            "hydra/launcher=meshrun_slurm",
+            "hydra.launcher.tasks_per_node=2",
+            "distributed=auto",
+            "devices.platform=cpu",
+            *REQUEUED_JOB,
+            f"hydra.sweep.dir={sweep_dir}",
+        ],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     job_id = None
     try:
@@ -134,7 +205,10 @@ def test_usr2_to_a_submitit_job_saves_submitit_requeues_it_and_it_finishes_exact
             subprocess.run(["scancel", job_id], timeout=30)
     assert launcher.returncode == 0, stderr[-3000:]
     task_0 = (sweep_dir / ".submitit" / job_id / f"{job_id}_0_log.err").read_text()
-    assert "SIGUSR2 received: stopped after step" in task_0 and "submitit requeues the job, which resumes from it" in task_0, task_0[-3000:]
+    assert (
+        "SIGUSR2 received: stopped after step" in task_0
+        and "submitit requeues the job, which resumes from it" in task_0
+    ), task_0[-3000:]
     check_resumed_exactly(sweep_dir / "0", two_process_whole)
     rows = json.loads((sweep_dir / "summary.json").read_text())["rows"]
     assert [r["status"] for r in rows] == ["ok"]
@@ -143,7 +217,12 @@ def test_usr2_to_a_submitit_job_saves_submitit_requeues_it_and_it_finishes_exact
 def stop_and_requeue(job_id: str, run_dir: Path, stop: list[str]) -> None:
     """Sends the stop with `stop` once the job has trained 50 steps and waits until it is requeued;
     SLURM holds a requeued job for about two minutes, which the test does not wait for."""
-    wait_until(lambda: (run_dir / "log.jsonl").exists() and (run_dir / "log.jsonl").read_text().count('"step"') >= 50, 180)
+    wait_until(
+        lambda: (
+            (run_dir / "log.jsonl").exists() and (run_dir / "log.jsonl").read_text().count('"step"') >= 50
+        ),
+        180,
+    )
     subprocess.run(stop, check=True, timeout=30)
     wait_until(lambda: job_state(job_id) == "PENDING", 120)
     subprocess.run(["scontrol", "update", f"JobId={job_id}", "StartTime=now"], check=True, timeout=30)
@@ -160,7 +239,9 @@ def check_resumed_exactly(run_dir: Path, whole: dict) -> None:
 
 def job_state(job_id: str) -> str:
     """The job's state as squeue shows it ('' once it has left the queue)."""
-    return subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%T"], capture_output=True, text=True, timeout=30).stdout.strip()
+    return subprocess.run(
+        ["squeue", "-h", "-j", job_id, "-o", "%T"], capture_output=True, text=True, timeout=30
+    ).stdout.strip()
 
 
 def wait_until(condition, timeout: float) -> None:

@@ -24,13 +24,19 @@ def test_mesh_shapes_are_every_ordered_factorisation():
     assert all(a * b * c == 8 for a, b, c in three)
 
 
-@pytest.mark.parametrize("given, expected_meshes", [
-    ([], "mesh=8x1,4x2,2x4,1x8"),
-    (["mesh=2x4"], "mesh=2x4"),  # a shape given is the shape run, not its rank
-    (["mesh=[2,4],[4,2]"], "mesh=[2,4],[4,2]"),
-    (["mesh=model_parallel"], "mesh=model_parallel"),
-    (["mesh.axis_names=[data,model,seq]"], "mesh=8x1x1,4x2x1,4x1x2,2x4x1,2x2x2,2x1x4,1x8x1,1x4x2,1x2x4,1x1x8"),
-])
+@pytest.mark.parametrize(
+    "given, expected_meshes",
+    [
+        ([], "mesh=8x1,4x2,2x4,1x8"),
+        (["mesh=2x4"], "mesh=2x4"),  # a shape given is the shape run, not its rank
+        (["mesh=[2,4],[4,2]"], "mesh=[2,4],[4,2]"),
+        (["mesh=model_parallel"], "mesh=model_parallel"),
+        (
+            ["mesh.axis_names=[data,model,seq]"],
+            "mesh=8x1x1,4x2x1,4x1x2,2x4x1,2x2x2,2x1x4,1x8x1,1x4x2,1x2x4,1x1x8",
+        ),
+    ],
+)
 def test_sweep_runs_the_meshes_given_else_every_shape_of_the_devices(given, expected_meshes, capsys):
     from meshrun import app
 
@@ -44,13 +50,22 @@ def fake_run(folder, name, mesh, samples_per_s, tokens_per_s=None, status="ok", 
     """A run dir with the metrics.json fields the sweep summary reads."""
     run_dir = folder / name
     run_dir.mkdir(parents=True)
-    metrics = {"status": status, "error": None if status == "ok" else "mesh.shape: no", "choices": {"mesh": mesh, "layout": layout}}
+    metrics = {
+        "status": status,
+        "error": None if status == "ok" else "mesh.shape: no",
+        "choices": {"mesh": mesh, "layout": layout},
+    }
     if status == "ok":
         metrics |= {
             "mesh": {"shape": [int(d) for d in mesh.split("x")]},
             "model": {"name": model},
-            "timing": {"compile_s": 1.0, "step_time_s": 16 / samples_per_s, "step_time_p90_s": 20 / samples_per_s,
-                       "samples_per_s": samples_per_s, "tokens_per_s": tokens_per_s},
+            "timing": {
+                "compile_s": 1.0,
+                "step_time_s": 16 / samples_per_s,
+                "step_time_p90_s": 20 / samples_per_s,
+                "samples_per_s": samples_per_s,
+                "tokens_per_s": tokens_per_s,
+            },
             "eval": {"loss": 0.5},
             "memory": {"peak_bytes_per_device": 1000, "live_peak_bytes_per_device": None},
         }
@@ -59,13 +74,21 @@ def fake_run(folder, name, mesh, samples_per_s, tokens_per_s=None, status="ok", 
 
 
 def test_rows_are_sorted_by_throughput_with_the_best_marked_and_failures_last(tmp_path):
-    runs = [fake_run(tmp_path, "0", "8x1", 100.0), fake_run(tmp_path, "1", "4x2", 300.0),
-            fake_run(tmp_path, "2", "3x1", 0, status="error"), fake_run(tmp_path, "10", "1x8", 200.0)]
+    runs = [
+        fake_run(tmp_path, "0", "8x1", 100.0),
+        fake_run(tmp_path, "1", "4x2", 300.0),
+        fake_run(tmp_path, "2", "3x1", 0, status="error"),
+        fake_run(tmp_path, "10", "1x8", 200.0),
+    ]
     assert sweep.find_runs([tmp_path]) == [runs[0], runs[1], runs[2], runs[3]]  # 10 after 2
     rows = sweep.summary_rows(runs, relative_to=tmp_path)
     assert [r["mesh"] for r in rows] == ["4x2", "1x8", "8x1", "3x1"]
     assert [r["best"] for r in rows] == [True, False, False, False]
-    assert rows[-1]["status"] == "error" and rows[-1]["error"] == "mesh.shape: no" and rows[-1]["step_time_ms"] is None
+    assert (
+        rows[-1]["status"] == "error"
+        and rows[-1]["error"] == "mesh.shape: no"
+        and rows[-1]["step_time_ms"] is None
+    )
     assert rows[0]["step_time_ms"] == pytest.approx(16 / 300 * 1e3, rel=1e-5)
     assert rows[0]["peak_bytes_per_device"] == 1000 and rows[0]["peak_source"] == "compiled"
     assert rows[0]["run_dir"] == "1"
@@ -75,33 +98,67 @@ def test_rows_are_sorted_by_throughput_with_the_best_marked_and_failures_last(tm
 def test_the_layout_column_names_rules_given_on_the_command_line(tmp_path):
     # A real run records its overrides as Hydra got them (layout.rules={...} as ~layout.rules +layout.rules={...}).
     given = tmp_path / "given"
-    cli.main(["train", "mesh=2x4", "layout.rules={d1/kernel:[null,model]}", "layout.extra_rules={d2/kernel:[null,null]}", *FAST,
-              "train.epochs=1", f"hydra.run.dir={given}"])
+    cli.main(
+        [
+            "train",
+            "mesh=2x4",
+            "layout.rules={d1/kernel:[null,model]}",
+            "layout.extra_rules={d2/kernel:[null,null]}",
+            *FAST,
+            "train.epochs=1",
+            f"hydra.run.dir={given}",
+        ]
+    )
     chosen = fake_run(tmp_path, "chosen", "2x4", 100.0, layout="dense_model")
-    failed = fake_run(tmp_path, "failed", "2x4", 0, status="error", layout="replicated")  # no layout section: no counts
+    failed = fake_run(
+        tmp_path, "failed", "2x4", 0, status="error", layout="replicated"
+    )  # no layout section: no counts
     metrics = read_metrics(failed)
-    (failed / "metrics.json").write_text(json.dumps({**metrics, "overrides": ["~layout.rules", "+layout.rules={d1/kernel:[null,model]}"]}))
+    (failed / "metrics.json").write_text(
+        json.dumps({**metrics, "overrides": ["~layout.rules", "+layout.rules={d1/kernel:[null,model]}"]})
+    )
     rows = {r["job"]: r["layout"] for r in sweep.summary_rows([given, chosen, failed], relative_to=tmp_path)}
-    assert rows == {"given": "1 rule from command line + 1 extra rule", "chosen": "dense_model", "failed": "rules from command line"}
+    assert rows == {
+        "given": "1 rule from command line + 1 extra rule",
+        "chosen": "dense_model",
+        "failed": "rules from command line",
+    }
 
 
 def test_language_models_are_ranked_by_tokens(tmp_path):
-    runs = [fake_run(tmp_path, "0", "8x1", 100.0, tokens_per_s=9000.0), fake_run(tmp_path, "1", "1x8", 200.0, tokens_per_s=3000.0)]
+    runs = [
+        fake_run(tmp_path, "0", "8x1", 100.0, tokens_per_s=9000.0),
+        fake_run(tmp_path, "1", "1x8", 200.0, tokens_per_s=3000.0),
+    ]
     assert [r["mesh"] for r in sweep.summary_rows(runs, relative_to=tmp_path)] == ["8x1", "1x8"]
 
 
 def test_report_compares_any_mix_of_runs_and_skips_files_it_cannot_read(tmp_path):
-    fake_run(tmp_path / "runs", "lm", "2x4", 100.0, tokens_per_s=3200.0, model="transformer", layout="transformer_tp")
+    fake_run(
+        tmp_path / "runs",
+        "lm",
+        "2x4",
+        100.0,
+        tokens_per_s=3200.0,
+        model="transformer",
+        layout="transformer_tp",
+    )
     fake_run(tmp_path / "runs", "mlp", "2x4", 400.0, model="dense_model", layout="replicated")
     sparse = fake_run(tmp_path / "runs", "sparse", "8x1", 200.0, model="dense_model", layout="replicated")
     metrics = json.loads((sparse / "metrics.json").read_text())
     del metrics["timing"]["compile_s"], metrics["eval"]["loss"]
     (sparse / "metrics.json").write_text(json.dumps(metrics))
     one_step = fake_run(tmp_path / "runs", "one_step", "4x2", 1.0, model="dense_model", layout="replicated")
-    metrics = json.loads((one_step / "metrics.json").read_text())  # stopped after its compiling step: nothing timed
+    metrics = json.loads(
+        (one_step / "metrics.json").read_text()
+    )  # stopped after its compiling step: nothing timed
     metrics["timing"] |= {"step_time_s": None, "step_time_p90_s": None, "samples_per_s": None}
     (one_step / "metrics.json").write_text(json.dumps(metrics))
-    for name, text in {"broken": "{not json", "foreign": '{"accuracy": 0.9}', "half": '{"status": "ok"}'}.items():
+    for name, text in {
+        "broken": "{not json",
+        "foreign": '{"accuracy": 0.9}',
+        "half": '{"status": "ok"}',
+    }.items():
         (tmp_path / "runs" / name).mkdir()
         (tmp_path / "runs" / name / "metrics.json").write_text(text)
 
@@ -113,7 +170,12 @@ def test_report_compares_any_mix_of_runs_and_skips_files_it_cannot_read(tmp_path
     assert "runs/broken/metrics.json: Expecting property name" in done.stderr
     assert "runs/foreign/metrics.json: not a metrics.json of meshrun train" in done.stderr
     rows = json.loads((tmp_path / "cmp" / "summary.json").read_text())["rows"]
-    assert [(r["job"], r["best"]) for r in rows] == [("mlp", True), ("sparse", False), ("lm", False), ("one_step", False)]  # by samples/s
+    assert [(r["job"], r["best"]) for r in rows] == [
+        ("mlp", True),
+        ("sparse", False),
+        ("lm", False),
+        ("one_step", False),
+    ]  # by samples/s
     assert rows[-1]["step_time_ms"] is None and rows[-1]["samples_per_s"] is None
     assert "fastest first (samples/s)" in done.stdout and "varying mesh, model, layout" in done.stdout
     sparse_line = next(line for line in done.stdout.splitlines() if "sparse" in line)
@@ -121,11 +183,17 @@ def test_report_compares_any_mix_of_runs_and_skips_files_it_cannot_read(tmp_path
 
     only_broken = tmp_path / "runs" / "broken"
     failed = run_meshrun(["report", str(only_broken)], tmp_path)
-    assert failed.returncode == 2 and failed.stderr.strip().splitlines()[-1].startswith("meshrun: error: report: none of the 1")
+    assert failed.returncode == 2 and failed.stderr.strip().splitlines()[-1].startswith(
+        "meshrun: error: report: none of the 1"
+    )
 
 
 def test_the_figure_orders_jobs_like_the_table_and_names_what_varies(tmp_path):
-    runs = [fake_run(tmp_path, "0", "8x1", 100.0), fake_run(tmp_path, "1", "4x2", 300.0), fake_run(tmp_path, "2", "1x8", 0, status="error")]
+    runs = [
+        fake_run(tmp_path, "0", "8x1", 100.0),
+        fake_run(tmp_path, "1", "4x2", 300.0),
+        fake_run(tmp_path, "2", "1x8", 0, status="error"),
+    ]
     rows = sweep.summary_rows(runs, relative_to=tmp_path)
     figure = sweep.sweep_figure(rows)
     assert figure._suptitle.get_text() == "meshrun sweep: 3 jobs of m, layout l; varying mesh"
@@ -138,22 +206,32 @@ def test_the_figure_orders_jobs_like_the_table_and_names_what_varies(tmp_path):
 def test_report_out_makes_the_dirs_it_needs(in_tmp, capsys):
     fake_run(in_tmp / "runs", "0", "2x4", 100.0)
     cli.main(["report", "runs", "--out=cmp/2026/exp1"])
-    assert sorted(p.name for p in (in_tmp / "cmp" / "2026" / "exp1").iterdir()) == ["summary.csv", "summary.json", "summary.png"]
+    assert sorted(p.name for p in (in_tmp / "cmp" / "2026" / "exp1").iterdir()) == [
+        "summary.csv",
+        "summary.json",
+        "summary.png",
+    ]
 
 
 def test_the_title_quotes_the_labels_that_hold_commas(tmp_path):
     from meshrun.report.render import sweep_title
 
-    runs = [fake_run(tmp_path, "0", "2x4", 100.0, model="GemmaCausalLM, LoRA rank 4", layout="gemma_tp"),
-            fake_run(tmp_path, "1", "2x4", 90.0, model="GemmaCausalLM, LoRA rank 8", layout="gemma_tp"),
-            fake_run(tmp_path, "2", "2x4", 80.0, model="say \"hi\"", layout="gemma_tp")]
+    runs = [
+        fake_run(tmp_path, "0", "2x4", 100.0, model="GemmaCausalLM, LoRA rank 4", layout="gemma_tp"),
+        fake_run(tmp_path, "1", "2x4", 90.0, model="GemmaCausalLM, LoRA rank 8", layout="gemma_tp"),
+        fake_run(tmp_path, "2", "2x4", 80.0, model='say "hi"', layout="gemma_tp"),
+    ]
     rows = sweep.summary_rows(runs, relative_to=tmp_path)
-    assert sweep_title(rows) == ('meshrun sweep: 3 jobs of "GemmaCausalLM, LoRA rank 4", "GemmaCausalLM, LoRA rank 8", "say \\"hi\\"", '
-                                 "layout gemma_tp; varying model")
+    assert sweep_title(rows) == (
+        'meshrun sweep: 3 jobs of "GemmaCausalLM, LoRA rank 4", "GemmaCausalLM, LoRA rank 8", "say \\"hi\\"", '
+        "layout gemma_tp; varying model"
+    )
 
 
 def test_summary_files(tmp_path):
-    rows = sweep.summary_rows([fake_run(tmp_path, "0", "8x1", 100.0), fake_run(tmp_path, "1", "3x1", 0, status="error")], tmp_path)
+    rows = sweep.summary_rows(
+        [fake_run(tmp_path, "0", "8x1", 100.0), fake_run(tmp_path, "1", "3x1", 0, status="error")], tmp_path
+    )
     csv_path, json_path, png_path = sweep.write_summary(rows, tmp_path / "out")
     lines = csv_path.read_text().splitlines()
     assert lines[0].split(",") == list(sweep.COLUMNS)
@@ -174,7 +252,10 @@ def test_summary_files(tmp_path):
         (["nowhere"], "'nowhere' is not a directory"),
         (["."], "no metrics.json under ."),
         (["--out"], "--out: got nothing; give DIR after it"),
-        ([".", "--out", "taken"], "--out: got 'taken', which cannot be written (it is a file); give a dir where you can write"),
+        (
+            [".", "--out", "taken"],
+            "--out: got 'taken', which cannot be written (it is a file); give a dir where you can write",
+        ),
         ([".", "--out", "taken/cmp"], "taken is a file, not a directory"),
     ],
 )
@@ -220,23 +301,41 @@ def test_a_job_that_cannot_run_is_recorded_and_the_sweep_goes_on(tmp_path, in_tm
     # multiruns by the CLI in this process, their jobs sharing it as they share a meshrun process.
     sweep_dir = tmp_path / "sweep"
     done = cli_here(
-        ["train", "-m", "mesh=8x1,2x4", "train.batch_size=16,32", "layout=dense_model", "model.hidden=202",
-         *FAST, f"hydra.sweep.dir={sweep_dir}"],
+        [
+            "train",
+            "-m",
+            "mesh=8x1,2x4",
+            "train.batch_size=16,32",
+            "layout=dense_model",
+            "model.hidden=202",
+            *FAST,
+            f"hydra.sweep.dir={sweep_dir}",
+        ],
         capsys,
     )
     assert done.returncode == 0, done.stderr  # at least one job succeeded
     statuses = {job: read_metrics(sweep_dir / str(job)) for job in range(4)}
     assert [statuses[j]["status"] for j in range(4)] == ["ok", "ok", "error", "error"]
     failed = statuses[2]
-    assert failed["error"].startswith("layout.rules.d1/kernel: shards dimension 1") and failed["exit_status"] == 2
+    assert (
+        failed["error"].startswith("layout.rules.d1/kernel: shards dimension 1")
+        and failed["exit_status"] == 2
+    )
     assert statuses[1]["train"]["global_batch_size"] == 32
     assert "meshrun: error: job 2: layout.rules.d1/kernel" in done.stderr
     rows = json.loads((sweep_dir / "summary.json").read_text())["rows"]
     assert [r["status"] for r in rows][-2:] == ["error", "error"]
 
     none_ok = cli_here(
-        ["train", "-m", "mesh=2x4,1x8", "layout=dense_model", "model.hidden=202", *FAST,
-         f"hydra.sweep.dir={tmp_path / 'all-failed'}"],
+        [
+            "train",
+            "-m",
+            "mesh=2x4,1x8",
+            "layout=dense_model",
+            "model.hidden=202",
+            *FAST,
+            f"hydra.sweep.dir={tmp_path / 'all-failed'}",
+        ],
         capsys,
     )
     assert none_ok.returncode == 2
@@ -247,7 +346,9 @@ def test_a_job_that_cannot_run_is_recorded_and_the_sweep_goes_on(tmp_path, in_tm
 def test_jobs_needing_different_device_counts_run_in_their_own_processes(tmp_path, in_tmp, capsys):
     """The multirun by the CLI in this process; each job in a meshrun process of its own."""
     sweep_dir = tmp_path / "sweep"
-    done = cli_here(["train", "-m", "mesh=2x2,2x4", "layout=dense_model", *FAST, f"hydra.sweep.dir={sweep_dir}"], capsys)
+    done = cli_here(
+        ["train", "-m", "mesh=2x2,2x4", "layout=dense_model", *FAST, f"hydra.sweep.dir={sweep_dir}"], capsys
+    )
     assert done.returncode == 0, done.stderr
     assert "jobs need different device counts (4 or 8): running each job in its own process" in done.stdout
     small, large = read_metrics(sweep_dir / "0"), read_metrics(sweep_dir / "1")
@@ -261,13 +362,25 @@ def test_a_job_in_a_process_of_its_own_that_cannot_run_is_recorded_too(tmp_path,
     # Different device counts: each job runs as `meshrun train --role=sweep-job`, which keeps a
     # rejected job's run dir with its reason instead of removing it. hidden=202 divides by 2, not 4.
     sweep_dir = tmp_path / "sweep"
-    done = cli_here(["train", "-m", "mesh=2x2,2x4", "layout=dense_model", "model.hidden=202", *FAST,
-                     f"hydra.sweep.dir={sweep_dir}"], capsys)
+    done = cli_here(
+        [
+            "train",
+            "-m",
+            "mesh=2x2,2x4",
+            "layout=dense_model",
+            "model.hidden=202",
+            *FAST,
+            f"hydra.sweep.dir={sweep_dir}",
+        ],
+        capsys,
+    )
     assert done.returncode == 0, done.stderr
     assert "running each job in its own process" in done.stdout
     ok, failed = read_metrics(sweep_dir / "0"), read_metrics(sweep_dir / "1")
     assert ok["status"] == "ok" and failed["status"] == "error" and failed["exit_status"] == 2
-    assert failed["error"].startswith("layout.rules.d1/kernel: shards dimension 1 of variable 'd1/kernel' (size 202")
+    assert failed["error"].startswith(
+        "layout.rules.d1/kernel: shards dimension 1 of variable 'd1/kernel' (size 202"
+    )
     rows = json.loads((sweep_dir / "summary.json").read_text())["rows"]
     assert [(r["mesh"], r["status"]) for r in rows] == [("2x2", "ok"), ("2x4", "error")]
 
@@ -275,13 +388,22 @@ def test_a_job_in_a_process_of_its_own_that_cannot_run_is_recorded_too(tmp_path,
 @pytest.mark.e2e
 def test_compilation_cache_is_on_by_default_and_can_be_moved_or_switched_off(tmp_path):
     cache = tmp_path / "xla-cache"
-    done = run_meshrun(["train", "mesh=2x4", *FAST, f"cache.dir={cache}", f"hydra.run.dir={tmp_path / 'a'}"], tmp_path)
+    done = run_meshrun(
+        ["train", "mesh=2x4", *FAST, f"cache.dir={cache}", f"hydra.run.dir={tmp_path / 'a'}"], tmp_path
+    )
     assert done.returncode == 0, done.stderr
     assert read_metrics(tmp_path / "a")["cache"] == {"enabled": True, "dir": str(cache)}
     entries = sorted(p.name for p in cache.iterdir())
     assert entries, "nothing was cached"
     off = run_meshrun(
-        ["train", "mesh=2x4", *FAST, f"cache.dir={tmp_path / 'unused'}", "cache.enabled=false", f"hydra.run.dir={tmp_path / 'b'}"],
+        [
+            "train",
+            "mesh=2x4",
+            *FAST,
+            f"cache.dir={tmp_path / 'unused'}",
+            "cache.enabled=false",
+            f"hydra.run.dir={tmp_path / 'b'}",
+        ],
         tmp_path,
     )
     assert off.returncode == 0, off.stderr
@@ -295,21 +417,37 @@ def test_a_multirun_over_two_models_ends_with_their_comparison(tmp_path, monkeyp
     # (INFO), after the jobs, under Hydra's own logging config.
     monkeypatch.setenv("MPLCONFIGDIR", str(tmp_path / "matplotlib"))
     sweep_dir = tmp_path / "sweep"
-    done = run_meshrun(["train", "-m", "model=dense_model,transformer", "mesh=2x4", *FAST, f"hydra.sweep.dir={sweep_dir}"], tmp_path)
+    done = run_meshrun(
+        ["train", "-m", "model=dense_model,transformer", "mesh=2x4", *FAST, f"hydra.sweep.dir={sweep_dir}"],
+        tmp_path,
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     lines = (done.stdout + done.stderr).splitlines()
-    assert [line for line in lines if "[HYDRA]" in line and not re.search(r"\[HYDRA\] (Launching|\t#\d)", line)] == []
+    assert [
+        line for line in lines if "[HYDRA]" in line and not re.search(r"\[HYDRA\] (Launching|\t#\d)", line)
+    ] == []
     assert (tmp_path / "matplotlib").is_dir() and not [line for line in lines if "fontManager" in line]
     rows = json.loads((sweep_dir / "summary.json").read_text())["rows"]
-    assert sorted(r["model"] for r in rows) == ["dense_model", "transformer"] and all(r["status"] == "ok" for r in rows)
+    assert sorted(r["model"] for r in rows) == ["dense_model", "transformer"] and all(
+        r["status"] == "ok" for r in rows
+    )
     assert rows[0]["samples_per_s"] >= rows[1]["samples_per_s"] and rows[0]["best"]
     assert "varying model, layout; fastest first (samples/s)" in done.stdout
 
 
-@pytest.mark.parametrize("args, expected", [
-    (["model=resnet"], "meshrun: error: model: unknown option 'resnet'; available: cnn, dense_model, keras_hub, python, transformer or two_tower"),
-    (["train.epoch=3"], "meshrun: error: train.epoch: no such key (got override 'train.epoch=3'); did you mean train.epochs?"),
-])
+@pytest.mark.parametrize(
+    "args, expected",
+    [
+        (
+            ["model=resnet"],
+            "meshrun: error: model: unknown option 'resnet'; available: cnn, dense_model, keras_hub, python, transformer or two_tower",
+        ),
+        (
+            ["train.epoch=3"],
+            "meshrun: error: train.epoch: no such key (got override 'train.epoch=3'); did you mean train.epochs?",
+        ),
+    ],
+)
 def test_a_sweep_over_a_config_that_does_not_compose_is_one_line(args, expected, in_tmp, capsys):
     with pytest.raises(SystemExit) as exit_info:
         cli.main(["sweep", *args])

@@ -37,8 +37,10 @@ def test_stderr_silenced_drops_the_blocks_writes_only(capfd):
 
 def test_output_to_file_sends_both_streams_of_a_process_there(tmp_path):
     log = tmp_path / "process-1.log"
-    code = ("import os, sys; from pathlib import Path; from meshrun.system import process; "
-            f"process.output_to_file(Path({str(log)!r})); print('out'); os.write(2, b'err\\n')")
+    code = (
+        "import os, sys; from pathlib import Path; from meshrun.system import process; "
+        f"process.output_to_file(Path({str(log)!r})); print('out'); os.write(2, b'err\\n')"
+    )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert (done.stdout, done.stderr) == ("", "")
     assert log.read_text().splitlines() == ["out", "err"]

@@ -36,10 +36,18 @@ def test_faults_per_step_is_the_median_of_steady_steps_after_the_warm_up():
         total += 1000 if step <= 50 or step == 60 else (400 if step % 10 == 0 else 3)
         counts.append(total)
     ends = [float(s) for s in range(120)]
-    stats = summarize(0.0, [0.0, 59.5], [ends[:60], ends[60:]], epoch_s=[60.0, 60.0], faults_by_epoch=[counts[:60], counts[60:]])
+    stats = summarize(
+        0.0,
+        [0.0, 59.5],
+        [ends[:60], ends[60:]],
+        epoch_s=[60.0, 60.0],
+        faults_by_epoch=[counts[:60], counts[60:]],
+    )
     assert stats.minor_faults_per_step == 3
     assert faults_per_step([[0, 9, 14, 19, 24]]) == 5  # a short run: the warm-up is its first half
-    assert faults_per_step([[7]]) is None and summarize(0.0, [0.0], [[1.0]], [1.0]).minor_faults_per_step is None
+    assert (
+        faults_per_step([[7]]) is None and summarize(0.0, [0.0], [[1.0]], [1.0]).minor_faults_per_step is None
+    )
 
 
 def test_throughput_is_timed_over_the_epochs_after_the_first_with_their_starts_not_over_the_median_step():

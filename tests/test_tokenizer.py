@@ -25,12 +25,29 @@ from meshrun.text.cache import PROBES, ProbeVerdicts
 from meshrun.text.tokenizer import PROBE_TEXTS, load_tokenizer, probe_key, probe_libraries, same_ids
 
 KEY = "data.tokenizer"
-BACKENDS = {"gemma": "sentencepiece", "gpt2": "tokenizers", "llama3": "tokenizers", "tekken": "keras_hub", "hf": "tokenizers"}
+BACKENDS = {
+    "gemma": "sentencepiece",
+    "gpt2": "tokenizers",
+    "llama3": "tokenizers",
+    "tekken": "keras_hub",
+    "hf": "tokenizers",
+}
 KERAS_HUB_KINDS = ("gemma", "gpt2", "llama3", "tekken")
 TRICKY = (
-    "trailing spaces   ", "Response: ", "Instruction: Reverse the words: red blue\nResponse: ", "line one\nline two\n\n\nthree\n",
-    "  leading spaces", "    - indented\n        - twice", "digits 0123456789 3.14 1,000,000 in 2024", "x=y+1; {\"a\": [1, 2]} (ok)...",
-    "café naïve Ελλάδα 東京 🙂 a\u00a0b c\u3000d e\u2009f", "tabs\tand\r\nCRLF", "it's THEY'RE we'll I'm", "", " ", "\n",
+    "trailing spaces   ",
+    "Response: ",
+    "Instruction: Reverse the words: red blue\nResponse: ",
+    "line one\nline two\n\n\nthree\n",
+    "  leading spaces",
+    "    - indented\n        - twice",
+    "digits 0123456789 3.14 1,000,000 in 2024",
+    'x=y+1; {"a": [1, 2]} (ok)...',
+    "café naïve Ελλάδα 東京 🙂 a\u00a0b c\u3000d e\u2009f",
+    "tabs\tand\r\nCRLF",
+    "it's THEY'RE we'll I'm",
+    "",
+    " ",
+    "\n",
 )
 
 
@@ -74,7 +91,9 @@ def keras_hub_ids(preset, texts) -> list[list[int]]:
     """The ids KerasHub's own tokenizer gives `texts` in a tf.data pipeline (its TensorFlow graph)."""
     import tensorflow as tf
 
-    dataset = tf.data.Dataset.from_tensor_slices(list(texts)).batch(256).map(keras_hub_layer(preset)).unbatch()
+    dataset = (
+        tf.data.Dataset.from_tensor_slices(list(texts)).batch(256).map(keras_hub_layer(preset)).unbatch()
+    )
     return [ids.tolist() for ids in dataset.as_numpy_iterator()]
 
 
@@ -93,7 +112,9 @@ def test_encode_equals_keras_hubs_own_tokenizer(tokenizers, sources, corpus, kin
     encoded = tokenizers[kind].encode(texts)
     assert all(ids.dtype == np.int32 and ids.ndim == 1 for ids in encoded)
     reference = keras_hub_ids(sources[kind], texts)
-    differing = [text for text, ids, ref in zip(texts, encoded, reference, strict=True) if ids.tolist() != ref]
+    differing = [
+        text for text, ids, ref in zip(texts, encoded, reference, strict=True) if ids.tolist() != ref
+    ]
     assert not differing, differing[:3]
     assert sum(len(ids) for ids in encoded) > len(corpus) / 8  # real tokens, not empty lists
 
@@ -104,7 +125,9 @@ def test_the_hugging_face_file_encodes_without_special_tokens(tokenizers, source
     library = Tokenizer.from_file(str(sources["hf"]))
     texts = [*documents(corpus), *TRICKY]
     encoded = tokenizers["hf"].encode(texts)
-    assert [ids.tolist() for ids in encoded] == [library.encode(text, add_special_tokens=False).ids for text in texts]
+    assert [ids.tolist() for ids in encoded] == [
+        library.encode(text, add_special_tokens=False).ids for text in texts
+    ]
     # the dir holding the file is the same tokenizer
     from_dir = load_tokenizer(str(sources["hf"].parent), KEY)
     assert from_dir.fingerprint == tokenizers["hf"].fingerprint and same_ids(from_dir.encode(texts), encoded)
@@ -112,7 +135,9 @@ def test_the_hugging_face_file_encodes_without_special_tokens(tokenizers, source
 
 def test_a_hugging_face_model_dir_is_read_by_its_tokenizer_json(sources, tokenizers, tmp_path):
     shutil.copy(sources["hf"], tmp_path / "tokenizer.json")
-    (tmp_path / "config.json").write_text('{"model_type": "llama"}')  # a Transformers checkpoint's, not KerasHub's
+    (tmp_path / "config.json").write_text(
+        '{"model_type": "llama"}'
+    )  # a Transformers checkpoint's, not KerasHub's
     tokenizer = load_tokenizer(str(tmp_path), KEY)
     assert tokenizer.backend == "tokenizers" and tokenizer.fingerprint == tokenizers["hf"].fingerprint
 
@@ -122,7 +147,11 @@ def test_decode_gives_back_the_text_and_skips_special_tokens(tokenizers, corpus,
     tokenizer = tokenizers[kind]
     texts = [*documents(corpus), *TRICKY]
     assert [tokenizer.decode(ids) for ids in tokenizer.encode(texts)] == texts
-    framed = [tokenizer.start_id if tokenizer.start_id is not None else tokenizer.end_id, *tokenizer.encode(["Response: blue"])[0], tokenizer.end_id]
+    framed = [
+        tokenizer.start_id if tokenizer.start_id is not None else tokenizer.end_id,
+        *tokenizer.encode(["Response: blue"])[0],
+        tokenizer.end_id,
+    ]
     assert tokenizer.decode(np.array(framed, dtype=np.int32)) == "Response: blue"
 
 
@@ -130,7 +159,11 @@ def test_decode_gives_back_the_text_and_skips_special_tokens(tokenizers, corpus,
 def test_special_ids_are_keras_hubs(tokenizers, sources, kind):
     layer = keras_hub_layer(sources[kind])
     tokenizer = tokenizers[kind]
-    assert (tokenizer.start_id, tokenizer.end_id, tokenizer.pad_id) == (layer.start_token_id, layer.end_token_id, layer.pad_token_id)
+    assert (tokenizer.start_id, tokenizer.end_id, tokenizer.pad_id) == (
+        layer.start_token_id,
+        layer.end_token_id,
+        layer.pad_token_id,
+    )
     assert tokenizer.token_id(layer.end_token) == layer.end_token_id
     assert tokenizer.token_id("<not a token>") is None
 
@@ -138,8 +171,13 @@ def test_special_ids_are_keras_hubs(tokenizers, sources, kind):
 def test_special_tokens_by_family(tokenizers):
     gemma, gpt2, llama3, hf = (tokenizers[k] for k in ("gemma", "gpt2", "llama3", "hf"))
     assert (gemma.start_id, gemma.end_id, gemma.pad_id) == (2, 1, 0)  # <bos>, <eos>, <pad> as Gemma has them
-    assert gpt2.start_id == gpt2.end_id == gpt2.token_id("<|endoftext|>") == 511  # GPT-2: one token starts and ends
-    assert (llama3.start_id, llama3.end_id) == (llama3.token_id("<|begin_of_text|>"), llama3.token_id("<|end_of_text|>"))
+    assert (
+        gpt2.start_id == gpt2.end_id == gpt2.token_id("<|endoftext|>") == 511
+    )  # GPT-2: one token starts and ends
+    assert (llama3.start_id, llama3.end_id) == (
+        llama3.token_id("<|begin_of_text|>"),
+        llama3.token_id("<|end_of_text|>"),
+    )
     assert llama3.token_id("<|eot_id|>") == 511
     # a tokenizer.json: start and end by name, no <pad> so pad is the end token
     assert (hf.start_id, hf.end_id, hf.pad_id) == (510, 511, 511)
@@ -156,13 +194,18 @@ def test_a_preprocessor_that_adds_no_start_token_gives_no_start_id(sources, tmp_
 
 def test_fingerprint_follows_the_tokenizer_files_only(sources, tokenizers, tmp_path, corpus):
     preset = shutil.copytree(sources["gpt2"], tmp_path / "gpt2")
-    assert load_tokenizer(str(preset), KEY).fingerprint == tokenizers["gpt2"].fingerprint  # where it lies does not count
+    assert (
+        load_tokenizer(str(preset), KEY).fingerprint == tokenizers["gpt2"].fingerprint
+    )  # where it lies does not count
     (preset / "model.weights.h5").write_bytes(b"other weights")
     (preset / "metadata.json").write_text("{}")
     assert load_tokenizer(str(preset), KEY).fingerprint == tokenizers["gpt2"].fingerprint
     vocabulary_file = preset / "assets" / "tokenizer" / "vocabulary.json"
     vocabulary = json.loads(vocabulary_file.read_text())
-    vocabulary["e"], vocabulary["t"] = vocabulary["t"], vocabulary["e"]  # two ids swapped: other ids for the same text
+    vocabulary["e"], vocabulary["t"] = (
+        vocabulary["t"],
+        vocabulary["e"],
+    )  # two ids swapped: other ids for the same text
     vocabulary_file.write_text(json.dumps(vocabulary))
     changed = load_tokenizer(str(preset), KEY)
     assert changed.fingerprint != tokenizers["gpt2"].fingerprint
@@ -181,19 +224,31 @@ def test_a_tokenizer_that_splits_otherwise_falls_back_to_keras_hub(sources, corp
 
     # The library encoder (GPT-2's split over Tekken's vocabulary and merges) really differs...
     assets = sources["tekken"] / "assets" / "tokenizer"
-    merges = [tuple(line.split(" ")) for line in (assets / "merges.txt").read_text(encoding="utf-8").splitlines() if line]
-    library = Tokenizer(models.BPE(vocab=json.loads((assets / "vocabulary.json").read_text(encoding="utf-8")), merges=merges))
+    merges = [
+        tuple(line.split(" "))
+        for line in (assets / "merges.txt").read_text(encoding="utf-8").splitlines()
+        if line
+    ]
+    library = Tokenizer(
+        models.BPE(vocab=json.loads((assets / "vocabulary.json").read_text(encoding="utf-8")), merges=merges)
+    )
     library.add_special_tokens(list(presets.MISTRAL_SPECIAL_TOKENS))
     library.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     library.decoder = decoders.ByteLevel()
     reference = keras_hub_ids(sources["tekken"], PROBE_TEXTS)
     assert not same_ids([library.encode(text).ids for text in PROBE_TEXTS], reference)
     # ... so the tokenizer is KerasHub's own, with a warning, and still right.
-    copy = shutil.copytree(sources["tekken"], sources["tekken"].parent / "tekken-again")  # a new path: warned anew
+    copy = shutil.copytree(
+        sources["tekken"], sources["tekken"].parent / "tekken-again"
+    )  # a new path: warned anew
     with caplog.at_level(logging.WARNING, logger="meshrun"):
         tokenizer = load_tokenizer(str(copy), KEY)
     assert tokenizer.backend == "keras_hub" and "KerasHub" in tokenizer.description
-    assert [r.message for r in caplog.records if "much slower" in r.message and "MistralTekkenTokenizer" in r.message]
+    assert [
+        r.message
+        for r in caplog.records
+        if "much slower" in r.message and "MistralTekkenTokenizer" in r.message
+    ]
     texts = [*documents(corpus)[:40], *TRICKY]
     assert [ids.tolist() for ids in tokenizer.encode(texts)] == keras_hub_ids(copy, texts)
     assert [tokenizer.decode(ids) for ids in tokenizer.encode(texts)] == texts
@@ -211,7 +266,11 @@ def test_the_checks_verdict_is_kept_in_the_token_cache_and_believed_next_time(so
     assert first.backend == "sentencepiece"
     assert list(kept) == [f"{probe_key(first.fingerprint)}.json"]  # one file, no temporary one left
     verdict = next(iter(kept.values()))
-    assert verdict["agrees"] is True and verdict["tokenizer"] == "GemmaTokenizer" and verdict["fingerprint"] == first.fingerprint
+    assert (
+        verdict["agrees"] is True
+        and verdict["tokenizer"] == "GemmaTokenizer"
+        and verdict["fingerprint"] == first.fingerprint
+    )
     assert verdict["versions"] == probe_libraries() and tuple(verdict["probe"]) == PROBE_TEXTS
     # A later load reads the verdict instead of checking: one that says the encoders differ is
     # believed (the check would find they agree), so the tokenizer is KerasHub's graph.
@@ -226,7 +285,11 @@ def test_the_verdicts_key_follows_the_tokenizer_files_the_probe_and_the_librarie
     key = probe_key("0" * 64)
     assert probe_key("0" * 64) == key and probe_key("1" * 64) != key
     versions = probe_libraries()
-    assert set(versions) == set(tokenizer_module.PROBE_LIBRARIES) == {"meshrun", "keras-hub", "tensorflow", "tensorflow-text", "sentencepiece", "tokenizers"}
+    assert (
+        set(versions)
+        == set(tokenizer_module.PROBE_LIBRARIES)
+        == {"meshrun", "keras-hub", "tensorflow", "tensorflow-text", "sentencepiece", "tokenizers"}
+    )
     assert versions["keras-hub"] == importlib.metadata.version("keras-hub")
     monkeypatch.setattr(tokenizer_module, "probe_libraries", lambda: {**versions, "sentencepiece": "0.0.1"})
     assert probe_key("0" * 64) != key
@@ -242,7 +305,9 @@ def test_a_token_cache_others_can_write_is_refused_before_its_verdict_is_read(so
         os.chmod(cache_dir if where == "root" else cache_dir / PROBES, mode)
         with pytest.raises(ConfigError) as caught:
             load_tokenizer(str(sources["gpt2"]), KEY, str(cache_dir), shared_cache=shared)
-        assert caught.value.key == "data.cache_dir" and "the verdicts of its tokenizer check" in str(caught.value), str(caught.value)
+        assert caught.value.key == "data.cache_dir" and "the verdicts of its tokenizer check" in str(
+            caught.value
+        ), str(caught.value)
         assert not list((cache_dir / PROBES).iterdir())
     group = tmp_path / "tokens-group"
     group.mkdir(mode=0o770)
@@ -258,7 +323,9 @@ def test_a_token_cache_others_can_write_is_refused_before_its_verdict_is_read(so
 def test_a_verdict_is_written_whole_and_what_a_killed_writer_left_is_removed(tmp_path):
     verdicts = ProbeVerdicts(tmp_path)
     (tmp_path / PROBES).mkdir()
-    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True, check=True)
+    gone = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True, check=True
+    )
     abandoned = tmp_path / PROBES / f".tmp-abc-{socket.gethostname()}-{gone.stdout.strip()}"
     abandoned.write_text('{"agr')
     (tmp_path / PROBES / "broken.json").write_text('{"agr')
@@ -319,11 +386,16 @@ def test_bad_sources_are_one_line_config_errors_naming_key_and_path(sources, tmp
             load_tokenizer(str(path), KEY)
         message = str(caught.value)
         assert caught.value.key == KEY and message.startswith(f"{KEY}: got {str(path)!r}"), (name, message)
-        assert words in message and "expected a KerasHub preset dir" in message and "\n" not in message, (name, message)
+        assert words in message and "expected a KerasHub preset dir" in message and "\n" not in message, (
+            name,
+            message,
+        )
 
 
 def test_importing_the_module_imports_no_framework():
-    code = ("import sys, meshrun.text.tokenizer; "
-            "print([m for m in ('jax', 'keras', 'keras_hub', 'tensorflow') if m in sys.modules])")
+    code = (
+        "import sys, meshrun.text.tokenizer; "
+        "print([m for m in ('jax', 'keras', 'keras_hub', 'tensorflow') if m in sys.modules])"
+    )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0 and done.stdout.strip() == "[]", done.stderr[-2000:]

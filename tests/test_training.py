@@ -56,7 +56,12 @@ def test_jobs_in_one_process_keep_the_same_variable_paths(runs):
 
 def test_metrics_describe_mesh_devices_and_timing(runs):
     metrics = runs["2x4"]
-    assert metrics["mesh"] == {"shape": [2, 4], "axis_names": ["data", "model"], "batch_axis": "data", "dcn": [1, 1]}  # one process
+    assert metrics["mesh"] == {
+        "shape": [2, 4],
+        "axis_names": ["data", "model"],
+        "batch_axis": "data",
+        "dcn": [1, 1],
+    }  # one process
     assert metrics["devices"]["count"] == 8 and metrics["devices"]["platform"] == "cpu"
     assert metrics["train"]["steps_per_epoch"] == 16
     assert metrics["train"]["per_replica_batch_size"] == 8
@@ -103,7 +108,9 @@ def test_only_a_one_process_mesh_of_the_default_device_trains_without_a_keras_di
     from meshrun.placement import distribution
 
     def made(shape, devices):
-        return distribution.make_distribution(MeshConfig(shape=shape, axis_names=("data", "model"), batch_axis="data"), (), devices)
+        return distribution.make_distribution(
+            MeshConfig(shape=shape, axis_names=("data", "model"), batch_axis="data"), (), devices
+        )
 
     assert distribution.in_force(made((1, 1), jax.devices()[:1])) is None
     for shape, chosen in (((1, 1), jax.devices()[1:2]), ((2, 1), jax.devices()[:2])):
@@ -114,7 +121,9 @@ def test_only_a_one_process_mesh_of_the_default_device_trains_without_a_keras_di
 def test_batch_axis_is_the_one_configured():
     from meshrun.placement import distribution
 
-    parsed = parse_run_config({"mesh": {"shape": "2x4", "batch_axis": "model"}, "model": {"name": "dense_model"}})
+    parsed = parse_run_config(
+        {"mesh": {"shape": "2x4", "batch_axis": "model"}, "model": {"name": "dense_model"}}
+    )
     found = devices.discover(parsed.devices, parsed.mesh)
     dist = distribution.make_distribution(parsed.mesh, (), found.devices)
     try:

@@ -90,7 +90,11 @@ def workdir(tmp_path_factory):
     folder = tmp_path_factory.mktemp("user")
     (folder / f"{MODULE}.py").write_text(textwrap.dedent(SOURCE))
     rng = np.random.default_rng(0)
-    np.savez(folder / "train.npz", x=rng.standard_normal((128, 16)).astype("float32"), y=rng.integers(0, 4, 128).astype("int32"))
+    np.savez(
+        folder / "train.npz",
+        x=rng.standard_normal((128, 16)).astype("float32"),
+        y=rng.integers(0, 4, 128).astype("int32"),
+    )
     return folder
 
 
@@ -130,7 +134,10 @@ def mesh_runs(workdir, tmp_path_factory):
     try:
         out = tmp_path_factory.mktemp("runs")
         runs = {}
-        for name, extra in (("functional", [FUNCTIONAL_RULES]), ("subclassed", [SUBCLASSED_RULES, "model.input_shape=[16]"])):
+        for name, extra in (
+            ("functional", [FUNCTIONAL_RULES]),
+            ("subclassed", [SUBCLASSED_RULES, "model.input_shape=[16]"]),
+        ):
             for mesh in MESHES:
                 run_dir = out / f"{name}-{mesh}"
                 args = [f"model.factory={MODULE}:{name}", SPARSE, f"mesh={mesh}", *FAST, *extra]
@@ -160,7 +167,9 @@ def test_the_subclassed_models_paths_are_stable_across_builds(mesh_runs):
     last = set(mesh_runs[("subclassed", "1x8")][0]["sharding"])
     assert first == last
     assert "tower/dense/kernel" in first and "seed_generator/seed_generator_state" in first
-    assert not any(path.startswith("tower_1/") or path.startswith("seed_generator_1/") for path in first), first
+    assert not any(path.startswith("tower_1/") or path.startswith("seed_generator_1/") for path in first), (
+        first
+    )
 
 
 @pytest.mark.parametrize("name", ["functional", "subclassed"])
@@ -197,23 +206,44 @@ def test_a_compiled_model_brings_its_loss_and_metrics(in_workdir, tmp_path):
 
 
 def test_a_subclassed_model_builds_from_the_inputs_the_data_declares(in_workdir, tmp_path):
-    args = [f"model.factory={MODULE}:subclassed", "data=arrays", "data.path=train.npz", "data.validation_split=0.25",
-            SPARSE, "mesh=2x4", "train.verbose=0", "train.epochs=1"]
+    args = [
+        f"model.factory={MODULE}:subclassed",
+        "data=arrays",
+        "data.path=train.npz",
+        "data.validation_split=0.25",
+        SPARSE,
+        "mesh=2x4",
+        "train.verbose=0",
+        "train.epochs=1",
+    ]
     metrics = train(args, tmp_path / "run")
     assert metrics["model"]["inputs"] == [{"name": None, "shape": [16], "dtype": "float32"}]
     assert metrics["sharding"]["tower/dense/kernel"]["shape"] == [16, 32]
 
 
 def test_model_kwargs_reach_the_factory(in_workdir, tmp_path):
-    metrics = train([f"model.factory={MODULE}:functional", "model.kwargs={hidden:8,classes:3}", SPARSE, *FAST], tmp_path / "run")
+    metrics = train(
+        [f"model.factory={MODULE}:functional", "model.kwargs={hidden:8,classes:3}", SPARSE, *FAST],
+        tmp_path / "run",
+    )
     assert metrics["sharding"]["dense_1/kernel"]["shape"] == [16, 8]
     assert metrics["model"]["outputs"][0]["shape"] == [3]
     assert metrics["model"]["options"]["kwargs"] == {"hidden": 8, "classes": 3}
 
 
 def test_plan_of_a_user_model_allocates_nothing_and_lists_its_paths(in_workdir, capsys):
-    args = ["plan", "model=python", f"model.factory={MODULE}:subclassed", "model.input_shape=[16]", "mesh=2x4", SUBCLASSED_RULES, "--json"]
-    with pytest.raises(SystemExit):  # a model compiled without a loss, and none given: train would refuse it, and so does plan
+    args = [
+        "plan",
+        "model=python",
+        f"model.factory={MODULE}:subclassed",
+        "model.input_shape=[16]",
+        "mesh=2x4",
+        SUBCLASSED_RULES,
+        "--json",
+    ]
+    with pytest.raises(
+        SystemExit
+    ):  # a model compiled without a loss, and none given: train would refuse it, and so does plan
         cli.main(args)
     refused = json.loads(capsys.readouterr().out)
     assert refused["status"] == "error" and refused["errors"][0].startswith("train.loss: is required")
@@ -221,7 +251,10 @@ def test_plan_of_a_user_model_allocates_nothing_and_lists_its_paths(in_workdir, 
     plan = json.loads(capsys.readouterr().out)
     assert plan["status"] == "ok" and plan["model"]["name"] == f"{MODULE}:subclassed"
     placed = {v["path"]: v for v in plan["variables"]}
-    assert placed["tower/dense/kernel"]["spec"] == [None, "model"] and placed["tower/dense/kernel"]["origin"] == "rules"
+    assert (
+        placed["tower/dense/kernel"]["spec"] == [None, "model"]
+        and placed["tower/dense/kernel"]["origin"] == "rules"
+    )
     assert placed["tower/dense_1/kernel"]["rule"] is None
 
 
@@ -232,8 +265,18 @@ def test_the_console_script_imports_the_factory_from_the_working_dir(workdir, tm
     script = Path(sys.executable).parent / "meshrun"
     command = [str(script)] if script.exists() else [sys.executable, "-P", "-m", "meshrun"]
     run_dir = tmp_path / "run"
-    args = ["train", "model=python", f"model.factory={MODULE}:functional", SPARSE, "mesh=2x4", FUNCTIONAL_RULES, *FAST,
-            "data=python", f"data.factory={MODULE}:samples", f"hydra.run.dir={run_dir}"]
+    args = [
+        "train",
+        "model=python",
+        f"model.factory={MODULE}:functional",
+        SPARSE,
+        "mesh=2x4",
+        FUNCTIONAL_RULES,
+        *FAST,
+        "data=python",
+        f"data.factory={MODULE}:samples",
+        f"hydra.run.dir={run_dir}",
+    ]
     import subprocess
 
     done = subprocess.run([*command, *args], cwd=workdir, capture_output=True, text=True, timeout=300)
@@ -247,14 +290,23 @@ def test_the_console_script_imports_the_factory_from_the_working_dir(workdir, tm
 BAD = {
     "module not found": (
         ["model.factory=no_such_models:build", SPARSE],
-        ["model.factory: got 'no_such_models:build': no module 'no_such_models' in the working dir", "PYTHONPATH"],
+        [
+            "model.factory: got 'no_such_models:build': no module 'no_such_models' in the working dir",
+            "PYTHONPATH",
+        ],
     ),
     "attribute missing": (
         [f"model.factory={MODULE}:functionl", SPARSE],
         [f"module '{MODULE}' has no function 'functionl'", "did you mean functional?"],
     ),
-    "not callable": ([f"model.factory={MODULE}:NOT_CALLABLE", SPARSE], ["'NOT_CALLABLE' is a int, not a function or class"]),
-    "returns no model": ([f"model.factory={MODULE}:not_a_model", SPARSE], [f"{MODULE}:not_a_model returned list, not a keras.Model"]),
+    "not callable": (
+        [f"model.factory={MODULE}:NOT_CALLABLE", SPARSE],
+        ["'NOT_CALLABLE' is a int, not a function or class"],
+    ),
+    "returns no model": (
+        [f"model.factory={MODULE}:not_a_model", SPARSE],
+        [f"{MODULE}:not_a_model returned list, not a keras.Model"],
+    ),
     "factory raises": (
         [f"model.factory={MODULE}:broken", SPARSE],
         [f"model.factory: {MODULE}:broken() raised ValueError: hidden must be even"],
@@ -263,11 +315,18 @@ BAD = {
         [f"model.factory={MODULE}:functional", "model.kwargs={hiden:8}", SPARSE],
         ["model.kwargs: got 'hiden'", "did you mean hidden?", "it takes: hidden or classes"],
     ),
-    "no colon": (["model.factory=mymodels.build", SPARSE], ["model.factory: got 'mymodels.build'; expected module:function"]),
+    "no colon": (
+        ["model.factory=mymodels.build", SPARSE],
+        ["model.factory: got 'mymodels.build'; expected module:function"],
+    ),
     "no factory": ([SPARSE], ["model.factory: got None; expected module:function"]),
     "no loss for an uncompiled model": (
         [f"model.factory={MODULE}:functional"],
-        ["train.loss: is required", f"{MODULE}:functional returns a model that is not compiled with a loss", "e.g. train.loss="],
+        [
+            "train.loss: is required",
+            f"{MODULE}:functional returns a model that is not compiled with a loss",
+            "e.g. train.loss=",
+        ],
     ),
     "unbuilt model without inputs": (
         [f"model.factory={MODULE}:subclassed", SPARSE],
@@ -275,13 +334,31 @@ BAD = {
     ),
     "inputs that do not fit": (
         [f"model.factory={MODULE}:functional", "model.input_shape=[15]", SPARSE],
-        ["model:", "cannot be called on inputs input (15)", "expected shape=(None, 16), found shape=(None, 15)"],
+        [
+            "model:",
+            "cannot be called on inputs input (15)",
+            "expected shape=(None, 16), found shape=(None, 15)",
+        ],
     ),
-    "no variables": ([f"model.factory={MODULE}:empty", "model.input_shape=[4]", SPARSE], [f"{MODULE}:empty has no variables"]),
-    "bad input shape": ([f"model.factory={MODULE}:subclassed", "model.input_shape=[16,0]", SPARSE], ["model.input_shape: got [16, 0]"]),
-    "bad input dtype": ([f"model.factory={MODULE}:subclassed", "model.input_dtype=float", SPARSE], ["model.input_dtype: got 'float'", "float32"]),
+    "no variables": (
+        [f"model.factory={MODULE}:empty", "model.input_shape=[4]", SPARSE],
+        [f"{MODULE}:empty has no variables"],
+    ),
+    "bad input shape": (
+        [f"model.factory={MODULE}:subclassed", "model.input_shape=[16,0]", SPARSE],
+        ["model.input_shape: got [16, 0]"],
+    ),
+    "bad input dtype": (
+        [f"model.factory={MODULE}:subclassed", "model.input_dtype=float", SPARSE],
+        ["model.input_dtype: got 'float'", "float32"],
+    ),
     "rule matching no user path": (
-        [f"model.factory={MODULE}:functional", SPARSE, "mesh=2x4", "layout.rules={dense_3/kernel:[null,model]}"],
+        [
+            f"model.factory={MODULE}:functional",
+            SPARSE,
+            "mesh=2x4",
+            "layout.rules={dense_3/kernel:[null,model]}",
+        ],
         ["layout.rules.dense_3/kernel: matches no variable", "dense_1/kernel"],
     ),
 }
@@ -299,4 +376,6 @@ def test_bad_user_model_input_is_one_line_with_exit_2(name, workdir, tmp_path, m
     assert exit_info.value.code == 2 and len(lines) == 1 and lines[0].startswith("meshrun: error: "), err
     for part in expected:
         assert part in lines[0], (part, lines[0])
-    assert sorted(p.name for p in workdir.iterdir() if p.name != "__pycache__") == [p for p in before if p != "__pycache__"]
+    assert sorted(p.name for p in workdir.iterdir() if p.name != "__pycache__") == [
+        p for p in before if p != "__pycache__"
+    ]

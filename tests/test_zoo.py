@@ -88,7 +88,9 @@ def test_auto_layout_trains_like_the_replicated_run(runs, model):
         assert auto["eval"]["loss"] == pytest.approx(replicated["eval"]["loss"], abs=1e-4), shape
         origins = {v["origin"] for v in auto["sharding"].values() if v["rule"]}
         assert origins == {"auto"}, shape
-        assert auto["memory"]["params_bytes_per_device"] < replicated["memory"]["params_bytes_per_device"], shape
+        assert auto["memory"]["params_bytes_per_device"] < replicated["memory"]["params_bytes_per_device"], (
+            shape
+        )
 
 
 @pytest.mark.parametrize("model,layout", [c for c in COMBOS if c[1] != "replicated"])

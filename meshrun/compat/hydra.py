@@ -10,10 +10,18 @@ from meshrun.compat.names import PrivateName, ensure, uses
 
 uses(
     "hydra",
-    PrivateName("hydra-core", "hydra._internal.core_plugins.basic_sweeper", "BasicSweeper.split_arguments",
-                "the jobs of a multirun, to tell whether they need different device counts"),
-    PrivateName("hydra-core", "hydra._internal.hydra", "Hydra.get_mode",
-                "left out: a whole composition of the config only to read hydra.mode, which meshrun leaves to -m"),
+    PrivateName(
+        "hydra-core",
+        "hydra._internal.core_plugins.basic_sweeper",
+        "BasicSweeper.split_arguments",
+        "the jobs of a multirun, to tell whether they need different device counts",
+    ),
+    PrivateName(
+        "hydra-core",
+        "hydra._internal.hydra",
+        "Hydra.get_mode",
+        "left out: a whole composition of the config only to read hydra.mode, which meshrun leaves to -m",
+    ),
 )
 
 

@@ -16,8 +16,18 @@ JAX_PROFILER_LOGGER = "jax._src.profiler"
 # Each module logs through the logger of its own name.
 uses(
     "keras",
-    PrivateName("jax", JAX_PLATFORM_LOGGER, "", "the logger of jax's platform probes, kept off the console",
-                source_contains="getLogger(__name__)"),
-    PrivateName("jax", JAX_PROFILER_LOGGER, "", "the logger of the profiler, which names every file it converts",
-                source_contains="getLogger(__name__)"),
+    PrivateName(
+        "jax",
+        JAX_PLATFORM_LOGGER,
+        "",
+        "the logger of jax's platform probes, kept off the console",
+        source_contains="getLogger(__name__)",
+    ),
+    PrivateName(
+        "jax",
+        JAX_PROFILER_LOGGER,
+        "",
+        "the logger of the profiler, which names every file it converts",
+        source_contains="getLogger(__name__)",
+    ),
 )

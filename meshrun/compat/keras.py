@@ -45,9 +45,13 @@ def import_keras():
 
 uses(
     "keras",
-    PrivateName("keras", "keras.src.utils.module_utils", "LazyModule",
-                "seeding Keras and saving models without importing TensorFlow (Keras asks it whether TensorFlow is installed, importing it)",
-                source_contains="self._available"),
+    PrivateName(
+        "keras",
+        "keras.src.utils.module_utils",
+        "LazyModule",
+        "seeding Keras and saving models without importing TensorFlow (Keras asks it whether TensorFlow is installed, importing it)",
+        source_contains="self._available",
+    ),
 )
 
 
@@ -95,11 +99,30 @@ def _tensorflow_unavailable_to_keras():
 
 uses(
     "keras",
-    PrivateName("keras", "keras.src.backend.jax.trainer", "_distribute_data",
-                "placing a batch on the mesh as fit does, to lower the real train step for XLA's cost analysis"),
-    PrivateName("keras", "keras", "Model._get_jax_state", "the training state fit passes to the train step (cost analysis)"),
-    PrivateName("keras", "keras", "Model._get_state_sharding_spec", "the state shardings fit gives jax.jit (cost analysis)"),
-    PrivateName("keras", "keras", "Model.jax_state_sync", "writing the live training state back to the variables before a checkpoint"),
+    PrivateName(
+        "keras",
+        "keras.src.backend.jax.trainer",
+        "_distribute_data",
+        "placing a batch on the mesh as fit does, to lower the real train step for XLA's cost analysis",
+    ),
+    PrivateName(
+        "keras",
+        "keras",
+        "Model._get_jax_state",
+        "the training state fit passes to the train step (cost analysis)",
+    ),
+    PrivateName(
+        "keras",
+        "keras",
+        "Model._get_state_sharding_spec",
+        "the state shardings fit gives jax.jit (cost analysis)",
+    ),
+    PrivateName(
+        "keras",
+        "keras",
+        "Model.jax_state_sync",
+        "writing the live training state back to the variables before a checkpoint",
+    ),
 )
 
 
@@ -115,7 +138,10 @@ def training_state(model):
     """The (trainable, non-trainable, optimizer, metrics) state tuple fit passes to the train step."""
     ensure("keras")
     return model._get_jax_state(
-        trainable_variables=True, non_trainable_variables=True, optimizer_variables=True, metrics_variables=True,
+        trainable_variables=True,
+        non_trainable_variables=True,
+        optimizer_variables=True,
+        metrics_variables=True,
     )
 
 
@@ -135,33 +161,73 @@ def sync_training_state(model) -> None:
 
 uses(
     "keras",
-    PrivateName("keras", "keras", "Layer._flatten_layers", "every layer of a model, whose <layer>/output paths layout rules may match"),
-    PrivateName("keras", "keras", "Model.compile",
-                "recording what a model's own code compiles it with where compiling cannot run (the abstract build)",
-                source_contains="weighted_metrics"),
-    PrivateName("keras", "keras.src.callbacks.callback_list", "CallbackList",
-                "letting Keras fetch step logs on worker threads while meshrun's callbacks run (their async_safe attribute)",
-                source_contains="async_safe"),
-    PrivateName("keras", "keras.src.backend.common.variables", "Variable.__init__",
-                "the initializer of a block's weight, which the weights of pipelined blocks stacked from it start with",
-                source_contains="self._initializer = initializer"),
-    PrivateName("keras", "keras.src.backend.common.variables", "initialize_all_variables",
-                "leaving a pipelined block's template weights unmade (only their shapes and initializers are used)",
-                source_contains='"uninitialized_variables"'),
-    PrivateName("keras", "keras.src.layers.layer", "Layer",
-                "telling a pipelined block's frozen weights (made to train, then frozen) from its state (seed generators, "
-                "moving statistics): a layer's _trainable_variables", source_contains="self._trainable_variables = trainable_variables"),
+    PrivateName(
+        "keras",
+        "keras",
+        "Layer._flatten_layers",
+        "every layer of a model, whose <layer>/output paths layout rules may match",
+    ),
+    PrivateName(
+        "keras",
+        "keras",
+        "Model.compile",
+        "recording what a model's own code compiles it with where compiling cannot run (the abstract build)",
+        source_contains="weighted_metrics",
+    ),
+    PrivateName(
+        "keras",
+        "keras.src.callbacks.callback_list",
+        "CallbackList",
+        "letting Keras fetch step logs on worker threads while meshrun's callbacks run (their async_safe attribute)",
+        source_contains="async_safe",
+    ),
+    PrivateName(
+        "keras",
+        "keras.src.backend.common.variables",
+        "Variable.__init__",
+        "the initializer of a block's weight, which the weights of pipelined blocks stacked from it start with",
+        source_contains="self._initializer = initializer",
+    ),
+    PrivateName(
+        "keras",
+        "keras.src.backend.common.variables",
+        "initialize_all_variables",
+        "leaving a pipelined block's template weights unmade (only their shapes and initializers are used)",
+        source_contains='"uninitialized_variables"',
+    ),
+    PrivateName(
+        "keras",
+        "keras.src.layers.layer",
+        "Layer",
+        "telling a pipelined block's frozen weights (made to train, then frozen) from its state (seed generators, "
+        "moving statistics): a layer's _trainable_variables",
+        source_contains="self._trainable_variables = trainable_variables",
+    ),
 )
 
 uses(
     "keras",
-    PrivateName("keras", "keras.src.ops.function", "Function._run_through_graph",
-                "rebuilding a functional model with its blocks replaced by pipelined ones (KerasHub's LMs)", source_contains="call_fn"),
-    PrivateName("keras", "keras.src.backend.common.variables", "Variable.__init__",
-                "dropping the arrays of block weights once they are stacked (release_values)", source_contains="self._value = None"),
-    PrivateName("keras", "keras.src.backend.jax.core", "JaxVariable._initialize",
-                "giving a variable made without a value its first one, laid out where it already lies (initialize_with)",
-                source_contains="self._direct_assign(value)"),
+    PrivateName(
+        "keras",
+        "keras.src.ops.function",
+        "Function._run_through_graph",
+        "rebuilding a functional model with its blocks replaced by pipelined ones (KerasHub's LMs)",
+        source_contains="call_fn",
+    ),
+    PrivateName(
+        "keras",
+        "keras.src.backend.common.variables",
+        "Variable.__init__",
+        "dropping the arrays of block weights once they are stacked (release_values)",
+        source_contains="self._value = None",
+    ),
+    PrivateName(
+        "keras",
+        "keras.src.backend.jax.core",
+        "JaxVariable._initialize",
+        "giving a variable made without a value its first one, laid out where it already lies (initialize_with)",
+        source_contains="self._direct_assign(value)",
+    ),
 )
 
 
@@ -229,7 +295,12 @@ def frozen_weights(layer) -> list:
     set on their layer), as opposed to state a layer keeps by design (moving statistics, seed
     generators' states), which is non-trainable from the start."""
     ensure("keras")
-    return [v for sub in layer._flatten_layers(include_self=True) for v in sub._trainable_variables if not v.trainable]
+    return [
+        v
+        for sub in layer._flatten_layers(include_self=True)
+        for v in sub._trainable_variables
+        if not v.trainable
+    ]
 
 
 def sublayers(model) -> list:
@@ -280,18 +351,34 @@ def is_async_safe(callback) -> bool:
 
 uses(
     "keras",
-    PrivateName("keras", "keras.src.backend.jax.core", "JaxVariable._direct_assign",
-                "putting a weight read from a file onto its shards without a whole copy on one device (load_onto_shards)",
-                source_contains="self._value = value"),
-    PrivateName("keras", "keras.src.backend.jax.core", "JaxVariable._initialize_with_initializer",
-                "starting a variable as zeros on its shards where a file's weights replace its initial values (load_onto_shards)",
-                source_contains="self._initialize_layout()"),
-    PrivateName("keras", "keras.src.backend.common.variables", "Variable.__init__",
-                "the dtype a variable stores, whatever autocast scope is in force (load_onto_shards)",
-                source_contains="self._dtype"),
-    PrivateName("keras", "keras.src.backend.common.stateless_scope", "in_stateless_scope",
-                "leaving what happens inside a StatelessScope to Keras (load_onto_shards), and stacking pipelined blocks' "
-                "values only where they have some (building_abstractly)"),
+    PrivateName(
+        "keras",
+        "keras.src.backend.jax.core",
+        "JaxVariable._direct_assign",
+        "putting a weight read from a file onto its shards without a whole copy on one device (load_onto_shards)",
+        source_contains="self._value = value",
+    ),
+    PrivateName(
+        "keras",
+        "keras.src.backend.jax.core",
+        "JaxVariable._initialize_with_initializer",
+        "starting a variable as zeros on its shards where a file's weights replace its initial values (load_onto_shards)",
+        source_contains="self._initialize_layout()",
+    ),
+    PrivateName(
+        "keras",
+        "keras.src.backend.common.variables",
+        "Variable.__init__",
+        "the dtype a variable stores, whatever autocast scope is in force (load_onto_shards)",
+        source_contains="self._dtype",
+    ),
+    PrivateName(
+        "keras",
+        "keras.src.backend.common.stateless_scope",
+        "in_stateless_scope",
+        "leaving what happens inside a StatelessScope to Keras (load_onto_shards), and stacking pipelined blocks' "
+        "values only where they have some (building_abstractly)",
+    ),
 )
 
 
@@ -332,7 +419,9 @@ def load_onto_shards(on_placed=None):
         sharding = _host_value_sharding(variable, value)
         if sharding is None:
             return keras_assign(variable, value)
-        variable._value = None  # the old value goes first (unless something else holds it): the new one takes its place
+        variable._value = (
+            None  # the old value goes first (unless something else holds it): the new one takes its place
+        )
         placed = _place_slices(value, tuple(variable.shape), sharding, variable._dtype)
         if on_placed is not None:
             on_placed()

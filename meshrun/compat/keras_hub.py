@@ -30,12 +30,20 @@ LORA_KERNEL_B_DATASET = "lora_kernel_b"  # the name of each adapter's B matrix i
 
 uses(
     "keras_hub",
-    PrivateName("keras-hub", "keras_hub.models", "Backbone.save_lora_weights",
-                f"the LoRA adapters in a .lora.h5 file, each B matrix a dataset named {LORA_KERNEL_B_DATASET!r}",
-                source_contains=f'["{LORA_KERNEL_B_DATASET}"]'),
-    PrivateName("keras-hub", "keras_hub.tokenizers", "BytePairTokenizer._tokenize_tf",
-                "telling a byte-pair tokenizer that splits text its own way (its class redefines how it tokenizes, "
-                "as MistralTekkenTokenizer does) from one that splits as GPT-2 does, where TensorFlow is not there to check"),
+    PrivateName(
+        "keras-hub",
+        "keras_hub.models",
+        "Backbone.save_lora_weights",
+        f"the LoRA adapters in a .lora.h5 file, each B matrix a dataset named {LORA_KERNEL_B_DATASET!r}",
+        source_contains=f'["{LORA_KERNEL_B_DATASET}"]',
+    ),
+    PrivateName(
+        "keras-hub",
+        "keras_hub.tokenizers",
+        "BytePairTokenizer._tokenize_tf",
+        "telling a byte-pair tokenizer that splits text its own way (its class redefines how it tokenizes, "
+        "as MistralTekkenTokenizer does) from one that splits as GPT-2 does, where TensorFlow is not there to check",
+    ),
 )
 
 
@@ -82,18 +90,31 @@ TENSORFLOW_NAMES = (
     TensorFlowName("", "tf_text", "tensorflow_text"),
     # imported in the same try block as TensorFlow, so None without it
     TensorFlowName("keras_hub.src.tokenizers.sentence_piece_tokenizer_trainer", "spm", "sentencepiece"),
-    TensorFlowName("keras_hub.src.tokenizers.word_piece_tokenizer_trainer", "learner",
-                   "tensorflow_text.tools.wordpiece_vocab.wordpiece_tokenizer_learner_lib"),
+    TensorFlowName(
+        "keras_hub.src.tokenizers.word_piece_tokenizer_trainer",
+        "learner",
+        "tensorflow_text.tools.wordpiece_vocab.wordpiece_tokenizer_learner_lib",
+    ),
 )
 # BytePairTokenizerCache is a tf.Module with TensorFlow, an `object` without (`_base_class`).
 TF_MODULE_CLASS = ("BytePairTokenizerCache", "_base_class")
 
 uses(
     "keras_hub",
-    PrivateName("keras-hub", "keras_hub.src.utils.tensor_utils", "", "importing keras_hub without TensorFlow (its `tf`, set later)",
-                source_contains="tf = try_import_tensorflow()"),
-    PrivateName("keras-hub", BYTE_PAIR_MODULE, TF_MODULE_CLASS[0], "importing keras_hub without TensorFlow (its base class, set later)",
-                source_contains=f"class {TF_MODULE_CLASS[0]}({TF_MODULE_CLASS[1]})"),
+    PrivateName(
+        "keras-hub",
+        "keras_hub.src.utils.tensor_utils",
+        "",
+        "importing keras_hub without TensorFlow (its `tf`, set later)",
+        source_contains="tf = try_import_tensorflow()",
+    ),
+    PrivateName(
+        "keras-hub",
+        BYTE_PAIR_MODULE,
+        TF_MODULE_CLASS[0],
+        "importing keras_hub without TensorFlow (its base class, set later)",
+        source_contains=f"class {TF_MODULE_CLASS[0]}({TF_MODULE_CLASS[1]})",
+    ),
 )
 
 
@@ -123,9 +144,13 @@ def import_keras_hub(tensorflow: bool = False):
 
 uses(
     "keras_hub",
-    PrivateName("keras-hub", "keras_hub.src.utils.preset_utils", "tf_registered_schemes",
-                "loading a local preset without importing TensorFlow (an ImportError: no file systems of TensorFlow's)",
-                source_contains="except ImportError"),
+    PrivateName(
+        "keras-hub",
+        "keras_hub.src.utils.preset_utils",
+        "tf_registered_schemes",
+        "loading a local preset without importing TensorFlow (an ImportError: no file systems of TensorFlow's)",
+        source_contains="except ImportError",
+    ),
 )
 
 
@@ -193,7 +218,13 @@ def _rebase_on_tf_module(module, tensorflow) -> None:
     old = getattr(module, class_name)
     body = {key: value for key, value in vars(old).items() if key not in ("__dict__", "__weakref__")}
     setattr(module, base_name, tensorflow.Module)
-    setattr(module, class_name, types.new_class(old.__name__, (tensorflow.Module,), exec_body=lambda namespace: namespace.update(body)))
+    setattr(
+        module,
+        class_name,
+        types.new_class(
+            old.__name__, (tensorflow.Module,), exec_body=lambda namespace: namespace.update(body)
+        ),
+    )
 
 
 class TensorFlowArrival(importlib.abc.MetaPathFinder):
@@ -206,7 +237,11 @@ class TensorFlowArrival(importlib.abc.MetaPathFinder):
         if fullname != "tensorflow":
             return None
         for finder in sys.meta_path:
-            found = finder.find_spec(fullname, path, target) if finder is not self and hasattr(finder, "find_spec") else None
+            found = (
+                finder.find_spec(fullname, path, target)
+                if finder is not self and hasattr(finder, "find_spec")
+                else None
+            )
             if found is not None:
                 if found.loader is not None:
                     found.loader = _ThenKerasHub(found.loader, self)

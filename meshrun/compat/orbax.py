@@ -24,15 +24,35 @@ STEP_METADATA_FILE = "_CHECKPOINT_METADATA"
 
 uses(
     "orbax",
-    PrivateName("orbax-checkpoint", "orbax.checkpoint._src.metadata.checkpoint", "step_metadata_file_path",
-                "telling a complete checkpoint from a numbered dir that is not one"),
-    PrivateName("orbax-checkpoint", "orbax.checkpoint._src.metadata.checkpoint", "_STEP_METADATA_FILENAME",
-                "telling a complete checkpoint without importing Orbax (steps_on_disk)"),
-    PrivateName("orbax-checkpoint", "orbax.checkpoint.type_handlers", "ArrayHandler.__init__",
-                "saving replicated arrays without splitting them between their replicas on CPU devices",
-                source_contains="use_replica_parallel"),
-    *(PrivateName("orbax-checkpoint", module, "", "sending a warning about what meshrun does on purpose to train.log, not the console",
-                  source_contains=text) for text, module in EXPECTED_WARNINGS.items()),
+    PrivateName(
+        "orbax-checkpoint",
+        "orbax.checkpoint._src.metadata.checkpoint",
+        "step_metadata_file_path",
+        "telling a complete checkpoint from a numbered dir that is not one",
+    ),
+    PrivateName(
+        "orbax-checkpoint",
+        "orbax.checkpoint._src.metadata.checkpoint",
+        "_STEP_METADATA_FILENAME",
+        "telling a complete checkpoint without importing Orbax (steps_on_disk)",
+    ),
+    PrivateName(
+        "orbax-checkpoint",
+        "orbax.checkpoint.type_handlers",
+        "ArrayHandler.__init__",
+        "saving replicated arrays without splitting them between their replicas on CPU devices",
+        source_contains="use_replica_parallel",
+    ),
+    *(
+        PrivateName(
+            "orbax-checkpoint",
+            module,
+            "",
+            "sending a warning about what meshrun does on purpose to train.log, not the console",
+            source_contains=text,
+        )
+        for text, module in EXPECTED_WARNINGS.items()
+    ),
 )
 
 
@@ -92,4 +112,6 @@ def steps_on_disk(root: Path) -> list[int]:
     devices are set (meshrun.launch.reuse). Orbax's own listing is meshrun.training.orbax_io's."""
     if not root.is_dir():
         return []
-    return sorted(int(p.name) for p in root.iterdir() if p.name.isdigit() and (p / STEP_METADATA_FILE).is_file())
+    return sorted(
+        int(p.name) for p in root.iterdir() if p.name.isdigit() and (p / STEP_METADATA_FILE).is_file()
+    )

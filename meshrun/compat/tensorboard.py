@@ -8,10 +8,18 @@ from meshrun.compat.names import PrivateName, ensure, uses
 
 uses(
     "tensorboard",
-    PrivateName("tensorboard", "tensorboard.compat.proto.event_pb2", "Event",
-                "the records of TensorBoard's event files, written without TensorFlow (logging.tensorboard)"),
-    PrivateName("tensorboard", "tensorboard.compat.proto.summary_pb2", "Summary.Value",
-                "the scalars in TensorBoard's event files, written without TensorFlow (logging.tensorboard)"),
+    PrivateName(
+        "tensorboard",
+        "tensorboard.compat.proto.event_pb2",
+        "Event",
+        "the records of TensorBoard's event files, written without TensorFlow (logging.tensorboard)",
+    ),
+    PrivateName(
+        "tensorboard",
+        "tensorboard.compat.proto.summary_pb2",
+        "Summary.Value",
+        "the scalars in TensorBoard's event files, written without TensorFlow (logging.tensorboard)",
+    ),
 )
 
 

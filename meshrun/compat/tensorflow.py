@@ -68,8 +68,12 @@ def set_global_seed(seed: int | None) -> None:
 
 uses(
     "tensorflow",
-    PrivateName("tensorflow", "tensorflow", "data.Dataset._as_serialized_graph",
-                "telling whether a tf.data pipeline holds a generator dataset (which changes the process's malloc policy)"),
+    PrivateName(
+        "tensorflow",
+        "tensorflow",
+        "data.Dataset._as_serialized_graph",
+        "telling whether a tf.data pipeline holds a generator dataset (which changes the process's malloc policy)",
+    ),
 )
 
 
@@ -79,6 +83,10 @@ def dataset_ops(dataset) -> set[str]:
     ensure("tensorflow")
     import tensorflow as tf
 
-    serialized = dataset._as_serialized_graph(external_state_policy=tf.data.experimental.ExternalStatePolicy.IGNORE)
+    serialized = dataset._as_serialized_graph(
+        external_state_policy=tf.data.experimental.ExternalStatePolicy.IGNORE
+    )
     graph = tf.compat.v1.GraphDef.FromString(serialized.numpy())
-    return {node.op for node in graph.node} | {node.op for function in graph.library.function for node in function.node_def}
+    return {node.op for node in graph.node} | {
+        node.op for function in graph.library.function for node in function.node_def
+    }

@@ -39,11 +39,19 @@ def check_values(config: RunConfig) -> None:
         if value <= 0:
             raise ConfigError(key, f"got {value}; expected a positive integer")
     if config.train.learning_rate <= 0:
-        raise ConfigError("train.learning_rate", f"got {config.train.learning_rate}; expected a positive number")
+        raise ConfigError(
+            "train.learning_rate", f"got {config.train.learning_rate}; expected a positive number"
+        )
     if config.devices.peak_flops is not None and config.devices.peak_flops <= 0:
-        raise ConfigError("devices.peak_flops", f"got {config.devices.peak_flops}; expected a positive FLOP/s figure, e.g. 9.89e14")
+        raise ConfigError(
+            "devices.peak_flops",
+            f"got {config.devices.peak_flops}; expected a positive FLOP/s figure, e.g. 9.89e14",
+        )
     if config.devices.memory_gib is not None and config.devices.memory_gib <= 0:
-        raise ConfigError("devices.memory_gib", f"got {config.devices.memory_gib}; expected the memory of one device in GiB, a positive number such as 80")
+        raise ConfigError(
+            "devices.memory_gib",
+            f"got {config.devices.memory_gib}; expected the memory of one device in GiB, a positive number such as 80",
+        )
     _check_training_values(config.train)
     _check_profile(config.profile)
     if config.train.verbose not in VERBOSITY:
@@ -54,9 +62,14 @@ def check_values(config: RunConfig) -> None:
     check_pipeline(config.pipeline, config.mesh, config.train.batch_size)
     checkpoint = config.checkpoint
     if checkpoint.every_steps is not None and checkpoint.every_steps <= 0:
-        raise ConfigError("checkpoint.every_steps", f"got {checkpoint.every_steps}; expected a positive number of steps (null: none)")
+        raise ConfigError(
+            "checkpoint.every_steps",
+            f"got {checkpoint.every_steps}; expected a positive number of steps (null: none)",
+        )
     if checkpoint.keep <= 0:
-        raise ConfigError("checkpoint.keep", f"got {checkpoint.keep}; expected a positive number of checkpoints to keep")
+        raise ConfigError(
+            "checkpoint.keep", f"got {checkpoint.keep}; expected a positive number of checkpoints to keep"
+        )
     distributed = config.distributed
     if distributed.launches_locally:
         if config.devices.platform not in ("auto", "cpu"):
@@ -65,7 +78,9 @@ def check_values(config: RunConfig) -> None:
                 f"got {distributed.local_processes} with devices.platform={config.devices.platform}; local processes emulate "
                 "CPU devices only: on accelerators run one process (it uses every device) or start one per host with distributed=auto",
             )
-        check_processes(config.mesh, config.devices, distributed.local_processes, "distributed.local_processes")
+        check_processes(
+            config.mesh, config.devices, distributed.local_processes, "distributed.local_processes"
+        )
     elif distributed.num_processes is not None:
         check_processes(config.mesh, config.devices, distributed.num_processes, "distributed.num_processes")
     _check_slices(config)
@@ -87,17 +102,34 @@ def _check_training_values(train: TrainConfig) -> None:
     if train.warmup_steps < 0:
         raise ConfigError("train.warmup_steps", f"got {train.warmup_steps}; expected 0 or more steps")
     if train.warmup_steps and train.lr_schedule != "cosine":
-        raise ConfigError("train.warmup_steps", f"got {train.warmup_steps} with train.lr_schedule={train.lr_schedule}; warm-up comes with cosine")
+        raise ConfigError(
+            "train.warmup_steps",
+            f"got {train.warmup_steps} with train.lr_schedule={train.lr_schedule}; warm-up comes with cosine",
+        )
     if not 0 <= train.min_learning_rate <= train.learning_rate:
-        raise ConfigError("train.min_learning_rate", f"got {train.min_learning_rate}; valid: 0 to train.learning_rate ({train.learning_rate})")
+        raise ConfigError(
+            "train.min_learning_rate",
+            f"got {train.min_learning_rate}; valid: 0 to train.learning_rate ({train.learning_rate})",
+        )
     if train.clip_norm is not None and train.clip_norm <= 0:
-        raise ConfigError("train.clip_norm", f"got {train.clip_norm}; expected a positive global norm (null: no clipping)")
+        raise ConfigError(
+            "train.clip_norm", f"got {train.clip_norm}; expected a positive global norm (null: no clipping)"
+        )
     if train.grad_accum_steps < 1:
-        raise ConfigError("train.grad_accum_steps", f"got {train.grad_accum_steps}; expected 1 (no accumulation) or more steps per update")
+        raise ConfigError(
+            "train.grad_accum_steps",
+            f"got {train.grad_accum_steps}; expected 1 (no accumulation) or more steps per update",
+        )
     if train.eval_every is not None and train.eval_every < 1:
-        raise ConfigError("train.eval_every", f"got {train.eval_every}; expected a positive number of epochs (null: evaluate at the end only)")
+        raise ConfigError(
+            "train.eval_every",
+            f"got {train.eval_every}; expected a positive number of epochs (null: evaluate at the end only)",
+        )
     if train.max_time is not None and train.max_time <= 0:
-        raise ConfigError("train.max_time", f"got {train.max_time:g}; expected a positive duration such as 3600, 90m or 1:30:00 (null: no limit)")
+        raise ConfigError(
+            "train.max_time",
+            f"got {train.max_time:g}; expected a positive duration such as 3600, 90m or 1:30:00 (null: no limit)",
+        )
     _check_early_stopping(train.early_stopping, train.eval_every)
 
 
@@ -125,7 +157,10 @@ def _check_profile(profile: ProfileConfig) -> None:
     if steps is None:
         return
     if len(steps) != 2 or not 1 <= steps[0] <= steps[1]:
-        raise ConfigError("profile.steps", f"got {list(steps)}; expected [first, last] training steps with 1 <= first <= last, e.g. [10,20]")
+        raise ConfigError(
+            "profile.steps",
+            f"got {list(steps)}; expected [first, last] training steps with 1 <= first <= last, e.g. [10,20]",
+        )
 
 
 def check_batch(batch_size: int, mesh: MeshConfig) -> None:
@@ -148,32 +183,55 @@ def check_pipeline(pipeline: PipelineConfig, mesh: MeshConfig, batch_size: int) 
     replica's rows evenly (every microbatch takes the same rows of every replica). Checked again
     once a -1 in the mesh is filled."""
     if pipeline.microbatches is not None and pipeline.microbatches < 1:
-        raise ConfigError("pipeline.microbatches", f"got {pipeline.microbatches}; expected a positive integer (null: one per stage)")
+        raise ConfigError(
+            "pipeline.microbatches",
+            f"got {pipeline.microbatches}; expected a positive integer (null: one per stage)",
+        )
     if pipeline.repeats < 1:
-        raise ConfigError("pipeline.repeats", f"got {pipeline.repeats}; expected a positive integer (1: GPipe, more: the circular schedule)")
+        raise ConfigError(
+            "pipeline.repeats",
+            f"got {pipeline.repeats}; expected a positive integer (1: GPipe, more: the circular schedule)",
+        )
     if pipeline.axis not in mesh.axis_names:
         return
     if pipeline.axis == mesh.batch_axis:
         others = [a for a in mesh.axis_names if a != pipeline.axis]
-        valid = f"valid: {one_of(others)}" if others else f"add a batch axis, e.g. mesh.axis_names=[{pipeline.axis},data]"
-        raise ConfigError("mesh.batch_axis", f"got {mesh.batch_axis!r}, the pipeline's stage axis (pipeline.axis), whose devices hold "
-                                             f"different blocks, not copies of the model to split the batch over; {valid}")
+        valid = (
+            f"valid: {one_of(others)}"
+            if others
+            else f"add a batch axis, e.g. mesh.axis_names=[{pipeline.axis},data]"
+        )
+        raise ConfigError(
+            "mesh.batch_axis",
+            f"got {mesh.batch_axis!r}, the pipeline's stage axis (pipeline.axis), whose devices hold "
+            f"different blocks, not copies of the model to split the batch over; {valid}",
+        )
     if FILL in mesh.shape:
         return
     rows = batch_size // mesh.axis_size(mesh.batch_axis)
     microbatches = pipeline.microbatches_on(mesh)
     if rows % microbatches:
         divisors = [n for n in range(1, rows + 1) if rows % n == 0]
-        given = f"got {microbatches}" if pipeline.microbatches else f"left null, which means one per stage ({microbatches})"
-        raise ConfigError("pipeline.microbatches", f"{given}, which does not divide the {rows} rows of each data replica "
-                                                   f"(train.batch_size={batch_size} over {mesh.batch_axis!r} of size "
-                                                   f"{mesh.axis_size(mesh.batch_axis)}); valid: {one_of(divisors)}")
+        given = (
+            f"got {microbatches}"
+            if pipeline.microbatches
+            else f"left null, which means one per stage ({microbatches})"
+        )
+        raise ConfigError(
+            "pipeline.microbatches",
+            f"{given}, which does not divide the {rows} rows of each data replica "
+            f"(train.batch_size={batch_size} over {mesh.batch_axis!r} of size "
+            f"{mesh.axis_size(mesh.batch_axis)}); valid: {one_of(divisors)}",
+        )
     stages = pipeline.stages(mesh)
     if pipeline.repeats > 1 and microbatches % stages:
         valid = [n for n in range(stages, rows + 1, stages) if rows % n == 0]
-        raise ConfigError("pipeline.microbatches", f"got {microbatches} with pipeline.repeats={pipeline.repeats}: the circular schedule "
-                                                   f"takes microbatches in groups of the {stages} stages; valid: "
-                                                   f"{one_of(valid) if valid else f'none for {rows} rows a replica: use pipeline.repeats=1'}")
+        raise ConfigError(
+            "pipeline.microbatches",
+            f"got {microbatches} with pipeline.repeats={pipeline.repeats}: the circular schedule "
+            f"takes microbatches in groups of the {stages} stages; valid: "
+            f"{one_of(valid) if valid else f'none for {rows} rows a replica: use pipeline.repeats=1'}",
+        )
 
 
 def check_rule_axes(key: str, axes: tuple, mesh: MeshConfig) -> None:
@@ -210,23 +268,42 @@ def _check_slices(config: RunConfig) -> None:
 def check_distributed_values(config: DistributedConfig) -> None:
     """Range checks of the distributed section on its own."""
     if config.local_processes < 1:
-        raise ConfigError("distributed.local_processes", f"got {config.local_processes}; expected a positive integer (1: one process)")
+        raise ConfigError(
+            "distributed.local_processes",
+            f"got {config.local_processes}; expected a positive integer (1: one process)",
+        )
     if config.num_processes is not None and config.num_processes < 1:
-        raise ConfigError("distributed.num_processes", f"got {config.num_processes}; expected a positive integer")
-    if config.process_id is not None and config.num_processes is not None and not 0 <= config.process_id < config.num_processes:
+        raise ConfigError(
+            "distributed.num_processes", f"got {config.num_processes}; expected a positive integer"
+        )
+    if (
+        config.process_id is not None
+        and config.num_processes is not None
+        and not 0 <= config.process_id < config.num_processes
+    ):
         raise ConfigError(
             "distributed.process_id",
             f"got {config.process_id}; valid: 0 to {config.num_processes - 1} (distributed.num_processes={config.num_processes})",
         )
     if config.coordinator is not None and not _HOST_PORT.fullmatch(config.coordinator):
-        raise ConfigError("distributed.coordinator", f"got {config.coordinator!r}; expected host:port of process 0, e.g. node01:12345")
+        raise ConfigError(
+            "distributed.coordinator",
+            f"got {config.coordinator!r}; expected host:port of process 0, e.g. node01:12345",
+        )
     if config.bind_address is not None and not _HOST_PORT.fullmatch(config.bind_address):
-        raise ConfigError("distributed.bind_address", f"got {config.bind_address!r}; expected HOST:PORT where process 0's coordinator "
-                                                      "listens, an address of its host, e.g. 10.0.0.5:12345, 127.0.0.1:12345 or [::]:12345")
+        raise ConfigError(
+            "distributed.bind_address",
+            f"got {config.bind_address!r}; expected HOST:PORT where process 0's coordinator "
+            "listens, an address of its host, e.g. 10.0.0.5:12345, 127.0.0.1:12345 or [::]:12345",
+        )
     if config.port is not None and not 0 < config.port < 65536:
-        raise ConfigError("distributed.port", f"got {config.port}; expected a TCP port, 1 to 65535 (null: pick a free one)")
+        raise ConfigError(
+            "distributed.port", f"got {config.port}; expected a TCP port, 1 to 65535 (null: pick a free one)"
+        )
     if config.timeout_s <= 0:
-        raise ConfigError("distributed.timeout_s", f"got {config.timeout_s}; expected a positive number of seconds")
+        raise ConfigError(
+            "distributed.timeout_s", f"got {config.timeout_s}; expected a positive number of seconds"
+        )
 
 
 def check_processes(mesh: MeshConfig, devices: DevicesConfig, processes: int, key: str) -> None:
@@ -237,5 +314,12 @@ def check_processes(mesh: MeshConfig, devices: DevicesConfig, processes: int, ke
     total = mesh.size or devices.cpu_devices
     if total % processes:
         valid = [n for n in range(1, total + 1) if total % n == 0]
-        what = f"mesh {format_shape(mesh.shape)}'s {total} devices" if mesh.size else f"devices.cpu_devices={total}"
-        raise ConfigError(key, f"got {processes}, but {what} do not split evenly over {processes} processes; valid: {one_of(valid)}")
+        what = (
+            f"mesh {format_shape(mesh.shape)}'s {total} devices"
+            if mesh.size
+            else f"devices.cpu_devices={total}"
+        )
+        raise ConfigError(
+            key,
+            f"got {processes}, but {what} do not split evenly over {processes} processes; valid: {one_of(valid)}",
+        )

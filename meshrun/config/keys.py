@@ -22,14 +22,37 @@ from meshrun.specs.model import MODELS
 from meshrun.wording import did_you_mean, one_of
 
 MESH_KEYS = ("shape", "axis_names", "batch_axis", "dcn")
-LAYOUT_KEYS = ("rules", "extra_rules", "optional", "replicate_if_indivisible", "from_model", "auto", "min_bytes", "fsdp")
+LAYOUT_KEYS = (
+    "rules",
+    "extra_rules",
+    "optional",
+    "replicate_if_indivisible",
+    "from_model",
+    "auto",
+    "min_bytes",
+    "fsdp",
+)
 
 
 def known_keys() -> list[str]:
     """Every dotted key a config may set (for 'did you mean' suggestions)."""
-    keys = [*(f"mesh.{k}" for k in MESH_KEYS), *(f"layout.{k}" for k in LAYOUT_KEYS), "model.name", "data.name", "resume"]
-    sections = (("train", TrainConfig), ("devices", DevicesConfig), ("cache", CacheConfig), ("distributed", DistributedConfig),
-                ("checkpoint", CheckpointConfig), ("profile", ProfileConfig), ("pipeline", PipelineConfig), ("train.early_stopping", EarlyStoppingConfig))
+    keys = [
+        *(f"mesh.{k}" for k in MESH_KEYS),
+        *(f"layout.{k}" for k in LAYOUT_KEYS),
+        "model.name",
+        "data.name",
+        "resume",
+    ]
+    sections = (
+        ("train", TrainConfig),
+        ("devices", DevicesConfig),
+        ("cache", CacheConfig),
+        ("distributed", DistributedConfig),
+        ("checkpoint", CheckpointConfig),
+        ("profile", ProfileConfig),
+        ("pipeline", PipelineConfig),
+        ("train.early_stopping", EarlyStoppingConfig),
+    )
     for section, cls in sections:
         keys += [f"{section}.{f.name}" for f in dataclasses.fields(cls)]
     keys += [f"logging.{name}" for name in sinks.switch_names()]
@@ -55,12 +78,17 @@ def choices_with_key(key: str) -> list[str]:
     """The model and data choices that have `key` as an option ('data.path' -> ['data=arrays']):
     a key the chosen model or data source lacks may belong to another one."""
     group, _, name = key.partition(".")
-    owners = {"model": lambda: {n: MODELS.get(n).options for n in MODELS.names()},
-              "data": lambda: {n: SOURCES.get(n).options for n in SOURCES.names()}}
+    owners = {
+        "model": lambda: {n: MODELS.get(n).options for n in MODELS.names()},
+        "data": lambda: {n: SOURCES.get(n).options for n in SOURCES.names()},
+    }
     if group not in owners:
         return []
-    return [f"{group}={choice}" for choice, options in owners[group]().items()
-            if name in {f.name for f in dataclasses.fields(options)}]
+    return [
+        f"{group}={choice}"
+        for choice, options in owners[group]().items()
+        if name in {f.name for f in dataclasses.fields(options)}
+    ]
 
 
 def other_choice_hint(key: str) -> str:

@@ -45,8 +45,20 @@ from meshrun.config.typed import (
 )
 
 __all__ = [
-    "EXPLICIT_KEYS", "LAYOUT_KEYS", "choices_with_key", "known_keys", "other_choice_hint", "parse_data", "parse_distributed",
-    "parse_duration", "parse_layout", "parse_logging", "parse_mesh", "parse_mesh_shape", "parse_model", "parse_run_config",
+    "EXPLICIT_KEYS",
+    "LAYOUT_KEYS",
+    "choices_with_key",
+    "known_keys",
+    "other_choice_hint",
+    "parse_data",
+    "parse_distributed",
+    "parse_duration",
+    "parse_layout",
+    "parse_logging",
+    "parse_mesh",
+    "parse_mesh_shape",
+    "parse_model",
+    "parse_run_config",
     "parse_size",
 ]
 
@@ -60,7 +72,9 @@ def parse_run_config(raw: Mapping[str, Any]) -> RunConfig:
         layout=parse_layout(section(raw, "layout"), mesh),
         model=parse_model(section(raw, "model")),
         data=parse_data(section(raw, "data")),
-        train=parse_dataclass(TrainConfig, with_duration(section(raw, "train"), "max_time", "train"), "train"),
+        train=parse_dataclass(
+            TrainConfig, with_duration(section(raw, "train"), "max_time", "train"), "train"
+        ),
         devices=parse_dataclass(DevicesConfig, section(raw, "devices"), "devices"),
         cache=parse_dataclass(CacheConfig, section(raw, "cache"), "cache"),
         distributed=parse_distributed(section(raw, "distributed")),

@@ -176,7 +176,9 @@ class TrainConfig:
     clip_norm: float | None = None
     precision: str = "float32"
     loss: str | None = None  # None: the model's own loss
-    metrics: tuple[str, ...] | None = None  # None: the model's own (with its loss), else accuracy for cross-entropy
+    metrics: tuple[str, ...] | None = (
+        None  # None: the model's own (with its loss), else accuracy for cross-entropy
+    )
     seed: int = 1337
     verbose: int = 1
     stop_on_nan: bool = True
@@ -184,7 +186,9 @@ class TrainConfig:
     eval_every: int | None = None
     max_time: float | None = None  # seconds from process start; the config may say "90m", "2h", "1:30:00"
     early_stopping: EarlyStoppingConfig = field(default_factory=EarlyStoppingConfig)
-    sample_prompts: tuple[str, ...] | None = None  # completed after training (KerasHub causal LMs; meshrun.run.sampling)
+    sample_prompts: tuple[str, ...] | None = (
+        None  # completed after training (KerasHub causal LMs; meshrun.run.sampling)
+    )
     sample_max_length: int | None = None  # tokens of prompt and completion together; None: model.seq_len
 
 
@@ -237,7 +241,9 @@ class CheckpointConfig:
 
     def directory(self, run_dir: str | Path) -> Path:
         """Where the run's checkpoints go: `dir`, else <run dir>/checkpoints (absolute)."""
-        return Path(self.dir).expanduser().resolve() if self.dir else Path(run_dir).resolve() / CHECKPOINTS_DIR
+        return (
+            Path(self.dir).expanduser().resolve() if self.dir else Path(run_dir).resolve() / CHECKPOINTS_DIR
+        )
 
     @property
     def saves_every_epoch(self) -> bool:
@@ -339,7 +345,9 @@ class RunConfig:
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     profile: ProfileConfig = field(default_factory=ProfileConfig)
     pipeline: PipelineConfig = field(default_factory=PipelineConfig)
-    resume: str | None = None  # auto, never or a checkpoint path; None: auto with checkpoint.dir or when requeued, else never
+    resume: str | None = (
+        None  # auto, never or a checkpoint path; None: auto with checkpoint.dir or when requeued, else never
+    )
 
     def resume_mode(self, requeued: bool = False) -> str:
         """auto, never or a path: what `resume` means once its default is filled in (auto with a
@@ -349,4 +357,18 @@ class RunConfig:
         return "auto" if self.checkpoint.dir or requeued else "never"
 
 
-TOP_LEVEL_KEYS = ("mesh", "layout", "model", "data", "train", "devices", "cache", "distributed", "checkpoint", "logging", "profile", "pipeline", "resume")
+TOP_LEVEL_KEYS = (
+    "mesh",
+    "layout",
+    "model",
+    "data",
+    "train",
+    "devices",
+    "cache",
+    "distributed",
+    "checkpoint",
+    "logging",
+    "profile",
+    "pipeline",
+    "resume",
+)

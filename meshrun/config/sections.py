@@ -112,11 +112,15 @@ def _parse_dcn(value: Any) -> tuple[int, ...] | None:
         return None
     if isinstance(value, str) and _SHAPE_TEXT.match(value.strip()):
         value = [int(part) for part in value.strip().split("x")]
-    if (isinstance(value, (list, tuple)) and value
-            and all(isinstance(d, int) and not isinstance(d, bool) and d > 0 for d in value)):
+    if (
+        isinstance(value, (list, tuple))
+        and value
+        and all(isinstance(d, int) and not isinstance(d, bool) and d > 0 for d in value)
+    ):
         return tuple(value)
     raise ConfigError(
-        "mesh.dcn", f"got {value!r}; expected one positive slice count per mesh axis, e.g. mesh.dcn=[2,1] "
+        "mesh.dcn",
+        f"got {value!r}; expected one positive slice count per mesh axis, e.g. mesh.dcn=[2,1] "
         "(the first axis spans 2 processes), or null for the default",
     )
 
@@ -142,7 +146,10 @@ def parse_layout(raw: Mapping[str, Any], mesh: MeshConfig) -> LayoutConfig:
     rules = _parse_rules(raw, "rules", mesh, optional=optional, lenient=lenient)
     replaced_by = "layout.from_model" if from_model else "layout.auto" if auto else None
     if from_model and auto:
-        raise ConfigError("layout.auto", "got true with layout.from_model=true; choose one: the model's own map (layout=from_model) or derived rules (layout=auto)")
+        raise ConfigError(
+            "layout.auto",
+            "got true with layout.from_model=true; choose one: the model's own map (layout=from_model) or derived rules (layout=auto)",
+        )
     if replaced_by and rules:
         raise ConfigError(
             "layout.rules",
@@ -150,8 +157,14 @@ def parse_layout(raw: Mapping[str, Any], mesh: MeshConfig) -> LayoutConfig:
             "add yours on top with layout.extra_rules={...}",
         )
     min_bytes = parse_size("layout.min_bytes", raw.get("min_bytes", DEFAULT_AUTO_MIN_BYTES))
-    return LayoutConfig(rules=rules, extra_rules=_parse_rules(raw, "extra_rules", mesh), from_model=from_model,
-                        auto=auto, min_bytes=min_bytes, fsdp=fsdp)
+    return LayoutConfig(
+        rules=rules,
+        extra_rules=_parse_rules(raw, "extra_rules", mesh),
+        from_model=from_model,
+        auto=auto,
+        min_bytes=min_bytes,
+        fsdp=fsdp,
+    )
 
 
 def _patterns_of_rules(raw: Mapping[str, Any], key: str) -> frozenset:
@@ -163,14 +176,21 @@ def _patterns_of_rules(raw: Mapping[str, Any], key: str) -> frozenset:
     return frozenset(patterns)
 
 
-def _parse_rules(raw: Mapping[str, Any], origin: str, mesh: MeshConfig, optional: frozenset = frozenset(),
-                 lenient: frozenset = frozenset()) -> tuple[LayoutRule, ...]:
+def _parse_rules(
+    raw: Mapping[str, Any],
+    origin: str,
+    mesh: MeshConfig,
+    optional: frozenset = frozenset(),
+    lenient: frozenset = frozenset(),
+) -> tuple[LayoutRule, ...]:
     """The rules under key `origin` (rules or extra_rules): each a compilable regex with a list of
     mesh axes (or null), one per dimension; those in `optional` may match nothing, those in
     `lenient` may leave a dimension their axis does not divide whole (replicated over it)."""
     rules_raw = raw.get(origin) or {}
     if not isinstance(rules_raw, Mapping):
-        raise ConfigError(f"layout.{origin}", f"got {rules_raw!r}; expected a mapping of regex -> list of axes")
+        raise ConfigError(
+            f"layout.{origin}", f"got {rules_raw!r}; expected a mapping of regex -> list of axes"
+        )
     rules = []
     for pattern, axes in rules_raw.items():
         key = f"layout.{origin}.{pattern}"
@@ -179,12 +199,17 @@ def _parse_rules(raw: Mapping[str, Any], origin: str, mesh: MeshConfig, optional
         except re.error as err:
             raise ConfigError(key, f"is not a valid regular expression ({err})") from None
         if not isinstance(axes, (list, tuple)):
-            raise ConfigError(
-                key, f"got {axes!r}; expected a list with one mesh axis or null per dimension"
-            )
+            raise ConfigError(key, f"got {axes!r}; expected a list with one mesh axis or null per dimension")
         check_rule_axes(key, tuple(axes), mesh)
-        rules.append(LayoutRule(pattern=str(pattern), axes=tuple(axes), origin=origin, optional=pattern in optional,
-                                replicate_if_indivisible=pattern in lenient))
+        rules.append(
+            LayoutRule(
+                pattern=str(pattern),
+                axes=tuple(axes),
+                origin=origin,
+                optional=pattern in optional,
+                replicate_if_indivisible=pattern in lenient,
+            )
+        )
     return tuple(rules)
 
 
@@ -211,7 +236,9 @@ def parse_data(raw: Mapping[str, Any]) -> DataConfig:
     if name not in names:
         raise ConfigError("data.name", f"got {name!r}; available data sources: {one_of(names)}")
     spec = SOURCES.get(name)
-    values = parse_dataclass(spec.options, {k: v for k, v in raw.items() if k != "name"}, "data", as_kwargs=True)
+    values = parse_dataclass(
+        spec.options, {k: v for k, v in raw.items() if k != "name"}, "data", as_kwargs=True
+    )
     return DataConfig(name=name, options=spec.options(**values))
 
 
@@ -231,7 +258,9 @@ def parse_resume(value: Any) -> str | None:
     """`resume`: auto, never or the path of a checkpoint dir; None when not given."""
     if value is None or isinstance(value, str) and value.strip():
         return value
-    raise ConfigError("resume", f"got {value!r}; valid: {one_of(RESUME_MODES)} or the path of a checkpoint dir")
+    raise ConfigError(
+        "resume", f"got {value!r}; valid: {one_of(RESUME_MODES)} or the path of a checkpoint dir"
+    )
 
 
 # --- distributed --------------------------------------------------------------------------------

@@ -28,14 +28,16 @@ def check_dcn_shape(mesh: MeshConfig) -> None:
         return
     if len(dcn) != len(mesh.shape):
         raise ConfigError(
-            DCN_KEY, f"got {list(dcn)} ({len(dcn)} size{'s' if len(dcn) > 1 else ''}) for the {len(mesh.shape)}-D mesh {format_shape(mesh.shape)}; "
+            DCN_KEY,
+            f"got {list(dcn)} ({len(dcn)} size{'s' if len(dcn) > 1 else ''}) for the {len(mesh.shape)}-D mesh {format_shape(mesh.shape)}; "
             f"give one slice count per axis ({one_of(mesh.axis_names)}), e.g. mesh.dcn=[{','.join(['2'] + ['1'] * (len(mesh.shape) - 1))}]",
         )
     for name, size, slices in zip(mesh.axis_names, mesh.shape, dcn, strict=True):
         if size > 0 and size % slices:
             valid = [n for n in range(1, size + 1) if size % n == 0]
             raise ConfigError(
-                DCN_KEY, f"got {list(dcn)}: {slices} slices do not divide axis {name!r} of size {size} "
+                DCN_KEY,
+                f"got {list(dcn)}: {slices} slices do not divide axis {name!r} of size {size} "
                 f"(mesh {format_shape(mesh.shape)}); valid for that axis: {one_of(valid)}",
             )
 
@@ -46,12 +48,15 @@ def check_dcn(mesh: MeshConfig, processes: int, key: str) -> None:
     check_dcn_shape(mesh)
     if mesh.dcn is not None and math.prod(mesh.dcn) != processes:
         raise ConfigError(
-            DCN_KEY, f"got {list(mesh.dcn)}, {math.prod(mesh.dcn)} slices, but the job has {processes} "
+            DCN_KEY,
+            f"got {list(mesh.dcn)}, {math.prod(mesh.dcn)} slices, but the job has {processes} "
             f"process{'es' if processes > 1 else ''} ({key}); give slice counts whose product is {processes}, one slice per process",
         )
 
 
-def with_dcn(mesh: MeshConfig, processes: int, first: tuple[str, ...] = (), key: str = "distributed.num_processes") -> MeshConfig:
+def with_dcn(
+    mesh: MeshConfig, processes: int, first: tuple[str, ...] = (), key: str = "distributed.num_processes"
+) -> MeshConfig:
     """`mesh` (no -1 left) with its dcn filled in for a job of `processes` processes: the one given
     (checked), else the default: nothing crosses processes in a one-process job; in a job of several,
     the process count is spread over the axes in `first` (the pipeline's stage axis, whose steps send
@@ -68,7 +73,8 @@ def with_dcn(mesh: MeshConfig, processes: int, first: tuple[str, ...] = (), key:
         left //= dcn[axis]
     if left != 1:
         raise ConfigError(
-            DCN_KEY, f"mesh {format_shape(mesh.shape)} cannot be cut along its axes into {processes} equal slices, one per "
+            DCN_KEY,
+            f"mesh {format_shape(mesh.shape)} cannot be cut along its axes into {processes} equal slices, one per "
             f"process ({key}); give mesh.dcn, one slice count per axis with product {processes}, or another shape",
         )
     return dataclasses.replace(mesh, dcn=tuple(dcn[a] for a in mesh.axis_names))

@@ -36,7 +36,9 @@ def reject_unknown(raw: Mapping[str, Any], allowed, prefix: str) -> None:
             continue
         dotted = f"{prefix}.{key}" if prefix else str(key)
         valid = [f"{prefix}.{a}" if prefix else a for a in allowed]
-        raise ConfigError(dotted, f"unknown key (got {raw[key]!r}); {unknown_key_hint(dotted)}valid keys: {one_of(valid)}")
+        raise ConfigError(
+            dotted, f"unknown key (got {raw[key]!r}); {unknown_key_hint(dotted)}valid keys: {one_of(valid)}"
+        )
 
 
 def parse_dataclass(cls, raw: Mapping[str, Any], prefix: str, as_kwargs: bool = False):
@@ -62,7 +64,10 @@ def check_type(key: str, value: Any, expected: Any) -> Any:
         return check_type(key, value, inner)
     if dataclasses.is_dataclass(expected):
         if not isinstance(value, Mapping):
-            raise ConfigError(key, f"got {value!r}; expected a section with keys {one_of([f.name for f in dataclasses.fields(expected)])}")
+            raise ConfigError(
+                key,
+                f"got {value!r}; expected a section with keys {one_of([f.name for f in dataclasses.fields(expected)])}",
+            )
         return parse_dataclass(expected, value, key)
     if origin is tuple:
         if not isinstance(value, (list, tuple)):
@@ -109,7 +114,10 @@ def parse_duration(key: str, value: Any) -> float | None:
             seconds = seconds * 60 + int(part)
         return seconds
     if _DURATION_TEXT.match(text):
-        return sum(float(amount) * _DURATION_UNITS[unit] for amount, unit in re.findall(r"(\d+(?:\.\d+)?)([smhd])", text))
+        return sum(
+            float(amount) * _DURATION_UNITS[unit]
+            for amount, unit in re.findall(r"(\d+(?:\.\d+)?)([smhd])", text)
+        )
     raise ConfigError(key, f"got {value!r}; expected seconds or a duration such as 90m, 1h30m, 2h or 1:30:00")
 
 
@@ -120,8 +128,19 @@ def with_duration(raw: Mapping[str, Any], name: str, prefix: str) -> Mapping[str
     return {**raw, name: parse_duration(f"{prefix}.{name}", raw[name])}
 
 
-_SIZE_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "m": 1000**2, "mb": 1000**2, "g": 1000**3, "gb": 1000**3,
-               "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30}
+_SIZE_UNITS = {
+    "": 1,
+    "b": 1,
+    "k": 1000,
+    "kb": 1000,
+    "m": 1000**2,
+    "mb": 1000**2,
+    "g": 1000**3,
+    "gb": 1000**3,
+    "kib": 1 << 10,
+    "mib": 1 << 20,
+    "gib": 1 << 30,
+}
 _SIZE_TEXT = re.compile(r"^(\d+(?:\.\d+)?)\s*([a-z]*)$")
 
 
@@ -129,7 +148,14 @@ def parse_size(key: str, value: Any) -> int:
     """Bytes from a size written as a number of bytes or with a unit: 1MiB, 512KiB, 1.5GiB (KB, MB and GB are powers of 1000)."""
     if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
         return value
-    found = _SIZE_TEXT.match(str(value).strip().lower()) if isinstance(value, (str, float)) and not isinstance(value, bool) else None
+    found = (
+        _SIZE_TEXT.match(str(value).strip().lower())
+        if isinstance(value, (str, float)) and not isinstance(value, bool)
+        else None
+    )
     if found and found.group(2) in _SIZE_UNITS:
         return int(float(found.group(1)) * _SIZE_UNITS[found.group(2)])
-    raise ConfigError(key, f"got {value!r}; expected a size in bytes: a number, or a number with a unit such as 512KiB, 1MiB or 1.5GiB")
+    raise ConfigError(
+        key,
+        f"got {value!r}; expected a size in bytes: a number, or a number with a unit such as 512KiB, 1MiB or 1.5GiB",
+    )

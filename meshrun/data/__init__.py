@@ -29,4 +29,12 @@ def notes(data) -> list[str]:
     return list(spec.notes(data.options)) if spec.notes else []
 
 
-__all__ = ["DataContext", "Datasets", "declared_inputs", "get_source", "make_datasets", "notes", "source_names"]
+__all__ = [
+    "DataContext",
+    "Datasets",
+    "declared_inputs",
+    "get_source",
+    "make_datasets",
+    "notes",
+    "source_names",
+]

@@ -54,12 +54,19 @@ class ArraysOptions:
 
     def __post_init__(self):
         if not self.path:
-            raise ConfigError("data.path", "is required for data=arrays: a .npz file, or a .npy of features with data.labels_path")
+            raise ConfigError(
+                "data.path",
+                "is required for data=arrays: a .npz file, or a .npy of features with data.labels_path",
+            )
         if not 0.0 <= self.validation_split < 1.0:
-            raise ConfigError("data.validation_split", f"got {self.validation_split}; expected 0 <= validation_split < 1")
+            raise ConfigError(
+                "data.validation_split", f"got {self.validation_split}; expected 0 <= validation_split < 1"
+            )
         keys = [self.features_key] if isinstance(self.features_key, str) else self.features_key
         if not isinstance(keys, (list, tuple)) or not keys or not all(isinstance(k, str) and k for k in keys):
-            raise ConfigError("data.features_key", f"got {self.features_key!r}; expected a member name, or a list of them")
+            raise ConfigError(
+                "data.features_key", f"got {self.features_key!r}; expected a member name, or a list of them"
+            )
         for key in ("path", "eval_path", "labels_path", "eval_labels_path"):
             _check_suffix(f"data.{key}", getattr(self, key))
         if not is_npz(self.path) and (not isinstance(self.features_key, str) or self.sample_weight_key):
@@ -88,8 +95,11 @@ def _check_suffix(key: str, path: str | None) -> None:
         if suffix != ".npy":
             raise ConfigError(key, f"got {path!r}; expected a .npy file of labels (as np.save writes)")
     elif suffix not in (".npz", ".npy"):
-        raise ConfigError(key, f"got {path!r}; data=arrays reads .npz files (np.savez) or a .npy of features "
-                               "(np.save) with its labels in data.labels_path")
+        raise ConfigError(
+            key,
+            f"got {path!r}; data=arrays reads .npz files (np.savez) or a .npy of features "
+            "(np.save) with its labels in data.labels_path",
+        )
 
 
 class FileRows:
@@ -107,13 +117,19 @@ class FileRows:
     def __getitem__(self, index) -> np.ndarray:
         rows = np.arange(len(self))[index] if isinstance(index, slice) else np.asarray(index, dtype=np.int64)
         out = np.empty((len(rows), *self.shape[1:]), dtype=self.dtype)
-        flat = out.reshape(len(rows), -1).view(np.uint8).reshape(len(rows), self.row_bytes) if self.row_bytes else None
+        flat = (
+            out.reshape(len(rows), -1).view(np.uint8).reshape(len(rows), self.row_bytes)
+            if self.row_bytes
+            else None
+        )
         start = 0
         while start < len(rows):
             stop = start + 1
             while stop < len(rows) and rows[stop] == rows[stop - 1] + 1:
                 stop += 1
-            data = os.pread(self._fd, self.row_bytes * (stop - start), self.offset + int(rows[start]) * self.row_bytes)
+            data = os.pread(
+                self._fd, self.row_bytes * (stop - start), self.offset + int(rows[start]) * self.row_bytes
+            )
             flat[start:stop] = np.frombuffer(data, dtype=np.uint8).reshape(stop - start, self.row_bytes)
             start = stop
         return out
@@ -135,7 +151,9 @@ def open_array(path: str, path_key: str, member: str | None = None, member_key: 
         with open(file, "rb") as raw:
             shape, fortran, dtype = _read_header(raw)
             offset = raw.tell()
-        return _rows_or_whole(file, offset, dtype, shape, fortran, lambda: np.load(file, allow_pickle=False))  # a pickle would run code
+        return _rows_or_whole(
+            file, offset, dtype, shape, fortran, lambda: np.load(file, allow_pickle=False)
+        )  # a pickle would run code
     except (ValueError, OSError, EOFError, zipfile.BadZipFile) as err:
         raise ConfigError(path_key, f"cannot read {path!r} as a numpy file ({err})") from None
 
@@ -148,7 +166,9 @@ def _read_header(stream):
 
 def _rows_or_whole(file: Path, offset: int, dtype, shape, fortran: bool, read_whole):
     if fortran or np.dtype(dtype).hasobject or not shape:
-        log.warning(f"{file}: this array cannot be read row by row (Fortran order, objects or a scalar); reading it into memory")
+        log.warning(
+            f"{file}: this array cannot be read row by row (Fortran order, objects or a scalar); reading it into memory"
+        )
         return read_whole()
     return FileRows(file, offset, dtype, shape)
 
@@ -157,10 +177,14 @@ def _npz_member(file: Path, key: str, member_key: str):
     with zipfile.ZipFile(file) as archive:
         names = [n.removesuffix(".npy") for n in archive.namelist()]
         if key not in names:
-            raise ConfigError(member_key, f"got {key!r}, which is not in {str(file)!r}; keys present: {one_of(names)}")
+            raise ConfigError(
+                member_key, f"got {key!r}, which is not in {str(file)!r}; keys present: {one_of(names)}"
+            )
         info = archive.getinfo(f"{key}.npy")
         if info.compress_type != zipfile.ZIP_STORED:
-            log.warning(f"{file}: member {key!r} is compressed, so it is read into memory; save with np.savez to read it row by row")
+            log.warning(
+                f"{file}: member {key!r} is compressed, so it is read into memory; save with np.savez to read it row by row"
+            )
             with archive.open(info) as member:
                 return np.lib.format.read_array(member, allow_pickle=False)
         with archive.open(info) as member:
@@ -200,9 +224,13 @@ def _features_and_labels(path, labels_path, options: ArraysOptions, key: str):
         y = open_array(labels_path, labels_key)
     for name, column in _columns(x).items():
         if len(column) != len(y):
-            raise ConfigError(f"data.{key}", f"{path!r} has {len(column)} rows of {name or 'features'} but {len(y)} labels")
+            raise ConfigError(
+                f"data.{key}", f"{path!r} has {len(column)} rows of {name or 'features'} but {len(y)} labels"
+            )
     if weights is not None and len(weights) != len(y):
-        raise ConfigError("data.sample_weight_key", f"{path!r} has {len(weights)} sample weights but {len(y)} labels")
+        raise ConfigError(
+            "data.sample_weight_key", f"{path!r} has {len(weights)} sample weights but {len(y)} labels"
+        )
     return x, y, weights
 
 
@@ -211,7 +239,10 @@ def declared_inputs(options: ArraysOptions) -> dict:
     from meshrun.specs.model import InputSpec
 
     x = _features_and_labels(options.path, options.labels_path, options, "path")[0]
-    return {name: InputSpec(name, tuple(column.shape[1:]), np.dtype(column.dtype).name) for name, column in _columns(x).items()}
+    return {
+        name: InputSpec(name, tuple(column.shape[1:]), np.dtype(column.dtype).name)
+        for name, column in _columns(x).items()
+    }
 
 
 def _columns(x) -> dict:
@@ -225,31 +256,72 @@ def load(options: ArraysOptions, context: DataContext) -> pipeline.Datasets:
     train_rows = np.arange(len(y))
     eval_source = "training data"
     if options.eval_path:
-        eval_x, eval_y, eval_weights = _features_and_labels(options.eval_path, options.eval_labels_path, options, "eval_path")
+        eval_x, eval_y, eval_weights = _features_and_labels(
+            options.eval_path, options.eval_labels_path, options, "eval_path"
+        )
         eval_rows = np.arange(len(eval_y))
         eval_source = options.eval_path
     elif options.validation_split:
         cut = int(round(len(y) * (1 - options.validation_split)))
-        train_rows, eval_rows, eval_x, eval_y, eval_weights = train_rows[:cut], train_rows[cut:], x, y, weights
+        train_rows, eval_rows, eval_x, eval_y, eval_weights = (
+            train_rows[:cut],
+            train_rows[cut:],
+            x,
+            y,
+            weights,
+        )
         eval_source = f"last {options.validation_split:.0%} of {options.path}"
     else:
         eval_x, eval_y, eval_weights, eval_rows = x, y, weights, train_rows
-        log.warning("data=arrays without data.eval_path or data.validation_split: evaluating on the training data")
-    pipeline.check_enough(len(train_rows), context.batch_size, "data.path", f"{options.path!r} (training part)")
-    pipeline.check_enough(len(eval_rows), context.batch_size, "data.eval_path" if options.eval_path else "data.validation_split", f"the evaluation data ({eval_source})")
+        log.warning(
+            "data=arrays without data.eval_path or data.validation_split: evaluating on the training data"
+        )
+    pipeline.check_enough(
+        len(train_rows), context.batch_size, "data.path", f"{options.path!r} (training part)"
+    )
+    pipeline.check_enough(
+        len(eval_rows),
+        context.batch_size,
+        "data.eval_path" if options.eval_path else "data.validation_split",
+        f"the evaluation data ({eval_source})",
+    )
     batch, share = context.batch_size, context.share
     rows = slice(0, context.process_batch_size)
-    first = [{k: np.asarray(v[rows]) for k, v in x.items()} if isinstance(x, dict) else np.asarray(x[rows]), np.asarray(y[rows])]
+    first = [
+        {k: np.asarray(v[rows]) for k, v in x.items()} if isinstance(x, dict) else np.asarray(x[rows]),
+        np.asarray(y[rows]),
+    ]
     return pipeline.Datasets(
-        train=indexed_batches(x, y, train_rows, batch, options.shuffle, context.seed, share, endless=True, weights=weights),
-        eval=indexed_batches(eval_x, eval_y, eval_rows, batch, shuffle=False, seed=context.seed, share=share, weights=eval_weights),
+        train=indexed_batches(
+            x, y, train_rows, batch, options.shuffle, context.seed, share, endless=True, weights=weights
+        ),
+        eval=indexed_batches(
+            eval_x,
+            eval_y,
+            eval_rows,
+            batch,
+            shuffle=False,
+            seed=context.seed,
+            share=share,
+            weights=eval_weights,
+        ),
         steps_per_epoch=len(train_rows) // batch,
         sample_batch=tuple(first + ([np.asarray(weights[rows])] if weights is not None else [])),
         info={
-            "train_samples": len(train_rows), "eval_samples": len(eval_rows), "eval_source": eval_source,
+            "train_samples": len(train_rows),
+            "eval_samples": len(eval_rows),
+            "eval_source": eval_source,
             "read_by_rows": all(isinstance(column, FileRows) for column in _columns(x).values()),
         },
     )
 
 
-SPEC = register_source(SourceSpec("arrays", ArraysOptions, load, ".npy/.npz files, read a batch of rows at a time", declared_inputs=declared_inputs))
+SPEC = register_source(
+    SourceSpec(
+        "arrays",
+        ArraysOptions,
+        load,
+        ".npy/.npz files, read a batch of rows at a time",
+        declared_inputs=declared_inputs,
+    )
+)

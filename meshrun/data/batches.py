@@ -84,8 +84,17 @@ def spec_of(batch) -> Any:
     return ArraySpec((None, *batch.shape[1:]), batch.dtype)
 
 
-def indexed_batches(x, y, indices: np.ndarray, batch_size: int, shuffle: bool, seed: int, share: tuple[int, int] = (0, 1),
-                    endless: bool = False, weights=None) -> Batches:
+def indexed_batches(
+    x,
+    y,
+    indices: np.ndarray,
+    batch_size: int,
+    shuffle: bool,
+    seed: int,
+    share: tuple[int, int] = (0, 1),
+    endless: bool = False,
+    weights=None,
+) -> Batches:
     """This process's share of each global batch of rows `indices` of the arrays x (an array, a
     FileRows or a dict of them), y and the sample `weights` if given, for one pass or endless
     passes. Each pass takes the indices in its seeded order (`shuffle`) and cuts them into global
@@ -104,10 +113,14 @@ def indexed_batches(x, y, indices: np.ndarray, batch_size: int, shuffle: bool, s
 
     def assemble(values: list) -> tuple:
         features = dict(zip(names, values[: len(names)], strict=False)) if names else values[0]
-        return (features, *values[len(columns) - len(targets):])
+        return (features, *values[len(columns) - len(targets) :])
 
     def read_pass(pass_index: int, first: int) -> Iterator[tuple]:
-        ordered = indices[order.shuffled_indices(len(indices), order.seed_pair(seed, pass_index))] if shuffle else indices
+        ordered = (
+            indices[order.shuffled_indices(len(indices), order.seed_pair(seed, pass_index))]
+            if shuffle
+            else indices
+        )
         mine = ordered[: per_pass * batch_size].reshape(per_pass, share_count, size)[:, share_index]
         for start in range(first, per_pass, group):
             rows = mine[start : start + group].reshape(-1)
@@ -128,8 +141,17 @@ def _read_rows(column, rows: np.ndarray) -> np.ndarray:
     return restored
 
 
-def element_batches(make_elements: Callable[[], Iterable], batch_size: int, shuffle: bool, seed: int, buffer: int,
-                    share: tuple[int, int], per_pass: int, first_element: tuple, endless: bool = False) -> Batches:
+def element_batches(
+    make_elements: Callable[[], Iterable],
+    batch_size: int,
+    shuffle: bool,
+    seed: int,
+    buffer: int,
+    share: tuple[int, int],
+    per_pass: int,
+    first_element: tuple,
+    endless: bool = False,
+) -> Batches:
     """Batches of `batch_size` single (features, labels[, weight]) elements that each call of
     `make_elements()` yields (once per pass): this process keeps every share[1]-th element from
     share[0] on, shuffles them in a seeded buffer of `buffer` elements (the order tf.data's
@@ -162,7 +184,9 @@ def _leaf_dtypes(element):
     if isinstance(element, (np.ndarray, np.generic)):
         return element.dtype
     dtype = np.asarray(element).dtype
-    return {np.dtype(np.float64): np.dtype(np.float32), np.dtype(np.int64): np.dtype(np.int32)}.get(dtype, dtype)
+    return {np.dtype(np.float64): np.dtype(np.float32), np.dtype(np.int64): np.dtype(np.int32)}.get(
+        dtype, dtype
+    )
 
 
 def _stack(elements: list, dtypes):

@@ -58,7 +58,12 @@ def philox_blocks(key: int, counter_high: int, first_block: int, count: int) -> 
     k0, k1 = np.uint64(key & 0xFFFFFFFF), np.uint64((key >> 32) & 0xFFFFFFFF)
     for _ in range(10):
         p0, p1 = _MULTIPLIERS[0] * c0, _MULTIPLIERS[1] * c2
-        c0, c1, c2, c3 = (p1 >> np.uint64(32)) ^ c1 ^ k0, p1 & _LOW32, (p0 >> np.uint64(32)) ^ c3 ^ k1, p0 & _LOW32
+        c0, c1, c2, c3 = (
+            (p1 >> np.uint64(32)) ^ c1 ^ k0,
+            p1 & _LOW32,
+            (p0 >> np.uint64(32)) ^ c3 ^ k1,
+            p0 & _LOW32,
+        )
         k0, k1 = (k0 + _KEY_STEPS[0]) & _LOW32, (k1 + _KEY_STEPS[1]) & _LOW32
     return np.stack([c0, c1, c2, c3], axis=1).reshape(-1)
 

@@ -76,7 +76,10 @@ def _weighted(data, name: str):
 def check_enough(count: int, batch_size: int, key: str, what: str) -> None:
     """ConfigError when `count` samples do not make one global batch."""
     if count < batch_size:
-        raise ConfigError(key, f"{what} holds {counted(count, 'sample')}, fewer than one global batch (train.batch_size={batch_size})")
+        raise ConfigError(
+            key,
+            f"{what} holds {counted(count, 'sample')}, fewer than one global batch (train.batch_size={batch_size})",
+        )
 
 
 def check_fits_model(element_spec, signature, loss_name: str, input_key: str | None = None) -> None:
@@ -90,7 +93,10 @@ def check_fits_model(element_spec, signature, loss_name: str, input_key: str | N
     if isinstance(features, dict) and signature.named:
         missing = sorted(s.name for s in signature.inputs if s.name not in features)
         if missing:
-            raise ConfigError("data", f"the model's inputs {missing} are missing from the data, which has {sorted(features)}")
+            raise ConfigError(
+                "data",
+                f"the model's inputs {missing} are missing from the data, which has {sorted(features)}",
+            )
         pairs = [(f"input {s.name!r}", features[s.name], s) for s in signature.inputs]
     elif isinstance(features, dict) or signature.named:
         given = sorted(features) if isinstance(features, dict) else "one unnamed tensor"
@@ -101,19 +107,22 @@ def check_fits_model(element_spec, signature, loss_name: str, input_key: str | N
     for what, spec, expected in pairs:
         if not _fits(tuple(spec.shape[1:]), expected.shape):
             raise ConfigError(
-                "data", f"features of shape {shape_text(spec.shape[1:])} do not fit the model's {what} of shape "
-                f"{shape_text(expected.shape)}{_input_fix(input_key, tuple(spec.shape[1:]))}"
+                "data",
+                f"features of shape {shape_text(spec.shape[1:])} do not fit the model's {what} of shape "
+                f"{shape_text(expected.shape)}{_input_fix(input_key, tuple(spec.shape[1:]))}",
             )
         if _kind(spec.dtype.name) != _kind(expected.dtype):
             raise ConfigError(
-                "data", f"features of dtype {spec.dtype.name} do not fit the model's {what} of dtype {expected.dtype}"
+                "data",
+                f"features of dtype {spec.dtype.name} do not fit the model's {what} of dtype {expected.dtype}",
             )
     if len(signature.outputs) == 1:
         _check_labels(labels, signature.outputs[0].shape, loss_name)
     if weights and tuple(weights[0].shape[1:]) not in ((), tuple(labels.shape[1:])):
         raise ConfigError(
-            "data", f"sample weights of shape {shape_text(weights[0].shape[1:])} do not fit labels of shape {shape_text(labels.shape[1:])}: "
-            "give one weight per sample or one per label"
+            "data",
+            f"sample weights of shape {shape_text(weights[0].shape[1:])} do not fit labels of shape {shape_text(labels.shape[1:])}: "
+            "give one weight per sample or one per label",
         )
 
 
@@ -128,7 +137,9 @@ def _input_fix(input_key: str | None, shape: tuple) -> str:
 
 def _fits(shape: tuple, expected: tuple) -> bool:
     """Whether a shape fits an expected one in which None stands for any size."""
-    return len(shape) == len(expected) and all(e is None or s is None or s == e for s, e in zip(shape, expected, strict=True))
+    return len(shape) == len(expected) and all(
+        e is None or s is None or s == e for s, e in zip(shape, expected, strict=True)
+    )
 
 
 def _check_labels(labels, output: tuple, loss_name: str) -> None:
@@ -142,15 +153,23 @@ def _check_labels(labels, output: tuple, loss_name: str) -> None:
             "data",
             f"labels of shape {shape_text(shape)} do not fit the loss {loss_name} on the model's output of shape "
             f"{shape_text(output)}; it expects labels of shape {shape_text(expected)}"
-            + (" (class indices)" if sparse else "") + _loss_fix(labels, shape, output, sparse),
+            + (" (class indices)" if sparse else "")
+            + _loss_fix(labels, shape, output, sparse),
         )
     if sparse and _kind(labels.dtype.name) != "int":
-        raise ConfigError("data", f"labels of dtype {labels.dtype.name} do not fit the loss {loss_name}: it expects integer class indices")
+        raise ConfigError(
+            "data",
+            f"labels of dtype {labels.dtype.name} do not fit the loss {loss_name}: it expects integer class indices",
+        )
 
 
 def _loss_fix(labels, shape: tuple, output: tuple, sparse: bool) -> str:
     """The loss that would fit: class indices want a sparse cross-entropy, one-hot rows a dense one."""
-    if not sparse and _kind(labels.dtype.name) == "int" and (_fits(shape, output[:-1]) or _fits(shape, output[:-1] + (1,))):
+    if (
+        not sparse
+        and _kind(labels.dtype.name) == "int"
+        and (_fits(shape, output[:-1]) or _fits(shape, output[:-1] + (1,)))
+    ):
         return "; for integer class labels set train.loss=sparse_categorical_crossentropy"
     if sparse and _fits(shape, output):
         return "; for one-hot labels set train.loss=categorical_crossentropy"

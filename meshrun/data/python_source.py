@@ -39,7 +39,9 @@ class PythonOptions:
     def __post_init__(self):
         user_code.check_reference("data.factory", self.factory, "mypackage.data:make_dataset")
         if self.shuffle_buffer <= 0:
-            raise ConfigError("data.shuffle_buffer", f"got {self.shuffle_buffer}; expected a positive integer")
+            raise ConfigError(
+                "data.shuffle_buffer", f"got {self.shuffle_buffer}; expected a positive integer"
+            )
 
 
 @dataclass(frozen=True)
@@ -64,7 +66,9 @@ def make_split(options: PythonOptions, split: str, context: DataContext, size: i
 
     def call():
         described = f"{options.factory}(split={split!r})"
-        return user_code.call("data.factory", described, function, split=split, seed=context.seed, **options.kwargs)
+        return user_code.call(
+            "data.factory", described, function, split=split, seed=context.seed, **options.kwargs
+        )
 
     made = call()
     if tf_data.is_dataset(made):
@@ -89,25 +93,50 @@ def _first_element(made, factory: str, split: str) -> tuple:
     return first
 
 
-def _batches(made: Split, context: DataContext, shuffle: bool, buffer: int, endless: bool = False, cap: int | None = None):
+def _batches(
+    made: Split,
+    context: DataContext,
+    shuffle: bool,
+    buffer: int,
+    endless: bool = False,
+    cap: int | None = None,
+):
     """This process's batches of its elements of `made` (every shard_count-th): seeded shuffle in
     `buffer` elements, remainder dropped; at most `cap` batches a pass where given."""
     batch, share = context.process_batch_size, context.share
     if made.dataset is not None:
-        batches = tf_data.element_batches(made.dataset.shard(share[1], share[0]), batch, shuffle, context.seed, buffer, endless=endless)
+        batches = tf_data.element_batches(
+            made.dataset.shard(share[1], share[0]), batch, shuffle, context.seed, buffer, endless=endless
+        )
         return tf_data.exactly(batches, cap) if cap is not None else batches
     per_pass = len(range(share[0], made.count, share[1])) // batch
-    return element_batches(made.make, batch, shuffle, context.seed, buffer, share, min(per_pass, cap if cap is not None else per_pass),
-                           made.first, endless=endless)
+    return element_batches(
+        made.make,
+        batch,
+        shuffle,
+        context.seed,
+        buffer,
+        share,
+        min(per_pass, cap if cap is not None else per_pass),
+        made.first,
+        endless=endless,
+    )
 
 
 def load(options: PythonOptions, context: DataContext) -> pipeline.Datasets:
     """Calls the factory for both splits, then shards, shuffles and batches what it returns."""
     train = make_split(options, "train", context, options.num_samples)
     evaluation = make_split(options, "eval", context, options.eval_samples)
-    _require_sizes({"train": ("data.num_samples", train.count), "eval": ("data.eval_samples", evaluation.count)}, options.factory)
-    pipeline.check_enough(train.count, context.batch_size, "data.num_samples", f"the train dataset from {options.factory}")
-    pipeline.check_enough(evaluation.count, context.batch_size, "data.eval_samples", f"the eval dataset from {options.factory}")
+    _require_sizes(
+        {"train": ("data.num_samples", train.count), "eval": ("data.eval_samples", evaluation.count)},
+        options.factory,
+    )
+    pipeline.check_enough(
+        train.count, context.batch_size, "data.num_samples", f"the train dataset from {options.factory}"
+    )
+    pipeline.check_enough(
+        evaluation.count, context.batch_size, "data.eval_samples", f"the eval dataset from {options.factory}"
+    )
     # Each process reads only its own elements (every shard_count-th), so a global batch holds
     # the same number of samples as with one process, but not the same ones.
     train_batches = _batches(train, context, options.shuffle, options.shuffle_buffer, endless=True)
@@ -134,11 +163,17 @@ def _require_sizes(splits: dict, factory: str) -> None:
     missing = {split: key for split, (key, count) in splits.items() if count is None}
     if len(missing) == 2:
         keys = list(missing.values())
-        raise ConfigError(", ".join(keys), f"are required: the train and eval datasets from {factory} do not know their size; "
-                                           f"set both to the samples each yields ({keys[0]}=N {keys[1]}=M), {SIZE_HINT}")
+        raise ConfigError(
+            ", ".join(keys),
+            f"are required: the train and eval datasets from {factory} do not know their size; "
+            f"set both to the samples each yields ({keys[0]}=N {keys[1]}=M), {SIZE_HINT}",
+        )
     for split, key in missing.items():
-        raise ConfigError(key, f"is required: the {split} dataset from {factory} does not know its size; "
-                               f"set {key}=N, the samples it yields, {SIZE_HINT}")
+        raise ConfigError(
+            key,
+            f"is required: the {split} dataset from {factory} does not know its size; "
+            f"set {key}=N, the samples it yields, {SIZE_HINT}",
+        )
 
 
 SPEC = register_source(SourceSpec("python", PythonOptions, load, "a dataset from the user's module:function"))

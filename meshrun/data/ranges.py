@@ -39,9 +39,16 @@ def limits(signature, loss_function: str, language_model: bool, source: str) -> 
     width = signature.outputs[0].shape[-1] if signature is not None and signature.outputs else None
     sparse = "sparse_categorical" in loss_function and isinstance(width, int) and width > 1
     names = [s.name for s in signature.inputs] if signature is not None else []
-    token_input = next((n for n in TOKEN_INPUT_NAMES if n in names), None) if language_model and sparse else None
+    token_input = (
+        next((n for n in TOKEN_INPUT_NAMES if n in names), None) if language_model and sparse else None
+    )
     found = language_model and sparse and (token_input is not None or names == [None])
-    return Limits(token_input=token_input, vocabulary=width if found else None, classes=width if sparse else None, source=source)
+    return Limits(
+        token_input=token_input,
+        vocabulary=width if found else None,
+        classes=width if sparse else None,
+        source=source,
+    )
 
 
 def check_batch(batch: tuple, limits: Limits) -> None:
@@ -49,13 +56,28 @@ def check_batch(batch: tuple, limits: Limits) -> None:
     features, labels = batch[0], batch[1]
     if limits.vocabulary is not None:
         ids = features[limits.token_input] if isinstance(features, dict) else features
-        _check(np.asarray(ids), limits.vocabulary, "token ids", "the model's vocabulary holds {} ids", limits.source,
-               "tokenize with the model's own tokenizer, or give a model whose vocabulary covers them")
+        _check(
+            np.asarray(ids),
+            limits.vocabulary,
+            "token ids",
+            "the model's vocabulary holds {} ids",
+            limits.source,
+            "tokenize with the model's own tokenizer, or give a model whose vocabulary covers them",
+        )
     if limits.classes is not None:
         what = "label token ids" if limits.vocabulary is not None else "class labels"
-        _check(np.asarray(labels), limits.classes, what, "the model's output has {} classes" if limits.vocabulary is None else "the model's vocabulary holds {} ids",
-               limits.source, "give a model with as many outputs as there are classes (model.num_classes), or relabel them from 0"
-               if limits.vocabulary is None else "tokenize with the model's own tokenizer")
+        _check(
+            np.asarray(labels),
+            limits.classes,
+            what,
+            "the model's output has {} classes"
+            if limits.vocabulary is None
+            else "the model's vocabulary holds {} ids",
+            limits.source,
+            "give a model with as many outputs as there are classes (model.num_classes), or relabel them from 0"
+            if limits.vocabulary is None
+            else "tokenize with the model's own tokenizer",
+        )
 
 
 def _check(values: np.ndarray, limit: int, what: str, holds: str, source: str, fix: str) -> None:
@@ -64,7 +86,9 @@ def _check(values: np.ndarray, limit: int, what: str, holds: str, source: str, f
     largest, smallest = int(values.max()), int(values.min())
     if largest >= limit or smallest < 0:
         bad = f"reach {largest}" if largest >= limit else f"go down to {smallest}"
-        raise ConfigError("data", f"data={source}: {what} {bad}, but {holds.format(limit)} (valid: 0 to {limit - 1}); {fix}")
+        raise ConfigError(
+            "data", f"data={source}: {what} {bad}, but {holds.format(limit)} (valid: 0 to {limit - 1}); {fix}"
+        )
 
 
 def checked(data, limits: Limits):

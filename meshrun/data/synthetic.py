@@ -62,7 +62,9 @@ def images(context: DataContext, count: int, seed: int):
     train and eval) under as much random-normal noise; integer class labels."""
     options = context.model_options
     rng = np.random.default_rng(seed)
-    patterns = np.random.default_rng(0).standard_normal((options.num_classes, *options.input_shape), dtype=np.float32)
+    patterns = np.random.default_rng(0).standard_normal(
+        (options.num_classes, *options.input_shape), dtype=np.float32
+    )
     y = rng.integers(0, options.num_classes, size=count).astype(np.int32)
     x = patterns[y] + rng.standard_normal((count, *options.input_shape), dtype=np.float32)
     return x, y
@@ -124,7 +126,10 @@ def shaped(context: DataContext, count: int, seed: int):
     a binary one, random normal otherwise. Nothing to learn: a smoke run, before real data."""
     signature = context.signature
     if len(signature.outputs) != 1:
-        raise ConfigError("data", f"data=synthetic makes labels for a model with one output; this one has {len(signature.outputs)}: use data=arrays, tfrecord or python")
+        raise ConfigError(
+            "data",
+            f"data=synthetic makes labels for a model with one output; this one has {len(signature.outputs)}: use data=arrays, tfrecord or python",
+        )
     rng = np.random.default_rng(seed)
     features = {spec.name: _random(rng, spec, count) for spec in signature.inputs}
     output = signature.outputs[0]
@@ -132,7 +137,9 @@ def shaped(context: DataContext, count: int, seed: int):
     if "sparse" in context.loss:
         labels = rng.integers(0, output.shape[-1], size=(count, *output.shape[:-1])).astype(np.int32)
     elif "categorical" in context.loss:
-        labels = np.eye(output.shape[-1], dtype=np.float32)[rng.integers(0, output.shape[-1], size=(count, *output.shape[:-1]))]
+        labels = np.eye(output.shape[-1], dtype=np.float32)[
+            rng.integers(0, output.shape[-1], size=(count, *output.shape[:-1]))
+        ]
     elif "binary" in context.loss or "hinge" in context.loss:
         labels = rng.integers(0, 2, size=(count, *output.shape)).astype(np.float32)
     else:
@@ -145,27 +152,46 @@ def _random(rng, spec, count: int) -> np.ndarray:
     shape = (count, *spec.shape)
     if spec.dtype.startswith(("int", "uint")) or spec.dtype == "bool":
         return rng.integers(0, 2, size=shape).astype(spec.dtype)
-    return rng.standard_normal(shape).astype(np.float32 if spec.dtype in ("bfloat16", "float16") else spec.dtype)
+    return rng.standard_normal(shape).astype(
+        np.float32 if spec.dtype in ("bfloat16", "float16") else spec.dtype
+    )
 
 
 def _check_sized(spec, what: str) -> None:
     if None in spec.shape:
         raise ConfigError(
-            "data", f"data=synthetic cannot size the model's {what} of shape {shape_text(spec.shape)}: give model.input_shape with every size, or use real data"
+            "data",
+            f"data=synthetic cannot size the model's {what} of shape {shape_text(spec.shape)}: give model.input_shape with every size, or use real data",
         )
 
 
-FAMILIES = {"regression": regression, "images": images, "tokens": tokens, "id_pairs": id_pairs, "classes": classes,
-            "padded_tokens": padded_tokens, "shaped": shaped}
+FAMILIES = {
+    "regression": regression,
+    "images": images,
+    "tokens": tokens,
+    "id_pairs": id_pairs,
+    "classes": classes,
+    "padded_tokens": padded_tokens,
+    "shaped": shaped,
+}
 
 
-def batched(columns: tuple, batch_size: int, shuffle: bool, seed: int, share: tuple[int, int] = (0, 1), endless: bool = False):
+def batched(
+    columns: tuple,
+    batch_size: int,
+    shuffle: bool,
+    seed: int,
+    share: tuple[int, int] = (0, 1),
+    endless: bool = False,
+):
     """This process's share of full global batches of in-memory arrays (features, labels[, sample
     weights]), remainder dropped, one pass or endless, optionally shuffled each pass in a seeded
     order."""
     x, y, *weights = columns
     rows = np.arange(len(y))
-    return indexed_batches(x, y, rows, batch_size, shuffle, seed, share, endless=endless, weights=weights[0] if weights else None)
+    return indexed_batches(
+        x, y, rows, batch_size, shuffle, seed, share, endless=endless, weights=weights[0] if weights else None
+    )
 
 
 def load(options: SyntheticOptions, context: DataContext) -> pipeline.Datasets:
@@ -173,7 +199,10 @@ def load(options: SyntheticOptions, context: DataContext) -> pipeline.Datasets:
     family = context.model.data
     if options.task == "classes":
         if not all(hasattr(context.model_options, a) for a in ("input_shape", "num_classes")):
-            raise ConfigError("data.task", f"got 'classes', which needs a model with input_shape and num_classes, not {context.model.name}")
+            raise ConfigError(
+                "data.task",
+                f"got 'classes', which needs a model with input_shape and num_classes, not {context.model.name}",
+            )
         family = "classes"
     generate = FAMILIES[family]  # sizes against the batch are checked with the config (meshrun.config.checks)
     train = generate(context, options.num_samples, seed=context.seed)

@@ -67,25 +67,49 @@ class TextOptions:
         object.__setattr__(self, "files", _patterns(self.files, "data.files"))
         object.__setattr__(self, "eval_files", _patterns(self.eval_files, "data.eval_files"))
         if not self.files:
-            raise ConfigError("data.files", "is required for data=text: .txt or .jsonl files (paths or globs), e.g. 'data.files=[data/*.jsonl]'")
+            raise ConfigError(
+                "data.files",
+                "is required for data=text: .txt or .jsonl files (paths or globs), e.g. 'data.files=[data/*.jsonl]'",
+            )
         if (self.prompt is None) != (self.completion is None):
-            given, missing = ("data.prompt", "data.completion") if self.completion is None else ("data.completion", "data.prompt")
-            raise ConfigError(missing, f"is required with {given}: instruction data needs both templates, e.g. "
-                                       "data.prompt='Instruction: {instruction} Response: ' data.completion='{response}'")
+            given, missing = (
+                ("data.prompt", "data.completion")
+                if self.completion is None
+                else ("data.completion", "data.prompt")
+            )
+            raise ConfigError(
+                missing,
+                f"is required with {given}: instruction data needs both templates, e.g. "
+                "data.prompt='Instruction: {instruction} Response: ' data.completion='{response}'",
+            )
         if not 0.0 <= self.eval_fraction < 1.0:
-            raise ConfigError("data.eval_fraction", f"got {self.eval_fraction}; expected 0 <= eval_fraction < 1")
+            raise ConfigError(
+                "data.eval_fraction", f"got {self.eval_fraction}; expected 0 <= eval_fraction < 1"
+            )
         if self.eval_fraction and self.eval_files:
-            raise ConfigError("data.eval_fraction", f"got {self.eval_fraction} with data.eval_files; held-out text comes from one of them")
+            raise ConfigError(
+                "data.eval_fraction",
+                f"got {self.eval_fraction} with data.eval_files; held-out text comes from one of them",
+            )
         if self.too_long not in examples.TOO_LONG:
             raise ConfigError("data.too_long", f"got {self.too_long!r}; valid: {one_of(examples.TOO_LONG)}")
         if self.separator is not None:  # the command line cannot carry a newline: \n, \t and \r mean them
-            object.__setattr__(self, "separator", self.separator.replace("\\n", "\n").replace("\\t", "\t").replace("\\r", "\r"))
+            object.__setattr__(
+                self,
+                "separator",
+                self.separator.replace("\\n", "\n").replace("\\t", "\t").replace("\\r", "\r"),
+            )
         if self.separator == "":
-            raise ConfigError("data.separator", "got an empty string; give the text between documents (e.g. '\\n\\n') or null (a file is one document)")
+            raise ConfigError(
+                "data.separator",
+                "got an empty string; give the text between documents (e.g. '\\n\\n') or null (a file is one document)",
+            )
 
     @property
     def format(self) -> corpus.CorpusFormat:
-        return corpus.CorpusFormat(separator=self.separator, field=self.field, prompt=self.prompt, completion=self.completion)
+        return corpus.CorpusFormat(
+            separator=self.separator, field=self.field, prompt=self.prompt, completion=self.completion
+        )
 
     @property
     def packs(self) -> bool:
@@ -124,31 +148,61 @@ def load(options: TextOptions, context: DataContext) -> pipeline.Datasets:
     eval_source = meta["eval_source"]
     if evaluation is None:
         evaluation = train
-        log.warning("data=text without data.eval_files or data.eval_fraction: evaluating on the training text (the perplexity is not held-out)")
+        log.warning(
+            "data=text without data.eval_files or data.eval_fraction: evaluating on the training text (the perplexity is not held-out)"
+        )
     train_rows, eval_rows = len(train[1]), len(evaluation[1])
-    pipeline.check_enough(train_rows, context.batch_size, "data.files", f"the training text ({counted(train_rows, 'row')} of {seq_len + 1} tokens)")
-    pipeline.check_enough(eval_rows, context.batch_size, "data.eval_files" if options.eval_files else "data.eval_fraction",
-                          f"the held-out text ({eval_source}: {counted(eval_rows, 'row')})")
-    spec = ({"token_ids": ArraySpec((None, seq_len), np.dtype(np.int32)), "padding_mask": ArraySpec((None, seq_len), np.dtype(np.int32))},
-            ArraySpec((None, seq_len), np.dtype(np.int32)), ArraySpec((None, seq_len), np.dtype(np.float32)))
+    pipeline.check_enough(
+        train_rows,
+        context.batch_size,
+        "data.files",
+        f"the training text ({counted(train_rows, 'row')} of {seq_len + 1} tokens)",
+    )
+    pipeline.check_enough(
+        eval_rows,
+        context.batch_size,
+        "data.eval_files" if options.eval_files else "data.eval_fraction",
+        f"the held-out text ({eval_source}: {counted(eval_rows, 'row')})",
+    )
+    spec = (
+        {
+            "token_ids": ArraySpec((None, seq_len), np.dtype(np.int32)),
+            "padding_mask": ArraySpec((None, seq_len), np.dtype(np.int32)),
+        },
+        ArraySpec((None, seq_len), np.dtype(np.int32)),
+        ArraySpec((None, seq_len), np.dtype(np.float32)),
+    )
 
     def batches(columns, shuffle: bool, endless: bool):
         features, weights = columns
         rows = np.arange(len(weights))
-        made = indexed_batches(features, weights, rows, context.batch_size, shuffle, context.seed, context.share, endless=endless)
+        made = indexed_batches(
+            features, weights, rows, context.batch_size, shuffle, context.seed, context.share, endless=endless
+        )
         return made.map(examples.model_batch, spec)
 
-    first = examples.model_batch(({k: np.asarray(v[: context.process_batch_size]) for k, v in train[0].items()},
-                                  np.asarray(train[1][: context.process_batch_size])))
+    first = examples.model_batch(
+        (
+            {k: np.asarray(v[: context.process_batch_size]) for k, v in train[0].items()},
+            np.asarray(train[1][: context.process_batch_size]),
+        )
+    )
     return pipeline.Datasets(
         train=batches(train, options.shuffle, endless=True),
         eval=batches(evaluation, shuffle=False, endless=False),
         steps_per_epoch=train_rows // context.batch_size,
         sample_batch=first,
         info={
-            "tokens": meta["train"]["trained_tokens"], "cache": "hit" if tokenized.hit else "miss", "cache_entry": str(meta["dir"]),
-            "tokenizer": tokenizer.description, "packed": options.packs, "padding_fraction": meta["train"]["padding_fraction"],
-            "train_examples": meta["train"]["examples"], "train_rows": train_rows, "eval_rows": eval_rows, "eval_source": eval_source,
+            "tokens": meta["train"]["trained_tokens"],
+            "cache": "hit" if tokenized.hit else "miss",
+            "cache_entry": str(meta["dir"]),
+            "tokenizer": tokenizer.description,
+            "packed": options.packs,
+            "padding_fraction": meta["train"]["padding_fraction"],
+            "train_examples": meta["train"]["examples"],
+            "train_rows": train_rows,
+            "eval_rows": eval_rows,
+            "eval_source": eval_source,
             "dropped_too_long": meta["train"]["dropped"] + meta.get("eval", {}).get("dropped", 0),
         },
     )
@@ -160,7 +214,10 @@ def _model_shape(context: DataContext) -> tuple[int, int]:
     signature = context.signature
     names = tuple(sorted(s.name or "" for s in signature.inputs)) if signature is not None else ()
     if names != TOKEN_INPUTS:
-        raise ConfigError("data", f"data=text feeds causal LMs taking token_ids and padding_mask (model=keras_hub), not {context.model.name}")
+        raise ConfigError(
+            "data",
+            f"data=text feeds causal LMs taking token_ids and padding_mask (model=keras_hub), not {context.model.name}",
+        )
     return int(signature.inputs[0].shape[0]), int(signature.outputs[0].shape[-1])
 
 
@@ -169,7 +226,9 @@ def _tokenizer(options: TextOptions, context: DataContext, vocabulary: int):
     cache); one with more ids than the model has is a ConfigError."""
     from meshrun.text.tokenizer import check_fits_vocabulary, load_tokenizer, tokenizer_source
 
-    source, key = tokenizer_source(options.tokenizer, getattr(context.model_options, "preset", None), "data.tokenizer")
+    source, key = tokenizer_source(
+        options.tokenizer, getattr(context.model_options, "preset", None), "data.tokenizer"
+    )
     tokenizer = load_tokenizer(source, key, options.cache_dir, context.shared_caches)
     check_fits_vocabulary(tokenizer, source, key, vocabulary)
     return tokenizer
@@ -180,25 +239,45 @@ def framing_for(options: TextOptions, tokenizer) -> examples.Framing:
     if options.end_token is not None:
         end = tokenizer.token_id(options.end_token)
         if end is None:
-            raise ConfigError("data.end_token", f"got {options.end_token!r}, which {tokenizer.description} does not have; null takes its own end token")
+            raise ConfigError(
+                "data.end_token",
+                f"got {options.end_token!r}, which {tokenizer.description} does not have; null takes its own end token",
+            )
     else:
         end = tokenizer.end_id
         if end is None:
-            raise ConfigError("data.end_token", f"is required: {tokenizer.description} names no end token; give the token that ends a text")
-    return examples.Framing(start=tokenizer.start_id, end=int(end), pad=int(tokenizer.pad_id if tokenizer.pad_id is not None else end))
+            raise ConfigError(
+                "data.end_token",
+                f"is required: {tokenizer.description} names no end token; give the token that ends a text",
+            )
+    return examples.Framing(
+        start=tokenizer.start_id,
+        end=int(end),
+        pad=int(tokenizer.pad_id if tokenizer.pad_id is not None else end),
+    )
 
 
-def tokenize_cached(options: TextOptions, tokenizer, framing: examples.Framing, seq_len: int, shared: bool = False) -> Tokenized:
+def tokenize_cached(
+    options: TextOptions, tokenizer, framing: examples.Framing, seq_len: int, shared: bool = False
+) -> Tokenized:
     """The corpus's token rows from the cache, tokenized and written there first on a miss; the
     cache dir must be writable by its owner alone (by its group too when `shared`)."""
     files = corpus.expand(options.files, "data.files")
     eval_files = corpus.expand(options.eval_files, "data.eval_files")
     settings = {
-        "files": [str(f) for f in files], "eval_files": [str(f) for f in eval_files], "eval_fraction": options.eval_fraction,
-        "format": vars(options.format), "packing": options.packs, "too_long": options.too_long, "seq_len": seq_len,
-        "framing": vars(framing), "tokenizer": tokenizer.fingerprint,
+        "files": [str(f) for f in files],
+        "eval_files": [str(f) for f in eval_files],
+        "eval_fraction": options.eval_fraction,
+        "format": vars(options.format),
+        "packing": options.packs,
+        "too_long": options.too_long,
+        "seq_len": seq_len,
+        "framing": vars(framing),
+        "tokenizer": tokenizer.fingerprint,
     }
-    root = private_dir(cache.root(options.cache_dir), "data.cache_dir", shared, what="the tokens a run trains on")
+    root = private_dir(
+        cache.root(options.cache_dir), "data.cache_dir", shared, what="the tokens a run trains on"
+    )
     directory = root / cache.key(settings, files + eval_files)
     meta = cache.find(directory)
     hit = meta is not None
@@ -208,12 +287,19 @@ def tokenize_cached(options: TextOptions, tokenizer, framing: examples.Framing, 
         meta = cache.find(directory)
     else:
         count = len(files + eval_files)
-        log.info(f"tokens of the {count} file{'s' if count > 1 else ''} read from the token cache {directory}")
-    arrays = {name.removesuffix(".npy"): open_array(str(directory / name), "data.cache_dir") for name in meta["arrays"]}
+        log.info(
+            f"tokens of the {count} file{'s' if count > 1 else ''} read from the token cache {directory}"
+        )
+    arrays = {
+        name.removesuffix(".npy"): open_array(str(directory / name), "data.cache_dir")
+        for name in meta["arrays"]
+    }
     return Tokenized(arrays, {**meta, "dir": directory}, hit)
 
 
-def _tokenize(options: TextOptions, tokenizer, framing: examples.Framing, seq_len: int, files, eval_files) -> tuple[dict, dict]:
+def _tokenize(
+    options: TextOptions, tokenizer, framing: examples.Framing, seq_len: int, files, eval_files
+) -> tuple[dict, dict]:
     """Reads and tokenizes the corpus into train (and eval) rows; returns the arrays and their metadata."""
     started = time.perf_counter()
     with collection_paused():
@@ -234,7 +320,15 @@ def collection_paused():
             gc.enable()
 
 
-def _tokenize_all(options: TextOptions, tokenizer, framing: examples.Framing, seq_len: int, files, eval_files, started: float) -> tuple[dict, dict]:
+def _tokenize_all(
+    options: TextOptions,
+    tokenizer,
+    framing: examples.Framing,
+    seq_len: int,
+    files,
+    eval_files,
+    started: float,
+) -> tuple[dict, dict]:
     train = corpus.read_examples(files, options.format, "data.files")
     held_out = corpus.read_examples(eval_files, options.format, "data.eval_files") if eval_files else []
     source = f"{one_of([str(f) for f in eval_files])}" if eval_files else None
@@ -248,41 +342,63 @@ def _tokenize_all(options: TextOptions, tokenizer, framing: examples.Framing, se
             parts["eval"] = _rows(held_out, tokenizer, framing, seq_len, options, advance)
     arrays, meta = {}, {"eval_source": source, "tokenizer": tokenizer.description}
     for part, rows in parts.items():
-        arrays.update({f"{part}_tokens": rows.tokens, f"{part}_lengths": rows.lengths, f"{part}_weights": rows.weights})
-        meta[part] = {"examples": len(train if part == "train" else held_out), "rows": len(rows.lengths), "trained_tokens": rows.trained_tokens,
-                      "padding_fraction": round(rows.padding_fraction, 6), "dropped": rows.dropped}
+        arrays.update(
+            {f"{part}_tokens": rows.tokens, f"{part}_lengths": rows.lengths, f"{part}_weights": rows.weights}
+        )
+        meta[part] = {
+            "examples": len(train if part == "train" else held_out),
+            "rows": len(rows.lengths),
+            "trained_tokens": rows.trained_tokens,
+            "padding_fraction": round(rows.padding_fraction, 6),
+            "dropped": rows.dropped,
+        }
         if rows.dropped:
             _warn_dropped(rows, f"{part} example", meta[part]["examples"], seq_len)
     seconds = time.perf_counter() - started
-    log.info(f"tokenized {format_bytes(total_bytes)} of text into {meta['train']['trained_tokens']:,} training tokens in {seconds:.1f} s "
-             f"({format_bytes(int(total_bytes / max(seconds, 1e-9)))}/s, {tokenizer.description})")
+    log.info(
+        f"tokenized {format_bytes(total_bytes)} of text into {meta['train']['trained_tokens']:,} training tokens in {seconds:.1f} s "
+        f"({format_bytes(int(total_bytes / max(seconds, 1e-9)))}/s, {tokenizer.description})"
+    )
     return arrays, meta
 
 
 def _warn_dropped(rows: examples.Rows, noun: str, count: int, seq_len: int) -> None:
     """Says how many of `count` examples (`noun`: what they are) were too long for a row and left out."""
     one = rows.dropped == 1
-    log.warning(f"data.too_long=drop: {rows.dropped:,} of the {counted(count, noun)} {'makes' if one else 'make'} more than "
-                f"model.seq_len + 1 = {seq_len + 1} tokens and {'was' if one else 'were'} left out (the first: {rows.first_dropped}); "
-                f"raise model.seq_len to keep {'it' if one else 'them'}")
+    log.warning(
+        f"data.too_long=drop: {rows.dropped:,} of the {counted(count, noun)} {'makes' if one else 'make'} more than "
+        f"model.seq_len + 1 = {seq_len + 1} tokens and {'was' if one else 'were'} left out (the first: {rows.first_dropped}); "
+        f"raise model.seq_len to keep {'it' if one else 'them'}"
+    )
 
 
 def _hold_out(items: list, fraction: float) -> tuple[list, list]:
     """`items` split into kept and held-out ones: a seeded choice of `fraction` of them (at least one), in file order."""
     count = max(1, int(round(len(items) * fraction)))
-    chosen = set(np.random.default_rng(EVAL_SPLIT_SEED).choice(len(items), size=min(count, len(items) - 1), replace=False).tolist())
-    return [e for i, e in enumerate(items) if i not in chosen], [e for i, e in enumerate(items) if i in chosen]
+    chosen = set(
+        np.random.default_rng(EVAL_SPLIT_SEED)
+        .choice(len(items), size=min(count, len(items) - 1), replace=False)
+        .tolist()
+    )
+    return [e for i, e in enumerate(items) if i not in chosen], [
+        e for i, e in enumerate(items) if i in chosen
+    ]
 
 
 def _rows(items: list, tokenizer, framing, seq_len: int, options: TextOptions, advance) -> examples.Rows:
     texts = examples.encode_all(tokenizer.encode_ragged, [e.text for e in items], advance)
     prompts = None
     if options.prompt is not None:
-        prompts = examples.framed_prompts(framing, examples.encode_all(tokenizer.encode_ragged, [e.prompt for e in items], advance))
+        prompts = examples.framed_prompts(
+            framing, examples.encode_all(tokenizer.encode_ragged, [e.prompt for e in items], advance)
+        )
     rows = examples.to_rows(items, prompts, texts, framing, seq_len, options.packs, options.too_long)
     if not len(rows.lengths):
-        raise ConfigError("data.files", f"the text makes no row of model.seq_len + 1 = {seq_len + 1} tokens "
-                                        f"({counted(len(items), 'example')}{_too_long(rows.dropped, len(items))})")
+        raise ConfigError(
+            "data.files",
+            f"the text makes no row of model.seq_len + 1 = {seq_len + 1} tokens "
+            f"({counted(len(items), 'example')}{_too_long(rows.dropped, len(items))})",
+        )
     return rows
 
 
@@ -312,7 +428,14 @@ class TokenizingProgress:
                 TransferSpeedColumn,
             )
 
-            self.bar = Progress(TextColumn("tokenizing"), BarColumn(), DownloadColumn(), TransferSpeedColumn(), TimeRemainingColumn(), transient=True)
+            self.bar = Progress(
+                TextColumn("tokenizing"),
+                BarColumn(),
+                DownloadColumn(),
+                TransferSpeedColumn(),
+                TimeRemainingColumn(),
+                transient=True,
+            )
             self.bar.start()
             self.task = self.bar.add_task("tokenizing", total=self.total)
         return self.advance
@@ -330,17 +453,31 @@ def _split(arrays: dict, part: str) -> tuple | None:
     """({tokens, lengths}, weights) of part `part` of the cached arrays (None: the entry has none)."""
     if f"{part}_tokens" not in arrays:
         return None
-    return {"tokens": arrays[f"{part}_tokens"], "lengths": arrays[f"{part}_lengths"]}, arrays[f"{part}_weights"]
+    return {"tokens": arrays[f"{part}_tokens"], "lengths": arrays[f"{part}_lengths"]}, arrays[
+        f"{part}_weights"
+    ]
 
 
 def notes(options: TextOptions) -> list[str]:
     """What packing (or not) means for attention, as `meshrun plan` says it."""
     if options.packs:
-        return ["data=text packs examples (data.packing=true): they are joined with the end token and cut into rows of model.seq_len + 1 "
-                "tokens, no padding; KerasHub's causal LMs take no segment ids, so an example attends to the ones before it in its row "
-                "(data.packing=false: one example a row, padded)"]
-    return ["data=text puts one example a row (data.packing=false), right-padded: no example attends to another and padding weighs "
-            "nothing (data.packing=true packs them: no padding, but examples attend to those before them in a row)"]
+        return [
+            "data=text packs examples (data.packing=true): they are joined with the end token and cut into rows of model.seq_len + 1 "
+            "tokens, no padding; KerasHub's causal LMs take no segment ids, so an example attends to the ones before it in its row "
+            "(data.packing=false: one example a row, padded)"
+        ]
+    return [
+        "data=text puts one example a row (data.packing=false), right-padded: no example attends to another and padding weighs "
+        "nothing (data.packing=true packs them: no padding, but examples attend to those before them in a row)"
+    ]
 
 
-SPEC = register_source(SourceSpec("text", TextOptions, load, ".txt/.jsonl text tokenized by the model's tokenizer (KerasHub causal LMs)", notes=notes))
+SPEC = register_source(
+    SourceSpec(
+        "text",
+        TextOptions,
+        load,
+        ".txt/.jsonl text tokenized by the model's tokenizer (KerasHub causal LMs)",
+        notes=notes,
+    )
+)

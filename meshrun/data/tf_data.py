@@ -59,7 +59,15 @@ def passes(one_pass, endless: bool):
     return tf.data.Dataset.range(2**62).flat_map(one_pass)
 
 
-def element_batches(dataset, batch_size: int, shuffle: bool, seed: int, buffer: int, share: tuple[int, int] = (0, 1), endless: bool = False):
+def element_batches(
+    dataset,
+    batch_size: int,
+    shuffle: bool,
+    seed: int,
+    buffer: int,
+    share: tuple[int, int] = (0, 1),
+    endless: bool = False,
+):
     """This process's share of each global batch of a dataset of single (x, y) or (x, y, weight)
     elements, for one pass or endless passes: seeded shuffle within `buffer` elements, remainder
     dropped, prefetched."""
@@ -67,7 +75,9 @@ def element_batches(dataset, batch_size: int, shuffle: bool, seed: int, buffer: 
 
     def one_pass(pass_index):
         seeded = order.pass_seed(seed, pass_index)
-        elements = dataset.shuffle(buffer, seed=seeded, reshuffle_each_iteration=False) if shuffle else dataset
+        elements = (
+            dataset.shuffle(buffer, seed=seeded, reshuffle_each_iteration=False) if shuffle else dataset
+        )
         return share_of_batches(elements.batch(batch_size, drop_remainder=True), batch_size, share)
 
     return passes(one_pass, endless).prefetch(tf.data.AUTOTUNE)

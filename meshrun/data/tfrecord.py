@@ -48,20 +48,42 @@ class TFRecordOptions:
 
     def __post_init__(self):
         if not self.files:
-            raise ConfigError("data.files", "is required for data=tfrecord: a glob of TFRecord files, e.g. /data/train-*.tfrecord")
+            raise ConfigError(
+                "data.files",
+                "is required for data=tfrecord: a glob of TFRecord files, e.g. /data/train-*.tfrecord",
+            )
         if not self.features:
-            raise ConfigError("data.features", "is required: name -> {dtype, shape} for every feature in the records")
+            raise ConfigError(
+                "data.features", "is required: name -> {dtype, shape} for every feature in the records"
+            )
         for name, spec in self.features.items():
-            if not isinstance(spec, dict) or spec.get("dtype") not in DTYPES or not isinstance(spec.get("shape"), (list, tuple)):
-                raise ConfigError(f"data.features.{name}", f"got {spec!r}; expected {{dtype: {' | '.join(DTYPES)}, shape: [..]}}")
-        for key, names in (("data.inputs", self.inputs), ("data.label", (self.label,)), ("data.sample_weight", (self.sample_weight,) if self.sample_weight else ())):
+            if (
+                not isinstance(spec, dict)
+                or spec.get("dtype") not in DTYPES
+                or not isinstance(spec.get("shape"), (list, tuple))
+            ):
+                raise ConfigError(
+                    f"data.features.{name}",
+                    f"got {spec!r}; expected {{dtype: {' | '.join(DTYPES)}, shape: [..]}}",
+                )
+        for key, names in (
+            ("data.inputs", self.inputs),
+            ("data.label", (self.label,)),
+            ("data.sample_weight", (self.sample_weight,) if self.sample_weight else ()),
+        ):
             for name in names:
                 if name not in self.features:
-                    raise ConfigError(key, f"got {name!r}, which is not in data.features ({one_of(sorted(self.features))})")
+                    raise ConfigError(
+                        key, f"got {name!r}, which is not in data.features ({one_of(sorted(self.features))})"
+                    )
         if self.compression not in (None, *COMPRESSION):
-            raise ConfigError("data.compression", f"got {self.compression!r}; valid: null, {one_of(COMPRESSION)}")
+            raise ConfigError(
+                "data.compression", f"got {self.compression!r}; valid: null, {one_of(COMPRESSION)}"
+            )
         if self.shuffle_buffer <= 0:
-            raise ConfigError("data.shuffle_buffer", f"got {self.shuffle_buffer}; expected a positive integer")
+            raise ConfigError(
+                "data.shuffle_buffer", f"got {self.shuffle_buffer}; expected a positive integer"
+            )
 
 
 def _files(pattern: str, key: str) -> list[str]:
@@ -78,7 +100,11 @@ def _count(files: list[str], options: TFRecordOptions, key: str) -> int:
     total = 0
     for file in files:
         try:
-            total += int(tf.data.TFRecordDataset(file, compression_type=options.compression).reduce(np.int64(0), lambda n, _: n + 1))
+            total += int(
+                tf.data.TFRecordDataset(file, compression_type=options.compression).reduce(
+                    np.int64(0), lambda n, _: n + 1
+                )
+            )
         except (tf.errors.DataLossError, tf.errors.InvalidArgumentError) as err:
             reason = first_line(err, limit=160)
             raise ConfigError(key, f"{file!r} is corrupt or not a TFRecord file ({reason})") from None
@@ -88,11 +114,16 @@ def _count(files: list[str], options: TFRecordOptions, key: str) -> int:
 def _parser(options: TFRecordOptions):
     import tensorflow as tf
 
-    spec = {name: tf.io.FixedLenFeature(tuple(f["shape"]), tf.as_dtype(f["dtype"])) for name, f in options.features.items()}
+    spec = {
+        name: tf.io.FixedLenFeature(tuple(f["shape"]), tf.as_dtype(f["dtype"]))
+        for name, f in options.features.items()
+    }
 
     def parse(record):
         parsed = tf.io.parse_single_example(record, spec)
-        inputs = parsed[options.inputs[0]] if len(options.inputs) == 1 else {n: parsed[n] for n in options.inputs}
+        inputs = (
+            parsed[options.inputs[0]] if len(options.inputs) == 1 else {n: parsed[n] for n in options.inputs}
+        )
         if options.sample_weight:
             return inputs, parsed[options.label], parsed[options.sample_weight]
         return inputs, parsed[options.label]
@@ -105,11 +136,17 @@ def declared_inputs(options: TFRecordOptions) -> dict:
     from meshrun.specs.model import InputSpec
 
     named = len(options.inputs) > 1
-    return {(name if named else None): InputSpec(name if named else None, tuple(options.features[name]["shape"]), options.features[name]["dtype"])
-            for name in options.inputs}
+    return {
+        (name if named else None): InputSpec(
+            name if named else None, tuple(options.features[name]["shape"]), options.features[name]["dtype"]
+        )
+        for name in options.inputs
+    }
 
 
-def _records(files: list[str], options: TFRecordOptions, context: DataContext, shuffle: bool, endless: bool = False):
+def _records(
+    files: list[str], options: TFRecordOptions, context: DataContext, shuffle: bool, endless: bool = False
+):
     import tensorflow as tf
 
     if len(files) >= context.shard_count:
@@ -119,13 +156,17 @@ def _records(files: list[str], options: TFRecordOptions, context: DataContext, s
         dataset = tf.data.TFRecordDataset(files, compression_type=options.compression)
         dataset = dataset.shard(context.shard_count, context.shard_index)
     dataset = dataset.map(_parser(options), num_parallel_calls=tf.data.AUTOTUNE)
-    return tf_data.element_batches(dataset, context.process_batch_size, shuffle, context.seed, options.shuffle_buffer, endless=endless)
+    return tf_data.element_batches(
+        dataset, context.process_batch_size, shuffle, context.seed, options.shuffle_buffer, endless=endless
+    )
 
 
 def _check_parses(files: list[str], options: TFRecordOptions) -> None:
     import tensorflow as tf
 
-    first = tf.data.TFRecordDataset(files[:1], compression_type=options.compression).map(_parser(options)).take(1)
+    first = (
+        tf.data.TFRecordDataset(files[:1], compression_type=options.compression).map(_parser(options)).take(1)
+    )
     try:
         for _ in first:
             pass
@@ -158,9 +199,22 @@ def load(options: TFRecordOptions, context: DataContext) -> pipeline.Datasets:
         eval=tf_data.exactly(evaluation, eval_count // context.batch_size),
         steps_per_epoch=count // context.batch_size,
         sample_batch=tf_data.first_batch(train),
-        info={"train_samples": count, "eval_samples": eval_count, "train_file_count": len(train_files), "eval_file_count": len(eval_files),
-              "sharding": "files" if len(train_files) >= context.shard_count else "records"},
+        info={
+            "train_samples": count,
+            "eval_samples": eval_count,
+            "train_file_count": len(train_files),
+            "eval_file_count": len(eval_files),
+            "sharding": "files" if len(train_files) >= context.shard_count else "records",
+        },
     )
 
 
-SPEC = register_source(SourceSpec("tfrecord", TFRecordOptions, load, "TFRecord files by glob, parsed by a feature spec", declared_inputs=declared_inputs))
+SPEC = register_source(
+    SourceSpec(
+        "tfrecord",
+        TFRecordOptions,
+        load,
+        "TFRecord files by glob, parsed by a feature spec",
+        declared_inputs=declared_inputs,
+    )
+)

@@ -19,8 +19,16 @@ DEFAULT_PORT = 55527
 # Kubernetes names the pods after the job (NAME-node-0-3 under a TrainJob) within 63 characters.
 NAME_LIMIT = 40
 # The flags that take a value, with the value as help writes it, and the switches.
-VALUE_FLAGS = {"--image": "IMAGE", "--nodes": "N", "--kind": "KIND", "--out": "FILE", "--volume": "CLAIM:PATH", "--name": "NAME",
-               "--namespace": "NS", "--port": "PORT"}
+VALUE_FLAGS = {
+    "--image": "IMAGE",
+    "--nodes": "N",
+    "--kind": "KIND",
+    "--out": "FILE",
+    "--volume": "CLAIM:PATH",
+    "--name": "NAME",
+    "--namespace": "NS",
+    "--port": "PORT",
+}
 SWITCHES = ("--apply", "--simulate")
 MULTIRUN_FLAGS = ("-m", "--multirun")
 
@@ -64,12 +72,18 @@ def parse_options(args: list[str]) -> tuple[KubeOptions, list[str]]:
     given, overrides = _take_flags(args)
     multirun = next((a for a in overrides if a in MULTIRUN_FLAGS), None)
     if multirun:
-        raise ConfigError(multirun, "got a multirun; meshrun k8s renders one job: run it once for each setting")
+        raise ConfigError(
+            multirun, "got a multirun; meshrun k8s renders one job: run it once for each setting"
+        )
     if given.get("--apply") and given.get("--simulate"):
-        raise ConfigError("--simulate", "got it with --apply; run the job here first (--simulate), then submit it (--apply)")
+        raise ConfigError(
+            "--simulate", "got it with --apply; run the job here first (--simulate), then submit it (--apply)"
+        )
     options = KubeOptions(
         image=_image(given.get("--image")),
-        nodes=_positive("--nodes", given.get("--nodes"), "the number of pods, one meshrun process each, e.g. --nodes 2"),
+        nodes=_positive(
+            "--nodes", given.get("--nodes"), "the number of pods, one meshrun process each, e.g. --nodes 2"
+        ),
         kind=_kind(given.get("--kind", KINDS[0])),
         name=_name(given.get("--name")),
         namespace=_namespace(given.get("--namespace")),
@@ -110,8 +124,11 @@ def _take_flags(args: list[str]) -> tuple[dict[str, str | bool], list[str]]:
 
 def _image(value) -> str:
     if not value:
-        raise ConfigError("--image", f"got {_shown(value)}; give the container image the pods run, one with meshrun installed, "
-                                     "e.g. --image registry.example.com/meshrun:0.1.0")
+        raise ConfigError(
+            "--image",
+            f"got {_shown(value)}; give the container image the pods run, one with meshrun installed, "
+            "e.g. --image registry.example.com/meshrun:0.1.0",
+        )
     return value
 
 
@@ -133,8 +150,11 @@ def _name(value) -> str:
     if value is None:
         return f"meshrun-{time.strftime('%Y%m%d-%H%M%S')}"
     if len(value) > NAME_LIMIT or not DNS_LABEL.fullmatch(value):
-        raise ConfigError("--name", f"got {_shown(value)}; expected at most {NAME_LIMIT} lowercase letters, digits and '-', starting "
-                                    "with a letter and ending with a letter or digit (the job's, its service's and its pods' name), e.g. --name exp1")
+        raise ConfigError(
+            "--name",
+            f"got {_shown(value)}; expected at most {NAME_LIMIT} lowercase letters, digits and '-', starting "
+            "with a letter and ending with a letter or digit (the job's, its service's and its pods' name), e.g. --name exp1",
+        )
     return value
 
 
@@ -142,8 +162,11 @@ def _namespace(value) -> str | None:
     if value is None:
         return None
     if len(value) > 63 or not re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", value):
-        raise ConfigError("--namespace", f"got {_shown(value)}; expected a Kubernetes namespace: at most 63 lowercase letters, digits "
-                                         "and '-', e.g. --namespace ml (leave it out for the kubeconfig context's)")
+        raise ConfigError(
+            "--namespace",
+            f"got {_shown(value)}; expected a Kubernetes namespace: at most 63 lowercase letters, digits "
+            "and '-', e.g. --namespace ml (leave it out for the kubeconfig context's)",
+        )
     return value
 
 
@@ -151,7 +174,10 @@ def _port(value) -> int:
     if value is None:
         return DEFAULT_PORT
     if not str(value).isdigit() or not 0 < int(value) < 65536:
-        raise ConfigError("--port", f"got {_shown(value)}; expected a TCP port, 1 to 65535, for process 0's coordinator (default {DEFAULT_PORT})")
+        raise ConfigError(
+            "--port",
+            f"got {_shown(value)}; expected a TCP port, 1 to 65535, for process 0's coordinator (default {DEFAULT_PORT})",
+        )
     return int(value)
 
 
@@ -160,9 +186,16 @@ def _volume(value) -> Volume | None:
         return None
     claim, _, path = value.partition(":")
     normal = posixpath.normpath(path) if path else ""
-    if not (claim and len(claim) <= 253 and DNS_SUBDOMAIN.fullmatch(claim)) or not normal.startswith("/") or normal == "/":
-        raise ConfigError("--volume", f"got {_shown(value)}; expected CLAIM:PATH, a PersistentVolumeClaim's name (lowercase letters, "
-                                      "digits, '-' and '.') and the absolute path to mount it at in every pod (not /), e.g. --volume runs:/runs")
+    if (
+        not (claim and len(claim) <= 253 and DNS_SUBDOMAIN.fullmatch(claim))
+        or not normal.startswith("/")
+        or normal == "/"
+    ):
+        raise ConfigError(
+            "--volume",
+            f"got {_shown(value)}; expected CLAIM:PATH, a PersistentVolumeClaim's name (lowercase letters, "
+            "digits, '-' and '.') and the absolute path to mount it at in every pod (not /), e.g. --volume runs:/runs",
+        )
     return Volume(claim, normal)
 
 
@@ -174,8 +207,11 @@ def _out(value) -> str | None:
         raise ConfigError("--out", "got nothing; give the file to write the YAML to, e.g. --out job.yaml")
     reason = unwritable(value)
     if reason:
-        raise ConfigError("--out", f"got {_shown(value)}, which cannot be written ({reason}); give a file path where you can write, "
-                                   "e.g. --out job.yaml")
+        raise ConfigError(
+            "--out",
+            f"got {_shown(value)}, which cannot be written ({reason}); give a file path where you can write, "
+            "e.g. --out job.yaml",
+        )
     return value
 
 

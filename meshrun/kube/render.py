@@ -48,8 +48,14 @@ CONFIG_ERROR_STATUS = 2
 # Pods start at different times (scheduling, pulling the image): they wait this long for each other.
 JOIN_TIMEOUT_S = 600
 # The keys the pods' command sets; the user's own values for them are dropped.
-OWN_KEYS = ("distributed.mode", "distributed.coordinator", "distributed.num_processes", "distributed.process_id",
-            "distributed.port", "hydra.run.dir")
+OWN_KEYS = (
+    "distributed.mode",
+    "distributed.coordinator",
+    "distributed.num_processes",
+    "distributed.process_id",
+    "distributed.port",
+    "hydra.run.dir",
+)
 # The user's value wins for these; the job's is added when they give none.
 DEFAULT_KEYS = ("distributed.timeout_s", "checkpoint.dir", "resume")
 LOCAL_RUNS = "outputs"  # the run dir's parent without a volume: the container's working dir
@@ -64,7 +70,11 @@ def pod_overrides(overrides: list[str], options: KubeOptions) -> list[str]:
     defaults = {"distributed.timeout_s": str(JOIN_TIMEOUT_S)}
     if options.volume is not None:
         defaults |= {"checkpoint.dir": f"{run_dir(options)}/{CHECKPOINTS_DIR}", "resume": "auto"}
-    return [*kept, "distributed.mode=auto", *(f"{key}={value}" for key, value in defaults.items() if key not in given)]
+    return [
+        *kept,
+        "distributed.mode=auto",
+        *(f"{key}={value}" for key, value in defaults.items() if key not in given),
+    ]
 
 
 def _key(override: str) -> str:
@@ -83,8 +93,11 @@ def check_one_process_per_pod(raw: Mapping) -> None:
     distributed = raw.get("distributed") or {}
     local = distributed.get("local_processes") if isinstance(distributed, Mapping) else None
     if isinstance(local, int) and local > 1:
-        raise ConfigError("distributed.local_processes", f"got {local}; meshrun k8s runs one process in each pod: leave it at 1 "
-                                                         f"and give the number of pods with --nodes (e.g. --nodes {local})")
+        raise ConfigError(
+            "distributed.local_processes",
+            f"got {local}; meshrun k8s runs one process in each pod: leave it at 1 "
+            f"and give the number of pods with --nodes (e.g. --nodes {local})",
+        )
 
 
 def check_job(config: RunConfig, options: KubeOptions) -> None:
@@ -93,13 +106,21 @@ def check_job(config: RunConfig, options: KubeOptions) -> None:
     pod; and the platform one meshrun k8s asks devices for."""
     mesh = config.mesh
     if mesh.size is None:
-        raise ConfigError("mesh", f"got {format_shape(mesh.shape)}; meshrun k8s needs the whole shape (no -1), which sets how many "
-                                  f"devices each of the --nodes {options.nodes} pods asks for, e.g. mesh=2x4")
+        raise ConfigError(
+            "mesh",
+            f"got {format_shape(mesh.shape)}; meshrun k8s needs the whole shape (no -1), which sets how many "
+            f"devices each of the --nodes {options.nodes} pods asks for, e.g. mesh=2x4",
+        )
     check_processes(mesh, config.devices, options.nodes, "--nodes")
-    with_dcn(mesh, options.nodes, (config.pipeline.axis,), "--nodes")  # mesh.dcn, or its default, one slice per pod
+    with_dcn(
+        mesh, options.nodes, (config.pipeline.axis,), "--nodes"
+    )  # mesh.dcn, or its default, one slice per pod
     if config.devices.platform not in ("auto", "gpu", "cpu"):
-        raise ConfigError("devices.platform", f"got {config.devices.platform!r}; meshrun k8s asks for NVIDIA GPUs ({GPU_RESOURCE}) or, "
-                                              "with devices.platform=cpu, none; valid: auto, gpu or cpu")
+        raise ConfigError(
+            "devices.platform",
+            f"got {config.devices.platform!r}; meshrun k8s asks for NVIDIA GPUs ({GPU_RESOURCE}) or, "
+            "with devices.platform=cpu, none; valid: auto, gpu or cpu",
+        )
 
 
 def gpus_per_pod(config: RunConfig, options: KubeOptions) -> int:
@@ -173,8 +194,10 @@ def runtime_patch(options: KubeOptions) -> dict:
     grace period for the checkpoint after SIGTERM, and the volume mounted in the `node` container."""
     pod_spec: dict = {"terminationGracePeriodSeconds": GRACE_PERIOD_S}
     if options.volume is not None:
-        pod_spec |= {"volumes": [volume(options.volume)],
-                     "containers": [{"name": RUNTIME_NODE, "volumeMounts": [volume_mount(options.volume)]}]}
+        pod_spec |= {
+            "volumes": [volume(options.volume)],
+            "containers": [{"name": RUNTIME_NODE, "volumeMounts": [volume_mount(options.volume)]}],
+        }
     pod_template = {"spec": {"template": {"spec": pod_spec}}}
     job_set = {"spec": {"replicatedJobs": [{"name": RUNTIME_NODE, "template": pod_template}]}}
     return {"manager": "meshrun", "trainingRuntimeSpec": {"template": job_set}}
@@ -218,11 +241,23 @@ def failure_policy() -> dict:
     """Which failed pods count against backoffLimit: one evicted or preempted (DisruptionTarget) or
     stopped by SIGTERM with a checkpoint (143) is started again without counting; a config error
     (2) fails the job at once, since a new pod would fail the same way."""
-    return {"rules": [
-        {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
-        {"action": "Ignore", "onExitCodes": {"containerName": CONTAINER, "operator": "In", "values": [PREEMPTED_STATUS]}},
-        {"action": "FailJob", "onExitCodes": {"containerName": CONTAINER, "operator": "In", "values": [CONFIG_ERROR_STATUS]}},
-    ]}
+    return {
+        "rules": [
+            {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
+            {
+                "action": "Ignore",
+                "onExitCodes": {"containerName": CONTAINER, "operator": "In", "values": [PREEMPTED_STATUS]},
+            },
+            {
+                "action": "FailJob",
+                "onExitCodes": {
+                    "containerName": CONTAINER,
+                    "operator": "In",
+                    "values": [CONFIG_ERROR_STATUS],
+                },
+            },
+        ]
+    }
 
 
 def pod_spec(options: KubeOptions, pods: list[str], gpus: int) -> dict:
@@ -233,13 +268,20 @@ def pod_spec(options: KubeOptions, pods: list[str], gpus: int) -> dict:
         {"name": "JAX_PROCESS_ID", "valueFrom": {"fieldRef": {"fieldPath": COMPLETION_INDEX_FIELD}}},
     ]
     container = {
-        "name": CONTAINER, "image": options.image, "command": pods, "env": env(jax_env),
+        "name": CONTAINER,
+        "image": options.image,
+        "command": pods,
+        "env": env(jax_env),
         "ports": [{"name": "coordinator", "containerPort": options.port}],
     }
     if gpus:
         container["resources"] = resources(gpus)
-    spec = {"subdomain": options.name, "restartPolicy": "Never", "terminationGracePeriodSeconds": GRACE_PERIOD_S,
-            "containers": [container]}
+    spec = {
+        "subdomain": options.name,
+        "restartPolicy": "Never",
+        "terminationGracePeriodSeconds": GRACE_PERIOD_S,
+        "containers": [container],
+    }
     if options.volume is not None:
         container["volumeMounts"] = [volume_mount(options.volume)]
         spec["volumes"] = [volume(options.volume)]
@@ -257,5 +299,7 @@ def to_yaml(documents: list[dict], options: KubeOptions) -> str:
 
 def no_volume_warning(options: KubeOptions) -> str:
     """The one line said when the job has no volume."""
-    return (f"no --volume: the run dir ({run_dir(options)}) and the checkpoints stay in each pod and die with it, "
-            "and a preempted job starts over; give --volume CLAIM:/PATH (a PersistentVolumeClaim every pod mounts)")
+    return (
+        f"no --volume: the run dir ({run_dir(options)}) and the checkpoints stay in each pod and die with it, "
+        "and a preempted job starts over; give --volume CLAIM:/PATH (a PersistentVolumeClaim every pod mounts)"
+    )

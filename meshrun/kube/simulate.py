@@ -31,7 +31,9 @@ LOCAL_HOST = "127.0.0.1"
 VOLUMES_DIR = "k8s-volumes"
 RUN_DIR_KEY = "hydra.run.dir"
 # What the inherited environment must not carry into a pod: another job's place in it.
-FOREIGN_ENV = re.compile(r"SLURM_.*|KERAS_DISTRIBUTION_.*|JAX_COORDINATOR_.*|JAX_NUM_PROCESSES|JAX_PROCESS_ID|JOB_COMPLETION_INDEX")
+FOREIGN_ENV = re.compile(
+    r"SLURM_.*|KERAS_DISTRIBUTION_.*|JAX_COORDINATOR_.*|JAX_NUM_PROCESSES|JAX_PROCESS_ID|JOB_COMPLETION_INDEX"
+)
 
 
 @dataclass(frozen=True)
@@ -64,9 +66,13 @@ class Localizer:
         """A path or a host:port as seen here; any other value as it is."""
         for mount, local in self.volumes.items():
             if value == mount or value.startswith(mount + "/"):
-                return str(local) + value[len(mount):]
+                return str(local) + value[len(mount) :]
         host, colon, port = value.rpartition(":")
-        if colon and port.isdigit() and (host == self.domain or host.endswith(f".{self.domain}") or f".{self.domain}." in host):
+        if (
+            colon
+            and port.isdigit()
+            and (host == self.domain or host.endswith(f".{self.domain}") or f".{self.domain}." in host)
+        ):
             return f"{LOCAL_HOST}:{port}"
         return value
 
@@ -76,14 +82,19 @@ def run(documents: list[dict], options: KubeOptions) -> None:
     fail (ConfigError, RunFailed) or a stop signal stopped them (Preempted)."""
     pods = pods_of(documents, options.port)
     check_port_free(options.port, "--port", options.port)
-    local = Localizer(pods.domain, {path: Path.cwd() / VOLUMES_DIR / claim for path, claim in pods.mounts.items()})
+    local = Localizer(
+        pods.domain, {path: Path.cwd() / VOLUMES_DIR / claim for path, claim in pods.mounts.items()}
+    )
     command = [local.arg(arg) for arg in pods.command]
     run_dir = _run_dir(command)
     for folder in (*local.volumes.values(), Path(run_dir)):
         folder.mkdir(parents=True, exist_ok=True)
     print(_saying(options, pods, local, run_dir), file=sys.stderr)
     logged_before = logs_there(run_dir, pods.count)
-    started = [start_process(command[1:], Role.USER, index, run_dir, pod_environ(pods, index, local)) for index in range(pods.count)]
+    started = [
+        start_process(command[1:], Role.USER, index, run_dir, pod_environ(pods, index, local))
+        for index in range(pods.count)
+    ]
     follow(started, run_dir, logged_before)
 
 
@@ -94,9 +105,14 @@ def _run_dir(command: list[str]) -> str:
 
 def _saying(options: KubeOptions, pods: Pods, local: Localizer, run_dir: str) -> str:
     """The one line that says what the simulation maps where."""
-    volumes = ", ".join(f"volume {claim}:{path} -> {local.volumes[path]}" for path, claim in pods.mounts.items()) or "no volume"
-    return (f"meshrun k8s --simulate: {pods.count} pods of {options.kind} {options.name} as local processes; "
-            f"*.{pods.domain} -> {LOCAL_HOST}, {volumes}; run dir {run_dir}, each pod's output in its process-<i>.log")
+    volumes = (
+        ", ".join(f"volume {claim}:{path} -> {local.volumes[path]}" for path, claim in pods.mounts.items())
+        or "no volume"
+    )
+    return (
+        f"meshrun k8s --simulate: {pods.count} pods of {options.kind} {options.name} as local processes; "
+        f"*.{pods.domain} -> {LOCAL_HOST}, {volumes}; run dir {run_dir}, each pod's output in its process-<i>.log"
+    )
 
 
 def pods_of(documents: list[dict], port: int) -> Pods:
@@ -107,7 +123,9 @@ def pods_of(documents: list[dict], port: int) -> Pods:
             return _indexed_job_pods(document)
         if document["kind"] == "TrainJob":
             return _train_job_pods(document, port)
-    raise ConfigError("--simulate", f"got objects of kinds {[d['kind'] for d in documents]}; expected a Job or a TrainJob")
+    raise ConfigError(
+        "--simulate", f"got objects of kinds {[d['kind'] for d in documents]}; expected a Job or a TrainJob"
+    )
 
 
 def _indexed_job_pods(job: dict) -> Pods:
@@ -161,5 +179,8 @@ def env_value(entry: dict, index: int) -> str:
         return entry["value"]
     field = entry.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath")
     if field != COMPLETION_INDEX_FIELD:
-        raise ConfigError("--simulate", f"got env {entry['name']} from {entry.get('valueFrom')}; a simulation fills in only {COMPLETION_INDEX_FIELD}")
+        raise ConfigError(
+            "--simulate",
+            f"got env {entry['name']} from {entry.get('valueFrom')}; a simulation fills in only {COMPLETION_INDEX_FIELD}",
+        )
     return str(index)

@@ -34,8 +34,11 @@ def apply(documents: list[dict], options: KubeOptions) -> str:
             _create(kubernetes, api, document, namespace)
         except _api_errors(kubernetes) as err:
             before = f" (already created: {', '.join(created)})" if created else ""
-            raise ConfigError(FLAG, f"got an error from the cluster of context {context.get('name')!r} creating {what} in namespace "
-                                    f"{namespace!r}: {_reason(err)}{before}") from None
+            raise ConfigError(
+                FLAG,
+                f"got an error from the cluster of context {context.get('name')!r} creating {what} in namespace "
+                f"{namespace!r}: {_reason(err)}{before}",
+            ) from None
         created.append(what)
     return following(options, namespace, context.get("name"), created)
 
@@ -45,8 +48,11 @@ def _client():
     try:
         import kubernetes
     except ImportError:
-        raise ConfigError(FLAG, "got it, but the kubernetes client is not installed: pip install 'meshrun[k8s]' "
-                                "(or leave --apply out and submit the YAML with kubectl apply -f)") from None
+        raise ConfigError(
+            FLAG,
+            "got it, but the kubernetes client is not installed: pip install 'meshrun[k8s]' "
+            "(or leave --apply out and submit the YAML with kubectl apply -f)",
+        ) from None
     return kubernetes
 
 
@@ -61,9 +67,12 @@ def _load_kubeconfig(kubernetes) -> dict:
         kubernetes.config.load_kube_config(config_file=where)
         _, context = kubernetes.config.list_kube_config_contexts(config_file=where)
     except (ConfigException, OSError, ValueError, TypeError, KeyError) as err:
-        raise ConfigError(FLAG, f"got kubeconfig {where}, which gives no cluster to submit to ({first_line(err)}); point KUBECONFIG "
-                                "at your cluster's config (kubectl config current-context must name one), or leave --apply out "
-                                "and submit the YAML with kubectl apply -f") from None
+        raise ConfigError(
+            FLAG,
+            f"got kubeconfig {where}, which gives no cluster to submit to ({first_line(err)}); point KUBECONFIG "
+            "at your cluster's config (kubectl config current-context must name one), or leave --apply out "
+            "and submit the YAML with kubectl apply -f",
+        ) from None
     return context or {}
 
 
@@ -76,7 +85,9 @@ def _create(kubernetes, api, document: dict, namespace: str) -> None:
         kubernetes.client.BatchV1Api(api).create_namespaced_job(namespace, document)
     else:
         group, version = TRAINER_API.split("/")
-        kubernetes.client.CustomObjectsApi(api).create_namespaced_custom_object(group, version, namespace, TRAINJOB_PLURAL, document)
+        kubernetes.client.CustomObjectsApi(api).create_namespaced_custom_object(
+            group, version, namespace, TRAINJOB_PLURAL, document
+        )
 
 
 def _api_errors(kubernetes) -> tuple[type[Exception], ...]:
@@ -116,5 +127,7 @@ def following(options: KubeOptions, namespace: str, context: str | None, created
         ("to stop it", f"{delete}   (the pods get SIGTERM and save a checkpoint first)"),
     ]
     width = max(len(what) for what, _ in commands) + 1
-    lines = [f"meshrun k8s: created {' and '.join(created)} in namespace {namespace} (context {context}); follow it:"]
+    lines = [
+        f"meshrun k8s: created {' and '.join(created)} in namespace {namespace} (context {context}); follow it:"
+    ]
     return "\n".join([*lines, *(f"  {what + ':':<{width}} {command}" for what, command in commands)])

@@ -27,7 +27,9 @@ from meshrun.system import process
 log = logging.getLogger("meshrun")
 
 
-def join(identity: Identity, timeout_s: int, on_timeout: Callable[[str], None], listen: str | None = None) -> None:
+def join(
+    identity: Identity, timeout_s: int, on_timeout: Callable[[str], None], listen: str | None = None
+) -> None:
     """Joins the job: process 0 checks its port is free and starts the coordinator, listening on
     `listen` (HOST:PORT, listen_address; None: jax's choice), the others wait for it to answer;
     then jax.distributed forms the job. If that takes longer than `timeout_s`,
@@ -48,8 +50,12 @@ def join(identity: Identity, timeout_s: int, on_timeout: Callable[[str], None], 
     watchdog.start()
     import jax
 
-    listening = f"; its coordinator listens on {listen or 'the address jax picks'}" if identity.is_first else ""
-    log.info(f"process {identity.process_id} of {identity.num_processes} joining the job ({identity.source}){listening}")
+    listening = (
+        f"; its coordinator listens on {listen or 'the address jax picks'}" if identity.is_first else ""
+    )
+    log.info(
+        f"process {identity.process_id} of {identity.num_processes} joining the job ({identity.source}){listening}"
+    )
     jax.distributed.initialize(
         coordinator_address=identity.coordinator,
         coordinator_bind_address=listen if identity.is_first else None,
@@ -123,17 +129,25 @@ def check_bind_address(given: str, coordinator: str | None) -> None:
     interface) on the coordinator's port."""
     host, port = split_address(given)
     if not _is_own(host):
-        raise ConfigError("distributed.bind_address", f"got {given!r}, but {host} is not an address of this host "
-                          f"({socket.gethostname()}); give one of its own addresses, or [::] (or 0.0.0.0) for every interface")
+        raise ConfigError(
+            "distributed.bind_address",
+            f"got {given!r}, but {host} is not an address of this host "
+            f"({socket.gethostname()}); give one of its own addresses, or [::] (or 0.0.0.0) for every interface",
+        )
     if coordinator is not None and split_address(coordinator)[1] != port:
-        raise ConfigError("distributed.bind_address", f"got {given!r}, but the coordinator is {coordinator}; listen on its port, "
-                          f"{split_address(coordinator)[1]}")
+        raise ConfigError(
+            "distributed.bind_address",
+            f"got {given!r}, but the coordinator is {coordinator}; listen on its port, "
+            f"{split_address(coordinator)[1]}",
+        )
 
 
 def _addresses(host: str) -> list[str]:
     """The IP addresses `host` resolves to (none when it does not resolve)."""
     try:
-        return list(dict.fromkeys(info[4][0] for info in socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)))
+        return list(
+            dict.fromkeys(info[4][0] for info in socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP))
+        )
     except OSError:
         return []
 
@@ -179,8 +193,9 @@ def check_port_free(port: int, key: str, given: object) -> None:
             probe.bind(("", port))
         except OSError:
             raise ConfigError(
-                key, f"got {given!r}, but port {port} is already in use on this machine; pick a free port"
-                + (" or leave distributed.port unset to get one" if key == "distributed.port" else "")
+                key,
+                f"got {given!r}, but port {port} is already in use on this machine; pick a free port"
+                + (" or leave distributed.port unset to get one" if key == "distributed.port" else ""),
             ) from None
 
 

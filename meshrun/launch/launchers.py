@@ -82,9 +82,17 @@ class InProcess:
         say_if_alone(config.distributed, identity)
         devices.prepare(config.devices, config.mesh, identity.num_processes)
         if identity.several:
-            listen = join_lib.listen_address(identity, config.distributed.bind_address, local=run_dir.launched) if identity.is_first else None
-            join_lib.join(identity, config.distributed.timeout_s, on_timeout=lambda m: (say_error(m), run_dir.reject(m, identity)),
-                          listen=listen)
+            listen = (
+                join_lib.listen_address(identity, config.distributed.bind_address, local=run_dir.launched)
+                if identity.is_first
+                else None
+            )
+            join_lib.join(
+                identity,
+                config.distributed.timeout_s,
+                on_timeout=lambda m: (say_error(m), run_dir.reject(m, identity)),
+                listen=listen,
+            )
             if not identity.is_first:
                 join_lib.route_output(run_dir.path, identity.process_id)
         return identity
@@ -114,7 +122,9 @@ class OwnProcess:
     run_dir: RunDir
 
     def launch(self, job: Job) -> None:
-        process = spawn(["train", *job.overrides, f"hydra.run.dir={job.run_dir}"], Role.SWEEP_JOB, own_group=True)
+        process = spawn(
+            ["train", *job.overrides, f"hydra.run.dir={job.run_dir}"], Role.SWEEP_JOB, own_group=True
+        )
         with ForwardedStop([process]) as forwarded:
             try:
                 status = process.wait()

@@ -33,8 +33,15 @@ from meshrun.wording import ERROR_PREFIX
 log = logging.getLogger("meshrun")
 
 # The keys the launcher sets for each process; the user's own values for them are dropped.
-_OWN_KEYS = ("distributed.mode", "distributed.local_processes", "distributed.coordinator", "distributed.num_processes",
-             "distributed.process_id", "distributed.port", "devices.platform")
+_OWN_KEYS = (
+    "distributed.mode",
+    "distributed.local_processes",
+    "distributed.coordinator",
+    "distributed.num_processes",
+    "distributed.process_id",
+    "distributed.port",
+    "devices.platform",
+)
 # How long the other processes may take to exit after process 0 has finished the job.
 _FINISH_GRACE_S = 60
 _POLL_S = 0.1
@@ -71,8 +78,10 @@ def run_local(config: DistributedConfig, run_dir: str, overrides: list[str]) -> 
         check_bind_address(config.bind_address, coordinator)
     kept = [o for o in overrides if o.lstrip("+~").split("=", 1)[0] not in _OWN_KEYS]
     listening = config.bind_address or f"{coordinator}, loopback only"
-    log.info(f"starting {count} processes on this machine (coordinator {coordinator}, listening on {listening}); "
-             f"logs in {run_dir}/process-*.log")
+    log.info(
+        f"starting {count} processes on this machine (coordinator {coordinator}, listening on {listening}); "
+        f"logs in {run_dir}/process-*.log"
+    )
     Path(run_dir).mkdir(parents=True, exist_ok=True)
     logged_before = logs_there(run_dir, count)
     started = [_start(i, count, coordinator, run_dir, kept) for i in range(count)]
@@ -103,24 +112,38 @@ def follow(started: list[subprocess.Popen], run_dir: str, logged_before: bool = 
     raise _explain(ending, count, run_dir, remove_logs=not logged_before)
 
 
-def _start(process_id: int, count: int, coordinator: str, run_dir: str, overrides: list[str]) -> subprocess.Popen:
+def _start(
+    process_id: int, count: int, coordinator: str, run_dir: str, overrides: list[str]
+) -> subprocess.Popen:
     args = [
-        "train", *overrides, "devices.platform=cpu", f"hydra.run.dir={run_dir}", "hydra.output_subdir=null",
-        f"distributed.coordinator={coordinator}", f"distributed.num_processes={count}", f"distributed.process_id={process_id}",
+        "train",
+        *overrides,
+        "devices.platform=cpu",
+        f"hydra.run.dir={run_dir}",
+        "hydra.output_subdir=null",
+        f"distributed.coordinator={coordinator}",
+        f"distributed.num_processes={count}",
+        f"distributed.process_id={process_id}",
     ]
     return start_process(args, Role.LOCAL_PROCESS, process_id, run_dir)
 
 
-def start_process(args: list[str], role: Role, process_id: int, run_dir: str, env: dict[str, str] | None = None) -> subprocess.Popen:
+def start_process(
+    args: list[str], role: Role, process_id: int, run_dir: str, env: dict[str, str] | None = None
+) -> subprocess.Popen:
     """Starts process `process_id` of a job on this machine, `meshrun ARGS` in `role` (with `env`:
     that environment instead of this one's), in a process group of its own that dies with this
     process. Its stderr, and the stdout of every process but the first, go to its log in `run_dir`."""
     with open(log_path(run_dir, process_id), "ab") as log_file:
-        return spawn(args, role, stdout=None if process_id == 0 else log_file, stderr=log_file, own_group=True, env=env)
+        return spawn(
+            args, role, stdout=None if process_id == 0 else log_file, stderr=log_file, own_group=True, env=env
+        )
 
 
 def _write_processes_file(run_dir: str, coordinator: str, started: list[subprocess.Popen]) -> None:
-    entries = [{"process_id": i, "pid": p.pid, "log": str(log_path(run_dir, i))} for i, p in enumerate(started)]
+    entries = [
+        {"process_id": i, "pid": p.pid, "log": str(log_path(run_dir, i))} for i, p in enumerate(started)
+    ]
     path = Path(run_dir) / PROCESSES_FILE
     path.write_text(json.dumps({"coordinator": coordinator, "processes": entries}, indent=2) + "\n")
 
@@ -139,7 +162,9 @@ def _watch(started: list[subprocess.Popen], run_dir: str) -> Failure | Stopped |
             _stop(started)
 
 
-def _wait(started: list[subprocess.Popen], forwarded: ForwardedStop, run_dir: str) -> Failure | Stopped | None:
+def _wait(
+    started: list[subprocess.Popen], forwarded: ForwardedStop, run_dir: str
+) -> Failure | Stopped | None:
     """Polls the processes until one fails, all have ended, or the others outstay process 0."""
     first_done_at = None
     while True:
@@ -154,7 +179,9 @@ def _wait(started: list[subprocess.Popen], forwarded: ForwardedStop, run_dir: st
             first_done_at = first_done_at or time.monotonic()
             if time.monotonic() - first_done_at > _FINISH_GRACE_S:
                 late = [i for i, code in enumerate(codes) if code is None]
-                log.warning(f"processes {late} had not exited {_FINISH_GRACE_S} s after process 0 finished; stopping them")
+                log.warning(
+                    f"processes {late} had not exited {_FINISH_GRACE_S} s after process 0 finished; stopping them"
+                )
                 return None
         time.sleep(_POLL_S)
 

@@ -80,7 +80,9 @@ class RunDir:
         if not self.keeps_rejected:
             remove_hydra_files(self.path, self.job.name, rejected=True)
         elif isinstance(err, DoesNotFit):
-            metrics = RunMetrics.not_fitting(str(err), self.path, self.job.choices, self.job.overrides, err.needed, err.available)
+            metrics = RunMetrics.not_fitting(
+                str(err), self.path, self.job.choices, self.job.overrides, err.needed, err.available
+            )
             write_json(metrics.to_json(), self.path, METRICS_FILE)
         else:
             self.record(str(err), exit_status=2)

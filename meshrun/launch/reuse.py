@@ -82,11 +82,20 @@ def resumes_own_checkpoint(config: RunConfig, run_dir: str | Path, requeued: boo
     if mode == "auto":
         return bool(steps)
     named = Path(mode).expanduser().resolve()
-    return (named == root and bool(steps)) or (named.parent == root and named.name.isdigit() and int(named.name) in steps)
+    return (named == root and bool(steps)) or (
+        named.parent == root and named.name.isdigit() and int(named.name) in steps
+    )
 
 
-def check_run_dir(config: RunConfig, run_dir: str | Path, *, requeued: bool, moves: bool, key: str = "hydra.run.dir",
-                  config_is_earlier: bool = True) -> None:
+def check_run_dir(
+    config: RunConfig,
+    run_dir: str | Path,
+    *,
+    requeued: bool,
+    moves: bool,
+    key: str = "hydra.run.dir",
+    config_is_earlier: bool = True,
+) -> None:
     """Checks `run_dir` for a run before the run of `config` starts there (the module doc says what
     follows). Raises ConfigError under `key` for a finished run it does not continue. `moves`: this
     process owns the dir (process 0), and moves an unfinished run's files aside;
@@ -99,8 +108,10 @@ def check_run_dir(config: RunConfig, run_dir: str | Path, *, requeued: bool, mov
         raise ConfigError(key, refusal(earlier, config, run_dir, key))
     if moves:
         aside = move_aside(earlier, with_config=config_is_earlier)
-        say_warning(f"{run_dir} held an unfinished run (no metrics.json) and this run resumes no checkpoint of it: "
-                    f"moved its files to {aside}; starting afresh")
+        say_warning(
+            f"{run_dir} held an unfinished run (no metrics.json) and this run resumes no checkpoint of it: "
+            f"moved its files to {aside}; starting afresh"
+        )
 
 
 def refusal(earlier: EarlierRun, config: RunConfig, run_dir: str | Path, key: str) -> str:
@@ -131,7 +142,12 @@ def check_sweep_dir(sweep_dir: str | Path, resumes: bool) -> None:
     path = Path(sweep_dir)
     if resumes or not path.is_dir():
         return
-    finished = [path / name for name in SUMMARY_FILES if (path / name).is_file()] or list(path.glob(f"*/{METRICS_FILE}"))
+    finished = [path / name for name in SUMMARY_FILES if (path / name).is_file()] or list(
+        path.glob(f"*/{METRICS_FILE}")
+    )
     if finished:
-        raise ConfigError("hydra.sweep.dir", f"got {str(sweep_dir)!r}, which holds a finished multirun ({finished[0]}); give another "
-                                             "hydra.sweep.dir, or continue its jobs from their checkpoints with resume=auto")
+        raise ConfigError(
+            "hydra.sweep.dir",
+            f"got {str(sweep_dir)!r}, which holds a finished multirun ({finished[0]}); give another "
+            "hydra.sweep.dir, or continue its jobs from their checkpoints with resume=auto",
+        )

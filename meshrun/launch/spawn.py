@@ -47,21 +47,38 @@ def parse_role(arg: str) -> Role | None:
     return Role(value)
 
 
-def command(args: Sequence[str], role: Role, entry: Sequence[str] = MODULE_ENTRY, python: str | None = None) -> list[str]:
+def command(
+    args: Sequence[str], role: Role, entry: Sequence[str] = MODULE_ENTRY, python: str | None = None
+) -> list[str]:
     """The command line of a meshrun process with `args` (command and overrides) in `role`;
     `entry` is how Python starts meshrun (`-m meshrun`, or `-c CODE` for a wrapper that does) and
     `python` the interpreter (default: this process's)."""
     return [python or sys.executable, *entry, *args, f"{ROLE_FLAG}={role.value}"]
 
 
-def spawn(args: Sequence[str], role: Role, *, stdout=None, stderr=None, env: Mapping[str, str] | None = None,
-          cwd=None, own_group: bool = False, entry: Sequence[str] = MODULE_ENTRY, python: str | None = None) -> subprocess.Popen:
+def spawn(
+    args: Sequence[str],
+    role: Role,
+    *,
+    stdout=None,
+    stderr=None,
+    env: Mapping[str, str] | None = None,
+    cwd=None,
+    own_group: bool = False,
+    entry: Sequence[str] = MODULE_ENTRY,
+    python: str | None = None,
+) -> subprocess.Popen:
     """Starts meshrun with `args` in `role` (with interpreter `python`, default this process's). With
     `own_group` the process leads a process group of its own (stopping the group stops its children
     too) and is killed when this process dies, however it dies (Linux)."""
     return subprocess.Popen(
-        command(args, role, entry, python), stdout=stdout, stderr=stderr, env=None if env is None else dict(env), cwd=cwd,
-        start_new_session=own_group, preexec_fn=_die_with_parent if own_group else None,
+        command(args, role, entry, python),
+        stdout=stdout,
+        stderr=stderr,
+        env=None if env is None else dict(env),
+        cwd=cwd,
+        start_new_session=own_group,
+        preexec_fn=_die_with_parent if own_group else None,
     )
 
 

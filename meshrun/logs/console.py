@@ -23,7 +23,9 @@ class LineFormatter(logging.Formatter):
     """`[HH:MM:SS][logger] message`, with `warning: ` or `error: ` before the message of records
     of those levels."""
 
-    def __init__(self, fmt=None, datefmt=None, **_) -> None:  # Hydra's default passes its own format; ours is fixed
+    def __init__(
+        self, fmt=None, datefmt=None, **_
+    ) -> None:  # Hydra's default passes its own format; ours is fixed
         super().__init__("%(message)s")
 
     def format(self, record: logging.LogRecord) -> str:

@@ -51,10 +51,16 @@ class EpochProgress(keras.callbacks.Callback):
     def on_train_begin(self, logs=None):
         if self.mode == "bar" and self._bar is None:
             self._bar = Progress(
-                TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                TextColumn("{task.fields[speed]}"), TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn(),
+                TextColumn("[bold]{task.description}"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TextColumn("{task.fields[speed]}"),
+                TimeElapsedColumn(),
+                TextColumn("eta"),
+                TimeRemainingColumn(),
                 TextColumn("{task.fields[metrics]}"),
-                console=self.console, refresh_per_second=2,
+                console=self.console,
+                refresh_per_second=2,
             )
             self._bar.start()
 
@@ -64,16 +70,22 @@ class EpochProgress(keras.callbacks.Callback):
         self._ends.clear()
         self._ends.append(self._epoch_started)
         if self._bar is not None:
-            self._task = self._bar.add_task(f"epoch {epoch + 1}/{self.epochs}", total=self.params["steps"], speed="", metrics="")
+            self._task = self._bar.add_task(
+                f"epoch {epoch + 1}/{self.epochs}", total=self.params["steps"], speed="", metrics=""
+            )
 
     def on_train_batch_end(self, batch, logs=None):
         with self._lock:
             now = time.perf_counter()
             self._ends.append(now)
-            self._batches = max(self._batches, batch + 1)  # Keras' worker threads may run the hooks out of order
+            self._batches = max(
+                self._batches, batch + 1
+            )  # Keras' worker threads may run the hooks out of order
             if self._bar is not None and now - self._updated >= UPDATE_EVERY_S:
                 self._updated = now
-                self._bar.update(self._task, completed=self._batches, speed=self._speed(), metrics=metrics_text(logs))
+                self._bar.update(
+                    self._task, completed=self._batches, speed=self._speed(), metrics=metrics_text(logs)
+                )
 
     def _speed(self) -> str:
         if len(self._ends) < 3:  # the first step is mostly compilation
@@ -88,11 +100,19 @@ class EpochProgress(keras.callbacks.Callback):
         cut = f"; stopped after {self._batches} of {planned} steps" if self._batches < planned else ""
         if self._bar is not None:
             description = f"epoch {epoch + 1}/{self.epochs}" + (" (stopped)" if cut else "")
-            self._bar.update(self._task, completed=self._batches, speed=self._speed(), metrics=metrics_text(logs),
-                             description=description)
+            self._bar.update(
+                self._task,
+                completed=self._batches,
+                speed=self._speed(),
+                metrics=metrics_text(logs),
+                description=description,
+            )
             return
         speed = self._speed() or f"{seconds:.2f} s"
-        print(f"epoch {epoch + 1}/{self.epochs}: {metrics_text(logs)}  ({seconds:.2f} s, {speed}{cut})", flush=True)
+        print(
+            f"epoch {epoch + 1}/{self.epochs}: {metrics_text(logs)}  ({seconds:.2f} s, {speed}{cut})",
+            flush=True,
+        )
 
     def on_train_end(self, logs=None):
         if self._bar is not None:

@@ -76,7 +76,13 @@ class StepTimer(keras.callbacks.Callback):
             counts.append(max(faults, counts[-1]) if counts else faults)
         epochs = sorted(by_epoch)  # every epoch that ran runs at least the step it began with
         until = [self._trained_until.get(e) or by_epoch[e][-1] for e in epochs]
-        stats = summarize(self.first_begin, [self._began[e] for e in epochs], [by_epoch[e] for e in epochs],
-                          [self._epoch_s[e] for e in sorted(self._epoch_s)], [faults_by_epoch[e] for e in epochs], until)
+        stats = summarize(
+            self.first_begin,
+            [self._began[e] for e in epochs],
+            [by_epoch[e] for e in epochs],
+            [self._epoch_s[e] for e in sorted(self._epoch_s)],
+            [faults_by_epoch[e] for e in epochs],
+            until,
+        )
         stats.first_step_at = self.first_begin_wall
         return stats

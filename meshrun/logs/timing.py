@@ -66,8 +66,14 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
 
 
-def summarize(first_begin: float, epoch_begins: list[float], ends_by_epoch: list[list[float]], epoch_s: list[float],
-              faults_by_epoch: list[list[int]] | None = None, trained_until: list[float] | None = None) -> StepStats:
+def summarize(
+    first_begin: float,
+    epoch_begins: list[float],
+    ends_by_epoch: list[list[float]],
+    epoch_s: list[float],
+    faults_by_epoch: list[list[int]] | None = None,
+    trained_until: list[float] | None = None,
+) -> StepStats:
     """Turns step end times into stats. The first step (compilation) is timed from its dispatch;
     steady-state steps are the gaps between consecutive step ends inside one epoch, so epoch
     boundaries (iterator restarts, epoch-end callbacks, evaluation) are not counted as step time.
@@ -77,7 +83,9 @@ def summarize(first_begin: float, epoch_begins: list[float], ends_by_epoch: list
     at each step end, which give the faults per steady step after the first FAULT_WARMUP_STEPS."""
     first_end = ends_by_epoch[0][0]
     gaps = _gaps(ends_by_epoch)
-    window_s, window_steps = throughput_window(epoch_begins, ends_by_epoch, trained_until or [ends[-1] for ends in ends_by_epoch])
+    window_s, window_steps = throughput_window(
+        epoch_begins, ends_by_epoch, trained_until or [ends[-1] for ends in ends_by_epoch]
+    )
     return StepStats(
         compile_s=first_end - first_begin,
         step_time_s=statistics.median(gaps) if gaps else None,
@@ -91,7 +99,9 @@ def summarize(first_begin: float, epoch_begins: list[float], ends_by_epoch: list
     )
 
 
-def throughput_window(epoch_begins: list[float], ends_by_epoch: list[list[float]], trained_until: list[float]) -> tuple[float, int]:
+def throughput_window(
+    epoch_begins: list[float], ends_by_epoch: list[list[float]], trained_until: list[float]
+) -> tuple[float, int]:
     """The seconds and the steps that throughput is taken over: every epoch after the first, whole
     (from its start until its training work ended, `trained_until`: the data's restart at an
     epoch's start counts, as it does on the wall clock); with one epoch, its steps after the
@@ -113,9 +123,13 @@ def faults_per_step(faults_by_epoch: list[list[int]]) -> float | None:
     gaps = _gaps(faults_by_epoch)
     if not gaps:
         return None
-    return statistics.median(gaps[min(FAULT_WARMUP_STEPS, len(gaps) // 2):])
+    return statistics.median(gaps[min(FAULT_WARMUP_STEPS, len(gaps) // 2) :])
 
 
 def _gaps(values_by_epoch: list[list]) -> list:
     """Differences of consecutive values inside each epoch, epoch after epoch."""
-    return [later - earlier for values in values_by_epoch for earlier, later in zip(values, values[1:], strict=False)]
+    return [
+        later - earlier
+        for values in values_by_epoch
+        for earlier, later in zip(values, values[1:], strict=False)
+    ]

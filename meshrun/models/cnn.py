@@ -35,12 +35,17 @@ class CnnOptions:
     def __post_init__(self):
         if len(self.input_shape) != 3 or any(d <= 0 for d in self.input_shape):
             raise ConfigError(
-                "model.input_shape", f"got {list(self.input_shape)}; expected [height, width, channels], all positive"
+                "model.input_shape",
+                f"got {list(self.input_shape)}; expected [height, width, channels], all positive",
             )
         if len(self.filters) != 2 or any(f <= 0 for f in self.filters):
-            raise ConfigError("model.filters", f"got {list(self.filters)}; expected two positive filter counts")
+            raise ConfigError(
+                "model.filters", f"got {list(self.filters)}; expected two positive filter counts"
+            )
         if min(self.input_shape[:2]) < 10:
-            raise ConfigError("model.input_shape", f"got {list(self.input_shape)}; images need at least 10x10 pixels")
+            raise ConfigError(
+                "model.input_shape", f"got {list(self.input_shape)}; images need at least 10x10 pixels"
+            )
         require_positive(self, "hidden", "num_classes")
 
 

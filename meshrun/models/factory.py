@@ -24,7 +24,20 @@ from meshrun.errors import ConfigError
 from meshrun.models.registry import InputSpec, ModelSpec, register_model
 from meshrun.wording import one_of
 
-DTYPES = ("float16", "bfloat16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "bool")
+DTYPES = (
+    "float16",
+    "bfloat16",
+    "float32",
+    "float64",
+    "int8",
+    "int16",
+    "int32",
+    "int64",
+    "uint8",
+    "uint16",
+    "uint32",
+    "bool",
+)
 
 
 @dataclass(frozen=True)
@@ -43,17 +56,29 @@ class FactoryOptions:
         shapes = self.input_shape if isinstance(self.input_shape, dict) else {None: self.input_shape}
         if self.input_shape is not None:
             for name, shape in shapes.items():
-                if not isinstance(shape, (list, tuple)) or not all(d is None or (isinstance(d, int) and d > 0) for d in shape):
+                if not isinstance(shape, (list, tuple)) or not all(
+                    d is None or (isinstance(d, int) and d > 0) for d in shape
+                ):
                     key = "model.input_shape" + (f".{name}" if name else "")
-                    raise ConfigError(key, f"got {shape!r}; expected a list of positive sizes (null for any size), e.g. [28, 28, 1]")
+                    raise ConfigError(
+                        key,
+                        f"got {shape!r}; expected a list of positive sizes (null for any size), e.g. [28, 28, 1]",
+                    )
         dtypes = self.input_dtype if isinstance(self.input_dtype, dict) else {None: self.input_dtype}
         for name, dtype in dtypes.items():
             if dtype not in DTYPES:
                 key = "model.input_dtype" + (f".{name}" if name else "")
                 raise ConfigError(key, f"got {dtype!r}; valid: {one_of(DTYPES)}")
-        if isinstance(self.input_dtype, dict) and isinstance(self.input_shape, dict) and set(self.input_dtype) - set(self.input_shape):
+        if (
+            isinstance(self.input_dtype, dict)
+            and isinstance(self.input_shape, dict)
+            and set(self.input_dtype) - set(self.input_shape)
+        ):
             extra = sorted(set(self.input_dtype) - set(self.input_shape))
-            raise ConfigError("model.input_dtype", f"names inputs {extra} that model.input_shape does not ({one_of(sorted(self.input_shape))})")
+            raise ConfigError(
+                "model.input_dtype",
+                f"names inputs {extra} that model.input_shape does not ({one_of(sorted(self.input_shape))})",
+            )
 
 
 def label(options: FactoryOptions) -> str:
@@ -70,7 +95,9 @@ def build(options: FactoryOptions):
     arguments = ", ".join(f"{k}={v!r}" for k, v in options.kwargs.items())
     model = user_code.call("model.factory", f"{options.factory}({arguments})", function, **options.kwargs)
     if not isinstance(model, keras.Model):
-        raise ConfigError("model.factory", f"{options.factory} returned {type(model).__name__}, not a keras.Model")
+        raise ConfigError(
+            "model.factory", f"{options.factory} returned {type(model).__name__}, not a keras.Model"
+        )
     return model
 
 
@@ -81,7 +108,11 @@ def inputs(options: FactoryOptions) -> dict | None:
     shapes = options.input_shape if isinstance(options.input_shape, dict) else {None: options.input_shape}
 
     def dtype_of(name):
-        return options.input_dtype.get(name, "float32") if isinstance(options.input_dtype, dict) else options.input_dtype
+        return (
+            options.input_dtype.get(name, "float32")
+            if isinstance(options.input_dtype, dict)
+            else options.input_dtype
+        )
 
     return {name: InputSpec(name, tuple(shape), dtype_of(name)) for name, shape in shapes.items()}
 

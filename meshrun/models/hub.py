@@ -43,10 +43,18 @@ from meshrun.wording import did_you_mean, format_bytes, one_of
 
 HANDLE = re.compile(r"^[a-z]+://|^[\w.-]+$")  # kaggle://..., hf://..., or a bare preset name
 # Backbones whose variable paths meshrun's own layouts are written for, by layout family.
-FAMILIES = {"LlamaBackbone": "llama", "MistralBackbone": "llama", "QwenBackbone": "llama", "GemmaBackbone": "gemma"}
+FAMILIES = {
+    "LlamaBackbone": "llama",
+    "MistralBackbone": "llama",
+    "QwenBackbone": "llama",
+    "GemmaBackbone": "gemma",
+}
 # Attention kernels and the dimension that holds their heads: Llama-style (hidden, heads, head_dim),
 # Gemma-style (heads, hidden, head_dim).
-HEAD_DIMENSIONS = ((re.compile(r".*self_attention/(query|key|value)/kernel"), 1), (re.compile(r".*decoder_block_\d+/attention/(query|key|value)/kernel"), 0))
+HEAD_DIMENSIONS = (
+    (re.compile(r".*self_attention/(query|key|value)/kernel"), 1),
+    (re.compile(r".*decoder_block_\d+/attention/(query|key|value)/kernel"), 0),
+)
 UNTIED_HEAD = "token_embedding/reverse_embeddings"
 # Keyword arguments a backbone's **kwargs passes on to keras.Model.
 LAYER_KEYWORDS = ("name", "trainable", "dtype")
@@ -70,16 +78,28 @@ class LoraOptions:
         if self.rank is None:
             for key in ("alpha", "targets"):
                 if getattr(self, key) is not None:
-                    raise ConfigError(f"model.lora.{key}", f"got {_listed(getattr(self, key))} with model.lora.rank=null, which leaves LoRA off; "
-                                                           "set model.lora.rank (e.g. 8) to train adapters")
+                    raise ConfigError(
+                        f"model.lora.{key}",
+                        f"got {_listed(getattr(self, key))} with model.lora.rank=null, which leaves LoRA off; "
+                        "set model.lora.rank (e.g. 8) to train adapters",
+                    )
             return
         if self.rank <= 0:
-            raise ConfigError("model.lora.rank", f"got {self.rank}; valid: a positive integer (the adapters' rank, e.g. 8), or null for no LoRA")
+            raise ConfigError(
+                "model.lora.rank",
+                f"got {self.rank}; valid: a positive integer (the adapters' rank, e.g. 8), or null for no LoRA",
+            )
         if self.alpha is not None and self.alpha <= 0:
-            raise ConfigError("model.lora.alpha", f"got {self.alpha:g}; valid: a positive number (the update is scaled by alpha / rank), "
-                                                  "or null for alpha = rank")
+            raise ConfigError(
+                "model.lora.alpha",
+                f"got {self.alpha:g}; valid: a positive number (the update is scaled by alpha / rank), "
+                "or null for alpha = rank",
+            )
         if self.targets is not None and not self.targets:
-            raise ConfigError("model.lora.targets", "got an empty list; valid: layer names such as [query,value], or null for the backbone's default")
+            raise ConfigError(
+                "model.lora.targets",
+                "got an empty list; valid: layer names such as [query,value], or null for the backbone's default",
+            )
 
     @property
     def enabled(self) -> bool:
@@ -94,7 +114,13 @@ class LoraOptions:
 
 def _listed(value) -> str:
     """A model.lora value as error messages show it."""
-    return repr(list(value)) if isinstance(value, tuple) else f"{value:g}" if isinstance(value, float) else repr(value)
+    return (
+        repr(list(value))
+        if isinstance(value, tuple)
+        else f"{value:g}"
+        if isinstance(value, float)
+        else repr(value)
+    )
 
 
 @dataclass(frozen=True)
@@ -116,16 +142,27 @@ class KerasHubOptions:
         if self.preset:
             _check_preset(self.preset)
         if self.seq_len is None:
-            object.__setattr__(self, "seq_len", preset_sequence_length(self.preset) if self.preset else DEFAULT_SEQ_LEN)
+            object.__setattr__(
+                self, "seq_len", preset_sequence_length(self.preset) if self.preset else DEFAULT_SEQ_LEN
+            )
         require_positive(self, "seq_len")
         limit = max_sequence_length(self)
         if limit is not None and self.seq_len > limit:
-            raise ConfigError("model.seq_len", f"got {self.seq_len}, more than the backbone's max_sequence_length {limit}; valid: 1 to {limit}")
+            raise ConfigError(
+                "model.seq_len",
+                f"got {self.seq_len}, more than the backbone's max_sequence_length {limit}; valid: 1 to {limit}",
+            )
         if self.preset:
             if self.backbone:
-                raise ConfigError("model.backbone", f"got {self.backbone} with model.preset: a preset holds its backbone's arguments; leave model.backbone empty")
+                raise ConfigError(
+                    "model.backbone",
+                    f"got {self.backbone} with model.preset: a preset holds its backbone's arguments; leave model.backbone empty",
+                )
         elif not self.task:
-            raise ConfigError("model.task", "is required: a KerasHub causal LM class, e.g. LlamaCausalLM or GemmaCausalLM (or model.preset=DIR)")
+            raise ConfigError(
+                "model.task",
+                "is required: a KerasHub causal LM class, e.g. LlamaCausalLM or GemmaCausalLM (or model.preset=DIR)",
+            )
         elif not self.backbone:
             raise ConfigError(
                 "model.backbone",
@@ -184,9 +221,15 @@ def _check_preset(preset: str) -> None:
         check_preset_objects(path, "model.preset")
         return
     if not path.exists() and HANDLE.match(preset):
-        raise ConfigError("model.preset", f"got {preset!r}, a preset handle; meshrun downloads nothing: download the preset first "
-                                          "(e.g. keras_hub.models.CausalLM.from_preset(...).save_to_preset(DIR)) and give the dir")
-    raise ConfigError("model.preset", f"got {preset!r}, which is not a preset dir (one holding config.json, as save_to_preset writes)")
+        raise ConfigError(
+            "model.preset",
+            f"got {preset!r}, a preset handle; meshrun downloads nothing: download the preset first "
+            "(e.g. keras_hub.models.CausalLM.from_preset(...).save_to_preset(DIR)) and give the dir",
+        )
+    raise ConfigError(
+        "model.preset",
+        f"got {preset!r}, which is not a preset dir (one holding config.json, as save_to_preset writes)",
+    )
 
 
 def import_keras_hub():
@@ -198,7 +241,10 @@ def import_keras_hub():
     try:
         return import_without_tensorflow()
     except ImportError:
-        raise ConfigError("model", "model=keras_hub needs the keras-hub package, which is not installed: pip install 'meshrun[hub]'") from None
+        raise ConfigError(
+            "model",
+            "model=keras_hub needs the keras-hub package, which is not installed: pip install 'meshrun[hub]'",
+        ) from None
 
 
 def task_class(options: KerasHubOptions):
@@ -210,8 +256,13 @@ def task_class(options: KerasHubOptions):
     if options.task in causal:
         return getattr(keras_hub.models, options.task)
     if isinstance(getattr(keras_hub.models, options.task, None), type):
-        raise ConfigError("model.task", f"got {options.task!r}, which is not a causal language model; meshrun trains those: {one_of(causal)}")
-    raise ConfigError("model.task", f"got {options.task!r}; {did_you_mean(options.task, causal)}valid: {one_of(causal)}")
+        raise ConfigError(
+            "model.task",
+            f"got {options.task!r}, which is not a causal language model; meshrun trains those: {one_of(causal)}",
+        )
+    raise ConfigError(
+        "model.task", f"got {options.task!r}; {did_you_mean(options.task, causal)}valid: {one_of(causal)}"
+    )
 
 
 def build(options: KerasHubOptions, load_weights: bool = True):
@@ -238,7 +289,10 @@ def _staged(task, options: KerasHubOptions):
         return task  # without blocks: meshrun's checks say so in the config's terms
     from meshrun.pipeline.functional import with_pipelined_blocks
 
-    symbolic = {name: keras.Input(batch_shape=(None, options.seq_len), dtype=spec.dtype, name=name) for name, spec in inputs(options).items()}
+    symbolic = {
+        name: keras.Input(batch_shape=(None, options.seq_len), dtype=spec.dtype, name=name)
+        for name, spec in inputs(options).items()
+    }
     return with_pipelined_blocks(task, blocks, pipeline, name="transformer_layers", inputs=symbolic)
 
 
@@ -252,8 +306,15 @@ def _build_task(options: KerasHubOptions, load_weights: bool):
         described = f"{task.__name__}.from_preset({options.preset!r})"
         loading = load_onto_shards(on_placed=load_memory.sample) if load_weights else contextlib.nullcontext()
         with loading, local_preset_loading():  # each weight straight onto its shards; no TensorFlow
-            return user_code.call("model.preset", described, task.from_preset, preset=str(Path(options.preset).expanduser()),
-                                  preprocessor=None, compile=False, load_weights=load_weights)
+            return user_code.call(
+                "model.preset",
+                described,
+                task.from_preset,
+                preset=str(Path(options.preset).expanduser()),
+                preprocessor=None,
+                compile=False,
+                load_weights=load_weights,
+            )
     backbone_cls = task.backbone_cls
     name = backbone_cls.__name__
     user_code.check_kwargs("model.backbone", backbone_cls, name, options.backbone, passed_on=LAYER_KEYWORDS)
@@ -293,13 +354,19 @@ def _check_lora_targets(backbone, lora: LoraOptions, targets: list[str]) -> None
     name = type(backbone).__name__
     if lora.targets is None:
         if not set(targets) & set(valid):
-            raise ConfigError("model.lora.targets", f"got null, but {name} has none of KerasHub's default LoRA layers ({one_of(targets)}); "
-                                                    f"name the layers to adapt: {one_of(valid)}")
+            raise ConfigError(
+                "model.lora.targets",
+                f"got null, but {name} has none of KerasHub's default LoRA layers ({one_of(targets)}); "
+                f"name the layers to adapt: {one_of(valid)}",
+            )
         return
     missing = [t for t in targets if t not in valid]
     if missing:
-        raise ConfigError("model.lora.targets", f"got {list(lora.targets)}, but {name} has no Dense or EinsumDense layer named {missing[0]!r}; "
-                                                f"{did_you_mean(missing[0], valid)}valid: {one_of(valid)}")
+        raise ConfigError(
+            "model.lora.targets",
+            f"got {list(lora.targets)}, but {name} has no Dense or EinsumDense layer named {missing[0]!r}; "
+            f"{did_you_mean(missing[0], valid)}valid: {one_of(valid)}",
+        )
 
 
 def lora_layer_names(backbone) -> list[str]:
@@ -351,7 +418,9 @@ def next_token_loss(options: KerasHubOptions):
     weights (the real tokens), not by every position."""
     import keras
 
-    return keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="mean_with_sample_weight", name="next_token_crossentropy")
+    return keras.losses.SparseCategoricalCrossentropy(
+        from_logits=True, reduction="mean_with_sample_weight", name="next_token_crossentropy"
+    )
 
 
 def analytic_flops(options: KerasHubOptions, batch_size: int, variables) -> float:
@@ -390,12 +459,26 @@ def layout_rules(options: KerasHubOptions, mesh) -> tuple:
     model_axis = _model_axis(mesh)
     # The map only needs the mesh's shape and axis names: placeholders stand in for devices, so a
     # mesh is planned on any machine.
-    device_mesh = kd.DeviceMesh(tuple(mesh.shape), list(mesh.axis_names), devices=[f"device:{i}" for i in range(math.prod(mesh.shape))])
-    layouts = backbone_cls.get_layout_map(device_mesh, model_parallel_dim_name=model_axis, data_parallel_dim_name=mesh.batch_axis)
+    device_mesh = kd.DeviceMesh(
+        tuple(mesh.shape),
+        list(mesh.axis_names),
+        devices=[f"device:{i}" for i in range(math.prod(mesh.shape))],
+    )
+    layouts = backbone_cls.get_layout_map(
+        device_mesh, model_parallel_dim_name=model_axis, data_parallel_dim_name=mesh.batch_axis
+    )
     # Written for a whole family (one map for Gemma 2B's one key/value head and Gemma 7B's sixteen),
     # so a dimension the mesh cannot divide stays whole (the plan notes it) rather than failing.
-    return tuple(LayoutRule(pattern, tuple(layouts[pattern].axes), origin="from_model", optional=True, replicate_if_indivisible=True)
-                 for pattern in layouts)
+    return tuple(
+        LayoutRule(
+            pattern,
+            tuple(layouts[pattern].axes),
+            origin="from_model",
+            optional=True,
+            replicate_if_indivisible=True,
+        )
+        for pattern in layouts
+    )
 
 
 def _backbone_class(options: KerasHubOptions):
@@ -423,11 +506,15 @@ def _model_axis(mesh) -> str:
 
 def _layouts_hint(backbone_cls) -> str:
     """What to use for a backbone without a layout map: meshrun's layouts for its family, layout=auto."""
-    family = next((f for name, f in FAMILIES.items() if any(c.__name__ == name for c in backbone_cls.__mro__)), None)
+    family = next(
+        (f for name, f in FAMILIES.items() if any(c.__name__ == name for c in backbone_cls.__mro__)), None
+    )
     if family:
         return f"use meshrun's layout={family}_tp ({family}_fsdp, {family}_2d) or layout=auto, or write layout.rules"
-    return ("use layout=auto (rules derived from its variables and the mesh; `meshrun plan layout=auto` shows them), "
-            "write layout.rules for its variable paths (meshrun plan lists them), or use layout=replicated")
+    return (
+        "use layout=auto (rules derived from its variables and the mesh; `meshrun plan layout=auto` shows them), "
+        "write layout.rules for its variable paths (meshrun plan lists them), or use layout=replicated"
+    )
 
 
 def layout_advice(options: KerasHubOptions, variables, mesh) -> list[str]:
@@ -463,7 +550,17 @@ SPEC = register_model(
         name="keras_hub",
         options=KerasHubOptions,
         build=build,
-        layouts=("replicated", "auto", "from_model", "llama_tp", "llama_fsdp", "llama_2d", "gemma_tp", "gemma_fsdp", "gemma_2d"),
+        layouts=(
+            "replicated",
+            "auto",
+            "from_model",
+            "llama_tp",
+            "llama_fsdp",
+            "llama_2d",
+            "gemma_tp",
+            "gemma_fsdp",
+            "gemma_2d",
+        ),
         data="padded_tokens",
         loss=next_token_loss,
         description="KerasHub causal language models (model.task, model.backbone or model.preset)",

@@ -47,7 +47,11 @@ def save_preset(task, options: KerasHubOptions, directory: Path) -> Path:
     the log says). The preset is written into a temporary dir renamed to `directory` once complete,
     so a failed export leaves nothing half-written."""
     preprocessor = preset_preprocessor(options)
-    exporting = type(task)(backbone=task.backbone, preprocessor=preprocessor, compile=False) if preprocessor is not None else task
+    exporting = (
+        type(task)(backbone=task.backbone, preprocessor=preprocessor, compile=False)
+        if preprocessor is not None
+        else task
+    )
     with dir_written_whole(directory) as partial:
         exporting.save_to_preset(str(partial))
         if options.lora.enabled:
@@ -59,19 +63,28 @@ def preset_preprocessor(options: KerasHubOptions):
     """The CausalLMPreprocessor (with its tokenizer) of model.preset, or None when there is no
     preset, it holds neither a preprocessor nor a tokenizer, or KerasHub cannot load them (said in
     the log: the trained weights are still exported)."""
-    if options.preset is None or not any((Path(options.preset).expanduser() / name).is_file() for name in PREPROCESSOR_FILES):
+    if options.preset is None or not any(
+        (Path(options.preset).expanduser() / name).is_file() for name in PREPROCESSOR_FILES
+    ):
         source = f"model.preset {options.preset}" if options.preset else "a model built from model.backbone"
-        log.info(f"the exported preset has no tokenizer or preprocessor ({source} has none); "
-                 "give CausalLM.from_preset(..., preprocessor=...) one, or feed it token ids")
+        log.info(
+            f"the exported preset has no tokenizer or preprocessor ({source} has none); "
+            "give CausalLM.from_preset(..., preprocessor=...) one, or feed it token ids"
+        )
         return None
     keras_hub = import_keras_hub()
     preset = str(Path(options.preset).expanduser())
     try:
-        with local_preset_loading(), native_info_lines_dropped():  # SentencePiece's LOG(INFO) lines on loading the tokenizer
+        with (
+            local_preset_loading(),
+            native_info_lines_dropped(),
+        ):  # SentencePiece's LOG(INFO) lines on loading the tokenizer
             return keras_hub.models.CausalLMPreprocessor.from_preset(preset)
     except Exception as err:  # the preset's own files decide; the export goes on without them
-        log.warning(f"the exported preset has no tokenizer or preprocessor: CausalLMPreprocessor.from_preset({preset!r}) "
-                    f"raised {error_text(err)}")
+        log.warning(
+            f"the exported preset has no tokenizer or preprocessor: CausalLMPreprocessor.from_preset({preset!r}) "
+            f"raised {error_text(err)}"
+        )
         return None
 
 
@@ -81,7 +94,9 @@ def _count_merged_parameters(preset: Path, backbone) -> None:
     import json
     import math
 
-    adapters = {id(v) for layer in adapted_layers(backbone) for v in (layer.lora_kernel_a, layer.lora_kernel_b)}
+    adapters = {
+        id(v) for layer in adapted_layers(backbone) for v in (layer.lora_kernel_a, layer.lora_kernel_b)
+    }
     path = preset / "metadata.json"
     metadata = json.loads(path.read_text())
     metadata["parameter_count"] = sum(math.prod(v.shape) for v in backbone.variables if id(v) not in adapters)
@@ -99,10 +114,16 @@ def keep_adapter(trained, options: KerasHubOptions, run_dir: Path) -> str | None
     task = trained()
     if task is None:
         return None
-    split = [v.path for layer in adapted_layers(task.backbone) for v in (layer.lora_kernel_a, layer.lora_kernel_b)
-             if not (v.value.is_fully_addressable or v.value.is_fully_replicated)]
+    split = [
+        v.path
+        for layer in adapted_layers(task.backbone)
+        for v in (layer.lora_kernel_a, layer.lora_kernel_b)
+        if not (v.value.is_fully_addressable or v.value.is_fully_replicated)
+    ]
     if split:
-        log.warning(f"checkpoint.keep_adapter: {split[0]} is split over processes, so no adapter file is written (its checkpoints hold it)")
+        log.warning(
+            f"checkpoint.keep_adapter: {split[0]} is split over processes, so no adapter file is written (its checkpoints hold it)"
+        )
         return None
     return str(save_adapter(task.backbone, options.lora, run_dir / ADAPTER_FILE))
 

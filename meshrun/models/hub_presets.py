@@ -31,7 +31,13 @@ from meshrun.text.tokenizer_training import (
 # Tokens the byte-level BPE families add after the trained ones (as the real models have them last).
 GPT2_SPECIAL_TOKENS = ("<|endoftext|>",)
 TOKENIZER_LIBRARIES = {"SentencePiece": "sentencepiece", "byte-level BPE": "tokenizers"}
-LLAMA3_SPECIAL_TOKENS = ("<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>")
+LLAMA3_SPECIAL_TOKENS = (
+    "<|begin_of_text|>",
+    "<|end_of_text|>",
+    "<|start_header_id|>",
+    "<|end_header_id|>",
+    "<|eot_id|>",
+)
 
 
 @dataclass(frozen=True)
@@ -107,7 +113,9 @@ def assemble(family: Family, tokenizer_layer, shape: PresetShape):
     keras_hub = _keras_hub()
     set_random_seed(shape.seed, tensorflow_seed=shape.seed)
     backbone = family.backbone(keras_hub, shape)
-    preprocessor = getattr(keras_hub.models, family.preprocessor)(tokenizer_layer, sequence_length=shape.sequence_length)
+    preprocessor = getattr(keras_hub.models, family.preprocessor)(
+        tokenizer_layer, sequence_length=shape.sequence_length
+    )
     return getattr(keras_hub.models, family.task)(backbone=backbone, preprocessor=preprocessor)
 
 
@@ -120,38 +128,53 @@ def _keras_hub():
 def bpe_vocabulary(texts: Sequence[str], special_tokens: Sequence[str], shape: PresetShape, key: str) -> dict:
     """The vocabulary and merges of a byte-level BPE trained on `texts`, special tokens last, as
     KerasHub's BytePairTokenizer classes take them (keyword arguments)."""
-    vocabulary, merges = vocabulary_and_merges(byte_level_bpe(texts, special_tokens, shape.vocabulary_size, key))
+    vocabulary, merges = vocabulary_and_merges(
+        byte_level_bpe(texts, special_tokens, shape.vocabulary_size, key)
+    )
     return {"vocabulary": vocabulary, "merges": merges}
 
 
 def _sentencepiece(setup: SentencePieceSetup):
     def train(texts: Sequence[str], shape: PresetShape, key: str) -> dict:
         return {"proto": sentencepiece_proto(texts, shape.vocabulary_size, setup, key)}
+
     return train
 
 
 def _byte_level(special_tokens: Sequence[str]):
     def train(texts: Sequence[str], shape: PresetShape, key: str) -> dict:
         return bpe_vocabulary(texts, special_tokens, shape, key)
+
     return train
 
 
 def _gemma_backbone(keras_hub, shape: PresetShape):
     return keras_hub.models.GemmaBackbone(
-        vocabulary_size=shape.vocabulary_size, num_layers=shape.num_layers, num_query_heads=shape.num_query_heads,
-        num_key_value_heads=shape.num_key_value_heads, hidden_dim=shape.hidden_dim, intermediate_dim=shape.intermediate_dim,
-        head_dim=shape.head_dim, dropout=shape.dropout,
+        vocabulary_size=shape.vocabulary_size,
+        num_layers=shape.num_layers,
+        num_query_heads=shape.num_query_heads,
+        num_key_value_heads=shape.num_key_value_heads,
+        hidden_dim=shape.hidden_dim,
+        intermediate_dim=shape.intermediate_dim,
+        head_dim=shape.head_dim,
+        dropout=shape.dropout,
     )
 
 
 def _grouped_backbone(class_name: str):
     """A builder of Llama-style backbones (Llama 3, Mistral), which take the same arguments."""
+
     def backbone(keras_hub, shape: PresetShape):
         return getattr(keras_hub.models, class_name)(
-            vocabulary_size=shape.vocabulary_size, num_layers=shape.num_layers, num_query_heads=shape.num_query_heads,
-            num_key_value_heads=shape.num_key_value_heads, hidden_dim=shape.hidden_dim, intermediate_dim=shape.intermediate_dim,
+            vocabulary_size=shape.vocabulary_size,
+            num_layers=shape.num_layers,
+            num_query_heads=shape.num_query_heads,
+            num_key_value_heads=shape.num_key_value_heads,
+            hidden_dim=shape.hidden_dim,
+            intermediate_dim=shape.intermediate_dim,
             dropout=shape.dropout,
         )
+
     return backbone
 
 
@@ -159,20 +182,56 @@ def _gpt2_backbone(keras_hub, shape: PresetShape):
     """GPT-2's position table holds twice the preprocessor's sequence length, so a fine-tune can
     use longer rows."""
     return keras_hub.models.GPT2Backbone(
-        vocabulary_size=shape.vocabulary_size, num_layers=shape.num_layers, num_heads=shape.num_query_heads,
-        hidden_dim=shape.hidden_dim, intermediate_dim=shape.intermediate_dim, dropout=shape.dropout,
+        vocabulary_size=shape.vocabulary_size,
+        num_layers=shape.num_layers,
+        num_heads=shape.num_query_heads,
+        hidden_dim=shape.hidden_dim,
+        intermediate_dim=shape.intermediate_dim,
+        dropout=shape.dropout,
         max_sequence_length=2 * shape.sequence_length,
     )
 
 
 FAMILIES = {
-    family.name: family for family in (
-        Family("gemma", "GemmaCausalLM", "SentencePiece", "GemmaTokenizer", _sentencepiece(GEMMA_SENTENCEPIECE), _gemma_backbone, (8, 1)),
-        Family("llama", "Llama3CausalLM", "byte-level BPE", "Llama3Tokenizer", _byte_level(LLAMA3_SPECIAL_TOKENS),
-               _grouped_backbone("Llama3Backbone"), (8, 2)),
-        Family("mistral", "MistralCausalLM", "SentencePiece", "MistralTokenizer", _sentencepiece(MISTRAL_SENTENCEPIECE),
-               _grouped_backbone("MistralBackbone"), (8, 2)),
-        Family("gpt2", "GPT2CausalLM", "byte-level BPE", "GPT2Tokenizer", _byte_level(GPT2_SPECIAL_TOKENS), _gpt2_backbone, (8, 8),
-               grouped=False, rotary=False),
+    family.name: family
+    for family in (
+        Family(
+            "gemma",
+            "GemmaCausalLM",
+            "SentencePiece",
+            "GemmaTokenizer",
+            _sentencepiece(GEMMA_SENTENCEPIECE),
+            _gemma_backbone,
+            (8, 1),
+        ),
+        Family(
+            "llama",
+            "Llama3CausalLM",
+            "byte-level BPE",
+            "Llama3Tokenizer",
+            _byte_level(LLAMA3_SPECIAL_TOKENS),
+            _grouped_backbone("Llama3Backbone"),
+            (8, 2),
+        ),
+        Family(
+            "mistral",
+            "MistralCausalLM",
+            "SentencePiece",
+            "MistralTokenizer",
+            _sentencepiece(MISTRAL_SENTENCEPIECE),
+            _grouped_backbone("MistralBackbone"),
+            (8, 2),
+        ),
+        Family(
+            "gpt2",
+            "GPT2CausalLM",
+            "byte-level BPE",
+            "GPT2Tokenizer",
+            _byte_level(GPT2_SPECIAL_TOKENS),
+            _gpt2_backbone,
+            (8, 8),
+            grouped=False,
+            rotary=False,
+        ),
     )
 }

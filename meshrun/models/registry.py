@@ -13,8 +13,17 @@ register_model = MODELS.register
 get_model = MODELS.get
 model_names = MODELS.names
 
-__all__ = ["InputSpec", "ModelSpec", "class_accuracy", "fill_from_preset", "get_model", "model_names", "register_model",
-           "require_positive", "zoo_model_names"]
+__all__ = [
+    "InputSpec",
+    "ModelSpec",
+    "class_accuracy",
+    "fill_from_preset",
+    "get_model",
+    "model_names",
+    "register_model",
+    "require_positive",
+    "zoo_model_names",
+]
 
 
 def zoo_model_names() -> list[str]:
@@ -30,7 +39,10 @@ def fill_from_preset(options, presets: dict[str, dict[str, Any]]) -> None:
     from meshrun.wording import did_you_mean, one_of
 
     if options.preset not in presets:
-        raise ConfigError("model.preset", f"got {options.preset!r}; {did_you_mean(options.preset, presets)}valid: {one_of(presets)}")
+        raise ConfigError(
+            "model.preset",
+            f"got {options.preset!r}; {did_you_mean(options.preset, presets)}valid: {one_of(presets)}",
+        )
     for key, value in presets[options.preset].items():
         if getattr(options, key) is None:
             object.__setattr__(options, key, value)

@@ -46,8 +46,9 @@ def building_for() -> PipelineConfig | None:
     return _building_for.get()
 
 
-def repeated_blocks(make_block: Callable[[str], object], count: int, name: str = "blocks",
-                    block_name: str = "block_{}") -> Callable:
+def repeated_blocks(
+    make_block: Callable[[str], object], count: int, name: str = "blocks", block_name: str = "block_{}"
+) -> Callable:
     """`count` blocks made by `make_block(name)` applied in order, as a callable for a functional
     model (`(x, **side)`: keyword tensors every block takes beside x): separate layers named
     `block_name.format(i)`, or (in a build for pipeline stages) one PipelinedBlocks layer named
@@ -58,5 +59,13 @@ def repeated_blocks(make_block: Callable[[str], object], count: int, name: str =
         return lambda x, **side: functools.reduce(lambda hidden, block: block(hidden, **side), blocks, x)
     from meshrun.pipeline.stack import PipelinedBlocks
 
-    return PipelinedBlocks(make_block, count, axis=pipeline.axis, microbatches=pipeline.microbatches,
-                           remat=pipeline.remat, block_name=block_name, repeats=pipeline.repeats, name=name)
+    return PipelinedBlocks(
+        make_block,
+        count,
+        axis=pipeline.axis,
+        microbatches=pipeline.microbatches,
+        remat=pipeline.remat,
+        block_name=block_name,
+        repeats=pipeline.repeats,
+        name=name,
+    )

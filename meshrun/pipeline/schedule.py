@@ -23,18 +23,31 @@ def check_split(blocks: int, stages: int, batch: int, microbatches: int, repeats
     not a multiple of the stages. (meshrun's config checks say the same in the config's terms before
     anything is built; this guards the schedule's own callers.)"""
     if blocks % (stages * repeats):
-        raise ValueError(f"{blocks} blocks do not split into {stages * repeats} stages of equal length; "
-                         f"use a stage count that divides {blocks}")
+        raise ValueError(
+            f"{blocks} blocks do not split into {stages * repeats} stages of equal length; "
+            f"use a stage count that divides {blocks}"
+        )
     if microbatches < 1 or batch % microbatches:
-        raise ValueError(f"{microbatches} microbatches do not divide the batch of {batch}; "
-                         f"use a divisor of {batch}")
+        raise ValueError(
+            f"{microbatches} microbatches do not divide the batch of {batch}; use a divisor of {batch}"
+        )
     if repeats > 1 and microbatches % stages:
-        raise ValueError(f"the circular schedule takes microbatches in groups of the {stages} stages; "
-                         f"{microbatches} is not a multiple of {stages}")
+        raise ValueError(
+            f"the circular schedule takes microbatches in groups of the {stages} stages; "
+            f"{microbatches} is not a multiple of {stages}"
+        )
 
 
-def gpipe(stage_fn: Callable, stage_params, x: jax.Array, mesh: Mesh, axis: str, microbatches: int,
-          side: dict | None = None, repeats: int = 1) -> jax.Array:
+def gpipe(
+    stage_fn: Callable,
+    stage_params,
+    x: jax.Array,
+    mesh: Mesh,
+    axis: str,
+    microbatches: int,
+    side: dict | None = None,
+    repeats: int = 1,
+) -> jax.Array:
     """Runs `stage_fn(params, x, side)` as a pipeline over mesh axis `axis`: `stage_params` is a
     pytree of arrays whose leading dimension is split over the stages (each stage gets its own
     contiguous blocks; with `repeats` R > 1 their shape is (R, blocks / R, ...), the second dimension
@@ -47,19 +60,44 @@ def gpipe(stage_fn: Callable, stage_params, x: jax.Array, mesh: Mesh, axis: str,
     side = side or {}
     ticks = Ticks(stages=mesh.shape[axis], microbatches=microbatches, repeats=repeats, axis=axis)
     leaf = jax.tree.leaves(stage_params)[0]
-    check_split(leaf.shape[0] * (leaf.shape[1] if repeats > 1 else 1), ticks.stages, x.shape[0], microbatches, repeats)
-    if ticks.stages == 1:  # nothing to hand on (and XLA refuses a collective over a manual axis of one device)
-        return stage_fn(jax.tree.map(lambda p: p.reshape(-1, *p.shape[2:]), stage_params) if repeats > 1 else stage_params, x, side)
+    check_split(
+        leaf.shape[0] * (leaf.shape[1] if repeats > 1 else 1), ticks.stages, x.shape[0], microbatches, repeats
+    )
+    if (
+        ticks.stages == 1
+    ):  # nothing to hand on (and XLA refuses a collective over a manual axis of one device)
+        return stage_fn(
+            jax.tree.map(lambda p: p.reshape(-1, *p.shape[2:]), stage_params)
+            if repeats > 1
+            else stage_params,
+            x,
+            side,
+        )
     # Activations enter and leave in float32 at least: the outputs are summed over the stages, and so are the
     # inputs' gradients, and XLA's CPU compiler aborts on those all-reduces in bfloat16, as mixed_bfloat16
     # gives them ("Invalid binary instruction opcode copy").
-    per_stage = functools.partial(_run_stage, ticks, _one_round(stage_fn, repeats), x.dtype,
-                                  {name: value.dtype for name, value in side.items()})
-    param_specs = jax.tree.map(lambda _: PartitionSpec(None, axis) if repeats > 1 else PartitionSpec(axis), stage_params)
+    per_stage = functools.partial(
+        _run_stage,
+        ticks,
+        _one_round(stage_fn, repeats),
+        x.dtype,
+        {name: value.dtype for name, value in side.items()},
+    )
+    param_specs = jax.tree.map(
+        lambda _: PartitionSpec(None, axis) if repeats > 1 else PartitionSpec(axis), stage_params
+    )
     side_specs = {name: PartitionSpec() for name in side}
-    staged = jax.shard_map(per_stage, mesh=mesh, in_specs=(param_specs, PartitionSpec(), side_specs), out_specs=PartitionSpec(),
-                           axis_names={axis}, check_vma=False)
-    return jax.jit(staged)(stage_params, _at_least_float32(x), {name: _at_least_float32(value) for name, value in side.items()})  # jitted: called eagerly, a shard_map with automatic axes fails
+    staged = jax.shard_map(
+        per_stage,
+        mesh=mesh,
+        in_specs=(param_specs, PartitionSpec(), side_specs),
+        out_specs=PartitionSpec(),
+        axis_names={axis},
+        check_vma=False,
+    )
+    return jax.jit(staged)(
+        stage_params, _at_least_float32(x), {name: _at_least_float32(value) for name, value in side.items()}
+    )  # jitted: called eagerly, a shard_map with automatic axes fails
 
 
 @dataclass(frozen=True)
@@ -95,7 +133,9 @@ def _one_round(stage_fn: Callable, repeats: int) -> Callable:
         return lambda params, round_, x, side: stage_fn(params, x, side)
 
     def run_round(params, round_, x, side):
-        return stage_fn(jax.tree.map(lambda p: lax.dynamic_index_in_dim(p, round_, keepdims=False), params), x, side)
+        return stage_fn(
+            jax.tree.map(lambda p: lax.dynamic_index_in_dim(p, round_, keepdims=False), params), x, side
+        )
 
     # Kept as it is, the backward pass would keep the round's weights, sliced anew at every tick, once per
     # tick: 19.0 MiB a device against 2.0 MiB (2 stages, 16 microbatches, scripts/bench_pipeline.py). Keeping
@@ -103,7 +143,9 @@ def _one_round(stage_fn: Callable, repeats: int) -> Callable:
     return jax.checkpoint(run_round, policy=jax.checkpoint_policies.dots_saveable)
 
 
-def _run_stage(ticks: Ticks, run_round: Callable, dtype, side_dtypes: dict, params, x: jax.Array, side: dict) -> jax.Array:
+def _run_stage(
+    ticks: Ticks, run_round: Callable, dtype, side_dtypes: dict, params, x: jax.Array, side: dict
+) -> jax.Array:
     """One stage's part of the schedule (the body of the shard_map over the stage axis): every tick
     it works on the microbatch that reached it and hands its output to the next stage. Returns the
     last stage's outputs for every row, on every stage, in `dtype`."""
@@ -119,7 +161,10 @@ def _run_stage(ticks: Ticks, run_round: Callable, dtype, side_dtypes: dict, para
         handed, outputs = carry
         valid, round_, microbatch = ticks.work_at(t, stage)
         fresh = lax.dynamic_index_in_dim(batches, microbatch, keepdims=False)
-        beside = {name: lax.dynamic_index_in_dim(value, microbatch, keepdims=False) for name, value in side_batches.items()}
+        beside = {
+            name: lax.dynamic_index_in_dim(value, microbatch, keepdims=False)
+            for name, value in side_batches.items()
+        }
         out = run_round(params, round_, jnp.where((stage == 0) & (round_ == 0), fresh, handed), beside)
         done = last & valid & (round_ == ticks.repeats - 1)  # the last stage finished this microbatch
         kept = lax.dynamic_index_in_dim(outputs, microbatch, keepdims=False)
@@ -135,7 +180,11 @@ def _run_stage(ticks: Ticks, run_round: Callable, dtype, side_dtypes: dict, para
 
 def _at_least_float32(array: jax.Array) -> jax.Array:
     """`array` in float32 when it holds floats of fewer bits (integers, masks, as they are)."""
-    return array.astype(jnp.float32) if jnp.issubdtype(array.dtype, jnp.floating) and array.dtype.itemsize < 4 else array
+    return (
+        array.astype(jnp.float32)
+        if jnp.issubdtype(array.dtype, jnp.floating) and array.dtype.itemsize < 4
+        else array
+    )
 
 
 def split_microbatches(x: jax.Array, microbatches: int) -> jax.Array:

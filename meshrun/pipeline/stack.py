@@ -48,7 +48,7 @@ class StackedInitializer(keras.initializers.Initializer):
         self.lead = lead
 
     def __call__(self, shape, dtype=None):
-        blocks = [initializer(shape[self.lead:], dtype=dtype) for initializer in self.initializers]
+        blocks = [initializer(shape[self.lead :], dtype=dtype) for initializer in self.initializers]
         return keras.ops.reshape(keras.ops.stack(blocks), shape)
 
 
@@ -84,8 +84,12 @@ def _slice_on(array: jax.Array, index: tuple, device) -> jax.Array:
         held = [part.indices(size)[:2] for part, size in zip(shard.index, array.shape, strict=True)]
         if shard.device == device and wanted == held:
             return shard.data
-        if shard.device == device and all(h0 <= w0 and w1 <= h1 for (w0, w1), (h0, h1) in zip(wanted, held, strict=True)):
-            return shard.data[tuple(slice(w0 - h0, w1 - h0) for (w0, w1), (h0, _) in zip(wanted, held, strict=True))]
+        if shard.device == device and all(
+            h0 <= w0 and w1 <= h1 for (w0, w1), (h0, h1) in zip(wanted, held, strict=True)
+        ):
+            return shard.data[
+                tuple(slice(w0 - h0, w1 - h0) for (w0, w1), (h0, _) in zip(wanted, held, strict=True))
+            ]
     return jax.device_put(array[index], device)
 
 
@@ -111,9 +115,18 @@ class PipelinedBlocks(keras.layers.Layer):
     blocks of stages s, s + S, ..., in the blocks' order when the two leading dimensions are read
     as one."""
 
-    def __init__(self, make_block: Callable[[str], keras.layers.Layer] | None, num_blocks: int, axis: str = "stage",
-                 microbatches: int | None = None, remat: bool = False, block_name: str = "block_{}", repeats: int = 1,
-                 blocks: list | None = None, **kwargs):
+    def __init__(
+        self,
+        make_block: Callable[[str], keras.layers.Layer] | None,
+        num_blocks: int,
+        axis: str = "stage",
+        microbatches: int | None = None,
+        remat: bool = False,
+        block_name: str = "block_{}",
+        repeats: int = 1,
+        blocks: list | None = None,
+        **kwargs,
+    ):
         super().__init__(**kwargs)
         self.make_block = make_block
         self.num_blocks = num_blocks
@@ -135,17 +148,30 @@ class PipelinedBlocks(keras.layers.Layer):
 
     def build(self, input_shape):
         if self.num_blocks % self.repeats:
-            raise BlockNotPipelinable(f"its {self.num_blocks} blocks do not split into pipeline.repeats={self.repeats} rounds "
-                                      "of equal length", key="pipeline.repeats")
+            raise BlockNotPipelinable(
+                f"its {self.num_blocks} blocks do not split into pipeline.repeats={self.repeats} rounds "
+                "of equal length",
+                key="pipeline.repeats",
+            )
         blocks, starts = self._blocks(input_shape)
         template = blocks[0]
         frozen = [id(v) for v in frozen_weights(template)]
         # By each weight's own flag: a block set trainable=False around trainable LoRA adapters lists them all as non-trainable.
-        state = [v.path.split(f"{template.name}/", 1)[-1] for v in template.variables if not v.trainable and id(v) not in frozen]
+        state = [
+            v.path.split(f"{template.name}/", 1)[-1]
+            for v in template.variables
+            if not v.trainable and id(v) not in frozen
+        ]
         if state:
-            dropout = " (dropout's random state: set the model's dropout to 0)" if any("seed_generator" in p for p in state) else ""
-            raise BlockNotPipelinable(f"its blocks keep state besides their weights ({', '.join(state)}){dropout}, "
-                                      "which pipeline stages cannot hand on yet; train it without a stage axis")
+            dropout = (
+                " (dropout's random state: set the model's dropout to 0)"
+                if any("seed_generator" in p for p in state)
+                else ""
+            )
+            raise BlockNotPipelinable(
+                f"its blocks keep state besides their weights ({', '.join(state)}){dropout}, "
+                "which pipeline stages cannot hand on yet; train it without a stage axis"
+            )
         object.__setattr__(self, "_template", template)  # not tracked: its weights are not the model's
         # Trainable weights first, then frozen ones: the order stateless_call takes them in.
         self._trainable_count = len(template.trainable_variables)
@@ -156,15 +182,21 @@ class PipelinedBlocks(keras.layers.Layer):
             inner = variable.path.split(f"{template.name}/", 1)[-1]
             # Stacked from the blocks' values, a weight is made without one first (no initial values anywhere).
             with weights_described_only() if from_values else contextlib.nullcontext():
-                stacked = self.add_weight(shape=(*self.lead, *variable.shape), dtype=variable.dtype,
-                                          initializer=StackedInitializer(per_block, len(self.lead)),
-                                          trainable=variable.trainable, name=STACKED_PREFIX + inner.replace("/", "_"))
+                stacked = self.add_weight(
+                    shape=(*self.lead, *variable.shape),
+                    dtype=variable.dtype,
+                    initializer=StackedInitializer(per_block, len(self.lead)),
+                    trainable=variable.trainable,
+                    name=STACKED_PREFIX + inner.replace("/", "_"),
+                )
             self.stacked.append(stacked)
             self._inner_paths[stacked.path] = inner
             if from_values:
                 values = [weight.value for weight in same_in_each]
                 initialize_with(stacked, stack_on_shards(values, tuple(stacked.shape), sharding_for(stacked)))
-                release_values(same_in_each)  # held stacked now (the template's too: stages give it the stack's rows)
+                release_values(
+                    same_in_each
+                )  # held stacked now (the template's too: stages give it the stack's rows)
         object.__setattr__(self, "_given", None)
 
     def _blocks(self, input_shape) -> tuple[list, Callable]:
@@ -210,12 +242,14 @@ class PipelinedBlocks(keras.layers.Layer):
             return self._in_turn(self._as_blocks(params), x, side, as_counted=True)
         if stages is None:  # no stages: the blocks in turn
             return self._in_turn(self._as_blocks(params), x, side)
-        return gpipe(self._in_turn, params, x, mesh, self.axis, self.microbatches or stages, side, self.repeats)
+        return gpipe(
+            self._in_turn, params, x, mesh, self.axis, self.microbatches or stages, side, self.repeats
+        )
 
     def _as_blocks(self, params: list) -> list:
         """Stacked weights with one leading dimension, the blocks in order (the circular schedule's
         rounds joined)."""
-        return [p.reshape(self.num_blocks, *p.shape[len(self.lead):]) for p in params]
+        return [p.reshape(self.num_blocks, *p.shape[len(self.lead) :]) for p in params]
 
     def _in_turn(self, params: list, x, side: dict, as_counted: bool = False):
         """The blocks whose stacked weights `params` holds (one leading dimension) applied to `x` one
@@ -226,7 +260,7 @@ class PipelinedBlocks(keras.layers.Layer):
 
         def block(x, weights):
             weights = list(weights)
-            trainable, frozen = weights[: self._trainable_count], weights[self._trainable_count:]
+            trainable, frozen = weights[: self._trainable_count], weights[self._trainable_count :]
             return template.stateless_call(trainable, frozen, x, **side)[0], None
 
         if as_counted:
@@ -246,10 +280,21 @@ class PipelinedBlocks(keras.layers.Layer):
         def forward_and_backward(trainable, frozen, x, side):
             """One block's forward pass, and the gradients a train step takes of it (its trainable
             weights' and its input's)."""
-            out, pullback = jax.vjp(lambda trainable, x: self._in_turn([*trainable, *frozen], x, side, as_counted=True), trainable, x)
-            return out, pullback(jnp.ones_like(out))  # out too: unused, jax would leave out the block's last matmul
+            out, pullback = jax.vjp(
+                lambda trainable, x: self._in_turn([*trainable, *frozen], x, side, as_counted=True),
+                trainable,
+                x,
+            )
+            return out, pullback(
+                jnp.ones_like(out)
+            )  # out too: unused, jax would leave out the block's last matmul
 
-        one_block = [jax.ShapeDtypeStruct((1, *p.shape[len(self.lead):]), p.dtype) for p in params]
-        shapes = (one_block[: self._trainable_count], one_block[self._trainable_count:],
-                  *jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), (x, side)))
-        return BubbleWork(forward_and_backward, shapes, self.num_blocks * (stages - 1) / (self.repeats * microbatches))
+        one_block = [jax.ShapeDtypeStruct((1, *p.shape[len(self.lead) :]), p.dtype) for p in params]
+        shapes = (
+            one_block[: self._trainable_count],
+            one_block[self._trainable_count :],
+            *jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), (x, side)),
+        )
+        return BubbleWork(
+            forward_and_backward, shapes, self.num_blocks * (stages - 1) / (self.repeats * microbatches)
+        )

@@ -38,7 +38,9 @@ MIN_SPLIT_SIZE = 8  # smaller dimensions (a conv kernel's window) are split only
 _NUMBER = re.compile(r"\d+")
 # Layers whose variables hold attention heads: Keras' MultiHeadAttention and KerasHub's attention
 # layers name their projections so (zoo transformer, GPT-2, Llama, Gemma, Mistral, Qwen, ...).
-ATTENTION_LAYERS = frozenset({"query", "key", "value", "attention_output", "query_dense", "key_dense", "value_dense"})
+ATTENTION_LAYERS = frozenset(
+    {"query", "key", "value", "attention_output", "query_dense", "key_dense", "value_dense"}
+)
 
 
 @dataclass(frozen=True)
@@ -59,8 +61,13 @@ class AutoLayout:
         return (*self.left_out, *((self.warning,) if self.warning else ()), *self.heads_kept_whole)
 
 
-def derive_layout(variables: list[TensorSpec], mesh: MeshConfig, min_bytes: int, fsdp: bool,
-                  taken: tuple[LayoutRule, ...] = ()) -> AutoLayout:
+def derive_layout(
+    variables: list[TensorSpec],
+    mesh: MeshConfig,
+    min_bytes: int,
+    fsdp: bool,
+    taken: tuple[LayoutRule, ...] = (),
+) -> AutoLayout:
     """The rules of `layout=auto` for `variables` on `mesh`. Variables matched by one of `taken`
     (layout.extra_rules, which take precedence) are left to those; LoRA adapters stay replicated
     (they are small, and splitting them only adds collectives)."""
@@ -69,12 +76,18 @@ def derive_layout(variables: list[TensorSpec], mesh: MeshConfig, min_bytes: int,
     width = model_width(large)
     placed = {}
     for v in large:
-        axes = place_variable(v.shape, mesh, fsdp, width, _is_embedding(v.path), heads_dimension(v.path, v.shape, width))
+        axes = place_variable(
+            v.shape, mesh, fsdp, width, _is_embedding(v.path), heads_dimension(v.path, v.shape, width)
+        )
         if axes:
             placed[v.path] = axes
     rules = collapse(placed, [v.path for v in variables])
-    return AutoLayout(rules=rules, warning=None if rules else _nothing_placed(free, large, mesh, min_bytes, fsdp),
-                      heads_kept_whole=_heads_kept_whole(large, mesh, width), left_out=_axes_left_out(mesh))
+    return AutoLayout(
+        rules=rules,
+        warning=None if rules else _nothing_placed(free, large, mesh, min_bytes, fsdp),
+        heads_kept_whole=_heads_kept_whole(large, mesh, width),
+        left_out=_axes_left_out(mesh),
+    )
 
 
 def model_width(variables: list[TensorSpec]) -> int | None:
@@ -87,8 +100,14 @@ def model_width(variables: list[TensorSpec]) -> int | None:
     return size if count > 1 else None
 
 
-def place_variable(shape: tuple[int, ...], mesh: MeshConfig, fsdp: bool, width: int | None,
-                   embedding: bool = False, heads_at: int | None = None) -> tuple[AxisSpec, ...] | None:
+def place_variable(
+    shape: tuple[int, ...],
+    mesh: MeshConfig,
+    fsdp: bool,
+    width: int | None,
+    embedding: bool = False,
+    heads_at: int | None = None,
+) -> tuple[AxisSpec, ...] | None:
     """The axes for one large variable, or None when no axis of the mesh divides any dimension.
     `heads_at`: the dimension holding an attention projection's heads, the only one tensor
     parallelism may split (None: not an attention projection)."""
@@ -106,8 +125,10 @@ def _model_axes(mesh: MeshConfig) -> list[str]:
     batch axis and those that span processes (mesh.dcn: their collectives would cross the slow
     network), the largest first."""
     crossing = across_processes(mesh)
-    return sorted((a for a in mesh.axis_names if a != mesh.batch_axis and mesh.axis_size(a) > 1 and a not in crossing),
-                  key=lambda a: -mesh.axis_size(a))
+    return sorted(
+        (a for a in mesh.axis_names if a != mesh.batch_axis and mesh.axis_size(a) > 1 and a not in crossing),
+        key=lambda a: -mesh.axis_size(a),
+    )
 
 
 def _axes_left_out(mesh: MeshConfig) -> tuple[str, ...]:
@@ -117,7 +138,8 @@ def _axes_left_out(mesh: MeshConfig) -> tuple[str, ...]:
         f"layout=auto splits nothing over mesh axis {a!r}: it spans {mesh.dcn[mesh.axis_names.index(a)]} processes "
         "(mesh.dcn), and tensor parallelism over the slow network between them costs more than it saves; "
         "keep that axis within a process (mesh.dcn) or give it size 1"
-        for a in across_processes(mesh) if a != mesh.batch_axis
+        for a in across_processes(mesh)
+        if a != mesh.batch_axis
     )
 
 
@@ -136,7 +158,9 @@ def heads_dimension(path: str, shape: tuple[int, ...], width: int | None) -> int
 def _heads_kept_whole(large: list[TensorSpec], mesh: MeshConfig, width: int | None) -> tuple[str, ...]:
     """One warning per mesh axis that attention projections stay replicated over because it does
     not divide their heads (splitting head_dim instead would cut every head across devices)."""
-    heads_of = {v.path: v.shape[d] for v in large if (d := heads_dimension(v.path, v.shape, width)) is not None}
+    heads_of = {
+        v.path: v.shape[d] for v in large if (d := heads_dimension(v.path, v.shape, width)) is not None
+    }
     warnings = []
     for axis in _model_axes(mesh):
         kept = [v for v in large if v.path in heads_of and heads_of[v.path] % mesh.axis_size(axis)]
@@ -220,13 +244,19 @@ def _nothing_placed(free, large, mesh: MeshConfig, min_bytes: int, fsdp: bool) -
     if not others and not fsdp and _axes_left_out(mesh):
         return None  # the axes spanning processes were left out, and say so
     if not others and not fsdp:
-        return (f"layout=auto shards nothing on mesh {format_shape(mesh.shape)}: no axis besides the batch axis "
-                f"{mesh.batch_axis!r} has more than one device, so every variable is replicated ({named}); "
-                "layout.fsdp=true splits variables over the batch axis too")
+        return (
+            f"layout=auto shards nothing on mesh {format_shape(mesh.shape)}: no axis besides the batch axis "
+            f"{mesh.batch_axis!r} has more than one device, so every variable is replicated ({named}); "
+            "layout.fsdp=true splits variables over the batch axis too"
+        )
     if not large:
-        return (f"layout=auto shards nothing: no variable reaches layout.min_bytes={format_bytes(min_bytes)}, so every "
-                f"variable is replicated ({named}); lower layout.min_bytes to shard smaller ones")
+        return (
+            f"layout=auto shards nothing: no variable reaches layout.min_bytes={format_bytes(min_bytes)}, so every "
+            f"variable is replicated ({named}); lower layout.min_bytes to shard smaller ones"
+        )
     used = others + ([mesh.batch_axis] if fsdp else [])
     sizes = ", ".join(f"{a}={mesh.axis_size(a)}" for a in used)
-    return (f"layout=auto shards nothing on mesh {format_shape(mesh.shape)}: no dimension of any variable of at least "
-            f"{format_bytes(min_bytes)} divides by the axis sizes ({sizes}), so every variable is replicated ({named})")
+    return (
+        f"layout=auto shards nothing on mesh {format_shape(mesh.shape)}: no dimension of any variable of at least "
+        f"{format_bytes(min_bytes)} divides by the axis sizes ({sizes}), so every variable is replicated ({named})"
+    )

@@ -46,7 +46,11 @@ def device_memory(config: DevicesConfig, found: DeviceSet | None = None):
     import jax
 
     local = [d for d in found.devices if d.process_index == jax.process_index()]
-    limits = [stats["bytes_limit"] for stats in (d.memory_stats() for d in local) if stats and "bytes_limit" in stats]
+    limits = [
+        stats["bytes_limit"]
+        for stats in (d.memory_stats() for d in local)
+        if stats and "bytes_limit" in stats
+    ]
     return DeviceMemory(min(limits), f"what the {found.kind} reports") if limits else None
 
 
@@ -112,7 +116,10 @@ def prepare_for_plan(devices: DevicesConfig, mesh: MeshConfig) -> None:
     if mesh.size is None:
         prepare(devices, mesh)
     else:
-        prepare(DevicesConfig(platform="cpu", cpu_devices=1), MeshConfig(shape=(1,), axis_names=("data",), batch_axis="data"))
+        prepare(
+            DevicesConfig(platform="cpu", cpu_devices=1),
+            MeshConfig(shape=(1,), axis_names=("data",), batch_axis="data"),
+        )
 
 
 def available_count(devices: DevicesConfig) -> int:

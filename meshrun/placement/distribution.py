@@ -76,16 +76,23 @@ def batch_share(distribution: kd.ModelParallel, batch_size: int) -> tuple[int, i
 
     mesh = distribution.device_mesh.backend_mesh
     sharding = NamedSharding(mesh, PartitionSpec(distribution.batch_dim_name))
-    rows = {index[0].indices(batch_size)[:2] for index in sharding.addressable_devices_indices_map((batch_size,)).values()}
+    rows = {
+        index[0].indices(batch_size)[:2]
+        for index in sharding.addressable_devices_indices_map((batch_size,)).values()
+    }
     start, stop = min(r[0] for r in rows), max(r[1] for r in rows)
     size = stop - start
     if sum(b - a for a, b in rows) != size or batch_size % size or start % size:
-        raise RuntimeError(f"this process's devices hold rows {sorted(rows)} of each batch, not one equal share")
+        raise RuntimeError(
+            f"this process's devices hold rows {sorted(rows)} of each batch, not one equal share"
+        )
     return start // size, batch_size // size
 
 
 @contextlib.contextmanager
-def blocks_on_their_stages(stacks: dict[str, tuple[str, ...]], pipeline: PipelineConfig | None) -> Iterator[None]:
+def blocks_on_their_stages(
+    stacks: dict[str, tuple[str, ...]], pipeline: PipelineConfig | None
+) -> Iterator[None]:
     """While a model is built for `pipeline`'s stages under the distribution in force, each
     variable a stacked one will hold (`stacks`: the per-block paths of each stacked variable, in
     block order) is made on the devices of its block's stage alone, laid out among them as its row
@@ -98,7 +105,11 @@ def blocks_on_their_stages(stacks: dict[str, tuple[str, ...]], pipeline: Pipelin
         return
     axis, repeats = pipeline.axis, pipeline.repeats
     mesh = distribution.device_mesh.backend_mesh
-    rows = {block: (stacked, row, len(blocks)) for stacked, blocks in stacks.items() for row, block in enumerate(blocks)}
+    rows = {
+        block: (stacked, row, len(blocks))
+        for stacked, blocks in stacks.items()
+        for row, block in enumerate(blocks)
+    }
     layout_of = distribution.get_variable_layout
 
     def placed(variable):
@@ -108,7 +119,9 @@ def blocks_on_their_stages(stacks: dict[str, tuple[str, ...]], pipeline: Pipelin
         stacked, row, blocks = found
         lead = (repeats, blocks // repeats) if repeats > 1 else (blocks,)
         spec = tuple(layout_of(SimpleNamespace(path=stacked, shape=(*lead, *variable.shape))).axes)
-        return stage_sharding(mesh, axis, stage_of_block(row, blocks, mesh.shape[axis], repeats), spec[len(lead):])
+        return stage_sharding(
+            mesh, axis, stage_of_block(row, blocks, mesh.shape[axis], repeats), spec[len(lead) :]
+        )
 
     distribution.get_variable_layout = placed  # on this instance only, for the build
     try:

@@ -38,13 +38,20 @@ class Identity:
 
     def describe(self) -> dict:
         """What metrics.json says about the job's processes."""
-        return {"process_id": self.process_id, "processes": self.num_processes, "coordinator": self.coordinator, "source": self.source}
+        return {
+            "process_id": self.process_id,
+            "processes": self.num_processes,
+            "coordinator": self.coordinator,
+            "source": self.source,
+        }
 
 
 ONE_PROCESS = Identity()
 
 
-def identify(config: DistributedConfig, environ: Mapping[str, str], launched_locally: bool = False) -> Identity:
+def identify(
+    config: DistributedConfig, environ: Mapping[str, str], launched_locally: bool = False
+) -> Identity:
     """Where this process stands: one process (mode off), the config's explicit values (given by
     meshrun's local launcher when `launched_locally`), or with mode auto the first of
     KERAS_DISTRIBUTION_*, JAX_* (the process id from JOB_COMPLETION_INDEX where JAX_PROCESS_ID is
@@ -59,7 +66,9 @@ def identify(config: DistributedConfig, environ: Mapping[str, str], launched_loc
         if found is not None:
             return found
     if "SLURM_JOB_ID" in environ:
-        return Identity(source="distributed=auto: a SLURM job but not a step of it; start meshrun with srun for one process per task")
+        return Identity(
+            source="distributed=auto: a SLURM job but not a step of it; start meshrun with srun for one process per task"
+        )
     return Identity(source="distributed=auto found no SLURM, KERAS_DISTRIBUTION_* or JAX_* settings")
 
 
@@ -78,7 +87,9 @@ def _ints(environ: Mapping[str, str], *names: str) -> tuple[int, ...] | None:
         return tuple(int(v) for v in values)
     except ValueError:
         bad = next(n for n, v in zip(names, values, strict=False) if not v.strip().lstrip("-").isdigit())
-        raise ConfigError("distributed.mode", f"auto read {bad}={environ[bad]!r} from the environment; expected an integer") from None
+        raise ConfigError(
+            "distributed.mode", f"auto read {bad}={environ[bad]!r} from the environment; expected an integer"
+        ) from None
 
 
 def _from_keras_env(environ: Mapping[str, str]) -> Identity | None:
@@ -87,7 +98,9 @@ def _from_keras_env(environ: Mapping[str, str]) -> Identity | None:
     if numbers is None or not addresses:
         return None
     # Keras lists every process's address; the first is the coordinator (process 0).
-    return Identity(numbers[1], numbers[0], addresses.split(",")[0].strip(), "KERAS_DISTRIBUTION_* environment")
+    return Identity(
+        numbers[1], numbers[0], addresses.split(",")[0].strip(), "KERAS_DISTRIBUTION_* environment"
+    )
 
 
 def _from_jax_env(environ: Mapping[str, str]) -> Identity | None:
@@ -98,7 +111,12 @@ def _from_jax_env(environ: Mapping[str, str]) -> Identity | None:
     numbers = _ints(environ, "JAX_NUM_PROCESSES", "JOB_COMPLETION_INDEX" if from_index else "JAX_PROCESS_ID")
     if numbers is None or not coordinator:
         return None
-    return Identity(numbers[1], numbers[0], coordinator, "JAX_* environment, JOB_COMPLETION_INDEX" if from_index else "JAX_* environment")
+    return Identity(
+        numbers[1],
+        numbers[0],
+        coordinator,
+        "JAX_* environment, JOB_COMPLETION_INDEX" if from_index else "JAX_* environment",
+    )
 
 
 def _from_slurm(environ: Mapping[str, str]) -> Identity | None:

@@ -60,7 +60,9 @@ class Bend:
         dimensions left whole (Keras looks an exact key up before any pattern)."""
         kept = {dim for dim, _ in self.whole}
         axes = tuple(None if dim in kept else axis for dim, axis in enumerate(self.rule.axes))
-        return LayoutRule(self.path, axes, origin=self.rule.origin, derived_from=self.rule.derived_from or self.rule.pattern)
+        return LayoutRule(
+            self.path, axes, origin=self.rule.origin, derived_from=self.rule.derived_from or self.rule.pattern
+        )
 
 
 @dataclass(frozen=True)
@@ -104,7 +106,9 @@ def check_rules(rules: tuple[LayoutRule, ...], mesh: MeshConfig, tensors: list[T
     problems: dict[tuple, list[ConfigError]] = {}
     for tensor in tensors:
         matches = matching_rules(rules, tensor.path)
-        matched.update(pattern for rule in matches for pattern in (rule.pattern, rule.derived_from) if pattern)
+        matched.update(
+            pattern for rule in matches for pattern in (rule.pattern, rule.derived_from) if pattern
+        )
         if len(matches) > 1:
             names = [repr(rule.pattern) for rule in matches]
             problem = ConfigError(
@@ -118,7 +122,9 @@ def check_rules(rules: tuple[LayoutRule, ...], mesh: MeshConfig, tensors: list[T
             problem = _rank_misfit(rule, tensor)
             whole = () if problem else _indivisible(rule, mesh, tensor)
             if whole and rule.replicate_if_indivisible:
-                bend = Bend(rule, tensor.path, tuple(tensor.shape), math.prod(tensor.shape) * tensor.itemsize, whole)
+                bend = Bend(
+                    rule, tensor.path, tuple(tensor.shape), math.prod(tensor.shape) * tensor.itemsize, whole
+                )
                 bends.append(bend)
                 assigned[tensor.path] = bend.exact_rule
                 continue
@@ -131,11 +137,18 @@ def check_rules(rules: tuple[LayoutRule, ...], mesh: MeshConfig, tensors: list[T
     errors = [_with_count(found) for found in problems.values()]
     errors += _unused_rules(rules, matched, tensors)
     unmatched_optional = tuple(rule for rule in rules if rule.optional and rule.pattern not in matched)
-    return RuleCheck(assigned=assigned, errors=tuple(errors), unmatched_optional=unmatched_optional, misfits=misfits,
-                     bends=tuple(bends))
+    return RuleCheck(
+        assigned=assigned,
+        errors=tuple(errors),
+        unmatched_optional=unmatched_optional,
+        misfits=misfits,
+        bends=tuple(bends),
+    )
 
 
-def with_bends(rules: tuple[LayoutRule, ...], mesh: MeshConfig, tensors: list[TensorSpec]) -> tuple[tuple[LayoutRule, ...], tuple[Bend, ...]]:
+def with_bends(
+    rules: tuple[LayoutRule, ...], mesh: MeshConfig, tensors: list[TensorSpec]
+) -> tuple[tuple[LayoutRule, ...], tuple[Bend, ...]]:
     """The rules Keras gets for `tensors`: an exact rule for each path a lenient rule places with a
     dimension left whole, then `rules`; and those bends (for the plan's notes)."""
     bends = check_rules(rules, mesh, tensors).bends
@@ -152,7 +165,11 @@ def bend_notes(bends: tuple[Bend, ...], mesh: MeshConfig) -> list[str]:
     for pattern, found in by_rule.items():
         first = found[0]
         dim, axis = first.whole[0]
-        more = f"; the same for {len(found) - 1} more path{'s' if len(found) > 2 else ''}" if len(found) > 1 else ""
+        more = (
+            f"; the same for {len(found) - 1} more path{'s' if len(found) > 2 else ''}"
+            if len(found) > 1
+            else ""
+        )
         notes.append(
             f"rule '{pattern}'{_origin_text(first.rule)} cannot split dimension {dim} of {first.path!r} (size "
             f"{first.shape[dim]}, shape {shape_text(first.shape)}) over mesh axis {axis!r} of size {mesh.axis_size(axis)}, "
@@ -172,7 +189,9 @@ def _with_count(found: list[ConfigError]) -> ConfigError:
         return first
     message = str(first).removeprefix(f"{first.key}: ")
     more = len(found) - 1
-    return ConfigError(first.key, f"{message} (and {more} more path{'s' if more > 1 else ''} matched the same way)")
+    return ConfigError(
+        first.key, f"{message} (and {more} more path{'s' if more > 1 else ''} matched the same way)"
+    )
 
 
 def assign_rules(
@@ -187,8 +206,10 @@ def assign_rules(
 
 def _subject(rule: LayoutRule, tensor: TensorSpec) -> tuple[str, str]:
     """How an error names the rule (the model's own rules say so) and what it places."""
-    return ("the model's own rule " + repr(rule.pattern) + " " if rule.origin == "from_model" else "",
-            "output" if tensor.is_output else "variable")
+    return (
+        "the model's own rule " + repr(rule.pattern) + " " if rule.origin == "from_model" else "",
+        "output" if tensor.is_output else "variable",
+    )
 
 
 def _rank_misfit(rule: LayoutRule, tensor: TensorSpec) -> ConfigError | None:
@@ -207,8 +228,11 @@ def _rank_misfit(rule: LayoutRule, tensor: TensorSpec) -> ConfigError | None:
 def _indivisible(rule: LayoutRule, mesh: MeshConfig, tensor: TensorSpec) -> tuple[tuple[int, str], ...]:
     """The dimensions of `tensor` (of the rule's rank) that the rule puts on a mesh axis whose size
     does not divide them, as (dimension, axis); dimensions of unknown size divide."""
-    return tuple((dim, axis) for dim, (size, axis) in enumerate(zip(tensor.shape, rule.axes, strict=True))
-                 if axis is not None and size is not None and size % mesh.axis_size(axis))
+    return tuple(
+        (dim, axis)
+        for dim, (size, axis) in enumerate(zip(tensor.shape, rule.axes, strict=True))
+        if axis is not None and size is not None and size % mesh.axis_size(axis)
+    )
 
 
 def _indivisible_error(rule: LayoutRule, mesh: MeshConfig, tensor: TensorSpec, dim: int) -> ConfigError:

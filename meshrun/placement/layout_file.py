@@ -33,7 +33,9 @@ def layout_text(rules: Sequence[LayoutRule], plan: Plan, overrides: Sequence[str
         patterns = [rule.pattern for rule in rules if getattr(rule, key)]
         if patterns:
             body[key] = patterns
-    return "\n".join(header) + "\n" + yaml.safe_dump(body, sort_keys=False, default_flow_style=None, width=1000)
+    return (
+        "\n".join(header) + "\n" + yaml.safe_dump(body, sort_keys=False, default_flow_style=None, width=1000)
+    )
 
 
 def save_layout(path: str, rules: Sequence[LayoutRule], plan: Plan, overrides: Sequence[str]) -> None:
@@ -41,4 +43,7 @@ def save_layout(path: str, rules: Sequence[LayoutRule], plan: Plan, overrides: S
     try:
         write_output(path, layout_text(rules, plan, overrides).encode())
     except OSError as err:
-        raise ConfigError("--save-layout", f"got {path!r}, which cannot be written ({first_line(err)}); give a path in a writable directory") from None
+        raise ConfigError(
+            "--save-layout",
+            f"got {path!r}, which cannot be written ({first_line(err)}); give a path in a writable directory",
+        ) from None

@@ -132,11 +132,20 @@ class Plan:
         """The plan as JSON-ready data (what `meshrun plan --json` prints and plan.json holds)."""
         return {
             "status": "error" if self.errors else "ok",
-            "model": {"name": self.model, "params": self.params, "params_bytes": self.params_bytes,
-                      "trainable_params": self.trainable_params, "frozen_params": self.params - self.trainable_params},
-            "mesh": {**to_json(self.mesh), "dcn": [span.across_processes for span in spans(self.mesh)], "devices": self.mesh.size,
-                     "across_processes": list(across_processes(self.mesh)),
-                     "axes": [to_json(span) for span in spans(self.mesh)]},
+            "model": {
+                "name": self.model,
+                "params": self.params,
+                "params_bytes": self.params_bytes,
+                "trainable_params": self.trainable_params,
+                "frozen_params": self.params - self.trainable_params,
+            },
+            "mesh": {
+                **to_json(self.mesh),
+                "dcn": [span.across_processes for span in spans(self.mesh)],
+                "devices": self.mesh.size,
+                "across_processes": list(across_processes(self.mesh)),
+                "axes": [to_json(span) for span in spans(self.mesh)],
+            },
             "optimizer": self.optimizer,
             "variables": [_placement_dict(p) for p in self.variables],
             "optimizer_variables": [_placement_dict(p, slot=True) for p in self.slots],
@@ -148,8 +157,16 @@ class Plan:
             },
             "largest_replicated": [{"path": p.path, "bytes": p.bytes} for p in self.largest_replicated()],
             **({"lora_adapters": _adapters_dict(self.adapters)} if self.adapters else {}),
-            **({"device_memory": {**to_json(self.memory), "fits": self.total_bytes_per_device <= self.memory.bytes}}
-               if self.memory else {}),
+            **(
+                {
+                    "device_memory": {
+                        **to_json(self.memory),
+                        "fits": self.total_bytes_per_device <= self.memory.bytes,
+                    }
+                }
+                if self.memory
+                else {}
+            ),
             "processes": process_layout(self.mesh, self.processes),
             **({"slow_network": self.traffic.to_dict()} if self.traffic else {}),
             **({"pipeline": self.pipeline.to_dict()} if self.pipeline else {}),
@@ -172,9 +189,20 @@ def process_layout(mesh: MeshConfig, processes: int) -> dict:
     }
 
 
-def make_plan(model_name: str, mesh: MeshConfig, rules: tuple[LayoutRule, ...], abstract, optimizer: str, processes: int = 1,
-              advice=None, memory: DeviceMemory | None = None, lint: tuple[ConfigError, ...] = (),
-              pipeline: PipelinePlan | None = None, activations: Activations | None = None, bends: tuple[Bend, ...] = ()) -> Plan:
+def make_plan(
+    model_name: str,
+    mesh: MeshConfig,
+    rules: tuple[LayoutRule, ...],
+    abstract,
+    optimizer: str,
+    processes: int = 1,
+    advice=None,
+    memory: DeviceMemory | None = None,
+    lint: tuple[ConfigError, ...] = (),
+    pipeline: PipelinePlan | None = None,
+    activations: Activations | None = None,
+    bends: tuple[Bend, ...] = (),
+) -> Plan:
     """Places the abstract model's variables and optimizer slots by `rules` on `mesh` (no -1 left),
     for a job of `processes` processes; with `memory`, a total per device beyond it is an error
     (DoesNotFit, after any layout error). `advice(variables, mesh)`, where given, adds warnings about
@@ -187,12 +215,18 @@ def make_plan(model_name: str, mesh: MeshConfig, rules: tuple[LayoutRule, ...], 
     rule matches but does not fit is listed with that rule, as the lint names it."""
     check = check_rules(rules, mesh, list(abstract.tensors))
     bends = (*bends, *check.bends)
-    variables = tuple(_place(t, check.assigned.get(t.path) or check.misfits.get(t.path), mesh) for t in abstract.variables)
+    variables = tuple(
+        _place(t, check.assigned.get(t.path) or check.misfits.get(t.path), mesh) for t in abstract.variables
+    )
     by_path = {p.path: p for p in variables}
     slots = tuple(_place_slot(slot, by_path, check, mesh) for slot in abstract.slots)
     outputs = tuple(
-        {"path": t.path, "shape": list(t.shape), "rule": check.assigned[t.path].pattern,
-         "spec": list(check.assigned[t.path].axes)}
+        {
+            "path": t.path,
+            "shape": list(t.shape),
+            "rule": check.assigned[t.path].pattern,
+            "spec": list(check.assigned[t.path].axes),
+        }
         for t in abstract.tensors
         if t.is_output and t.path in check.assigned
     )
@@ -204,17 +238,25 @@ def make_plan(model_name: str, mesh: MeshConfig, rules: tuple[LayoutRule, ...], 
         slots=slots,
         outputs=outputs,
         errors=(*lint, *check.errors),
-        warnings=(*bend_notes(bends, mesh), *_idle_axis_warnings(variables, mesh),
-                  *_replicated_warnings(variables, mesh, _bent_paths(bends, abstract.variables)),
-                  *_unmatched_warnings(check.unmatched_optional), *_adapter_rule_warnings(variables),
-                  *(advice(variables, mesh) if advice else ())),
+        warnings=(
+            *bend_notes(bends, mesh),
+            *_idle_axis_warnings(variables, mesh),
+            *_replicated_warnings(variables, mesh, _bent_paths(bends, abstract.variables)),
+            *_unmatched_warnings(check.unmatched_optional),
+            *_adapter_rule_warnings(variables),
+            *(advice(variables, mesh) if advice else ()),
+        ),
         processes=processes,
         memory=memory,
         pipeline=pipeline,
     )
     if processes > 1 and mesh.dcn is not None:
         traffic = slow_traffic(variables, mesh, activations or Activations(rows=0, itemsize=4))
-        plan = replace(plan, traffic=traffic, warnings=(*plan.warnings, *_tensor_across_warnings(traffic, mesh, processes)))
+        plan = replace(
+            plan,
+            traffic=traffic,
+            warnings=(*plan.warnings, *_tensor_across_warnings(traffic, mesh, processes)),
+        )
     too_large = _beyond_memory(plan)
     return replace(plan, errors=(*plan.errors, too_large)) if too_large else plan
 
@@ -230,20 +272,25 @@ def _beyond_memory(plan: Plan) -> DoesNotFit | None:
         f"({format_bytes(plan.params_bytes_per_device)} parameters + {format_bytes(plan.optimizer_bytes_per_device)} "
         f"{plan.optimizer} state), more than the {format_bytes(available)} of one device ({plan.memory.source}); "
         "shard more (layout=auto, layout.fsdp=true, a larger mesh) or give the real memory",
-        needed=needed, available=available,
+        needed=needed,
+        available=available,
     )
 
 
 def _place(tensor: TensorSpec, rule: LayoutRule | None, mesh: MeshConfig, reference=None) -> Placement:
     spec = rule.axes if rule else (None,) * len(tensor.shape)
     per_device = tensor.itemsize
-    for size, axis in zip(tensor.shape, (*spec, *(None,) * len(tensor.shape)), strict=False):  # a misfit's rank may differ
+    for size, axis in zip(
+        tensor.shape, (*spec, *(None,) * len(tensor.shape)), strict=False
+    ):  # a misfit's rank may differ
         per_device *= -(-size // mesh.axis_size(axis)) if axis else size
     return Placement(
         path=tensor.path,
         shape=tuple(tensor.shape),
         dtype=tensor.dtype,
-        rule=(rule.derived_from or rule.pattern) if rule else None,  # an exact rule meshrun derived: the rule written
+        rule=(rule.derived_from or rule.pattern)
+        if rule
+        else None,  # an exact rule meshrun derived: the rule written
         spec=tuple(spec),
         bytes=math.prod(tensor.shape) * tensor.itemsize,
         bytes_per_device=per_device,
@@ -273,9 +320,11 @@ def _tensor_across_warnings(traffic: SlowTraffic, mesh: MeshConfig, processes: i
     except ConfigError:
         default = None
     crossing = set(across_processes(default)) if default else set()
-    fix = (f"keep it within a process: mesh.dcn=[{','.join(map(str, default.dcn))}]"
-           if default and not crossing & set(traffic.tensor_axes)
-           else f"keep it within a process: give the batch axis at least {processes} devices, or a smaller axis {traffic.tensor_axes[0]!r}")
+    fix = (
+        f"keep it within a process: mesh.dcn=[{','.join(map(str, default.dcn))}]"
+        if default and not crossing & set(traffic.tensor_axes)
+        else f"keep it within a process: give the batch axis at least {processes} devices, or a smaller axis {traffic.tensor_axes[0]!r}"
+    )
     return [
         f"mesh axis {axis!r} splits variables (tensor parallelism) across "
         f"{span_of(mesh, axis).across_processes} processes, over the slow network: "
@@ -307,8 +356,10 @@ def _replicated_warnings(variables, mesh: MeshConfig, said: set[str] = frozenset
     but those a note has already explained (`said`)."""
     if (mesh.size or 1) <= 1:
         return []
-    large = sorted((p for p in variables if p.replicated and p.bytes >= LARGE_REPLICATED_BYTES and p.path not in said),
-                   key=lambda p: -p.bytes)
+    large = sorted(
+        (p for p in variables if p.replicated and p.bytes >= LARGE_REPLICATED_BYTES and p.path not in said),
+        key=lambda p: -p.bytes,
+    )
     warnings = [
         f"{p.path} ({format_shape(p.shape)}, {format_bytes(p.bytes)}) is replicated: every one of the "
         f"{mesh.size} devices holds all of it"
@@ -325,7 +376,11 @@ def _replicated_warnings(variables, mesh: MeshConfig, said: set[str] = frozenset
 
 def _unmatched_warnings(rules) -> list[str]:
     """The model's own rules that match none of its variables (KerasHub writes one map for a family)."""
-    return [f"the model's own rule {rule.pattern!r} matches no variable of this model" for rule in rules if rule.origin == "from_model"]
+    return [
+        f"the model's own rule {rule.pattern!r} matches no variable of this model"
+        for rule in rules
+        if rule.origin == "from_model"
+    ]
 
 
 def _adapter_rule_warnings(variables) -> list[str]:

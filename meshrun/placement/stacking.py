@@ -39,7 +39,10 @@ def per_block_view(tensors) -> list[TensorSpec]:
     view = []
     for tensor in tensors:
         if tensor.blocks:
-            view += [dataclasses.replace(tensor, path=path, shape=tensor.shape[lead(tensor):], blocks=()) for path in tensor.blocks]
+            view += [
+                dataclasses.replace(tensor, path=path, shape=tensor.shape[lead(tensor) :], blocks=())
+                for path in tensor.blocks
+            ]
         else:
             view.append(tensor)
     return view
@@ -48,8 +51,12 @@ def per_block_view(tensors) -> list[TensorSpec]:
 def within_stage(mesh: MeshConfig, axis: str) -> MeshConfig:
     """`mesh` as one stage sees it: the stage axis left out (for rules derived by layout=auto)."""
     keep = [i for i, name in enumerate(mesh.axis_names) if name != axis]
-    return MeshConfig(shape=tuple(mesh.shape[i] for i in keep), axis_names=tuple(mesh.axis_names[i] for i in keep),
-                      batch_axis=mesh.batch_axis, dcn=tuple(mesh.dcn[i] for i in keep) if mesh.dcn else None)
+    return MeshConfig(
+        shape=tuple(mesh.shape[i] for i in keep),
+        axis_names=tuple(mesh.axis_names[i] for i in keep),
+        batch_axis=mesh.batch_axis,
+        dcn=tuple(mesh.dcn[i] for i in keep) if mesh.dcn else None,
+    )
 
 
 def check_blocks(tensors, mesh: MeshConfig, pipeline: PipelineConfig, model: str) -> None:
@@ -74,8 +81,9 @@ def check_blocks(tensors, mesh: MeshConfig, pipeline: PipelineConfig, model: str
         )
 
 
-def stacked_rules(rules: tuple[LayoutRule, ...], mesh: MeshConfig, tensors,
-                  axis: str) -> tuple[tuple[LayoutRule, ...], tuple[ConfigError, ...], tuple[Bend, ...]]:
+def stacked_rules(
+    rules: tuple[LayoutRule, ...], mesh: MeshConfig, tensors, axis: str
+) -> tuple[tuple[LayoutRule, ...], tuple[ConfigError, ...], tuple[Bend, ...]]:
     """The rules a pipelined run gives Keras, the problems of `rules` as the model with separate
     blocks would meet them, and the dimensions lenient rules left whole there: the rules that place
     anything besides block weights (an exact one for each such path with a dimension left whole),
@@ -87,7 +95,11 @@ def stacked_rules(rules: tuple[LayoutRule, ...], mesh: MeshConfig, tensors,
     block_paths = {path for tensor in stacked(tensors) for path in tensor.blocks}
     elsewhere = [rule for path, rule in check.assigned.items() if path not in block_paths]
     used_elsewhere = {rule.derived_from or rule.pattern for rule in elsewhere}
-    exact_elsewhere = [rule for path, rule in check.assigned.items() if path not in block_paths and rule.pattern == path and rule.derived_from]
+    exact_elsewhere = [
+        rule
+        for path, rule in check.assigned.items()
+        if path not in block_paths and rule.pattern == path and rule.derived_from
+    ]
     kept = exact_elsewhere + [rule for rule in rules if rule.pattern in used_elsewhere or rule.optional]
     derived = []
     for tensor in stacked(tensors):
@@ -97,26 +109,43 @@ def stacked_rules(rules: tuple[LayoutRule, ...], mesh: MeshConfig, tensors,
             continue
         source = check.assigned.get(tensor.blocks[0])
         leading = (axis,) if lead(tensor) == 1 else (None, axis)  # the circular schedule's rounds stay whole
-        derived.append(LayoutRule(tensor.path, (*leading, *axes), origin=source.origin if source else "pipeline",
-                                  derived_from=(source.derived_from or source.pattern) if source else None))
+        derived.append(
+            LayoutRule(
+                tensor.path,
+                (*leading, *axes),
+                origin=source.origin if source else "pipeline",
+                derived_from=(source.derived_from or source.pattern) if source else None,
+            )
+        )
     return tuple(kept + derived), tuple(errors), check.bends
 
 
-def _block_axes(tensor: TensorSpec, assigned: dict[str, LayoutRule], axis: str) -> tuple[tuple, ConfigError | None]:
+def _block_axes(
+    tensor: TensorSpec, assigned: dict[str, LayoutRule], axis: str
+) -> tuple[tuple, ConfigError | None]:
     """The axes every block's slice of stacked `tensor` gets, or the problem: blocks placed
     differently from each other, or a block weight's dimension put on the stage axis."""
-    placements = {path: assigned[path].axes if path in assigned else (None,) * (len(tensor.shape) - lead(tensor)) for path in tensor.blocks}
+    placements = {
+        path: assigned[path].axes if path in assigned else (None,) * (len(tensor.shape) - lead(tensor))
+        for path in tensor.blocks
+    }
     first = tensor.blocks[0]
     rule = assigned.get(first)
     differing = [path for path in tensor.blocks if placements[path] != placements[first]]
     if differing:
         odd = differing[0]
         key = (assigned.get(odd) or rule).key
-        return (), ConfigError(key, f"places {odd!r} as {_axes(placements[odd])} but {first!r} is placed as {_axes(placements[first])}; "
-                                    "pipelined blocks are held stacked, so every block's weight must be placed alike")
+        return (), ConfigError(
+            key,
+            f"places {odd!r} as {_axes(placements[odd])} but {first!r} is placed as {_axes(placements[first])}; "
+            "pipelined blocks are held stacked, so every block's weight must be placed alike",
+        )
     if axis in placements[first]:
-        return (), ConfigError(rule.key, f"puts a dimension of block weight {first!r} on {axis!r}, the pipeline's stage axis, which "
-                                         "already holds the blocks' stages; use another mesh axis (or null) for it")
+        return (), ConfigError(
+            rule.key,
+            f"puts a dimension of block weight {first!r} on {axis!r}, the pipeline's stage axis, which "
+            "already holds the blocks' stages; use another mesh axis (or null) for it",
+        )
     return placements[first], None
 
 
@@ -165,12 +194,27 @@ def pipeline_plan(tensors, mesh: MeshConfig, pipeline: PipelineConfig, batch_siz
     output_per_row = _output_bytes_per_row(tensors, stacks[0])
     ticks = repeats * microbatches + stages - 1
     return PipelinePlan(
-        axis=pipeline.axis, stages=stages, blocks=len(names), microbatches=microbatches, repeats=repeats, microbatch_rows=rows,
-        microbatch_rows_per_replica=rows // replicas, bubble_fraction=bubble_fraction(stages, microbatches, repeats),
-        remat=pipeline.remat, kept_activation_bytes_per_device=_kept_bytes(output_per_row, per_stage // repeats, ticks, rows // replicas),
+        axis=pipeline.axis,
+        stages=stages,
+        blocks=len(names),
+        microbatches=microbatches,
+        repeats=repeats,
+        microbatch_rows=rows,
+        microbatch_rows_per_replica=rows // replicas,
+        bubble_fraction=bubble_fraction(stages, microbatches, repeats),
+        remat=pipeline.remat,
+        kept_activation_bytes_per_device=_kept_bytes(
+            output_per_row, per_stage // repeats, ticks, rows // replicas
+        ),
         block_output_bytes_per_row=output_per_row,
-        stage_blocks=tuple(tuple(name for block, name in enumerate(names) if stage_of_block(block, len(names), stages, repeats) == stage)
-                           for stage in range(stages)),
+        stage_blocks=tuple(
+            tuple(
+                name
+                for block, name in enumerate(names)
+                if stage_of_block(block, len(names), stages, repeats) == stage
+            )
+            for stage in range(stages)
+        ),
     )
 
 
@@ -179,14 +223,16 @@ def _block_names(tensor: TensorSpec) -> tuple[str, ...]:
     inside the block)."""
     parts = [path.split("/") for path in tensor.blocks]
     shared = 0
-    while shared < len(parts[0]) - 1 and len({tuple(p[len(p) - shared - 1:]) for p in parts}) == 1:
+    while shared < len(parts[0]) - 1 and len({tuple(p[len(p) - shared - 1 :]) for p in parts}) == 1:
         shared += 1
     return tuple("/".join(p[: len(p) - shared]) for p in parts)
 
 
 def _output_bytes_per_row(tensors, stack: TensorSpec) -> int | None:
     """The bytes of one row of the blocks' output (None when the stack's output shape is not known)."""
-    output = next((t for t in tensors if t.is_output and t.path == f"{stack.path.rsplit('/', 1)[0]}/output"), None)
+    output = next(
+        (t for t in tensors if t.is_output and t.path == f"{stack.path.rsplit('/', 1)[0]}/output"), None
+    )
     if output is None or any(size is None for size in output.shape[1:]):
         return None
     return math.prod(output.shape[1:]) * output.itemsize

@@ -54,12 +54,19 @@ class SlowTraffic:
 
     @property
     def total(self) -> int:
-        return self.gradients + self.fsdp_all_gathers + self.tensor_activations + (self.stage_activations or 0)
+        return (
+            self.gradients + self.fsdp_all_gathers + self.tensor_activations + (self.stage_activations or 0)
+        )
 
     def to_dict(self) -> dict:
-        return {"bytes_per_step": self.total, "gradients": self.gradients, "fsdp_all_gathers": self.fsdp_all_gathers,
-                "tensor_activations": self.tensor_activations, "stage_activations": self.stage_activations,
-                "tensor_axes_across_processes": list(self.tensor_axes)}
+        return {
+            "bytes_per_step": self.total,
+            "gradients": self.gradients,
+            "fsdp_all_gathers": self.fsdp_all_gathers,
+            "tensor_activations": self.tensor_activations,
+            "stage_activations": self.stage_activations,
+            "tensor_axes_across_processes": list(self.tensor_axes),
+        }
 
 
 def slow_traffic(variables, mesh: MeshConfig, activations: Activations) -> SlowTraffic:
@@ -77,7 +84,9 @@ def slow_traffic(variables, mesh: MeshConfig, activations: Activations) -> SlowT
             gradients += 2 * _share(held, batch)
         for axis in tensor_axes:
             if axis in p.spec and len(p.shape) >= 2:
-                tensor += 2 * _share(_activation_bytes(p, axis, mesh, activations), slices[axis].across_processes)
+                tensor += 2 * _share(
+                    _activation_bytes(p, axis, mesh, activations), slices[axis].across_processes
+                )
     return SlowTraffic(gradients, gathers, tensor, _stage_bytes(mesh, activations), tensor_axes)
 
 
@@ -90,7 +99,8 @@ def _tensor_axes(variables, mesh: MeshConfig, stage_axis: str | None) -> tuple[s
     """The axes across processes, other than the batch and stage axes, that split some variable."""
     used = {a for p in variables for a in p.spec if a}
     return tuple(
-        span.name for span in spans(mesh)
+        span.name
+        for span in spans(mesh)
         if span.across_processes > 1 and span.name in used and span.name not in (mesh.batch_axis, stage_axis)
     )
 
@@ -100,7 +110,9 @@ def _activation_bytes(p, axis: str, mesh: MeshConfig, activations: Activations) 
     holds it: its rows (those of the batch shards the process holds) times the dimension that is not
     split, an embedding's width either way."""
     dim = p.spec.index(axis)
-    width = p.shape[-1] if dim < len(p.shape) - 1 or p.path.endswith("embeddings") else math.prod(p.shape[:-1])
+    width = (
+        p.shape[-1] if dim < len(p.shape) - 1 or p.path.endswith("embeddings") else math.prod(p.shape[:-1])
+    )
     batch = span_of(mesh, mesh.batch_axis)
     rows = activations.samples * _positions(p.path, activations) * batch.in_process // batch.size
     return rows * width * activations.itemsize

@@ -46,7 +46,10 @@ def render(metrics: RunMetrics, console: Console | None = None) -> None:
 
 def summary_table(metrics: RunMetrics) -> Table:
     """One row per headline figure of a finished run (the rows RunMetrics declares)."""
-    table = Table(title=escape(f"meshrun: {metrics.model.called} on mesh {format_shape(metrics.mesh.shape)}"), show_header=False)
+    table = Table(
+        title=escape(f"meshrun: {metrics.model.called} on mesh {format_shape(metrics.mesh.shape)}"),
+        show_header=False,
+    )
     table.add_column("what", style="bold")
     table.add_column("value")
     for name, value in metrics.summary():
@@ -54,7 +57,9 @@ def summary_table(metrics: RunMetrics) -> Table:
     return table
 
 
-SHARDING_ROWS = 12  # more variables than this: the largest, and the rest in metrics.json, so the report fits a screen
+SHARDING_ROWS = (
+    12  # more variables than this: the largest, and the rest in metrics.json, so the report fits a screen
+)
 
 
 def sharding_table(sharding: dict[str, PlacedVariable]) -> Table:
@@ -62,9 +67,15 @@ def sharding_table(sharding: dict[str, PlacedVariable]) -> Table:
     largest SHARDING_ROWS variables when there are more; metrics.json holds them all)."""
     shown = sharding
     if len(sharding) > SHARDING_ROWS:
-        largest = sorted(sharding, key=lambda path: sharding[path].bytes_per_device, reverse=True)[:SHARDING_ROWS]
+        largest = sorted(sharding, key=lambda path: sharding[path].bytes_per_device, reverse=True)[
+            :SHARDING_ROWS
+        ]
         shown = {path: sharding[path] for path in sharding if path in largest}
-    title = "placed variables" if shown is sharding else f"placed variables: the {len(shown)} largest of {len(sharding)} (all in metrics.json)"
+    title = (
+        "placed variables"
+        if shown is sharding
+        else f"placed variables: the {len(shown)} largest of {len(sharding)} (all in metrics.json)"
+    )
     table = Table(title=title)
     table.add_column("path", overflow="fold")
     table.add_column("shape", no_wrap=True)
@@ -72,8 +83,13 @@ def sharding_table(sharding: dict[str, PlacedVariable]) -> Table:
     table.add_column("rule", overflow="fold")
     table.add_column("bytes/device", justify="right", no_wrap=True)
     for path, placed in shown.items():
-        table.add_row(escape(path), format_shape(placed.shape, "scalar"), spec_text(placed.spec),
-                      escape(_rule_text(placed.rule, placed.origin)), format_bytes(placed.bytes_per_device))
+        table.add_row(
+            escape(path),
+            format_shape(placed.shape, "scalar"),
+            spec_text(placed.spec),
+            escape(_rule_text(placed.rule, placed.origin)),
+            format_bytes(placed.bytes_per_device),
+        )
     return table
 
 
@@ -83,8 +99,12 @@ def render_plan(plan: dict, console: Console | None = None, full: bool = False) 
     console = console or _console()
     table = plan_table(plan, full)
     excess = _natural_width(console, table) - console.width
-    if console.is_terminal and excess > 0:  # fold the rule column onto more lines rather than wrap or squeeze paths
-        longest_rule = max((len(_rule_text(v.get("rule"), v.get("origin"))) for v in plan["variables"]), default=0)
+    if (
+        console.is_terminal and excess > 0
+    ):  # fold the rule column onto more lines rather than wrap or squeeze paths
+        longest_rule = max(
+            (len(_rule_text(v.get("rule"), v.get("origin"))) for v in plan["variables"]), default=0
+        )
         table = plan_table(plan, full, rule_width=max(12, longest_rule - excess))
     _print_whole(console, table)
     _print_whole(console, totals_table(plan))
@@ -97,15 +117,29 @@ def render_plan(plan: dict, console: Console | None = None, full: bool = False) 
 def slow_network_rows(plan: dict) -> list[tuple[str, str]]:
     """The plan's rows about a job of several processes: each axis's size within a process and the
     processes it spans (mesh.dcn), and what a step sends between processes, by kind."""
-    axes = "; ".join(f"{a['name']} {a['in_process']} in a process x {a['across_processes']} across"
-                     for a in plan["mesh"].get("axes", []))
+    axes = "; ".join(
+        f"{a['name']} {a['in_process']} in a process x {a['across_processes']} across"
+        for a in plan["mesh"].get("axes", [])
+    )
     rows = [("mesh.dcn", f"{plan['mesh'].get('dcn')}: {axes}")]
     traffic = plan.get("slow_network")
     if traffic:
-        kinds = [(k.replace("_", " "), traffic[k]) for k in ("gradients", "fsdp_all_gathers", "tensor_activations", "stage_activations")]
-        parts = ", ".join(f"{name} {format_bytes(size) if size is not None else 'unknown'}" for name, size in kinds if size != 0)
-        rows.append(("between processes", f"about {format_bytes(traffic['bytes_per_step'])} a step from each process"
-                                         + (f" ({parts})" if parts else "")))
+        kinds = [
+            (k.replace("_", " "), traffic[k])
+            for k in ("gradients", "fsdp_all_gathers", "tensor_activations", "stage_activations")
+        ]
+        parts = ", ".join(
+            f"{name} {format_bytes(size) if size is not None else 'unknown'}"
+            for name, size in kinds
+            if size != 0
+        )
+        rows.append(
+            (
+                "between processes",
+                f"about {format_bytes(traffic['bytes_per_step'])} a step from each process"
+                + (f" ({parts})" if parts else ""),
+            )
+        )
     return rows
 
 
@@ -116,21 +150,39 @@ def plan_table(plan: dict, full: bool = False, rule_width: int | None = None) ->
     (block_{0..31}/mlp_up/kernel) with the bytes of one, their count and the bytes of all. Paths never
     wrap; rules longer than `rule_width` fold onto more lines, whole (a regex cut short is no use)."""
     mesh = plan["mesh"]
-    rows = [PlanRow([v], v["path"]) for v in plan["variables"]] if full else collapse_blocks(plan["variables"])
+    rows = (
+        [PlanRow([v], v["path"]) for v in plan["variables"]] if full else collapse_blocks(plan["variables"])
+    )
     grouped = any(len(r.members) > 1 for r in rows)
     dtypes = sorted({v["dtype"] for v in plan["variables"]})
     title = f"plan: {plan['model']['name']} on mesh {format_shape(mesh['shape'])} {tuple(mesh['axis_names'])}"
     table = Table(title=escape(title + (f", all {dtypes[0]}" if len(dtypes) == 1 else "")))
     frozen = any(not v.get("trainable", True) for v in plan["variables"])
-    columns = ["path", "shape", *(["dtype"] if len(dtypes) > 1 else []), "rule", "spec", "bytes/device",
-               *(["x count = all"] if grouped else []), *(["trains"] if frozen else [])]
+    columns = [
+        "path",
+        "shape",
+        *(["dtype"] if len(dtypes) > 1 else []),
+        "rule",
+        "spec",
+        "bytes/device",
+        *(["x count = all"] if grouped else []),
+        *(["trains"] if frozen else []),
+    ]
     cells = []
     for row in rows:
         v, count = row.members[0], len(row.members)
-        text = {"path": escape(row.path), "shape": format_shape(v["shape"], "scalar"), "dtype": v["dtype"], "rule": escape(_rule_text(v.get("rule"), v.get("origin"))),
-                "spec": spec_text(v["spec"]), "bytes/device": format_bytes(v["bytes_per_device"]),
-                "x count = all": f"x {count} = {format_bytes(count * v['bytes_per_device'])}" if count > 1 else "",
-                "trains": "yes" if v.get("trainable", True) else "frozen"}
+        text = {
+            "path": escape(row.path),
+            "shape": format_shape(v["shape"], "scalar"),
+            "dtype": v["dtype"],
+            "rule": escape(_rule_text(v.get("rule"), v.get("origin"))),
+            "spec": spec_text(v["spec"]),
+            "bytes/device": format_bytes(v["bytes_per_device"]),
+            "x count = all": f"x {count} = {format_bytes(count * v['bytes_per_device'])}"
+            if count > 1
+            else "",
+            "trains": "yes" if v.get("trainable", True) else "frozen",
+        }
         cells.append([text[c] for c in columns])
     for index, column in enumerate(columns):
         # Paths keep their whole text; the rule gives way first (rule_width, folded whole), then the others.
@@ -139,8 +191,13 @@ def plan_table(plan: dict, full: bool = False, rule_width: int | None = None) ->
         rule_limits = {"width": rule_width} if rule_width else {"min_width": min(widest, 6)}
         limits = {"path": {"min_width": widest}, "rule": rule_limits}
         folded = column == "rule"
-        table.add_column(column, justify="right" if column in ("bytes/device", "x count = all") else "left", no_wrap=not folded,
-                         overflow="fold" if folded else "ellipsis", **limits.get(column, {"min_width": min(widest, 8)}))
+        table.add_column(
+            column,
+            justify="right" if column in ("bytes/device", "x count = all") else "left",
+            no_wrap=not folded,
+            overflow="fold" if folded else "ellipsis",
+            **limits.get(column, {"min_width": min(widest, 8)}),
+        )
     for row in cells:
         table.add_row(*row)
     return table
@@ -163,8 +220,15 @@ def collapse_blocks(variables: list[dict]) -> list[PlanRow]:
     it spans (block_{0..31}/attention/query/kernel). Rows keep the order of first appearance."""
     groups: dict[tuple, list] = {}
     for v in variables:
-        key = (_BLOCK_INDEX.sub("#", v["path"]), tuple(v["shape"]), v["dtype"], v.get("rule"), v.get("origin"), tuple(v["spec"]),
-               v.get("trainable", True))
+        key = (
+            _BLOCK_INDEX.sub("#", v["path"]),
+            tuple(v["shape"]),
+            v["dtype"],
+            v.get("rule"),
+            v.get("origin"),
+            tuple(v["spec"]),
+            v.get("trainable", True),
+        )
         groups.setdefault(key, []).append(v)
     rows = []
     for (pattern, *_), members in groups.items():
@@ -209,12 +273,17 @@ def totals_table(plan: dict) -> Table:
     table = Table(title=f"per device ({plan['mesh']['devices']} devices)", show_header=False)
     table.add_column("what", style="bold")
     table.add_column("bytes", justify="right")
-    table.add_row("model parameters", f"{model['params']:,} ({format_bytes(model['params_bytes'])} unsharded)")
+    table.add_row(
+        "model parameters", f"{model['params']:,} ({format_bytes(model['params_bytes'])} unsharded)"
+    )
     table.add_row("parameters", format_bytes(per_device["params_bytes"]))
     frozen = model.get("frozen_params")
     if frozen:
-        table.add_row("trainable", f"{model['trainable_params']:,} of {model['params']:,} parameters ({frozen:,} frozen); "
-                                   "optimizer state only for those")
+        table.add_row(
+            "trainable",
+            f"{model['trainable_params']:,} of {model['params']:,} parameters ({frozen:,} frozen); "
+            "optimizer state only for those",
+        )
     if plan.get("lora_adapters"):
         table.add_row("LoRA adapters", _adapters_text(plan["lora_adapters"]))
     table.add_row(f"optimizer state ({plan['optimizer']})", format_bytes(per_device["optimizer_bytes"]))
@@ -222,7 +291,9 @@ def totals_table(plan: dict) -> Table:
     memory = plan.get("device_memory")
     if memory:
         verdict = "fits" if memory["fits"] else "[red]does not fit[/red]"
-        table.add_row("device memory", f"{format_bytes(memory['bytes'])} ({escape(memory['source'])}): {verdict}")
+        table.add_row(
+            "device memory", f"{format_bytes(memory['bytes'])} ({escape(memory['source'])}): {verdict}"
+        )
     processes = plan.get("processes") or {"count": 1}
     if processes["count"] > 1:
         crossing = ", ".join(processes["axes_across_processes"]) or "none"
@@ -247,29 +318,50 @@ def pipeline_rows(pipeline: dict) -> list[tuple[str, str]]:
     stages, repeats = pipeline["stage_blocks"], pipeline.get("repeats", 1)
 
     def held(blocks: list) -> str:
-        return ", ".join(blocks) if repeats > 1 else blocks[0] + (f"..{blocks[-1]}" if len(blocks) > 1 else "")
+        return (
+            ", ".join(blocks) if repeats > 1 else blocks[0] + (f"..{blocks[-1]}" if len(blocks) > 1 else "")
+        )
 
     each = f"{len(stages[0])} block{'s' if len(stages[0]) > 1 else ''} each"
     circular = f", circular: {repeats} rounds" if repeats > 1 else ""
     formula = "(S-1)/(RM+S-1)" if repeats > 1 else "(S-1)/(M+S-1)"
     rows = [
-        ("pipeline stages", f"{pipeline['stages']} over {pipeline['axis']!r}, {each}{circular} "
-                            f"({'; '.join(f'{i}: {held(blocks)}' for i, blocks in enumerate(stages))})"),
-        ("microbatches", f"{pipeline['microbatches']} of {pipeline['microbatch_rows']} rows "
-                         f"({pipeline['microbatch_rows_per_replica']} per data replica); idle share {formula} = "
-                         f"{pipeline['bubble_fraction']:.1%}"),
+        (
+            "pipeline stages",
+            f"{pipeline['stages']} over {pipeline['axis']!r}, {each}{circular} "
+            f"({'; '.join(f'{i}: {held(blocks)}' for i, blocks in enumerate(stages))})",
+        ),
+        (
+            "microbatches",
+            f"{pipeline['microbatches']} of {pipeline['microbatch_rows']} rows "
+            f"({pipeline['microbatch_rows_per_replica']} per data replica); idle share {formula} = "
+            f"{pipeline['bubble_fraction']:.1%}",
+        ),
     ]
     kept = pipeline.get("kept_activation_bytes_per_device")
     if kept is not None:
-        rows.append(("kept activations", f"{format_bytes(kept)} of block inputs"
-                                         + ("" if pipeline["remat"] else ", plus each block's own (pipeline.remat=true keeps only these)")))
+        rows.append(
+            (
+                "kept activations",
+                f"{format_bytes(kept)} of block inputs"
+                + (
+                    ""
+                    if pipeline["remat"]
+                    else ", plus each block's own (pipeline.remat=true keeps only these)"
+                ),
+            )
+        )
     return rows
 
 
 def _adapters_text(adapters: dict) -> str:
     """The LoRA adapters of a plan in a line: size, and how they are placed."""
     count, placed = adapters["variables"], adapters["placed_by_rules"]
-    where = "all replicated (they are small)" if not placed else f"{placed} placed by rules, {count - placed} replicated"
+    where = (
+        "all replicated (they are small)"
+        if not placed
+        else f"{placed} placed by rules, {count - placed} replicated"
+    )
     return f"{count} variables, {adapters['params']:,} parameters, {format_bytes(adapters['bytes_per_device'])}: {where}"
 
 
@@ -333,30 +425,63 @@ def sweep_table(rows: list[dict]) -> Table:
     lm = unit == "tokens_per_s"
     varying = [key for key in varying_keys(rows) if key != "mesh"]
     fitting = " among those that fit" if any(r["status"] == DOES_NOT_FIT for r in rows) else ""
-    table = Table(title=escape(sweep_title(rows) + f"; fastest first{fitting} ({'tokens' if lm else 'samples'}/s)"))
+    table = Table(
+        title=escape(sweep_title(rows) + f"; fastest first{fitting} ({'tokens' if lm else 'samples'}/s)")
+    )
     staged = any(r.get("stages") for r in rows)  # pipelined runs: their stages, microbatches and idle share
-    columns = ["job", "mesh", *varying, *(["stages", "micro"] if staged else []), "status", "compile s",
-               "step ms", "p90 ms", "tokens/s" if lm else "samples/s", "eval loss", "peak/device",
-               *(["idle (formula, fit)"] if staged else [])]
+    columns = [
+        "job",
+        "mesh",
+        *varying,
+        *(["stages", "micro"] if staged else []),
+        "status",
+        "compile s",
+        "step ms",
+        "p90 ms",
+        "tokens/s" if lm else "samples/s",
+        "eval loss",
+        "peak/device",
+        *(["idle (formula, fit)"] if staged else []),
+    ]
     errors = any(r["status"] != "ok" for r in rows)
     for column in columns + (["error"] if errors else []):
         left = column in ("job", "mesh", "model", "layout", "status", "error")
         table.add_column(column, justify="left" if left else "right", no_wrap=column != "error")
     for r in rows:
-        head = [r["job"], r["mesh"], *(escape(str(r[key])) for key in varying), *(_stages_cells(r) if staged else [])]
+        head = [
+            r["job"],
+            r["mesh"],
+            *(escape(str(r[key])) for key in varying),
+            *(_stages_cells(r) if staged else []),
+        ]
         idle = [_idle_text(r)] if staged else []
         if r["status"] == DOES_NOT_FIT:
-            needed = format_bytes(r["peak_bytes_per_device"]) + " planned" if r["peak_bytes_per_device"] else "-"
-            table.add_row(*head, "[yellow]does not fit[/yellow]", *[""] * 5, needed, *idle, escape(r["error"] or ""))
+            needed = (
+                format_bytes(r["peak_bytes_per_device"]) + " planned" if r["peak_bytes_per_device"] else "-"
+            )
+            table.add_row(
+                *head, "[yellow]does not fit[/yellow]", *[""] * 5, needed, *idle, escape(r["error"] or "")
+            )
             continue
         if r["status"] != "ok":
             table.add_row(*head, "[red]error[/red]", *[""] * 6, *idle, escape(r["error"] or ""))
             continue
-        peak = f"{format_bytes(r['peak_bytes_per_device'])} {r['peak_source']}" if r["peak_bytes_per_device"] else "n/a"
+        peak = (
+            f"{format_bytes(r['peak_bytes_per_device'])} {r['peak_source']}"
+            if r["peak_bytes_per_device"]
+            else "n/a"
+        )
         table.add_row(
-            *head, "[bold green]best[/bold green]" if r["best"] else "ok", _figure(r["compile_s"], ".2f"),
-            _figure(r["step_time_ms"], ".2f"), _figure(r["step_time_p90_ms"], ".2f"), _figure(r[unit], ",.0f"),
-            _figure(r["eval_loss"], ".5f"), peak, *idle, *([""] if errors else []),
+            *head,
+            "[bold green]best[/bold green]" if r["best"] else "ok",
+            _figure(r["compile_s"], ".2f"),
+            _figure(r["step_time_ms"], ".2f"),
+            _figure(r["step_time_p90_ms"], ".2f"),
+            _figure(r[unit], ",.0f"),
+            _figure(r["eval_loss"], ".5f"),
+            peak,
+            *idle,
+            *([""] if errors else []),
         )
     return table
 

@@ -34,9 +34,27 @@ from meshrun.wording import counted, first_line, format_bytes, format_shape, one
 log = logging.getLogger("meshrun")
 
 COLUMNS = (
-    "job", "mesh", "model", "layout", "status", "best", "compile_s", "step_time_ms", "step_time_p90_ms",
-    "samples_per_s", "tokens_per_s", "eval_loss", "peak_bytes_per_device", "peak_source", "run_dir", "error",
-    "stages", "repeats", "microbatches", "bubble_formula", "bubble_fit",
+    "job",
+    "mesh",
+    "model",
+    "layout",
+    "status",
+    "best",
+    "compile_s",
+    "step_time_ms",
+    "step_time_p90_ms",
+    "samples_per_s",
+    "tokens_per_s",
+    "eval_loss",
+    "peak_bytes_per_device",
+    "peak_source",
+    "run_dir",
+    "error",
+    "stages",
+    "repeats",
+    "microbatches",
+    "bubble_formula",
+    "bubble_fit",
 )
 
 
@@ -55,7 +73,10 @@ def compare(run_dirs, out_dir) -> list[dict]:
     """Prints the comparison of `run_dirs` and writes the summary files into `out_dir`."""
     rows = summary_rows(run_dirs, relative_to=out_dir)
     if not rows:
-        raise ConfigError("report", f"none of the {len(run_dirs)} metrics.json files found could be read (see the warnings above)")
+        raise ConfigError(
+            "report",
+            f"none of the {len(run_dirs)} metrics.json files found could be read (see the warnings above)",
+        )
     render_sweep(rows)
     for path in write_summary(rows, out_dir):
         print(f"wrote {path}")
@@ -74,7 +95,9 @@ def report(args: list[str]) -> list[dict]:
         raise ConfigError("report", f"{missing[0]!r} is not a directory")
     runs = find_runs(dirs)
     if not runs:
-        raise ConfigError("report", f"no metrics.json under {one_of(dirs)}; run dirs of meshrun train hold one")
+        raise ConfigError(
+            "report", f"no metrics.json under {one_of(dirs)}; run dirs of meshrun train hold one"
+        )
     return compare(runs, out or (dirs[0] if len(dirs) == 1 else "."))
 
 
@@ -87,10 +110,15 @@ def report_args(args: list[str]) -> tuple[str | None, list[str]]:
     out = given[-1]
     reason = unwritable(out, directory=True) if out else None
     if reason:
-        raise ConfigError(OUT, f"got {out!r}, which cannot be written ({reason}); give a dir where you can write "
-                               "(made if missing), e.g. --out comparison/")
+        raise ConfigError(
+            OUT,
+            f"got {out!r}, which cannot be written ({reason}); give a dir where you can write "
+            "(made if missing), e.g. --out comparison/",
+        )
     if not line or not line.positional:
-        raise ConfigError("report", "got no dir; give one or more sweep or run dirs, e.g. meshrun report multirun/DATE/TIME")
+        raise ConfigError(
+            "report", "got no dir; give one or more sweep or run dirs, e.g. meshrun report multirun/DATE/TIME"
+        )
     return out, list(line.positional)
 
 
@@ -172,11 +200,16 @@ def sweep_figure(rows: list[dict]):
     from matplotlib.figure import Figure
 
     varying = [key for key in varying_keys(rows) if key != "mesh"]
-    labels = [" ".join([f"{r['job']}: {r['mesh']}", *(label_text(str(r[key])) for key in varying)]) for r in rows]
+    labels = [
+        " ".join([f"{r['job']}: {r['mesh']}", *(label_text(str(r[key])) for key in varying)]) for r in rows
+    ]
     ok = [r["status"] == "ok" for r in rows]
     unit = rate_column(rows)
     step = [r["step_time_ms"] or 0.0 if o else 0.0 for r, o in zip(rows, ok, strict=True)]
-    whisker = [max((r["step_time_p90_ms"] or 0.0) - (r["step_time_ms"] or 0.0), 0.0) if o else 0.0 for r, o in zip(rows, ok, strict=True)]
+    whisker = [
+        max((r["step_time_p90_ms"] or 0.0) - (r["step_time_ms"] or 0.0), 0.0) if o else 0.0
+        for r, o in zip(rows, ok, strict=True)
+    ]
     rate = [r[unit] or 0.0 if o else 0.0 for r, o in zip(rows, ok, strict=True)]
     colours = ["tab:orange" if r["best"] else "tab:blue" for r in rows]
 
@@ -212,10 +245,20 @@ def _read_row(run_dir: Path, relative_to: Path) -> dict | None:
 
 def _row(run_dir: Path, m: RunMetrics, relative_to: Path) -> dict:
     # A section the file lacks reads as one whose figures are all None.
-    timing, memory, model = m.timing or TimingFigures(), m.memory or MemoryFigures(), m.model or ModelFigures()
+    timing, memory, model = (
+        m.timing or TimingFigures(),
+        m.memory or MemoryFigures(),
+        m.model or ModelFigures(),
+    )
     if m.ok and m.timing is None:
-        raise KeyError("timing")  # a successful run has its timing section (null step times: only the compiling step ran)
-    live, compiled, planned = memory.live_peak_bytes_per_device, memory.peak_bytes_per_device, memory.needed_bytes_per_device
+        raise KeyError(
+            "timing"
+        )  # a successful run has its timing section (null step times: only the compiling step ran)
+    live, compiled, planned = (
+        memory.live_peak_bytes_per_device,
+        memory.peak_bytes_per_device,
+        memory.needed_bytes_per_device,
+    )
     choices = m.choices or {}
     return {
         "job": run_dir.name,
@@ -231,7 +274,9 @@ def _row(run_dir: Path, m: RunMetrics, relative_to: Path) -> dict:
         "tokens_per_s": _round(timing.tokens_per_s) if m.ok else None,
         "eval_loss": _round((m.eval or {}).get("loss")) if m.ok else None,
         "peak_bytes_per_device": next((b for b in (live, compiled, planned) if b is not None), None),
-        "peak_source": next((name for name, b in (("live", live), ("compiled", compiled), ("planned", planned)) if b), None),
+        "peak_source": next(
+            (name for name, b in (("live", live), ("compiled", compiled), ("planned", planned)) if b), None
+        ),
         "run_dir": os.path.relpath(run_dir.resolve(), relative_to.resolve()),
         "error": _fit_text(memory) if m.status == DOES_NOT_FIT else m.error,
         **_pipeline_figures(run_dir),
@@ -246,8 +291,13 @@ def _pipeline_figures(run_dir: Path) -> dict:
         pipeline = json.loads((run_dir / PLAN_FILE).read_text()).get("pipeline") or {}
     except (OSError, ValueError, AttributeError):
         pipeline = {}
-    return {"stages": pipeline.get("stages"), "repeats": pipeline.get("repeats"), "microbatches": pipeline.get("microbatches"),
-            "bubble_formula": _round(pipeline.get("bubble_fraction")), "bubble_fit": None}
+    return {
+        "stages": pipeline.get("stages"),
+        "repeats": pipeline.get("repeats"),
+        "microbatches": pipeline.get("microbatches"),
+        "bubble_formula": _round(pipeline.get("bubble_fraction")),
+        "bubble_fit": None,
+    }
 
 
 def layout_label(m: RunMetrics) -> str | None:
@@ -290,4 +340,3 @@ def _round(value, digits: int = 6):
 
 def _natural_key(value) -> list:
     return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", str(value))]
-

@@ -50,6 +50,7 @@ class Signature:
 
     def describe(self) -> dict:
         """The signature as JSON-ready data."""
+
         def one(spec: InputSpec) -> dict:
             return {"name": spec.name, "shape": list(spec.shape), "dtype": spec.dtype}
 
@@ -75,7 +76,9 @@ class AbstractModel:
         return tuple(t for t in self.tensors if not t.is_output)
 
 
-def build_model(spec: ModelSpec, options, data, abstract: bool = False, pipeline: PipelineConfig | None = None):
+def build_model(
+    spec: ModelSpec, options, data, abstract: bool = False, pipeline: PipelineConfig | None = None
+):
     """Builds the model of `spec` and returns it with its Signature; with `pipeline`, for pipeline
     stages (its repeated blocks stacked, meshrun.pipeline.repeated_blocks). When the spec gives the
     inputs the model trains on (`spec.inputs`), the model is called on them; a model that is not built yet
@@ -93,7 +96,9 @@ def build_model(spec: ModelSpec, options, data, abstract: bool = False, pipeline
         with stages(pipeline):
             model = make(options)
     except BlockNotPipelinable as err:
-        raise ConfigError(err.key, f"got a stage axis {pipeline.axis!r} for {spec.name_of(options)}, but {err}") from None
+        raise ConfigError(
+            err.key, f"got a stage axis {pipeline.axis!r} for {spec.name_of(options)}, but {err}"
+        ) from None
     inputs = spec.inputs(options) if spec.inputs else None
     if inputs is None and not model.built:
         inputs = declared_inputs(data)
@@ -109,7 +114,9 @@ def build_model(spec: ModelSpec, options, data, abstract: bool = False, pipeline
     else:
         signature = _signature(model.input, model.output)
     if not model.variables:
-        raise ConfigError("model", f"{spec.name_of(options)} has no variables after it was built; nothing would train")
+        raise ConfigError(
+            "model", f"{spec.name_of(options)} has no variables after it was built; nothing would train"
+        )
     return model, signature
 
 
@@ -131,15 +138,22 @@ def _call_symbolically(spec: ModelSpec, options, model, symbolic: dict):
         return model(argument)
     except Exception as err:  # the model's own code decides what fits it
         shapes = ", ".join(f"{name or 'input'} {shape_text(t.shape[1:])}" for name, t in symbolic.items())
-        raise ConfigError("model", f"{spec.name_of(options)} cannot be called on inputs {shapes}: {error_text(err)}") from None
+        raise ConfigError(
+            "model", f"{spec.name_of(options)} cannot be called on inputs {shapes}: {error_text(err)}"
+        ) from None
 
 
 def _signature(inputs, outputs) -> Signature:
     def specs(structure) -> tuple[InputSpec, ...]:
         if isinstance(structure, dict):  # by name; the key None stands for one unnamed input
-            return tuple(InputSpec(name and str(name), tuple(t.shape[1:]), keras.backend.standardize_dtype(t.dtype)) for name, t in structure.items())
+            return tuple(
+                InputSpec(name and str(name), tuple(t.shape[1:]), keras.backend.standardize_dtype(t.dtype))
+                for name, t in structure.items()
+            )
         flat = structure if isinstance(structure, (list, tuple)) else [structure]
-        return tuple(InputSpec(None, tuple(t.shape[1:]), keras.backend.standardize_dtype(t.dtype)) for t in flat)
+        return tuple(
+            InputSpec(None, tuple(t.shape[1:]), keras.backend.standardize_dtype(t.dtype)) for t in flat
+        )
 
     return Signature(inputs=specs(inputs), outputs=specs(outputs))
 
@@ -160,8 +174,15 @@ def abstract_session(precision: str = "float32", collect: bool = True):
         keras.backend.clear_session(free_memory=collect)
 
 
-def describe(spec: ModelSpec, options, data, optimizer_name: str, learning_rate: float, precision: str = "float32",
-             pipeline: PipelineConfig | None = None) -> AbstractModel:
+def describe(
+    spec: ModelSpec,
+    options,
+    data,
+    optimizer_name: str,
+    learning_rate: float,
+    precision: str = "float32",
+    pipeline: PipelineConfig | None = None,
+) -> AbstractModel:
     """Builds the model (for pipeline stages with `pipeline`) and the optimizer's slots abstractly,
     under the dtype policy the run trains with, so this build and the run's build that follows give
     every variable the same path and the model the same signature. A stacked variable of pipelined
@@ -183,7 +204,9 @@ def describe(spec: ModelSpec, options, data, optimizer_name: str, learning_rate:
         blocks = stacks_of(model)
         tensors = [_spec(v, blocks.get(v.path, ())) for v in model.variables] + _outputs(model)
         slots = [OptimizerSlot(_spec(v), references.get(id(v))) for v in optimizer.variables]
-    return AbstractModel(tensors=tuple(tensors), slots=tuple(slots), signature=signature, compiled=compiled.get(id(model)))
+    return AbstractModel(
+        tensors=tuple(tensors), slots=tuple(slots), signature=signature, compiled=compiled.get(id(model))
+    )
 
 
 def check_paths_match(model, abstract: AbstractModel, spec: ModelSpec, options) -> None:
@@ -202,8 +225,14 @@ def check_paths_match(model, abstract: AbstractModel, spec: ModelSpec, options) 
 
 def _spec(variable, blocks: tuple[str, ...] = ()) -> TensorSpec:
     dtype = keras.backend.standardize_dtype(variable.dtype)
-    return TensorSpec(variable.path, tuple(variable.shape), dtype=dtype, itemsize=_itemsize(dtype), trainable=bool(variable.trainable),
-                      blocks=blocks)
+    return TensorSpec(
+        variable.path,
+        tuple(variable.shape),
+        dtype=dtype,
+        itemsize=_itemsize(dtype),
+        trainable=bool(variable.trainable),
+        blocks=blocks,
+    )
 
 
 def _itemsize(dtype: str) -> int:

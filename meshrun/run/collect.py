@@ -45,45 +45,86 @@ def collect(setup: RunSetup, outcome: Outcome, ending: Ending) -> RunMetrics:
     config, context = setup.config, setup.context
     preempted = stopped_by_signal(outcome.stopped)
     return RunMetrics(
-        status=PREEMPTED if preempted else "ok", error=None, run_dir=context.run_dir, choices=context.choices,
-        overrides=context.overrides, exit_status=outcome.stopped["exit_status"] if preempted else None,
-        mesh=MeshFigures(list(setup.devices.mesh.shape), list(setup.devices.mesh.axis_names), setup.devices.mesh.batch_axis,
-                         list(setup.devices.mesh.dcn)),
-        devices=_devices(setup), distributed=ProcessFigures(**context.identity.describe()), layout=_layout(setup),
-        model=_model(setup, outcome), data=_data(setup, outcome), train=_train(setup, outcome),
+        status=PREEMPTED if preempted else "ok",
+        error=None,
+        run_dir=context.run_dir,
+        choices=context.choices,
+        overrides=context.overrides,
+        exit_status=outcome.stopped["exit_status"] if preempted else None,
+        mesh=MeshFigures(
+            list(setup.devices.mesh.shape),
+            list(setup.devices.mesh.axis_names),
+            setup.devices.mesh.batch_axis,
+            list(setup.devices.mesh.dcn),
+        ),
+        devices=_devices(setup),
+        distributed=ProcessFigures(**context.identity.describe()),
+        layout=_layout(setup),
+        model=_model(setup, outcome),
+        data=_data(setup, outcome),
+        train=_train(setup, outcome),
         timing=_timing(setup, outcome, ending),
-        cache=CacheFigures(enabled=config.cache.enabled, dir=setup.cache_dir), flops=_flops(setup, outcome),
-        memory=_memory(setup, outcome), checkpoint=_checkpoint(setup, outcome), logs=outcome.logs, profile=outcome.profile,
-        history=outcome.history, eval=outcome.evaluation, samples=outcome.samples, skipped=outcome.skipped, sharding=outcome.placed,
+        cache=CacheFigures(enabled=config.cache.enabled, dir=setup.cache_dir),
+        flops=_flops(setup, outcome),
+        memory=_memory(setup, outcome),
+        checkpoint=_checkpoint(setup, outcome),
+        logs=outcome.logs,
+        profile=outcome.profile,
+        history=outcome.history,
+        eval=outcome.evaluation,
+        samples=outcome.samples,
+        skipped=outcome.skipped,
+        sharding=outcome.placed,
         versions={"meshrun": meshrun.__version__, "keras": keras.__version__, "jax": jax.__version__},
     )
 
 
 def _devices(setup: RunSetup) -> DeviceFigures:
     found = setup.devices
-    return DeviceFigures(platform=found.platform, kind=found.kind, count=len(found.devices), available=found.available,
-                         emulated=found.emulated, processes=found.processes, per_process=len(local_devices(found.devices)))
+    return DeviceFigures(
+        platform=found.platform,
+        kind=found.kind,
+        count=len(found.devices),
+        available=found.available,
+        emulated=found.emulated,
+        processes=found.processes,
+        per_process=len(local_devices(found.devices)),
+    )
 
 
 def _layout(setup: RunSetup) -> LayoutFigures:
     rules = setup.planned.rules
-    return LayoutFigures(rules={r.pattern: list(r.axes) for r in rules}, origins={r.pattern: r.origin for r in rules},
-                         from_model=setup.config.layout.from_model)
+    return LayoutFigures(
+        rules={r.pattern: list(r.axes) for r in rules},
+        origins={r.pattern: r.origin for r in rules},
+        from_model=setup.config.layout.from_model,
+    )
 
 
 def _model(setup: RunSetup, outcome: Outcome) -> ModelFigures:
     spec, options = setup.planned.spec, setup.planned.options
     signature = setup.planned.abstract.signature.describe()
-    return ModelFigures(name=spec.name, label=spec.name_of(options), params=outcome.params, trainable_params=outcome.trainable_params,
-                        options=to_json(options), inputs=signature["inputs"], outputs=signature["outputs"])
+    return ModelFigures(
+        name=spec.name,
+        label=spec.name_of(options),
+        params=outcome.params,
+        trainable_params=outcome.trainable_params,
+        options=to_json(options),
+        inputs=signature["inputs"],
+        outputs=signature["outputs"],
+    )
 
 
 def _data(setup: RunSetup, outcome: Outcome) -> DataFigures:
     config, data = setup.config, setup.data
     return DataFigures(
-        source=config.data.name, loader=outcome.loader, allocator_restored=outcome.allocator_restored,
+        source=config.data.name,
+        loader=outcome.loader,
+        allocator_restored=outcome.allocator_restored,
         details={**to_json(config.data.options), **setup.datasets.info},
-        global_batch_size=data.batch_size, process_batch_size=data.process_batch_size, processes=data.process_count,
+        global_batch_size=data.batch_size,
+        process_batch_size=data.process_batch_size,
+        processes=data.process_count,
         process_share={"index": data.shard_index, "count": data.shard_count},
     )
 
@@ -91,14 +132,26 @@ def _data(setup: RunSetup, outcome: Outcome) -> DataFigures:
 def _train(setup: RunSetup, outcome: Outcome) -> TrainFigures:
     train, mesh = setup.config.train, setup.devices.mesh
     return TrainFigures(
-        global_batch_size=train.batch_size, per_replica_batch_size=train.batch_size // mesh.axis_size(mesh.batch_axis),
-        steps_per_epoch=setup.datasets.steps_per_epoch, epochs=train.epochs, optimizer=train.optimizer,
-        learning_rate=train.learning_rate, lr_schedule=train.lr_schedule, warmup_steps=train.warmup_steps,
-        min_learning_rate=train.min_learning_rate, clip_norm=train.clip_norm, precision=train.precision,
-        grad_accum_steps=train.grad_accum_steps, samples_per_update=train.batch_size * train.grad_accum_steps,
-        updates=outcome.updates, eval_every=train.eval_every, max_time_s=train.max_time,
+        global_batch_size=train.batch_size,
+        per_replica_batch_size=train.batch_size // mesh.axis_size(mesh.batch_axis),
+        steps_per_epoch=setup.datasets.steps_per_epoch,
+        epochs=train.epochs,
+        optimizer=train.optimizer,
+        learning_rate=train.learning_rate,
+        lr_schedule=train.lr_schedule,
+        warmup_steps=train.warmup_steps,
+        min_learning_rate=train.min_learning_rate,
+        clip_norm=train.clip_norm,
+        precision=train.precision,
+        grad_accum_steps=train.grad_accum_steps,
+        samples_per_update=train.batch_size * train.grad_accum_steps,
+        updates=outcome.updates,
+        eval_every=train.eval_every,
+        max_time_s=train.max_time,
         early_stopping=to_json(train.early_stopping) if train.early_stopping.monitor else None,
-        stopped=outcome.stopped, loss=outcome.loss, seed=train.seed,
+        stopped=outcome.stopped,
+        loss=outcome.loss,
+        seed=train.seed,
     )
 
 
@@ -110,13 +163,25 @@ def _timing(setup: RunSetup, outcome: Outcome, ending: Ending) -> TimingFigures:
     spec, options = setup.planned.spec, setup.planned.options
     tokens_per_step = batch * spec.tokens_per_sample(options) if spec.tokens_per_sample else None
     return TimingFigures(
-        startup_s=outcome.built_at - started, time_to_first_step_s=steps.first_step_at - started,
-        compile_s=steps.compile_s, step_time_s=steps.step_time_s, step_time_p90_s=steps.step_time_p90_s,
-        steady_steps=steps.steady_steps, minor_faults_per_step=steps.minor_faults_per_step,
-        async_log_fetch=outcome.async_log_fetch, samples_per_s=steps.rate(batch), tokens_per_s=steps.rate(tokens_per_step),
-        throughput_s=steps.throughput_s, throughput_steps=steps.throughput_steps, epoch_s=steps.epoch_s,
-        epoch_steps=steps.epoch_steps, eval_s=outcome.eval_s, cost_analysis_s=outcome.costs.seconds,
-        checkpoint_s=outcome.checkpoint_s, teardown_s=ending.teardown_s, wall_s=ending.ended_at - started,
+        startup_s=outcome.built_at - started,
+        time_to_first_step_s=steps.first_step_at - started,
+        compile_s=steps.compile_s,
+        step_time_s=steps.step_time_s,
+        step_time_p90_s=steps.step_time_p90_s,
+        steady_steps=steps.steady_steps,
+        minor_faults_per_step=steps.minor_faults_per_step,
+        async_log_fetch=outcome.async_log_fetch,
+        samples_per_s=steps.rate(batch),
+        tokens_per_s=steps.rate(tokens_per_step),
+        throughput_s=steps.throughput_s,
+        throughput_steps=steps.throughput_steps,
+        epoch_s=steps.epoch_s,
+        epoch_steps=steps.epoch_steps,
+        eval_s=outcome.eval_s,
+        cost_analysis_s=outcome.costs.seconds,
+        checkpoint_s=outcome.checkpoint_s,
+        teardown_s=ending.teardown_s,
+        wall_s=ending.ended_at - started,
     )
 
 
@@ -133,15 +198,32 @@ def _flops(setup: RunSetup, outcome: Outcome) -> FlopsFigures:
         peak = hardware.peak_flops(found.kind) if not found.emulated else None
         source = "table" if peak is not None else None
     spec, options = setup.planned.spec, setup.planned.options
-    analytic = spec.analytic_flops(options, config.train.batch_size, setup.plan.variables) if spec.analytic_flops else None
+    analytic = (
+        spec.analytic_flops(options, config.train.batch_size, setup.plan.variables)
+        if spec.analytic_flops
+        else None
+    )
     pipeline = setup.plan.pipeline
     return FlopsFigures(
-        per_step=per_step, per_step_per_device=costs.flops_per_step_per_device, per_s=per_s, peak_per_device=peak,
+        per_step=per_step,
+        per_step_per_device=costs.flops_per_step_per_device,
+        per_s=per_s,
+        peak_per_device=peak,
         bubble_per_step=costs.bubble_flops_per_step,
-        bubble_fraction=pipeline.bubble_fraction if pipeline and costs.bubble_flops_per_step is not None else None,
-        peak_source=source, mfu=hardware.mfu(per_s, len(found.devices), peak), analytic_per_step=analytic,
+        bubble_fraction=pipeline.bubble_fraction
+        if pipeline and costs.bubble_flops_per_step is not None
+        else None,
+        peak_source=source,
+        mfu=hardware.mfu(per_s, len(found.devices), peak),
+        analytic_per_step=analytic,
         analytic_over_xla=analytic / per_step if analytic and per_step else None,
-        analytic_formula=(None if not analytic else "6·N·tokens" if setup.plan.trainable_params == setup.plan.params else "(4·N+2·T)·tokens"),
+        analytic_formula=(
+            None
+            if not analytic
+            else "6·N·tokens"
+            if setup.plan.trainable_params == setup.plan.params
+            else "(4·N+2·T)·tokens"
+        ),
     )
 
 
@@ -156,10 +238,16 @@ def _memory(setup: RunSetup, outcome: Outcome) -> MemoryFigures:
         planned_params_bytes_per_device=plan.params_bytes_per_device,
         planned_optimizer_bytes_per_device=plan.optimizer_bytes_per_device,
         peak_bytes_per_device=costs.peak_bytes_per_device,
-        compiled=CompiledMemory(argument_bytes=costs.argument_bytes, output_bytes=costs.output_bytes, temp_bytes=costs.temp_bytes,
-                                alias_bytes=costs.alias_bytes, generated_code_bytes=costs.generated_code_bytes),
+        compiled=CompiledMemory(
+            argument_bytes=costs.argument_bytes,
+            output_bytes=costs.output_bytes,
+            temp_bytes=costs.temp_bytes,
+            alias_bytes=costs.alias_bytes,
+            generated_code_bytes=costs.generated_code_bytes,
+        ),
         live_peak_bytes_per_device=outcome.live_peak_bytes_per_device,
-        load_peak_bytes_per_device=outcome.load.bytes_per_device, load_peak_host_bytes=outcome.load.host_bytes,
+        load_peak_bytes_per_device=outcome.load.bytes_per_device,
+        load_peak_host_bytes=outcome.load.host_bytes,
     )
 
 
@@ -167,7 +255,10 @@ def _checkpoint(setup: RunSetup, outcome: Outcome) -> CheckpointFigures:
     config, resume, exported = setup.config, setup.checkpoints.resume, outcome.exported or {}
     return CheckpointFigures(
         dir=str(setup.checkpoints.root) if outcome.saved_steps or config.checkpoint.saves else None,
-        saved_steps=outcome.saved_steps, resumed_from=str(resume) if resume else None,
+        saved_steps=outcome.saved_steps,
+        resumed_from=str(resume) if resume else None,
         resumed_at_step=setup.checkpoints.start.global_step if resume else None,
-        exported=exported.get("model"), exported_preset=exported.get("preset"), exported_adapter=exported.get("adapter"),
+        exported=exported.get("model"),
+        exported_preset=exported.get("preset"),
+        exported_adapter=exported.get("adapter"),
     )

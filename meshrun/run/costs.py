@@ -35,9 +35,15 @@ class StepCosts:
     step's scratch (temp). It leaves out generated code and anything held outside the step.
     """
 
-    flops_per_step: float | None  # global, from the lowered (unpartitioned) HLO; pipelined blocks counted in turn
-    flops_per_step_per_device: float | None  # from the compiled (partitioned) executable; None for pipelined blocks
-    bubble_flops_per_step: float | None  # what pipeline stages compute on their bubble ticks besides (None: no stages)
+    flops_per_step: (
+        float | None
+    )  # global, from the lowered (unpartitioned) HLO; pipelined blocks counted in turn
+    flops_per_step_per_device: (
+        float | None
+    )  # from the compiled (partitioned) executable; None for pipelined blocks
+    bubble_flops_per_step: (
+        float | None
+    )  # what pipeline stages compute on their bubble ticks besides (None: no stages)
     argument_bytes: int | None  # compiled.memory_analysis(), per device
     output_bytes: int | None
     temp_bytes: int | None
@@ -82,7 +88,11 @@ def train_step_costs(model, batch) -> StepCosts:
     if holds_pipelined_blocks(model):
         (flops, bubble), per_device = _pipelined_flops(model, state, data), None
     else:
-        flops, per_device, bubble = _flops(_analysis(lowered.cost_analysis)), _flops(_analysis(compiled.cost_analysis)), None
+        flops, per_device, bubble = (
+            _flops(_analysis(lowered.cost_analysis)),
+            _flops(_analysis(compiled.cost_analysis)),
+            None,
+        )
     memory = _analysis(compiled.memory_analysis)
     sizes = {
         field: _bytes(memory, f"{field}_size_in_bytes")
@@ -114,8 +124,13 @@ def _pipelined_flops(model, state, data) -> tuple[float | None, float | None]:
     flops = _flops(_analysis(lowered.cost_analysis))
     if not bubbles:
         return flops, None
-    extra = [_flops(_analysis(jax.jit(work.forward_and_backward).lower(*work.args).cost_analysis)) for work in bubbles]
-    return flops, None if None in extra else sum(work.share * count for work, count in zip(bubbles, extra, strict=True))
+    extra = [
+        _flops(_analysis(jax.jit(work.forward_and_backward).lower(*work.args).cost_analysis))
+        for work in bubbles
+    ]
+    return flops, None if None in extra else sum(
+        work.share * count for work, count in zip(bubbles, extra, strict=True)
+    )
 
 
 def live_peak_bytes(devices) -> int | None:

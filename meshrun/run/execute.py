@@ -65,7 +65,9 @@ class Outcome:
     profile: ProfileFigures | None
     checkpoint_s: float
     saved_steps: list
-    exported: dict | None  # by name: model (model.keras), and the model's own formats (KerasHub: preset, adapter)
+    exported: (
+        dict | None
+    )  # by name: model (model.keras), and the model's own formats (KerasHub: preset, adapter)
     loader: str
     allocator_restored: bool
     samples: list | None = None  # train.sample_prompts and their completions (meshrun.run.sampling)
@@ -97,16 +99,30 @@ def execute(setup: RunSetup) -> Outcome:
         samples = sampling.sample(separate(), setup.sampling) if setup.sampling else None
         costs = costs_lib.train_step_costs(model, setup.datasets.sample_batch)
     return Outcome(
-        built_at=built_at, steps=hooks.timer.stats(), async_log_fetch=hooks.async_log_fetch, history=history,
-        evaluation=evaluation, eval_s=eval_s, costs=costs,
-        placed=placed_variables(model, setup), params=int(model.count_params()),
+        built_at=built_at,
+        steps=hooks.timer.stats(),
+        async_log_fetch=hooks.async_log_fetch,
+        history=history,
+        evaluation=evaluation,
+        eval_s=eval_s,
+        costs=costs,
+        placed=placed_variables(model, setup),
+        params=int(model.count_params()),
         trainable_params=sum(math.prod(v.shape) for v in model.trainable_variables),
         optimizer_bytes_per_device=sum(_bytes_on_one_device(v) for v in model.optimizer.variables),
-        live_peak_bytes_per_device=costs_lib.live_peak_bytes(local_devices(setup.devices.devices)), load=load,
-        updates=int(model.optimizer.iterations), loss=objectives.loss_name(loss), stopped=stopped,
-        logs=hooks.log_files(), profile=hooks.profile(), checkpoint_s=hooks.checkpointing.seconds,
-        saved_steps=hooks.checkpointing.saved_steps, exported=exported,
-        loader=feed.loader(setup.datasets.train, model), allocator_restored=hooks.allocator_restored, samples=samples,
+        live_peak_bytes_per_device=costs_lib.live_peak_bytes(local_devices(setup.devices.devices)),
+        load=load,
+        updates=int(model.optimizer.iterations),
+        loss=objectives.loss_name(loss),
+        stopped=stopped,
+        logs=hooks.log_files(),
+        profile=hooks.profile(),
+        checkpoint_s=hooks.checkpointing.seconds,
+        saved_steps=hooks.checkpointing.saved_steps,
+        exported=exported,
+        loader=feed.loader(setup.datasets.train, model),
+        allocator_restored=hooks.allocator_restored,
+        samples=samples,
         skipped=skipped,
     )
 
@@ -135,17 +151,27 @@ def build(setup: RunSetup):
     keras.config.set_dtype_policy(config.train.precision)  # reset to float32 by distribution.reset
     set_random_seed(config.train.seed, order.tensorflow_global_seed(config.train.seed))
     stacks = {tensor.path: tensor.blocks for tensor in placement.abstract.variables if tensor.blocks}
-    with LoadWatch(local_devices(setup.devices.devices)) as watch, distribution_lib.blocks_on_their_stages(stacks, placement.pipeline):
-        model, _ = build_model(spec, options, config.data, pipeline=placement.pipeline)  # prepare's abstract builds left a fresh session
+    with (
+        LoadWatch(local_devices(setup.devices.devices)) as watch,
+        distribution_lib.blocks_on_their_stages(stacks, placement.pipeline),
+    ):
+        model, _ = build_model(
+            spec, options, config.data, pipeline=placement.pipeline
+        )  # prepare's abstract builds left a fresh session
     check_paths_match(model, placement.abstract, spec, options)
     compiled = objectives.compiled_objectives(model)
     train = config.train
     optimizer = objectives.make_optimizer(
-        train.optimizer, keras_schedule(train, setup.total_steps), train.clip_norm,
-        loss_scaling=train.precision == "mixed_float16", accumulate=train.grad_accum_steps,
+        train.optimizer,
+        keras_schedule(train, setup.total_steps),
+        train.clip_norm,
+        loss_scaling=train.precision == "mixed_float16",
+        accumulate=train.grad_accum_steps,
     )
     loss = objectives.make_loss(train.loss, spec, options, compiled)
-    metrics = objectives.make_metrics(train.metrics, setup.objectives.loss_function, train.loss is None, spec, options, compiled)
+    metrics = objectives.make_metrics(
+        train.metrics, setup.objectives.loss_function, train.loss is None, spec, options, compiled
+    )
     # With sample weights (a padding mask), metrics count only the samples (tokens) that weigh.
     weighing = {"weighted_metrics": metrics} if setup.datasets.weighted else {"metrics": metrics}
     model.compile(optimizer=optimizer, loss=loss, **weighing)
@@ -179,7 +205,9 @@ def _fit(model, datasets, train, callbacks: list, start) -> dict:
     steps_per_epoch = datasets.steps_per_epoch
     spans = []  # (first epoch, end epoch, steps per epoch)
     epoch = start.epoch
-    if start.step_in_epoch:  # all of an epoch's steps (an older checkpoint of its last step): nothing left of it
+    if (
+        start.step_in_epoch
+    ):  # all of an epoch's steps (an older checkpoint of its last step): nothing left of it
         if start.step_in_epoch < steps_per_epoch:
             spans.append((epoch, epoch + 1, steps_per_epoch - start.step_in_epoch))
         epoch += 1
@@ -188,12 +216,19 @@ def _fit(model, datasets, train, callbacks: list, start) -> dict:
     step = start.global_step
     validation = {}
     if train.eval_every:
-        validation = {"validation_data": feed.keras_input(datasets.eval, model), "validation_freq": train.eval_every,
-                      "validation_steps": feed.evaluation_steps(datasets.eval, model)}
+        validation = {
+            "validation_data": feed.keras_input(datasets.eval, model),
+            "validation_freq": train.eval_every,
+            "validation_steps": feed.evaluation_steps(datasets.eval, model),
+        }
     for first, end, steps in spans:
         fitted = model.fit(
             feed.keras_input(datasets.train.skip(step) if step else datasets.train, model),
-            initial_epoch=first, epochs=end, steps_per_epoch=steps, verbose=0, callbacks=callbacks,
+            initial_epoch=first,
+            epochs=end,
+            steps_per_epoch=steps,
+            verbose=0,
+            callbacks=callbacks,
             shuffle=False,  # the pipeline shuffles, seeded
             **validation,
         )
@@ -208,8 +243,13 @@ def _fit(model, datasets, train, callbacks: list, start) -> dict:
 def evaluate(model, setup: RunSetup, callbacks: list) -> dict:
     """The final evaluation: every compiled metric, and perplexity for a language model."""
     data = setup.datasets.eval
-    evaluated = model.evaluate(feed.keras_input(data, model), steps=feed.evaluation_steps(data, model), verbose=0,
-                               return_dict=True, callbacks=callbacks)
+    evaluated = model.evaluate(
+        feed.keras_input(data, model),
+        steps=feed.evaluation_steps(data, model),
+        verbose=0,
+        return_dict=True,
+        callbacks=callbacks,
+    )
     evaluation = {name: float(value) for name, value in evaluated.items()}
     if setup.planned.spec.language_model and "loss" in evaluation:
         evaluation["perplexity"] = math.exp(min(evaluation["loss"], 700.0))  # exp overflows a float past ~709
@@ -221,7 +261,9 @@ def with_separate_blocks(model, setup: RunSetup):
     blocks the same model with separate blocks (built off the mesh, on the default device:
     KerasHub's task with its generate and save_to_preset, a model.keras that loads without
     meshrun). `execute` builds it once, where one of them asks."""
-    return restack.with_separate_blocks(model, lambda: built_off_the_mesh(setup.planned.spec, setup.planned.options, setup.config.data))
+    return restack.with_separate_blocks(
+        model, lambda: built_off_the_mesh(setup.planned.spec, setup.planned.options, setup.config.data)
+    )
 
 
 def export(trained, setup: RunSetup) -> dict | None:
@@ -249,14 +291,21 @@ def keep_adapter(trained, setup: RunSetup) -> dict | None:
     {adapter: path}, None where the run keeps none. A run of several processes with pipeline
     stages keeps none: rebuilding its blocks is a computation every process would have to run."""
     spec, context = setup.planned.spec, setup.context
-    if not (setup.config.checkpoint.keep_adapter and spec.save_adapter and context.run_dir and context.identity.is_first):
+    if not (
+        setup.config.checkpoint.keep_adapter
+        and spec.save_adapter
+        and context.run_dir
+        and context.identity.is_first
+    ):
         return None
     several_with_stages = setup.devices.processes > 1 and setup.planned.pipeline is not None
 
     def model():
         if several_with_stages:
-            log.warning("checkpoint.keep_adapter: a run of several processes with pipeline stages keeps no adapter file "
-                        "(its checkpoints hold the adapters)")
+            log.warning(
+                "checkpoint.keep_adapter: a run of several processes with pipeline stages keeps no adapter file "
+                "(its checkpoints hold the adapters)"
+            )
             return None
         return trained()
 

@@ -88,7 +88,9 @@ class BatchesForKeras(keras.utils.PyDataset):
         try:
             return next(self._iterator)
         except StopIteration:
-            raise RuntimeError(f"the data ran out at batch {index} of a pass; does the data source hold the samples it declares?") from None
+            raise RuntimeError(
+                f"the data ran out at batch {index} of a pass; does the data source hold the samples it declares?"
+            ) from None
 
 
 @mark_async_safe
@@ -117,5 +119,6 @@ class AllocatorGuard(keras.callbacks.Callback):
             log.info(
                 "the data pipeline holds a tf.data.Dataset.from_generator, which set glibc's mmap threshold to 128 KiB for "
                 "this process (every step would fault its buffers in afresh); meshrun set it back to %s (trim at %s)",
-                format_bytes(allocator.MMAP_THRESHOLD), format_bytes(allocator.TRIM_THRESHOLD),
+                format_bytes(allocator.MMAP_THRESHOLD),
+                format_bytes(allocator.TRIM_THRESHOLD),
             )

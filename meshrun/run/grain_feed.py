@@ -57,7 +57,9 @@ class BatchesIterator(grain.DatasetIterator):
         if per_pass == 0:
             return iter(())
         first = position % per_pass
-        return itertools.chain(self._batches.skip(first), itertools.chain.from_iterable(itertools.repeat(self._batches)))
+        return itertools.chain(
+            self._batches.skip(first), itertools.chain.from_iterable(itertools.repeat(self._batches))
+        )
 
     def __next__(self) -> tuple:
         batch = next(self._iterator)

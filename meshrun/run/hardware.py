@@ -97,9 +97,7 @@ def device_memory_bytes(device_kind: str) -> int | None:
     return gib * GiB if gib is not None else None
 
 
-def mfu(
-    flops_per_s: float | None, device_count: int, peak_per_device: float | None
-) -> float | None:
+def mfu(flops_per_s: float | None, device_count: int, peak_per_device: float | None) -> float | None:
     """Model FLOPs utilisation: achieved global FLOP/s over the peak of `device_count` devices.
     None when either figure is unknown (or the peak is not positive)."""
     if device_count < 1:

@@ -42,7 +42,15 @@ class RunHooks:
     def all(self) -> list:
         """The callbacks in the order Keras calls them: the timer, then checkpoints (a checkpoint
         that does not fit is rejected before anything else starts), then the rest."""
-        optional = (self.guard, self.stopper, self.early, self.profiler, self.step_log, self.progress, self.allocator)
+        optional = (
+            self.guard,
+            self.stopper,
+            self.early,
+            self.profiler,
+            self.step_log,
+            self.progress,
+            self.allocator,
+        )
         return [self.timer, self.checkpointing, *(c for c in optional if c is not None)]
 
     @property
@@ -85,10 +93,26 @@ class RunHooks:
         """Why training ended before its last epoch, and where (None: it ran to the end)."""
         stopper = self.stopper
         if stopper is not None and stopper.stopped_at is not None:
-            signal = {"signal": signals.signal_name(stopper.signal), "exit_status": signals.exit_status(stopper.signal)} if stopper.signal else {}
-            return {"reason": stopper.reason, **signal, "step": stopper.stopped_at, "checkpoint": self.checkpointing.last_saved}
+            signal = (
+                {
+                    "signal": signals.signal_name(stopper.signal),
+                    "exit_status": signals.exit_status(stopper.signal),
+                }
+                if stopper.signal
+                else {}
+            )
+            return {
+                "reason": stopper.reason,
+                **signal,
+                "step": stopper.stopped_at,
+                "checkpoint": self.checkpointing.last_saved,
+            }
         if self.early is not None and self.early.stopped_after is not None:
-            return {"reason": "early_stopping", "epoch": self.early.stopped_after, "checkpoint": self.checkpointing.last_saved}
+            return {
+                "reason": "early_stopping",
+                "epoch": self.early.stopped_after,
+                "checkpoint": self.checkpointing.last_saved,
+            }
         return None
 
     def log_files(self) -> dict:
@@ -101,8 +125,12 @@ class RunHooks:
         if self.profiler is None:
             return None
         p = self.profiler
-        return ProfileFigures(dir=str(p.directory), steps=[p.first, p.last], traced=list(p.traced) if p.traced else None,
-                              files=p.trace_files())
+        return ProfileFigures(
+            dir=str(p.directory),
+            steps=[p.first, p.last],
+            traced=list(p.traced) if p.traced else None,
+            files=p.trace_files(),
+        )
 
 
 def make_hooks(setup: RunSetup, stop_signals: signals.StopSignals | None = None) -> RunHooks:
@@ -113,22 +141,40 @@ def make_hooks(setup: RunSetup, stop_signals: signals.StopSignals | None = None)
     train, start = config.train, setup.checkpoints.start
     first = start.global_step
     deadline = context.started_at + train.max_time if train.max_time is not None else None
-    stopper = callbacks.GracefulStop(first, deadline, stop_signals, several_processes=setup.devices.processes > 1)
+    stopper = callbacks.GracefulStop(
+        first, deadline, stop_signals, several_processes=setup.devices.processes > 1
+    )
     hooks = RunHooks(
         timer=StepTimer(async_safe=not setup.devices.emulated),
         guard=callbacks.StopOnNaN(first, setup.datasets.steps_per_epoch) if train.stop_on_nan else None,
-        checkpointing=Checkpointing(config.checkpoint, setup.checkpoints.root, start, setup.checkpoints.resume, stopper=stopper,
-                                    model=setup.checkpoints.model),
+        checkpointing=Checkpointing(
+            config.checkpoint,
+            setup.checkpoints.root,
+            start,
+            setup.checkpoints.resume,
+            stopper=stopper,
+            model=setup.checkpoints.model,
+        ),
         stopper=stopper,
         allocator=AllocatorGuard() if setup.generator_in_pipeline else None,
     )
     early = train.early_stopping
     if early.monitor is not None:
-        hooks.early = callbacks.EarlyStopping(monitor=early.monitor, patience=early.patience, min_delta=early.min_delta,
-                                              mode=early.mode, verbose=0)
+        hooks.early = callbacks.EarlyStopping(
+            monitor=early.monitor,
+            patience=early.patience,
+            min_delta=early.min_delta,
+            mode=early.mode,
+            verbose=0,
+        )
     if context.identity.is_first and context.run_dir:
         run_dir = Path(context.run_dir)
-        hooks.step_log = StepLog(functools.partial(sinks.open_sinks, run_dir, config.logging.sinks, first), train, setup.total_steps, first)
+        hooks.step_log = StepLog(
+            functools.partial(sinks.open_sinks, run_dir, config.logging.sinks, first),
+            train,
+            setup.total_steps,
+            first,
+        )
         if config.profile.steps is not None:
             where = Path(config.profile.dir).expanduser() if config.profile.dir else run_dir / PROFILE_DIR
             hooks.profiler = callbacks.StepProfiler(*config.profile.steps, where, first)

@@ -67,10 +67,15 @@ def _passing_over(err: UnreadableCheckpoint, config: RunConfig, context: RunCont
     meshrun cannot fall back (a checkpoint named by path, or several processes, which would have
     to agree on it)."""
     if config.resume_mode(context.requeued) != "auto" or context.identity.num_processes > 1:
-        raise ConfigError("resume", f"{err}: its files were changed after it was saved; resume from another of its steps "
-                                    "(resume=<dir>/<step>) or start again (resume=never)") from None
+        raise ConfigError(
+            "resume",
+            f"{err}: its files were changed after it was saved; resume from another of its steps "
+            "(resume=<dir>/<step>) or start again (resume=never)",
+        ) from None
     log.warning(f"{err}; passing over it to the newest checkpoint before it (a fresh start if there is none)")
-    return dataclasses.replace(context, unreadable_checkpoints=context.unreadable_checkpoints | {err.point.step})
+    return dataclasses.replace(
+        context, unreadable_checkpoints=context.unreadable_checkpoints | {err.point.step}
+    )
 
 
 def teardown(context: RunContext) -> Ending:

@@ -127,7 +127,9 @@ class RunSetup:
     data: data_lib.DataContext
     datasets: data_lib.Datasets
     total_steps: int
-    generator_in_pipeline: bool = False  # a tf.data generator dataset: the run restores malloc's policy (meshrun.run.feed)
+    generator_in_pipeline: bool = (
+        False  # a tf.data generator dataset: the run restores malloc's policy (meshrun.run.feed)
+    )
     sampling: Any = None  # meshrun.run.sampling.SamplingPlan: prompts completed after training (None: none)
 
     @property
@@ -153,9 +155,21 @@ def prepare(config: RunConfig, context: RunContext) -> RunSetup:
     data = _data_context(config, planned, named, distribution, found.processes)
     datasets = load_data(config, planned, data)
     total_steps = count_steps(config, datasets.steps_per_epoch)
-    return RunSetup(config=config, context=context, devices=found, cache_dir=cache_dir, checkpoints=checkpoints,
-                    planned=planned, objectives=named, distribution=distribution, data=data, datasets=datasets,
-                    total_steps=total_steps, generator_in_pipeline=datasets.holds_generator(), sampling=sampling)
+    return RunSetup(
+        config=config,
+        context=context,
+        devices=found,
+        cache_dir=cache_dir,
+        checkpoints=checkpoints,
+        planned=planned,
+        objectives=named,
+        distribution=distribution,
+        data=data,
+        datasets=datasets,
+        total_steps=total_steps,
+        generator_in_pipeline=datasets.holds_generator(),
+        sampling=sampling,
+    )
 
 
 # The warnings a process has said that need saying only once, not once per job of a multirun: a
@@ -188,7 +202,9 @@ def place_for_plan(config: RunConfig, processes: int = 1) -> PlannedModel:
     return place(config, mesh, processes, devices_lib.device_memory(config.devices))
 
 
-def place(config: RunConfig, mesh: MeshConfig, processes: int = 1, memory: DeviceMemory | None = None) -> PlannedModel:
+def place(
+    config: RunConfig, mesh: MeshConfig, processes: int = 1, memory: DeviceMemory | None = None
+) -> PlannedModel:
     """Where the configured model's variables and optimizer slots go on `mesh` (no -1 left) for a
     job of `processes` processes, worked out from shapes alone, and whether they fit in `memory`.
     On a mesh with the pipeline's stage axis the model is described with its blocks stacked, and
@@ -197,7 +213,9 @@ def place(config: RunConfig, mesh: MeshConfig, processes: int = 1, memory: Devic
     options = config.model.options
     train = config.train
     pipeline = config.pipeline if config.pipeline.stages(mesh) else None
-    abstract = describe(spec, options, config.data, train.optimizer, train.learning_rate, train.precision, pipeline=pipeline)
+    abstract = describe(
+        spec, options, config.data, train.optimizer, train.learning_rate, train.precision, pipeline=pipeline
+    )
     if pipeline:
         stacking.check_blocks(abstract.tensors, mesh, pipeline, spec.name_of(options))
     written, notes = layout_rules(config, spec, options, mesh, abstract, pipeline)
@@ -209,12 +227,35 @@ def place(config: RunConfig, mesh: MeshConfig, processes: int = 1, memory: Devic
         rules, bends = with_bends(written, mesh, list(abstract.tensors))
 
     def advice(variables, on) -> list[str]:
-        return [*notes, *pipeline_keys_ignored(config.pipeline, on), *(spec.layout_advice(options, variables, on) if spec.layout_advice else ())]
+        return [
+            *notes,
+            *pipeline_keys_ignored(config.pipeline, on),
+            *(spec.layout_advice(options, variables, on) if spec.layout_advice else ()),
+        ]
 
-    plan = make_plan(spec.name_of(options), mesh, rules, abstract, train.optimizer, processes, advice=advice, memory=memory,
-                     lint=lint, pipeline=staged, activations=step_activations(abstract, train, staged), bends=bends)
-    return PlannedModel(spec=spec, options=options, abstract=abstract, rules=rules, plan=plan, written_rules=written,
-                        pipeline=pipeline)
+    plan = make_plan(
+        spec.name_of(options),
+        mesh,
+        rules,
+        abstract,
+        train.optimizer,
+        processes,
+        advice=advice,
+        memory=memory,
+        lint=lint,
+        pipeline=staged,
+        activations=step_activations(abstract, train, staged),
+        bends=bends,
+    )
+    return PlannedModel(
+        spec=spec,
+        options=options,
+        abstract=abstract,
+        rules=rules,
+        plan=plan,
+        written_rules=written,
+        pipeline=pipeline,
+    )
 
 
 def step_activations(abstract: AbstractModel, train: TrainConfig, staged: PipelinePlan | None) -> Activations:
@@ -225,17 +266,38 @@ def step_activations(abstract: AbstractModel, train: TrainConfig, staged: Pipeli
     positions = 1
     if abstract.signature is not None:
         first = abstract.signature.inputs[0]
-        positions = math.prod(size or 1 for size in (first.shape if first.dtype.startswith(("int", "uint")) else first.shape[:-1]))
-    layers = {t.path.removesuffix("/output"): math.prod(size or 1 for size in t.shape[1:-1])
-              for t in abstract.tensors if t.is_output and len(t.shape) >= 2}
+        positions = math.prod(
+            size or 1
+            for size in (first.shape if first.dtype.startswith(("int", "uint")) else first.shape[:-1])
+        )
+    layers = {
+        t.path.removesuffix("/output"): math.prod(size or 1 for size in t.shape[1:-1])
+        for t in abstract.tensors
+        if t.is_output and len(t.shape) >= 2
+    }
     itemsize = 2 if "float16" in train.precision else 4
-    stages = {} if staged is None else {"stage_axis": staged.axis, "stage_rounds": staged.repeats,
-                                        "block_output_bytes_per_row": staged.block_output_bytes_per_row}
-    return Activations(samples=train.batch_size, itemsize=itemsize, positions=positions, layer_positions=layers, **stages)
+    stages = (
+        {}
+        if staged is None
+        else {
+            "stage_axis": staged.axis,
+            "stage_rounds": staged.repeats,
+            "block_output_bytes_per_row": staged.block_output_bytes_per_row,
+        }
+    )
+    return Activations(
+        samples=train.batch_size, itemsize=itemsize, positions=positions, layer_positions=layers, **stages
+    )
 
 
-def layout_rules(config: RunConfig, spec: ModelSpec, options, mesh: MeshConfig, abstract: AbstractModel,
-                 pipeline: PipelineConfig | None = None) -> tuple[tuple[LayoutRule, ...], tuple[str, ...]]:
+def layout_rules(
+    config: RunConfig,
+    spec: ModelSpec,
+    options,
+    mesh: MeshConfig,
+    abstract: AbstractModel,
+    pipeline: PipelineConfig | None = None,
+) -> tuple[tuple[LayoutRule, ...], tuple[str, ...]]:
     """The run's layout rules and what the plan should warn about them: the layout config's rules,
     the model's own layout map (layout.from_model) or rules derived from its variables
     (layout.auto, which warns when it shards nothing), followed by layout.extra_rules. With
@@ -269,15 +331,20 @@ def pipeline_keys_ignored(pipeline: PipelineConfig, mesh: MeshConfig) -> tuple[s
     if pipeline.axis in mesh.axis_names:
         return ()
     default = PipelineConfig()
-    given = [f"pipeline.{key}={str(value).lower() if isinstance(value, bool) else value}"
-             for key, value in vars(pipeline).items() if value != getattr(default, key)]
+    given = [
+        f"pipeline.{key}={str(value).lower() if isinstance(value, bool) else value}"
+        for key, value in vars(pipeline).items()
+        if value != getattr(default, key)
+    ]
     if not given:
         return ()
     near = closest(pipeline.axis, mesh.axis_names, n=1)
     typo = f" ({near[0]!r} is close: a typo?)" if near else ""
-    return (f"{' and '.join(given)} {'do' if len(given) > 1 else 'does'} nothing: pipeline stages wait for a mesh axis named "
-            f"{pipeline.axis!r} (pipeline.axis), and mesh {format_shape(mesh.shape)}'s axes are {', '.join(mesh.axis_names)}{typo}, "
-            f"so the run has no stages; name an axis {pipeline.axis!r} in mesh.axis_names, or leave the pipeline keys out",)
+    return (
+        f"{' and '.join(given)} {'do' if len(given) > 1 else 'does'} nothing: pipeline stages wait for a mesh axis named "
+        f"{pipeline.axis!r} (pipeline.axis), and mesh {format_shape(mesh.shape)}'s axes are {', '.join(mesh.axis_names)}{typo}, "
+        f"so the run has no stages; name an axis {pipeline.axis!r} in mesh.axis_names, or leave the pipeline keys out",
+    )
 
 
 def _auto_keys_ignored(layout) -> tuple[str, ...]:
@@ -301,9 +368,13 @@ def plan_checkpoints(config: RunConfig, context: RunContext, processes: int) -> 
         checkpoint_lib.check_writable(root)
     point = checkpoint_lib.find(config.resume_mode(context.requeued), root, context.unreadable_checkpoints)
     options = config.model.options
-    model = checkpoint_lib.ModelIdentity.of(config.model.name, get_model(config.model.name).name_of(options), options)
+    model = checkpoint_lib.ModelIdentity.of(
+        config.model.name, get_model(config.model.name).name_of(options), options
+    )
     if point:
-        checkpoint_lib.check_same_model(point, model)  # before the progress, which means nothing for another model
+        checkpoint_lib.check_same_model(
+            point, model
+        )  # before the progress, which means nothing for another model
     start = checkpoint_lib.read_progress(point) if point else checkpoint_lib.Progress()
     if point and start.epoch >= config.train.epochs:
         raise ConfigError(
@@ -317,7 +388,10 @@ def plan_checkpoints(config: RunConfig, context: RunContext, processes: int) -> 
 def check_export(config: RunConfig, processes: int) -> None:
     """An export is written by one process: a ConfigError for checkpoint.export in a job of several."""
     if config.checkpoint.export and processes > 1:
-        raise ConfigError("checkpoint.export", "got true with several processes; a .keras file is written by one process, so export from a one-process run (resume from the checkpoint there)")
+        raise ConfigError(
+            "checkpoint.export",
+            "got true with several processes; a .keras file is written by one process, so export from a one-process run (resume from the checkpoint there)",
+        )
 
 
 def check_without_devices(config: RunConfig, planned: PlannedModel, processes: int) -> Objectives:
@@ -339,7 +413,9 @@ def check_objectives(train: TrainConfig, planned: PlannedModel) -> Objectives:
     with abstract_session(collect=False), keras.StatelessScope(initialize_variables=False):
         loss = objectives.make_loss(train.loss, spec, options, compiled)
         function = objectives.loss_function(loss)
-        metrics = objectives.make_metrics(train.metrics, function, train.loss is None, spec, options, compiled)
+        metrics = objectives.make_metrics(
+            train.metrics, function, train.loss is None, spec, options, compiled
+        )
         named = Objectives(objectives.loss_name(loss), function, tuple(objectives.metric_names(metrics)))
     _check_monitor(train, list(named.logged))
     return named
@@ -352,16 +428,28 @@ def _check_monitor(train: TrainConfig, names: list[str]) -> None:
         return
     logged = names + ([f"val_{name}" for name in names] if train.eval_every else [])
     if monitor not in logged:
-        raise ConfigError("train.early_stopping.monitor", f"got {monitor!r}, which this run does not log; valid: {one_of(logged)}")
+        raise ConfigError(
+            "train.early_stopping.monitor",
+            f"got {monitor!r}, which this run does not log; valid: {one_of(logged)}",
+        )
 
 
-def _data_context(config: RunConfig, planned: PlannedModel, named: Objectives, distribution, processes: int) -> data_lib.DataContext:
+def _data_context(
+    config: RunConfig, planned: PlannedModel, named: Objectives, distribution, processes: int
+) -> data_lib.DataContext:
     """What the data source needs to know about the run, this process's share of each batch included."""
     shard_index, shard_count = distribution_lib.batch_share(distribution, config.train.batch_size)
     return data_lib.DataContext(
-        model=planned.spec, model_options=planned.options, batch_size=config.train.batch_size, seed=config.train.seed,
-        shard_index=shard_index, shard_count=shard_count, process_count=processes,
-        signature=planned.abstract.signature, loss=named.loss_function, shared_caches=config.cache.shared,
+        model=planned.spec,
+        model_options=planned.options,
+        batch_size=config.train.batch_size,
+        seed=config.train.seed,
+        shard_index=shard_index,
+        shard_count=shard_count,
+        process_count=processes,
+        signature=planned.abstract.signature,
+        loss=named.loss_function,
+        shared_caches=config.cache.shared,
     )
 
 
@@ -374,9 +462,13 @@ def load_data(config: RunConfig, planned: PlannedModel, data: data_lib.DataConte
     if weight_input and not datasets.weighted:
         datasets = data_lib.pipeline.weighted_by_input(datasets, weight_input)
     options = planned.options
-    input_key = next((f"model.{k}" for k in ("input_shape", "seq_len") if getattr(options, k, None) is not None), None)
+    input_key = next(
+        (f"model.{k}" for k in ("input_shape", "seq_len") if getattr(options, k, None) is not None), None
+    )
     data_lib.pipeline.check_fits_model(datasets.train.element_spec, data.signature, data.loss, input_key)
-    return _range_checked(datasets, ranges.limits(data.signature, data.loss, planned.spec.language_model, config.data.name))
+    return _range_checked(
+        datasets, ranges.limits(data.signature, data.loss, planned.spec.language_model, config.data.name)
+    )
 
 
 def _range_checked(datasets: data_lib.Datasets, limits: ranges.Limits) -> data_lib.Datasets:
@@ -385,7 +477,9 @@ def _range_checked(datasets: data_lib.Datasets, limits: ranges.Limits) -> data_l
     if not limits.checks:
         return datasets
     ranges.check_batch(datasets.sample_batch, limits)
-    return dataclasses.replace(datasets, train=ranges.checked(datasets.train, limits), eval=ranges.checked(datasets.eval, limits))
+    return dataclasses.replace(
+        datasets, train=ranges.checked(datasets.train, limits), eval=ranges.checked(datasets.eval, limits)
+    )
 
 
 def count_steps(config: RunConfig, steps_per_epoch: int) -> int:
@@ -400,11 +494,16 @@ def count_steps(config: RunConfig, steps_per_epoch: int) -> int:
         )
     every = config.checkpoint.every_steps
     if every and every > total_steps:
-        log.warning(f"checkpoint.every_steps={every} is more than the run's {total_steps} training steps, so it never saves; "
-                    f"give at most {total_steps} or checkpoint.every_epoch=true")
+        log.warning(
+            f"checkpoint.every_steps={every} is more than the run's {total_steps} training steps, so it never saves; "
+            f"give at most {total_steps} or checkpoint.every_epoch=true"
+        )
     steps = config.profile.steps
     if steps is not None and steps[1] > total_steps:
-        raise ConfigError("profile.steps", f"got {list(steps)}; the run has {total_steps} training steps: valid 1 <= first <= last <= {total_steps}")
+        raise ConfigError(
+            "profile.steps",
+            f"got {list(steps)}; the run has {total_steps} training steps: valid 1 <= first <= last <= {total_steps}",
+        )
     return total_steps
 
 
@@ -413,6 +512,8 @@ def _say_devices(found: devices_lib.DeviceSet, config: RunConfig) -> None:
     spread = f" over {found.processes} processes" if found.processes > 1 else ""
     if found.emulated:
         reason = "no accelerator found" if config.devices.platform == "auto" else "devices.platform=cpu"
-        log.info(f"{reason}; emulating {found.available} CPU devices{spread}, using {len(found.devices)} for mesh {shape}")
+        log.info(
+            f"{reason}; emulating {found.available} CPU devices{spread}, using {len(found.devices)} for mesh {shape}"
+        )
     else:
         log.info(f"using {len(found.devices)} {found.kind} devices{spread} for mesh {shape}")

@@ -50,9 +50,16 @@ def plan_sampling(config, planned, mesh, processes: int) -> SamplingPlan | None:
     tokenizer, framing = load_run_tokenizer(config, SAMPLE_KEY)
     check_vocabulary(tokenizer, config, model_vocabulary(planned.abstract.signature))
     max_length = check_max_length(train.sample_max_length or options.seq_len, options, LENGTH_KEY)
-    encode_prompts(tokenizer, framing, list(prompts), max_length, SAMPLE_KEY, LENGTH_KEY)  # a prompt too long fails now
-    return SamplingPlan(prompts=prompts, tokenizer=tokenizer, framing=framing, max_length=max_length,
-                        batch_multiple=mesh.axis_size(mesh.batch_axis))
+    encode_prompts(
+        tokenizer, framing, list(prompts), max_length, SAMPLE_KEY, LENGTH_KEY
+    )  # a prompt too long fails now
+    return SamplingPlan(
+        prompts=prompts,
+        tokenizer=tokenizer,
+        framing=framing,
+        max_length=max_length,
+        batch_multiple=mesh.axis_size(mesh.batch_axis),
+    )
 
 
 def check_sampling_settings(config, processes: int) -> tuple[str, ...]:
@@ -61,23 +68,44 @@ def check_sampling_settings(config, processes: int) -> tuple[str, ...]:
     not a KerasHub causal LM or in a job of several `processes`."""
     train = config.train
     if train.sample_max_length is not None and train.sample_max_length < 2:
-        raise ConfigError(LENGTH_KEY, f"got {train.sample_max_length}; expected the tokens of prompt and completion together, "
-                                      "2 or more (null: model.seq_len)")
+        raise ConfigError(
+            LENGTH_KEY,
+            f"got {train.sample_max_length}; expected the tokens of prompt and completion together, "
+            "2 or more (null: model.seq_len)",
+        )
     prompts = tuple(train.sample_prompts or ())
     if prompts and config.model.name != HUB_MODEL:
-        raise ConfigError(SAMPLE_KEY, f"got {counted(len(prompts), 'prompt')} with model={config.model.name}; only KerasHub causal LMs "
-                                      "(model=keras_hub) complete prompts: leave train.sample_prompts empty")
+        raise ConfigError(
+            SAMPLE_KEY,
+            f"got {counted(len(prompts), 'prompt')} with model={config.model.name}; only KerasHub causal LMs "
+            "(model=keras_hub) complete prompts: leave train.sample_prompts empty",
+        )
     if prompts and processes > 1:
-        raise ConfigError(SAMPLE_KEY, f"got {counted(len(prompts), 'prompt')} in a job of {processes} processes; sample in a one-process run, "
-                                      "or after training with meshrun generate RUN_DIR --prompt TEXT")
+        raise ConfigError(
+            SAMPLE_KEY,
+            f"got {counted(len(prompts), 'prompt')} in a job of {processes} processes; sample in a one-process run, "
+            "or after training with meshrun generate RUN_DIR --prompt TEXT",
+        )
     return prompts
 
 
 def sample(model, plan: SamplingPlan) -> list[dict]:
     """Each prompt of `plan` and its completion by `model`, as metrics.json records them."""
     prompts = list(plan.prompts)
-    completions = complete(model, plan.tokenizer, plan.framing, prompts, plan.max_length, plan.batch_multiple, SAMPLE_KEY, LENGTH_KEY)
-    return [{"prompt": prompt, "completion": completion} for prompt, completion in zip(prompts, completions, strict=True)]
+    completions = complete(
+        model,
+        plan.tokenizer,
+        plan.framing,
+        prompts,
+        plan.max_length,
+        plan.batch_multiple,
+        SAMPLE_KEY,
+        LENGTH_KEY,
+    )
+    return [
+        {"prompt": prompt, "completion": completion}
+        for prompt, completion in zip(prompts, completions, strict=True)
+    ]
 
 
 def tokenizer_source(config, key: str) -> tuple[str, str]:
@@ -85,7 +113,9 @@ def tokenizer_source(config, key: str) -> tuple[str, str]:
     has one), else model.preset; a run with neither is a ConfigError naming `key`."""
     from meshrun.text.tokenizer import tokenizer_source as source_of
 
-    return source_of(getattr(config.data.options, "tokenizer", None), getattr(config.model.options, "preset", None), key)
+    return source_of(
+        getattr(config.data.options, "tokenizer", None), getattr(config.model.options, "preset", None), key
+    )
 
 
 def load_run_tokenizer(config, key: str):
@@ -94,7 +124,9 @@ def load_run_tokenizer(config, key: str):
     from meshrun.text.tokenizer import load_tokenizer
 
     source, source_key = tokenizer_source(config, key)
-    cache_dir = getattr(config.data.options, "cache_dir", None)  # data=text's: where its check's verdict is kept
+    cache_dir = getattr(
+        config.data.options, "cache_dir", None
+    )  # data=text's: where its check's verdict is kept
     tokenizer = load_tokenizer(source, source_key, cache_dir, config.cache.shared)
     return tokenizer, run_framing(config, tokenizer)
 
@@ -107,7 +139,9 @@ def run_framing(config, tokenizer) -> Framing:
 
         return framing_for(config.data.options, tokenizer)
     end, pad = tokenizer.end_id, tokenizer.pad_id
-    return Framing(start=tokenizer.start_id, end=end, pad=int(pad if pad is not None else end if end is not None else 0))
+    return Framing(
+        start=tokenizer.start_id, end=end, pad=int(pad if pad is not None else end if end is not None else 0)
+    )
 
 
 def model_vocabulary(signature) -> int:
@@ -129,5 +163,8 @@ def check_max_length(max_length: int, options, key: str) -> int:
 
     limit = max_sequence_length(options)
     if limit is not None and max_length > limit:
-        raise ConfigError(key, f"got {max_length}, more than the backbone's max_sequence_length {limit}; valid: 2 to {limit}")
+        raise ConfigError(
+            key,
+            f"got {max_length}, more than the backbone's max_sequence_length {limit}; valid: 2 to {limit}",
+        )
     return max_length

@@ -36,7 +36,9 @@ class DataContext:
     process_count: int = 1
     signature: Any = None  # what the built model takes and gives (meshrun.run.build.Signature)
     loss: str = ""  # the Keras loss function the run trains with, e.g. sparse_categorical_crossentropy
-    shared_caches: bool = False  # cache.shared: a cache dir its group can write to is trusted (meshrun.system.trust)
+    shared_caches: bool = (
+        False  # cache.shared: a cache dir its group can write to is trusted (meshrun.system.trust)
+    )
 
     @property
     def process_batch_size(self) -> int:
@@ -64,10 +66,13 @@ class SourceSpec:
     notes: Callable[[Any], list] | None = None  # what `meshrun plan` says about the data, a line each
 
 
-SOURCES: Registry[SourceSpec] = Registry("data source", {
-    "arrays": "meshrun.data.arrays",
-    "python": "meshrun.data.python_source",
-    "synthetic": "meshrun.data.synthetic",
-    "text": "meshrun.data.text",
-    "tfrecord": "meshrun.data.tfrecord",
-})
+SOURCES: Registry[SourceSpec] = Registry(
+    "data source",
+    {
+        "arrays": "meshrun.data.arrays",
+        "python": "meshrun.data.python_source",
+        "synthetic": "meshrun.data.synthetic",
+        "text": "meshrun.data.text",
+        "tfrecord": "meshrun.data.tfrecord",
+    },
+)

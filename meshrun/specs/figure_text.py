@@ -25,7 +25,11 @@ def axis_names_text(names, _) -> str:
 
 def dcn_text(dcn, mesh) -> str | None:
     """The axes that span processes, and how many each (nothing when none does)."""
-    crossing = [f"{name} across {slices}" for name, slices in zip(mesh.axis_names, dcn or (), strict=False) if slices > 1]
+    crossing = [
+        f"{name} across {slices}"
+        for name, slices in zip(mesh.axis_names, dcn or (), strict=False)
+        if slices > 1
+    ]
     return f"mesh.dcn {list(dcn)} ({', '.join(crossing)} processes)" if crossing else None
 
 
@@ -51,8 +55,10 @@ def trainable_text(count: int | None, model) -> str | None:
 def accumulation_text(steps, train) -> str | None:
     if not steps or steps <= 1:
         return None
-    return (f"gradients of {steps} steps averaged into each update: {train.samples_per_update} samples per update, "
-            f"{train.updates} updates")
+    return (
+        f"gradients of {steps} steps averaged into each update: {train.samples_per_update} samples per update, "
+        f"{train.updates} updates"
+    )
 
 
 def schedule_text(schedule, train) -> str | None:
@@ -98,7 +104,9 @@ def throughput_text(samples_per_s, timing) -> str | None:
     steps = timing.throughput_steps
     if timing.throughput_s and steps:
         where = "after the first epoch" if len(timing.epoch_s or ()) > 1 else "after the compiling one"
-        text += f" ({timing.throughput_s / steps * 1e3:.2f} ms a step on average over the {steps} steps {where})"
+        text += (
+            f" ({timing.throughput_s / steps * 1e3:.2f} ms a step on average over the {steps} steps {where})"
+        )
     return text
 
 
@@ -113,7 +121,11 @@ def epochs_text(timing, metrics) -> str | None:
         return text
     # history holds the epochs before a resumed run's too; this run's are its last ones
     first = len((metrics.history or {}).get("loss") or counts) - len(counts) + 1
-    short = [f"epoch {first + index}: {count} of {per_epoch} steps" for index, count in enumerate(counts) if count < per_epoch]
+    short = [
+        f"epoch {first + index}: {count} of {per_epoch} steps"
+        for index, count in enumerate(counts)
+        if count < per_epoch
+    ]
     return "; ".join([text, *short])
 
 
@@ -124,16 +136,22 @@ def flops_text(flops, metrics) -> str | None:
         return None
     if flops.per_step is None:
         return "not reported by XLA on this platform"
-    text = f"{flops.per_step:.3g} per step (XLA)" + (f", {flops.per_s:.3g}/s" if flops.per_s is not None else "")
+    text = f"{flops.per_step:.3g} per step (XLA)" + (
+        f", {flops.per_s:.3g}/s" if flops.per_s is not None else ""
+    )
     if flops.analytic_per_step:
         text += f"; {flops.analytic_formula or '6·N·tokens'} {flops.analytic_per_step:.3g}"
     if flops.mfu is not None:
         text += f"; MFU {flops.mfu:.1%}"
     elif flops.peak_per_device is None:
         text += "; MFU n/a (no peak known)"
-    if flops.bubble_per_step is not None and flops.bubble_fraction is not None:  # a line of its own: the table stays narrow
-        text += (f"\npipeline bubble: {flops.bubble_fraction:.1%} of each stage's ticks, {flops.bubble_per_step:.3g} FLOPs more "
-                 "(discarded, not counted above)")
+    if (
+        flops.bubble_per_step is not None and flops.bubble_fraction is not None
+    ):  # a line of its own: the table stays narrow
+        text += (
+            f"\npipeline bubble: {flops.bubble_fraction:.1%} of each stage's ticks, {flops.bubble_per_step:.3g} FLOPs more "
+            "(discarded, not counted above)"
+        )
     return text
 
 
@@ -161,13 +179,19 @@ def loss_text(history, _) -> str:
 
 
 def validation_text(history, _) -> str | None:
-    parts = [f"{name} " + " -> ".join(f"{v:.5f}" for v in values) for name, values in (history or {}).items() if name.startswith("val_")]
+    parts = [
+        f"{name} " + " -> ".join(f"{v:.5f}" for v in values)
+        for name, values in (history or {}).items()
+        if name.startswith("val_")
+    ]
     return "; ".join(parts) or None
 
 
 def eval_text(evaluation, metrics) -> str | None:
     if _skipped(metrics, "eval"):
-        why = "a run stopped by a signal only saves its checkpoint, to exit within the scheduler's grace period"
+        why = (
+            "a run stopped by a signal only saves its checkpoint, to exit within the scheduler's grace period"
+        )
         return f"{_skipped_text(metrics)}; {why}"
     if evaluation is None:
         return None
@@ -178,7 +202,9 @@ def eval_text(evaluation, metrics) -> str | None:
 # The most characters of a sample's line in the summary (metrics.json holds it whole): with the
 # row's name, the table stays within 120 columns, the width a report is printed at off a terminal.
 SAMPLE_LINE = 96
-PROMPT_SHOWN = 56  # an instruction template's prompt whole (`'Instruction: What does math.sqrt do? Response: '`)
+PROMPT_SHOWN = (
+    56  # an instruction template's prompt whole (`'Instruction: What does math.sqrt do? Response: '`)
+)
 
 
 def samples_text(samples, metrics) -> str | None:
@@ -210,7 +236,11 @@ def export_text(checkpoint, metrics) -> str | None:
         return _skipped_text(metrics)
     if checkpoint is None:
         return None
-    exported = [(checkpoint.exported, ""), (checkpoint.exported_preset, "/"), (checkpoint.exported_adapter, "")]
+    exported = [
+        (checkpoint.exported, ""),
+        (checkpoint.exported_preset, "/"),
+        (checkpoint.exported_adapter, ""),
+    ]
     return ", ".join(_in_run_dir(path, metrics.run_dir) + end for path, end in exported if path) or None
 
 
@@ -229,5 +259,9 @@ def _skipped(metrics, part: str) -> bool:
 def _skipped_text(metrics, what: str = "") -> str:
     """`skipped: SIGTERM received after step 1884`, `what` said after `skipped`."""
     stopped = (metrics.train.stopped if metrics.train else None) or {}
-    why = f"{stopped['signal']} received after step {stopped['step']}" if stopped.get("signal") else "training was stopped"
+    why = (
+        f"{stopped['signal']} received after step {stopped['step']}"
+        if stopped.get("signal")
+        else "training was stopped"
+    )
     return f"skipped{what}: {why}"

@@ -15,8 +15,28 @@ from typing import Any
 from meshrun.specs.jsondata import FLATTEN, OMIT_IF_NONE
 
 SUMMARY_ROWS = (
-    "status", "mesh", "devices", "model", "batch", "optimizer", "start-up", "compile", "step time", "throughput", "flops",
-    "memory", "epochs", "loss", "validation", "eval", "samples", "stopped", "wall", "run dir", "logs", "export",
+    "status",
+    "mesh",
+    "devices",
+    "model",
+    "batch",
+    "optimizer",
+    "start-up",
+    "compile",
+    "step time",
+    "throughput",
+    "flops",
+    "memory",
+    "epochs",
+    "loss",
+    "validation",
+    "eval",
+    "samples",
+    "stopped",
+    "wall",
+    "run dir",
+    "logs",
+    "export",
     "profile",
 )
 
@@ -38,8 +58,15 @@ class Shown:
         return None if value is None else self.text.format(value)
 
 
-def figure(row: str | None = None, text: str | Callable = "{}", join: str = ", ", *, also: tuple[Shown, ...] = (),
-           flatten: bool = False, omit_if_none: bool = False):
+def figure(
+    row: str | None = None,
+    text: str | Callable = "{}",
+    join: str = ", ",
+    *,
+    also: tuple[Shown, ...] = (),
+    flatten: bool = False,
+    omit_if_none: bool = False,
+):
     """A field of metrics.json (None until set), shown in summary row `row` when one is given (and
     in the rows of `also`); `flatten` and `omit_if_none` mark how it is written (meshrun.specs.jsondata)."""
     shown = ((Shown(row, text, join),) if row else ()) + also

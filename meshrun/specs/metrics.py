@@ -144,7 +144,9 @@ class TimingFigures:
     async_log_fetch: bool = figure()
     samples_per_s: float = figure("throughput", text.throughput_text)
     tokens_per_s: float = figure("throughput", "{:,.0f} tokens/s")
-    throughput_s: float = figure()  # the window samples_per_s is taken over (meshrun.logs.timing.throughput_window)
+    throughput_s: float = (
+        figure()
+    )  # the window samples_per_s is taken over (meshrun.logs.timing.throughput_window)
     throughput_steps: int = figure()
     epoch_s: list = figure()  # shown with the steps each epoch ran (text.epochs_text)
     epoch_steps: list = figure()
@@ -173,15 +175,21 @@ class FlopsFigures:
 
     per_step: float = figure()  # shown with the run (text.flops_text)
     per_step_per_device: float = figure()  # None with pipeline stages: XLA counts the schedule's loops once
-    bubble_per_step: float = figure()  # pipeline stages: FLOPs of the bubble ticks, in neither per_step, per_s nor mfu
-    bubble_fraction: float = figure()  # pipeline stages: the bubble ticks' share of a stage's ticks, (S-1)/(RM+S-1)
+    bubble_per_step: float = (
+        figure()
+    )  # pipeline stages: FLOPs of the bubble ticks, in neither per_step, per_s nor mfu
+    bubble_fraction: float = (
+        figure()
+    )  # pipeline stages: the bubble ticks' share of a stage's ticks, (S-1)/(RM+S-1)
     per_s: float = figure()
     peak_per_device: float = figure()
     peak_source: str = figure()
     mfu: float = figure()
     analytic_per_step: float = figure()
     analytic_over_xla: float = figure()
-    analytic_formula: str = figure()  # 6·N·tokens, or (4·N+2·T)·tokens when only T of the N parameters train (LoRA)
+    analytic_formula: str = (
+        figure()
+    )  # 6·N·tokens, or (4·N+2·T)·tokens when only T of the N parameters train (LoRA)
 
 
 @dataclass(frozen=True)
@@ -209,7 +217,9 @@ class MemoryFigures:
     peak_bytes_per_device: int = figure("memory", text.bytes_text("step peak {} (compiled estimate)"), "; ")
     compiled: CompiledMemory = figure()
     live_peak_bytes_per_device: int = figure("memory", text.bytes_text("{} live"))
-    load_peak_bytes_per_device: int = figure("memory", text.bytes_text("loading peaked at {} per device"), "; ")  # sampled
+    load_peak_bytes_per_device: int = figure(
+        "memory", text.bytes_text("loading peaked at {} per device"), "; "
+    )  # sampled
     load_peak_host_bytes: int = figure("memory", text.bytes_text("{} host"))
     needed_bytes_per_device: int = figure(omit_if_none=True)  # a job that does not fit: what its plan needs
     device_memory_bytes: int = figure(omit_if_none=True)  # and what one device has
@@ -252,7 +262,12 @@ class PlacedVariable:
     origin: str = figure()
 
 
-SKIPPABLE = ("eval", "flops", "export", "samples")  # what a run stopped by a signal leaves out (RunMetrics.skipped)
+SKIPPABLE = (
+    "eval",
+    "flops",
+    "export",
+    "samples",
+)  # what a run stopped by a signal leaves out (RunMetrics.skipped)
 
 
 HEAD = ("status", "error", "run_dir", "choices", "overrides")
@@ -289,21 +304,42 @@ class RunMetrics:
     history: dict = figure("loss", text.loss_text, also=(Shown("validation", text.validation_text),))
     eval: dict = figure("eval", text.eval_text)
     samples: list = figure("samples", text.samples_text)
-    skipped: list = figure()  # of SKIPPABLE: what a run stopped by a signal left out (None: nothing); shown in those rows
+    skipped: list = (
+        figure()
+    )  # of SKIPPABLE: what a run stopped by a signal left out (None: nothing); shown in those rows
     sharding: dict[str, PlacedVariable] = figure()
     versions: dict = figure()
 
     @classmethod
-    def failed(cls, message: str, run_dir: str, choices: dict, overrides: list, exit_status: int | None = None) -> RunMetrics:
+    def failed(
+        cls, message: str, run_dir: str, choices: dict, overrides: list, exit_status: int | None = None
+    ) -> RunMetrics:
         """The metrics of a run that failed: what it was, and why."""
-        return cls(status="error", error=message, run_dir=run_dir, choices=choices, overrides=overrides, exit_status=exit_status)
+        return cls(
+            status="error",
+            error=message,
+            run_dir=run_dir,
+            choices=choices,
+            overrides=overrides,
+            exit_status=exit_status,
+        )
 
     @classmethod
-    def not_fitting(cls, message: str, run_dir: str, choices: dict, overrides: list, needed: int, available: int) -> RunMetrics:
+    def not_fitting(
+        cls, message: str, run_dir: str, choices: dict, overrides: list, needed: int, available: int
+    ) -> RunMetrics:
         """The metrics of a job that was not run because its plan exceeds a device's memory: the
         bytes per device it needs and the bytes one device has."""
         memory = MemoryFigures(needed_bytes_per_device=needed, device_memory_bytes=available)
-        return cls(status=DOES_NOT_FIT, error=message, run_dir=run_dir, choices=choices, overrides=overrides, exit_status=2, memory=memory)
+        return cls(
+            status=DOES_NOT_FIT,
+            error=message,
+            run_dir=run_dir,
+            choices=choices,
+            overrides=overrides,
+            exit_status=2,
+            memory=memory,
+        )
 
     @property
     def ok(self) -> bool:

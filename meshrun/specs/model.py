@@ -102,11 +102,14 @@ class ModelSpec:
         return self.label(options) if self.label else self.name
 
 
-MODELS: Registry[ModelSpec] = Registry("model", {
-    "cnn": "meshrun.models.cnn",
-    "dense_model": "meshrun.models.dense_model",
-    "keras_hub": "meshrun.models.hub",
-    "python": "meshrun.models.factory",
-    "transformer": "meshrun.models.transformer",
-    "two_tower": "meshrun.models.two_tower",
-})
+MODELS: Registry[ModelSpec] = Registry(
+    "model",
+    {
+        "cnn": "meshrun.models.cnn",
+        "dense_model": "meshrun.models.dense_model",
+        "keras_hub": "meshrun.models.hub",
+        "python": "meshrun.models.factory",
+        "transformer": "meshrun.models.transformer",
+        "two_tower": "meshrun.models.two_tower",
+    },
+)

@@ -15,12 +15,16 @@ PROFILE_DIR = "profile"  # profile.steps, where profile.dir is not given
 CHECKPOINTS_DIR = "checkpoints"  # where checkpoint.dir is not given
 EXPORT_FILE = "model.keras"  # checkpoint.export
 PRESET_DIR = "preset"  # checkpoint.export of a KerasHub task: the trained task as a preset
-ADAPTER_FILE = "adapter.lora.h5"  # a LoRA run's adapters (KerasHub's save_lora_weights format): kept, and exported
+ADAPTER_FILE = (
+    "adapter.lora.h5"  # a LoRA run's adapters (KerasHub's save_lora_weights format): kept, and exported
+)
 PROCESSES_FILE = "processes.json"  # a local multi-process job: its processes and coordinator
 ERROR_LOG = "error.log"  # the traceback of a run that failed
 HYDRA_DIR = ".hydra"  # Hydra's record of the composed config and the overrides
 SUMMARY_FILES = ("summary.csv", "summary.json", "summary.png")  # a sweep dir's comparison of its runs
-UNFINISHED_PREFIX = "unfinished-run-"  # unfinished-run-1/...: an unfinished run's files, moved aside by the next run there
+UNFINISHED_PREFIX = (
+    "unfinished-run-"  # unfinished-run-1/...: an unfinished run's files, moved aside by the next run there
+)
 
 # What a run itself writes into its run dir (meshrun.launch.reuse): every run that began training writes
 # one of RUN_RECORDS, so a dir holding one holds a run (a user's own checkpoints/ in a dir given as
@@ -28,7 +32,17 @@ UNFINISHED_PREFIX = "unfinished-run-"  # unfinished-run-1/...: an unfinished run
 # log) and the launchers' (processes.json, process-*.log) are not among them: they are written for each
 # launch before the run starts, and continued.
 RUN_RECORDS = (METRICS_FILE, LOG_FILE, PLAN_FILE, ERROR_LOG)
-RUN_OUTPUTS = (*RUN_RECORDS, STEPS_CSV, EPOCHS_CSV, TENSORBOARD_DIR, PROFILE_DIR, CHECKPOINTS_DIR, EXPORT_FILE, PRESET_DIR, ADAPTER_FILE)
+RUN_OUTPUTS = (
+    *RUN_RECORDS,
+    STEPS_CSV,
+    EPOCHS_CSV,
+    TENSORBOARD_DIR,
+    PROFILE_DIR,
+    CHECKPOINTS_DIR,
+    EXPORT_FILE,
+    PRESET_DIR,
+    ADAPTER_FILE,
+)
 
 
 def process_log(run_dir: str | Path, process_id: int) -> Path:

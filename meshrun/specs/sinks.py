@@ -46,11 +46,14 @@ class SinkSpec:
     always: bool = False
 
 
-SINKS: Registry[SinkSpec] = Registry("log sink", {
-    "csv": "meshrun.logs.sinks.csv_files",
-    "jsonl": "meshrun.logs.sinks.jsonl",
-    "tensorboard": "meshrun.logs.sinks.tensorboard_events",
-})
+SINKS: Registry[SinkSpec] = Registry(
+    "log sink",
+    {
+        "csv": "meshrun.logs.sinks.csv_files",
+        "jsonl": "meshrun.logs.sinks.jsonl",
+        "tensorboard": "meshrun.logs.sinks.tensorboard_events",
+    },
+)
 
 
 def switch_names() -> list[str]:

@@ -76,8 +76,21 @@ def set_training_policy() -> bool:
 class _MallInfo2(ctypes.Structure):
     """glibc's struct mallinfo2 (malloc.h, glibc 2.33 and later)."""
 
-    _fields_ = [(name, ctypes.c_size_t) for name in
-                ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")]
+    _fields_ = [
+        (name, ctypes.c_size_t)
+        for name in (
+            "arena",
+            "ordblks",
+            "smblks",
+            "hblks",
+            "hblkhd",
+            "usmblks",
+            "fsmblks",
+            "uordblks",
+            "fordblks",
+            "keepcost",
+        )
+    ]
 
 
 def bytes_in_use() -> int | None:

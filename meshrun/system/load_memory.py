@@ -51,7 +51,9 @@ class LoadWatch:
     def __enter__(self) -> LoadWatch:
         self._host_at_start = self.sample()
         _WATCHING.append(self)
-        self._thread = threading.Thread(target=self._sample_until_stopped, name="meshrun-load-watch", daemon=True)
+        self._thread = threading.Thread(
+            target=self._sample_until_stopped, name="meshrun-load-watch", daemon=True
+        )
         self._thread.start()
         return self
 
@@ -62,7 +64,11 @@ class LoadWatch:
         self.sample()
 
     def peaks(self) -> LoadPeaks:
-        host = None if self._host_peak is None or self._host_at_start is None else max(0, self._host_peak - self._host_at_start)
+        host = (
+            None
+            if self._host_peak is None or self._host_at_start is None
+            else max(0, self._host_peak - self._host_at_start)
+        )
         return LoadPeaks(bytes_per_device=self._device_peak, host_bytes=host)
 
     def _sample_until_stopped(self) -> None:

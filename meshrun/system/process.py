@@ -81,7 +81,11 @@ def native_info_lines_dropped() -> Iterator[None]:
             yield
     finally:
         if held is not None:
-            kept = [line for line in held.data.decode("utf-8", "replace").splitlines(keepends=True) if "LOG(INFO)" not in line]
+            kept = [
+                line
+                for line in held.data.decode("utf-8", "replace").splitlines(keepends=True)
+                if "LOG(INFO)" not in line
+            ]
             sys.stderr.write("".join(kept))
 
 

@@ -98,7 +98,9 @@ class StopSignals:
 
 
 # What a Ctrl-C that stops a run at once says (with meshrun's error prefix), and its exit status
-INTERRUPTED = "interrupted; stopped at once (a first Ctrl-C during training stops at a step boundary with a checkpoint)"
+INTERRUPTED = (
+    "interrupted; stopped at once (a first Ctrl-C during training stops at a step boundary with a checkpoint)"
+)
 INTERRUPTED_STATUS = 128 + signal.SIGINT
 
 _ends_process = False
@@ -154,15 +156,21 @@ def quiet_finalizers() -> None:
 
 
 def _to_debug_log(unraisable) -> None:
-    logging.getLogger(__name__).debug(f"after the interrupt, in {unraisable.object!r}: {unraisable.exc_type.__name__}: {unraisable.exc_value}")
+    logging.getLogger(__name__).debug(
+        f"after the interrupt, in {unraisable.object!r}: {unraisable.exc_type.__name__}: {unraisable.exc_value}"
+    )
 
 
 def stopped_line(stopped: dict) -> str:
     """What a run stopped by a signal says (`stopped`: metrics.json's train.stopped): the signal,
     the step and the checkpoint to resume from."""
-    where = f"; checkpoint {stopped['checkpoint']}" if stopped.get("checkpoint") else "; no checkpoint was saved"
+    where = (
+        f"; checkpoint {stopped['checkpoint']}" if stopped.get("checkpoint") else "; no checkpoint was saved"
+    )
     requeued = scheduler_signal()
     if requeued is not None and stopped["signal"] == signal_name(requeued):
         return f"{stopped['signal']} received: stopped after step {stopped['step']}{where}; submitit requeues the job, which resumes from it"
-    return (f"{stopped['signal']} received: stopped after step {stopped['step']}{where}; the same command resumes from it "
-            "when checkpoint.dir is set (else add resume=<that checkpoint's dir>)")
+    return (
+        f"{stopped['signal']} received: stopped after step {stopped['step']}{where}; the same command resumes from it "
+        "when checkpoint.dir is set (else add resume=<that checkpoint's dir>)"
+    )

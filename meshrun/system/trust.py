@@ -30,16 +30,27 @@ def private_dir(path: str | os.PathLike, key: str, shared: bool, what: str) -> P
     info = path.stat()
     mode = stat.S_IMODE(info.st_mode)
     if info.st_uid not in (os.getuid(), 0):
-        raise ConfigError(key, f"got {path}, which user {info.st_uid} owns; meshrun loads {what} from it only when you or root own it: "
-                               "give a directory of your own")
+        raise ConfigError(
+            key,
+            f"got {path}, which user {info.st_uid} owns; meshrun loads {what} from it only when you or root own it: "
+            "give a directory of your own",
+        )
     if mode & stat.S_IWOTH:
-        raise ConfigError(key, f"got {path}, which everyone can write to (mode {mode:04o}); meshrun loads {what} from it only when "
-                               f"no one but its owner can write to it: chmod o-w,g-w {path} (cache.shared=true trusts a group, never everyone)")
+        raise ConfigError(
+            key,
+            f"got {path}, which everyone can write to (mode {mode:04o}); meshrun loads {what} from it only when "
+            f"no one but its owner can write to it: chmod o-w,g-w {path} (cache.shared=true trusts a group, never everyone)",
+        )
     if mode & stat.S_IWGRP:
         if not shared:
-            raise ConfigError(key, f"got {path}, which its group can write to (mode {mode:04o}); meshrun loads {what} from it only when "
-                                   f"no one but its owner can write to it: chmod g-w {path}, or cache.shared=true if you trust that group")
-        log.warning(f"{key}: {path} is writable by its group (mode {mode:04o}); using it since cache.shared=true trusts that group")
+            raise ConfigError(
+                key,
+                f"got {path}, which its group can write to (mode {mode:04o}); meshrun loads {what} from it only when "
+                f"no one but its owner can write to it: chmod g-w {path}, or cache.shared=true if you trust that group",
+            )
+        log.warning(
+            f"{key}: {path} is writable by its group (mode {mode:04o}); using it since cache.shared=true trusts that group"
+        )
     return path
 
 
@@ -61,9 +72,12 @@ def check_preset_objects(preset: str | os.PathLike, key: str) -> None:
         found = _untrusted_object(document)
         if found is not None:
             module, class_name = found
-            raise ConfigError(key, f"got {str(preset)!r}, whose {path.name} asks for {module + '.' if module else ''}{class_name}, "
-                                   f"{'a Lambda (code inside the config)' if class_name in CODE_CLASSES else 'code outside Keras and KerasHub'}; "
-                                   "meshrun loads only Keras' and KerasHub's own objects from a preset")
+            raise ConfigError(
+                key,
+                f"got {str(preset)!r}, whose {path.name} asks for {module + '.' if module else ''}{class_name}, "
+                f"{'a Lambda (code inside the config)' if class_name in CODE_CLASSES else 'code outside Keras and KerasHub'}; "
+                "meshrun loads only Keras' and KerasHub's own objects from a preset",
+            )
 
 
 def _untrusted_object(node) -> tuple[str, str] | None:
@@ -72,7 +86,11 @@ def _untrusted_object(node) -> tuple[str, str] | None:
     if isinstance(node, dict):
         class_name, module = node.get("class_name"), node.get("module")
         if isinstance(class_name, str):
-            foreign = isinstance(module, str) and module.split(".")[0] not in TRUSTED_MODULES and module != "builtins"
+            foreign = (
+                isinstance(module, str)
+                and module.split(".")[0] not in TRUSTED_MODULES
+                and module != "builtins"
+            )
             if class_name in CODE_CLASSES or foreign:
                 return (module or "", class_name)
         children = node.values()

@@ -59,7 +59,9 @@ def find(directory: Path) -> dict | None:
         meta = json.loads((directory / META).read_text())
     except (OSError, ValueError):
         return None
-    if meta.get("format") != FORMAT or not all((directory / name).is_file() for name in meta.get("arrays", [])):
+    if meta.get("format") != FORMAT or not all(
+        (directory / name).is_file() for name in meta.get("arrays", [])
+    ):
         return None
     return meta
 
@@ -75,7 +77,9 @@ def write(directory: Path, arrays: dict[str, np.ndarray], meta: dict) -> None:
     try:
         for name, array in arrays.items():
             np.save(staging / name, array, allow_pickle=False)
-        (staging / META).write_text(json.dumps({**meta, "format": FORMAT, "arrays": [f"{n}.npy" for n in arrays]}, indent=2))
+        (staging / META).write_text(
+            json.dumps({**meta, "format": FORMAT, "arrays": [f"{n}.npy" for n in arrays]}, indent=2)
+        )
         try:
             os.rename(staging, directory)
         except OSError:

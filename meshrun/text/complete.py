@@ -25,17 +25,25 @@ from meshrun.errors import ConfigError
 from meshrun.text.examples import Framing, prompt_ids
 
 
-def encode_prompts(tokenizer, framing: Framing, prompts: list[str], max_length: int, key: str, length_key: str) -> list[np.ndarray]:
+def encode_prompts(
+    tokenizer, framing: Framing, prompts: list[str], max_length: int, key: str, length_key: str
+) -> list[np.ndarray]:
     """Each prompt's ids as the model was trained on them; a ConfigError naming `key` for a prompt
     that encodes to nothing or leaves no room for a completion within `max_length` tokens (set by
     `length_key`)."""
     encoded = [prompt_ids(tokenizer.encode, framing, prompt) for prompt in prompts]
     for prompt, ids in zip(prompts, encoded, strict=True):
         if not len(ids):
-            raise ConfigError(key, f"got {prompt!r}, which encodes to no tokens ({tokenizer.description} has no start token); give some text")
+            raise ConfigError(
+                key,
+                f"got {prompt!r}, which encodes to no tokens ({tokenizer.description} has no start token); give some text",
+            )
         if len(ids) >= max_length:
-            raise ConfigError(key, f"got {_shortened(prompt)!r}, {len(ids)} tokens, which leaves no room to complete it within "
-                                   f"{length_key}={max_length} tokens (prompt and completion); shorten it or raise {length_key}")
+            raise ConfigError(
+                key,
+                f"got {_shortened(prompt)!r}, {len(ids)} tokens, which leaves no room to complete it within "
+                f"{length_key}={max_length} tokens (prompt and completion); shorten it or raise {length_key}",
+            )
     return encoded
 
 
@@ -88,8 +96,16 @@ def use_greedy_sampler(model) -> None:
     model.generate_function = None
 
 
-def complete(model, tokenizer, framing: Framing, prompts: list[str], max_length: int, batch_multiple: int,
-             key: str, length_key: str) -> list[str]:
+def complete(
+    model,
+    tokenizer,
+    framing: Framing,
+    prompts: list[str],
+    max_length: int,
+    batch_multiple: int,
+    key: str,
+    length_key: str,
+) -> list[str]:
     """The completion of each prompt by `model` (a KerasHub CausalLM built under the run's
     distribution, if any), decoded greedily, as text: the generated tokens up to the end token.
     `batch_multiple` is the size of the mesh's batch axis; `key` and `length_key` name what set the
@@ -100,4 +116,7 @@ def complete(model, tokenizer, framing: Framing, prompts: list[str], max_length:
     stop = None if framing.end is None else [int(framing.end)]
     generated = np.asarray(model.generate(batch, stop_token_ids=stop)["token_ids"])
     # generated has a row per prompt and then the padding rows that fill the batch axis
-    return [tokenizer.decode(completion_ids(row, len(ids), framing.end).tolist()) for row, ids in zip(generated, encoded, strict=False)]
+    return [
+        tokenizer.decode(completion_ids(row, len(ids), framing.end).tolist())
+        for row, ids in zip(generated, encoded, strict=False)
+    ]

@@ -72,7 +72,10 @@ def expand(patterns: tuple[str, ...], key: str) -> tuple[Path, ...]:
         found = [Path(m) for m in matches if Path(m).is_file()]
         if not found:
             what = "matches no file" if glob.has_magic(expanded) else "is not a file"
-            raise ConfigError(key, f"got {pattern!r}, which {what}; give .txt or .jsonl files (paths or globs, e.g. 'data/*.jsonl')")
+            raise ConfigError(
+                key,
+                f"got {pattern!r}, which {what}; give .txt or .jsonl files (paths or globs, e.g. 'data/*.jsonl')",
+            )
         files.extend(found)
     return read_once(files, key)
 
@@ -88,8 +91,10 @@ def read_once(files: list[Path], key: str) -> tuple[Path, ...]:
             linked.append(f"{path} = {first}")
     if linked:
         one = len(linked) == 1
-        log.info(f"{key}: {counted(len(linked), 'path')} {'names' if one else 'name'} the same file as an earlier path (through a link), "
-                 f"which is read once: {_listed(linked)}")
+        log.info(
+            f"{key}: {counted(len(linked), 'path')} {'names' if one else 'name'} the same file as an earlier path (through a link), "
+            f"which is read once: {_listed(linked)}"
+        )
     return tuple(first_by_real.values())
 
 
@@ -103,12 +108,17 @@ def read_examples(files: tuple[Path, ...], corpus: CorpusFormat, key: str) -> li
     """Every example of `files`, in file order; an empty corpus is a ConfigError on `key`."""
     examples = []
     for path in files:
-        examples.extend(_records(path, corpus) if path.suffix in RECORD_SUFFIXES else _documents(path, corpus))
+        examples.extend(
+            _records(path, corpus) if path.suffix in RECORD_SUFFIXES else _documents(path, corpus)
+        )
     if not examples:
         if len(files) == 1:
             raise ConfigError(key, f"{str(files[0])!r} holds no text: it is empty or only whitespace")
-        raise ConfigError(key, f"none of the {counted(len(files), 'file')} ({_listed([repr(str(f)) for f in files])}) holds any text: "
-                               "each is empty or only whitespace")
+        raise ConfigError(
+            key,
+            f"none of the {counted(len(files), 'file')} ({_listed([repr(str(f)) for f in files])}) holds any text: "
+            "each is empty or only whitespace",
+        )
     return examples
 
 
@@ -127,7 +137,9 @@ def read_texts(files: tuple[Path, ...], key: str) -> list[str]:
                 texts.extend(value for value in record.values() if isinstance(value, str))
     if not any(text.strip() for text in texts):
         what = f"{str(files[0])!r} holds" if len(files) == 1 else f"the {len(files)} files hold"
-        raise ConfigError(key, f"{what} no text to train a tokenizer on (empty, or JSONL records without text fields)")
+        raise ConfigError(
+            key, f"{what} no text to train a tokenizer on (empty, or JSONL records without text fields)"
+        )
     return texts
 
 
@@ -136,12 +148,17 @@ def _read_text(path: Path, key: str = "data.files") -> str:
     try:
         return path.read_text(encoding="utf-8-sig")
     except UnicodeDecodeError as err:
-        raise ConfigError(key, f"{str(path)!r} is not UTF-8 text (byte {err.start}); convert it, e.g. iconv -t UTF-8") from None
+        raise ConfigError(
+            key, f"{str(path)!r} is not UTF-8 text (byte {err.start}); convert it, e.g. iconv -t UTF-8"
+        ) from None
 
 
 def _documents(path: Path, corpus: CorpusFormat) -> list[Example]:
     if corpus.instructions:
-        raise ConfigError("data.prompt", f"is set, but {str(path)!r} is plain text; prompt and completion templates read .jsonl records")
+        raise ConfigError(
+            "data.prompt",
+            f"is set, but {str(path)!r} is plain text; prompt and completion templates read .jsonl records",
+        )
     text = _read_text(path)
     parts = text.split(corpus.separator) if corpus.separator else [text]
     name = str(path)
@@ -159,7 +176,10 @@ def _records(path: Path, corpus: CorpusFormat) -> list[Example]:
             prompt = _fill("data.prompt", corpus.prompt, record, where)
             completion = _fill("data.completion", corpus.completion, record, where)
             if not completion.strip():
-                raise ConfigError("data.completion", f"gives an empty completion for {where}; the loss would count only its end token")
+                raise ConfigError(
+                    "data.completion",
+                    f"gives an empty completion for {where}; the loss would count only its end token",
+                )
             examples.append(Example(prompt, completion, name, line=number))
         else:
             examples.append(Example("", _field(record, corpus.field, where), name, line=number))
@@ -178,10 +198,14 @@ def _parse_record(line: str, where: str, key: str = "data.files") -> dict:
 
 def _field(record: dict, field: str, where: str) -> str:
     if field not in record:
-        raise ConfigError("data.field", f"got {field!r}, which {where} lacks; its fields: {one_of(sorted(record))}")
+        raise ConfigError(
+            "data.field", f"got {field!r}, which {where} lacks; its fields: {one_of(sorted(record))}"
+        )
     value = record[field]
     if not isinstance(value, str):
-        raise ConfigError("data.field", f"got {field!r}: {where} holds a {type(value).__name__} there, not text")
+        raise ConfigError(
+            "data.field", f"got {field!r}: {where} holds a {type(value).__name__} there, not text"
+        )
     return value
 
 
@@ -190,6 +214,11 @@ def _fill(key: str, template: str, record: dict, where: str) -> str:
     try:
         return template.format_map(record)
     except KeyError as err:
-        raise ConfigError(key, f"names field {err.args[0]!r}, which {where} lacks; its fields: {one_of(sorted(record))}") from None
+        raise ConfigError(
+            key, f"names field {err.args[0]!r}, which {where} lacks; its fields: {one_of(sorted(record))}"
+        ) from None
     except (ValueError, IndexError, AttributeError) as err:
-        raise ConfigError(key, f"got {template!r}, not a format template over the record's fields ({err}); write fields as {{name}}, braces as {{{{ }}}}") from None
+        raise ConfigError(
+            key,
+            f"got {template!r}, not a format template over the record's fields ({err}); write fields as {{name}}, braces as {{{{ }}}}",
+        ) from None

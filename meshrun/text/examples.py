@@ -30,7 +30,9 @@ from meshrun.errors import ConfigError
 from meshrun.text.corpus import Example
 
 TOO_LONG = ("drop", "error")
-ENCODE_CHUNK_BYTES = 1 << 20  # texts encoded per call: enough for the tokenizer's threads (scripts/bench_tokenize.py)
+ENCODE_CHUNK_BYTES = (
+    1 << 20
+)  # texts encoded per call: enough for the tokenizer's threads (scripts/bench_tokenize.py)
 
 
 class Ragged(NamedTuple):
@@ -102,7 +104,9 @@ def framed_prompts(framing: Framing, encoded: Ragged) -> Ragged:
     return Ragged(values, lengths) if count else encoded
 
 
-def encode_all(encode_ragged: Callable[[Sequence[str]], tuple], texts: list[str], advance: Callable[[int], None]) -> Ragged:
+def encode_all(
+    encode_ragged: Callable[[Sequence[str]], tuple], texts: list[str], advance: Callable[[int], None]
+) -> Ragged:
     """Every text encoded (`encode_ragged`: TextTokenizer.encode_ragged), a chunk of about
     ENCODE_CHUNK_BYTES at a time; `advance(bytes)` after each."""
     values, lengths, chunk, size = [], [], [], 0
@@ -126,8 +130,15 @@ def encode_all(encode_ragged: Callable[[Sequence[str]], tuple], texts: list[str]
     return Ragged(np.concatenate(values).astype(np.int32), np.concatenate(lengths).astype(np.int64))
 
 
-def to_rows(examples: list[Example], prompts: Ragged | None, texts: Ragged, framing: Framing, seq_len: int,
-            packing: bool, too_long: str) -> Rows:
+def to_rows(
+    examples: list[Example],
+    prompts: Ragged | None,
+    texts: Ragged,
+    framing: Framing,
+    seq_len: int,
+    packing: bool,
+    too_long: str,
+) -> Rows:
     """The rows of `examples`, given their encoded prompts (framed_prompts; None for plain text,
     whose examples start with the start token) and their encoded texts."""
     heads = prompts if prompts is not None else _start_heads(framing, len(texts.lengths))
@@ -139,13 +150,22 @@ def to_rows(examples: list[Example], prompts: Ragged | None, texts: Ragged, fram
             first = examples[int(np.argmin(keep))]
             too_many = int(sizes[np.argmin(keep)])
             if too_long == "error":
-                raise ConfigError("data.too_long", f"is error, and {first.where} makes {too_many} tokens, more than model.seq_len + 1 = {seq_len + 1}; "
-                                                   "raise model.seq_len or set data.too_long=drop")
+                raise ConfigError(
+                    "data.too_long",
+                    f"is error, and {first.where} makes {too_many} tokens, more than model.seq_len + 1 = {seq_len + 1}; "
+                    "raise model.seq_len or set data.too_long=drop",
+                )
     stream, weights, offsets = _stream(_kept(heads, keep), _kept(texts, keep), framing.end)
     kept_sizes = sizes[keep]
-    rows = _packed(stream, weights, seq_len) if packing else _padded(stream, weights, offsets, kept_sizes, seq_len, framing.pad)
+    rows = (
+        _packed(stream, weights, seq_len)
+        if packing
+        else _padded(stream, weights, offsets, kept_sizes, seq_len, framing.pad)
+    )
     dropped = int((~keep).sum())
-    first_dropped = f"{examples[int(np.argmin(keep))].where} ({int(sizes[np.argmin(keep)])} tokens)" if dropped else None
+    first_dropped = (
+        f"{examples[int(np.argmin(keep))].where} ({int(sizes[np.argmin(keep)])} tokens)" if dropped else None
+    )
     return Rows(*rows, dropped=dropped, first_dropped=first_dropped)
 
 
@@ -156,7 +176,9 @@ def _start(framing: Framing) -> np.ndarray:
 def _start_heads(framing: Framing, count: int) -> Ragged:
     """The head of every plain-text example: the start token (or nothing)."""
     width = 0 if framing.start is None else 1
-    return Ragged(np.full(count * width, framing.start if width else 0, np.int32), np.full(count, width, np.int64))
+    return Ragged(
+        np.full(count * width, framing.start if width else 0, np.int32), np.full(count, width, np.int64)
+    )
 
 
 def _positions(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
@@ -200,7 +222,9 @@ def _packed(stream: np.ndarray, weights: np.ndarray, seq_len: int):
     return stream[window], np.full(count, seq_len + 1, np.int32), weights[window[:, 1:]]
 
 
-def _padded(stream: np.ndarray, weights: np.ndarray, offsets: np.ndarray, sizes: np.ndarray, seq_len: int, pad: int):
+def _padded(
+    stream: np.ndarray, weights: np.ndarray, offsets: np.ndarray, sizes: np.ndarray, seq_len: int, pad: int
+):
     """Each example from the start of a row, right-padded with `pad`; one longer than a row (a
     plain-text document) goes on in further rows, overlapping by one token."""
     if not len(sizes):
@@ -229,4 +253,8 @@ def model_batch(batch: tuple) -> tuple:
     tokens, lengths = features["tokens"], features["lengths"]
     seq_len = tokens.shape[1] - 1
     padding_mask = (np.arange(seq_len)[None, :] < lengths[:, None]).astype(np.int32)
-    return {"token_ids": tokens[:, :-1], "padding_mask": padding_mask}, tokens[:, 1:], weights.astype(np.float32)
+    return (
+        {"token_ids": tokens[:, :-1], "padding_mask": padding_mask},
+        tokens[:, 1:],
+        weights.astype(np.float32),
+    )

@@ -49,8 +49,10 @@ from meshrun.wording import first_line
 
 log = logging.getLogger("meshrun")
 
-EXPECTED = ("expected a KerasHub preset dir (config.json, tokenizer.json and assets/, as save_to_preset writes) "
-            "or a Hugging Face tokenizer.json (or a dir holding one)")
+EXPECTED = (
+    "expected a KerasHub preset dir (config.json, tokenizer.json and assets/, as save_to_preset writes) "
+    "or a Hugging Face tokenizer.json (or a dir holding one)"
+)
 TOKENIZER_FILE = "tokenizer.json"  # KerasHub's tokenizer config in a preset, and Hugging Face's tokenizer
 PRESET_CONFIG_FILE = "config.json"
 PREPROCESSOR_FILE = "preprocessor.json"
@@ -78,7 +80,9 @@ PROBE_TEXTS = (
 # builds its encoders or reaches a verdict changes within one meshrun version.
 PROBE_LIBRARIES = ("meshrun", "keras-hub", "tensorflow", "tensorflow-text", "sentencepiece", "tokenizers")
 PROBE_FORMAT = 1
-VERDICTS = "the verdicts of its tokenizer check"  # what meshrun reads from the token cache for a preset's tokenizer
+VERDICTS = (
+    "the verdicts of its tokenizer check"  # what meshrun reads from the token cache for a preset's tokenizer
+)
 
 _warned_slow: set[str] = set()
 
@@ -88,8 +92,17 @@ class TextTokenizer:
     no special tokens added (`encode`), ids back to text (`decode`), the ids of its special tokens,
     and a fingerprint of the files that define it (for token caches)."""
 
-    def __init__(self, encoder, *, description: str, vocabulary_size: int, start_id: int | None, end_id: int | None,
-                 pad_id: int, fingerprint: str):
+    def __init__(
+        self,
+        encoder,
+        *,
+        description: str,
+        vocabulary_size: int,
+        start_id: int | None,
+        end_id: int | None,
+        pad_id: int,
+        fingerprint: str,
+    ):
         self._encoder = encoder
         self.description = description  # one line for logs and metrics.json
         self.backend = encoder.backend  # "sentencepiece", "tokenizers" or "keras_hub"
@@ -132,19 +145,27 @@ def tokenizer_source(given: str | None, preset: str | None, missing_key: str) ->
         return given, "data.tokenizer"
     if preset:
         return preset, "model.preset"
-    raise ConfigError(missing_key, "needs a tokenizer: model.preset or data.tokenizer (a preset dir or a Hugging Face tokenizer.json); "
-                                   "a model made from model.backbone brings none")
+    raise ConfigError(
+        missing_key,
+        "needs a tokenizer: model.preset or data.tokenizer (a preset dir or a Hugging Face tokenizer.json); "
+        "a model made from model.backbone brings none",
+    )
 
 
 def check_fits_vocabulary(tokenizer: TextTokenizer, source: str, key: str, vocabulary: int) -> None:
     """ConfigError naming `key` (where the tokenizer came from) when it has more ids than the
     model's `vocabulary`: its ids would index past the embedding. Fewer is fine (padded vocabularies)."""
     if tokenizer.vocabulary_size > vocabulary:
-        raise ConfigError(key, f"got {source!r}, whose tokenizer has {tokenizer.vocabulary_size} ids, more than the model's vocabulary "
-                               f"of {vocabulary}; give the tokenizer the model was trained with")
+        raise ConfigError(
+            key,
+            f"got {source!r}, whose tokenizer has {tokenizer.vocabulary_size} ids, more than the model's vocabulary "
+            f"of {vocabulary}; give the tokenizer the model was trained with",
+        )
 
 
-def load_tokenizer(source: str, key: str, cache_dir: str | None = None, shared_cache: bool = False) -> TextTokenizer:
+def load_tokenizer(
+    source: str, key: str, cache_dir: str | None = None, shared_cache: bool = False
+) -> TextTokenizer:
     """The tokenizer at `source` (a KerasHub preset dir, or a Hugging Face tokenizer.json or a dir
     holding one); anything else is a ConfigError blaming config key `key`. A KerasHub preset's
     tokenizer is checked against KerasHub's own once, the verdict kept in the token cache at
@@ -157,7 +178,9 @@ def load_tokenizer(source: str, key: str, cache_dir: str | None = None, shared_c
         return _load_keras_hub(file.parent, source, key, _verdicts_in(cache_dir, shared_cache))
     if isinstance(contents, dict) and isinstance(contents.get("model"), dict):
         return _load_hugging_face(file, contents["model"].get("type", "?"), source, key)
-    raise ConfigError(key, f"got {source!r}, whose {file.name} is neither KerasHub's nor Hugging Face's; {EXPECTED}")
+    raise ConfigError(
+        key, f"got {source!r}, whose {file.name} is neither KerasHub's nor Hugging Face's; {EXPECTED}"
+    )
 
 
 def _tokenizer_file(path: Path, source, key: str) -> Path:
@@ -170,7 +193,9 @@ def _tokenizer_file(path: Path, source, key: str) -> Path:
     if file.is_file():
         return file
     if (path / PRESET_CONFIG_FILE).is_file():
-        raise ConfigError(key, f"got {source!r}, a preset with no tokenizer (no {TOKENIZER_FILE}); {EXPECTED}")
+        raise ConfigError(
+            key, f"got {source!r}, a preset with no tokenizer (no {TOKENIZER_FILE}); {EXPECTED}"
+        )
     raise ConfigError(key, f"got {source!r}, a dir with no {TOKENIZER_FILE}; {EXPECTED}")
 
 
@@ -178,7 +203,9 @@ def _read_json(file: Path, source, key: str):
     try:
         return json.loads(file.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, ValueError) as error:
-        raise ConfigError(key, f"got {source!r}, whose {file.name} is not readable JSON ({first_line(error)}); {EXPECTED}") from None
+        raise ConfigError(
+            key, f"got {source!r}, whose {file.name} is not readable JSON ({first_line(error)}); {EXPECTED}"
+        ) from None
 
 
 def _is_keras_serialized(contents) -> bool:
@@ -206,11 +233,13 @@ def available_cores() -> int:
 def same_ids(encoded: Sequence, reference: Sequence) -> bool:
     """Whether two encodings of the same texts hold the same ids, text by text."""
     return len(encoded) == len(reference) and all(
-        np.array_equal(np.asarray(a, dtype=np.int64), np.asarray(b, dtype=np.int64)) for a, b in zip(encoded, reference, strict=True)
+        np.array_equal(np.asarray(a, dtype=np.int64), np.asarray(b, dtype=np.int64))
+        for a, b in zip(encoded, reference, strict=True)
     )
 
 
 # --- Hugging Face tokenizer.json --------------------------------------------------------------------
+
 
 def _load_hugging_face(file: Path, model_type: str, source, key: str) -> TextTokenizer:
     from tokenizers import Tokenizer
@@ -218,14 +247,18 @@ def _load_hugging_face(file: Path, model_type: str, source, key: str) -> TextTok
     try:
         tokenizer = Tokenizer.from_file(str(file))
     except Exception as error:  # tokenizers raises plain Exception for a file it cannot parse
-        raise ConfigError(key, f"got {source!r}, whose {file.name} Hugging Face tokenizers cannot load ({first_line(error)}); {EXPECTED}") from None
+        raise ConfigError(
+            key,
+            f"got {source!r}, whose {file.name} Hugging Face tokenizers cannot load ({first_line(error)}); {EXPECTED}",
+        ) from None
     encoder = HuggingFaceEncoder(tokenizer)
     end = _first_token(encoder, HF_END_TOKENS)
     pad = _first_token(encoder, HF_PAD_TOKENS)
     return TextTokenizer(
         encoder,
         description=f"Hugging Face tokenizer ({model_type}) of {file.resolve()}",
-        vocabulary_size=max(tokenizer.get_vocab(with_added_tokens=True).values(), default=-1) + 1,  # the id space
+        vocabulary_size=max(tokenizer.get_vocab(with_added_tokens=True).values(), default=-1)
+        + 1,  # the id space
         start_id=_first_token(encoder, HF_START_TOKENS),
         end_id=end,
         pad_id=pad if pad is not None else (end if end is not None else 0),
@@ -265,12 +298,16 @@ class HuggingFaceEncoder:
 
 # --- KerasHub presets ------------------------------------------------------------------------------
 
+
 def _load_keras_hub(preset: Path, source, key: str, verdicts: cache.ProbeVerdicts) -> TextTokenizer:
     """The preset's tokenizer: its library encoder where that encodes as KerasHub's TensorFlow graph
     does (a verdict found in `verdicts`, else found now and kept there), else the graph itself.
     TensorFlow is imported only to make the check or to use the graph."""
     if not (preset / PRESET_CONFIG_FILE).is_file():
-        raise ConfigError(key, f"got {source!r}, a KerasHub {TOKENIZER_FILE} with no {PRESET_CONFIG_FILE} beside it; {EXPECTED}")
+        raise ConfigError(
+            key,
+            f"got {source!r}, a KerasHub {TOKENIZER_FILE} with no {PRESET_CONFIG_FILE} beside it; {EXPECTED}",
+        )
     from meshrun.compat.tensorflow import tensorflow_installed
 
     fingerprint = fingerprint_files(preset, _keras_hub_tokenizer_files(preset))
@@ -278,10 +315,19 @@ def _load_keras_hub(preset: Path, source, key: str, verdicts: cache.ProbeVerdict
     agrees = verdicts.get(verdict_key)
     if agrees or not tensorflow_installed():  # the check made before, or nothing to check against
         layer = _keras_hub_layer(preset, source, key, tensorflow=False)
-        encoder = _fast_encoder(layer) if agrees else _encoder_without_tensorflow(_fast_encoder(layer), layer, preset, key)
+        encoder = (
+            _fast_encoder(layer)
+            if agrees
+            else _encoder_without_tensorflow(_fast_encoder(layer), layer, preset, key)
+        )
     else:
         layer = _keras_hub_layer(preset, source, key, tensorflow=True)
-        encoder = _checked_encoder(layer, preset, agrees, lambda verdict: _keep_verdict(verdicts, verdict_key, verdict, layer, fingerprint))
+        encoder = _checked_encoder(
+            layer,
+            preset,
+            agrees,
+            lambda verdict: _keep_verdict(verdicts, verdict_key, verdict, layer, fingerprint),
+        )
     start, end, pad = _keras_hub_special_ids(layer, preset)
     return TextTokenizer(
         encoder,
@@ -301,10 +347,15 @@ def _encoder_without_tensorflow(encoder, layer, preset: Path, key: str):
     from meshrun.compat.keras_hub import splits_as_byte_pair_tokenizer
     from meshrun.compat.tensorflow import TENSORFLOW_INSTALL
 
-    if isinstance(encoder, SentencePieceEncoder) or (encoder is not None and splits_as_byte_pair_tokenizer(layer)):
+    if isinstance(encoder, SentencePieceEncoder) or (
+        encoder is not None and splits_as_byte_pair_tokenizer(layer)
+    ):
         return encoder
-    raise ConfigError(key, f"{type(layer).__name__} of {preset.resolve()} splits text its own way, which meshrun encodes with KerasHub's "
-                           f"TensorFlow graph: needs TensorFlow, which is not installed: {TENSORFLOW_INSTALL}")
+    raise ConfigError(
+        key,
+        f"{type(layer).__name__} of {preset.resolve()} splits text its own way, which meshrun encodes with KerasHub's "
+        f"TensorFlow graph: needs TensorFlow, which is not installed: {TENSORFLOW_INSTALL}",
+    )
 
 
 def _checked_encoder(layer, preset: Path, agrees: bool | None, keep):
@@ -319,7 +370,10 @@ def _checked_encoder(layer, preset: Path, agrees: bool | None, keep):
         agrees = same_ids(encoder.encode(list(PROBE_TEXTS)), reference.encode(list(PROBE_TEXTS)))
         keep(agrees)
     if not agrees:
-        _warn_slow(f"{type(layer).__name__} of {preset.resolve()}", f"does not encode a probe text as KerasHub does with {encoder.library}")
+        _warn_slow(
+            f"{type(layer).__name__} of {preset.resolve()}",
+            f"does not encode a probe text as KerasHub does with {encoder.library}",
+        )
         return reference
     return encoder
 
@@ -333,7 +387,12 @@ def probe_key(fingerprint: str) -> str:
 def probe_inputs(fingerprint: str) -> dict:
     """What the check's verdict depends on: the tokenizer's files (their `fingerprint`), the probe
     texts, the versions of PROBE_LIBRARIES installed and PROBE_FORMAT."""
-    return {"format": PROBE_FORMAT, "fingerprint": fingerprint, "probe": PROBE_TEXTS, "versions": probe_libraries()}
+    return {
+        "format": PROBE_FORMAT,
+        "fingerprint": fingerprint,
+        "probe": PROBE_TEXTS,
+        "versions": probe_libraries(),
+    }
 
 
 def probe_libraries() -> dict[str, str | None]:
@@ -358,14 +417,18 @@ def _verdicts_in(cache_dir: str | None, shared: bool) -> cache.ProbeVerdicts:
     return cache.ProbeVerdicts(root)
 
 
-def _keep_verdict(verdicts: cache.ProbeVerdicts, verdict_key: str, agrees: bool, layer, fingerprint: str) -> None:
+def _keep_verdict(
+    verdicts: cache.ProbeVerdicts, verdict_key: str, agrees: bool, layer, fingerprint: str
+) -> None:
     """Writes the check's verdict (with what it depends on, for whoever reads the file); one that
     cannot be written is said in the log and made again next time."""
     try:
         verdicts.put(verdict_key, agrees, {"tokenizer": type(layer).__name__, **probe_inputs(fingerprint)})
     except OSError as error:
-        log.warning(f"the verdict of the tokenizer check could not be kept in {verdicts.folder} ({first_line(error)}); "
-                    "the next run checks again")
+        log.warning(
+            f"the verdict of the tokenizer check could not be kept in {verdicts.folder} ({first_line(error)}); "
+            "the next run checks again"
+        )
 
 
 def _keras_hub_layer(preset: Path, source, key: str, tensorflow: bool):
@@ -380,7 +443,9 @@ def _keras_hub_layer(preset: Path, source, key: str, tensorflow: bool):
         with native_info_lines_dropped(), local_preset_loading():  # SentencePiece's LOG(INFO) lines
             return keras_hub.tokenizers.Tokenizer.from_preset(str(preset))
     except Exception as error:  # whatever a broken preset makes KerasHub raise
-        raise ConfigError(key, f"got {source!r}, whose tokenizer KerasHub cannot load ({first_line(error)}); {EXPECTED}") from None
+        raise ConfigError(
+            key, f"got {source!r}, whose tokenizer KerasHub cannot load ({first_line(error)}); {EXPECTED}"
+        ) from None
 
 
 def _import_keras_hub(key: str, tensorflow: bool):
@@ -389,7 +454,10 @@ def _import_keras_hub(key: str, tensorflow: bool):
     try:
         return import_keras_hub(tensorflow)
     except ImportError:
-        raise ConfigError(key, "a KerasHub preset's tokenizer needs the keras-hub package, which is not installed: pip install 'meshrun[hub]'") from None
+        raise ConfigError(
+            key,
+            "a KerasHub preset's tokenizer needs the keras-hub package, which is not installed: pip install 'meshrun[hub]'",
+        ) from None
 
 
 def _fast_encoder(layer):
@@ -419,7 +487,9 @@ def _byte_level_bpe(layer):
 def _warn_slow(description: str, why: str) -> None:
     if description not in _warned_slow:
         _warned_slow.add(description)
-        log.warning(f"{description} {why}; tokenizing through KerasHub's TensorFlow graph instead, which is much slower")
+        log.warning(
+            f"{description} {why}; tokenizing through KerasHub's TensorFlow graph instead, which is much slower"
+        )
 
 
 def _keras_hub_special_ids(layer, preset: Path) -> tuple[int | None, int | None, int]:

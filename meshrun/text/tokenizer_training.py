@@ -43,11 +43,17 @@ class SentencePieceSetup:
         return sum(1 for piece_id, _ in (self.pad, self.eos, self.bos, self.unk) if piece_id >= 0)
 
 
-GEMMA_SENTENCEPIECE = SentencePieceSetup(pad=(0, "<pad>"), eos=(1, "<eos>"), bos=(2, "<bos>"), unk=(3, "<unk>"), dummy_prefix=False)
-MISTRAL_SENTENCEPIECE = SentencePieceSetup(pad=(-1, "<pad>"), eos=(2, "</s>"), bos=(1, "<s>"), unk=(0, "<unk>"), dummy_prefix=True)
+GEMMA_SENTENCEPIECE = SentencePieceSetup(
+    pad=(0, "<pad>"), eos=(1, "<eos>"), bos=(2, "<bos>"), unk=(3, "<unk>"), dummy_prefix=False
+)
+MISTRAL_SENTENCEPIECE = SentencePieceSetup(
+    pad=(-1, "<pad>"), eos=(2, "</s>"), bos=(1, "<s>"), unk=(0, "<unk>"), dummy_prefix=True
+)
 
 
-def sentencepiece_proto(texts: Iterable[str], vocabulary_size: int, setup: SentencePieceSetup, key: str) -> bytes:
+def sentencepiece_proto(
+    texts: Iterable[str], vocabulary_size: int, setup: SentencePieceSetup, key: str
+) -> bytes:
     """A SentencePiece model (serialized proto) of `vocabulary_size` pieces trained on the lines of
     `texts`, set up as `setup` says: BPE with byte fallback, digits split, whitespace kept as it is
     (no normalisation), every character of the text a piece. Lines longer than SentencePiece's
@@ -64,8 +70,14 @@ def sentencepiece_proto(texts: Iterable[str], vocabulary_size: int, setup: Sente
             model_writer=model,
             vocab_size=vocabulary_size,
             model_type="bpe",
-            pad_id=setup.pad[0], eos_id=setup.eos[0], bos_id=setup.bos[0], unk_id=setup.unk[0],
-            pad_piece=setup.pad[1], eos_piece=setup.eos[1], bos_piece=setup.bos[1], unk_piece=setup.unk[1],
+            pad_id=setup.pad[0],
+            eos_id=setup.eos[0],
+            bos_id=setup.bos[0],
+            unk_id=setup.unk[0],
+            pad_piece=setup.pad[1],
+            eos_piece=setup.eos[1],
+            bos_piece=setup.bos[1],
+            unk_piece=setup.unk[1],
             byte_fallback=True,
             split_digits=True,
             add_dummy_prefix=setup.dummy_prefix,
@@ -82,7 +94,9 @@ def sentencepiece_proto(texts: Iterable[str], vocabulary_size: int, setup: Sente
     return model.getvalue()
 
 
-def _sentencepiece_refusal(err: RuntimeError, vocabulary_size: int, setup: SentencePieceSetup, key: str) -> ConfigError:
+def _sentencepiece_refusal(
+    err: RuntimeError, vocabulary_size: int, setup: SentencePieceSetup, key: str
+) -> ConfigError:
     """SentencePiece's refusal to train, in meshrun's words where it is about the vocabulary size."""
     message = str(err)
     too_many = re.search(r"Vocabulary size too high \(\d+\)\. Please set it to a value <= (\d+)", message)
@@ -92,16 +106,24 @@ def _sentencepiece_refusal(err: RuntimeError, vocabulary_size: int, setup: Sente
     if too_few:
         needed = int(too_few.group(1))
         characters = needed - BYTES - setup.special_count
-        return ConfigError(key, f"got {vocabulary_size}, too few ids for this text: a SentencePiece tokenizer keeps each of its "
-                                f"{characters} distinct characters as a piece, beside {BYTES} byte pieces and {setup.special_count} "
-                                f"special tokens; give {key} {needed} or more")
-    return ConfigError(key, f"got {vocabulary_size}; SentencePiece cannot train on this text: {first_line(err)}")
+        return ConfigError(
+            key,
+            f"got {vocabulary_size}, too few ids for this text: a SentencePiece tokenizer keeps each of its "
+            f"{characters} distinct characters as a piece, beside {BYTES} byte pieces and {setup.special_count} "
+            f"special tokens; give {key} {needed} or more",
+        )
+    return ConfigError(
+        key, f"got {vocabulary_size}; SentencePiece cannot train on this text: {first_line(err)}"
+    )
 
 
 def too_little_text(asked: int, most: int, tokenizer: str, key: str) -> ConfigError:
     """The error for a vocabulary larger than the text gives `tokenizer` (at most `most` ids)."""
-    return ConfigError(key, f"got {asked}, more ids than this text gives {tokenizer} tokenizer ({most} at most): "
-                            f"give more text or a smaller {key}, e.g. {key} {most}")
+    return ConfigError(
+        key,
+        f"got {asked}, more ids than this text gives {tokenizer} tokenizer ({most} at most): "
+        f"give more text or a smaller {key}, e.g. {key} {most}",
+    )
 
 
 def byte_level_bpe(texts: Iterable[str], special_tokens: Sequence[str], vocabulary_size: int, key: str):
@@ -112,8 +134,11 @@ def byte_level_bpe(texts: Iterable[str], special_tokens: Sequence[str], vocabula
 
     least = BYTES + len(special_tokens)
     if vocabulary_size < least:
-        raise ConfigError(key, f"got {vocabulary_size}, too few ids: a byte-level BPE tokenizer holds {BYTES} byte tokens and "
-                               f"{len(special_tokens)} special tokens; give {key} {least} or more")
+        raise ConfigError(
+            key,
+            f"got {vocabulary_size}, too few ids: a byte-level BPE tokenizer holds {BYTES} byte tokens and "
+            f"{len(special_tokens)} special tokens; give {key} {least} or more",
+        )
     tokenizer = Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()

@@ -101,7 +101,9 @@ class GracefulStop(StepCounting):
     SYNC_EVERY = 20
     MAX_TIME, SIGNAL = "max_time", "signal"
 
-    def __init__(self, first_step: int, deadline: float | None = None, signals=None, several_processes: bool = False):
+    def __init__(
+        self, first_step: int, deadline: float | None = None, signals=None, several_processes: bool = False
+    ):
         super().__init__(first_step)
         self.deadline = deadline
         self.signals = signals
@@ -149,7 +151,9 @@ class EarlyStopping(keras.callbacks.EarlyStopping):
     def get_monitor_value(self, logs):
         logs = logs or {}
         if self.monitor not in logs:
-            return None  # val_* is missing on epochs without evaluation; the monitor was checked before training
+            return (
+                None  # val_* is missing on epochs without evaluation; the monitor was checked before training
+            )
         return logs[self.monitor]
 
     @property

@@ -64,7 +64,11 @@ class ModelIdentity:
     def __str__(self) -> str:
         """`model=transformer (preset tiny)`, `model=keras_hub GemmaCausalLM (preset /models/gemma2)`."""
         text = f"model={self.name}" + (f" {self.label}" if self.label != self.name else "")
-        shown = [f"{key} {self.options[key]}" for key in ("preset", "task") if self.options.get(key) and str(self.options[key]) not in text]
+        shown = [
+            f"{key} {self.options[key]}"
+            for key in ("preset", "task")
+            if self.options.get(key) and str(self.options[key]) not in text
+        ]
         return text + (f" ({', '.join(shown)})" if shown else "")
 
     def changes_to(self, other: ModelIdentity, limit: int = 3) -> list[str]:
@@ -97,7 +101,9 @@ def check_writable(path: Path) -> None:
         probe.write_bytes(b"")
         probe.unlink()
     except OSError as err:
-        raise ConfigError("checkpoint.dir", f"got {str(path)!r}, which is not a writable dir ({err.strerror or err})") from None
+        raise ConfigError(
+            "checkpoint.dir", f"got {str(path)!r}, which is not a writable dir ({err.strerror or err})"
+        ) from None
 
 
 class UnreadableCheckpoint(RuntimeError):
@@ -122,7 +128,9 @@ def find(resume: str, default_dir: Path, unreadable: frozenset = frozenset()) ->
         return ResumePoint(default_dir, max(steps)) if steps else None
     path = Path(resume).expanduser().resolve()
     if not path.exists():
-        raise ConfigError("resume", f"got {resume!r}, which does not exist; valid: auto, never, or a checkpoint dir")
+        raise ConfigError(
+            "resume", f"got {resume!r}, which does not exist; valid: auto, never, or a checkpoint dir"
+        )
     if path.name.isdigit() and int(path.name) in orbax_io.complete_steps(path.parent):
         return ResumePoint(path.parent, int(path.name))
     steps = orbax_io.complete_steps(path)
@@ -162,7 +170,10 @@ def read_stacks(point: ResumePoint) -> dict[str, tuple[str, ...]]:
     """The per-block paths of the stacked variables checkpoint `point` holds (empty: none)."""
     if not (point.directory / str(point.step) / STACKS).is_dir():
         return {}
-    return {path: tuple(blocks) for path, blocks in orbax_io.read_json(point.directory, point.step, STACKS).items()}
+    return {
+        path: tuple(blocks)
+        for path, blocks in orbax_io.read_json(point.directory, point.step, STACKS).items()
+    }
 
 
 def restore_weights(model, point: ResumePoint) -> None:
@@ -175,8 +186,13 @@ def restore_weights(model, point: ResumePoint) -> None:
         variable.assign(restored["model"][path])
 
 
-def read_state(point: ResumePoint, groups: dict, partial: bool = False, model: ModelIdentity | None = None,
-               stacks: dict | None = None) -> dict:
+def read_state(
+    point: ResumePoint,
+    groups: dict,
+    partial: bool = False,
+    model: ModelIdentity | None = None,
+    stacks: dict | None = None,
+) -> dict:
     """The arrays of checkpoint `point` for `groups` (variables by group and path), each read
     straight into its variable's sharding; `partial`: only those groups, the rest left on disk.
     Variables of pipelined blocks in the other form than the checkpoint's are recast (`stacks`:
@@ -186,23 +202,37 @@ def read_state(point: ResumePoint, groups: dict, partial: bool = False, model: M
     all_stacks = {**read_stacks(point), **(stacks or {})}
     with orbax_io.reading(point.directory, partial or bool(all_stacks)) as reader:
         saved = orbax_io.saved_arrays(reader, point.step)
-        plans = {group: _recasts(variables, saved.get(group) or {}, all_stacks) for group, variables in groups.items()} if all_stacks else {}
+        plans = (
+            {
+                group: _recasts(variables, saved.get(group) or {}, all_stacks)
+                for group, variables in groups.items()
+            }
+            if all_stacks
+            else {}
+        )
         try:
             _check_fits(saved, groups, point, plans)
         except ConfigError as err:
             raise _with_models(err, point, model) from None
-        target = {group: _read_as(variables, plans.get(group, {}), saved.get(group) or {}) for group, variables in groups.items()}
+        target = {
+            group: _read_as(variables, plans.get(group, {}), saved.get(group) or {})
+            for group, variables in groups.items()
+        }
         restore = orbax_io.restore_args(target, partial or bool(all_stacks))
         try:
             restored = orbax_io.restore_arrays(reader, point.step, restore)
         except Exception as err:  # TensorStore's errors, for files changed after the save
             raise UnreadableCheckpoint(point, first_line(err, limit=120)) from err
     for group, recasts in plans.items():
-        read = dict(restored[group])  # a stack's rows go to several variables: take them all before dropping it
+        read = dict(
+            restored[group]
+        )  # a stack's rows go to several variables: take them all before dropping it
         for path, recast in recasts.items():
             sources = [read[source] for source in recast.sources]
             restored[group][path] = restack.recast_array(recast, sources, groups[group][path].value)
-        for source in {source for recast in recasts.values() for source in recast.sources} - set(groups[group]):
+        for source in {source for recast in recasts.values() for source in recast.sources} - set(
+            groups[group]
+        ):
             del restored[group][source]
     return restored
 
@@ -212,7 +242,10 @@ def _recasts(variables: dict, stored: dict, stacks: dict) -> dict:
     from what it has (meshrun.training.restack)."""
     missing = restack.recasts([path for path in variables if path not in stored], set(stored), stacks)
     shapes = {path: tuple(stored[path].shape) for path in stored}
-    return {**missing, **restack.reshaped({path: tuple(v.shape) for path, v in variables.items()}, shapes, stacks)}
+    return {
+        **missing,
+        **restack.reshaped({path: tuple(v.shape) for path, v in variables.items()}, shapes, stacks),
+    }
 
 
 def _read_as(variables: dict, recasts: dict, saved: dict) -> dict:
@@ -246,9 +279,14 @@ def _check_fits(saved: dict, groups: dict, point: ResumePoint, plans: dict) -> N
         recasts = plans.get(group, {})
         for path, variable in variables.items():
             if path in recasts:
-                shape = restack.made_shape(recasts[path], tuple(stored[recasts[path].sources[0]].shape), tuple(variable.shape))
+                shape = restack.made_shape(
+                    recasts[path], tuple(stored[recasts[path].sources[0]].shape), tuple(variable.shape)
+                )
             elif path not in stored:
-                raise ConfigError("resume", f"checkpoint {point} does not fit this model: it has no {group} variable {path!r}")
+                raise ConfigError(
+                    "resume",
+                    f"checkpoint {point} does not fit this model: it has no {group} variable {path!r}",
+                )
             else:
                 shape = tuple(stored[path].shape)
             if shape != tuple(variable.shape):
@@ -267,7 +305,9 @@ def _with_models(err: ConfigError, point: ResumePoint, current: ModelIdentity | 
         return err
     changes = "; ".join(saved.changes_to(current))
     if str(saved) != str(current):
-        models = f"it was written by {saved} and this run builds {current}" + (f" ({changes})" if changes else "")
+        models = f"it was written by {saved} and this run builds {current}" + (
+            f" ({changes})" if changes else ""
+        )
     elif changes:
         models = f"it was written by {saved} with other options ({changes})"
     else:

@@ -44,8 +44,15 @@ class Checkpointing(keras.callbacks.Callback):
     checkpoints are configured, by the graceful `stopper` (the wall-clock budget, a stop signal;
     it may stop mid-epoch) always. Orbax's manager is made at the first save."""
 
-    def __init__(self, config: CheckpointConfig, root: Path, start: Progress, resume: ResumePoint | None, stopper=None,
-                 model: ModelIdentity | None = None):
+    def __init__(
+        self,
+        config: CheckpointConfig,
+        root: Path,
+        start: Progress,
+        resume: ResumePoint | None,
+        stopper=None,
+        model: ModelIdentity | None = None,
+    ):
         super().__init__()
         self.config = config
         self.model_identity = model  # saved with every checkpoint
@@ -72,7 +79,9 @@ class Checkpointing(keras.callbacks.Callback):
             for path, variable in groups[group].items():
                 variable.assign(restored[group][path])
         self._metrics_to_restore = restored["metrics"]
-        log.info(f"resumed from checkpoint {point} (step {self.progress.global_step}, epoch {self.progress.epoch + 1})")
+        log.info(
+            f"resumed from checkpoint {point} (step {self.progress.global_step}, epoch {self.progress.epoch + 1})"
+        )
 
     def on_epoch_begin(self, epoch, logs=None):
         self._epoch_start = (self.progress.global_step, self.progress.step_in_epoch)
@@ -121,8 +130,13 @@ class Checkpointing(keras.callbacks.Callback):
             return
         import_orbax()  # before the clock starts: the save's seconds leave out importing Orbax
         started = time.perf_counter()
-        sync_training_state(self.model)  # the JAX trainer keeps the live state off the variables during an epoch
-        state = {group: {path: v.value for path, v in variables.items()} for group, variables in variable_groups(self.model).items()}
+        sync_training_state(
+            self.model
+        )  # the JAX trainer keeps the live state off the variables during an epoch
+        state = {
+            group: {path: v.value for path, v in variables.items()}
+            for group, variables in variable_groups(self.model).items()
+        }
         progress = asdict(self.progress)  # history: completed epochs only
         model = asdict(self.model_identity) if self.model_identity is not None else None
         items = orbax_io.save_args(state, progress, model, restack.stacks_of(self.model))
@@ -142,9 +156,14 @@ class Checkpointing(keras.callbacks.Callback):
         needed = sum(int(array.nbytes) for group in state.values() for array in group.values())
         free = free_bytes(self.root)
         if free is not None and free < needed:
-            full = OSError(errno.ENOSPC, f"{os.strerror(errno.ENOSPC)}: the checkpoint takes about {format_bytes(needed)}, "
-                                         f"{format_bytes(free)} are free")
-            raise CheckpointNotSaved(f"saving step {step} into {self.root} failed ({error_text(full)}); {self._newest_complete()}")
+            full = OSError(
+                errno.ENOSPC,
+                f"{os.strerror(errno.ENOSPC)}: the checkpoint takes about {format_bytes(needed)}, "
+                f"{format_bytes(free)} are free",
+            )
+            raise CheckpointNotSaved(
+                f"saving step {step} into {self.root} failed ({error_text(full)}); {self._newest_complete()}"
+            )
 
     @contextlib.contextmanager
     def _saving(self, step: int | None):
@@ -156,11 +175,17 @@ class Checkpointing(keras.callbacks.Callback):
         except Exception as err:
             cause = os_error_behind(err)
             what = f"saving step {step}" if step is not None else "finishing the checkpoints being written"
-            raise CheckpointNotSaved(f"{what} into {self.root} failed ({error_text(cause)}); {self._newest_complete()}") from err
+            raise CheckpointNotSaved(
+                f"{what} into {self.root} failed ({error_text(cause)}); {self._newest_complete()}"
+            ) from err
 
     def _newest_complete(self) -> str:
         kept = orbax_io.complete_steps(self.root) if self.root.is_dir() else []
-        return f"the newest complete checkpoint is {self.root / str(max(kept))}" if kept else "no complete checkpoint is there"
+        return (
+            f"the newest complete checkpoint is {self.root / str(max(kept))}"
+            if kept
+            else "no complete checkpoint is there"
+        )
 
     def finish(self) -> None:
         """Waits for checkpoints still being written, then releases Orbax's resources."""

@@ -13,8 +13,9 @@ from meshrun.specs.model import ModelSpec
 from meshrun.wording import did_you_mean, one_of
 
 
-def make_optimizer(name: str, learning_rate, clip_norm: float | None = None, loss_scaling: bool = False,
-                   accumulate: int = 1):
+def make_optimizer(
+    name: str, learning_rate, clip_norm: float | None = None, loss_scaling: bool = False, accumulate: int = 1
+):
     """The Keras optimizer called `name` (e.g. adam, sgd, adamw) at `learning_rate` (a number or a
     Keras schedule), clipping gradients to global norm `clip_norm` when given, averaging the
     gradients of `accumulate` steps into each update, wrapped for dynamic loss scaling when asked
@@ -26,7 +27,9 @@ def make_optimizer(name: str, learning_rate, clip_norm: float | None = None, los
         optimizer = keras.optimizers.get({"class_name": name, "config": config})
     except (ValueError, TypeError):
         valid = _optimizer_names()
-        raise ConfigError("train.optimizer", f"got {name!r}; {did_you_mean(name, valid)}valid: {one_of(valid)}") from None
+        raise ConfigError(
+            "train.optimizer", f"got {name!r}; {did_you_mean(name, valid)}valid: {one_of(valid)}"
+        ) from None
     return keras.optimizers.LossScaleOptimizer(optimizer) if loss_scaling else optimizer
 
 
@@ -62,11 +65,17 @@ def make_loss(name: str | None, model_spec: ModelSpec, options, compiled: dict |
         return name
     except (ValueError, TypeError):
         skip = ("get", "serialize", "deserialize")
-        valid = sorted(n for n in dir(keras.losses) if n.islower() and not n.startswith("_") and n not in skip)
-        raise ConfigError("train.loss", f"got {name!r}; {did_you_mean(name, valid)}valid: {one_of(valid)}") from None
+        valid = sorted(
+            n for n in dir(keras.losses) if n.islower() and not n.startswith("_") and n not in skip
+        )
+        raise ConfigError(
+            "train.loss", f"got {name!r}; {did_you_mean(name, valid)}valid: {one_of(valid)}"
+        ) from None
 
 
-def make_metrics(names, loss_name_: str, own_loss: bool, model_spec: ModelSpec, options, compiled: dict | None = None) -> list:
+def make_metrics(
+    names, loss_name_: str, own_loss: bool, model_spec: ModelSpec, options, compiled: dict | None = None
+) -> list:
     """The metrics to compile with: Keras metrics `names` when given; else, with the model's own
     loss, the model's own metrics (its spec's, or those it was compiled with); else accuracy for a
     cross-entropy loss (Keras picks the kind); else none."""
@@ -75,7 +84,9 @@ def make_metrics(names, loss_name_: str, own_loss: bool, model_spec: ModelSpec, 
             try:
                 keras.metrics.get(name)
             except (ValueError, TypeError):
-                raise ConfigError("train.metrics", f"got {name!r}, which is not a Keras metric; e.g. accuracy, mae, auc") from None
+                raise ConfigError(
+                    "train.metrics", f"got {name!r}, which is not a Keras metric; e.g. accuracy, mae, auc"
+                ) from None
         return list(names)
     if own_loss:
         if model_spec.metrics:
@@ -87,7 +98,10 @@ def make_metrics(names, loss_name_: str, own_loss: bool, model_spec: ModelSpec, 
 
 def metric_names(metrics: list) -> list[str]:
     """The names Keras logs for compiled `metrics` (names or metric objects), after `loss`."""
-    return ["loss", *(m if isinstance(m, str) else getattr(m, "name", getattr(m, "__name__", "")) for m in metrics)]
+    return [
+        "loss",
+        *(m if isinstance(m, str) else getattr(m, "name", getattr(m, "__name__", "")) for m in metrics),
+    ]
 
 
 def loss_function(loss) -> str:
@@ -108,6 +122,10 @@ def _optimizer_names() -> list[str]:
     names = []
     for attr in dir(keras.optimizers):
         obj = getattr(keras.optimizers, attr)
-        if isinstance(obj, type) and issubclass(obj, keras.optimizers.Optimizer) and obj is not keras.optimizers.Optimizer:
+        if (
+            isinstance(obj, type)
+            and issubclass(obj, keras.optimizers.Optimizer)
+            and obj is not keras.optimizers.Optimizer
+        ):
             names.append(attr.lower())
     return sorted(set(names) - {"lossscaleoptimizer"})

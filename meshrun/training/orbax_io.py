@@ -27,14 +27,20 @@ def complete_steps(root: Path) -> list[int]:
     ocp = import_orbax()
     if not root.is_dir():
         return []
-    return [step for step in ocp.utils.checkpoint_steps(root) if (root / str(step)).is_dir() and is_complete_checkpoint(root / str(step))]
+    return [
+        step
+        for step in ocp.utils.checkpoint_steps(root)
+        if (root / str(step)).is_dir() and is_complete_checkpoint(root / str(step))
+    ]
 
 
 def writing_manager(root: Path, config: CheckpointConfig):
     """A manager that saves into `root` as checkpoint.keep and checkpoint.async_save ask."""
     ocp = import_orbax()
     keep_replicated_arrays_whole_on_cpu()
-    options = ocp.CheckpointManagerOptions(max_to_keep=config.keep, enable_async_checkpointing=config.async_save, create=True)
+    options = ocp.CheckpointManagerOptions(
+        max_to_keep=config.keep, enable_async_checkpointing=config.async_save, create=True
+    )
     return ocp.CheckpointManager(root, options=options)
 
 
@@ -56,8 +62,12 @@ def reading(directory: Path, partial: bool = False):
     the block ends; `partial`: one that can read part of the state."""
     ocp = import_orbax()
     state = ocp.PyTreeCheckpointHandler() if partial else ocp.StandardCheckpointHandler()
-    handlers = {STATE: state, PROGRESS: ocp.JsonCheckpointHandler(), MODEL: ocp.JsonCheckpointHandler(),
-                STACKS: ocp.JsonCheckpointHandler()}
+    handlers = {
+        STATE: state,
+        PROGRESS: ocp.JsonCheckpointHandler(),
+        MODEL: ocp.JsonCheckpointHandler(),
+        STACKS: ocp.JsonCheckpointHandler(),
+    }
     options = ocp.CheckpointManagerOptions(read_only=True)
     manager = ocp.CheckpointManager(directory, options=options, item_handlers=handlers)
     try:
@@ -83,7 +93,11 @@ def restore_args(target: dict, partial: bool):
     sharding to read it into); `partial`: those alone, the rest left on disk."""
     ocp = import_orbax()
     if partial:
-        return ocp.args.PyTreeRestore(item=target, restore_args=ocp.checkpoint_utils.construct_restore_args(target), partial_restore=True)
+        return ocp.args.PyTreeRestore(
+            item=target,
+            restore_args=ocp.checkpoint_utils.construct_restore_args(target),
+            partial_restore=True,
+        )
     return ocp.args.StandardRestore(target)
 
 

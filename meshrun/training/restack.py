@@ -26,8 +26,12 @@ def stacks_of(model) -> dict[str, tuple[str, ...]]:
     from meshrun.compat.keras import sublayers
     from meshrun.pipeline.stack import PipelinedBlocks
 
-    return {variable.path: layer.block_paths(variable)
-            for layer in sublayers(model) if isinstance(layer, PipelinedBlocks) for variable in layer.stacked}
+    return {
+        variable.path: layer.block_paths(variable)
+        for layer in sublayers(model)
+        if isinstance(layer, PipelinedBlocks)
+        for variable in layer.stacked
+    }
 
 
 @dataclass(frozen=True)
@@ -58,13 +62,20 @@ def recasts(missing: Iterable[str], saved: set[str], stacks: dict[str, tuple[str
     return found
 
 
-def reshaped(variables: dict[str, tuple], saved: dict[str, tuple], stacks: dict[str, tuple[str, ...]]) -> dict[str, Recast]:
+def reshaped(
+    variables: dict[str, tuple], saved: dict[str, tuple], stacks: dict[str, tuple[str, ...]]
+) -> dict[str, Recast]:
     """The stacked variables (and their optimizer slots) among `variables` (shapes by path) that the
     checkpoint holds in another shape with the same elements (`saved`: shapes by path)."""
     names = [*stacks, *(_flat(stacked) for stacked in stacks)]
-    return {path: Recast((path,), whole=True) for path, shape in variables.items()
-            if path in saved and tuple(saved[path]) != tuple(shape) and math.prod(saved[path]) == math.prod(shape)
-            and any(_holds(path, name) for name in names)}
+    return {
+        path: Recast((path,), whole=True)
+        for path, shape in variables.items()
+        if path in saved
+        and tuple(saved[path]) != tuple(shape)
+        and math.prod(saved[path]) == math.prod(shape)
+        and any(_holds(path, name) for name in names)
+    }
 
 
 def _recast(path: str, stacked: str, blocks: tuple[str, ...], saved: set[str]) -> Recast | None:
@@ -91,10 +102,12 @@ def made_shape(recast: Recast, source_shape: tuple, target_shape: tuple) -> tupl
     """The shape of what `recast` makes from sources of `source_shape`, for a target of
     `target_shape`: the blocks fill a stack's leading dimensions, one or the circular schedule's two."""
     if recast.whole:
-        return tuple(target_shape) if math.prod(source_shape) == math.prod(target_shape) else tuple(source_shape)
+        return (
+            tuple(target_shape) if math.prod(source_shape) == math.prod(target_shape) else tuple(source_shape)
+        )
     if recast.row is not None:
         lead = len(source_shape) - len(target_shape)
-        return tuple(source_shape[lead if lead in (1, 2) else 1:])
+        return tuple(source_shape[lead if lead in (1, 2) else 1 :])
     lead = len(target_shape) - len(source_shape)
     if lead in (1, 2) and math.prod(target_shape[:lead]) == len(recast.sources):
         return (*target_shape[:lead], *source_shape)
@@ -112,9 +125,12 @@ def source_sharding(target, recast: Recast, source_rank: int):
     spec = tuple(sharding.spec) + (None,) * (len(target.shape) - len(sharding.spec))
     if recast.whole:  # the blocks' own dimensions as the target has them, the leading ones whole
         block_rank = min(source_rank, len(target.shape)) - 1
-        return NamedSharding(sharding.mesh, PartitionSpec(*(None,) * (source_rank - block_rank), *spec[len(spec) - block_rank:]))
+        return NamedSharding(
+            sharding.mesh,
+            PartitionSpec(*(None,) * (source_rank - block_rank), *spec[len(spec) - block_rank :]),
+        )
     if recast.row is None:
-        return NamedSharding(sharding.mesh, PartitionSpec(*spec[len(target.shape) - source_rank:]))
+        return NamedSharding(sharding.mesh, PartitionSpec(*spec[len(target.shape) - source_rank :]))
     return NamedSharding(sharding.mesh, PartitionSpec(*(None,) * (source_rank - len(target.shape)), *spec))
 
 
@@ -122,8 +138,12 @@ def recast_array(recast: Recast, sources: list, target):
     """The array `recast` makes from its read `sources`, with `target`'s shape and sharding (a stack
     whose blocks are held in two leading dimensions is read as one)."""
     if recast.row is None:
-        return jax.jit(lambda *blocks: jnp.stack(blocks).reshape(target.shape), out_shardings=target.sharding)(*sources)
-    return jax.jit(lambda stack: stack.reshape(-1, *target.shape)[recast.row], out_shardings=target.sharding)(sources[0])
+        return jax.jit(
+            lambda *blocks: jnp.stack(blocks).reshape(target.shape), out_shardings=target.sharding
+        )(*sources)
+    return jax.jit(lambda stack: stack.reshape(-1, *target.shape)[recast.row], out_shardings=target.sharding)(
+        sources[0]
+    )
 
 
 def with_separate_blocks(model, build_separate: Callable):

@@ -36,7 +36,9 @@ def keras_schedule(train: TrainConfig, total_steps: int):
     if train.lr_schedule == "constant":
         return rate
     if train.lr_schedule == "linear":
-        return schedules.PolynomialDecay(rate, decay_steps=max(total_steps, 1), end_learning_rate=low, power=1.0)
+        return schedules.PolynomialDecay(
+            rate, decay_steps=max(total_steps, 1), end_learning_rate=low, power=1.0
+        )
     warmup = train.warmup_steps
     return schedules.CosineDecay(
         initial_learning_rate=0.0 if warmup else rate,

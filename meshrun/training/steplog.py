@@ -34,7 +34,9 @@ class StepLog(StepCounting):
         self.sinks: list = []
         self.train = train
         self.total_steps = total_steps
-        self._pending: collections.deque = collections.deque()  # ("step", step, epoch, logs, seconds) or ("epoch", record)
+        self._pending: collections.deque = (
+            collections.deque()
+        )  # ("step", step, epoch, logs, seconds) or ("epoch", record)
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._closing = False
@@ -47,7 +49,9 @@ class StepLog(StepCounting):
         if not self.sinks:
             self.sinks = self.open_sinks()
         if self._writer is None:
-            self._writer = threading.Thread(target=self._write_until_closed, name="meshrun-step-log", daemon=True)
+            self._writer = threading.Thread(
+                target=self._write_until_closed, name="meshrun-step-log", daemon=True
+            )
             self._writer.start()
 
     def on_epoch_begin(self, epoch, logs=None):
@@ -65,8 +69,13 @@ class StepLog(StepCounting):
     def on_epoch_end(self, epoch, logs=None):
         # An epoch that training was stopped in ran fewer steps than Keras planned (self.params).
         seconds, batches = time.perf_counter() - self._epoch_began, self._batches
-        record = {"epoch_end": epoch + 1, "step": self.step_number(batches - 1), "epoch_steps": batches, "epoch_s": seconds,
-                  **{k: float(v) for k, v in (logs or {}).items()}}
+        record = {
+            "epoch_end": epoch + 1,
+            "step": self.step_number(batches - 1),
+            "epoch_steps": batches,
+            "epoch_s": seconds,
+            **{k: float(v) for k, v in (logs or {}).items()},
+        }
         super().on_epoch_end(epoch, logs)
         self._pending.append(("epoch", record))
         self._wake.set()
@@ -90,9 +99,12 @@ class StepLog(StepCounting):
                 continue
             _, step, epoch, logs, seconds = entry
             record = {
-                "step": step, "epoch": epoch, **{k: float(v) for k, v in (logs or {}).items()},
+                "step": step,
+                "epoch": epoch,
+                **{k: float(v) for k, v in (logs or {}).items()},
                 "learning_rate": learning_rate_at(self.train, step - 1, self.total_steps),
-                "step_s": seconds, "samples_per_s": self.train.batch_size / seconds if seconds > 0 else None,
+                "step_s": seconds,
+                "samples_per_s": self.train.batch_size / seconds if seconds > 0 else None,
             }
             for sink in self.sinks:
                 sink.step(record)

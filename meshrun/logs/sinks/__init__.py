@@ -11,7 +11,15 @@ from pathlib import Path
 from meshrun.files import write_atomic
 from meshrun.specs.sinks import SINKS, Sink, SinkSpec, switch_names
 
-__all__ = ["Sink", "SinkSpec", "files_written", "keep_records_up_to", "open_sinks", "register_sink", "switch_names"]
+__all__ = [
+    "Sink",
+    "SinkSpec",
+    "files_written",
+    "keep_records_up_to",
+    "open_sinks",
+    "register_sink",
+    "switch_names",
+]
 
 register_sink = SINKS.register
 
@@ -20,7 +28,11 @@ def open_sinks(run_dir: Path, switched_on: Iterable[str] = (), first_step: int =
     """Opens the sinks a run writes in `run_dir`: those always written, then those switched on; the
     run starts after global step `first_step` (a resumed run: its checkpoint's step)."""
     wanted = set(switched_on)
-    return [spec.open(run_dir, first_step) for spec in sorted(SINKS.all(), key=lambda s: not s.always) if spec.always or spec.name in wanted]
+    return [
+        spec.open(run_dir, first_step)
+        for spec in sorted(SINKS.all(), key=lambda s: not s.always)
+        if spec.always or spec.name in wanted
+    ]
 
 
 def keep_records_up_to(path: Path, first_step: int, step_of, header: bool = False) -> None:

@@ -26,7 +26,9 @@ class Csv:
         keep_records_up_to(self.path, first_step, _step_of, header=True)
         self._file = open(self.path, "a", newline="", buffering=1 << 16)
         self._writer = None
-        self._epochs: list[dict] = [row for row in _read_rows(self.epochs_path) if int(float(row["step"])) <= first_step]
+        self._epochs: list[dict] = [
+            row for row in _read_rows(self.epochs_path) if int(float(row["step"])) <= first_step
+        ]
         if self.epochs_path.is_file():
             self._write_epochs()
 
@@ -73,4 +75,6 @@ def _read_rows(path: Path) -> list[dict]:
         return [{k: v for k, v in row.items() if v != ""} for row in csv.DictReader(file)]
 
 
-register_sink(SinkSpec("csv", Csv, "steps.csv (a row per step) and epochs.csv (a row per epoch) in the run dir"))
+register_sink(
+    SinkSpec("csv", Csv, "steps.csv (a row per step) and epochs.csv (a row per epoch) in the run dir")
+)

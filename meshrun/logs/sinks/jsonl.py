@@ -40,4 +40,8 @@ def _step_of(line: str) -> int | None:
     return record.get("step") if isinstance(record, dict) else None
 
 
-register_sink(SinkSpec("jsonl", JsonLines, "log.jsonl in the run dir: one JSON object per step and per epoch", always=True))
+register_sink(
+    SinkSpec(
+        "jsonl", JsonLines, "log.jsonl in the run dir: one JSON object per step and per epoch", always=True
+    )
+)

@@ -25,25 +25,39 @@ class TensorBoard:
 
     kind = "tensorboard"
 
-    def __init__(self, run_dir: Path, first_step: int = 0):  # a resumed run adds a file; TensorBoard drops the steps it repeats
+    def __init__(
+        self, run_dir: Path, first_step: int = 0
+    ):  # a resumed run adds a file; TensorBoard drops the steps it repeats
         self.path = run_dir / TENSORBOARD_DIR  # a dir of event files
         self.path.mkdir(parents=True, exist_ok=True)
         self._event, self._summary = event_protos()
         name = f"events.out.tfevents.{time.time():.6f}.{socket.gethostname()}.{os.getpid()}"
         self._writer = TFRecordFile(self.path / name)
-        self._writer.write(self._event(wall_time=time.time(), file_version="brain.Event:2").SerializeToString())
+        self._writer.write(
+            self._event(wall_time=time.time(), file_version="brain.Event:2").SerializeToString()
+        )
 
     def _write(self, step: int, values: dict) -> None:
-        summary = self._summary(value=[
-            self._summary.Value(tag=tag, simple_value=value) for tag, value in values.items() if value is not None
-        ])
+        summary = self._summary(
+            value=[
+                self._summary.Value(tag=tag, simple_value=value)
+                for tag, value in values.items()
+                if value is not None
+            ]
+        )
         self._writer.write(self._event(step=step, wall_time=time.time(), summary=summary).SerializeToString())
 
     def step(self, record: dict) -> None:
-        self._write(record["step"], {f"train/{k}": v for k, v in record.items() if k not in ("step", "epoch", "step_s")})
+        self._write(
+            record["step"],
+            {f"train/{k}": v for k, v in record.items() if k not in ("step", "epoch", "step_s")},
+        )
 
     def epoch(self, record: dict) -> None:
-        self._write(record["epoch_end"], {f"epoch/{k}": v for k, v in record.items() if k not in ("epoch_end", "step")})
+        self._write(
+            record["epoch_end"],
+            {f"epoch/{k}": v for k, v in record.items() if k not in ("epoch_end", "step")},
+        )
         self._writer.flush()
 
     def close(self) -> None:
@@ -76,4 +90,10 @@ class TFRecordFile:
         self._file.close()
 
 
-register_sink(SinkSpec("tensorboard", TensorBoard, "event files in <run dir>/tensorboard (tensorboard --logdir <run dir>/tensorboard)"))
+register_sink(
+    SinkSpec(
+        "tensorboard",
+        TensorBoard,
+        "event files in <run dir>/tensorboard (tensorboard --logdir <run dir>/tensorboard)",
+    )
+)
