@@ -1,10 +1,10 @@
 """`meshrun k8s`: the job `meshrun train` would run, rendered for Kubernetes. The objects load into
 Kubeflow Trainer's API models and pass Kubernetes' own schemas (kubernetes-validate, strict); what
-the pods run, their resources, volume and failure policy are as the README says; every bad input,
-what `meshrun plan` refuses of the pods' run included, is one line with exit status 2 and writes
-nothing; a pod of an Indexed Job finds its place in the job;
---apply talks to a stand-in API server on this machine; and --simulate runs a 2-pod Indexed Job
-here, training exactly like one process. No real cluster, GPU or Kubeflow runtime is involved."""
+the pods run, their resources, volume and failure policy are as docs/jobs/distributed.md says; every
+bad input, what `meshrun plan` refuses of the pods' run included, is one line with exit status 2 and
+writes nothing; a pod of an Indexed Job finds its place in the job; --apply talks to a stand-in API
+server on this machine; and --simulate runs a 2-pod Indexed Job here, training exactly like one
+process. No real cluster, GPU or Kubeflow runtime is involved."""
 
 from __future__ import annotations
 

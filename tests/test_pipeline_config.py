@@ -478,6 +478,7 @@ def test_a_checkpoint_resumes_with_and_without_stages_as_the_run_it_stands_for(t
     assert logits.shape == (2, 32, 512) and np.isfinite(logits).all()
 
 
+# The factory of docs/jobs/pipeline.md ("Your own model"), in a module of the test's own.
 FACTORY = """
 import keras
 from meshrun.pipeline import repeated_blocks
