@@ -204,9 +204,10 @@ def test_unknown_appended_key_is_rejected_with_suggestion():
         composed("+train.epoch=3")
 
 
-def test_sizes_in_configs_recipes_and_readme_use_the_plans_binary_units():
+def test_sizes_in_configs_recipes_readme_and_docs_use_the_plans_binary_units():
     repo = Path(__file__).parents[1]
-    texts = [*repo.glob("configs/**/*.yaml"), *repo.glob("recipes/*.yaml"), repo / "README.md"]
+    docs = [path for path in repo.glob("docs/**/*.md") if "_build" not in path.relative_to(repo).parts]
+    texts = [*repo.glob("configs/**/*.yaml"), *repo.glob("recipes/*.yaml"), repo / "README.md", *docs]
     decimal = re.compile(r"\b\d[\d.,]*\s?(?:GB|MB|KB|kB)\b")
     found = [
         f"{path.relative_to(repo)}: {m.group()}" for path in texts for m in decimal.finditer(path.read_text())

@@ -3,7 +3,7 @@
 - make_plan on hand-built abstract models: bytes per device against hand arithmetic, optimizer
   slots, totals, the largest replicated variables, the lint (errors and warnings), to_dict.
 - The tables as printed: rules whole on a narrow terminal, the model's parameter count, scattered
-  numbers (seed generators) folded into one row per kind; a regex rule typed as the README shows.
+  numbers (seed generators) folded into one row per kind; a regex rule typed as the docs show.
 - The 7B-class transformer on 1x8 in a fresh subprocess: under 60 s and 2 GiB peak RSS, and every
   number equal to shape arithmetic done here from the preset.
 - The CLI as a user runs it: JSON and tables, lint errors (exit 2, one stderr line each), -m
@@ -564,21 +564,22 @@ def test_seed_generators_share_a_row_per_kind_whatever_their_numbers():
     assert max(map(len, text.splitlines())) < 200
 
 
-# The README's example of regex rules on the command line (### Layout rules), run as written.
-README_REGEX_RULES = (
+# The docs' example of regex rules on the command line (docs/concepts.md, "Rules on the command line"),
+# run as written.
+DOCS_REGEX_RULES = (
     r"meshrun plan model=transformer mesh=2x4 'layout.rules={block_\d+/attention/\(query|key|value\)/kernel:"
     r"[null,model,null],block_\[01\]/mlp_up/kernel:[null,model]}'"
 )
 
 
 @pytest.mark.integration
-def test_the_readmes_regex_rules_parse_on_the_command_line_as_written(capsys):
+def test_the_docs_regex_rules_parse_on_the_command_line_as_written(capsys):
     import jax  # noqa: F401  started here with conftest's 8 devices: a plan would start it with 1, and later tests need 8
 
     from meshrun import cli
 
-    assert README_REGEX_RULES in (Path(__file__).parents[1] / "README.md").read_text()
-    _meshrun, *args = shlex.split(README_REGEX_RULES)
+    assert DOCS_REGEX_RULES in (Path(__file__).parents[1] / "docs" / "concepts.md").read_text()
+    _meshrun, *args = shlex.split(DOCS_REGEX_RULES)
     cli.main([*args, "--json"])
     plan = json.loads(capsys.readouterr().out)
     rules = {v["path"]: (v["rule"], v["spec"]) for v in plan["variables"]}
