@@ -33,11 +33,14 @@ from omegaconf.errors import OmegaConfBaseException
 
 from meshrun import compat, jobs
 from meshrun.compat.hydra import run_mode_from_the_command_line, split_sweep
+from meshrun.config.fields import defaults_of
 from meshrun.config.parse import known_keys, other_choice_hint, parse_run_config
+from meshrun.config.schema import COMPOSED_SECTIONS, DataConfig
 from meshrun.errors import ConfigError
 from meshrun.logs import sinks
 from meshrun.placement import devices
 from meshrun.placement.identity import job_size
+from meshrun.specs.data import SOURCES
 from meshrun.specs.model import MODELS
 from meshrun.wording import did_you_mean, first_line, one_of, say_error
 
@@ -60,6 +63,7 @@ MAPPING_KEYS = (
     "model.backbone",
 )
 CONFIG_MODULE = "meshrun.configs"
+SCHEMA_GROUP = "schema"  # the schema's defaults, one config per section (register_config_sources)
 
 
 class ServedConfigs(ConfigSource):
@@ -137,10 +141,17 @@ def option_file(config_path: str) -> str | None:
     return None
 
 
+def written_option(group: str, option: str):
+    """configs/<group>/<option>.yaml of meshrun's own config tree, or None where there is none."""
+    path = importlib.resources.files(CONFIG_MODULE) / group / f"{option}.yaml"
+    return OmegaConf.load(path) if path.is_file() else None
+
+
 class ModelConfigSource(ServedConfigs):
-    """Serves the config of each registered model, `model/<name>`: configs/model/<name>.yaml with the
-    model's default layout (ModelSpec.default_layout, the one place it is stated) selected, as the
-    option of the layout group unless the command line or a recipe picks another."""
+    """Serves the config of each registered model, `model/<name>`: the defaults of its options
+    dataclass (the one place they are written), then configs/model/<name>.yaml (what differs), with
+    the model's default layout (ModelSpec.default_layout, the one place it is stated) selected, as
+    the option of the layout group unless the command line or a recipe picks another."""
 
     @staticmethod
     def scheme() -> str:
@@ -148,9 +159,10 @@ class ModelConfigSource(ServedConfigs):
 
     def load_config(self, config_path: str) -> ConfigResult:
         name = config_path.rsplit("/", 1)[-1].removesuffix(".yaml")
-        written = OmegaConf.load(importlib.resources.files(CONFIG_MODULE) / "model" / f"{name}.yaml")
-        layout = {"defaults": [{"override /layout@_global_.layout": MODELS.get(name).default_layout}]}
-        return self.result(OmegaConf.merge(layout, written))
+        spec = MODELS.get(name)
+        layout = {"defaults": [{"override /layout@_global_.layout": spec.default_layout}]}
+        written = written_option("model", name) or {}
+        return self.result(OmegaConf.merge(layout, {"name": name, **defaults_of(spec.options)}, written))
 
     def is_group(self, config_path: str) -> bool:
         return config_path.strip("/") in ("", "model")
@@ -160,6 +172,31 @@ class ModelConfigSource(ServedConfigs):
         return group == "model" and name.removesuffix(".yaml") in MODELS.names()
 
 
+class DataConfigSource(ServedConfigs):
+    """Serves each option of the data group, `data/<option>`: the defaults of the options dataclass
+    of the source its configs/data/<option>.yaml names (`name`; data=classes is the synthetic
+    source), then that file (what differs from them)."""
+
+    @staticmethod
+    def scheme() -> str:
+        return "meshrun-data"
+
+    def load_config(self, config_path: str) -> ConfigResult:
+        written = written_option("data", config_path.rsplit("/", 1)[-1].removesuffix(".yaml"))
+        name = written.get("name", DataConfig.name) if written is not None else DataConfig.name
+        return self.result(OmegaConf.merge({"name": name, **defaults_of(SOURCES.get(name).options)}, written))
+
+    def is_group(self, config_path: str) -> bool:
+        return config_path.strip("/") in ("", "data")
+
+    def is_config(self, config_path: str) -> bool:
+        group, _, option = config_path.strip("/").rpartition("/")
+        if group != "data" or "/" in option:
+            return False
+        written = written_option("data", option.removesuffix(".yaml"))
+        return written is not None and written.get("name", DataConfig.name) in SOURCES.names()
+
+
 class MeshrunSearchPath(SearchPathPlugin):
     """Adds meshrun's generated configs (mesh shapes, option files) to Hydra's search path as a
     plugin rather than in configs/meshrun.yaml, so that a user's `hydra.searchpath=[file://DIR]`,
@@ -167,6 +204,7 @@ class MeshrunSearchPath(SearchPathPlugin):
 
     def manipulate_search_path(self, search_path: ConfigSearchPath) -> None:
         search_path.prepend(provider="meshrun", path=f"{ModelConfigSource.scheme()}://models")
+        search_path.prepend(provider="meshrun", path=f"{DataConfigSource.scheme()}://data")
         search_path.append(provider="meshrun", path=f"{MeshShapeSource.scheme()}://mesh")
         search_path.append(provider="meshrun", path=f"{FileOptionSource.scheme()}://files")
 
@@ -231,16 +269,31 @@ def task_config(config: DictConfig) -> DictConfig:
 
 
 def register_config_sources() -> None:
-    """Puts meshrun's generated configs where Hydra looks: mesh shapes on demand, and
-    `logging/sinks`, an off switch for every registered log sink (configs/logging/default.yaml
-    includes it), so that a new sink needs no config file of its own."""
+    """Puts meshrun's generated configs where Hydra looks: mesh shapes on demand, each model's and
+    data option's config over its options' defaults, `logging/sinks`, an off switch for every
+    registered log sink (configs/logging/default.yaml includes it), so that a new sink needs no
+    config file of its own, and `schema/<section>`, the defaults of each section of the typed schema
+    (meshrun.config.schema.COMPOSED_SECTIONS), which configs/meshrun.yaml places under the
+    section's group option.
+
+    The schema is the one home of every default: Hydra composes it as a structured (dict) config
+    from ConfigStore, rather than YAML generated from it, so that no default is written twice, not
+    even by a generator, and a group's options (and a user's, through hydra.searchpath) write only
+    what differs. Every path that composes a config (a run, a multirun's jobs, `meshrun sweep`,
+    --help, the processes meshrun or a scheduler starts: each runs meshrun's CLI) comes here first.
+    """
     Plugins.instance().register(MeshShapeSource)
     Plugins.instance().register(ModelConfigSource)
+    Plugins.instance().register(DataConfigSource)
     Plugins.instance().register(FileOptionSource)
     Plugins.instance().register(MeshrunSearchPath)
     ConfigStore.instance().store(
         group="logging", name="sinks", node={name: False for name in sinks.switch_names()}, provider="meshrun"
     )
+    for section, cls in COMPOSED_SECTIONS.items():
+        ConfigStore.instance().store(
+            group=SCHEMA_GROUP, name=section, node=defaults_of(cls), provider="meshrun"
+        )
 
 
 def run(invocation: jobs.Invocation) -> int:
@@ -373,15 +426,15 @@ def composer():
 
 def config_groups_text() -> str:
     """The config groups and their options, one line each, as `meshrun COMMAND --help` lists them
-    (Hydra's own groups, and logging/sinks, which logging/default includes, left out; mesh also
-    takes any shape)."""
+    (Hydra's own groups, the schema's defaults, and logging/sinks, which logging/default includes,
+    left out; mesh also takes any shape)."""
     from hydra.core.global_hydra import GlobalHydra
 
     register_config_sources()
     lines = ["\nconfig groups (group=option):"]
     with composer():
         loader = GlobalHydra.instance().config_loader()
-        for group in sorted(g for g in loader.list_groups("") if g != "hydra"):
+        for group in sorted(g for g in loader.list_groups("") if g not in ("hydra", SCHEMA_GROUP)):
             options = sorted(
                 o
                 for o in loader.get_group_options(group, ObjectType.CONFIG)

@@ -50,7 +50,8 @@ def check_values(config: RunConfig) -> None:
     if config.devices.memory_gib is not None and config.devices.memory_gib <= 0:
         raise ConfigError(
             "devices.memory_gib",
-            f"got {config.devices.memory_gib}; expected the memory of one device in GiB, a positive number such as 80",
+            f"got {config.devices.memory_gib}; expected the memory of one device in GiB, a positive number "
+            "such as 80",
         )
     _check_training_values(config.train)
     _check_profile(config.profile)
@@ -75,8 +76,9 @@ def check_values(config: RunConfig) -> None:
         if config.devices.platform not in ("auto", "cpu"):
             raise ConfigError(
                 "distributed.local_processes",
-                f"got {distributed.local_processes} with devices.platform={config.devices.platform}; local processes emulate "
-                "CPU devices only: on accelerators run one process (it uses every device) or start one per host with distributed=auto",
+                f"got {distributed.local_processes} with devices.platform={config.devices.platform}; local "
+                "processes emulate CPU devices only: on accelerators run one process (it uses every "
+                "device) or start one per host with distributed=auto",
             )
         check_processes(
             config.mesh, config.devices, distributed.local_processes, "distributed.local_processes"
@@ -90,7 +92,8 @@ def check_values(config: RunConfig) -> None:
             if getattr(synthetic, key) < config.train.batch_size:
                 raise ConfigError(
                     f"data.{key}",
-                    f"got {getattr(synthetic, key)}; fewer samples than one global batch (train.batch_size={config.train.batch_size})",
+                    f"got {getattr(synthetic, key)}; fewer samples than one global batch "
+                    f"(train.batch_size={config.train.batch_size})",
                 )
 
 
@@ -128,7 +131,8 @@ def _check_training_values(train: TrainConfig) -> None:
     if train.max_time is not None and train.max_time <= 0:
         raise ConfigError(
             "train.max_time",
-            f"got {train.max_time:g}; expected a positive duration such as 3600, 90m or 1:30:00 (null: no limit)",
+            f"got {train.max_time:g}; expected a positive duration such as 3600, 90m or 1:30:00 "
+            "(null: no limit)",
         )
     _check_early_stopping(train.early_stopping, train.eval_every)
 
@@ -147,7 +151,8 @@ def _check_early_stopping(early: EarlyStoppingConfig, eval_every: int | None) ->
     if early.monitor is not None and early.monitor.startswith("val_") and eval_every is None:
         raise ConfigError(
             f"{key}.monitor",
-            f"got {early.monitor!r} with train.eval_every=null; val_ metrics exist only when training evaluates: "
+            f"got {early.monitor!r} with train.eval_every=null; val_ metrics exist only when training "
+            "evaluates: "
             f"set train.eval_every=1, or monitor a training metric such as loss",
         )
 
@@ -283,7 +288,8 @@ def check_distributed_values(config: DistributedConfig) -> None:
     ):
         raise ConfigError(
             "distributed.process_id",
-            f"got {config.process_id}; valid: 0 to {config.num_processes - 1} (distributed.num_processes={config.num_processes})",
+            f"got {config.process_id}; valid: 0 to {config.num_processes - 1} "
+            f"(distributed.num_processes={config.num_processes})",
         )
     if config.coordinator is not None and not _HOST_PORT.fullmatch(config.coordinator):
         raise ConfigError(
@@ -321,5 +327,6 @@ def check_processes(mesh: MeshConfig, devices: DevicesConfig, processes: int, ke
         )
         raise ConfigError(
             key,
-            f"got {processes}, but {what} do not split evenly over {processes} processes; valid: {one_of(valid)}",
+            f"got {processes}, but {what} do not split evenly over {processes} processes; valid: "
+            f"{one_of(valid)}",
         )

@@ -9,10 +9,11 @@ shapes) live in `meshrun.placement.layout`.
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
+from meshrun.config.fields import setting
 from meshrun.errors import ConfigError
 from meshrun.specs.rundir import CHECKPOINTS_DIR
 from meshrun.wording import format_shape
@@ -29,10 +30,19 @@ class MeshConfig:
     the axis the batch is split over, and how many slices each axis spans across the job's
     processes (`dcn`; None: the default for the job, meshrun.config.slices)."""
 
-    shape: tuple[int, ...]
-    axis_names: tuple[str, ...]
-    batch_axis: str
-    dcn: tuple[int, ...] | None = None
+    shape: tuple[int, ...] = setting(
+        doc="The mesh's shape, AxB[xC] or a list of sizes (mesh=2x4, mesh=[2,4]); one dimension may be -1: "
+        "every device the others leave."
+    )
+    axis_names: tuple[str, ...] = setting(
+        doc="One name per mesh axis; null: [data] for a 1-D mesh, [data, model] for a 2-D one."
+    )
+    batch_axis: str = setting(doc="The mesh axis the global batch is split over; null: the first axis.")
+    dcn: tuple[int, ...] | None = setting(
+        None,
+        "Slices per axis across the job's processes, e.g. [2,1] or 2x1 (the first axis spans 2 "
+        "processes); null: the default for the job (meshrun.config.slices).",
+    )
 
     def resolved(self, device_count: int) -> MeshConfig:
         """This mesh with a -1 dimension replaced so the product is `device_count`."""
@@ -116,28 +126,69 @@ class LayoutConfig:
     too with `fsdp`) replace `rules`; both are resolved once the model and mesh are known
     (meshrun.run.prepare.layout_rules)."""
 
-    rules: tuple[LayoutRule, ...] = ()
-    extra_rules: tuple[LayoutRule, ...] = ()
-    from_model: bool = False
-    auto: bool = False
-    min_bytes: int = DEFAULT_AUTO_MIN_BYTES
-    fsdp: bool = False
+    rules: tuple[LayoutRule, ...] = setting(
+        (),
+        "The layout option's rules: a regex of variable (or `<layer>/output`) paths, matched whole, -> "
+        "one mesh axis or null per dimension.",
+        composed=False,
+    )
+    extra_rules: tuple[LayoutRule, ...] = setting(
+        (),
+        "Rules added on top of the layout's (or of the model's own map with layout=from_model), e.g. "
+        "'layout.extra_rules={token_embedding/reverse_embeddings:[null,model]}'.",
+        written={},
+    )
+    from_model: bool = setting(
+        False,
+        "The model's own layout map gives the rules (layout=from_model; model=keras_hub: the "
+        "backbone's get_layout_map).",
+        composed=False,
+    )
+    auto: bool = setting(
+        False,
+        "Rules derived from the model's variables and the mesh give the rules (layout=auto).",
+        composed=False,
+    )
+    min_bytes: int = setting(
+        DEFAULT_AUTO_MIN_BYTES,
+        "layout=auto splits every variable of at least this size, in bytes or with a unit (512KiB, "
+        "1MiB, 1.5GiB); other layouts ignore it, with a warning.",
+        written="1MiB",
+    )
+    fsdp: bool = setting(
+        False,
+        "layout=auto also splits each variable over the batch axis along another dimension (fully "
+        "sharded); other layouts ignore it, with a warning.",
+    )
+
+
+# Keys a layout option may write that are not fields of LayoutConfig: they mark rules of `rules`.
+LAYOUT_OPTION_KEYS = {
+    "optional": "Patterns of layout.rules that may match nothing (any other rule that matches nothing is "
+    "an error).",
+    "replicate_if_indivisible": "Patterns of layout.rules that leave a dimension whole (replicated) "
+    "over a mesh axis that does not divide it, where any other rule's indivisible dimension is an error.",
+}
 
 
 @dataclass(frozen=True)
 class ModelConfig:
     """Which registered model to build, and its options (the model's own dataclass)."""
 
-    name: str
-    options: Any
+    name: str = setting(doc="The registered model to build (model=NAME).")
+    options: Any = setting(doc="The model's own options (model.<key>): its options dataclass.")
 
 
 @dataclass(frozen=True)
 class DataConfig:
     """Which registered data source feeds the run, and its options (the source's own dataclass)."""
 
-    name: str = "synthetic"
-    options: Any = None
+    name: str = setting(
+        "synthetic", "The registered data source; each option of the data group names its source."
+    )
+    options: Any = setting(
+        None, "The source's own options (data.<key>): its options dataclass, filled in by the parser."
+    )
 
 
 PRECISIONS = ("float32", "mixed_bfloat16", "mixed_float16")
@@ -150,10 +201,12 @@ class EarlyStoppingConfig:
     stop early) has not improved by `min_delta` for `patience` epochs; `mode` min, max or auto
     (max for accuracy-like names, else min)."""
 
-    monitor: str | None = None
-    patience: int = 3
-    min_delta: float = 0.0
-    mode: str = "auto"
+    monitor: str | None = setting(
+        None, "The logged metric to watch (loss, accuracy, val_loss, ...); null: never stop early."
+    )
+    patience: int = setting(3, "Epochs without an improvement of min_delta before training stops.")
+    min_delta: float = setting(0.0, "The smallest change of `monitor` that counts as an improvement.")
+    mode: str = setting("auto", "min, max or auto (max for accuracy-like names, else min).")
 
 
 @dataclass(frozen=True)
@@ -166,30 +219,76 @@ class TrainConfig:
     every `eval_every` epochs, a wall-clock budget (`max_time`), early stopping, and prompts the
     trained model completes at the end (`sample_prompts`, within `sample_max_length` tokens)."""
 
-    batch_size: int = 16
-    epochs: int = 3
-    optimizer: str = "adam"
-    learning_rate: float = 0.001
-    lr_schedule: str = "constant"
-    warmup_steps: int = 0
-    min_learning_rate: float = 0.0
-    clip_norm: float | None = None
-    precision: str = "float32"
-    loss: str | None = None  # None: the model's own loss
-    metrics: tuple[str, ...] | None = (
-        None  # None: the model's own (with its loss), else accuracy for cross-entropy
+    batch_size: int = setting(
+        16, "The global batch: split evenly over the mesh's batch axis, whose size must divide it."
     )
-    seed: int = 1337
-    verbose: int = 1
-    stop_on_nan: bool = True
-    grad_accum_steps: int = 1
-    eval_every: int | None = None
-    max_time: float | None = None  # seconds from process start; the config may say "90m", "2h", "1:30:00"
-    early_stopping: EarlyStoppingConfig = field(default_factory=EarlyStoppingConfig)
-    sample_prompts: tuple[str, ...] | None = (
-        None  # completed after training (KerasHub causal LMs; meshrun.run.sampling)
+    epochs: int = setting(3, "Passes over the training data; the evaluation follows them.")
+    optimizer: str = setting("adam", "The Keras optimizer, by name.")
+    learning_rate: float = setting(0.001, "The learning rate (the one lr_schedule starts from).")
+    lr_schedule: str = setting(
+        "constant",
+        "constant, cosine (after warmup_steps of linear warm-up from 0) or linear; cosine and linear "
+        "decay over the whole run to min_learning_rate.",
     )
-    sample_max_length: int | None = None  # tokens of prompt and completion together; None: model.seq_len
+    warmup_steps: int = setting(0, "Steps of linear warm-up from 0 (lr_schedule=cosine only).")
+    min_learning_rate: float = setting(0.0, "Where cosine and linear decay end: 0 to learning_rate.")
+    clip_norm: float | None = setting(None, "Clip gradients to this global norm; null: no clipping.")
+    precision: str = setting(
+        "float32",
+        "float32, mixed_bfloat16 or mixed_float16 (Keras dtype policies; float16 gets dynamic loss scaling).",
+    )
+    loss: str | None = setting(
+        None,
+        "A Keras loss, by name; null: the model's own (mse for dense_model, cross-entropy for the others).",
+    )
+    metrics: tuple[str, ...] | None = setting(
+        None,
+        "A list of Keras metric names; null: the model's own with its own loss (accuracy for the "
+        "classifiers), else accuracy for a cross-entropy loss.",
+    )
+    seed: int = setting(1337, "The run's random seed (data=synthetic generates its data from it too).")
+    verbose: int = setting(
+        1,
+        "0: quiet (CI logs), 1: a progress bar per epoch with step time and throughput (a line per "
+        "epoch when the output is not a terminal), 2: one line per epoch.",
+    )
+    stop_on_nan: bool = setting(
+        True,
+        "Stop at the first step whose loss is NaN or infinite, naming it (checkpoints keep the last "
+        "good state).",
+    )
+    grad_accum_steps: int = setting(
+        1,
+        "Accumulate the gradients of this many steps (each of batch_size samples) into one optimizer "
+        "update of batch_size x grad_accum_steps samples; schedules and warmup_steps count steps, not "
+        "updates.",
+    )
+    eval_every: int | None = setting(
+        None,
+        "Evaluate on the eval data every N epochs during training (val_* metrics in the logs and "
+        "history); null: only the final evaluation after training.",
+    )
+    max_time: float | None = setting(
+        None,
+        "Wall-clock budget from process start: seconds, or 90m, 2h, 1:30:00 (null: none); training "
+        "stops at the first step past it, saves a checkpoint there (resume=auto continues) and still "
+        "evaluates.",
+    )
+    early_stopping: EarlyStoppingConfig = setting(
+        doc="Stop once `monitor` has not improved by min_delta for `patience` epochs "
+        "(train.early_stopping.<key>).",
+        factory=EarlyStoppingConfig,
+    )
+    sample_prompts: tuple[str, ...] | None = setting(
+        (),
+        "Prompts the trained model completes after training and evaluation (KerasHub causal LMs "
+        "only; greedy decoding up to the end token), printed in the run's summary and recorded in "
+        "metrics.json (samples), with data.tokenizer's tokenizer, else model.preset's; later: meshrun "
+        "generate RUN_DIR --prompt TEXT. E.g. 'train.sample_prompts=[Once upon a time,The cat]'.",
+    )
+    sample_max_length: int | None = setting(
+        None, "Tokens of prompt and completion together; null: model.seq_len."
+    )
 
 
 @dataclass(frozen=True)
@@ -199,10 +298,23 @@ class DevicesConfig:
     of one device in GiB for planning (None: what the accelerator reports; unknown on CPU). A job
     whose planned bytes per device exceed it does not run."""
 
-    platform: str = "auto"
-    cpu_devices: int = 8
-    peak_flops: float | None = None
-    memory_gib: float | None = None
+    platform: str = setting(
+        "auto", "auto (the accelerator if there is one, else emulated CPU devices), cpu, gpu or tpu."
+    )
+    cpu_devices: int = setting(
+        8, "How many CPU devices to emulate when the mesh shape holds -1 (e.g. mesh=data_parallel)."
+    )
+    peak_flops: float | None = setting(
+        None,
+        "Dense peak FLOP/s of one device, for flops.mfu, where meshrun's table does not know the device "
+        "kind; null: the table's (CPU devices have no peak and no MFU).",
+    )
+    memory_gib: float | None = setting(
+        None,
+        "The memory of one device in GiB, for planning (null: what the accelerator reports; unknown on "
+        "CPU); a job whose planned parameters and optimizer state per device exceed it does not run: "
+        "one line, exit 2, and in a multirun or sweep a `does not fit` row.",
+    )
 
     @property
     def memory_bytes(self) -> int | None:
@@ -217,27 +329,54 @@ class CacheConfig:
     when no one but its owner can write to it, or its group too with `shared`
     (meshrun.system.trust)."""
 
-    enabled: bool = True
-    dir: str | None = None
-    shared: bool = False
+    enabled: bool = setting(
+        True,
+        "Use XLA's persistent compilation cache: a repeated run of the same config loads its compiled "
+        "programs instead of compiling them again.",
+    )
+    dir: str | None = setting(
+        None, "The cache dir; null: $XDG_CACHE_HOME/meshrun/xla (or ~/.cache/meshrun/xla)."
+    )
+    shared: bool = setting(
+        False,
+        "The cache holds code jax runs, so meshrun uses it (and data=text's token cache) only when no "
+        "one but its owner can write to it; true also accepts a dir its group can write to (a team's "
+        "cache), with a warning.",
+    )
 
 
 @dataclass(frozen=True)
 class CheckpointConfig:
-    """Sharded checkpoints: every `every_steps` training steps and/or at the end of every epoch,
+    """Sharded checkpoints (Orbax): each process writes its own shards, and a checkpoint counts once
+    every process has finished it, so one cut short by a kill is never resumed from. Every
+    `every_steps` training steps and/or at the end of every epoch,
     keeping the newest `keep`, written in the background (`async_save`), into `dir` (None: the run
     dir's checkpoints/). `every_epoch` left None means yes when a dir is given without every_steps:
     naming a checkpoint dir asks for checkpoints. `export` also writes the final model as model.keras
     into the run dir. `keep_adapter`: a LoRA run writes its adapters (adapter.lora.h5) into the run
     dir at its end, export or not, so that it can always be sampled (meshrun generate)."""
 
-    every_steps: int | None = None
-    every_epoch: bool | None = None
-    keep: int = 3
-    dir: str | None = None
-    async_save: bool = True
-    export: bool = False
-    keep_adapter: bool = True
+    every_steps: int | None = setting(None, "Save every N training steps; null: not by steps.")
+    every_epoch: bool | None = setting(
+        None,
+        "Save at the end of every epoch; null: yes when `dir` is given and every_steps is not, so "
+        "naming a checkpoint dir is enough to get checkpoints.",
+    )
+    keep: int = setting(3, "How many of the newest checkpoints to keep.")
+    dir: str | None = setting(
+        None,
+        "Where checkpoints go (null: <run dir>/checkpoints); with a dir, `resume` defaults to auto, so "
+        "running the same command again continues from the newest checkpoint.",
+    )
+    async_save: bool = setting(True, "Write checkpoints in the background while training goes on.")
+    export: bool = setting(
+        False, "Also write the final model to <run dir>/model.keras (plain Keras loads it)."
+    )
+    keep_adapter: bool = setting(
+        True,
+        "A LoRA run writes its adapters to <run dir>/adapter.lora.h5 at its end (export or not; a few "
+        "MB), so that `meshrun generate` can always sample it.",
+    )
 
     def directory(self, run_dir: str | Path) -> Path:
         """Where the run's checkpoints go: `dir`, else <run dir>/checkpoints (absolute)."""
@@ -262,31 +401,57 @@ class LoggingConfig:
     switched on with `logging.<name>=true`, by name (meshrun.logs.sinks registers them: tensorboard,
     csv, ...)."""
 
-    sinks: frozenset[str] = frozenset()
+    sinks: frozenset[str] = setting(
+        doc="The sinks switched on: logging.<name>=true for each (every switch is false by default).",
+        factory=frozenset,
+        composed=False,
+    )
 
 
 @dataclass(frozen=True)
 class ProfileConfig:
     """A JAX profiler trace of training steps `steps` = (first, last), counted from 1 as in
-    log.jsonl, written into `dir` (None: <run dir>/profile); None: no trace."""
+    log.jsonl, for TensorBoard's profile plugin or Perfetto, written into `dir` (None: <run
+    dir>/profile); None: no trace."""
 
-    steps: tuple[int, ...] | None = None
-    dir: str | None = None
+    steps: tuple[int, ...] | None = setting(
+        None,
+        "[first, last] training steps to trace, counted from 1 as in log.jsonl, e.g. "
+        "profile.steps=[10,20] (leave the first step out to skip compilation); null: no trace.",
+    )
+    dir: str | None = setting(None, "Where the trace goes; null: <run dir>/profile.")
 
 
 @dataclass(frozen=True)
 class PipelineConfig:
     """Pipeline stages (meshrun.pipeline): a mesh axis named `axis` holds the model's repeated blocks
-    in as many contiguous stages as it is long (a mesh without that axis: no pipeline); each batch
+    (the transformer's block_N, the blocks of a model=python factory's repeated_blocks) in as many
+    contiguous stages as it is long, e.g. `meshrun train model=transformer mesh=4x2
+    mesh.axis_names=[stage,data] mesh.batch_axis=data` (a mesh without that axis: no pipeline); each batch
     is cut into `microbatches` microbatches handed from stage to stage (None: as many as there are
     stages), `repeats` > 1 gives each device that many non-adjacent stages (the circular schedule:
     a smaller idle share), and `remat` recomputes each block's activations in the backward pass
     instead of keeping them."""
 
-    axis: str = "stage"
-    microbatches: int | None = None
-    repeats: int = 1
-    remat: bool = False
+    axis: str = setting(
+        "stage",
+        "The mesh axis whose stages split the model's repeated blocks; a mesh without it: no pipeline, "
+        "and these keys do nothing.",
+    )
+    microbatches: int | None = setting(
+        None,
+        "Each batch is cut into this many, handed from stage to stage (GPipe): a step's idle share is "
+        "(stages - 1) / (microbatches + stages - 1); null: one per stage.",
+    )
+    repeats: int = setting(
+        1,
+        "More than 1 gives each device that many non-adjacent stages (the circular schedule): the idle "
+        "share falls to (stages - 1) / (repeats * microbatches + stages - 1); microbatches must then be "
+        "a multiple of the stages, and the blocks of stages * repeats.",
+    )
+    remat: bool = setting(
+        False, "Recompute each block's activations in the backward pass instead of keeping them."
+    )
 
     def stages(self, mesh: MeshConfig) -> int:
         """How many stages `mesh` gives the blocks (0: the mesh has no stage axis, no pipeline)."""
@@ -314,14 +479,30 @@ class DistributedConfig:
     listens (None: loopback for a job on this machine, else the address the coordinator names
     where it is this host's, else every interface: meshrun.launch.join.listen_address)."""
 
-    mode: str = "off"
-    local_processes: int = 1
-    coordinator: str | None = None
-    num_processes: int | None = None
-    process_id: int | None = None
-    port: int | None = None
-    timeout_s: int = 120
-    bind_address: str | None = None
+    mode: str = setting(
+        "off",
+        "off: one process; auto: each process reads its place in the job from SLURM (srun, sbatch, "
+        "submitit), KERAS_DISTRIBUTION_* or JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES, "
+        "JAX_PROCESS_ID (with none of them: one process); explicit: set by coordinator, "
+        "num_processes and process_id.",
+    )
+    local_processes: int = setting(
+        1,
+        "meshrun starts this many processes on this machine, each with an even share of the mesh's "
+        "devices (CPU: emulated).",
+    )
+    coordinator: str | None = setting(
+        None, "host:port of process 0's coordinator, for a job started by hand, one command per process."
+    )
+    num_processes: int | None = setting(None, "How many processes a job started by hand has.")
+    process_id: int | None = setting(None, "This process's number in a job started by hand, from 0.")
+    port: int | None = setting(None, "The coordinator's port for local_processes; null: a free one.")
+    timeout_s: int = setting(120, "Seconds a process waits for every process of the job to join.")
+    bind_address: str | None = setting(
+        None,
+        "HOST:PORT where process 0's coordinator listens; null: loopback for a job on this machine, "
+        "else the coordinator's address where it is this host's, else every interface.",
+    )
 
     @property
     def launches_locally(self) -> bool:
@@ -333,20 +514,29 @@ class DistributedConfig:
 class RunConfig:
     """Everything one training run needs, validated."""
 
-    mesh: MeshConfig
-    layout: LayoutConfig
-    model: ModelConfig
-    data: DataConfig = field(default_factory=DataConfig)  # meshrun.config.parse fills in the source's options
-    train: TrainConfig = field(default_factory=TrainConfig)
-    devices: DevicesConfig = field(default_factory=DevicesConfig)
-    cache: CacheConfig = field(default_factory=CacheConfig)
-    distributed: DistributedConfig = field(default_factory=DistributedConfig)
-    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
-    logging: LoggingConfig = field(default_factory=LoggingConfig)
-    profile: ProfileConfig = field(default_factory=ProfileConfig)
-    pipeline: PipelineConfig = field(default_factory=PipelineConfig)
-    resume: str | None = (
-        None  # auto, never or a checkpoint path; None: auto with checkpoint.dir or when requeued, else never
+    mesh: MeshConfig = setting(doc="The device mesh (mesh=OPTION or mesh=AxB).", composed=False)
+    layout: LayoutConfig = setting(doc="The layout rules (layout=OPTION).", composed=False)
+    model: ModelConfig = setting(doc="The model and its options (model=NAME).", composed=False)
+    data: DataConfig = setting(
+        doc="The data source and its options (data=OPTION).", factory=DataConfig, composed=False
+    )
+    train: TrainConfig = setting(doc="How to train.", factory=TrainConfig, composed=False)
+    devices: DevicesConfig = setting(doc="Platform and devices.", factory=DevicesConfig, composed=False)
+    cache: CacheConfig = setting(doc="XLA's compilation cache.", factory=CacheConfig, composed=False)
+    distributed: DistributedConfig = setting(
+        doc="The job's processes.", factory=DistributedConfig, composed=False
+    )
+    checkpoint: CheckpointConfig = setting(
+        doc="Sharded checkpoints.", factory=CheckpointConfig, composed=False
+    )
+    logging: LoggingConfig = setting(doc="Copies of the step log.", factory=LoggingConfig, composed=False)
+    profile: ProfileConfig = setting(doc="A profiler trace.", factory=ProfileConfig, composed=False)
+    pipeline: PipelineConfig = setting(doc="Pipeline stages.", factory=PipelineConfig, composed=False)
+    resume: str | None = setting(
+        None,
+        "Where training starts: auto (the newest checkpoint in checkpoint.dir, if any), never, or the "
+        "path of a checkpoint dir (or of one numbered step in it); null: auto with checkpoint.dir or in "
+        "a requeued job, else never.",
     )
 
     def resume_mode(self, requeued: bool = False) -> str:
@@ -372,3 +562,19 @@ TOP_LEVEL_KEYS = (
     "pipeline",
     "resume",
 )
+
+
+# The config sections whose defaults Hydra composes from the schema: meshrun.app stores each as the
+# config `schema/<name>`, which configs/meshrun.yaml places under its group's option, so that a
+# group's options write only what differs. `run` holds the top-level keys (resume).
+COMPOSED_SECTIONS = {
+    "layout": LayoutConfig,
+    "train": TrainConfig,
+    "devices": DevicesConfig,
+    "cache": CacheConfig,
+    "distributed": DistributedConfig,
+    "checkpoint": CheckpointConfig,
+    "profile": ProfileConfig,
+    "pipeline": PipelineConfig,
+    "run": RunConfig,
+}

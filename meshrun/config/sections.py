@@ -148,12 +148,14 @@ def parse_layout(raw: Mapping[str, Any], mesh: MeshConfig) -> LayoutConfig:
     if from_model and auto:
         raise ConfigError(
             "layout.auto",
-            "got true with layout.from_model=true; choose one: the model's own map (layout=from_model) or derived rules (layout=auto)",
+            "got true with layout.from_model=true; choose one: the model's own map (layout=from_model) or "
+            "derived rules (layout=auto)",
         )
     if replaced_by and rules:
         raise ConfigError(
             "layout.rules",
-            f"got {len(rules)} rule{'s' if len(rules) > 1 else ''} with {replaced_by}=true, which gives the rules; "
+            f"got {len(rules)} rule{'s' if len(rules) > 1 else ''} with {replaced_by}=true, which gives the "
+            "rules; "
             "add yours on top with layout.extra_rules={...}",
         )
     min_bytes = parse_size("layout.min_bytes", raw.get("min_bytes", DEFAULT_AUTO_MIN_BYTES))
@@ -285,13 +287,15 @@ def parse_distributed(raw: Mapping[str, Any]) -> DistributedConfig:
         if missing:
             raise ConfigError(
                 f"distributed.{missing[0]}",
-                f"is missing: an explicit multi-process job needs {', '.join(f'distributed.{k}' for k in EXPLICIT_KEYS)}",
+                "is missing: an explicit multi-process job needs "
+                f"{', '.join(f'distributed.{k}' for k in EXPLICIT_KEYS)}",
             )
     check_distributed_values(config)
     if config.launches_locally and config.mode != "off":
         raise ConfigError(
             "distributed.local_processes",
-            f"got {config.local_processes} with distributed.mode={config.mode}; meshrun starts local processes "
+            f"got {config.local_processes} with distributed.mode={config.mode}; meshrun starts local "
+            "processes "
             "itself, so leave distributed.mode off and unset coordinator, num_processes and process_id",
         )
     return config

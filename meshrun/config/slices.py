@@ -29,8 +29,9 @@ def check_dcn_shape(mesh: MeshConfig) -> None:
     if len(dcn) != len(mesh.shape):
         raise ConfigError(
             DCN_KEY,
-            f"got {list(dcn)} ({len(dcn)} size{'s' if len(dcn) > 1 else ''}) for the {len(mesh.shape)}-D mesh {format_shape(mesh.shape)}; "
-            f"give one slice count per axis ({one_of(mesh.axis_names)}), e.g. mesh.dcn=[{','.join(['2'] + ['1'] * (len(mesh.shape) - 1))}]",
+            f"got {list(dcn)} ({len(dcn)} size{'s' if len(dcn) > 1 else ''}) for the {len(mesh.shape)}-D "
+            f"mesh {format_shape(mesh.shape)}; give one slice count per axis "
+            f"({one_of(mesh.axis_names)}), e.g. mesh.dcn=[{','.join(['2'] + ['1'] * (len(mesh.shape) - 1))}]",
         )
     for name, size, slices in zip(mesh.axis_names, mesh.shape, dcn, strict=True):
         if size > 0 and size % slices:
@@ -50,7 +51,8 @@ def check_dcn(mesh: MeshConfig, processes: int, key: str) -> None:
         raise ConfigError(
             DCN_KEY,
             f"got {list(mesh.dcn)}, {math.prod(mesh.dcn)} slices, but the job has {processes} "
-            f"process{'es' if processes > 1 else ''} ({key}); give slice counts whose product is {processes}, one slice per process",
+            f"process{'es' if processes > 1 else ''} ({key}); give slice counts whose product is "
+            f"{processes}, one slice per process",
         )
 
 
@@ -74,8 +76,9 @@ def with_dcn(
     if left != 1:
         raise ConfigError(
             DCN_KEY,
-            f"mesh {format_shape(mesh.shape)} cannot be cut along its axes into {processes} equal slices, one per "
-            f"process ({key}); give mesh.dcn, one slice count per axis with product {processes}, or another shape",
+            f"mesh {format_shape(mesh.shape)} cannot be cut along its axes into {processes} equal slices, "
+            f"one per process ({key}); give mesh.dcn, one slice count per axis with product {processes}, "
+            "or another shape",
         )
     return dataclasses.replace(mesh, dcn=tuple(dcn[a] for a in mesh.axis_names))
 

@@ -66,7 +66,8 @@ def check_type(key: str, value: Any, expected: Any) -> Any:
         if not isinstance(value, Mapping):
             raise ConfigError(
                 key,
-                f"got {value!r}; expected a section with keys {one_of([f.name for f in dataclasses.fields(expected)])}",
+                f"got {value!r}; expected a section with keys "
+                f"{one_of([f.name for f in dataclasses.fields(expected)])}",
             )
         return parse_dataclass(expected, value, key)
     if origin is tuple:
@@ -145,7 +146,8 @@ _SIZE_TEXT = re.compile(r"^(\d+(?:\.\d+)?)\s*([a-z]*)$")
 
 
 def parse_size(key: str, value: Any) -> int:
-    """Bytes from a size written as a number of bytes or with a unit: 1MiB, 512KiB, 1.5GiB (KB, MB and GB are powers of 1000)."""
+    """Bytes from a size written as a number of bytes or with a unit: 1MiB, 512KiB, 1.5GiB (KB, MB and
+    GB are powers of 1000)."""
     if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
         return value
     found = (
@@ -157,5 +159,6 @@ def parse_size(key: str, value: Any) -> int:
         return int(float(found.group(1)) * _SIZE_UNITS[found.group(2)])
     raise ConfigError(
         key,
-        f"got {value!r}; expected a size in bytes: a number, or a number with a unit such as 512KiB, 1MiB or 1.5GiB",
+        f"got {value!r}; expected a size in bytes: a number, or a number with a unit such as 512KiB, "
+        "1MiB or 1.5GiB",
     )

@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from meshrun.config.fields import setting
 from meshrun.data import pipeline
 from meshrun.data.batches import indexed_batches
 from meshrun.data.registry import DataContext, SourceSpec, register_source
@@ -42,15 +43,25 @@ log = logging.getLogger("meshrun")
 class ArraysOptions:
     """Where the arrays are and how to read them."""
 
-    path: str | None = None
-    features_key: Any = "x"  # a member name, or a list of them (a dict of inputs by name)
-    labels_key: str = "y"
-    sample_weight_key: str | None = None
-    labels_path: str | None = None
-    eval_path: str | None = None
-    eval_labels_path: str | None = None
-    validation_split: float = 0.0
-    shuffle: bool = True
+    path: str | None = setting(
+        None, "A .npz with members features_key and labels_key, or a .npy of features plus labels_path."
+    )
+    features_key: Any = setting(
+        "x",
+        "The .npz member of the features, or a list of members: the model gets a dict of inputs by "
+        "those names (KerasHub: [token_ids, padding_mask]).",
+    )
+    labels_key: str = setting("y", "The .npz member of the labels.")
+    sample_weight_key: str | None = setting(
+        None, "A .npz member of per-sample or per-label weights; null: none."
+    )
+    labels_path: str | None = setting(None, "The labels' .npy, with a .npy path.")
+    eval_path: str | None = setting(
+        None, "The eval data, like path; null: the last validation_split of path."
+    )
+    eval_labels_path: str | None = setting(None, "The eval labels' .npy, with a .npy eval_path.")
+    validation_split: float = setting(0.0, "The share of path held out for evaluation when no eval_path.")
+    shuffle: bool = setting(True, "Shuffle the training rows each epoch.")
 
     def __post_init__(self):
         if not self.path:

@@ -16,9 +16,10 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable, Iterable, Sized
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from meshrun import user_code
+from meshrun.config.fields import setting
 from meshrun.data import pipeline, tf_data
 from meshrun.data.batches import Batches, element_batches
 from meshrun.data.registry import DataContext, SourceSpec, register_source
@@ -29,12 +30,22 @@ from meshrun.errors import ConfigError
 class PythonOptions:
     """The factory, its keyword arguments, and the sizes of datasets that do not know theirs."""
 
-    factory: str | None = None
-    kwargs: dict = field(default_factory=dict)
-    num_samples: int | None = None
-    eval_samples: int | None = None
-    shuffle: bool = True
-    shuffle_buffer: int = 10000
+    factory: str | None = setting(
+        None,
+        'module:function, called as function(split="train"|"eval", seed=..., **kwargs); it returns '
+        "a tf.data.Dataset or an iterable of single (features, labels) samples.",
+    )
+    kwargs: dict = setting(
+        doc="The factory's keyword arguments, e.g. +data.kwargs.path=/data/x.csv.", factory=dict
+    )
+    num_samples: int | None = setting(
+        None, "Training samples, needed when the dataset does not know its size; null: its own count."
+    )
+    eval_samples: int | None = setting(
+        None, "Eval samples, needed when the dataset does not know its size; null: its own count."
+    )
+    shuffle: bool = setting(True, "Shuffle the training samples.")
+    shuffle_buffer: int = setting(10000, "Samples in the shuffle buffer.")
 
     def __post_init__(self):
         user_code.check_reference("data.factory", self.factory, "mypackage.data:make_dataset")

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from meshrun.config.fields import setting
 from meshrun.data import pipeline
 from meshrun.data.batches import indexed_batches
 from meshrun.data.registry import DataContext, SourceSpec, register_source
@@ -35,10 +36,14 @@ class SyntheticOptions:
     """How much synthetic data, whether to shuffle it, and which task (default: the model's own
     family; classes: a pattern per class under noise, one-hot labels)."""
 
-    num_samples: int = 1024
-    eval_samples: int = 256
-    shuffle: bool = True
-    task: str = "default"
+    num_samples: int = setting(1024, "Training samples (at least one global batch).")
+    eval_samples: int = setting(256, "Eval samples (at least one global batch).")
+    shuffle: bool = setting(True, "Shuffle the training samples each epoch.")
+    task: str = setting(
+        "default",
+        "default: the model's own family; classes: a pattern per class under noise, one-hot labels "
+        "(dense_model and cnn; train with a cross-entropy loss).",
+    )
 
     def __post_init__(self):
         for key in ("num_samples", "eval_samples"):

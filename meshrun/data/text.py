@@ -30,6 +30,7 @@ from typing import Any
 
 import numpy as np
 
+from meshrun.config.fields import setting
 from meshrun.data import pipeline
 from meshrun.data.arrays import open_array
 from meshrun.data.batches import ArraySpec, indexed_batches
@@ -49,19 +50,36 @@ TOKEN_INPUTS = ("padding_mask", "token_ids")
 class TextOptions:
     """Which text, how it becomes examples and tokens, and where the tokens are cached."""
 
-    files: Any = ()  # paths or globs (a single string is one)
-    eval_files: Any = ()
-    eval_fraction: float = 0.0
-    separator: str | None = None
-    field: str = "text"
-    prompt: str | None = None
-    completion: str | None = None
-    packing: bool | None = None  # None: true for plain text, false for prompt/completion data
-    tokenizer: str | None = None  # None: model.preset's
-    end_token: str | None = None  # None: the tokenizer's end token
-    too_long: str = "drop"
-    cache_dir: str | None = None
-    shuffle: bool = True
+    files: Any = setting(
+        (),
+        "Paths or globs (a single string is one): .jsonl, one JSON object a line; other files UTF-8 "
+        "text, one document each, or cut at `separator`.",
+    )
+    eval_files: Any = setting((), "The eval data, like files; none: eval_fraction of files.")
+    eval_fraction: float = setting(
+        0.0, "Hold out this share of the examples (a fixed seeded choice) when no eval_files."
+    )
+    separator: str | None = setting(None, "Cuts a plain-text file into documents; null: one document a file.")
+    field: str = setting("text", "The .jsonl field holding the text (without prompt and completion).")
+    prompt: str | None = setting(
+        None,
+        'A template over the .jsonl fields, e.g. "Instruction: {instruction} Response: ": what the model '
+        "sees; the loss counts the completion and its end token only.",
+    )
+    completion: str | None = setting(None, 'The completion\'s template, e.g. "{response}", with prompt.')
+    packing: bool | None = setting(
+        None,
+        "true: documents joined with the end token, cut into rows, no padding (a document attends to "
+        "the ones before it in its row); false: one example a row, padded; null: true for plain text, "
+        "false for prompt/completion data.",
+    )
+    tokenizer: str | None = setting(
+        None, "A preset dir or a Hugging Face tokenizer.json; null: model.preset's."
+    )
+    end_token: str | None = setting(None, "The end token; null: the tokenizer's own.")
+    too_long: str = setting("drop", "drop or error, for an example longer than a row.")
+    cache_dir: str | None = setting(None, "Where tokens are cached; null: $XDG_CACHE_HOME/meshrun/tokens.")
+    shuffle: bool = setting(True, "Shuffle the training rows each epoch.")
 
     def __post_init__(self):
         object.__setattr__(self, "files", _patterns(self.files, "data.files"))

@@ -18,10 +18,11 @@ from __future__ import annotations
 
 import glob
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
+from meshrun.config.fields import setting
 from meshrun.data import pipeline, tf_data
 from meshrun.data.registry import DataContext, SourceSpec, register_source
 from meshrun.errors import ConfigError
@@ -36,15 +37,21 @@ COMPRESSION = ("GZIP", "ZLIB")
 class TFRecordOptions:
     """The files, the feature spec, which features the model takes and which is the label."""
 
-    files: str | None = None
-    eval_files: str | None = None
-    features: dict = field(default_factory=dict)
-    inputs: tuple[str, ...] = ("x",)
-    label: str = "y"
-    sample_weight: str | None = None
-    compression: str | None = None
-    shuffle: bool = True
-    shuffle_buffer: int = 10000
+    files: str | None = setting(None, "A glob of TFRecord files of tf.train.Example records.")
+    eval_files: str | None = setting(None, "A glob of the eval files; null: no evaluation data.")
+    features: dict = setting(
+        doc="The feature spec, name -> {dtype, shape}, e.g. "
+        "'data.features={x:{dtype:float32,shape:[28,28,1]},y:{dtype:int64,shape:[]}}'.",
+        factory=dict,
+    )
+    inputs: tuple[str, ...] = setting(
+        ("x",), "The features the model takes (one name: a tensor; several: a dict by name)."
+    )
+    label: str = setting("y", "The label feature.")
+    sample_weight: str | None = setting(None, "A feature of per-sample or per-label weights; null: none.")
+    compression: str | None = setting(None, "GZIP or ZLIB; null: none.")
+    shuffle: bool = setting(True, "Shuffle the training records.")
+    shuffle_buffer: int = setting(10000, "Records in the shuffle buffer.")
 
     def __post_init__(self):
         if not self.files:

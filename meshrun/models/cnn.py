@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from meshrun.config.fields import setting
 from meshrun.errors import ConfigError
 from meshrun.models.registry import (
     ModelSpec,
@@ -27,10 +28,10 @@ from meshrun.models.registry import (
 class CnnOptions:
     """The conv net's sizes: image shape, filters of the two conv layers, dense width, classes."""
 
-    input_shape: tuple[int, ...] = (28, 28, 1)
-    filters: tuple[int, ...] = (32, 64)
-    hidden: int = 128
-    num_classes: int = 10
+    input_shape: tuple[int, ...] = setting((28, 28, 1), "The image shape: [height, width, channels].")
+    filters: tuple[int, ...] = setting((32, 64), "The filters of the two conv layers.")
+    hidden: int = setting(128, "The width of dense_1.")
+    num_classes: int = setting(10, "The classes: the width of dense_2's logits.")
 
     def __post_init__(self):
         if len(self.input_shape) != 3 or any(d <= 0 for d in self.input_shape):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from meshrun.config.fields import setting
 from meshrun.errors import ConfigError
 from meshrun.models.registry import ModelSpec, register_model, require_positive
 
@@ -17,11 +18,13 @@ from meshrun.models.registry import ModelSpec, register_model, require_positive
 class DenseModelOptions:
     """The MLP's sizes; the defaults are the seeds' (784 -> 200 -> 10, no bias on d1)."""
 
-    input_shape: tuple[int, ...] = (28, 28, 1)
-    hidden: int = 200
-    d1_bias: bool = False
-    dropout: float = 0.4
-    num_classes: int = 10
+    input_shape: tuple[int, ...] = setting(
+        (28, 28, 1), "The per-sample input shape (flattened by the model)."
+    )
+    hidden: int = setting(200, "The width of d1 (relu).")
+    d1_bias: bool = setting(False, "Whether d1 has a bias.")
+    dropout: float = setting(0.4, "The dropout rate after d1: 0 <= dropout < 1.")
+    num_classes: int = setting(10, "The width of d2 (softmax).")
 
     def __post_init__(self):
         if not self.input_shape or any(d <= 0 for d in self.input_shape):

@@ -16,10 +16,11 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from meshrun import user_code
+from meshrun.config.fields import setting
 from meshrun.errors import ConfigError
 from meshrun.models.registry import InputSpec, ModelSpec, register_model
 from meshrun.wording import one_of
@@ -46,10 +47,22 @@ class FactoryOptions:
     a model that is not built yet: `input_shape` a list of sizes (null for any), or a mapping of
     input name to such a list; `input_dtype` a dtype, or a mapping of input name to dtype."""
 
-    factory: str | None = None
-    kwargs: dict = field(default_factory=dict)
-    input_shape: Any = None
-    input_dtype: Any = "float32"
+    factory: str | None = setting(
+        None,
+        "module:function, called as function(**kwargs) and returning a keras.Model (functional, Sequential "
+        "or subclassed); the working dir is importable.",
+    )
+    kwargs: dict = setting(
+        doc="The factory's keyword arguments, e.g. 'model.kwargs={hidden:512}'.", factory=dict
+    )
+    input_shape: Any = setting(
+        None,
+        "The per-sample inputs that build a model not built yet (a subclassed model): a list of sizes "
+        "(null for any size) such as [784], or {name: sizes} such as {tokens: [128]}; null: the data's.",
+    )
+    input_dtype: Any = setting(
+        "float32", "The inputs' dtype, or {name: dtype} such as {tokens: int32}, with input_shape."
+    )
 
     def __post_init__(self):
         user_code.check_reference("model.factory", self.factory, "mymodels:build_mlp")

@@ -32,10 +32,11 @@ from __future__ import annotations
 import contextlib
 import math
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from meshrun import user_code
+from meshrun.config.fields import setting
 from meshrun.errors import ConfigError
 from meshrun.models.registry import InputSpec, ModelSpec, class_accuracy, register_model, require_positive
 from meshrun.system.trust import check_preset_objects
@@ -70,9 +71,13 @@ class LoraOptions:
     default_lora_layer_names(), the attention query and value projections). With LoRA on, only the
     adapters train: every other weight of the backbone is frozen, target layers' biases included."""
 
-    rank: int | None = None
-    alpha: float | None = None
-    targets: tuple[str, ...] | None = None
+    rank: int | None = setting(None, "The adapters' rank, e.g. 8; null: LoRA off, every weight trains.")
+    alpha: float | None = setting(
+        None, "The update is scaled by alpha / rank; null: alpha = rank (a scale of 1)."
+    )
+    targets: tuple[str, ...] | None = setting(
+        None, "The names of the layers that get an adapter; null: the backbone's default, query and value."
+    )
 
     def __post_init__(self):
         if self.rank is None:
@@ -132,11 +137,29 @@ class KerasHubOptions:
     backbone's max_sequence_length (where it has one) is an error before anything loads. `lora`:
     LoRA adapters to fine-tune instead of every weight (LoraOptions)."""
 
-    task: str | None = None
-    backbone: dict = field(default_factory=dict)
-    preset: str | None = None
-    seq_len: int | None = None
-    lora: LoraOptions = field(default_factory=LoraOptions)
+    task: str | None = setting(
+        None,
+        "A causal LM class of keras_hub.models: LlamaCausalLM, GemmaCausalLM, MistralCausalLM, "
+        "QwenCausalLM, GPT2CausalLM, ...",
+    )
+    backbone: dict = setting(
+        doc="The backbone's constructor arguments (random init), e.g. "
+        "'model.backbone={vocabulary_size:512,num_layers:2,hidden_dim:64}'.",
+        factory=dict,
+    )
+    preset: str | None = setting(
+        None, "A local preset dir (written by save_to_preset; nothing is downloaded), instead of backbone."
+    )
+    seq_len: int | None = setting(
+        None,
+        "The tokens per example it trains on (synthetic data is made this long, other data must have "
+        "it); null: the preset preprocessor's sequence length (128 without a preset).",
+    )
+    lora: LoraOptions = setting(
+        doc="LoRA fine-tuning (model.lora.<key>): only the adapters train; checkpoint.export=true also "
+        "writes adapter.lora.h5.",
+        factory=LoraOptions,
+    )
 
     def __post_init__(self):
         if self.preset:

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from meshrun.config.fields import setting
 from meshrun.errors import ConfigError
 from meshrun.models.registry import (
     ModelSpec,
@@ -50,15 +51,17 @@ PRESETS = {
 class TransformerOptions:
     """The language model's sizes: a named preset, any field of which can be overridden."""
 
-    preset: str = "tiny"
-    layers: int | None = None
-    d_model: int | None = None
-    heads: int | None = None
-    ff: int | None = None
-    vocab: int | None = None
-    seq_len: int | None = None
-    tied_head: bool | None = None
-    dropout: float = 0.0
+    preset: str = setting("tiny", "The sizes: tiny, small, 125m, 1b or 7b; the keys below override it.")
+    layers: int | None = setting(None, "Transformer blocks; null: the preset's.")
+    d_model: int | None = setting(None, "The model width; null: the preset's.")
+    heads: int | None = setting(None, "Attention heads (they divide d_model); null: the preset's.")
+    ff: int | None = setting(None, "The MLP's hidden width; null: the preset's.")
+    vocab: int | None = setting(None, "The vocabulary size; null: the preset's.")
+    seq_len: int | None = setting(None, "Tokens per sequence; null: the preset's.")
+    tied_head: bool | None = setting(
+        None, "Whether the output head shares the token embedding; null: the preset's."
+    )
+    dropout: float = setting(0.0, "The dropout rate.")
 
     def __post_init__(self):
         fill_from_preset(self, PRESETS)

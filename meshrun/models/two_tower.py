@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from meshrun.config.fields import setting
 from meshrun.models.registry import (
     ModelSpec,
     fill_from_preset,
@@ -34,11 +35,14 @@ PRESETS = {
 class TwoTowerOptions:
     """Table sizes and tower width: a named preset, any field of which can be overridden."""
 
-    preset: str = "small"
-    num_users: int | None = None
-    num_items: int | None = None
-    embedding_dim: int | None = None
-    tower_units: int | None = None
+    preset: str = setting(
+        "small",
+        "The sizes: small, or large (100M users, 10M items, 52.5 GiB of tables); the keys below override it.",
+    )
+    num_users: int | None = setting(None, "Rows of the user table; null: the preset's.")
+    num_items: int | None = setting(None, "Rows of the item table; null: the preset's.")
+    embedding_dim: int | None = setting(None, "The width of both tables; null: the preset's.")
+    tower_units: int | None = setting(None, "The width of each tower; null: the preset's.")
 
     def __post_init__(self):
         fill_from_preset(self, PRESETS)
