@@ -130,6 +130,7 @@ class LayoutConfig:
         (),
         "The layout option's rules: a regex of variable (or `<layer>/output`) paths, matched whole, -> "
         "one mesh axis or null per dimension.",
+        written={},
         composed=False,
     )
     extra_rules: tuple[LayoutRule, ...] = setting(
