@@ -59,7 +59,8 @@ def test_hydra_without_a_name_meshrun_uses_stops_the_command_with_one_line(
 ):
     from hydra.core.plugins import Plugins
 
-    Plugins.instance()  # Hydra's first plugin scan runs its core plugins' modules afresh: before the patch, not after
+    # Hydra's first plugin scan runs its core plugins' modules afresh: before the patch, not after
+    Plugins.instance()
     from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 
     monkeypatch.delattr(BasicSweeper, "split_arguments")
@@ -98,7 +99,8 @@ def test_tensorflow_without_a_name_meshrun_uses_stops_a_tf_data_run_with_one_lin
     (in_tmp / "tf_data_factory.py").write_text(
         "import numpy as np, tensorflow as tf\n"
         "def make(split, seed):\n"
-        "    return tf.data.Dataset.from_tensor_slices((np.zeros((64, 28, 28, 1), 'float32'), np.zeros((64, 10), 'float32')))\n"
+        "    return tf.data.Dataset.from_tensor_slices((np.zeros((64, "
+        "28, 28, 1), 'float32'), np.zeros((64, 10), 'float32')))\n"
     )
     monkeypatch.syspath_prepend(str(in_tmp))
     monkeypatch.delattr(tf.data.Dataset, "_as_serialized_graph")
@@ -369,7 +371,8 @@ seen = {}
 if how == "without tensorflow, then tensorflow":
     from meshrun.compat.keras_hub import TensorFlowArrival, import_keras_hub, keras_hub_has_tensorflow
     keras_hub = import_keras_hub()
-    seen["before"] = {"tensorflow imported": "tensorflow" in sys.modules, "keras_hub has it": keras_hub_has_tensorflow()}
+    seen["before"] = {"tensorflow imported": "tensorflow" in sys.modules,
+                      "keras_hub has it": keras_hub_has_tensorflow()}
     import tensorflow
     seen["after"] = {"keras_hub has it": keras_hub_has_tensorflow(),
                      "finder left": not any(isinstance(f, TensorFlowArrival) for f in sys.meta_path),
@@ -389,12 +392,15 @@ def described(value):
 namespaces = {}
 for name, module in sorted(sys.modules.items()):
     if module is not None and name.split(".")[0] == "keras_hub":
-        namespaces[name] = {key: described(value) for key, value in vars(module).items() if not key.startswith("__")}
+        namespaces[name] = {key: described(value) for key, value in vars(module).items()
+                            if not key.startswith("__")}
         for key, value in vars(module).items():  # and each class defined there, one level down
             if isinstance(value, type) and value.__module__ == name:
-                namespaces[f"{name}:{key}"] = {k: described(v) for k, v in vars(value).items() if not k.startswith("__")}
+                namespaces[f"{name}:{key}"] = {k: described(v) for k, v in vars(value).items()
+                                               if not k.startswith("__")}
 from meshrun.text.tokenizer import PROBE_TEXTS, KerasHubGraphEncoder
-graphs = {path: [ids.tolist() for ids in KerasHubGraphEncoder(keras_hub.tokenizers.Tokenizer.from_preset(path)).encode(list(PROBE_TEXTS))]
+graphs = {path: [ids.tolist() for ids in
+                 KerasHubGraphEncoder(keras_hub.tokenizers.Tokenizer.from_preset(path)).encode(list(PROBE_TEXTS))]
           for path in presets}
 print(json.dumps({"seen": seen, "namespaces": namespaces, "graphs": graphs}))
 """

@@ -16,8 +16,9 @@ def _loaded_after(code: str) -> dict:
     """The meshrun modules and heavy libraries a fresh interpreter holds after running `code`."""
     script = textwrap.dedent(code) + textwrap.dedent("""
         import json, sys
+        heavy = sorted(m for m in ("jax", "keras", "tensorflow", "keras_hub") if m in sys.modules)
         print(json.dumps({"meshrun": sorted(m for m in sys.modules if m.startswith("meshrun")),
-                          "heavy": sorted(m for m in ("jax", "keras", "tensorflow", "keras_hub") if m in sys.modules)}))
+                          "heavy": heavy}))
     """)
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
     return json.loads(done.stdout.splitlines()[-1])
@@ -32,7 +33,8 @@ def test_importing_the_config_schema_loads_at_most_12_meshrun_modules_and_no_jax
 def test_parsing_a_config_imports_the_chosen_model_and_data_source_and_no_other():
     loaded = _loaded_after("""
         from meshrun.config.parse import parse_run_config
-        parse_run_config({"mesh": {"shape": "2x4"}, "model": {"name": "dense_model"}, "data": {"name": "synthetic"}})
+        parse_run_config({"mesh": {"shape": "2x4"}, "model": {"name": "dense_model"},
+                          "data": {"name": "synthetic"}})
     """)
     models = [
         m for m in loaded["meshrun"] if m.startswith("meshrun.models.") and m != "meshrun.models.registry"

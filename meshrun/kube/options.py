@@ -153,7 +153,8 @@ def _name(value) -> str:
         raise ConfigError(
             "--name",
             f"got {_shown(value)}; expected at most {NAME_LIMIT} lowercase letters, digits and '-', starting "
-            "with a letter and ending with a letter or digit (the job's, its service's and its pods' name), e.g. --name exp1",
+            "with a letter and ending with a letter or digit (the "
+            "job's, its service's and its pods' name), e.g. --name exp1",
         )
     return value
 
@@ -176,7 +177,8 @@ def _port(value) -> int:
     if not str(value).isdigit() or not 0 < int(value) < 65536:
         raise ConfigError(
             "--port",
-            f"got {_shown(value)}; expected a TCP port, 1 to 65535, for process 0's coordinator (default {DEFAULT_PORT})",
+            f"got {_shown(value)}; expected a TCP port, 1 to 65535, "
+            f"for process 0's coordinator (default {DEFAULT_PORT})",
         )
     return int(value)
 
@@ -194,13 +196,15 @@ def _volume(value) -> Volume | None:
         raise ConfigError(
             "--volume",
             f"got {_shown(value)}; expected CLAIM:PATH, a PersistentVolumeClaim's name (lowercase letters, "
-            "digits, '-' and '.') and the absolute path to mount it at in every pod (not /), e.g. --volume runs:/runs",
+            "digits, '-' and '.') and the absolute path to mount "
+            "it at in every pod (not /), e.g. --volume runs:/runs",
         )
     return Volume(claim, normal)
 
 
 def _out(value) -> str | None:
-    """`--out FILE`: a file path that can be written, its missing dirs made when it is (checked before any work)."""
+    """`--out FILE`: a file path that can be written, its missing dirs made when it is (checked before any
+    work)."""
     if value is None:
         return None
     if not value:
