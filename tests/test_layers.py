@@ -97,3 +97,26 @@ def test_every_name_in_the_tables_registers_itself_from_its_module():
 
     for registry in (MODELS, SOURCES, SINKS):
         assert [spec.name for spec in registry.all()] == registry.names()
+
+
+def test_a_model_whose_data_names_no_synthetic_family_is_refused_at_registration():
+    from meshrun.models.registry import ModelSpec, get_model, register_model
+
+    cnn = get_model("cnn")
+    typo = ModelSpec(
+        name="cnn", options=cnn.options, build=cnn.build, layouts=cnn.layouts, data="image", loss=None
+    )
+    with pytest.raises(ValueError) as refused:
+        register_model(typo)
+    assert str(refused.value) == (
+        "model 'cnn': data='image' is not a synthetic data family (meshrun.data.synthetic.FAMILIES); "
+        "valid: classes, id_pairs, images, padded_tokens, regression, shaped or tokens"
+    )
+    assert get_model("cnn") is cnn  # nothing registered
+
+
+def test_the_synthetic_families_models_may_name_are_the_ones_data_synthetic_generates():
+    from meshrun.data.synthetic import FAMILIES
+    from meshrun.specs.model import SYNTHETIC_FAMILIES
+
+    assert sorted(FAMILIES) == sorted(SYNTHETIC_FAMILIES)
