@@ -389,7 +389,8 @@ def prepare_overrides(overrides: list[str]) -> list[str]:
         if key.lstrip("+~") == "hydra.mode":
             raise ConfigError(
                 "hydra.mode",
-                f"got {value!r}; meshrun runs a multirun with -m (meshrun train -m KEY=A,B), one job without it",
+                f"got {value!r}; meshrun runs a multirun with -m "
+                "(meshrun train -m KEY=A,B), one job without it",
             )
         if key == "mesh":
             value = shapes_from_lists(value)
@@ -461,7 +462,8 @@ def jobs_need_own_processes(overrides: list[str]) -> bool:
     if len(counts) < 2:
         return False
     print(
-        f"meshrun: jobs need different device counts ({one_of(sorted(counts))}): running each job in its own process"
+        "meshrun: jobs need different device counts "
+        f"({one_of(sorted(counts))}): running each job in its own process"
     )
     return True
 
@@ -480,7 +482,8 @@ def sweep_overrides(overrides: list[str]) -> list[str]:
     given = [o.partition("=")[2] for o in kept if o.startswith("mesh=")]
     if given:
         print(
-            f"meshrun sweep: mesh={given[-1]} given: running that; leave mesh out to sweep every shape of the devices"
+            f"meshrun sweep: mesh={given[-1]} given: running that; "
+            "leave mesh out to sweep every shape of the devices"
         )
         return kept
     parser = OverridesParser.create()
@@ -531,8 +534,9 @@ def shapes_within_processes(
         (left if crossing else kept).append(shape)
     if left:
         print(
-            f"meshrun sweep: left out {', '.join(format_shape(s) for s in left)}: across {processes} processes they would "
-            "split variables over the slow network (an axis besides the batch axis spanning processes)"
+            f"meshrun sweep: left out {', '.join(format_shape(s) for s in left)}: across {processes} "
+            "processes they would split variables over the slow "
+            "network (an axis besides the batch axis spanning processes)"
         )
     return kept
 
@@ -544,14 +548,22 @@ def hydra_error_line(err: Exception, overrides: list[str]) -> str:
         path = err.missing_cfg_file.partition("/")[2]
         if path.endswith(YAML_SUFFIXES):
             head = err.missing_cfg_file.partition("/")[0]
-            return f"{head}: got {path!r}, which is not a file; give the path of a YAML file (such as `meshrun plan --save-layout` writes) or one of {one_of(sorted(err.options))}"
-        return f"{group}: unknown option {option!r}; {did_you_mean(option, err.options)}available: {one_of(sorted(err.options))}"
+            return (
+                f"{head}: got {path!r}, which is not a file; give the path of a YAML file (such "
+                f"as `meshrun plan --save-layout` writes) or one of {one_of(sorted(err.options))}"
+            )
+        return (
+            f"{group}: unknown option {option!r}; "
+            f"{did_you_mean(option, err.options)}available: {one_of(sorted(err.options))}"
+        )
     if isinstance(err, OverrideParseException):
         typed = as_typed(err.override, overrides)
         if typed.lstrip("+~").partition("=")[0] in ("layout.rules", "layout.extra_rules"):
             return (
-                f"malformed override {typed!r} ({first_line(err)}); in a rule's pattern on the command line, put a backslash "
-                r"before ( ) [ ] { } : = , and spaces, e.g. 'layout.rules={d\[12\]/kernel:[null,model],block_\(0|1\)/.*:[model]}'"
+                f"malformed override {typed!r} ({first_line(err)}); in "
+                "a rule's pattern on the command line, put a backslash "
+                r"before ( ) [ ] { } : = , and spaces, e.g. "
+                r"'layout.rules={d\[12\]/kernel:[null,model],block_\(0|1\)/.*:[model]}'"
             )
         return (
             f"malformed override {typed!r} ({first_line(err)}); write overrides as key=value, "

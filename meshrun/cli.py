@@ -134,7 +134,8 @@ FLAGS = {
 
 def parse(command: str, args: list[str], as_program: bool):
     """The invocation `meshrun COMMAND ARGS` asks for: its flags read and checked, and those Hydra
-    reads (-m, --cfg job, ...) put before the overrides (Hydra takes them only there; users put them anywhere)."""
+    reads (-m, --cfg job, ...) put before the overrides (Hydra takes them only there; users put them
+    anywhere)."""
     from meshrun.jobs import Invocation
 
     given, hydra_flags, overrides, role = read_flags(command, args)

@@ -52,7 +52,10 @@ Prints 'prompt' -> 'completion' for each prompt; --json prints a JSON list of {p
 """
 PROMPT, MAX_LENGTH, JSON = "--prompt", "--max-length", "--json"
 RUN_DIR_KEY = "RUN_DIR"
-NO_WEIGHTS_HINT = "train with checkpoint.export=true or checkpoint.every_epoch=true (a LoRA fine-tune of a model.preset keeps its adapters)"
+NO_WEIGHTS_HINT = (
+    "train with checkpoint.export=true or checkpoint.every_epoch=true "
+    "(a LoRA fine-tune of a model.preset keeps its adapters)"
+)
 
 
 @dataclass(frozen=True)
@@ -132,7 +135,8 @@ def _max_length(value: str) -> int:
     if length < 2:
         raise ConfigError(
             MAX_LENGTH,
-            f"got {value!r}; expected the tokens of prompt and completion together, a whole number of 2 or more",
+            f"got {value!r}; expected the tokens of prompt and "
+            "completion together, a whole number of 2 or more",
         )
     return length
 
@@ -192,13 +196,15 @@ def read_run(run_dir: Path) -> SavedRun:
     if not run_dir.is_dir():
         raise ConfigError(
             RUN_DIR_KEY,
-            f"got {str(run_dir)!r}, which is not a directory; give the run dir of a meshrun train run (outputs/DATE/TIME)",
+            f"got {str(run_dir)!r}, which is not a directory; give "
+            "the run dir of a meshrun train run (outputs/DATE/TIME)",
         )
     config_file = run_dir / rundir.HYDRA_DIR / "config.yaml"
     if not config_file.is_file():
         raise ConfigError(
             RUN_DIR_KEY,
-            f"got {str(run_dir)!r}, which holds no .hydra/config.yaml: not the run dir of a meshrun train run",
+            f"got {str(run_dir)!r}, which holds no .hydra/config.yaml: "
+            "not the run dir of a meshrun train run",
         )
     raw = _read_config(config_file)
     model = (raw.get("model") or {}).get("name")
@@ -259,7 +265,8 @@ def find_weights(run: SavedRun) -> Weights:
         return Weights(checkpoint=checkpoint_lib.ResumePoint(root, max(steps)))
     raise ConfigError(
         RUN_DIR_KEY,
-        f"{str(run.path)!r} has no saved weights (its metrics.json names none that are still there): {NO_WEIGHTS_HINT}",
+        f"{str(run.path)!r} has no saved weights (its metrics.json "
+        f"names none that are still there): {NO_WEIGHTS_HINT}",
     )
 
 

@@ -1,7 +1,7 @@
 """The jobs of one `meshrun` invocation: what each kind of job does (`train_job`, `plan_job`,
 `k8s_job`), which launcher runs a train job (`launcher_for`, the one place that chooses), and the
-invocation's end (`finish`). The Hydra app (meshrun.app) hands every job here as a plain `Job`; nothing here knows
-Hydra, and nothing imports jax before the job's devices are set. The invocation's state lives in
+invocation's end (`finish`). The Hydra app (meshrun.app) hands every job here as a plain `Job`; nothing here
+knows Hydra, and nothing imports jax before the job's devices are set. The invocation's state lives in
 meshrun.launch.invocation, who answers for a run dir in meshrun.launch.ownership, and the launchers in
 meshrun.launch.launchers.
 """
@@ -198,7 +198,8 @@ def plan_job(invocation: Invocation, job: Job) -> None:
         )  # for separate blocks: the same file serves a run with stages and one without
         save_layout(invocation.save_layout, rules, plan, job.overrides)
         print(
-            f"wrote {invocation.save_layout} ({len(rules)} rules); load it with layout={invocation.save_layout}",
+            f"wrote {invocation.save_layout} ({len(rules)} "
+            f"rules); load it with layout={invocation.save_layout}",
             file=sys.stderr if invocation.as_json else sys.stdout,
         )
 

@@ -109,7 +109,8 @@ def main(args: list[str]) -> int:
     except OSError as err:  # a full disk, a dir made read-only meanwhile
         raise ConfigError(
             OUT,
-            f"got {str(request.out)!r}, which could not be written ({err.strerror or err}); nothing was written",
+            f"got {str(request.out)!r}, which could not be "
+            f"written ({err.strerror or err}); nothing was written",
         ) from None
     print(summary(request, causal_lm, files, texts))
     return 0
@@ -170,8 +171,8 @@ def _shape(family: Family, values: dict[str, list[str]]) -> PresetShape:
     if family.rotary and shape.head_dim % 2:
         raise ConfigError(
             "--hidden",
-            f"got {shape.hidden_dim}, which makes each of {shape.num_query_heads} heads {shape.head_dim} wide; "
-            f"{family.name}'s rotary position embedding needs an even width: give a multiple of "
+            f"got {shape.hidden_dim}, which makes each of {shape.num_query_heads} heads {shape.head_dim} "
+            f"wide; {family.name}'s rotary position embedding needs an even width: give a multiple of "
             f"{2 * shape.num_query_heads}",
         )
     return shape
@@ -198,7 +199,8 @@ def _heads(family: Family, value: str) -> tuple[int, int]:
     if min(heads) < 1:
         raise ConfigError(
             HEADS,
-            f"got {value!r}; expected Q:KV, query and key/value heads, e.g. {HEADS} 8:2 (or {HEADS} 8: as many of each)",
+            f"got {value!r}; expected Q:KV, query and key/value "
+            f"heads, e.g. {HEADS} 8:2 (or {HEADS} 8: as many of each)",
         )
     if not family.grouped and heads[0] != heads[1]:
         raise ConfigError(
@@ -208,8 +210,8 @@ def _heads(family: Family, value: str) -> tuple[int, int]:
     if heads[0] % heads[1]:
         raise ConfigError(
             HEADS,
-            f"got {value!r}: {heads[1]} key/value heads do not divide {heads[0]} query heads (each key/value head "
-            f"serves an equal group of them); give e.g. {HEADS} {heads[0]}:1",
+            f"got {value!r}: {heads[1]} key/value heads do not divide {heads[0]} query heads (each key/value "
+            f"head serves an equal group of them); give e.g. {HEADS} {heads[0]}:1",
         )
     return heads
 
@@ -221,26 +223,29 @@ def check_out(out: Path, force: bool, files: tuple[Path, ...]) -> None:
     if reason:
         raise ConfigError(
             OUT,
-            f"got {str(out)!r}, which cannot be written ({reason}); give a dir where you can write, e.g. --out tiny_model",
+            f"got {str(out)!r}, which cannot be written ({reason}); "
+            "give a dir where you can write, e.g. --out tiny_model",
         )
     if not out.is_dir() or not any(out.iterdir()):
         return
     if not force:
         raise ConfigError(
             OUT,
-            f"got {str(out)!r}, which already holds files; give a new or empty dir, or {FORCE} to replace the preset there",
+            f"got {str(out)!r}, which already holds files; give a "
+            f"new or empty dir, or {FORCE} to replace the preset there",
         )
     if not (out / PRESET_CONFIG).is_file():
         raise ConfigError(
             OUT,
-            f"got {str(out)!r}, which holds files but no preset ({PRESET_CONFIG}); {FORCE} replaces only a preset: "
-            "give a new or empty dir",
+            f"got {str(out)!r}, which holds files but no preset ({PRESET_CONFIG}); {FORCE} replaces only a "
+            "preset: give a new or empty dir",
         )
     inside = [f for f in files if f.resolve().is_relative_to(out)]
     if inside:
         raise ConfigError(
             OUT,
-            f"got {str(out)!r}, which holds the {TEXT} file {str(inside[0])!r}: {FORCE} would delete it; give another dir",
+            f"got {str(out)!r}, which holds the {TEXT} file "
+            f"{str(inside[0])!r}: {FORCE} would delete it; give another dir",
         )
 
 
@@ -299,9 +304,10 @@ def summary(request: Request, causal_lm, files: tuple[Path, ...], texts: list[st
     )
     size = format_bytes(sum(len(text.encode()) for text in texts))
     return (
-        f"wrote {request.out}: a {family.name} preset, {family.task} of {causal_lm.backbone.count_params():,} parameters "
-        f"({_count(shape.num_layers, 'layer')}, hidden {shape.hidden_dim}, {heads}), a {family.tokenizer_kind} vocabulary of "
-        f"{shape.vocabulary_size} trained on {size} of text in {_count(len(files), 'file')}, sequence length "
+        f"wrote {request.out}: a {family.name} preset, {family.task} of "
+        f"{causal_lm.backbone.count_params():,} parameters ({_count(shape.num_layers, 'layer')}, hidden "
+        f"{shape.hidden_dim}, {heads}), a {family.tokenizer_kind} vocabulary of {shape.vocabulary_size} "
+        f"trained on {size} of text in {_count(len(files), 'file')}, sequence length "
         f"{shape.sequence_length}; RANDOM weights, for trying the workflow, not a pretrained model: "
         f"meshrun train model=keras_hub {shlex.quote(f'model.preset={request.out}')} data=text ..."
     )

@@ -12,10 +12,11 @@ usage: meshrun train  [OVERRIDE ...] [-m] [--cfg job]
        meshrun sweep  [OVERRIDE ...]
        meshrun report DIR [DIR ...] [--out DIR]
        meshrun generate RUN_DIR --prompt TEXT [--prompt TEXT ...] [--max-length N] [--json]
-       meshrun preset FAMILY --text PATH [--text PATH ...] --out DIR [--vocabulary N] [--layers N] [--hidden N]
-                      [--heads Q:KV] [--seq-len N] [--seed N] [--force]
-       meshrun k8s    [OVERRIDE ...] --image IMAGE --nodes N [--kind trainjob|indexed-job] [--volume CLAIM:PATH]
-                      [--name NAME] [--namespace NS] [--port PORT] [--out FILE] [--apply | --simulate]
+       meshrun preset FAMILY --text PATH [--text PATH ...] --out DIR [--vocabulary N] [--layers N]
+                      [--hidden N] [--heads Q:KV] [--seq-len N] [--seed N] [--force]
+       meshrun k8s    [OVERRIDE ...] --image IMAGE --nodes N [--kind trainjob|indexed-job]
+                      [--volume CLAIM:PATH] [--name NAME] [--namespace NS] [--port PORT] [--out FILE]
+                      [--apply | --simulate]
        meshrun COMMAND --help        # that command's flags, and the config groups it takes
        meshrun --version             # meshrun's version and those of jax, jaxlib, keras and keras-hub
 
@@ -34,10 +35,13 @@ Job), one pod per process; writes their YAML, submits them (--apply) or runs the
   meshrun train mesh=2x4 layout=dense_model        # a 2x4 (data, model) mesh, the seeds' rules
   meshrun train -m mesh=8x1,4x2,2x4,1x8 layout=dense_model
   meshrun sweep layout=dense_model                 # the same four shapes, found for you
-  meshrun sweep model=transformer layout=auto,transformer_tp devices.memory_gib=80   # meshes x layouts that fit
+  meshrun sweep model=transformer layout=auto,transformer_tp devices.memory_gib=80
+                                                   # meshes x layouts that fit
   meshrun report multirun/2026-11-21/10-00-00      # re-render a sweep's table and files
-  meshrun generate outputs/2026-11-25/10-00-00 --prompt 'Once upon a time'   # complete with a trained KerasHub LM
-  meshrun preset gemma --text 'data/*.jsonl' --out tiny_gemma   # a small Gemma to fine-tune: model.preset=tiny_gemma
+  meshrun generate outputs/2026-11-25/10-00-00 --prompt 'Once upon a time'
+                                                   # complete with a trained KerasHub LM
+  meshrun preset gemma --text 'data/*.jsonl' --out tiny_gemma
+                                                   # a small Gemma to fine-tune: model.preset=tiny_gemma
   meshrun train model=transformer mesh=2x4         # models: dense_model, cnn, transformer, two_tower
   meshrun train model=python model.factory=mymodels:build train.loss=mse         # your own Keras model
   meshrun train model=keras_hub model.task=LlamaCausalLM 'model.backbone={...}' layout=from_model
@@ -136,15 +140,18 @@ Prints the objects as YAML; a bad flag or config is one line, exit 2, nothing wr
                        without it, the run and its checkpoints die with the pods (a warning says so)
   --name NAME          the job's name (default meshrun-DATE-TIME)
   --namespace NS       its namespace (default: the kubeconfig context's)
-  --port PORT          process 0's coordinator port (indexed-job, and trainjob under --simulate; default 55527)
+  --port PORT          process 0's coordinator port (indexed-job, and trainjob under --simulate;
+                       default 55527)
   --out FILE           write the YAML to FILE instead of printing it
   --apply              create the objects in the current kubeconfig context's cluster (pip install
                        'meshrun[k8s]') and print the kubectl commands that follow the job
   --simulate           run the pods here, as local processes with their pod spec's command and env
-                       (service names -> 127.0.0.1, the volume -> ./k8s-volumes/CLAIM); exits with the job's status
+                       (service names -> 127.0.0.1, the volume -> ./k8s-volumes/CLAIM); exits with the
+                       job's status
 
   meshrun k8s model=transformer mesh=2x8 --image reg/meshrun:0.1 --nodes 2 --volume runs:/runs --out job.yaml
-  meshrun k8s devices.platform=cpu mesh=2x4 layout=dense_model --image reg/meshrun:0.1 --nodes 2 --kind indexed-job --simulate
+  meshrun k8s devices.platform=cpu mesh=2x4 layout=dense_model --image reg/meshrun:0.1 --nodes 2 \\
+    --kind indexed-job --simulate
 """,
 }
 

@@ -50,7 +50,8 @@ def load_callable(key: str, reference: str) -> Callable:
         names = [n for n in dir(module) if not n.startswith("_") and callable(getattr(module, n))]
         raise ConfigError(
             key,
-            f"got {reference!r}: module {module_name!r} has no function {attribute!r} ({getattr(module, '__file__', None) or 'a namespace'}); "
+            f"got {reference!r}: module {module_name!r} has no function "
+            f"{attribute!r} ({getattr(module, '__file__', None) or 'a namespace'}); "
             + did_you_mean(attribute, names)
             + f"it has: {one_of(sorted(names)[:12])}",
         )
@@ -133,6 +134,6 @@ def _working_dir_importable() -> None:
 def _where_searched() -> str:
     others = [p for p in sys.path if p and p != os.getcwd()]
     return (
-        f"in the working dir {os.getcwd()} or on the Python path ({len(others)} more dirs); put it in the working dir "
-        "or add its folder to PYTHONPATH"
+        f"in the working dir {os.getcwd()} or on the Python path ({len(others)} more dirs); put it in the "
+        "working dir or add its folder to PYTHONPATH"
     )

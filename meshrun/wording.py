@@ -81,7 +81,10 @@ def not_a_flag(flag: str, command: str, flags: Iterable[str], taken_by: Iterable
     others = list(taken_by)
     where = f" (it is one of meshrun {one_of(others)})" if others else ""
     suggestion = f"did you mean {hint[0]}? " if hint and not others else ""
-    return f"not a flag of meshrun {command}{where}; {suggestion}valid: {one_of(flags)} (see meshrun {command} --help)"
+    return (
+        f"not a flag of meshrun {command}{where}; {suggestion}valid: "
+        f"{one_of(flags)} (see meshrun {command} --help)"
+    )
 
 
 def first_line(err: BaseException, limit: int | None = None) -> str:

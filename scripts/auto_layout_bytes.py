@@ -79,7 +79,8 @@ def main() -> None:
         )
 
     table = Table(
-        title=f"transformer {args.preset}: parameters + optimizer state per device, layout=auto vs hand-written"
+        title=f"transformer {args.preset}: parameters + optimizer "
+        "state per device, layout=auto vs hand-written"
     )
     for column in ("mesh", "auto", "bytes", "hand-written", "bytes", "auto / hand", "auto rules"):
         table.add_column(column, justify="left" if column in ("mesh", "auto", "hand-written") else "right")

@@ -68,7 +68,8 @@ def main() -> None:
                     }
                 )
                 print(
-                    f"repeat {repeat + 1}, {name}: step {runs[name][-1]['step_ms']:.2f} ms, checkpoints {timing['checkpoint_s']:.3f} s"
+                    f"repeat {repeat + 1}, {name}: step {runs[name][-1]['step_ms']:.2f} "
+                    f"ms, checkpoints {timing['checkpoint_s']:.3f} s"
                 )
     results = {"epochs": args.epochs, "num_samples": args.num_samples, "mesh": args.mesh, "runs": runs}
     base = statistics.median(r["step_ms"] for r in runs["no checkpoints"])
@@ -107,7 +108,8 @@ def show(results: dict) -> None:
     console.print(table)
     ratio = results["step_ratio"]["every epoch, async"]
     console.print(
-        f"step time with async checkpoints every epoch / without: {ratio:.3f} (target <= 1.05: {'PASS' if ratio <= 1.05 else 'FAIL'})"
+        "step time with async checkpoints every epoch / without: "
+        f"{ratio:.3f} (target <= 1.05: {'PASS' if ratio <= 1.05 else 'FAIL'})"
     )
 
 

@@ -133,8 +133,9 @@ def throughput(args, work: Path) -> dict:
                 )
                 runs[source].append(run)
                 print(
-                    f"mesh {shape}, {source} run {repeat + 1}/{args.repeats}: {run['samples_per_s']:,.0f} samples/s "
-                    f"(step {run['step_time_s'] * 1e3:.2f} ms over {run['steady_steps']} steps), wall {run['wall_s']:.1f} s"
+                    f"mesh {shape}, {source} run {repeat + 1}/{args.repeats}: {run['samples_per_s']:,.0f} "
+                    f"samples/s (step {run['step_time_s'] * 1e3:.2f} ms over "
+                    f"{run['steady_steps']} steps), wall {run['wall_s']:.1f} s"
                 )
         arrays = statistics.median(r["samples_per_s"] for r in runs["arrays"])
         synthetic = statistics.median(r["samples_per_s"] for r in runs["synthetic"])

@@ -130,7 +130,8 @@ NOTES, PAGE = [], os.sysconf('SC_PAGE_SIZE')
 def note(timer):
     with open('/proc/self/statm') as statm:
         resident = int(statm.read().split()[1]) * PAGE
-    NOTES.append((time.perf_counter(), timer._epoch, resource.getrusage(resource.RUSAGE_SELF).ru_minflt, resident))
+    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    NOTES.append((time.perf_counter(), timer._epoch, faults, resident))
 
 class Hook(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     def find_spec(self, name, path, target=None):
@@ -244,8 +245,8 @@ def main():
                     results[job][label].append(figures)
                     failed |= not figures["ok"]
                     said = (
-                        f"{figures['step_ms']:.2f} ms/step, {figures['faults_median']:.0f} faults/step median, "
-                        f"{figures['faults_mean']:.0f} mean"
+                        f"{figures['step_ms']:.2f} ms/step, {figures['faults_median']:.0f} faults/step "
+                        f"median, {figures['faults_mean']:.0f} mean"
                         if figures["ok"]
                         else f"FAILED: {figures['error'][-300:]}"
                     )
@@ -260,7 +261,8 @@ def main():
 
 def report(results: dict) -> None:
     table = Table(
-        title=f"page faults, step time and memory per job (medians of repeats; steps after the first {WARMUP_STEPS})"
+        title="page faults, step time and memory per job (medians "
+        f"of repeats; steps after the first {WARMUP_STEPS})"
     )
     for column in (
         "job",

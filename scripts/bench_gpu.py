@@ -28,11 +28,11 @@ gaps after the first step left out; a run gives a median and a p90, and a varian
 those over the repeats. Ratios (meshrun/keras, meshrun/jax) are taken within each repeat and
 their median reported, so slow drift between repeats cancels. Compile time is the first step
 less a steady step, in the variant's first run: each variant has a compilation cache of its own,
-from which its later repeats load the step (--no-cache: every run compiles). MFU is computed two ways, with XLA's cost analysis of the step and with the
-analytic 6·N·tokens + attention (12·layers·d_model·seq_len per token, PaLM's appendix B), each over
-the device's dense bf16 peak from meshrun's hardware table (n/a where it has none, CPUs among
-them). Memory: the live peak the device reports (`memory_stats()`, n/a on CPU) against the plan's
-parameters + optimizer state and XLA's compiled estimate of the step.
+from which its later repeats load the step (--no-cache: every run compiles). MFU is computed two ways, with
+XLA's cost analysis of the step and with the analytic 6·N·tokens + attention (12·layers·d_model·seq_len per
+token, PaLM's appendix B), each over the device's dense bf16 peak from meshrun's hardware table (n/a where it
+has none, CPUs among them). Memory: the live peak the device reports (`memory_stats()`, n/a on CPU) against
+the plan's parameters + optimizer state and XLA's compiled estimate of the step.
 
 A run that runs out of device memory is retried with half the batch (every variant of that model
 then uses it). It is a measurement: it exits 0 whatever the figures, 1 when a run failed (the
@@ -140,8 +140,8 @@ def main():
     models, skipped = choose_models(args, scale)
     precision = args.precision or default_precision(environment)
     print(
-        f"{environment['device_count']} x {environment['device_kind']} ({environment['platform']}), {scale} set, "
-        f"precision {precision}, {args.repeats} repeat(s)",
+        f"{environment['device_count']} x {environment['device_kind']} ({environment['platform']}), {scale} "
+        f"set, precision {precision}, {args.repeats} repeat(s)",
         flush=True,
     )
     workdir = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="bench_gpu-"))
@@ -223,7 +223,8 @@ def parse_args():
         "--cpu-devices",
         type=int,
         default=1,
-        help="without accelerators: how many CPU devices to emulate (more than 1 runs the data-parallel paths)",
+        help="without accelerators: how many CPU devices to "
+        "emulate (more than 1 runs the data-parallel paths)",
     )
     parser.add_argument(
         "--peak-flops",
@@ -234,7 +235,8 @@ def parse_args():
     parser.add_argument(
         "--no-cache",
         action="store_true",
-        help="compile in every run (default: each variant's later repeats load its first run's compiled steps)",
+        help="compile in every run (default: each variant's "
+        "later repeats load its first run's compiled steps)",
     )
     parser.add_argument(
         "--profile", action="store_true", help="also one untimed meshrun run per model with a profiler trace"
@@ -280,7 +282,8 @@ def choose_models(args, scale: str) -> tuple[list[Model], dict]:
         )
         if model.steps < args.warmup + 4:
             sys.exit(
-                f"--steps {model.steps} leaves too few steady steps after --warmup {args.warmup}; use at least {args.warmup + 4}"
+                f"--steps {model.steps} leaves too few steady steps after "
+                f"--warmup {args.warmup}; use at least {args.warmup + 4}"
             )
         models.append(model)
     return models, skipped
@@ -355,8 +358,8 @@ def measure_model(model: Model, environment: dict, precision: str, args, workdir
             )
             runs[variant].append(run)
             print(
-                f"{model.name} {variant} repeat {repeat + 1}/{args.repeats}: step {_ms(run['step_s'])} median, "
-                f"{_ms(run['step_p90_s'])} p90, first step {run['first_step_s']:.2f} s",
+                f"{model.name} {variant} repeat {repeat + 1}/{args.repeats}: step {_ms(run['step_s'])} "
+                f"median, {_ms(run['step_p90_s'])} p90, first step {run['first_step_s']:.2f} s",
                 flush=True,
             )
     profile = None
@@ -508,7 +511,8 @@ def worker_run(spec: dict, cpu_devices: int | None = None, cache: Path | None = 
         if done.returncode != 0:
             _raise_if_out_of_memory(done.stderr)
             raise RunFailed(
-                f"worker {spec['role']} {spec.get('model', {}).get('name', '')} failed (exit {done.returncode})",
+                f"worker {spec['role']} {spec.get('model', {}).get('name', '')} "
+                f"failed (exit {done.returncode})",
                 done.stderr,
             )
         return {**json.loads(out.read_text()), "process_wall_s": wall}
@@ -795,7 +799,8 @@ def speed_table(report: dict):
     from rich.table import Table
 
     table = Table(
-        title=f"step time per variant ({report['settings']['repeats']} repeat(s); ratios: median of per-repeat ratios)"
+        title=f"step time per variant ({report['settings']['repeats']} "
+        "repeat(s); ratios: median of per-repeat ratios)"
     )
     for column in (
         "model",
@@ -843,7 +848,8 @@ def memory_table(report: dict):
     from rich.table import Table
 
     table = Table(
-        title="memory per device: meshrun's plan (parameters + optimizer state), XLA's compiled estimate, live peaks"
+        title="memory per device: meshrun's plan (parameters + "
+        "optimizer state), XLA's compiled estimate, live peaks"
     )
     for column in (
         "model",

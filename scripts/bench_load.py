@@ -136,13 +136,15 @@ def staged_loads(args) -> None:
                 }
             )
     print(
-        f"Gemma preset of {args.blocks} blocks, hidden {hidden}, about {args.size_gb:g} GB; layout gemma_tp on 8 emulated CPU devices"
+        f"Gemma preset of {args.blocks} blocks, hidden {hidden}, about "
+        f"{args.size_gb:g} GB; layout gemma_tp on 8 emulated CPU devices"
     )
     print(f"{'stages':>6}{'load peak':>14}{'params':>12}{'peak/params':>13}{'process RSS':>14}")
     for row in rows:
         peak, params = row["load_peak_bytes_per_device"], row["params_bytes_per_device"]
         print(
-            f"{row['stages']:>6}{peak / 2**20:>10,.1f} MiB{params / 2**20:>8,.1f} MiB{peak / params:>12.2f}x{row['peak_rss_bytes'] / 2**20:>10,.0f} MiB"
+            f"{row['stages']:>6}{peak / 2**20:>10,.1f} MiB{params / 2**20:>8,.1f} "
+            f"MiB{peak / params:>12.2f}x{row['peak_rss_bytes'] / 2**20:>10,.0f} MiB"
         )
     if args.out:
         args.out.write_text(
@@ -171,7 +173,10 @@ def layers_for(size_gb: float) -> int:
 
 
 def preset_shape(size_gb: float) -> str:
-    return f"Gemma, {layers_for(size_gb)} blocks, hidden {HIDDEN}, {HEADS} heads of {HEAD_DIM}, MLP {INTERMEDIATE // 2}, vocabulary {VOCABULARY}"
+    return (
+        f"Gemma, {layers_for(size_gb)} blocks, hidden {HIDDEN}, {HEADS} heads "
+        f"of {HEAD_DIM}, MLP {INTERMEDIATE // 2}, vocabulary {VOCABULARY}"
+    )
 
 
 def build_preset(path: Path, size_gb: float, layers: int | None = None, hidden: int = HIDDEN) -> Path:
@@ -181,8 +186,10 @@ def build_preset(path: Path, size_gb: float, layers: int | None = None, hidden: 
     code = (
         "import sys, keras_hub\n"
         f"backbone = keras_hub.models.GemmaBackbone(vocabulary_size={VOCABULARY}, num_layers={layers}, "
-        f"num_query_heads={HEADS}, num_key_value_heads={HEADS}, hidden_dim={hidden}, intermediate_dim={4 * hidden}, head_dim={hidden // HEADS})\n"
-        "keras_hub.models.GemmaCausalLM(backbone=backbone, preprocessor=None).save_to_preset(sys.argv[1])\n"
+        f"num_query_heads={HEADS}, num_key_value_heads={HEADS}, hidden_dim={hidden}, "
+        f"intermediate_dim={4 * hidden}, "
+        f"head_dim={hidden // HEADS})\nkeras_hub.models.GemmaCausalLM(backbone=backbone, "
+        "preprocessor=None).save_to_preset(sys.argv[1])\n"
     )
     started = time.perf_counter()
     subprocess.run(
@@ -265,10 +272,12 @@ def load(preset: Path, mesh: str, loader: str) -> dict:
 def report(results: dict) -> None:
     weights = results["weights_bytes"]
     print(
-        f"preset: {results['preset']}; weights {weights / 2**20:,.0f} MiB; mesh {results['mesh']} (data, model), layout gemma_tp"
+        f"preset: {results['preset']}; weights {weights / 2**20:,.0f} "
+        f"MiB; mesh {results['mesh']} (data, model), layout gemma_tp"
     )
     print(
-        f"{'loader':<9}{'device peak':>14}{'planned':>11}{'peak/planned':>14}{'host peak':>12}{'host/preset':>13}{'load s':>8}"
+        f"{'loader':<9}{'device peak':>14}{'planned':>11}{'peak/planned':>14}"
+        f"{'host peak':>12}{'host/preset':>13}{'load s':>8}"
     )
     for loader, found in results["loaders"].items():
         device, planned, host = (

@@ -144,7 +144,8 @@ def main() -> None:
                         }
                     )
                     print(
-                        f"repeat {repeat + 1}, {mesh}, interleaved {name}: on {on * 1e3:.3f} ms, off {off * 1e3:.3f} ms, ratio {on / off:.4f}",
+                        f"repeat {repeat + 1}, {mesh}, interleaved {name}: on "
+                        f"{on * 1e3:.3f} ms, off {off * 1e3:.3f} ms, ratio {on / off:.4f}",
                         flush=True,
                     )
             names = list(VARIANTS)
@@ -293,7 +294,8 @@ def show(results: dict) -> None:
             else "no target"
         )
         console.print(
-            f"{mesh}, {name}: step time with logging and progress / without (interleaved): {ratio:.4f} ({verdict})"
+            f"{mesh}, {name}: step time with logging and progress "
+            f"/ without (interleaved): {ratio:.4f} ({verdict})"
         )
 
 

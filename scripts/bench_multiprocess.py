@@ -80,7 +80,8 @@ def main() -> None:
             )
             rows.append(row)
             print(
-                f"mesh {shape}: step {row['one']['step_ms']:.2f} ms -> {row['two']['step_ms']:.2f} ms with 2 processes"
+                f"mesh {shape}: step {row['one']['step_ms']:.2f} ms "
+                f"-> {row['two']['step_ms']:.2f} ms with 2 processes"
             )
         kill_s = None if args.no_kill else time_to_stop_after_a_kill(Path(work))
     results = {
@@ -129,14 +130,18 @@ def time_to_stop_after_a_kill(work: Path) -> float:
     _, stderr = launcher.communicate(timeout=120)
     seconds = time.monotonic() - killed_at
     print(
-        f"after SIGKILL of process 1: exit {launcher.returncode} in {seconds:.2f} s; {stderr.strip().splitlines()[-1]}"
+        f"after SIGKILL of process 1: exit {launcher.returncode} "
+        f"in {seconds:.2f} s; {stderr.strip().splitlines()[-1]}"
     )
     return seconds
 
 
 def show(results: dict) -> None:
     console = Console(width=max(Console().width, 110))
-    title = f"one process vs 2 local processes ({' '.join(results['overrides'])}, {results['epochs']} epochs, 8 CPU devices)"
+    title = (
+        f"one process vs 2 local processes ({' '.join(results['overrides'])}, "
+        f"{results['epochs']} epochs, 8 CPU devices)"
+    )
     table = Table(
         title=escape(title)
     )  # overrides such as 'mesh.axis_names=[stage,data]' are not rich's markup
@@ -164,7 +169,8 @@ def show(results: dict) -> None:
         return
     verdict = "PASS" if results["stop_after_kill_s"] < 60 else "FAIL"
     console.print(
-        f"job stopped {results['stop_after_kill_s']:.2f} s after SIGKILL of process 1 (target < 60 s: {verdict})"
+        f"job stopped {results['stop_after_kill_s']:.2f} s "
+        f"after SIGKILL of process 1 (target < 60 s: {verdict})"
     )
 
 

@@ -18,7 +18,8 @@ bubble; on a GPU (one device per stage) it is the measured bubble.
 
     python scripts/bench_pipeline.py --stages 1 2 4 --microbatches 1 2 4 8 16 --out bench_pipeline.json
     python scripts/bench_pipeline.py --remat --out bench_pipeline_remat.json
-    python scripts/bench_pipeline.py --pipeline-repeats 2 --stages 2 4 --microbatches 4 8 16   # the circular schedule
+    # the circular schedule:
+    python scripts/bench_pipeline.py --pipeline-repeats 2 --stages 2 4 --microbatches 4 8 16
 """
 
 from __future__ import annotations

@@ -219,9 +219,9 @@ def main(argv=None) -> int:
         met = target["wall_max_s"] < WALL_TARGET_S and target["peak_rss_max_bytes"] < RSS_TARGET_BYTES
         within = within and met
         console.print(
-            f"{model} on {mesh} ({layout}): max wall {target['wall_max_s']:.2f} s (target < {WALL_TARGET_S:.0f} s), "
-            f"max peak RSS {target['peak_rss_max_bytes'] / (1 << 20):.0f} MiB (target < 2048 MiB): "
-            f"{'within' if met else 'OUTSIDE'} the bound",
+            f"{model} on {mesh} ({layout}): max wall {target['wall_max_s']:.2f} s (target < "
+            f"{WALL_TARGET_S:.0f} s), max peak RSS {target['peak_rss_max_bytes'] / (1 << 20):.0f} MiB "
+            f"(target < 2048 MiB): {'within' if met else 'OUTSIDE'} the bound",
             highlight=False,
         )
     report = {

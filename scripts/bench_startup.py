@@ -46,7 +46,8 @@ error_rule and error_data <= 2 s; step time and the sweep within noise of before
     python scripts/bench_startup.py                            # this checkout, 5 repeats
     git worktree add /tmp/meshrun-before <commit> && ln -s ../configs /tmp/meshrun-before/meshrun/configs
     python scripts/bench_startup.py --before /tmp/meshrun-before --sweep --out bench_startup.json
-    python scripts/bench_startup.py --hub --without-tensorflow --before /tmp/meshrun-before --jobs hub_synthetic hub_text hub_preset_tok
+    python scripts/bench_startup.py --hub --without-tensorflow --before /tmp/meshrun-before \
+        --jobs hub_synthetic hub_text hub_preset_tok
 
 (`--before` runs that checkout's code with this interpreter through PYTHONPATH; the link makes its
 own configs the ones found.) It is a measurement: it exits 0 whatever the numbers, 1 only when a job
@@ -120,7 +121,8 @@ HUB_JOBS = {
 }
 JOBS.update(HUB_JOBS)
 NEEDS_TENSORFLOW = {"hub_preset_tok"}  # its tokenizer check, made by the warm-up run, needs TensorFlow
-HUB_GAP_S = 1.5  # issue 50: a hub job's time to first step, with TensorFlow installed, within this of the install without it
+# issue 50: a hub job's time to first step, with TensorFlow installed, within this of the install without it
+HUB_GAP_S = 1.5
 TRAINING_JOBS = {"train_mlp", *HUB_JOBS} - {"plan_hub_7b"}
 NO_TENSORFLOW = "no TF"
 

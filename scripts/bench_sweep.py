@@ -73,7 +73,8 @@ def main() -> None:
                 walls.append(single.wall_s)
             separates.append(sum(walls))
         print(
-            f"repeat {repeat + 1}/{args.repeats}: sweep {sweeps[-1]:.1f} s, separate runs {separates[-1]:.1f} s"
+            f"repeat {repeat + 1}/{args.repeats}: sweep "
+            f"{sweeps[-1]:.1f} s, separate runs {separates[-1]:.1f} s"
         )
 
     cache_runs = []
@@ -132,7 +133,8 @@ def show(results: dict) -> None:
     for run in results["cache"]:
         table.add_row(
             f"mesh 2x4, {run['run']}",
-            f"compile {run['compile_s']:.2f} s, first step at {run['time_to_first_step_s']:.2f} s, wall {run['wall_s']:.1f} s",
+            f"compile {run['compile_s']:.2f} s, first step at "
+            f"{run['time_to_first_step_s']:.2f} s, wall {run['wall_s']:.1f} s",
         )
     console.print(table)
 

@@ -93,7 +93,8 @@ def main() -> None:
     results = {name: summarise(runs) for name, runs in samples.items()}
 
     table = Table(
-        title=f"meshrun train: outside wall vs reported wall, median of {options.repeats} (target: gap <= {TARGET_S} s)"
+        title="meshrun train: outside wall vs reported wall, median "
+        f"of {options.repeats} (target: gap <= {TARGET_S} s)"
     )
     for column in (
         "job",

@@ -18,8 +18,8 @@ The two alternate in one process chunk by chunk (A B B A A B ..., so load from o
 falls on both alike), --repeats passes over the corpus each; medians are reported as MB/s and
 tokens/s, the cores each kept busy (CPU time over wall time), and meshrun's wall time and CPU
 time over the library's (target: at most 1.5; on a machine others share, the CPU-time ratio is
-the steadier). Both use every core this process may run on (CORES). Then meshrun alone over chunk sizes of --sweep-mb MB
-(--sweep-repeats passes each), to show which chunk size data=text should pass.
+the steadier). Both use every core this process may run on (CORES). Then meshrun alone over chunk sizes of
+--sweep-mb MB (--sweep-repeats passes each), to show which chunk size data=text should pass.
 
     python scripts/bench_tokenize.py                                  # 50 MB, about 6 minutes on 2 cores
     python scripts/bench_tokenize.py --size-mb 100 --repeats 5 --out bench_tokenize.json
@@ -63,8 +63,9 @@ def main() -> None:
     size = sum(len(doc.encode("utf-8")) for doc in documents)
     console = Console(width=170)
     console.print(
-        f"corpus: {size / MB:.1f} MB, {len(documents):,} documents (median {statistics.median(map(len, documents)):.0f} "
-        f"characters); {available_cores()} cores; chunks of {args.chunk_mb} MB"
+        f"corpus: {size / MB:.1f} MB, {len(documents):,} documents (median "
+        f"{statistics.median(map(len, documents)):.0f} characters); "
+        f"{available_cores()} cores; chunks of {args.chunk_mb} MB"
     )
     with tempfile.TemporaryDirectory(prefix="bench-tokenize-") as tmp:
         text = presets.corpus_text()
@@ -270,7 +271,8 @@ def report(console: Console, results: dict, sweeps: dict, args) -> None:
     console.print(
         "data=text's whole pass on a cache miss (read, encode, pack, write): "
         + ", ".join(
-            f"{kind} {r['data_text_mb_per_s']:.2f} MB/s, {r['data_text_ratio']:.2f}x the library's encode time"
+            f"{kind} {r['data_text_mb_per_s']:.2f} MB/s, "
+            f"{r['data_text_ratio']:.2f}x the library's encode time"
             for kind, r in results.items()
         )
     )

@@ -15,8 +15,8 @@ logs fetched in the loop: see SyncLogs in the hand-written script); on a 2-core 
 is far steadier than the wall difference, which swings by seconds from run to run. Targets:
 meshrun/handwritten step time <= 1.05, time-to-first-step difference <= 1.5 s, meshrun's reported
 step time within 10% of the external one (NOISY: a median wall at E2 came out no longer than at
-E1, so noise swamped the extra epochs; add repeats or epochs). It is a measurement: it exits 0 whatever the verdicts,
-and 1 only when a subprocess fails.
+E1, so noise swamped the extra epochs; add repeats or epochs). It is a measurement: it exits 0 whatever the
+verdicts, and 1 only when a subprocess fails.
 """
 
 import argparse
@@ -226,8 +226,8 @@ def honesty_only(args, meshes, workdir):
                 walls[epochs].append(r["wall_s"])
                 reported.append(r["reported_step_s"])
                 print(
-                    f"repeat {repeat + 1}/{args.repeats} mesh {mesh} epochs {epochs}: wall {r['wall_s']:.2f} s, "
-                    f"reported step {r['reported_step_s'] * 1e3:.3f} ms",
+                    f"repeat {repeat + 1}/{args.repeats} mesh {mesh} epochs {epochs}: wall {r['wall_s']:.2f} "
+                    f"s, reported step {r['reported_step_s'] * 1e3:.3f} ms",
                     flush=True,
                 )
         # The fastest wall of each length is the least disturbed one: on a small shared machine a

@@ -154,7 +154,8 @@ def time_commands(pythons: dict[str, str], repeats: int) -> dict:
                     walls[label][command].append(time.perf_counter() - started)
                     if done.returncode != 0:
                         raise SystemExit(
-                            f"{label}: meshrun {' '.join(args)} exited {done.returncode}: {done.stderr[-500:]}"
+                            f"{label}: meshrun {' '.join(args)} exited "
+                            f"{done.returncode}: {done.stderr[-500:]}"
                         )
     return {
         label: {command: round(statistics.median(times), 3) for command, times in by.items()}

@@ -101,9 +101,10 @@ def test_attention_keeps_its_heads_whole_and_says_when_the_model_axis_does_not_d
         assert layout.warnings == ()
         return
     assert layout.warnings == (
-        "layout=auto keeps attention heads whole: block_0/attention/query/kernel (512x2x256) and 8 more attention variables "
-        "have 2 heads, which mesh axis 'model' (size 4) does not divide: kept replicated over 'model' rather than split "
-        "along head_dim; a 'model' axis whose size divides the heads shards them",
+        "layout=auto keeps attention heads whole: block_0/attention/query/kernel (512x2x256) and 8 more "
+        "attention variables have 2 heads, which mesh axis 'model' (size 4) does not divide: kept replicated "
+        "over 'model' rather than split along head_dim; a "
+        "'model' axis whose size divides the heads shards them",
     )
 
 
@@ -324,8 +325,8 @@ def test_auto_on_the_zoo_transformer_is_within_15_percent_of_the_hand_written_la
     # The keys of auto are keys of every layout (a sweep over layouts sets them); others say they ignore them.
     hand = next(j for j in jobs if key(j) == ("1x8", "transformer_tp", True))
     assert (
-        "layout.fsdp=true and layout.min_bytes=1.00 KiB only steer layout=auto; this layout's rules are used as written"
-        in hand["warnings"]
+        "layout.fsdp=true and layout.min_bytes=1.00 KiB only "
+        "steer layout=auto; this layout's rules are used as written" in hand["warnings"]
     )
     auto_1x8 = next(j for j in jobs if key(j) == ("1x8", "auto", False))
     rules = {v["rule"] for v in auto_1x8["variables"] if v.get("origin") == "auto"}

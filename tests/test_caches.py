@@ -39,13 +39,15 @@ def test_a_dir_its_group_can_write_is_refused_unless_shared_then_a_warning(tmp_p
     with pytest.raises(ConfigError) as caught:
         private_dir(group, "cache.dir", shared=False, what=XLA)
     assert str(caught.value) == (
-        f"cache.dir: got {group}, which its group can write to (mode 0770); meshrun loads XLA's compiled code from it only when "
-        f"no one but its owner can write to it: chmod g-w {group}, or cache.shared=true if you trust that group"
+        f"cache.dir: got {group}, which its group can write to (mode 0770); meshrun loads XLA's compiled "
+        "code from it only when no one but its owner can write to it: "
+        f"chmod g-w {group}, or cache.shared=true if you trust that group"
     )
     with caplog.at_level(logging.WARNING, logger="meshrun"):
         assert private_dir(group, "cache.dir", shared=True, what=XLA) == group
     assert [r.getMessage() for r in caplog.records] == [
-        f"cache.dir: {group} is writable by its group (mode 0770); using it since cache.shared=true trusts that group"
+        f"cache.dir: {group} is writable by its group (mode "
+        "0770); using it since cache.shared=true trusts that group"
     ]
 
 
@@ -55,8 +57,9 @@ def test_a_dir_everyone_can_write_is_always_refused(tmp_path, shared):
     with pytest.raises(ConfigError) as caught:
         private_dir(everyone, "data.cache_dir", shared=shared, what="the tokens a run trains on")
     assert str(caught.value) == (
-        f"data.cache_dir: got {everyone}, which everyone can write to (mode 0777); meshrun loads the tokens a run trains on from it "
-        f"only when no one but its owner can write to it: chmod o-w,g-w {everyone} (cache.shared=true trusts a group, never everyone)"
+        f"data.cache_dir: got {everyone}, which everyone can write to (mode 0777); meshrun loads the tokens "
+        "a run trains on from it only when no one but its owner can write to it: "
+        f"chmod o-w,g-w {everyone} (cache.shared=true trusts a group, never everyone)"
     )
 
 
@@ -82,8 +85,8 @@ def test_a_run_refuses_a_compilation_cache_others_can_write_and_takes_a_shared_o
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert (
-        f"cache.dir: {group} is writable by its group (mode 0770); using it since cache.shared=true trusts that group"
-        in done.stdout + done.stderr
+        f"cache.dir: {group} is writable by its group (mode "
+        "0770); using it since cache.shared=true trusts that group" in done.stdout + done.stderr
     )
     assert any(group.iterdir())  # the compiled programs went there
 

@@ -183,7 +183,10 @@ def test_a_checkpoint_from_2x4_resumes_on_other_meshes_and_layouts(tmp_path_fact
 @pytest.mark.integration
 def test_the_exported_model_loads_in_plain_keras_without_meshrun(tmp_path):
     train_in_process(config(epochs=1, checkpoint={"export": True}), tmp_path)
-    script = "import keras; m = keras.saving.load_model('model.keras'); print(m.count_params(), [l.name for l in m.layers][-1])"
+    script = (
+        "import keras; m = keras.saving.load_model('model.keras'); "
+        "print(m.count_params(), [l.name for l in m.layers][-1])"
+    )
     env = {k: v for k, v in os.environ.items() if not k.startswith(("JAX_NUM", "XLA"))} | {
         "KERAS_BACKEND": "jax"
     }
@@ -301,13 +304,15 @@ def test_bad_resume_and_checkpoint_dirs_are_one_line_errors(in_tmp, capfd):
     cases = {
         f"resume={in_tmp / 'nowhere'}": "resume: got '{}', which does not exist".format(in_tmp / "nowhere"),
         f"resume={not_a_checkpoint.parent}": "which holds no complete checkpoint",
-        f"resume={source} model.hidden=100 train.epochs=2": "d1/kernel is 784x200 there but 784x100 here; it was written by "
-        "model=dense_model with other options (model.hidden=200 there, 100 here)",
+        f"resume={source} model.hidden=100 train.epochs=2": "d1/kernel is 784x200 there but 784x100 here; it "
+        "was written by model=dense_model with other options (model.hidden=200 there, 100 here)",
         # another model: named before the progress, which would read as 'at the end of training'
-        f"checkpoint.dir={source} model=cnn train.epochs=1": f"resume: checkpoint {source}/8 was written by model=dense_model, "
-        "and this run builds model=cnn; resume it with model=dense_model",
+        f"checkpoint.dir={source} model=cnn train.epochs=1": f"resume: checkpoint {source}/8 was written by "
+        "model=dense_model, and this run builds model=cnn; resume it with model=dense_model",
         f"resume={source}/8 train.epochs=1": "is at the end of training (epoch 1 of 1)",
-        f"checkpoint.every_epoch=true checkpoint.dir={in_tmp.parent / (in_tmp.name + '-file')}/checkpoints": "checkpoint.dir: got ",
+        f"checkpoint.every_epoch=true checkpoint.dir={in_tmp.parent / (in_tmp.name + '-file')}/checkpoints": (
+            "checkpoint.dir: got "
+        ),
     }
     for overrides, words in cases.items():
         line = error_line_here(["train", "mesh=2x4", "data.num_samples=128", *overrides.split()], capfd)

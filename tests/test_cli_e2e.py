@@ -153,7 +153,8 @@ RUN_AND_LIST = """
 import json, sys
 from meshrun import cli
 status = cli.run(sys.argv[2:], as_program=False)
-print(json.dumps({"status": status, "imported": [m for m in sys.argv[1].split(",") if sys.modules.get(m) is not None]}))
+imported = [m for m in sys.argv[1].split(",") if sys.modules.get(m) is not None]
+print(json.dumps({"status": status, "imported": imported}))
 """
 
 
@@ -165,7 +166,8 @@ def test_only_a_run_that_reads_tf_data_imports_tensorflow(tmp_path, data, expect
     data is a tf.data.Dataset imports TensorFlow (the check can tell)."""
     (tmp_path / "tf_factory.py").write_text(
         "def dataset(split, seed):\n    import numpy as np, tensorflow as tf\n"
-        "    return tf.data.Dataset.from_tensor_slices((np.zeros((64, 28, 28, 1), 'float32'), np.zeros((64, 10), 'float32')))\n"
+        "    return tf.data.Dataset.from_tensor_slices((np.zeros((64, "
+        "28, 28, 1), 'float32'), np.zeros((64, 10), 'float32')))\n"
     )
     args = ["train", "mesh=2x4", "layout=dense_model", *FAST, *data, f"hydra.run.dir={tmp_path / 'run'}"]
     done = subprocess.run(

@@ -46,7 +46,10 @@ def test_version_names_meshrun_and_the_libraries_it_runs_on(capsys):
     assert line == f"meshrun {metadata.version('meshrun')} ({expected})"
 
 
-TRAIN_FLAGS = "-m/--multirun, --cfg/-c job|hydra|all, --resolve, --package/-p PACKAGE, --info/-i [WHAT] or --help (see meshrun train --help)"
+TRAIN_FLAGS = (
+    "-m/--multirun, --cfg/-c job|hydra|all, --resolve, --package/-p "
+    "PACKAGE, --info/-i [WHAT] or --help (see meshrun train --help)"
+)
 PLAN_FLAGS = "--json, --full, --save-layout FILE.yaml, -m/--multirun or --help (see meshrun plan --help)"
 UNKNOWN_FLAGS = {
     "train, misspelt": (
@@ -79,17 +82,19 @@ UNKNOWN_FLAGS = {
     ),
     "report": (
         ["report", "runs", "--outt", "cmp"],
-        "--outt: not a flag of meshrun report; did you mean --out? valid: --out DIR or --help (see meshrun report --help)",
+        "--outt: not a flag of meshrun report; did you mean --out? "
+        "valid: --out DIR or --help (see meshrun report --help)",
     ),
     "generate": (
         ["generate", "run", "--prompt", "x", "--promt", "y"],
-        "--promt: not a flag of meshrun generate; did you mean --prompt? valid: --prompt TEXT, --max-length N, --json or --help "
-        "(see meshrun generate --help)",
+        "--promt: not a flag of meshrun generate; did you mean --prompt? valid: --prompt TEXT, --max-length "
+        "N, --json or --help (see meshrun generate --help)",
     ),
     "k8s": (
         ["k8s", "--imag", "x", "--nodes", "2"],
-        "--imag: not a flag of meshrun k8s; did you mean --image? valid: --image IMAGE, --nodes N, --kind KIND, --out FILE, "
-        "--volume CLAIM:PATH, --name NAME, --namespace NS, --port PORT, --apply, --simulate or --help (see meshrun k8s --help)",
+        "--imag: not a flag of meshrun k8s; did you mean --image? valid: --image IMAGE, --nodes N, --kind "
+        "KIND, --out FILE, --volume CLAIM:PATH, --name NAME, --namespace NS, "
+        "--port PORT, --apply, --simulate or --help (see meshrun k8s --help)",
     ),
 }
 
@@ -111,7 +116,8 @@ def test_hydras_flags_that_train_takes_work_anywhere_among_the_overrides(capsys)
 
 
 def test_an_output_path_that_cannot_be_made_is_refused_alike_by_every_command(in_tmp, capsys):
-    # Missing dirs of an output path are made (tests/test_k8s.py, test_sweep.py, test_auto_layout.py); a file in the way is not.
+    # Missing dirs of an output path are made (tests/test_k8s.py, test_sweep.py, test_auto_layout.py); a file
+    # in the way is not.
     (in_tmp / "taken").write_text("a file")
     cases = {
         ("plan", "--save-layout", "taken/layout.yaml"): "--save-layout",
@@ -124,7 +130,7 @@ def test_an_output_path_that_cannot_be_made_is_refused_alike_by_every_command(in
         err = capsys.readouterr().err
         assert ended.value.code == 2 and err.count("\n") == 1, err
         assert err.startswith(
-            f"meshrun: error: {flag}: got '{args[-1]}', which cannot be written ({in_tmp / 'taken'} is a file, "
-            "not a directory); give "
+            f"meshrun: error: {flag}: got '{args[-1]}', which cannot be written ({in_tmp / 'taken'} is a "
+            "file, not a directory); give "
         ), err
     assert [p.name for p in in_tmp.iterdir()] == ["taken"]

@@ -11,13 +11,21 @@ import sys
 
 import pytest
 
-from conftest import LogRecords, cli_here
+from conftest import LogRecords, cli_here, error_line_here
 from meshrun import cli
 from meshrun.compat import names as compat
 
 
 def test_every_private_name_exists_in_the_installed_packages():
-    assert set(compat.PRIVATE_NAMES) == {"keras", "hydra", "orbax", "tensorflow", "tensorboard", "keras_hub"}
+    assert set(compat.PRIVATE_NAMES) == {
+        "keras",
+        "jax",
+        "hydra",
+        "orbax",
+        "tensorflow",
+        "tensorboard",
+        "keras_hub",
+    }
     for group in compat.PRIVATE_NAMES:
         compat.check(group)
 
@@ -59,7 +67,8 @@ def test_hydra_without_a_name_meshrun_uses_stops_the_command_with_one_line(
 ):
     from hydra.core.plugins import Plugins
 
-    Plugins.instance()  # Hydra's first plugin scan runs its core plugins' modules afresh: before the patch, not after
+    # Hydra's first plugin scan runs its core plugins' modules afresh: before the patch, not after
+    Plugins.instance()
     from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 
     monkeypatch.delattr(BasicSweeper, "split_arguments")
@@ -98,7 +107,8 @@ def test_tensorflow_without_a_name_meshrun_uses_stops_a_tf_data_run_with_one_lin
     (in_tmp / "tf_data_factory.py").write_text(
         "import numpy as np, tensorflow as tf\n"
         "def make(split, seed):\n"
-        "    return tf.data.Dataset.from_tensor_slices((np.zeros((64, 28, 28, 1), 'float32'), np.zeros((64, 10), 'float32')))\n"
+        "    return tf.data.Dataset.from_tensor_slices((np.zeros((64, "
+        "28, 28, 1), 'float32'), np.zeros((64, 10), 'float32')))\n"
     )
     monkeypatch.syspath_prepend(str(in_tmp))
     monkeypatch.delattr(tf.data.Dataset, "_as_serialized_graph")
@@ -251,6 +261,66 @@ def test_jax_modules_log_through_the_loggers_meshrun_quiets():
 
 
 @pytest.mark.smoke
+def test_meshrun_k8s_default_port_is_jaxs_own_read_from_its_source_without_importing_jax():
+    from jax._src.clusters.k8s_cluster import K8sCluster
+
+    from meshrun.compat.jax import k8s_coordinator_port
+    from meshrun.usage import command_help
+
+    assert k8s_coordinator_port() == int(K8sCluster._coordinator_port)
+    assert f"default {k8s_coordinator_port()})" in command_help("k8s")  # the help states it too
+    read = "from meshrun.compat.jax import k8s_coordinator_port; k8s_coordinator_port(); import sys; "
+    done = subprocess.run(
+        [sys.executable, "-c", read + "print('jax' in sys.modules)"], capture_output=True, text=True
+    )
+    assert done.returncode == 0 and done.stdout.strip() == "False", done.stderr
+
+
+def test_a_jax_without_its_kubernetes_port_stops_meshrun_k8s_with_one_line(in_tmp, capsys, monkeypatch):
+    import meshrun.compat.jax as compat_jax
+
+    monkeypatch.setattr(compat_jax, "_module_source", lambda module: "class K8sCluster:\n    pass\n")
+    args = ["k8s", "devices.platform=cpu", "mesh=2x4", "--image", "reg/meshrun:0.1", "--nodes", "2"]
+    line = error_line_here(args, capsys)
+    version = importlib.metadata.version("jax")
+    assert line.startswith(
+        f"meshrun: error: jax: jax {version} has no "
+        "jax._src.clusters.k8s_cluster.K8sCluster._coordinator_port, "
+        "which meshrun uses for the coordinator port of jax's jobs on Kubernetes, meshrun k8s' default --port"
+    )
+    assert list(in_tmp.iterdir()) == []
+
+
+@pytest.mark.integration
+def test_variable_layouts_lay_out_the_variables_made_in_the_block_and_end_with_it():
+    import jax
+    import keras
+    import numpy as np
+    from jax.sharding import PartitionSpec
+    from keras import distribution as kd
+
+    from meshrun.compat.keras import layout_of, variable_layouts
+
+    assert layout_of(keras.Variable(np.zeros((2, 4)))) is None  # no distribution: no layout
+    mesh = kd.DeviceMesh((2,), ["batch"], jax.devices()[:2])
+    distribution = kd.DataParallel(device_mesh=mesh)
+    split = kd.TensorLayout([None, "batch"], mesh)
+    asked = []
+
+    def layout(variable):
+        asked.append(variable.path)
+        return split
+
+    with distribution.scope():
+        with variable_layouts(distribution, layout):
+            placed = keras.Variable(np.zeros((2, 4)), name="placed")
+        after = keras.Variable(np.zeros((2, 4)), name="after")
+    assert asked == ["placed"] and "get_variable_layout" not in vars(distribution)
+    assert placed.value.sharding.spec == PartitionSpec(None, "batch") and layout_of(placed) is not None
+    assert after.value.sharding.is_fully_replicated and layout_of(after) is not None
+
+
+@pytest.mark.smoke
 def test_split_sweep_gives_each_job_its_overrides():
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
@@ -369,7 +439,8 @@ seen = {}
 if how == "without tensorflow, then tensorflow":
     from meshrun.compat.keras_hub import TensorFlowArrival, import_keras_hub, keras_hub_has_tensorflow
     keras_hub = import_keras_hub()
-    seen["before"] = {"tensorflow imported": "tensorflow" in sys.modules, "keras_hub has it": keras_hub_has_tensorflow()}
+    seen["before"] = {"tensorflow imported": "tensorflow" in sys.modules,
+                      "keras_hub has it": keras_hub_has_tensorflow()}
     import tensorflow
     seen["after"] = {"keras_hub has it": keras_hub_has_tensorflow(),
                      "finder left": not any(isinstance(f, TensorFlowArrival) for f in sys.meta_path),
@@ -389,12 +460,15 @@ def described(value):
 namespaces = {}
 for name, module in sorted(sys.modules.items()):
     if module is not None and name.split(".")[0] == "keras_hub":
-        namespaces[name] = {key: described(value) for key, value in vars(module).items() if not key.startswith("__")}
+        namespaces[name] = {key: described(value) for key, value in vars(module).items()
+                            if not key.startswith("__")}
         for key, value in vars(module).items():  # and each class defined there, one level down
             if isinstance(value, type) and value.__module__ == name:
-                namespaces[f"{name}:{key}"] = {k: described(v) for k, v in vars(value).items() if not k.startswith("__")}
+                namespaces[f"{name}:{key}"] = {k: described(v) for k, v in vars(value).items()
+                                               if not k.startswith("__")}
 from meshrun.text.tokenizer import PROBE_TEXTS, KerasHubGraphEncoder
-graphs = {path: [ids.tolist() for ids in KerasHubGraphEncoder(keras_hub.tokenizers.Tokenizer.from_preset(path)).encode(list(PROBE_TEXTS))]
+graphs = {path: [ids.tolist() for ids in
+                 KerasHubGraphEncoder(keras_hub.tokenizers.Tokenizer.from_preset(path)).encode(list(PROBE_TEXTS))]
           for path in presets}
 print(json.dumps({"seen": seen, "namespaces": namespaces, "graphs": graphs}))
 """

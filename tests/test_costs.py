@@ -260,12 +260,14 @@ def test_a_pipelined_step_counts_its_blocks_once_each_and_its_bubble_ticks_apart
     separate = _costs_after_fit((8,), ("data",))
     pipeline = PipelineConfig(microbatches=microbatches, repeats=repeats)
     staged = _costs_after_fit((stages, 8 // stages), ("stage", "data"), pipeline)
-    # XLA counts a loop's body once, and the schedule is loops (over its ticks, over a stage's blocks): counted as
-    # XLA saw it, the pipelined step was 2.9 to 3.5 times short here. Its blocks are counted in turn now.
+    # XLA counts a loop's body once, and the schedule is loops (over its ticks, over a stage's blocks):
+    # counted as XLA saw it, the pipelined step was 2.9 to 3.5 times short here. Its blocks are counted in
+    # turn now.
     assert staged.flops_per_step == pytest.approx(separate.flops_per_step, rel=0.01)
     assert staged.flops_per_step_per_device is None and separate.flops_per_step_per_device > 0
-    # Each of the S stages runs its blocks on a microbatch at each of its RM + S - 1 ticks: S - 1 of them bubble
-    # ticks, which add (S - 1) / (RM) of the blocks' forward and backward matmuls (and a few elementwise ops).
+    # Each of the S stages runs its blocks on a microbatch at each of its RM + S - 1 ticks: S - 1 of them
+    # bubble ticks, which add (S - 1) / (RM) of the blocks' forward and backward matmuls (and a few
+    # elementwise ops).
     blocks_matmuls = BLOCKS * 3 * 2 * B * WIDTH * WIDTH
     bubble = blocks_matmuls * (stages - 1) / (repeats * microbatches)
     assert bubble <= staged.bubble_flops_per_step <= 1.1 * bubble

@@ -539,7 +539,10 @@ def ids_record(i: int) -> dict:
 
 
 TWO_TOWER = ["model=two_tower", "mesh=2x4", "train.epochs=1", "train.verbose=0"]
-IDS_SPEC = "data.features={user_id:{dtype:float32,shape:[]},item_id:{dtype:float32,shape:[]},label:{dtype:float32,shape:[1]}}"
+IDS_SPEC = (
+    "data.features={user_id:{dtype:float32,shape:[]},item_id:{dtype:float32,shape:[]},"
+    "label:{dtype:float32,shape:[1]}}"
+)
 RANDOM_BYTES = np.random.default_rng(0).bytes(4096)
 
 # name -> (args from a data dir and the factories' module name, fragments of the one error line[, model args])
@@ -616,7 +619,8 @@ BAD = {
         [
             "data: labels of shape (10) do not fit the loss sparse_categorical_crossentropy",
             "output of shape (10)",
-            "expects labels of shape () (class indices); for one-hot labels set train.loss=categorical_crossentropy",
+            "expects labels of shape () (class indices); for "
+            "one-hot labels set train.loss=categorical_crossentropy",
         ],
     ),
     "class labels under the default mse loss": (
@@ -641,7 +645,8 @@ BAD = {
         lambda d, f: [*npz_args(d), "train.loss=categorical_crossentropy"],
         [
             "data: labels of shape () do not fit the loss categorical_crossentropy",
-            "expects labels of shape (10); for integer class labels set train.loss=sparse_categorical_crossentropy",
+            "expects labels of shape (10); for integer class "
+            "labels set train.loss=sparse_categorical_crossentropy",
         ],
     ),
     "arrays fewer samples than one global batch": (
@@ -724,7 +729,8 @@ BAD = {
     "factory that does not import": (
         lambda d, f: ["data=python", "data.factory=meshrun_no_such_module:make"],
         [
-            "data.factory: got 'meshrun_no_such_module:make': no module 'meshrun_no_such_module' in the working dir",
+            "data.factory: got 'meshrun_no_such_module:make': no "
+            "module 'meshrun_no_such_module' in the working dir",
             "PYTHONPATH",
         ],
     ),
@@ -755,7 +761,8 @@ BAD = {
     "grain source of the wrong dtype": (
         lambda d, f: ["data=python", f"data.factory={f}:grain_samples", "+data.kwargs.label_dtype=float32"],
         [
-            "data: labels of dtype float32 do not fit the loss sparse_categorical_crossentropy: it expects integer class indices"
+            "data: labels of dtype float32 do not fit the loss "
+            "sparse_categorical_crossentropy: it expects integer class indices"
         ],
     ),
     "factory that raises": (

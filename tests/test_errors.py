@@ -165,7 +165,8 @@ CASES = {
     "appended key of another model": (
         ["+model.factory=m:f"],
         [
-            "model.factory: unknown key (got 'm:f'); model.factory is a key of model=python; add model=python; valid keys"
+            "model.factory: unknown key (got 'm:f'); model.factory "
+            "is a key of model=python; add model=python; valid keys"
         ],
     ),
     "key of two other models": (
@@ -233,8 +234,8 @@ def test_unknown_command(capsys):
         cli.main(["trian"])
     assert exit_info.value.code == 2
     assert (
-        capsys.readouterr().err.strip()
-        == "meshrun: error: unknown command 'trian'; valid: train, plan, sweep, report, generate, preset or k8s (see meshrun --help)"
+        capsys.readouterr().err.strip() == "meshrun: error: unknown command 'trian'; valid: train, plan, "
+        "sweep, report, generate, preset or k8s (see meshrun --help)"
     )
 
 

@@ -53,26 +53,28 @@ def test_dcn_is_read_as_a_list_or_as_shape_text(given):
     [
         (
             {"mesh": {"dcn": [2]}, "distributed": {"local_processes": 2}},
-            "mesh.dcn: got [2] (1 size) for the 2-D mesh 2x4; give one slice count per axis (data or model), e.g. mesh.dcn=[2,1]",
+            "mesh.dcn: got [2] (1 size) for the 2-D mesh 2x4; give one "
+            "slice count per axis (data or model), e.g. mesh.dcn=[2,1]",
         ),
         (
             {"mesh": {"dcn": [1, 3]}},
-            "mesh.dcn: got [1, 3]: 3 slices do not divide axis 'model' of size 4 (mesh 2x4); valid for that axis: 1, 2 or 4",
+            "mesh.dcn: got [1, 3]: 3 slices do not divide axis 'model' "
+            "of size 4 (mesh 2x4); valid for that axis: 1, 2 or 4",
         ),
         (
             {"mesh": {"dcn": [0, 1]}},
-            "mesh.dcn: got [0, 1]; expected one positive slice count per mesh axis, e.g. mesh.dcn=[2,1] (the first axis spans 2 "
-            "processes), or null for the default",
+            "mesh.dcn: got [0, 1]; expected one positive slice count per mesh axis, e.g. mesh.dcn=[2,1] (the "
+            "first axis spans 2 processes), or null for the default",
         ),
         (
             {"mesh": {"dcn": [2, 2]}, "distributed": {"local_processes": 2}},
-            "mesh.dcn: got [2, 2], 4 slices, but the job has 2 processes (distributed.local_processes); give slice counts whose "
-            "product is 2, one slice per process",
+            "mesh.dcn: got [2, 2], 4 slices, but the job has 2 processes (distributed.local_processes); give "
+            "slice counts whose product is 2, one slice per process",
         ),
         (
             {"mesh": {"dcn": [2, 1]}},
-            "mesh.dcn: got [2, 1], 2 slices, but the job has 1 process (distributed.mode=off); give slice counts whose product "
-            "is 1, one slice per process",
+            "mesh.dcn: got [2, 1], 2 slices, but the job has 1 process (distributed.mode=off); give slice "
+            "counts whose product is 1, one slice per process",
         ),
     ],
 )
@@ -118,8 +120,9 @@ def test_a_mesh_that_cannot_be_cut_into_one_slice_per_process_is_one_error():
     with pytest.raises(ConfigError) as caught:
         with_dcn(mesh((6,), names=("data",)), 4, key="distributed.num_processes")
     assert str(caught.value) == (
-        "mesh.dcn: mesh 6 cannot be cut along its axes into 4 equal slices, one per process (distributed.num_processes); "
-        "give mesh.dcn, one slice count per axis with product 4, or another shape"
+        "mesh.dcn: mesh 6 cannot be cut along its axes into 4 equal slices, one per process "
+        "(distributed.num_processes); give mesh.dcn, one "
+        "slice count per axis with product 4, or another shape"
     )
 
 
@@ -201,13 +204,13 @@ def test_tensor_parallelism_across_processes_costs_activations_and_is_a_warning_
     row = LayoutRule("attn/out/kernel", ("model", None))
     variables = [KERNEL, TensorSpec("attn/out/kernel", (256, 64))]
     plan = planned(variables, [column, row], mesh((2, 4), dcn=(1, 2)), 2)
-    # Column-parallel: the input gradient, 16 rows x 64; row-parallel: the output, 16 samples x 32 positions x 64;
-    # each all-reduced over 2 processes (2 x 1/2 of it from each), 4 bytes an element.
+    # Column-parallel: the input gradient, 16 rows x 64; row-parallel: the output, 16 samples x 32 positions x
+    # 64; each all-reduced over 2 processes (2 x 1/2 of it from each), 4 bytes an element.
     assert plan.traffic.tensor_activations == 16 * 64 * 4 + 16 * 32 * 64 * 4
     assert plan.traffic.gradients == 0  # the batch axis stays within each process
     assert plan.warnings[-1] == (
-        "mesh axis 'model' splits variables (tensor parallelism) across 2 processes, over the slow network: about 132.00 KiB "
-        "of activations a step from each process; keep it within a process: mesh.dcn=[2,1]"
+        "mesh axis 'model' splits variables (tensor parallelism) across 2 processes, over the slow network: "
+        "about 132.00 KiB of activations a step from each process; keep it within a process: mesh.dcn=[2,1]"
     )
 
 
@@ -234,8 +237,9 @@ def test_layout_auto_splits_nothing_over_an_axis_that_spans_processes_and_says_w
     across = derive_layout(variables, mesh((2, 4), dcn=(1, 2)), 1 << 20, fsdp=False)
     assert across.rules == ()
     assert across.warnings == (
-        "layout=auto splits nothing over mesh axis 'model': it spans 2 processes (mesh.dcn), and tensor parallelism over "
-        "the slow network between them costs more than it saves; keep that axis within a process (mesh.dcn) or give it size 1",
+        "layout=auto splits nothing over mesh axis 'model': it spans 2 processes (mesh.dcn), and tensor "
+        "parallelism over the slow network between them costs more than it "
+        "saves; keep that axis within a process (mesh.dcn) or give it size 1",
     )
 
 
@@ -256,7 +260,8 @@ def test_the_plan_of_a_hybrid_mesh_from_the_cli(in_tmp):
     plan = json.loads(done.stdout)
     assert plan["mesh"]["dcn"] == [1, 2] and plan["mesh"]["across_processes"] == ["model"]
     assert plan["processes"]["batch_shares"] == 1
-    # dense_model's d1/kernel (784x200) split column-wise over 'model': its input gradient, 16 rows of 784, crosses.
+    # dense_model's d1/kernel (784x200) split column-wise over 'model': its input gradient, 16 rows of 784,
+    # crosses.
     assert plan["slow_network"]["tensor_activations"] == 16 * 784 * 4
     assert any(
         w.startswith("mesh axis 'model' splits variables (tensor parallelism) across 2 processes")
@@ -271,7 +276,7 @@ def test_the_plan_of_a_hybrid_mesh_from_the_cli(in_tmp):
 def test_a_dcn_that_does_not_fit_the_processes_is_one_line_before_any_process_starts(in_tmp):
     line = one_error_line(run_meshrun(["train", TWO, "mesh=2x4", "mesh.dcn=[2,2]"], in_tmp))
     assert line == (
-        "meshrun: error: mesh.dcn: got [2, 2], 4 slices, but the job has 2 processes (distributed.local_processes); "
-        "give slice counts whose product is 2, one slice per process"
+        "meshrun: error: mesh.dcn: got [2, 2], 4 slices, but the job has 2 processes "
+        "(distributed.local_processes); give slice counts whose product is 2, one slice per process"
     )
     assert not list(in_tmp.rglob("process-*.log"))

@@ -107,8 +107,9 @@ def test_a_cpu_trainjob_asks_for_no_gpus_and_warns_without_a_volume(in_tmp, caps
     [document] = yaml.safe_load_all(out)
     assert "resourcesPerNode" not in document["spec"]["trainer"]
     assert err.splitlines() == [
-        "meshrun: warning: no --volume: the run dir (outputs/exp1) and the checkpoints stay in each pod and die with it, and a "
-        "preempted job starts over; give --volume CLAIM:/PATH (a PersistentVolumeClaim every pod mounts)"
+        "meshrun: warning: no --volume: the run dir (outputs/exp1) and the checkpoints stay in each pod and "
+        "die with it, and a preempted job starts over; give --volume "
+        "CLAIM:/PATH (a PersistentVolumeClaim every pod mounts)"
     ]
     command = document["spec"]["trainer"]["command"]
     assert command[-1] == "hydra.run.dir=outputs/exp1" and not any(
@@ -240,8 +241,8 @@ def test_out_makes_the_dirs_it_needs_and_refuses_a_path_it_cannot_write(in_tmp, 
     (in_tmp / "taken").write_text("a file")
     status, out, err = k8s([*CPU_JOB, *FLAGS, "--out", "taken/job.yaml"], capsys)
     assert status == 2 and err.splitlines() == [
-        f"meshrun: error: --out: got 'taken/job.yaml', which cannot be written ({in_tmp / 'taken'} is a file, not a directory); "
-        "give a file path where you can write, e.g. --out job.yaml"
+        f"meshrun: error: --out: got 'taken/job.yaml', which cannot be written ({in_tmp / 'taken'} is a "
+        "file, not a directory); give a file path where you can write, e.g. --out job.yaml"
     ]
 
 
@@ -271,9 +272,9 @@ def test_the_plans_warnings_are_said_before_the_job_is_written(in_tmp, capsys):
     status, out, err = k8s([*stages_typo, "devices.platform=cpu", *FLAGS, "--volume", "runs:/runs"], capsys)
     assert status == 0 and yaml.safe_load(out)["kind"] == "TrainJob"
     assert [line for line in err.splitlines() if "pipeline" in line] == [
-        "meshrun: warning: pipeline.microbatches=4 does nothing: pipeline stages wait for a mesh axis named 'stage' (pipeline.axis), "
-        "and mesh 4x2's axes are stages, data ('stages' is close: a typo?), so the run has no stages; name an axis 'stage' in "
-        "mesh.axis_names, or leave the pipeline keys out"
+        "meshrun: warning: pipeline.microbatches=4 does nothing: pipeline stages wait for a mesh axis named "
+        "'stage' (pipeline.axis), and mesh 4x2's axes are stages, data ('stages' is close: a typo?), so the "
+        "run has no stages; name an axis 'stage' in mesh.axis_names, or leave the pipeline keys out"
     ]
 
 
@@ -298,13 +299,14 @@ def test_help_names_the_flags_and_the_config_groups(capsys):
 OUT = ["--out", "job.yaml"]
 SIMULATE = ["--volume", "runs:/runs", "--simulate"]
 K8S_FLAGS = (
-    "--image IMAGE, --nodes N, --kind KIND, --out FILE, --volume CLAIM:PATH, --name NAME, --namespace NS, --port PORT, "
-    "--apply, --simulate or --help"
+    "--image IMAGE, --nodes N, --kind KIND, --out FILE, --volume CLAIM:PATH, --name NAME, --namespace NS, "
+    "--port PORT, --apply, --simulate or --help"
 )
 BAD = {
     "no image": (
         [*CPU_JOB, "--nodes", "2", *OUT],
-        "--image: got nothing; give the container image the pods run, one with meshrun installed, e.g. --image registry.example.com/meshrun:0.1.0",
+        "--image: got nothing; give the container image the pods run, one with "
+        "meshrun installed, e.g. --image registry.example.com/meshrun:0.1.0",
     ),
     "no nodes": (
         [*CPU_JOB, "--image", IMAGE, *OUT],
@@ -312,11 +314,13 @@ BAD = {
     ),
     "zero nodes": (
         [*CPU_JOB, "--image", IMAGE, "--nodes", "0", *OUT],
-        "--nodes: got '0'; expected a positive integer: the number of pods, one meshrun process each, e.g. --nodes 2",
+        "--nodes: got '0'; expected a positive integer: the "
+        "number of pods, one meshrun process each, e.g. --nodes 2",
     ),
     "nodes not a number": (
         [*CPU_JOB, "--image", IMAGE, "--nodes=two", *OUT],
-        "--nodes: got 'two'; expected a positive integer: the number of pods, one meshrun process each, e.g. --nodes 2",
+        "--nodes: got 'two'; expected a positive integer: the "
+        "number of pods, one meshrun process each, e.g. --nodes 2",
     ),
     "nodes not dividing the mesh": (
         [*CPU_JOB, "--image", IMAGE, "--nodes", "3", *OUT],
@@ -329,8 +333,8 @@ BAD = {
     ),
     "local processes": (
         [*CPU_JOB, "distributed.local_processes=2", *FLAGS, *OUT],
-        "distributed.local_processes: got 2; meshrun k8s runs one process in each pod: leave it at 1 and give the "
-        "number of pods with --nodes (e.g. --nodes 2)",
+        "distributed.local_processes: got 2; meshrun k8s runs one process in each pod: leave it at 1 and "
+        "give the number of pods with --nodes (e.g. --nodes 2)",
     ),
     "unknown kind": (
         [*CPU_JOB, *FLAGS, "--kind", "jobset", *OUT],
@@ -338,23 +342,25 @@ BAD = {
     ),
     "volume without a path": (
         [*CPU_JOB, *FLAGS, "--volume", "runs", *OUT],
-        "--volume: got 'runs'; expected CLAIM:PATH, a PersistentVolumeClaim's name (lowercase letters, digits, '-' "
-        "and '.') and the absolute path to mount it at in every pod (not /), e.g. --volume runs:/runs",
+        "--volume: got 'runs'; expected CLAIM:PATH, a PersistentVolumeClaim's name (lowercase letters, "
+        "digits, '-' and '.') and the absolute path to mount "
+        "it at in every pod (not /), e.g. --volume runs:/runs",
     ),
     "volume at a relative path": (
         [*CPU_JOB, *FLAGS, "--volume", "runs:data/runs", *OUT],
-        "--volume: got 'runs:data/runs'; expected CLAIM:PATH, a PersistentVolumeClaim's name (lowercase letters, "
-        "digits, '-' and '.') and the absolute path to mount it at in every pod (not /), e.g. --volume runs:/runs",
+        "--volume: got 'runs:data/runs'; expected CLAIM:PATH, a PersistentVolumeClaim's name (lowercase "
+        "letters, digits, '-' and '.') and the absolute path to "
+        "mount it at in every pod (not /), e.g. --volume runs:/runs",
     ),
     "dcn not one slice per pod": (
         [*CPU_JOB, "mesh.dcn=[2,1]", "--image", IMAGE, "--nodes", "4", *OUT],
-        "mesh.dcn: got [2, 1], 2 slices, but the job has 4 processes (--nodes); give slice counts whose product "
-        "is 4, one slice per process",
+        "mesh.dcn: got [2, 1], 2 slices, but the job has 4 processes (--nodes); give slice counts whose "
+        "product is 4, one slice per process",
     ),
     "a TPU platform": (
         ["devices.platform=tpu", "mesh=2x4", *FLAGS, *OUT],
-        "devices.platform: got 'tpu'; meshrun k8s asks for NVIDIA GPUs (nvidia.com/gpu) or, with devices.platform=cpu, "
-        "none; valid: auto, gpu or cpu",
+        "devices.platform: got 'tpu'; meshrun k8s asks for NVIDIA GPUs (nvidia.com/gpu) or, with "
+        "devices.platform=cpu, none; valid: auto, gpu or cpu",
     ),
     "a config error": (
         [*CPU_JOB, "train.epochs=0", *FLAGS, *OUT],
@@ -366,7 +372,8 @@ BAD = {
     ),
     "a misspelt flag": (
         [*CPU_JOB, *FLAGS, "--volumes", "runs:/runs", *OUT],
-        f"--volumes: not a flag of meshrun k8s; did you mean --volume? valid: {K8S_FLAGS} (see meshrun k8s --help)",
+        "--volumes: not a flag of meshrun k8s; did you mean "
+        f"--volume? valid: {K8S_FLAGS} (see meshrun k8s --help)",
     ),
     "a short flag": (
         [*CPU_JOB, *FLAGS, "-n", "2", *OUT],
@@ -382,8 +389,8 @@ BAD = {
     ),
     "a name Kubernetes rejects": (
         [*CPU_JOB, "--image", IMAGE, "--nodes", "2", "--name", "Exp_1", *OUT],
-        "--name: got 'Exp_1'; expected at most 40 lowercase letters, digits and '-', starting with a letter and "
-        "ending with a letter or digit (the job's, its service's and its pods' name), e.g. --name exp1",
+        "--name: got 'Exp_1'; expected at most 40 lowercase letters, digits and '-', starting with a letter "
+        "and ending with a letter or digit (the job's, its service's and its pods' name), e.g. --name exp1",
     ),
     "port out of range": (
         [*CPU_JOB, *FLAGS, "--port", "70000", *OUT],
@@ -393,7 +400,8 @@ BAD = {
         [*CPU_JOB, *FLAGS, "--out"],
         "--out: got nothing; give the file to write the YAML to, e.g. --out job.yaml",
     ),
-    # What `meshrun plan` refuses, for the pods' mesh and processes (run here with --simulate: no pod starts, no volume dir is made)
+    # What `meshrun plan` refuses, for the pods' mesh and processes (run here with --simulate: no pod starts,
+    # no volume dir is made)
     "a rule that matches nothing": (
         [*CPU_JOB, "layout.rules={d3/kernel:[null,model]}", *FLAGS, *SIMULATE],
         "layout.rules.d3/kernel: matches no variable or output of the model (patterns must match the whole "
@@ -425,8 +433,8 @@ BAD = {
     ),
     "an export from two pods": (
         [*CPU_JOB, "checkpoint.export=true", *FLAGS, *SIMULATE],
-        "checkpoint.export: got true with several processes; a .keras file is written by one process, so export "
-        "from a one-process run (resume from the checkpoint there)",
+        "checkpoint.export: got true with several processes; a .keras file is written by one process, so "
+        "export from a one-process run (resume from the checkpoint there)",
     ),
 }
 
@@ -564,8 +572,9 @@ def test_apply_without_a_kubeconfig_is_one_line(in_tmp, monkeypatch, capsys):
     status, out, err = k8s([*CPU_JOB, *FLAGS, "--volume", "runs:/runs", "--apply"], capsys)
     assert status == 2 and out == ""
     assert err.splitlines() == [
-        f"meshrun: error: --apply: got kubeconfig {missing}, which gives no cluster to submit to (Invalid kube-config file. No "
-        "configuration found.); point KUBECONFIG at your cluster's config (kubectl config current-context must name one), or leave "
+        f"meshrun: error: --apply: got kubeconfig {missing}, which gives no cluster to submit to (Invalid "
+        "kube-config file. No configuration found.); point KUBECONFIG at your cluster's config (kubectl "
+        "config current-context must name one), or leave "
         "--apply out and submit the YAML with kubectl apply -f"
     ]
 
@@ -644,7 +653,8 @@ def test_apply_creates_the_service_then_the_job_and_says_how_to_follow_it(api_se
         "  its status:   kubectl -n ml get job exp1",
         f"  its pods:     kubectl -n ml get pods -l {selector} -w",
         f"  their output: kubectl -n ml logs -f -l {selector} --prefix --max-log-requests 2",
-        "  to stop it:   kubectl -n ml delete job,service exp1   (the pods get SIGTERM and save a checkpoint first)",
+        "  to stop it:   kubectl -n ml delete job,service exp1 "
+        "  (the pods get SIGTERM and save a checkpoint first)",
     ]
 
 
@@ -667,7 +677,8 @@ def test_an_object_the_api_server_refuses_is_one_line_naming_what_was_created(ap
     )
     assert status == 2 and out == ""
     assert err.splitlines() == [
-        "meshrun: error: --apply: got an error from the cluster of context 'stand-in' creating Job exp1 in namespace 'ml': 409 "
+        "meshrun: error: --apply: got an error from the cluster of "
+        "context 'stand-in' creating Job exp1 in namespace 'ml': 409 "
         'Conflict: jobs.batch "exp1" already exists (already created: Service exp1)'
     ]
 
@@ -700,8 +711,9 @@ def test_a_simulated_two_pod_indexed_job_trains_exactly_like_one_process_and_rer
     assert done.returncode == 0, done.stderr[-3000:]
     run_dir = tmp_path / "k8s-volumes" / "runs" / "exp1"
     assert (
-        f"meshrun k8s --simulate: 2 pods of indexed-job exp1 as local processes; *.exp1 -> 127.0.0.1, volume runs:/runs -> "
-        f"{tmp_path / 'k8s-volumes' / 'runs'}; run dir {run_dir}, each pod's output in its process-<i>.log"
+        "meshrun k8s --simulate: 2 pods of indexed-job exp1 as local processes; *.exp1 -> 127.0.0.1, volume "
+        f"runs:/runs -> {tmp_path / 'k8s-volumes' / 'runs'}; run "
+        f"dir {run_dir}, each pod's output in its process-<i>.log"
     ) in done.stderr
     metrics = read_metrics(run_dir)
     assert (
@@ -747,7 +759,8 @@ def test_a_simulated_two_pod_indexed_job_trains_exactly_like_one_process_and_rer
     assert {
         p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file() and not p.name.startswith("process-")
     } == files
-    # ... and with a third epoch (resume=auto, the pods' default) both continue it from its checkpoint, each step logged once.
+    # ... and with a third epoch (resume=auto, the pods' default) both continue it from its checkpoint, each
+    # step logged once.
     done = cli_here([*again, "train.epochs=3"], capfd)
     assert done.returncode == 0, done.stderr[-3000:]
     metrics = read_metrics(run_dir)

@@ -23,7 +23,10 @@ GIB = 1 << 30
 HUB = ["model=keras_hub"]
 # The Llama and the Gemma of one block each (a block more compiles seconds more in each of their runs
 # and is read by no check); the multi-query Gemma has two, its tests read the second block.
-LLAMA_SIZES = "vocabulary_size:256,num_layers:1,num_query_heads:8,num_key_value_heads:4,hidden_dim:64,intermediate_dim:128"
+LLAMA_SIZES = (
+    "vocabulary_size:256,num_layers:1,num_query_heads:8,num_key_value_heads:4,"
+    "hidden_dim:64,intermediate_dim:128"
+)
 LLAMA = ["model.task=LlamaCausalLM", f"model.backbone={{{LLAMA_SIZES}}}"]
 GEMMA = [
     "model.task=GemmaCausalLM",
@@ -151,9 +154,10 @@ def test_a_one_key_value_head_gemma_trains_with_lora_under_gemma_tp_on_1x8(runs)
     plan = json.loads((run_dir / "plan.json").read_text())
     assert plan["status"] == "ok"
     assert [w for w in plan["warnings"] if w.startswith("rule '")] == [
-        r"rule 'decoder_block_\d+/attention/(query|key|value)/kernel' cannot split dimension 0 of 'decoder_block_0/attention/key/kernel' "
-        "(size 1, shape (1, 64, 8)) over mesh axis 'model' of size 8, so it keeps that dimension whole, replicated over 'model'; "
-        "the same for 3 more paths (8.00 KiB in all)"
+        r"rule 'decoder_block_\d+/attention/(query|key|value)/kernel' "
+        r"cannot split dimension 0 of 'decoder_block_0/attention/key/kernel' "
+        "(size 1, shape (1, 64, 8)) over mesh axis 'model' of size 8, so it keeps that dimension whole, "
+        "replicated over 'model'; the same for 3 more paths (8.00 KiB in all)"
     ]
     planned = {v["path"]: v for v in plan["variables"]}
     for path, placed in sharding.items():
@@ -361,8 +365,8 @@ def test_kerashubs_map_on_a_batch_axis_that_does_not_divide_the_heads_keeps_them
         None,
     ]  # 8 query heads: split
     assert (
-        "rule 'transformer_layer.*self_attention.*(query|key|value).kernel' (from_model) cannot split dimension 1 of "
-        "'transformer_layer_0/self_attention/key/kernel' (size 4"
+        "rule 'transformer_layer.*self_attention.*(query|key|value).kernel' (from_model) cannot split "
+        "dimension 1 of 'transformer_layer_0/self_attention/key/kernel' (size 4"
     ) in plan["warnings"][0]
 
 
@@ -391,7 +395,10 @@ def test_meshruns_family_layouts_split_every_matrix_of_their_models(task, layout
 
 @pytest.mark.e2e
 def test_a_7b_llama_plans_fast_in_little_memory(tmp_path):
-    sizes = "vocabulary_size:32000,num_layers:32,num_query_heads:32,num_key_value_heads:32,hidden_dim:4096,intermediate_dim:11008"
+    sizes = (
+        "vocabulary_size:32000,num_layers:32,num_query_heads:32,num_key_value_heads:32,"
+        "hidden_dim:4096,intermediate_dim:11008"
+    )
     done = run_measured(
         [
             "plan",
@@ -566,6 +573,6 @@ def test_without_keras_hub_the_model_says_how_to_install_it(in_tmp, capsys, monk
     line = capsys.readouterr().err.strip()
     assert exit_info.value.code == 2
     assert (
-        line
-        == "meshrun: error: model: model=keras_hub needs the keras-hub package, which is not installed: pip install 'meshrun[hub]'"
+        line == "meshrun: error: model: model=keras_hub needs the keras-hub "
+        "package, which is not installed: pip install 'meshrun[hub]'"
     )

@@ -16,8 +16,9 @@ def _loaded_after(code: str) -> dict:
     """The meshrun modules and heavy libraries a fresh interpreter holds after running `code`."""
     script = textwrap.dedent(code) + textwrap.dedent("""
         import json, sys
+        heavy = sorted(m for m in ("jax", "keras", "tensorflow", "keras_hub") if m in sys.modules)
         print(json.dumps({"meshrun": sorted(m for m in sys.modules if m.startswith("meshrun")),
-                          "heavy": sorted(m for m in ("jax", "keras", "tensorflow", "keras_hub") if m in sys.modules)}))
+                          "heavy": heavy}))
     """)
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
     return json.loads(done.stdout.splitlines()[-1])
@@ -32,7 +33,8 @@ def test_importing_the_config_schema_loads_at_most_12_meshrun_modules_and_no_jax
 def test_parsing_a_config_imports_the_chosen_model_and_data_source_and_no_other():
     loaded = _loaded_after("""
         from meshrun.config.parse import parse_run_config
-        parse_run_config({"mesh": {"shape": "2x4"}, "model": {"name": "dense_model"}, "data": {"name": "synthetic"}})
+        parse_run_config({"mesh": {"shape": "2x4"}, "model": {"name": "dense_model"},
+                          "data": {"name": "synthetic"}})
     """)
     models = [
         m for m in loaded["meshrun"] if m.startswith("meshrun.models.") and m != "meshrun.models.registry"
@@ -95,3 +97,26 @@ def test_every_name_in_the_tables_registers_itself_from_its_module():
 
     for registry in (MODELS, SOURCES, SINKS):
         assert [spec.name for spec in registry.all()] == registry.names()
+
+
+def test_a_model_whose_data_names_no_synthetic_family_is_refused_at_registration():
+    from meshrun.models.registry import ModelSpec, get_model, register_model
+
+    cnn = get_model("cnn")
+    typo = ModelSpec(
+        name="cnn", options=cnn.options, build=cnn.build, layouts=cnn.layouts, data="image", loss=None
+    )
+    with pytest.raises(ValueError) as refused:
+        register_model(typo)
+    assert str(refused.value) == (
+        "model 'cnn': data='image' is not a synthetic data family (meshrun.data.synthetic.FAMILIES); "
+        "valid: classes, id_pairs, images, padded_tokens, regression, shaped or tokens"
+    )
+    assert get_model("cnn") is cnn  # nothing registered
+
+
+def test_the_synthetic_families_models_may_name_are_the_ones_data_synthetic_generates():
+    from meshrun.data.synthetic import FAMILIES
+    from meshrun.specs.model import SYNTHETIC_FAMILIES
+
+    assert sorted(FAMILIES) == sorted(SYNTHETIC_FAMILIES)

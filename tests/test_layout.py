@@ -53,7 +53,8 @@ def test_two_matching_regexes_name_both():
 def test_rank_mismatch_names_rule_path_and_shape():
     with pytest.raises(
         ConfigError,
-        match=r"^layout\.rules\.d2/bias: gives 2 axes \[null, model\] but variable 'd2/bias' has rank 1 \(shape \(10\)\)",
+        match=r"^layout\.rules\.d2/bias: gives 2 axes \[null, model\] "
+        r"but variable 'd2/bias' has rank 1 \(shape \(10\)\)",
     ):
         assign_rules((rule("d2/bias", None, "model"),), MESH, TENSORS)
 
@@ -61,7 +62,8 @@ def test_rank_mismatch_names_rule_path_and_shape():
 def test_indivisible_dimension_lists_axes_that_would_fit():
     with pytest.raises(
         ConfigError,
-        match=r"dimension 1 of variable 'd2/kernel' \(size 10.*'model' of size 4.*valid for this dimension: null or data",
+        match=r"dimension 1 of variable 'd2/kernel' \(size 10.*'model' "
+        r"of size 4.*valid for this dimension: null or data",
     ):
         assign_rules((rule("d2/kernel", None, "model"),), MESH, TENSORS)
 
@@ -156,9 +158,10 @@ def test_one_note_per_lenient_rule_says_what_stays_whole_and_why():
     heads = LayoutRule(r"block_\d+/(query|key)/kernel", ("model", None, None), replicate_if_indivisible=True)
     notes = bend_notes(check_rules((heads,), MESH, ATTENTION).bends, MESH)
     assert notes == [
-        r"rule 'block_\d+/(query|key)/kernel' cannot split dimension 0 of 'block_0/key/kernel' (size 1, shape "
-        "(1, 64, 16)) over mesh axis 'model' of size 4, so it keeps that dimension whole, replicated over 'model'; "
-        "the same for 1 more path (8.00 KiB in all)"
+        r"rule 'block_\d+/(query|key)/kernel' cannot split "
+        r"dimension 0 of 'block_0/key/kernel' (size 1, shape "
+        "(1, 64, 16)) over mesh axis 'model' of size 4, so it keeps that dimension whole, replicated over "
+        "'model'; the same for 1 more path (8.00 KiB in all)"
     ]
 
 
@@ -206,6 +209,7 @@ def test_a_layout_file_marks_its_lenient_rules_and_a_saved_layout_keeps_them():
     assert parse_layout(saved, MESH).rules == layout.rules
     with pytest.raises(
         ConfigError,
-        match=r"^layout\.replicate_if_indivisible: got 'block_0'; expected a list of patterns of layout\.rules$",
+        match=r"^layout\.replicate_if_indivisible: got 'block_0'; "
+        r"expected a list of patterns of layout\.rules$",
     ):
         parse_layout({**raw, "replicate_if_indivisible": "block_0"}, MESH)

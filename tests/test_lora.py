@@ -3,7 +3,8 @@ preset (tests/presets.py) trained with rank-4 adapters on mesh 2x4 under gemma_t
 train (the plan, the optimizer's slots and metrics.json say so); the exported preset loads in plain
 KerasHub with the adapters merged and the preset's tokenizer, and the base preset with the exported
 adapter gives the same logits; a LoRA run on text stopped by SIGTERM and by SIGKILL resumes with
-the losses and adapters of an uninterrupted run; rules that catch adapters warn; bad values are one line with exit 2."""
+the losses and adapters of an uninterrupted run; rules that catch adapters warn; bad values are one line with
+exit 2."""
 
 import json
 import math
@@ -98,7 +99,8 @@ def test_only_the_adapters_train_and_the_optimizer_keeps_state_for_them_alone(lo
         metrics["memory"]["optimizer_bytes_per_device"]
         == metrics["memory"]["planned_optimizer_bytes_per_device"]
     )
-    # The preset went onto its shards (tests/test_load_onto_shards.py): no device held more than its planned weights.
+    # The preset went onto its shards (tests/test_load_onto_shards.py): no device held more than its planned
+    # weights.
     assert (
         metrics["memory"]["load_peak_bytes_per_device"]
         <= 1.3 * metrics["memory"]["planned_params_bytes_per_device"]
@@ -117,7 +119,8 @@ import json, sys
 import numpy as np
 import keras, keras_hub
 base_dir, run_dir, rank = sys.argv[1], sys.argv[2], int(sys.argv[3])
-tokens = {"token_ids": (np.arange(32).reshape(2, 16) * 7 + 3) % 512, "padding_mask": np.ones((2, 16), "int32")}
+tokens = {"token_ids": (np.arange(32).reshape(2, 16) * 7 + 3) % 512,
+          "padding_mask": np.ones((2, 16), "int32")}
 merged = keras_hub.models.CausalLM.from_preset(run_dir + "/preset")
 base = keras_hub.models.CausalLM.from_preset(base_dir)
 base_logits = np.asarray(base(tokens))
@@ -142,7 +145,8 @@ print(json.dumps({
                                          - np.asarray(merged(tokens))).max()),
     "merged_kernels_off": merged_off, "changed": sorted(changed), "adapted": sorted(adapted),
     "preprocessor": type(merged.preprocessor).__name__,
-    "same_tokens": np.asarray(merged.preprocessor.tokenizer(text)).tolist() == np.asarray(base.preprocessor.tokenizer(text)).tolist(),
+    "same_tokens": (np.asarray(merged.preprocessor.tokenizer(text)).tolist()
+                    == np.asarray(base.preprocessor.tokenizer(text)).tolist()),
     "meshrun_imported": "meshrun" in sys.modules,
 }))
 """
@@ -188,8 +192,8 @@ def test_the_exports_load_in_plain_keras_hub_merged_and_as_base_plus_adapter(lor
 
 def test_a_lora_fine_tune_stopped_by_sigterm_then_killed_resumes_exactly(text_files, tmp_path):
     """A LoRA fine-tune on text (dropout on, so training draws random numbers) is stopped by
-    SIGTERM, run again and killed with SIGKILL mid-epoch (both real processes), then run a third time: it restores the
-    adapters, their optimizer state, the data position and the RNG each time, and ends with the
+    SIGTERM, run again and killed with SIGKILL mid-epoch (both real processes), then run a third time: it
+    restores the adapters, their optimizer state, the data position and the RNG each time, and ends with the
     losses, eval loss and adapters of the run never interrupted."""
     from presets import corpus_text
 
@@ -298,8 +302,8 @@ def test_a_rule_that_catches_adapters_is_a_warning_and_one_they_do_not_divide_is
     warned = [w for w in catching["warnings"] if "LoRA adapter" in w]
     assert len(warned) == 1, catching["warnings"]
     assert warned[0].startswith(
-        "rule 'decoder_block_\\d+/ffw_gating.*' (rules) also places the LoRA adapter decoder_block_0/ffw_gating/lora_kernel_a "
-        "and 3 more adapter variables"
+        "rule 'decoder_block_\\d+/ffw_gating.*' (rules) also places the LoRA adapter "
+        "decoder_block_0/ffw_gating/lora_kernel_a and 3 more adapter variables"
     ), warned[0]
     assert catching["lora_adapters"]["placed_by_rules"] == 4
     indivisible = plan_json(
@@ -338,8 +342,9 @@ BAD = {
     ),
     "a layer the backbone lacks": (
         ["model.lora.rank=4", "model.lora.targets=[quary,value]"],
-        "model.lora.targets: got ['quary', 'value'], but GemmaBackbone has no Dense or EinsumDense layer named 'quary'; did you mean query? "
-        "valid: attention_output, ffw_gating, ffw_gating_2, ffw_linear, key, query or value",
+        "model.lora.targets: got ['quary', 'value'], but GemmaBackbone has no Dense or EinsumDense layer "
+        "named 'quary'; did you mean query? valid: attention_output, "
+        "ffw_gating, ffw_gating_2, ffw_linear, key, query or value",
     ),
 }
 

@@ -279,7 +279,8 @@ def gone(pid: int) -> bool:
 
 def start_long_job(tmp_path, *extra) -> tuple[subprocess.Popen, Path]:
     run_dir = tmp_path / "run"
-    # 200 epochs of 64 steps: as long a job as 50 of 256, its first epoch (a process's first log line) 4 times sooner
+    # 200 epochs of 64 steps: as long a job as 50 of 256, its first epoch (a process's first log line) 4 times
+    # sooner
     command = [
         sys.executable,
         "-m",
@@ -388,8 +389,8 @@ def listening_port() -> socket.socket:
 def test_processes_that_do_not_divide_the_mesh_are_rejected(in_tmp, capsys):
     line = error_line_here(["train", "distributed.local_processes=3", "mesh=2x4"], capsys)
     assert (
-        line
-        == "meshrun: error: distributed.local_processes: got 3, but mesh 2x4's 8 devices do not split evenly over 3 processes; valid: 1, 2, 4 or 8"
+        line == "meshrun: error: distributed.local_processes: got 3, but mesh 2x4's "
+        "8 devices do not split evenly over 3 processes; valid: 1, 2, 4 or 8"
     )
     assert list(in_tmp.iterdir()) == []
 
@@ -469,8 +470,8 @@ def test_a_bind_address_that_is_not_host_port_is_one_error():
     with pytest.raises(ConfigError) as caught:
         parse_distributed({"bind_address": "everywhere"})
     assert str(caught.value) == (
-        "distributed.bind_address: got 'everywhere'; expected HOST:PORT where process 0's coordinator listens, an address of its "
-        "host, e.g. 10.0.0.5:12345, 127.0.0.1:12345 or [::]:12345"
+        "distributed.bind_address: got 'everywhere'; expected HOST:PORT where process 0's coordinator "
+        "listens, an address of its host, e.g. 10.0.0.5:12345, 127.0.0.1:12345 or [::]:12345"
     )
 
 
@@ -495,7 +496,7 @@ LOOPBACK = {
 
 
 @pytest.mark.e2e
-def test_a_local_jobs_coordinator_listens_on_loopback_only_and_a_killed_process_ends_the_job_quickly_with_one_line_and_no_orphans(
+def test_a_local_coordinator_is_on_loopback_only_and_a_killed_process_ends_the_job_fast_in_a_line_no_orphans(
     tmp_path,
 ):
     """One long job: where its coordinator listens while it trains, then process 1 killed."""
@@ -551,7 +552,8 @@ def test_a_local_jobs_coordinator_listens_on_loopback_only_and_a_killed_process_
 def test_a_bind_address_not_of_this_host_is_one_line_before_any_process_starts(in_tmp, capsys):
     line = error_line_here(["train", TWO, f"distributed.bind_address={NOT_OURS}:45678", "mesh=2x4"], capsys)
     assert line.startswith(
-        f"meshrun: error: distributed.bind_address: got '{NOT_OURS}:45678', but {NOT_OURS} is not an address of this host"
+        "meshrun: error: distributed.bind_address: got "
+        f"'{NOT_OURS}:45678', but {NOT_OURS} is not an address of this host"
     )
     assert list(in_tmp.iterdir()) == []
 

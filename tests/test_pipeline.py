@@ -448,12 +448,14 @@ def test_while_built_for_stages_each_blocks_weights_live_on_its_stages_devices_a
         (
             lambda: [_scaled(name="layer_0"), _scaled(name="layer_2")],
             True,
-            "its blocks are not named by their place (layer_0, layer_2, ...); stages need block i named <name>_i",
+            "its blocks are not named by their place (layer_0, "
+            "layer_2, ...); stages need block i named <name>_i",
         ),
         (
             lambda: [_scaled(name=f"layer_{i}") for i in range(2)],
             False,
-            "its blocks are not applied one after another (layer_1 does not take layer_0's output and the same tensors beside it)",
+            "its blocks are not applied one after another (layer_1 does "
+            "not take layer_0's output and the same tensors beside it)",
         ),
     ],
 )

@@ -57,9 +57,9 @@ def test_the_pipeline_section_defaults_to_one_microbatch_per_stage():
 
 
 STAGES_TYPO = (
-    "pipeline.microbatches=4 and pipeline.remat=true do nothing: pipeline stages wait for a mesh axis named 'stage' "
-    "(pipeline.axis), and mesh 4x2's axes are stages, data ('stages' is close: a typo?), so the run has no stages; name an "
-    "axis 'stage' in mesh.axis_names, or leave the pipeline keys out"
+    "pipeline.microbatches=4 and pipeline.remat=true do nothing: pipeline stages wait for a mesh axis named "
+    "'stage' (pipeline.axis), and mesh 4x2's axes are stages, data ('stages' is close: a typo?), so the run "
+    "has no stages; name an axis 'stage' in mesh.axis_names, or leave the pipeline keys out"
 )
 
 
@@ -97,13 +97,14 @@ def test_pipeline_keys_on_a_mesh_without_the_stage_axis_are_a_warning_in_the_pla
         (
             _raw("4x2", ["stage", "data"], "stage"),
             "mesh.batch_axis",
-            "got 'stage', the pipeline's stage axis (pipeline.axis), whose devices hold different blocks, not copies of the model to "
-            "split the batch over; valid: data",
+            "got 'stage', the pipeline's stage axis (pipeline.axis), whose devices hold different blocks, "
+            "not copies of the model to split the batch over; valid: data",
         ),
         (
             _raw("2x4", ["stage", "data"], "data", microbatches=3),
             "pipeline.microbatches",
-            "got 3, which does not divide the 4 rows of each data replica (train.batch_size=16 over 'data' of size 4); valid: 1, 2 or 4",
+            "got 3, which does not divide the 4 rows of each data replica "
+            "(train.batch_size=16 over 'data' of size 4); valid: 1, 2 or 4",
         ),
         (
             _raw("4x8", ["stage", "data"], "data"),
@@ -123,7 +124,8 @@ def test_pipeline_keys_on_a_mesh_without_the_stage_axis_are_a_warning_in_the_pla
         (
             _raw("4x2", ["stage", "data"], "data", microbatches=2, repeats=2),
             "pipeline.microbatches",
-            "got 2 with pipeline.repeats=2: the circular schedule takes microbatches in groups of the 4 stages; valid: 4 or 8",
+            "got 2 with pipeline.repeats=2: the circular schedule "
+            "takes microbatches in groups of the 4 stages; valid: 4 or 8",
         ),
     ],
 )
@@ -163,8 +165,8 @@ def test_rules_for_separate_blocks_place_the_stacked_ones_over_the_stage_axis():
                 LayoutRule("block_3/mlp/kernel", ("data", None), origin="extra_rules"),
             ),
             "layout.extra_rules.block_3/mlp/kernel",
-            "places 'block_3/mlp/kernel' as [data, null] but 'block_0/mlp/kernel' is placed as [null, model]; pipelined blocks are held "
-            "stacked, so every block's weight must be placed alike",
+            "places 'block_3/mlp/kernel' as [data, null] but 'block_0/mlp/kernel' is placed as [null, "
+            "model]; pipelined blocks are held stacked, so every block's weight must be placed alike",
         ),
         (
             (LayoutRule(r"block_\d+/mlp/kernel", ("stage", None)),),
@@ -334,7 +336,8 @@ def _mixed(raw: dict) -> dict:
             2e-5,
         ),
         (CIRCULAR, SEPARATE_4, 2e-5),
-        # bfloat16 activations: XLA's CPU compiler aborted on the stage sums in bfloat16 until they were made in float32
+        # bfloat16 activations: XLA's CPU compiler aborted on the stage sums in bfloat16 until they were made
+        # in float32
         (_mixed(PIPELINED), _mixed(SEPARATE), 1e-3),
     ],
     ids=["2 stages, tensor parallel inside", "4 stages, remat", "circular, 2 rounds", "mixed_bfloat16"],
@@ -347,8 +350,8 @@ def test_a_pipelined_run_trains_and_counts_flops_as_the_same_model_with_separate
     assert staged.metrics["history"]["loss"] == pytest.approx(expected["history"]["loss"], rel=rel)
     assert staged.metrics["history"]["loss"][1] < staged.metrics["history"]["loss"][0]
     assert staged.plan.pipeline.stages == int(pipelined["mesh"]["shape"][0])
-    # XLA counts a loop's body once: the schedule's loops had the pipelined step counted 2.3 to 4.9 times short here
-    # (remat and the circular schedule's recomputation are the run's choice, not counted).
+    # XLA counts a loop's body once: the schedule's loops had the pipelined step counted 2.3 to 4.9 times
+    # short here (remat and the circular schedule's recomputation are the run's choice, not counted).
     flops = staged.metrics["flops"]
     assert flops["per_step"] == pytest.approx(expected["flops"]["per_step"], rel=0.01)
     assert (
@@ -364,18 +367,18 @@ def test_a_pipelined_run_trains_and_counts_flops_as_the_same_model_with_separate
     [
         (
             ["model.layers=3", "mesh=2x4", "mesh.axis_names=[stage,data]"],
-            "mesh.shape: got 2x4: the stage axis 'stage' of size 2 does not split transformer's 3 blocks into stages of equal length; "
-            "valid sizes for 'stage': 1 or 3",
+            "mesh.shape: got 2x4: the stage axis 'stage' of size 2 does not split transformer's 3 blocks "
+            "into stages of equal length; valid sizes for 'stage': 1 or 3",
         ),
         (
             ["pipeline.repeats=2", "mesh=2x4", "mesh.axis_names=[stage,data]"],
-            "mesh.shape: got 2x4: the stage axis 'stage' of size 2 times pipeline.repeats=2 does not split transformer's 2 blocks into "
-            "stages of equal length; valid sizes for 'stage': 1",
+            "mesh.shape: got 2x4: the stage axis 'stage' of size 2 times pipeline.repeats=2 does not split "
+            "transformer's 2 blocks into stages of equal length; valid sizes for 'stage': 1",
         ),
         (
             ["model=dense_model", "mesh=2x4", "mesh.axis_names=[stage,data]"],
-            "mesh.axis_names: got ['stage', 'data']: axis 'stage' asks for pipeline stages (pipeline.axis), but dense_model has no repeated "
-            "blocks to split",
+            "mesh.axis_names: got ['stage', 'data']: axis 'stage' asks for pipeline stages (pipeline.axis), "
+            "but dense_model has no repeated blocks to split",
         ),
         (
             ["mesh=2x4", "mesh.axis_names=[stage,data]", "pipeline.microbatches=3"],
@@ -387,9 +390,10 @@ def test_a_pipelined_run_trains_and_counts_flops_as_the_same_model_with_separate
         ),
         (
             ["model.dropout=0.1", "mesh=2x4", "mesh.axis_names=[stage,data]"],
-            "mesh.axis_names: got a stage axis 'stage' for transformer, but its blocks keep state besides their weights "
-            "(attention/seed_generator_2/seed_generator_state, blocks/seed_generator/seed_generator_state) (dropout's random state: set the "
-            "model's dropout to 0), which pipeline stages cannot hand on yet; train it without a stage axis",
+            "mesh.axis_names: got a stage axis 'stage' for transformer, but its blocks keep state besides "
+            "their weights (attention/seed_generator_2/seed_generator_state, "
+            "blocks/seed_generator/seed_generator_state) (dropout's random state: set the model's "
+            "dropout to 0), which pipeline stages cannot hand on yet; train it without a stage axis",
         ),
     ],
 )

@@ -157,9 +157,9 @@ def test_a_presets_lora_fine_tune_with_stages_trains_samples_and_exports_as_with
         staged["sharding"]["transformer_layers/stacked_attention_query_lora_kernel_a"]["spec"][0] == "stage"
     )
     assert staged["samples"] == separate["samples"] and staged["samples"][0]["prompt"] == PROMPT
-    # Each block's weights were loaded onto its stage's devices alone. Loaded into every device first, the peak was
-    # 3.5 times the parameters a device holds in a process of its own; 1.25 times now (more here: this process
-    # holds other runs' leftovers).
+    # Each block's weights were loaded onto its stage's devices alone. Loaded into every device first, the
+    # peak was 3.5 times the parameters a device holds in a process of its own; 1.25 times now (more here:
+    # this process holds other runs' leftovers).
     memory = staged["memory"]
     assert memory["load_peak_bytes_per_device"] < 2.5 * memory["params_bytes_per_device"]
     assert sorted(
@@ -209,7 +209,8 @@ def test_meshrun_generate_completes_from_a_pipelined_runs_checkpoint(gemma_runs,
     run_dir = in_tmp / "run"
     shutil.copytree(staged_dir, run_dir)
     shutil.rmtree(run_dir / "preset")  # no export to read: the checkpoint holds the stacked weights
-    # The CLI in this process (test_generate starts `meshrun generate` processes): the same output, the same exit status.
+    # The CLI in this process (test_generate starts `meshrun generate` processes): the same output, the same
+    # exit status.
     done = cli_here(["generate", str(run_dir), "--prompt", PROMPT, "--max-length", "24", "--json"], capsys)
     assert done.returncode == 0, done.stderr[-2000:]
     assert json.loads(done.stdout) == staged["samples"]
@@ -226,8 +227,8 @@ GEMMA_SLIDING = (
     [
         (
             ["model.task=GemmaCausalLM", GEMMA_SLIDING],
-            "but its blocks differ: use_sliding_window_attention is False in decoder_block_1 and True in decoder_block_0; "
-            "stages run one block repeated",
+            "but its blocks differ: use_sliding_window_attention is False in decoder_block_1 and True in "
+            "decoder_block_0; stages run one block repeated",
         ),
         (
             [

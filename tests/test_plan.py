@@ -212,9 +212,9 @@ def test_a_lenient_rule_places_what_it_can_and_says_once_what_stays_whole():
         placed["block_1/query/kernel"].bytes_per_device == 1024 * 128 * 4
     )  # 8 heads over 8 devices: one each
     assert plan.warnings == (
-        f"rule '{heads.pattern}' cannot split dimension 1 of 'block_0/key/kernel' (size 1, shape (1024, 1, 128)) "
-        "over mesh axis 'model' of size 8, so it keeps that dimension whole, replicated over 'model'; the same "
-        "for 1 more path (1.00 MiB in all)",
+        f"rule '{heads.pattern}' cannot split dimension 1 of 'block_0/key/kernel' (size 1, shape (1024, 1, "
+        "128)) over mesh axis 'model' of size 8, so it keeps that dimension whole, replicated over 'model'; "
+        "the same for 1 more path (1.00 MiB in all)",
     )
 
 
@@ -380,8 +380,9 @@ def test_output_rules_are_planned_and_checked():
     bad = plan_of(variables, [rule("head/output", "data", "model")], outputs=outputs)
     assert [str(e) for e in bad.errors] == [
         (
-            "layout.rules.head/output: shards dimension 1 of output 'head/output' (size 10, shape (?, 10)) over "
-            "mesh axis 'model' of size 4, which does not divide 10 on mesh 2x4; valid for this dimension: null or data"
+            "layout.rules.head/output: shards dimension 1 of output 'head/output' (size 10, shape (?, 10)) "
+            "over mesh axis 'model' of size 4, which does not divide "
+            "10 on mesh 2x4; valid for this dimension: null or data"
         )
     ]
     assert bad.outputs == ()

@@ -125,8 +125,8 @@ def test_a_signal_mid_epoch_saves_and_the_same_command_resumes_exactly(
         + "; a run stopped by a signal only saves its checkpoint, to exit within the scheduler's grace period"
     )
     assert (
-        rows["flops"]
-        == f"skipped (XLA's cost analysis, and the compiled memory estimate with it): {name} received after step {step}"
+        rows["flops"] == "skipped (XLA's cost analysis, and the compiled memory "
+        f"estimate with it): {name} received after step {step}"
     )
     assert rows["export"] == skipped and rows["epochs"].endswith(
         f" s; epoch {epoch}: {in_epoch} of {STEPS_PER_EPOCH} steps"
@@ -162,8 +162,8 @@ def test_sigterm_to_a_two_process_job_stops_both_at_one_step_and_the_same_comman
     64 steps an epoch (a step takes 30-60 ms in two processes here): the step log's first records
     come at the end of epoch 1 (step 64), and the processes check at steps 81, 101 and 121 before
     epoch 2 ends at 128, so the signal lands mid-epoch if it arrives within 57 steps (1.7 to 3.4 s;
-    it was in by step 81 on the 2-core machine under a load of 10). (The reference is a two-process run too: a one-process run's eval
-    loss differs by up to 5e-5.)"""
+    it was in by step 81 on the 2-core machine under a load of 10). (The reference is a two-process run too: a
+    one-process run's eval loss differs by up to 5e-5.)"""
     steps_per_epoch = 64
     args = [
         "train",
@@ -255,7 +255,8 @@ def test_a_full_disk_stops_the_run_with_one_line_and_the_last_checkpoint_resumes
         or subprocess.run(["unshare", "--user", "--map-root-user", "--mount", "true"]).returncode
     ):
         pytest.skip(
-            "no mount namespace here (unshare --user --map-root-user --mount fails), so no small tmpfs to fill"
+            "no mount namespace here (unshare --user --map-root-user "
+            "--mount fails), so no small tmpfs to fill"
         )
     disk, checkpoints, saved = tmp_path / "disk", tmp_path / "disk" / "checkpoints", tmp_path / "saved"
     disk.mkdir()
@@ -290,7 +291,8 @@ def test_a_full_disk_stops_the_run_with_one_line_and_the_last_checkpoint_resumes
         "(OSError: [Errno 28] No space left on device: the checkpoint takes about "
     )
     assert lines[0].endswith(
-        f"the newest complete checkpoint is {checkpoints / '200'} (traceback in {tmp_path / 'full'}/error.log)"
+        f"the newest complete checkpoint is {checkpoints / '200'} "
+        f"(traceback in {tmp_path / 'full'}/error.log)"
     )
     cli.main([*ARGS, f"resume={saved}", f"hydra.run.dir={tmp_path / 'resumed'}"])
     resumed = read_metrics(tmp_path / "resumed")
@@ -321,8 +323,9 @@ def test_resume_auto_passes_over_a_damaged_newest_checkpoint_and_still_ends_exac
         cli.main([*ARGS, f"resume={checkpoints}", f"hydra.run.dir={tmp_path / 'named'}"])
     stderr = capfd.readouterr().err
     assert named.value.code == 2 and stderr.strip().splitlines() == [
-        f"meshrun: error: resume: checkpoint {checkpoints / '450'} cannot be read ({stderr.split(' cannot be read (')[1].split('): ')[0]}): "
-        "its files were changed after it was saved; resume from another of its steps (resume=<dir>/<step>) or start again (resume=never)"
+        f"meshrun: error: resume: checkpoint {checkpoints / '450'} cannot be read "
+        f"({stderr.split(' cannot be read (')[1].split('): ')[0]}): its files were changed after it was "
+        "saved; resume from another of its steps (resume=<dir>/<step>) or start again (resume=never)"
     ], stderr[-3000:]
     cli.main([*ARGS, f"checkpoint.dir={checkpoints}", f"hydra.run.dir={tmp_path / 'resumed'}"])
     assert read_metrics(tmp_path / "resumed")["status"] == "ok"
@@ -360,7 +363,8 @@ def test_a_second_ctrl_c_stops_at_once_with_one_line(tmp_path):
     assert process.returncode == 130, stderr[-3000:]
     assert not (tmp_path / "run" / "metrics.json").exists(), "stopped at once: no run summary"
     assert stderr.strip().splitlines() == [
-        "meshrun: error: interrupted; stopped at once (a first Ctrl-C during training stops at a step boundary with a checkpoint)"
+        "meshrun: error: interrupted; stopped at once (a first Ctrl-C "
+        "during training stops at a step boundary with a checkpoint)"
     ], stderr[-3000:]
 
 

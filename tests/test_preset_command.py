@@ -204,7 +204,8 @@ def bad_inputs(texts: Path, tmp: Path) -> dict[tuple, str]:
             *base,
             "--temperature",
             "1",
-        ): "--temperature: not a flag of meshrun preset; valid: --text PATH, --out DIR, --vocabulary N, --layers N",
+        ): "--temperature: not a flag of meshrun preset; valid: "
+        "--text PATH, --out DIR, --vocabulary N, --layers N",
         ("gemma", "--text", str(tmp / "nowhere" / "*.txt"), "--out", out): "which matches no file",
         (
             "gemma",
@@ -362,7 +363,8 @@ import contextlib, io, sys
 from meshrun import cli
 with contextlib.redirect_stdout(io.StringIO()):
     cli.run(["preset", "--help"], as_program=False)
-status = cli.run(["preset", "gemma", "--text", sys.argv[1], "--out", sys.argv[2], "--vocabulary", "50000"], as_program=False)
+status = cli.run(["preset", "gemma", "--text", sys.argv[1], "--out", sys.argv[2], "--vocabulary", "50000"],
+                 as_program=False)
 print(status, [m for m in ("jax", "keras", "keras_hub", "tensorflow") if m in sys.modules])
 """
 
@@ -436,7 +438,8 @@ def test_the_vocabulary_an_error_offers_is_one_the_text_gives(train, texts):
         size(20_000)
     offered = int(str(refused.value).rpartition(" ")[2])
     assert (
-        f"--vocabulary: got 20000, more ids than this text gives a {'SentencePiece' if train == 'sentencepiece' else 'byte-level BPE'}"
+        "--vocabulary: got 20000, more ids than this text gives a "
+        f"{'SentencePiece' if train == 'sentencepiece' else 'byte-level BPE'}"
         in str(refused.value)
         and 300 < offered < 20_000
     )

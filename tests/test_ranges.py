@@ -75,8 +75,9 @@ def test_class_labels_beyond_the_outputs_are_one_line_with_exit_2(in_tmp, capsys
         capsys,
     )
     assert line == (
-        "meshrun: error: data: data=arrays: class labels reach 19, but the model's output has 10 classes (valid: 0 to 9); "
-        "give a model with as many outputs as there are classes (model.num_classes), or relabel them from 0"
+        "meshrun: error: data: data=arrays: class labels reach 19, but the model's output has 10 classes "
+        "(valid: 0 to 9); give a model with as many outputs as there "
+        "are classes (model.num_classes), or relabel them from 0"
     )
 
 
@@ -102,5 +103,6 @@ def test_token_ids_beyond_the_vocabulary_are_found_mid_stream(in_tmp, capsys):
         capsys,
     )
     assert line.startswith(
-        "meshrun: error: data: data=arrays: token ids reach 300, but the model's vocabulary holds 256 ids (valid: 0 to 255)"
+        "meshrun: error: data: data=arrays: token ids reach 300, "
+        "but the model's vocabulary holds 256 ids (valid: 0 to 255)"
     )

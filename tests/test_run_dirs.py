@@ -65,8 +65,8 @@ def test_a_dir_holding_a_finished_run_is_refused_and_an_unfinished_one_moved_asi
     train(["hydra.run.dir=run", "train.seed=7"])
     aside = run_dir / "unfinished-run-1"
     assert (
-        f"meshrun: warning: run held an unfinished run (no metrics.json) and this run resumes no checkpoint of it: "
-        f"moved its files to {aside.relative_to(in_tmp)}; starting afresh"
+        "meshrun: warning: run held an unfinished run (no metrics.json) and this run resumes no checkpoint "
+        f"of it: moved its files to {aside.relative_to(in_tmp)}; starting afresh"
     ) in capsys.readouterr().err
     assert sorted(contents(aside)) == [
         ".hydra/config.yaml",

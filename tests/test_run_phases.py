@@ -17,7 +17,8 @@ MODULE = "meshrun_test_run_phases"  # unique: this test process imports it once,
 SOURCE = """
 import keras
 
-BUILDS = []  # "abstract" (no distribution in force: the plan's build) or "real" (under the run's distribution)
+# "abstract" (no distribution in force: the plan's build) or "real" (under the run's distribution)
+BUILDS = []
 
 
 def mlp():
@@ -90,8 +91,8 @@ def test_an_early_stopping_monitor_the_run_does_not_log_is_found_before_the_mode
         [*SYNTHETIC, "train.loss=sparse_categorical_crossentropy", "train.early_stopping.monitor=auc"], capsys
     )
     assert (
-        line
-        == "meshrun: error: train.early_stopping.monitor: got 'auc', which this run does not log; valid: loss or accuracy"
+        line == "meshrun: error: train.early_stopping.monitor: got 'auc', "
+        "which this run does not log; valid: loss or accuracy"
     )
     assert builds == ["abstract"]
 

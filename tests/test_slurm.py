@@ -33,7 +33,8 @@ def cluster():
     status = subprocess.run([str(SCRIPTS / "slurm_localhost.sh"), "status"], capture_output=True, timeout=120)
     if status.returncode != 0:
         pytest.skip(
-            "SLURM is installed but no cluster runs a 2-task step here; start one with scripts/slurm_localhost.sh start"
+            "SLURM is installed but no cluster runs a 2-task step "
+            "here; start one with scripts/slurm_localhost.sh start"
         )
 
 

@@ -96,7 +96,8 @@ def test_rows_are_sorted_by_throughput_with_the_best_marked_and_failures_last(tm
 
 @pytest.mark.integration
 def test_the_layout_column_names_rules_given_on_the_command_line(tmp_path):
-    # A real run records its overrides as Hydra got them (layout.rules={...} as ~layout.rules +layout.rules={...}).
+    # A real run records its overrides as Hydra got them (layout.rules={...} as ~layout.rules
+    # +layout.rules={...}).
     given = tmp_path / "given"
     cli.main(
         [
@@ -223,7 +224,8 @@ def test_the_title_quotes_the_labels_that_hold_commas(tmp_path):
     ]
     rows = sweep.summary_rows(runs, relative_to=tmp_path)
     assert sweep_title(rows) == (
-        'meshrun sweep: 3 jobs of "GemmaCausalLM, LoRA rank 4", "GemmaCausalLM, LoRA rank 8", "say \\"hi\\"", '
+        'meshrun sweep: 3 jobs of "GemmaCausalLM, LoRA rank 4", '
+        '"GemmaCausalLM, LoRA rank 8", "say \\"hi\\"", '
         "layout gemma_tp; varying model"
     )
 
@@ -440,11 +442,13 @@ def test_a_multirun_over_two_models_ends_with_their_comparison(tmp_path, monkeyp
     [
         (
             ["model=resnet"],
-            "meshrun: error: model: unknown option 'resnet'; available: cnn, dense_model, keras_hub, python, transformer or two_tower",
+            "meshrun: error: model: unknown option 'resnet'; available: "
+            "cnn, dense_model, keras_hub, python, transformer or two_tower",
         ),
         (
             ["train.epoch=3"],
-            "meshrun: error: train.epoch: no such key (got override 'train.epoch=3'); did you mean train.epochs?",
+            "meshrun: error: train.epoch: no such key (got "
+            "override 'train.epoch=3'); did you mean train.epochs?",
         ),
     ],
 )

@@ -568,7 +568,7 @@ def test_a_preset_asking_for_code_is_one_line_and_nothing_runs(
         line for line in capsys.readouterr().err.splitlines() if line.strip() and "[meshrun]" not in line
     ]
     assert exit_info.value.code == 2 and lines == [
-        f"meshrun: error: model.preset: got {preset!r}, whose config.json asks for {asked}; meshrun loads only Keras' and "
-        "KerasHub's own objects from a preset"
+        f"meshrun: error: model.preset: got {preset!r}, whose config.json asks for {asked}; meshrun loads "
+        "only Keras' and KerasHub's own objects from a preset"
     ]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["crafted"]  # no run dir

@@ -335,8 +335,8 @@ def test_an_empty_corpus_says_which_files_in_words_that_agree_with_their_count(t
         )
     )
     assert two == (
-        f"data.files: none of the 2 files ({str(tmp_path / 'a.txt')!r}, {str(tmp_path / 'b.jsonl')!r}) holds any text: "
-        "each is empty or only whitespace"
+        f"data.files: none of the 2 files ({str(tmp_path / 'a.txt')!r}, {str(tmp_path / 'b.jsonl')!r}) holds "
+        "any text: each is empty or only whitespace"
     )
 
 
@@ -402,6 +402,7 @@ def test_counts_of_examples_agree_with_their_nouns(tmp_path, caplog):
         made["two.jsonl"]()
     (warning,) = [r.getMessage() for r in caplog.records if "data.too_long=drop" in r.getMessage()]
     assert warning.startswith(
-        "data.too_long=drop: 1 of the 2 train examples makes more than model.seq_len + 1 = 7 tokens and was left out"
+        "data.too_long=drop: 1 of the 2 train examples makes "
+        "more than model.seq_len + 1 = 7 tokens and was left out"
     )
     assert warning.endswith("raise model.seq_len to keep it")

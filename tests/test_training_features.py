@@ -138,8 +138,8 @@ def test_a_diverging_learning_rate_stops_the_run_at_the_first_bad_step(in_tmp, c
     assert exit_info.value.code == 1 and len(errors) == 1, stderr[-2000:]
     epoch, in_epoch = divmod(bad - 1, 8)
     assert (
-        f"at step {bad} (epoch {epoch + 1}, step {in_epoch + 1} of 8); training stopped there (train.stop_on_nan)"
-        in errors[0]
+        f"at step {bad} (epoch {epoch + 1}, step {in_epoch + 1} "
+        "of 8); training stopped there (train.stop_on_nan)" in errors[0]
     )
     kept = sorted(int(p.name) for p in (run_dir / "checkpoints").iterdir() if p.name.isdigit())
     assert (
@@ -426,6 +426,7 @@ def test_a_profile_past_the_last_step_is_one_line_and_leaves_nothing(in_tmp, cap
     stderr = capsys.readouterr().err
     assert exit_info.value.code == 2 and "Traceback" not in stderr
     assert stderr.strip().splitlines() == [
-        "meshrun: error: profile.steps: got [10, 40]; the run has 16 training steps: valid 1 <= first <= last <= 16"
+        "meshrun: error: profile.steps: got [10, 40]; the run "
+        "has 16 training steps: valid 1 <= first <= last <= 16"
     ]
     assert list(in_tmp.iterdir()) == []

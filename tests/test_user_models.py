@@ -30,7 +30,8 @@ def functional(hidden=32, classes=4):
 
 
 class Tower(keras.Model):
-    """Unnamed layers, a dropout (its seed generator is a variable) and no build(): built on its first call."""
+    """Unnamed layers, a dropout (its seed generator is a variable) and no build(): built on its first
+    call."""
 
     def __init__(self, hidden, classes):
         super().__init__()
@@ -72,7 +73,8 @@ def samples(split, seed):
     import numpy as np
 
     rng = np.random.default_rng(seed + (split == "eval"))
-    return [(rng.standard_normal(16).astype("float32"), np.int32(i % 4)) for i in range(128 if split == "train" else 32)]
+    count = 128 if split == "train" else 32
+    return [(rng.standard_normal(16).astype("float32"), np.int32(i % 4)) for i in range(count)]
 
 
 NOT_CALLABLE = 3

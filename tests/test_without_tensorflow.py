@@ -122,8 +122,8 @@ TFRECORD = [
         ),
         (
             ["data=python", "data.factory=tf_factory:dataset"],
-            "meshrun: error: data.factory: tf_factory:dataset(split='train') raised ModuleNotFoundError: No module named 'tensorflow'; "
-            f"TensorFlow is not installed: {INSTALL}",
+            "meshrun: error: data.factory: tf_factory:dataset(split='train') raised ModuleNotFoundError: No "
+            f"module named 'tensorflow'; TensorFlow is not installed: {INSTALL}",
         ),
     ],
     ids=["tfrecord", "tf.data factory"],
@@ -165,7 +165,7 @@ TEXTS = [
 
 
 @pytest.mark.e2e
-def test_keras_hub_preset_tokenizers_encode_as_with_tensorflow_and_a_tokenizer_that_splits_its_own_way_says_it_needs_it(
+def test_hub_preset_tokenizers_encode_as_with_tensorflow_and_one_splitting_its_own_way_says_it_needs_it(
     python_without_tensorflow, text_files, tmp_path
 ):
     """Gemma's SentencePiece and GPT-2's byte-level BPE load from their presets and encode as this
@@ -193,8 +193,9 @@ def test_keras_hub_preset_tokenizers_encode_as_with_tensorflow_and_a_tokenizer_t
         )
     assert [outcome[source][0] for source in sources] == ["sentencepiece", "tokenizers", "tokenizers"]
     assert outcome[str(tekken)] == (
-        f"data.tokenizer: MistralTekkenTokenizer of {tekken.resolve()} splits text its own way, which meshrun "
-        f"encodes with KerasHub's TensorFlow graph: needs TensorFlow, which is not installed: {INSTALL}"
+        f"data.tokenizer: MistralTekkenTokenizer of {tekken.resolve()} splits text its own way, which "
+        "meshrun encodes with KerasHub's TensorFlow graph: "
+        f"needs TensorFlow, which is not installed: {INSTALL}"
     )
 
 

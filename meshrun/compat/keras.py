@@ -49,7 +49,8 @@ uses(
         "keras",
         "keras.src.utils.module_utils",
         "LazyModule",
-        "seeding Keras and saving models without importing TensorFlow (Keras asks it whether TensorFlow is installed, importing it)",
+        "seeding Keras and saving models without importing TensorFlow "
+        "(Keras asks it whether TensorFlow is installed, importing it)",
         source_contains="self._available",
     ),
 )
@@ -178,14 +179,16 @@ uses(
         "keras",
         "keras.src.callbacks.callback_list",
         "CallbackList",
-        "letting Keras fetch step logs on worker threads while meshrun's callbacks run (their async_safe attribute)",
+        "letting Keras fetch step logs on worker threads while "
+        "meshrun's callbacks run (their async_safe attribute)",
         source_contains="async_safe",
     ),
     PrivateName(
         "keras",
         "keras.src.backend.common.variables",
         "Variable.__init__",
-        "the initializer of a block's weight, which the weights of pipelined blocks stacked from it start with",
+        "the initializer of a block's weight, which the "
+        "weights of pipelined blocks stacked from it start with",
         source_contains="self._initializer = initializer",
     ),
     PrivateName(
@@ -199,8 +202,8 @@ uses(
         "keras",
         "keras.src.layers.layer",
         "Layer",
-        "telling a pipelined block's frozen weights (made to train, then frozen) from its state (seed generators, "
-        "moving statistics): a layer's _trainable_variables",
+        "telling a pipelined block's frozen weights (made to train, then frozen) from its state (seed "
+        "generators, moving statistics): a layer's _trainable_variables",
         source_contains="self._trainable_variables = trainable_variables",
     ),
 )
@@ -225,7 +228,8 @@ uses(
         "keras",
         "keras.src.backend.jax.core",
         "JaxVariable._initialize",
-        "giving a variable made without a value its first one, laid out where it already lies (initialize_with)",
+        "giving a variable made without a value its first "
+        "one, laid out where it already lies (initialize_with)",
         source_contains="self._direct_assign(value)",
     ),
 )
@@ -347,6 +351,49 @@ def is_async_safe(callback) -> bool:
     return bool(getattr(callback, ASYNC_SAFE, False))
 
 
+# --- variables laid out by the distribution ---------------------------------------------------------
+
+uses(
+    "keras",
+    PrivateName(
+        "keras",
+        "keras.src.backend.jax.core",
+        "JaxVariable._initialize_layout",
+        "laying out the weights of pipelined blocks on their stages' devices while a model is built: "
+        "Keras asks the distribution in force through its instance (variable_layouts)",
+        source_contains="distribution.get_variable_layout(self)",
+    ),
+    PrivateName(
+        "keras",
+        "keras.src.backend.jax.core",
+        "JaxVariable._initialize_layout",
+        "telling a variable made with a layout of its own from one the distribution lays out "
+        "(layout_of: a variable's _layout)",
+        source_contains="self._layout is None",
+    ),
+)
+
+
+def layout_of(variable):
+    """The layout `variable` was made with or was given by the distribution (its _layout: a
+    TensorLayout, a jax sharding, or None where it has none yet)."""
+    ensure("keras")
+    return getattr(variable, "_layout", None)
+
+
+@contextlib.contextmanager
+def variable_layouts(distribution, layout):
+    """While the block runs, each variable made under `distribution` without a layout of its own is
+    laid out by `layout(variable)` instead of `distribution.get_variable_layout` (which `layout` may
+    call): set on this instance alone, which Keras asks for each variable it makes."""
+    ensure("keras")
+    distribution.get_variable_layout = layout
+    try:
+        yield
+    finally:
+        del distribution.get_variable_layout
+
+
 # --- a preset's weights straight onto their shards -------------------------------------------------
 
 uses(
@@ -355,14 +402,16 @@ uses(
         "keras",
         "keras.src.backend.jax.core",
         "JaxVariable._direct_assign",
-        "putting a weight read from a file onto its shards without a whole copy on one device (load_onto_shards)",
+        "putting a weight read from a file onto its shards "
+        "without a whole copy on one device (load_onto_shards)",
         source_contains="self._value = value",
     ),
     PrivateName(
         "keras",
         "keras.src.backend.jax.core",
         "JaxVariable._initialize_with_initializer",
-        "starting a variable as zeros on its shards where a file's weights replace its initial values (load_onto_shards)",
+        "starting a variable as zeros on its shards where a file's "
+        "weights replace its initial values (load_onto_shards)",
         source_contains="self._initialize_layout()",
     ),
     PrivateName(
@@ -376,8 +425,8 @@ uses(
         "keras",
         "keras.src.backend.common.stateless_scope",
         "in_stateless_scope",
-        "leaving what happens inside a StatelessScope to Keras (load_onto_shards), and stacking pipelined blocks' "
-        "values only where they have some (building_abstractly)",
+        "leaving what happens inside a StatelessScope to Keras (load_onto_shards), and stacking pipelined "
+        "blocks' values only where they have some (building_abstractly)",
     ),
 )
 
@@ -446,7 +495,7 @@ def _sharding_of(variable):
     import jax
     from keras.distribution import TensorLayout
 
-    layout = getattr(variable, "_layout", None)
+    layout = layout_of(variable)
     sharding = layout.backend_layout if isinstance(layout, TensorLayout) else layout
     return sharding if isinstance(sharding, jax.sharding.Sharding) else None
 

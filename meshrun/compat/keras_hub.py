@@ -42,7 +42,8 @@ uses(
         "keras_hub.tokenizers",
         "BytePairTokenizer._tokenize_tf",
         "telling a byte-pair tokenizer that splits text its own way (its class redefines how it tokenizes, "
-        "as MistralTekkenTokenizer does) from one that splits as GPT-2 does, where TensorFlow is not there to check",
+        "as MistralTekkenTokenizer does) from one that splits "
+        "as GPT-2 does, where TensorFlow is not there to check",
     ),
 )
 
@@ -148,7 +149,8 @@ uses(
         "keras-hub",
         "keras_hub.src.utils.preset_utils",
         "tf_registered_schemes",
-        "loading a local preset without importing TensorFlow (an ImportError: no file systems of TensorFlow's)",
+        "loading a local preset without importing TensorFlow "
+        "(an ImportError: no file systems of TensorFlow's)",
         source_contains="except ImportError",
     ),
 )

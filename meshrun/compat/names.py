@@ -63,9 +63,9 @@ def check_name(name: PrivateName) -> None:
     reads what the name's convention needs)."""
     found = _lookup(name)
     if found is None:
-        raise _missing(name)
+        raise missing(name)
     if name.source_contains and name.source_contains not in inspect.getsource(found):
-        raise _missing(name, f"no longer reads {name.source_contains!r}")
+        raise missing(name, f"no longer reads {name.source_contains!r}")
 
 
 @functools.cache
@@ -86,7 +86,8 @@ def _lookup(name: PrivateName):
     return found
 
 
-def _missing(name: PrivateName, what: str = "") -> DependencyError:
+def missing(name: PrivateName, what: str = "") -> DependencyError:
+    """The one-line error for a release that lacks `name` (or reads `what` of it)."""
     package = installed_distribution(name.package)
     version = _installed(package)
     wanted = _required(package)

@@ -72,7 +72,8 @@ uses(
         "tensorflow",
         "tensorflow",
         "data.Dataset._as_serialized_graph",
-        "telling whether a tf.data pipeline holds a generator dataset (which changes the process's malloc policy)",
+        "telling whether a tf.data pipeline holds a generator "
+        "dataset (which changes the process's malloc policy)",
     ),
 )
 

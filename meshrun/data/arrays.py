@@ -178,7 +178,8 @@ def _read_header(stream):
 def _rows_or_whole(file: Path, offset: int, dtype, shape, fortran: bool, read_whole):
     if fortran or np.dtype(dtype).hasobject or not shape:
         log.warning(
-            f"{file}: this array cannot be read row by row (Fortran order, objects or a scalar); reading it into memory"
+            f"{file}: this array cannot be read row by row (Fortran "
+            "order, objects or a scalar); reading it into memory"
         )
         return read_whole()
     return FileRows(file, offset, dtype, shape)
@@ -194,7 +195,8 @@ def _npz_member(file: Path, key: str, member_key: str):
         info = archive.getinfo(f"{key}.npy")
         if info.compress_type != zipfile.ZIP_STORED:
             log.warning(
-                f"{file}: member {key!r} is compressed, so it is read into memory; save with np.savez to read it row by row"
+                f"{file}: member {key!r} is compressed, so it is read "
+                "into memory; save with np.savez to read it row by row"
             )
             with archive.open(info) as member:
                 return np.lib.format.read_array(member, allow_pickle=False)

@@ -46,8 +46,8 @@ class Datasets:
 
     def holds_generator(self) -> bool:
         """Whether the training or evaluation pipeline is a tf.data one holding a generator dataset
-        (GeneratorDataset: a Python generator's elements), whose first iterator sets glibc's mmap threshold for the
-        whole process (meshrun.system.allocator)."""
+        (GeneratorDataset: a Python generator's elements), whose first iterator sets glibc's mmap threshold
+        for the whole process (meshrun.system.allocator)."""
         return any(tf_data.is_dataset(p) and tf_data.has_generator(p) for p in (self.train, self.eval))
 
 
@@ -78,7 +78,8 @@ def check_enough(count: int, batch_size: int, key: str, what: str) -> None:
     if count < batch_size:
         raise ConfigError(
             key,
-            f"{what} holds {counted(count, 'sample')}, fewer than one global batch (train.batch_size={batch_size})",
+            f"{what} holds {counted(count, 'sample')}, fewer than "
+            f"one global batch (train.batch_size={batch_size})",
         )
 
 
@@ -114,15 +115,16 @@ def check_fits_model(element_spec, signature, loss_name: str, input_key: str | N
         if _kind(spec.dtype.name) != _kind(expected.dtype):
             raise ConfigError(
                 "data",
-                f"features of dtype {spec.dtype.name} do not fit the model's {what} of dtype {expected.dtype}",
+                f"features of dtype {spec.dtype.name} do not fit the model's {what} "
+                f"of dtype {expected.dtype}",
             )
     if len(signature.outputs) == 1:
         _check_labels(labels, signature.outputs[0].shape, loss_name)
     if weights and tuple(weights[0].shape[1:]) not in ((), tuple(labels.shape[1:])):
         raise ConfigError(
             "data",
-            f"sample weights of shape {shape_text(weights[0].shape[1:])} do not fit labels of shape {shape_text(labels.shape[1:])}: "
-            "give one weight per sample or one per label",
+            f"sample weights of shape {shape_text(weights[0].shape[1:])} do not fit labels of shape "
+            f"{shape_text(labels.shape[1:])}: give one weight per sample or one per label",
         )
 
 
@@ -151,15 +153,16 @@ def _check_labels(labels, output: tuple, loss_name: str) -> None:
     if not _fits(shape, expected):
         raise ConfigError(
             "data",
-            f"labels of shape {shape_text(shape)} do not fit the loss {loss_name} on the model's output of shape "
-            f"{shape_text(output)}; it expects labels of shape {shape_text(expected)}"
+            f"labels of shape {shape_text(shape)} do not fit the loss {loss_name} on the model's output of "
+            f"shape {shape_text(output)}; it expects labels of shape {shape_text(expected)}"
             + (" (class indices)" if sparse else "")
             + _loss_fix(labels, shape, output, sparse),
         )
     if sparse and _kind(labels.dtype.name) != "int":
         raise ConfigError(
             "data",
-            f"labels of dtype {labels.dtype.name} do not fit the loss {loss_name}: it expects integer class indices",
+            f"labels of dtype {labels.dtype.name} do not fit the "
+            f"loss {loss_name}: it expects integer class indices",
         )
 
 

@@ -98,8 +98,8 @@ def _first_element(made, factory: str, split: str) -> tuple:
     except (TypeError, ValueError, StopIteration):
         raise ConfigError(
             "data.factory",
-            f"{factory}(split={split!r}) returned {type(made).__name__}, not a tf.data.Dataset or an iterable of "
-            "(features, labels) or (features, labels, sample weight) tuples",
+            f"{factory}(split={split!r}) returned {type(made).__name__}, not a tf.data.Dataset or an "
+            "iterable of (features, labels) or (features, labels, sample weight) tuples",
         ) from None
     return first
 

@@ -74,7 +74,8 @@ def check_batch(batch: tuple, limits: Limits) -> None:
             if limits.vocabulary is None
             else "the model's vocabulary holds {} ids",
             limits.source,
-            "give a model with as many outputs as there are classes (model.num_classes), or relabel them from 0"
+            "give a model with as many outputs as there are "
+            "classes (model.num_classes), or relabel them from 0"
             if limits.vocabulary is None
             else "tokenize with the model's own tokenizer",
         )

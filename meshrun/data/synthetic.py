@@ -133,7 +133,8 @@ def shaped(context: DataContext, count: int, seed: int):
     if len(signature.outputs) != 1:
         raise ConfigError(
             "data",
-            f"data=synthetic makes labels for a model with one output; this one has {len(signature.outputs)}: use data=arrays, tfrecord or python",
+            "data=synthetic makes labels for a model with one output; this one "
+            f"has {len(signature.outputs)}: use data=arrays, tfrecord or python",
         )
     rng = np.random.default_rng(seed)
     features = {spec.name: _random(rng, spec, count) for spec in signature.inputs}
@@ -166,7 +167,8 @@ def _check_sized(spec, what: str) -> None:
     if None in spec.shape:
         raise ConfigError(
             "data",
-            f"data=synthetic cannot size the model's {what} of shape {shape_text(spec.shape)}: give model.input_shape with every size, or use real data",
+            f"data=synthetic cannot size the model's {what} of shape {shape_text(spec.shape)}: "
+            "give model.input_shape with every size, or use real data",
         )
 
 
@@ -206,7 +208,8 @@ def load(options: SyntheticOptions, context: DataContext) -> pipeline.Datasets:
         if not all(hasattr(context.model_options, a) for a in ("input_shape", "num_classes")):
             raise ConfigError(
                 "data.task",
-                f"got 'classes', which needs a model with input_shape and num_classes, not {context.model.name}",
+                "got 'classes', which needs a model with input_shape "
+                f"and num_classes, not {context.model.name}",
             )
         family = "classes"
     generate = FAMILIES[family]  # sizes against the batch are checked with the config (meshrun.config.checks)

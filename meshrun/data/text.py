@@ -1,6 +1,7 @@
 """data=text: a KerasHub causal LM fine-tuned on text files, tokenized by the model's own tokenizer.
 
-    meshrun train model=keras_hub model.preset=DIR data=text 'data.files=[corpus/*.txt]' data.eval_fraction=0.05
+    meshrun train model=keras_hub model.preset=DIR data=text 'data.files=[corpus/*.txt]' \
+      data.eval_fraction=0.05
     meshrun train model=keras_hub model.preset=DIR data=text 'data.files=[data/*.jsonl]' \
       'data.prompt="Instruction: {instruction} Response: "' 'data.completion="{response}"'
 
@@ -87,7 +88,8 @@ class TextOptions:
         if not self.files:
             raise ConfigError(
                 "data.files",
-                "is required for data=text: .txt or .jsonl files (paths or globs), e.g. 'data.files=[data/*.jsonl]'",
+                "is required for data=text: .txt or .jsonl files "
+                "(paths or globs), e.g. 'data.files=[data/*.jsonl]'",
             )
         if (self.prompt is None) != (self.completion is None):
             given, missing = (
@@ -120,7 +122,8 @@ class TextOptions:
         if self.separator == "":
             raise ConfigError(
                 "data.separator",
-                "got an empty string; give the text between documents (e.g. '\\n\\n') or null (a file is one document)",
+                "got an empty string; give the text between documents "
+                "(e.g. '\\n\\n') or null (a file is one document)",
             )
 
     @property
@@ -167,7 +170,8 @@ def load(options: TextOptions, context: DataContext) -> pipeline.Datasets:
     if evaluation is None:
         evaluation = train
         log.warning(
-            "data=text without data.eval_files or data.eval_fraction: evaluating on the training text (the perplexity is not held-out)"
+            "data=text without data.eval_files or data.eval_fraction: "
+            "evaluating on the training text (the perplexity is not held-out)"
         )
     train_rows, eval_rows = len(train[1]), len(evaluation[1])
     pipeline.check_enough(
@@ -234,7 +238,8 @@ def _model_shape(context: DataContext) -> tuple[int, int]:
     if names != TOKEN_INPUTS:
         raise ConfigError(
             "data",
-            f"data=text feeds causal LMs taking token_ids and padding_mask (model=keras_hub), not {context.model.name}",
+            "data=text feeds causal LMs taking token_ids and "
+            f"padding_mask (model=keras_hub), not {context.model.name}",
         )
     return int(signature.inputs[0].shape[0]), int(signature.outputs[0].shape[-1])
 
@@ -253,13 +258,15 @@ def _tokenizer(options: TextOptions, context: DataContext, vocabulary: int):
 
 
 def framing_for(options: TextOptions, tokenizer) -> examples.Framing:
-    """The special tokens around every example: the tokenizer's start, its end (or data.end_token), its pad."""
+    """The special tokens around every example: the tokenizer's start, its end (or data.end_token), its
+    pad."""
     if options.end_token is not None:
         end = tokenizer.token_id(options.end_token)
         if end is None:
             raise ConfigError(
                 "data.end_token",
-                f"got {options.end_token!r}, which {tokenizer.description} does not have; null takes its own end token",
+                f"got {options.end_token!r}, which {tokenizer.description} "
+                "does not have; null takes its own end token",
             )
     else:
         end = tokenizer.end_id
@@ -374,7 +381,8 @@ def _tokenize_all(
             _warn_dropped(rows, f"{part} example", meta[part]["examples"], seq_len)
     seconds = time.perf_counter() - started
     log.info(
-        f"tokenized {format_bytes(total_bytes)} of text into {meta['train']['trained_tokens']:,} training tokens in {seconds:.1f} s "
+        f"tokenized {format_bytes(total_bytes)} of text into {meta['train']['trained_tokens']:,} training "
+        f"tokens in {seconds:.1f} s "
         f"({format_bytes(int(total_bytes / max(seconds, 1e-9)))}/s, {tokenizer.description})"
     )
     return arrays, meta
@@ -384,14 +392,15 @@ def _warn_dropped(rows: examples.Rows, noun: str, count: int, seq_len: int) -> N
     """Says how many of `count` examples (`noun`: what they are) were too long for a row and left out."""
     one = rows.dropped == 1
     log.warning(
-        f"data.too_long=drop: {rows.dropped:,} of the {counted(count, noun)} {'makes' if one else 'make'} more than "
-        f"model.seq_len + 1 = {seq_len + 1} tokens and {'was' if one else 'were'} left out (the first: {rows.first_dropped}); "
-        f"raise model.seq_len to keep {'it' if one else 'them'}"
+        f"data.too_long=drop: {rows.dropped:,} of the {counted(count, noun)} {'makes' if one else 'make'} "
+        f"more than model.seq_len + 1 = {seq_len + 1} tokens and {'was' if one else 'were'} left out (the "
+        f"first: {rows.first_dropped}); raise model.seq_len to keep {'it' if one else 'them'}"
     )
 
 
 def _hold_out(items: list, fraction: float) -> tuple[list, list]:
-    """`items` split into kept and held-out ones: a seeded choice of `fraction` of them (at least one), in file order."""
+    """`items` split into kept and held-out ones: a seeded choice of `fraction` of them (at least one), in
+    file order."""
     count = max(1, int(round(len(items) * fraction)))
     chosen = set(
         np.random.default_rng(EVAL_SPLIT_SEED)
@@ -480,13 +489,14 @@ def notes(options: TextOptions) -> list[str]:
     """What packing (or not) means for attention, as `meshrun plan` says it."""
     if options.packs:
         return [
-            "data=text packs examples (data.packing=true): they are joined with the end token and cut into rows of model.seq_len + 1 "
-            "tokens, no padding; KerasHub's causal LMs take no segment ids, so an example attends to the ones before it in its row "
-            "(data.packing=false: one example a row, padded)"
+            "data=text packs examples (data.packing=true): they are joined with the end token and cut into "
+            "rows of model.seq_len + 1 tokens, no padding; KerasHub's causal LMs take no segment ids, so an "
+            "example attends to the ones before it in its row (data.packing=false: one example a row, padded)"
         ]
     return [
-        "data=text puts one example a row (data.packing=false), right-padded: no example attends to another and padding weighs "
-        "nothing (data.packing=true packs them: no padding, but examples attend to those before them in a row)"
+        "data=text puts one example a row (data.packing=false), right-padded: no example attends to another "
+        "and padding weighs nothing (data.packing=true packs them: no "
+        "padding, but examples attend to those before them in a row)"
     ]
 
 

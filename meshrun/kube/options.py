@@ -9,13 +9,12 @@ import re
 import time
 from dataclasses import dataclass
 
+from meshrun.compat.jax import k8s_coordinator_port
 from meshrun.errors import ConfigError
 from meshrun.files import unwritable
 from meshrun.wording import not_a_flag, one_of
 
 KINDS = ("trainjob", "indexed-job")
-# jax's own coordinator port for jobs on Kubernetes (jax._src.clusters.k8s_cluster)
-DEFAULT_PORT = 55527
 # Kubernetes names the pods after the job (NAME-node-0-3 under a TrainJob) within 63 characters.
 NAME_LIMIT = 40
 # The flags that take a value, with the value as help writes it, and the switches.
@@ -57,10 +56,10 @@ class KubeOptions:
 
     image: str
     nodes: int
+    port: int
     kind: str = KINDS[0]
     name: str = "meshrun"
     namespace: str | None = None
-    port: int = DEFAULT_PORT
     volume: Volume | None = None
     out: str | None = None
     apply: bool = False
@@ -153,7 +152,8 @@ def _name(value) -> str:
         raise ConfigError(
             "--name",
             f"got {_shown(value)}; expected at most {NAME_LIMIT} lowercase letters, digits and '-', starting "
-            "with a letter and ending with a letter or digit (the job's, its service's and its pods' name), e.g. --name exp1",
+            "with a letter and ending with a letter or digit (the "
+            "job's, its service's and its pods' name), e.g. --name exp1",
         )
     return value
 
@@ -172,11 +172,12 @@ def _namespace(value) -> str | None:
 
 def _port(value) -> int:
     if value is None:
-        return DEFAULT_PORT
+        return k8s_coordinator_port()  # jax's own
     if not str(value).isdigit() or not 0 < int(value) < 65536:
         raise ConfigError(
             "--port",
-            f"got {_shown(value)}; expected a TCP port, 1 to 65535, for process 0's coordinator (default {DEFAULT_PORT})",
+            f"got {_shown(value)}; expected a TCP port, 1 to 65535, "
+            f"for process 0's coordinator (default {k8s_coordinator_port()})",
         )
     return int(value)
 
@@ -194,13 +195,15 @@ def _volume(value) -> Volume | None:
         raise ConfigError(
             "--volume",
             f"got {_shown(value)}; expected CLAIM:PATH, a PersistentVolumeClaim's name (lowercase letters, "
-            "digits, '-' and '.') and the absolute path to mount it at in every pod (not /), e.g. --volume runs:/runs",
+            "digits, '-' and '.') and the absolute path to mount "
+            "it at in every pod (not /), e.g. --volume runs:/runs",
         )
     return Volume(claim, normal)
 
 
 def _out(value) -> str | None:
-    """`--out FILE`: a file path that can be written, its missing dirs made when it is (checked before any work)."""
+    """`--out FILE`: a file path that can be written, its missing dirs made when it is (checked before any
+    work)."""
     if value is None:
         return None
     if not value:

@@ -293,13 +293,17 @@ def pod_spec(options: KubeOptions, pods: list[str], gpus: int) -> dict:
 
 def to_yaml(documents: list[dict], options: KubeOptions) -> str:
     """The objects as one multi-document YAML text, after a comment saying how to submit it."""
-    head = f"# meshrun k8s: {options.kind} {options.name}, {options.nodes} pods; submit with kubectl apply -f <this file>\n"
+    head = (
+        f"# meshrun k8s: {options.kind} {options.name}, {options.nodes} "
+        "pods; submit with kubectl apply -f <this file>\n"
+    )
     return head + yaml.safe_dump_all(documents, sort_keys=False, default_flow_style=False, width=1000)
 
 
 def no_volume_warning(options: KubeOptions) -> str:
     """The one line said when the job has no volume."""
     return (
-        f"no --volume: the run dir ({run_dir(options)}) and the checkpoints stay in each pod and die with it, "
-        "and a preempted job starts over; give --volume CLAIM:/PATH (a PersistentVolumeClaim every pod mounts)"
+        f"no --volume: the run dir ({run_dir(options)}) and the checkpoints stay in each pod and die with "
+        "it, and a preempted job starts over; give --volume "
+        "CLAIM:/PATH (a PersistentVolumeClaim every pod mounts)"
     )

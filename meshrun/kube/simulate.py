@@ -111,7 +111,8 @@ def _saying(options: KubeOptions, pods: Pods, local: Localizer, run_dir: str) ->
     )
     return (
         f"meshrun k8s --simulate: {pods.count} pods of {options.kind} {options.name} as local processes; "
-        f"*.{pods.domain} -> {LOCAL_HOST}, {volumes}; run dir {run_dir}, each pod's output in its process-<i>.log"
+        f"*.{pods.domain} -> {LOCAL_HOST}, {volumes}; run dir "
+        f"{run_dir}, each pod's output in its process-<i>.log"
     )
 
 
@@ -181,6 +182,7 @@ def env_value(entry: dict, index: int) -> str:
     if field != COMPLETION_INDEX_FIELD:
         raise ConfigError(
             "--simulate",
-            f"got env {entry['name']} from {entry.get('valueFrom')}; a simulation fills in only {COMPLETION_INDEX_FIELD}",
+            f"got env {entry['name']} from {entry.get('valueFrom')}; "
+            f"a simulation fills in only {COMPLETION_INDEX_FIELD}",
         )
     return str(index)

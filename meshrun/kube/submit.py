@@ -36,8 +36,8 @@ def apply(documents: list[dict], options: KubeOptions) -> str:
             before = f" (already created: {', '.join(created)})" if created else ""
             raise ConfigError(
                 FLAG,
-                f"got an error from the cluster of context {context.get('name')!r} creating {what} in namespace "
-                f"{namespace!r}: {_reason(err)}{before}",
+                f"got an error from the cluster of context {context.get('name')!r} creating {what} in "
+                f"namespace {namespace!r}: {_reason(err)}{before}",
             ) from None
         created.append(what)
     return following(options, namespace, context.get("name"), created)
@@ -69,9 +69,9 @@ def _load_kubeconfig(kubernetes) -> dict:
     except (ConfigException, OSError, ValueError, TypeError, KeyError) as err:
         raise ConfigError(
             FLAG,
-            f"got kubeconfig {where}, which gives no cluster to submit to ({first_line(err)}); point KUBECONFIG "
-            "at your cluster's config (kubectl config current-context must name one), or leave --apply out "
-            "and submit the YAML with kubectl apply -f",
+            f"got kubeconfig {where}, which gives no cluster to submit to ({first_line(err)}); point "
+            "KUBECONFIG at your cluster's config (kubectl config current-context must name one), or leave "
+            "--apply out and submit the YAML with kubectl apply -f",
         ) from None
     return context or {}
 
@@ -128,6 +128,7 @@ def following(options: KubeOptions, namespace: str, context: str | None, created
     ]
     width = max(len(what) for what, _ in commands) + 1
     lines = [
-        f"meshrun k8s: created {' and '.join(created)} in namespace {namespace} (context {context}); follow it:"
+        f"meshrun k8s: created {' and '.join(created)} in "
+        f"namespace {namespace} (context {context}); follow it:"
     ]
     return "\n".join([*lines, *(f"  {what + ':':<{width}} {command}" for what, command in commands)])

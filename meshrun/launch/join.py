@@ -54,7 +54,8 @@ def join(
         f"; its coordinator listens on {listen or 'the address jax picks'}" if identity.is_first else ""
     )
     log.info(
-        f"process {identity.process_id} of {identity.num_processes} joining the job ({identity.source}){listening}"
+        f"process {identity.process_id} of {identity.num_processes} "
+        f"joining the job ({identity.source}){listening}"
     )
     jax.distributed.initialize(
         coordinator_address=identity.coordinator,
@@ -93,9 +94,9 @@ def exit_now(status: int) -> None:
 def _give_up(identity: Identity, timeout_s: int, on_timeout: Callable[[str], None]) -> None:
     where = identity.coordinator or "the coordinator SLURM's environment names"
     message = (
-        f"distributed.num_processes: process {identity.process_id} of {identity.num_processes} waited {timeout_s} s "
-        f"at {where} but the job did not form; start all {identity.num_processes} processes, each with its own "
-        "distributed.process_id (or raise distributed.timeout_s)"
+        f"distributed.num_processes: process {identity.process_id} of {identity.num_processes} waited "
+        f"{timeout_s} s at {where} but the job did not form; start all {identity.num_processes} processes, "
+        "each with its own distributed.process_id (or raise distributed.timeout_s)"
     )
     try:
         on_timeout(message)
@@ -132,7 +133,8 @@ def check_bind_address(given: str, coordinator: str | None) -> None:
         raise ConfigError(
             "distributed.bind_address",
             f"got {given!r}, but {host} is not an address of this host "
-            f"({socket.gethostname()}); give one of its own addresses, or [::] (or 0.0.0.0) for every interface",
+            f"({socket.gethostname()}); give one of its own "
+            "addresses, or [::] (or 0.0.0.0) for every interface",
         )
     if coordinator is not None and split_address(coordinator)[1] != port:
         raise ConfigError(
@@ -217,8 +219,8 @@ def _wait_for_coordinator(host: str, port: int, identity: Identity, timeout_s: i
                 raise ConfigError(
                     "distributed.coordinator",
                     f"got {identity.coordinator!r}, but nothing answered there within {timeout_s} s "
-                    f"(process {identity.process_id} of {identity.num_processes}); start process 0 and give every "
-                    "process its host:port",
+                    f"(process {identity.process_id} of {identity.num_processes}); start process 0 and give "
+                    "every process its host:port",
                 ) from None
             time.sleep(0.25)
 

@@ -65,7 +65,8 @@ class InProcess:
     def launch(self, job: Job) -> None:
         with self.run_dir.answering(), signals.StopSignals() as stop_signals:
             self.run_dir.identity = self.enter()
-            stop_signals.catch()  # from jax, which set its own SIGTERM handler when the process joined the job
+            # from jax, which set its own SIGTERM handler when the process joined the job
+            stop_signals.catch()
             trained = self.train(self.run_dir.identity)
         if self.run_dir.identity.is_first:
             self.publish(trained)

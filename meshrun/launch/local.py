@@ -180,7 +180,8 @@ def _wait(
             if time.monotonic() - first_done_at > _FINISH_GRACE_S:
                 late = [i for i, code in enumerate(codes) if code is None]
                 log.warning(
-                    f"processes {late} had not exited {_FINISH_GRACE_S} s after process 0 finished; stopping them"
+                    f"processes {late} had not exited {_FINISH_GRACE_S} "
+                    "s after process 0 finished; stopping them"
                 )
                 return None
         time.sleep(_POLL_S)

@@ -124,4 +124,7 @@ class ForwardedStop(SignalHandlers):
             stopped = json.loads((Path(run_dir) / METRICS_FILE).read_text())["train"]["stopped"]
             return signals.stopped_line(stopped)
         except (OSError, ValueError, KeyError, TypeError):
-            return f"{signals.signal_name(self.signum)} received: the job stopped before training began; nothing was saved (see {run_dir})"
+            return (
+                f"{signals.signal_name(self.signum)} received: the job stopped "
+                f"before training began; nothing was saved (see {run_dir})"
+            )

@@ -75,7 +75,8 @@ class FactoryOptions:
                     key = "model.input_shape" + (f".{name}" if name else "")
                     raise ConfigError(
                         key,
-                        f"got {shape!r}; expected a list of positive sizes (null for any size), e.g. [28, 28, 1]",
+                        f"got {shape!r}; expected a list of positive "
+                        "sizes (null for any size), e.g. [28, 28, 1]",
                     )
         dtypes = self.input_dtype if isinstance(self.input_dtype, dict) else {None: self.input_dtype}
         for name, dtype in dtypes.items():

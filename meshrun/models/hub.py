@@ -2,7 +2,8 @@
 preset dir (keras-hub is an optional dependency: pip install 'meshrun[hub]').
 
     meshrun train model=keras_hub model.task=LlamaCausalLM \
-      'model.backbone={vocabulary_size:512,num_layers:2,num_query_heads:8,num_key_value_heads:4,hidden_dim:64,intermediate_dim:128}' \
+      'model.backbone={vocabulary_size:512,num_layers:2,num_query_heads:8,num_key_value_heads:4,'\
+'hidden_dim:64,intermediate_dim:128}' \
       model.seq_len=32 mesh=2x4 layout=from_model
 
 - The backbone is `Task.backbone_cls(**model.backbone)`, randomly initialised, or the architecture
@@ -85,14 +86,15 @@ class LoraOptions:
                 if getattr(self, key) is not None:
                     raise ConfigError(
                         f"model.lora.{key}",
-                        f"got {_listed(getattr(self, key))} with model.lora.rank=null, which leaves LoRA off; "
-                        "set model.lora.rank (e.g. 8) to train adapters",
+                        f"got {_listed(getattr(self, key))} with model.lora.rank=null, which leaves LoRA "
+                        "off; set model.lora.rank (e.g. 8) to train adapters",
                     )
             return
         if self.rank <= 0:
             raise ConfigError(
                 "model.lora.rank",
-                f"got {self.rank}; valid: a positive integer (the adapters' rank, e.g. 8), or null for no LoRA",
+                f"got {self.rank}; valid: a positive integer (the "
+                "adapters' rank, e.g. 8), or null for no LoRA",
             )
         if self.alpha is not None and self.alpha <= 0:
             raise ConfigError(
@@ -103,7 +105,8 @@ class LoraOptions:
         if self.targets is not None and not self.targets:
             raise ConfigError(
                 "model.lora.targets",
-                "got an empty list; valid: layer names such as [query,value], or null for the backbone's default",
+                "got an empty list; valid: layer names such as "
+                "[query,value], or null for the backbone's default",
             )
 
     @property
@@ -173,18 +176,21 @@ class KerasHubOptions:
         if limit is not None and self.seq_len > limit:
             raise ConfigError(
                 "model.seq_len",
-                f"got {self.seq_len}, more than the backbone's max_sequence_length {limit}; valid: 1 to {limit}",
+                f"got {self.seq_len}, more than the backbone's "
+                f"max_sequence_length {limit}; valid: 1 to {limit}",
             )
         if self.preset:
             if self.backbone:
                 raise ConfigError(
                     "model.backbone",
-                    f"got {self.backbone} with model.preset: a preset holds its backbone's arguments; leave model.backbone empty",
+                    f"got {self.backbone} with model.preset: a preset holds "
+                    "its backbone's arguments; leave model.backbone empty",
                 )
         elif not self.task:
             raise ConfigError(
                 "model.task",
-                "is required: a KerasHub causal LM class, e.g. LlamaCausalLM or GemmaCausalLM (or model.preset=DIR)",
+                "is required: a KerasHub causal LM class, e.g. "
+                "LlamaCausalLM or GemmaCausalLM (or model.preset=DIR)",
             )
         elif not self.backbone:
             raise ConfigError(
@@ -281,7 +287,8 @@ def task_class(options: KerasHubOptions):
     if isinstance(getattr(keras_hub.models, options.task, None), type):
         raise ConfigError(
             "model.task",
-            f"got {options.task!r}, which is not a causal language model; meshrun trains those: {one_of(causal)}",
+            f"got {options.task!r}, which is not a causal language "
+            f"model; meshrun trains those: {one_of(causal)}",
         )
     raise ConfigError(
         "model.task", f"got {options.task!r}; {did_you_mean(options.task, causal)}valid: {one_of(causal)}"
@@ -476,8 +483,8 @@ def layout_rules(options: KerasHubOptions, mesh) -> tuple:
     if not hasattr(backbone_cls, "get_layout_map"):
         raise ConfigError(
             "layout.from_model",
-            f"got true, but KerasHub's {backbone_cls.__name__} has no get_layout_map (KerasHub writes one for Llama, Gemma, Qwen, "
-            f"QwenMoe and Qwen3Moe); {_layouts_hint(backbone_cls)}",
+            f"got true, but KerasHub's {backbone_cls.__name__} has no get_layout_map (KerasHub writes one "
+            f"for Llama, Gemma, Qwen, QwenMoe and Qwen3Moe); {_layouts_hint(backbone_cls)}",
         )
     model_axis = _model_axis(mesh)
     # The map only needs the mesh's shape and axis names: placeholders stand in for devices, so a
@@ -522,8 +529,8 @@ def _model_axis(mesh) -> str:
         return others[0]
     raise ConfigError(
         "layout.from_model",
-        f"got true on mesh axes {list(mesh.axis_names)}: KerasHub's map needs the batch axis and one model axis "
-        "(a 2-D mesh, or an axis named model)",
+        f"got true on mesh axes {list(mesh.axis_names)}: KerasHub's map needs the batch axis and one model "
+        "axis (a 2-D mesh, or an axis named model)",
     )
 
 
@@ -533,10 +540,13 @@ def _layouts_hint(backbone_cls) -> str:
         (f for name, f in FAMILIES.items() if any(c.__name__ == name for c in backbone_cls.__mro__)), None
     )
     if family:
-        return f"use meshrun's layout={family}_tp ({family}_fsdp, {family}_2d) or layout=auto, or write layout.rules"
+        return (
+            f"use meshrun's layout={family}_tp ({family}_fsdp, "
+            f"{family}_2d) or layout=auto, or write layout.rules"
+        )
     return (
-        "use layout=auto (rules derived from its variables and the mesh; `meshrun plan layout=auto` shows them), "
-        "write layout.rules for its variable paths (meshrun plan lists them), or use layout=replicated"
+        "use layout=auto (rules derived from its variables and the mesh; `meshrun plan layout=auto` shows "
+        "them), write layout.rules for its variable paths (meshrun plan lists them), or use layout=replicated"
     )
 
 
@@ -553,17 +563,20 @@ def layout_advice(options: KerasHubOptions, variables, mesh) -> list[str]:
     for rule, placed in on_batch.items():
         first = placed[0]
         warnings.append(
-            f"rule {rule!r} ({first.origin}) splits the attention heads of {first.path} and {len(placed) - 1} more kernels over the batch "
-            f"axis {mesh.batch_axis!r}: every step gathers them across data replicas, and the batch axis must divide the heads; "
-            "KerasHub's Llama and Qwen maps put q/k/v axes in Gemma's order (keras-hub #2795): use layout=llama_tp for heads over the model axis"
+            f"rule {rule!r} ({first.origin}) splits the attention heads of {first.path} and "
+            f"{len(placed) - 1} more kernels over the batch axis {mesh.batch_axis!r}: every step gathers "
+            "them across data replicas, and the batch axis must divide the heads; KerasHub's Llama and Qwen "
+            "maps put q/k/v axes in Gemma's order (keras-hub #2795): "
+            "use layout=llama_tp for heads over the model axis"
         )
     from meshrun.config.schema import LARGE_REPLICATED_BYTES
 
     head = next((p for p in variables if p.path == UNTIED_HEAD), None)
     if head is not None and head.replicated and head.bytes >= LARGE_REPLICATED_BYTES and (mesh.size or 1) > 1:
         warnings.append(
-            f"{UNTIED_HEAD}, the untied output head ({format_bytes(head.bytes)}), matches no rule, so every device holds all of it "
-            f"(KerasHub's maps have none, keras-hub #2807): add layout.extra_rules={{{UNTIED_HEAD}:[null,model]}} or use layout=llama_tp"
+            f"{UNTIED_HEAD}, the untied output head ({format_bytes(head.bytes)}), matches no rule, so every "
+            "device holds all of it (KerasHub's maps have none, keras-hub #2807): add "
+            f"layout.extra_rules={{{UNTIED_HEAD}:[null,model]}} or use layout=llama_tp"
         )
     return warnings
 

@@ -82,8 +82,8 @@ def preset_preprocessor(options: KerasHubOptions):
             return keras_hub.models.CausalLMPreprocessor.from_preset(preset)
     except Exception as err:  # the preset's own files decide; the export goes on without them
         log.warning(
-            f"the exported preset has no tokenizer or preprocessor: CausalLMPreprocessor.from_preset({preset!r}) "
-            f"raised {error_text(err)}"
+            "the exported preset has no tokenizer or preprocessor: "
+            f"CausalLMPreprocessor.from_preset({preset!r}) raised {error_text(err)}"
         )
         return None
 
@@ -122,7 +122,8 @@ def keep_adapter(trained, options: KerasHubOptions, run_dir: Path) -> str | None
     ]
     if split:
         log.warning(
-            f"checkpoint.keep_adapter: {split[0]} is split over processes, so no adapter file is written (its checkpoints hold it)"
+            f"checkpoint.keep_adapter: {split[0]} is split over processes, "
+            "so no adapter file is written (its checkpoints hold it)"
         )
         return None
     return str(save_adapter(task.backbone, options.lora, run_dir / ADAPTER_FILE))

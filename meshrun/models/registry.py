@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from meshrun.specs.model import MODELS, InputSpec, ModelSpec
+from meshrun.specs.model import MODELS, SYNTHETIC_FAMILIES, InputSpec, ModelSpec
+from meshrun.wording import one_of
 
-register_model = MODELS.register
 get_model = MODELS.get
 model_names = MODELS.names
 
@@ -24,6 +24,17 @@ __all__ = [
     "require_positive",
     "zoo_model_names",
 ]
+
+
+def register_model(spec: ModelSpec) -> ModelSpec:
+    """Adds `spec` to the registry and returns it; raises ValueError, as the registry does for a
+    name it has no module for, when its `data` names no synthetic data family."""
+    if spec.data not in SYNTHETIC_FAMILIES:
+        raise ValueError(
+            f"model {spec.name!r}: data={spec.data!r} is not a synthetic data family "
+            f"(meshrun.data.synthetic.FAMILIES); valid: {one_of(sorted(SYNTHETIC_FAMILIES))}"
+        )
+    return MODELS.register(spec)
 
 
 def zoo_model_names() -> list[str]:

@@ -10,7 +10,8 @@ Variable paths (what layout rules match):
     position_embedding/embeddings       (seq_len, d_model)
     block_N/attention/{query,key,value}/kernel   (d_model, heads, head_dim)   bias (heads, head_dim)
     block_N/attention/attention_output/kernel    (heads, head_dim, d_model)   bias (d_model,)
-    block_N/mlp_up/kernel (d_model, ff)   bias (ff,);   block_N/mlp_down/kernel (ff, d_model)   bias (d_model,)
+    block_N/mlp_up/kernel   (d_model, ff)   bias (ff,)
+    block_N/mlp_down/kernel (ff, d_model)   bias (d_model,)
     block_N/ln_{1,2}/{gamma,beta}, final_norm/{gamma,beta}   (d_model,)
     head/embeddings (vocab, d_model)    (untied head only)
 

@@ -93,7 +93,8 @@ def check_same_block(blocks: list) -> None:
     for block in blocks[1:]:
         if type(block) is not type(first):
             raise BlockNotPipelinable(
-                f"its blocks differ: {block.name} is a {type(block).__name__}, {first.name} a {type(first).__name__}"
+                f"its blocks differ: {block.name} is a "
+                f"{type(block).__name__}, {first.name} a {type(first).__name__}"
             )
         ours, theirs = _settings(first), _settings(block)
         differing = sorted(key for key in ours.keys() | theirs.keys() if ours.get(key) != theirs.get(key))

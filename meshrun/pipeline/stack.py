@@ -130,7 +130,8 @@ class PipelinedBlocks(keras.layers.Layer):
         super().__init__(**kwargs)
         self.make_block = make_block
         self.num_blocks = num_blocks
-        # Blocks a model already holds (built, their weights loaded): stacked from their values, block 0 the template.
+        # Blocks a model already holds (built, their weights loaded): stacked from their values, block 0 the
+        # template.
         object.__setattr__(self, "_given", blocks)  # not tracked: their weights are not the model's
         self.axis = axis
         self.microbatches = microbatches
@@ -156,7 +157,8 @@ class PipelinedBlocks(keras.layers.Layer):
         blocks, starts = self._blocks(input_shape)
         template = blocks[0]
         frozen = [id(v) for v in frozen_weights(template)]
-        # By each weight's own flag: a block set trainable=False around trainable LoRA adapters lists them all as non-trainable.
+        # By each weight's own flag: a block set trainable=False around trainable LoRA adapters lists them all
+        # as non-trainable.
         state = [
             v.path.split(f"{template.name}/", 1)[-1]
             for v in template.variables
@@ -180,7 +182,8 @@ class PipelinedBlocks(keras.layers.Layer):
         for variable, *same_in_each in zip(weights[0], *weights, strict=True):
             per_block = [starts(weight) for weight in same_in_each]
             inner = variable.path.split(f"{template.name}/", 1)[-1]
-            # Stacked from the blocks' values, a weight is made without one first (no initial values anywhere).
+            # Stacked from the blocks' values, a weight is made without one first (no initial values
+            # anywhere).
             with weights_described_only() if from_values else contextlib.nullcontext():
                 stacked = self.add_weight(
                     shape=(*self.lead, *variable.shape),
@@ -264,8 +267,9 @@ class PipelinedBlocks(keras.layers.Layer):
             return template.stateless_call(trainable, frozen, x, **side)[0], None
 
         if as_counted:
-            # Split, not indexed: the gradient of a split is a concatenation, where indexed slices would add up their
-            # gradients padded to the whole stack (blocks squared times a block's weights: 2.6% more FLOPs for 4 tiny blocks).
+            # Split, not indexed: the gradient of a split is a concatenation, where indexed slices would add
+            # up their gradients padded to the whole stack (blocks squared times a block's weights: 2.6% more
+            # FLOPs for 4 tiny blocks).
             for weights in zip(*[jnp.split(p, p.shape[0]) for p in params], strict=True):
                 x = block(x, [jnp.squeeze(w, 0) for w in weights])[0]
             return x

@@ -135,9 +135,9 @@ def _axes_left_out(mesh: MeshConfig) -> tuple[str, ...]:
     """A warning for each axis besides the batch axis that layout=auto leaves unused because it
     spans processes."""
     return tuple(
-        f"layout=auto splits nothing over mesh axis {a!r}: it spans {mesh.dcn[mesh.axis_names.index(a)]} processes "
-        "(mesh.dcn), and tensor parallelism over the slow network between them costs more than it saves; "
-        "keep that axis within a process (mesh.dcn) or give it size 1"
+        f"layout=auto splits nothing over mesh axis {a!r}: it spans {mesh.dcn[mesh.axis_names.index(a)]} "
+        "processes (mesh.dcn), and tensor parallelism over the slow network between them costs more than it "
+        "saves; keep that axis within a process (mesh.dcn) or give it size 1"
         for a in across_processes(mesh)
         if a != mesh.batch_axis
     )
@@ -171,9 +171,9 @@ def _heads_kept_whole(large: list[TensorSpec], mesh: MeshConfig, width: int | No
         more = f" and {len(kept) - 1} more attention variables" if len(kept) > 1 else ""
         warnings.append(
             f"layout=auto keeps attention heads whole: {first.path} ({format_shape(first.shape)}){more} "
-            f"{'have' if more else 'has'} {one_of(heads)} heads, which mesh axis {axis!r} (size {mesh.axis_size(axis)}) does not "
-            f"divide: kept replicated over {axis!r} rather than split along head_dim; a {axis!r} axis whose size divides "
-            "the heads shards them"
+            f"{'have' if more else 'has'} {one_of(heads)} heads, which mesh axis {axis!r} (size "
+            f"{mesh.axis_size(axis)}) does not divide: kept replicated over {axis!r} rather than split along "
+            f"head_dim; a {axis!r} axis whose size divides the heads shards them"
         )
     return tuple(warnings)
 
@@ -216,7 +216,8 @@ def collapse(placed: dict[str, tuple[AxisSpec, ...]], all_paths: list[str]) -> t
 
 
 def _number_pattern(path: str) -> str:
-    """`path` as a regex in which every number may be any number: block_3/mlp/kernel -> block_\\d+/mlp/kernel."""
+    """`path` as a regex in which every number may be any number: block_3/mlp/kernel ->
+    block_\\d+/mlp/kernel."""
     pieces = _NUMBER.split(path)
     return r"\d+".join(re.escape(piece) for piece in pieces)
 
@@ -239,7 +240,10 @@ def _nothing_placed(free, large, mesh: MeshConfig, min_bytes: int, fsdp: bool) -
     if (mesh.size or 1) <= 1 or not free:
         return None
     largest = max(free, key=_bytes)
-    named = f"the largest is {largest.path} ({format_shape(largest.shape, 'scalar')}, {format_bytes(_bytes(largest))})"
+    named = (
+        f"the largest is {largest.path} ({format_shape(largest.shape, 'scalar')}, "
+        f"{format_bytes(_bytes(largest))})"
+    )
     others = _model_axes(mesh)
     if not others and not fsdp and _axes_left_out(mesh):
         return None  # the axes spanning processes were left out, and say so
@@ -251,12 +255,13 @@ def _nothing_placed(free, large, mesh: MeshConfig, min_bytes: int, fsdp: bool) -
         )
     if not large:
         return (
-            f"layout=auto shards nothing: no variable reaches layout.min_bytes={format_bytes(min_bytes)}, so every "
-            f"variable is replicated ({named}); lower layout.min_bytes to shard smaller ones"
+            f"layout=auto shards nothing: no variable reaches layout.min_bytes={format_bytes(min_bytes)}, so "
+            f"every variable is replicated ({named}); lower layout.min_bytes to shard smaller ones"
         )
     used = others + ([mesh.batch_axis] if fsdp else [])
     sizes = ", ".join(f"{a}={mesh.axis_size(a)}" for a in used)
     return (
-        f"layout=auto shards nothing on mesh {format_shape(mesh.shape)}: no dimension of any variable of at least "
-        f"{format_bytes(min_bytes)} divides by the axis sizes ({sizes}), so every variable is replicated ({named})"
+        f"layout=auto shards nothing on mesh {format_shape(mesh.shape)}: no dimension of any variable of at "
+        f"least {format_bytes(min_bytes)} divides by the axis "
+        f"sizes ({sizes}), so every variable is replicated ({named})"
     )

@@ -24,6 +24,7 @@ import keras
 import numpy as np
 from keras import distribution as kd
 
+from meshrun.compat.keras import layout_of, variable_layouts
 from meshrun.config.schema import LayoutRule, MeshConfig, PipelineConfig
 from meshrun.pipeline.bubble import stage_of_block
 
@@ -110,24 +111,21 @@ def blocks_on_their_stages(
         for stacked, blocks in stacks.items()
         for row, block in enumerate(blocks)
     }
-    layout_of = distribution.get_variable_layout
+    by_rules = distribution.get_variable_layout
 
     def placed(variable):
         found = rows.get(variable.path)
-        if found is None or getattr(variable, "_layout", None) is not None:
-            return layout_of(variable)
+        if found is None or layout_of(variable) is not None:
+            return by_rules(variable)
         stacked, row, blocks = found
         lead = (repeats, blocks // repeats) if repeats > 1 else (blocks,)
-        spec = tuple(layout_of(SimpleNamespace(path=stacked, shape=(*lead, *variable.shape))).axes)
+        spec = tuple(by_rules(SimpleNamespace(path=stacked, shape=(*lead, *variable.shape))).axes)
         return stage_sharding(
             mesh, axis, stage_of_block(row, blocks, mesh.shape[axis], repeats), spec[len(lead) :]
         )
 
-    distribution.get_variable_layout = placed  # on this instance only, for the build
-    try:
+    with variable_layouts(distribution, placed):  # on this instance only, for the build
         yield
-    finally:
-        del distribution.get_variable_layout
 
 
 def stage_sharding(mesh: jax.sharding.Mesh, axis: str, stage: int, spec: tuple) -> jax.sharding.NamedSharding:

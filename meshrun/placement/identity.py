@@ -67,7 +67,8 @@ def identify(
             return found
     if "SLURM_JOB_ID" in environ:
         return Identity(
-            source="distributed=auto: a SLURM job but not a step of it; start meshrun with srun for one process per task"
+            source="distributed=auto: a SLURM job but not a step of "
+            "it; start meshrun with srun for one process per task"
         )
     return Identity(source="distributed=auto found no SLURM, KERAS_DISTRIBUTION_* or JAX_* settings")
 

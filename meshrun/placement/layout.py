@@ -171,9 +171,10 @@ def bend_notes(bends: tuple[Bend, ...], mesh: MeshConfig) -> list[str]:
             else ""
         )
         notes.append(
-            f"rule '{pattern}'{_origin_text(first.rule)} cannot split dimension {dim} of {first.path!r} (size "
-            f"{first.shape[dim]}, shape {shape_text(first.shape)}) over mesh axis {axis!r} of size {mesh.axis_size(axis)}, "
-            f"so it keeps that dimension whole, replicated over {axis!r}{more} ({format_bytes(sum(b.bytes for b in found))} in all)"
+            f"rule '{pattern}'{_origin_text(first.rule)} cannot split dimension {dim} of {first.path!r} "
+            f"(size {first.shape[dim]}, shape {shape_text(first.shape)}) over mesh axis {axis!r} of size "
+            f"{mesh.axis_size(axis)}, so it keeps that dimension whole, replicated "
+            f"over {axis!r}{more} ({format_bytes(sum(b.bytes for b in found))} in all)"
         )
     return notes
 

@@ -22,11 +22,13 @@ def layout_text(rules: Sequence[LayoutRule], plan: Plan, overrides: Sequence[str
     `replicate_if_indivisible` where any rule is so."""
     origins = sorted({rule.origin for rule in rules})
     header = [
-        f"# Saved by `meshrun plan {' '.join(overrides)} --save-layout` on {datetime.date.today().isoformat()}.",
-        f"# Planned for {plan.model} on mesh {format_shape(plan.mesh.shape)} {tuple(plan.mesh.axis_names)}, batch axis "
-        f"{plan.mesh.batch_axis!r}: {format_bytes(plan.params_bytes_per_device)} parameters + "
+        f"# Saved by `meshrun plan {' '.join(overrides)} "
+        f"--save-layout` on {datetime.date.today().isoformat()}.",
+        f"# Planned for {plan.model} on mesh {format_shape(plan.mesh.shape)} {tuple(plan.mesh.axis_names)}, "
+        f"batch axis {plan.mesh.batch_axis!r}: {format_bytes(plan.params_bytes_per_device)} parameters + "
         f"{format_bytes(plan.optimizer_bytes_per_device)} {plan.optimizer} state per device.",
-        f"# Rules from: {', '.join(origins) or 'none (everything replicated)'}. Load it with layout=PATH; edit it like any layout.",
+        f"# Rules from: {', '.join(origins) or 'none (everything replicated)'}. "
+        "Load it with layout=PATH; edit it like any layout.",
     ]
     body = {"rules": {rule.pattern: list(rule.axes) for rule in rules}}
     for key in ("optional", "replicate_if_indivisible"):

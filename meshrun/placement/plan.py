@@ -268,10 +268,11 @@ def _beyond_memory(plan: Plan) -> DoesNotFit | None:
     needed, available = plan.total_bytes_per_device, plan.memory.bytes
     return DoesNotFit(
         "devices.memory_gib",
-        f"does not fit: the plan puts {format_bytes(needed)} on each device of mesh {format_shape(plan.mesh.shape)} "
-        f"({format_bytes(plan.params_bytes_per_device)} parameters + {format_bytes(plan.optimizer_bytes_per_device)} "
-        f"{plan.optimizer} state), more than the {format_bytes(available)} of one device ({plan.memory.source}); "
-        "shard more (layout=auto, layout.fsdp=true, a larger mesh) or give the real memory",
+        f"does not fit: the plan puts {format_bytes(needed)} on each device of mesh "
+        f"{format_shape(plan.mesh.shape)} ({format_bytes(plan.params_bytes_per_device)} parameters + "
+        f"{format_bytes(plan.optimizer_bytes_per_device)} {plan.optimizer} state), more than the "
+        f"{format_bytes(available)} of one device ({plan.memory.source}); shard "
+        "more (layout=auto, layout.fsdp=true, a larger mesh) or give the real memory",
         needed=needed,
         available=available,
     )
@@ -323,7 +324,8 @@ def _tensor_across_warnings(traffic: SlowTraffic, mesh: MeshConfig, processes: i
     fix = (
         f"keep it within a process: mesh.dcn=[{','.join(map(str, default.dcn))}]"
         if default and not crossing & set(traffic.tensor_axes)
-        else f"keep it within a process: give the batch axis at least {processes} devices, or a smaller axis {traffic.tensor_axes[0]!r}"
+        else "keep it within a process: give the batch axis at least "
+        f"{processes} devices, or a smaller axis {traffic.tensor_axes[0]!r}"
     )
     return [
         f"mesh axis {axis!r} splits variables (tensor parallelism) across "
@@ -368,7 +370,8 @@ def _replicated_warnings(variables, mesh: MeshConfig, said: set[str] = frozenset
     if len(large) > MAX_LISTED:
         rest = large[MAX_LISTED:]
         warnings.append(
-            f"... and {len(rest)} more replicated variables of at least {format_bytes(LARGE_REPLICATED_BYTES)} "
+            f"... and {len(rest)} more replicated variables of at least "
+            f"{format_bytes(LARGE_REPLICATED_BYTES)} "
             f"({format_bytes(sum(p.bytes for p in rest))} on every device)"
         )
     return warnings
@@ -394,8 +397,9 @@ def _adapter_rule_warnings(variables) -> list[str]:
     for (rule, origin), adapters in placed.items():
         more = f" and {len(adapters) - 1} more adapter variables" if len(adapters) > 1 else ""
         warnings.append(
-            f"rule '{rule}' ({origin}) also places the LoRA adapter {adapters[0].path}{more}: adapters are small and train "
-            "best replicated; if the rule is meant for the kernels, end it in /kernel so that it leaves them out"
+            f"rule '{rule}' ({origin}) also places the LoRA adapter {adapters[0].path}{more}: adapters are "
+            "small and train best replicated; if the rule is meant for "
+            "the kernels, end it in /kernel so that it leaves them out"
         )
     return warnings
 

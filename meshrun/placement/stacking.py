@@ -66,9 +66,10 @@ def check_blocks(tensors, mesh: MeshConfig, pipeline: PipelineConfig, model: str
     if not stacks:
         raise ConfigError(
             "mesh.axis_names",
-            f"got {list(mesh.axis_names)}: axis {pipeline.axis!r} asks for pipeline stages (pipeline.axis), but {model} has no "
-            "repeated blocks to split; models with blocks: model=transformer, model=keras_hub (its transformer_layers), and a "
-            "model=python factory that makes its blocks with meshrun.pipeline.repeated_blocks; or name the axis otherwise",
+            f"got {list(mesh.axis_names)}: axis {pipeline.axis!r} asks for pipeline stages (pipeline.axis), "
+            f"but {model} has no repeated blocks to split; models with blocks: model=transformer, "
+            "model=keras_hub (its transformer_layers), and a model=python factory that makes "
+            "its blocks with meshrun.pipeline.repeated_blocks; or name the axis otherwise",
         )
     blocks, stages, repeats = len(stacks[0].blocks), pipeline.stages(mesh), pipeline.repeats
     if blocks % (stages * repeats):
@@ -76,8 +77,9 @@ def check_blocks(tensors, mesh: MeshConfig, pipeline: PipelineConfig, model: str
         rounds = f" times pipeline.repeats={repeats}" if repeats > 1 else ""
         raise ConfigError(
             "mesh.shape",
-            f"got {format_shape(mesh.shape)}: the stage axis {pipeline.axis!r} of size {stages}{rounds} does not split {model}'s "
-            f"{blocks} blocks into stages of equal length; valid sizes for {pipeline.axis!r}: {one_of(valid)}",
+            f"got {format_shape(mesh.shape)}: the stage axis {pipeline.axis!r} of size {stages}{rounds} does "
+            f"not split {model}'s {blocks} blocks into stages of equal "
+            f"length; valid sizes for {pipeline.axis!r}: {one_of(valid)}",
         )
 
 
@@ -137,8 +139,9 @@ def _block_axes(
         key = (assigned.get(odd) or rule).key
         return (), ConfigError(
             key,
-            f"places {odd!r} as {_axes(placements[odd])} but {first!r} is placed as {_axes(placements[first])}; "
-            "pipelined blocks are held stacked, so every block's weight must be placed alike",
+            f"places {odd!r} as {_axes(placements[odd])} but {first!r} is placed as "
+            f"{_axes(placements[first])}; pipelined blocks are held "
+            "stacked, so every block's weight must be placed alike",
         )
     if axis in placements[first]:
         return (), ConfigError(

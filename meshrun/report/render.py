@@ -146,8 +146,8 @@ def slow_network_rows(plan: dict) -> list[tuple[str, str]]:
 def plan_table(plan: dict, full: bool = False, rule_width: int | None = None) -> Table:
     """Every variable: path, shape, dtype (in the title when there is one), the rule that matched,
     PartitionSpec, bytes per device, and whether it trains (a column only when some are frozen,
-    as under LoRA). Unless `full`, variables that differ only by a block index and are placed alike share one row
-    (block_{0..31}/mlp_up/kernel) with the bytes of one, their count and the bytes of all. Paths never
+    as under LoRA). Unless `full`, variables that differ only by a block index and are placed alike share one
+    row (block_{0..31}/mlp_up/kernel) with the bytes of one, their count and the bytes of all. Paths never
     wrap; rules longer than `rule_width` fold onto more lines, whole (a regex cut short is no use)."""
     mesh = plan["mesh"]
     rows = (
@@ -299,8 +299,8 @@ def totals_table(plan: dict) -> Table:
         crossing = ", ".join(processes["axes_across_processes"]) or "none"
         table.add_row(
             "processes",
-            f"{processes['count']} x {processes['devices_per_process']} devices; axes across processes: {crossing}; "
-            f"batch in {processes['batch_shares']} shares",
+            f"{processes['count']} x {processes['devices_per_process']} devices; axes across processes: "
+            f"{crossing}; batch in {processes['batch_shares']} shares",
         )
         for what, text in slow_network_rows(plan):
             table.add_row(what, escape(text))
@@ -362,7 +362,10 @@ def _adapters_text(adapters: dict) -> str:
         if not placed
         else f"{placed} placed by rules, {count - placed} replicated"
     )
-    return f"{count} variables, {adapters['params']:,} parameters, {format_bytes(adapters['bytes_per_device'])}: {where}"
+    return (
+        f"{count} variables, {adapters['params']:,} parameters, "
+        f"{format_bytes(adapters['bytes_per_device'])}: {where}"
+    )
 
 
 def lint_table(plan: dict) -> Table:

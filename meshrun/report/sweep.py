@@ -327,7 +327,10 @@ def _fit_text(memory: MemoryFigures) -> str:
     needed, available = memory.needed_bytes_per_device, memory.device_memory_bytes
     if needed is None or available is None:
         return "does not fit a device's memory"
-    return f"needs {format_bytes(needed)} per device for parameters and optimizer state; a device has {format_bytes(available)}"
+    return (
+        f"needs {format_bytes(needed)} per device for parameters "
+        f"and optimizer state; a device has {format_bytes(available)}"
+    )
 
 
 def _ms(seconds):

@@ -105,8 +105,9 @@ def build_model(
         if inputs is None:
             raise ConfigError(
                 "model.input_shape",
-                f"{spec.name_of(options)} returned a model that is not built yet (a subclassed model builds on its first call): "
-                "give its inputs as model.input_shape (and model.input_dtype), or use a data source that declares them (data=arrays, data=tfrecord)",
+                f"{spec.name_of(options)} returned a model that is not built yet (a subclassed model builds "
+                "on its first call): give its inputs as model.input_shape (and model.input_dtype), "
+                "or use a data source that declares them (data=arrays, data=tfrecord)",
             )
     if inputs is not None:
         symbolic = {name: keras.Input(shape=s.shape, dtype=s.dtype, name=name) for name, s in inputs.items()}
@@ -218,8 +219,9 @@ def check_paths_match(model, abstract: AbstractModel, spec: ModelSpec, options) 
         extra, missing = sorted(built - planned), sorted(planned - built)
         raise ConfigError(
             "model",
-            f"{spec.name_of(options)} built other variables for the run than for the plan ({', '.join((extra + missing)[:3])}); "
-            "a factory must build the same model on every call (create the model inside it, not once at import)",
+            f"{spec.name_of(options)} built other variables for the run than for the plan "
+            f"({', '.join((extra + missing)[:3])}); a factory must build the same "
+            "model on every call (create the model inside it, not once at import)",
         )
 
 

@@ -303,8 +303,8 @@ def keep_adapter(trained, setup: RunSetup) -> dict | None:
     def model():
         if several_with_stages:
             log.warning(
-                "checkpoint.keep_adapter: a run of several processes with pipeline stages keeps no adapter file "
-                "(its checkpoints hold the adapters)"
+                "checkpoint.keep_adapter: a run of several processes with pipeline stages keeps no adapter "
+                "file (its checkpoints hold the adapters)"
             )
             return None
         return trained()

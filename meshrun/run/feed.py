@@ -89,7 +89,8 @@ class BatchesForKeras(keras.utils.PyDataset):
             return next(self._iterator)
         except StopIteration:
             raise RuntimeError(
-                f"the data ran out at batch {index} of a pass; does the data source hold the samples it declares?"
+                f"the data ran out at batch {index} of a pass; "
+                "does the data source hold the samples it declares?"
             ) from None
 
 
@@ -117,8 +118,9 @@ class AllocatorGuard(keras.callbacks.Callback):
         if allocator.set_training_policy() and not self.restored:
             self.restored = True
             log.info(
-                "the data pipeline holds a tf.data.Dataset.from_generator, which set glibc's mmap threshold to 128 KiB for "
-                "this process (every step would fault its buffers in afresh); meshrun set it back to %s (trim at %s)",
+                "the data pipeline holds a tf.data.Dataset.from_generator, which set glibc's mmap threshold "
+                "to 128 KiB for this process (every step would fault its "
+                "buffers in afresh); meshrun set it back to %s (trim at %s)",
                 format_bytes(allocator.MMAP_THRESHOLD),
                 format_bytes(allocator.TRIM_THRESHOLD),
             )

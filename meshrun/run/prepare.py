@@ -341,9 +341,10 @@ def pipeline_keys_ignored(pipeline: PipelineConfig, mesh: MeshConfig) -> tuple[s
     near = closest(pipeline.axis, mesh.axis_names, n=1)
     typo = f" ({near[0]!r} is close: a typo?)" if near else ""
     return (
-        f"{' and '.join(given)} {'do' if len(given) > 1 else 'does'} nothing: pipeline stages wait for a mesh axis named "
-        f"{pipeline.axis!r} (pipeline.axis), and mesh {format_shape(mesh.shape)}'s axes are {', '.join(mesh.axis_names)}{typo}, "
-        f"so the run has no stages; name an axis {pipeline.axis!r} in mesh.axis_names, or leave the pipeline keys out",
+        f"{' and '.join(given)} {'do' if len(given) > 1 else 'does'} nothing: pipeline stages wait for a "
+        f"mesh axis named {pipeline.axis!r} (pipeline.axis), and mesh {format_shape(mesh.shape)}'s axes are "
+        f"{', '.join(mesh.axis_names)}{typo}, so the run has no stages; name an "
+        f"axis {pipeline.axis!r} in mesh.axis_names, or leave the pipeline keys out",
     )
 
 
@@ -379,8 +380,9 @@ def plan_checkpoints(config: RunConfig, context: RunContext, processes: int) -> 
     if point and start.epoch >= config.train.epochs:
         raise ConfigError(
             "resume",
-            f"checkpoint {point} is at the end of training (epoch {start.epoch} of {config.train.epochs}); nothing is left to "
-            "train: raise train.epochs, or start again with resume=never in another hydra.run.dir",
+            f"checkpoint {point} is at the end of training (epoch {start.epoch} of {config.train.epochs}); "
+            "nothing is left to train: raise train.epochs, or "
+            "start again with resume=never in another hydra.run.dir",
         )
     return CheckpointPlan(root, point, start, model)
 
@@ -390,7 +392,8 @@ def check_export(config: RunConfig, processes: int) -> None:
     if config.checkpoint.export and processes > 1:
         raise ConfigError(
             "checkpoint.export",
-            "got true with several processes; a .keras file is written by one process, so export from a one-process run (resume from the checkpoint there)",
+            "got true with several processes; a .keras file is written by one process, "
+            "so export from a one-process run (resume from the checkpoint there)",
         )
 
 
@@ -490,19 +493,21 @@ def count_steps(config: RunConfig, steps_per_epoch: int) -> int:
     if accumulate > total_steps:
         raise ConfigError(
             "train.grad_accum_steps",
-            f"got {accumulate}, more than the run's {total_steps} training steps; no update would be applied: valid 1 to {total_steps}",
+            f"got {accumulate}, more than the run's {total_steps} training "
+            f"steps; no update would be applied: valid 1 to {total_steps}",
         )
     every = config.checkpoint.every_steps
     if every and every > total_steps:
         log.warning(
-            f"checkpoint.every_steps={every} is more than the run's {total_steps} training steps, so it never saves; "
-            f"give at most {total_steps} or checkpoint.every_epoch=true"
+            f"checkpoint.every_steps={every} is more than the run's {total_steps} training steps, so it "
+            f"never saves; give at most {total_steps} or checkpoint.every_epoch=true"
         )
     steps = config.profile.steps
     if steps is not None and steps[1] > total_steps:
         raise ConfigError(
             "profile.steps",
-            f"got {list(steps)}; the run has {total_steps} training steps: valid 1 <= first <= last <= {total_steps}",
+            f"got {list(steps)}; the run has {total_steps} training "
+            f"steps: valid 1 <= first <= last <= {total_steps}",
         )
     return total_steps
 
@@ -513,7 +518,8 @@ def _say_devices(found: devices_lib.DeviceSet, config: RunConfig) -> None:
     if found.emulated:
         reason = "no accelerator found" if config.devices.platform == "auto" else "devices.platform=cpu"
         log.info(
-            f"{reason}; emulating {found.available} CPU devices{spread}, using {len(found.devices)} for mesh {shape}"
+            f"{reason}; emulating {found.available} CPU devices{spread}, "
+            f"using {len(found.devices)} for mesh {shape}"
         )
     else:
         log.info(f"using {len(found.devices)} {found.kind} devices{spread} for mesh {shape}")

@@ -83,8 +83,8 @@ def check_sampling_settings(config, processes: int) -> tuple[str, ...]:
     if prompts and processes > 1:
         raise ConfigError(
             SAMPLE_KEY,
-            f"got {counted(len(prompts), 'prompt')} in a job of {processes} processes; sample in a one-process run, "
-            "or after training with meshrun generate RUN_DIR --prompt TEXT",
+            f"got {counted(len(prompts), 'prompt')} in a job of {processes} processes; sample in a "
+            "one-process run, or after training with meshrun generate RUN_DIR --prompt TEXT",
         )
     return prompts
 

@@ -56,8 +56,8 @@ def accumulation_text(steps, train) -> str | None:
     if not steps or steps <= 1:
         return None
     return (
-        f"gradients of {steps} steps averaged into each update: {train.samples_per_update} samples per update, "
-        f"{train.updates} updates"
+        f"gradients of {steps} steps averaged into each update: {train.samples_per_update} samples per "
+        f"update, {train.updates} updates"
     )
 
 
@@ -149,8 +149,8 @@ def flops_text(flops, metrics) -> str | None:
         flops.bubble_per_step is not None and flops.bubble_fraction is not None
     ):  # a line of its own: the table stays narrow
         text += (
-            f"\npipeline bubble: {flops.bubble_fraction:.1%} of each stage's ticks, {flops.bubble_per_step:.3g} FLOPs more "
-            "(discarded, not counted above)"
+            f"\npipeline bubble: {flops.bubble_fraction:.1%} of each stage's ticks, "
+            f"{flops.bubble_per_step:.3g} FLOPs more (discarded, not counted above)"
         )
     return text
 
@@ -166,7 +166,10 @@ def profile_text(profile, _) -> str | None:
     if not profile.traced:
         return f"steps {profile.steps[0]}-{profile.steps[1]} were not reached; no trace"
     first, last = profile.traced
-    return f"steps {first}-{last} traced into {profile.dir} (tensorboard --logdir {profile.dir}, or perfetto_trace.json.gz in ui.perfetto.dev)"
+    return (
+        f"steps {first}-{last} traced into {profile.dir} (tensorboard "
+        f"--logdir {profile.dir}, or perfetto_trace.json.gz in ui.perfetto.dev)"
+    )
 
 
 def logs_text(logs, _) -> str | None:

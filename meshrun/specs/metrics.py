@@ -362,5 +362,6 @@ class RunMetrics:
         return from_json(cls, data)
 
     def summary(self) -> list[tuple[str, str]]:
-        """The rows of the run's summary table, (row, text), ordered as SUMMARY_ROWS (meshrun.specs.figures)."""
+        """The rows of the run's summary table, (row, text), ordered as SUMMARY_ROWS
+        (meshrun.specs.figures)."""
         return summary_rows(self)

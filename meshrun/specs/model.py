@@ -23,6 +23,10 @@ from typing import Any
 
 from meshrun.registry import Registry
 
+# The data families data=synthetic generates, one generator each (meshrun.data.synthetic.FAMILIES): a
+# ModelSpec's `data` names the one that matches the model's inputs.
+SYNTHETIC_FAMILIES = ("regression", "images", "tokens", "id_pairs", "classes", "padded_tokens", "shaped")
+
 
 @dataclass(frozen=True)
 class InputSpec:
@@ -38,7 +42,8 @@ class InputSpec:
 class ModelSpec:
     """A registered model: how to configure it, build it, feed it, train it, and which layouts fit it.
 
-    - `data`: the synthetic data family of meshrun.data that matches the model's inputs.
+    - `data`: the synthetic data family of meshrun.data that matches the model's inputs, one of
+      SYNTHETIC_FAMILIES (checked when the model registers).
     - `loss(options)`: the Keras loss (a name or a loss object) used when train.loss is null; None:
       the model has none of its own (the loss it was compiled with, else train.loss is required).
     - `tokens_per_sample(options)`: for sequence models, the tokens one sample carries (reported

@@ -157,7 +157,8 @@ def quiet_finalizers() -> None:
 
 def _to_debug_log(unraisable) -> None:
     logging.getLogger(__name__).debug(
-        f"after the interrupt, in {unraisable.object!r}: {unraisable.exc_type.__name__}: {unraisable.exc_value}"
+        f"after the interrupt, in {unraisable.object!r}: "
+        f"{unraisable.exc_type.__name__}: {unraisable.exc_value}"
     )
 
 
@@ -169,8 +170,11 @@ def stopped_line(stopped: dict) -> str:
     )
     requeued = scheduler_signal()
     if requeued is not None and stopped["signal"] == signal_name(requeued):
-        return f"{stopped['signal']} received: stopped after step {stopped['step']}{where}; submitit requeues the job, which resumes from it"
+        return (
+            f"{stopped['signal']} received: stopped after step "
+            f"{stopped['step']}{where}; submitit requeues the job, which resumes from it"
+        )
     return (
-        f"{stopped['signal']} received: stopped after step {stopped['step']}{where}; the same command resumes from it "
-        "when checkpoint.dir is set (else add resume=<that checkpoint's dir>)"
+        f"{stopped['signal']} received: stopped after step {stopped['step']}{where}; the same command "
+        "resumes from it when checkpoint.dir is set (else add resume=<that checkpoint's dir>)"
     )

@@ -32,24 +32,27 @@ def private_dir(path: str | os.PathLike, key: str, shared: bool, what: str) -> P
     if info.st_uid not in (os.getuid(), 0):
         raise ConfigError(
             key,
-            f"got {path}, which user {info.st_uid} owns; meshrun loads {what} from it only when you or root own it: "
-            "give a directory of your own",
+            f"got {path}, which user {info.st_uid} owns; meshrun loads {what} from it only when you or root "
+            "own it: give a directory of your own",
         )
     if mode & stat.S_IWOTH:
         raise ConfigError(
             key,
-            f"got {path}, which everyone can write to (mode {mode:04o}); meshrun loads {what} from it only when "
-            f"no one but its owner can write to it: chmod o-w,g-w {path} (cache.shared=true trusts a group, never everyone)",
+            f"got {path}, which everyone can write to (mode {mode:04o}); meshrun loads {what} from it only "
+            "when no one but its owner can write to it: chmod o-w,g-w "
+            f"{path} (cache.shared=true trusts a group, never everyone)",
         )
     if mode & stat.S_IWGRP:
         if not shared:
             raise ConfigError(
                 key,
-                f"got {path}, which its group can write to (mode {mode:04o}); meshrun loads {what} from it only when "
-                f"no one but its owner can write to it: chmod g-w {path}, or cache.shared=true if you trust that group",
+                f"got {path}, which its group can write to (mode {mode:04o}); meshrun loads {what} from it "
+                "only when no one but its owner can write to it: chmod "
+                f"g-w {path}, or cache.shared=true if you trust that group",
             )
         log.warning(
-            f"{key}: {path} is writable by its group (mode {mode:04o}); using it since cache.shared=true trusts that group"
+            f"{key}: {path} is writable by its group (mode {mode:04o}); "
+            "using it since cache.shared=true trusts that group"
         )
     return path
 
@@ -72,11 +75,16 @@ def check_preset_objects(preset: str | os.PathLike, key: str) -> None:
         found = _untrusted_object(document)
         if found is not None:
             module, class_name = found
+            what = (
+                "a Lambda (code inside the config)"
+                if class_name in CODE_CLASSES
+                else "code outside Keras and KerasHub"
+            )
             raise ConfigError(
                 key,
-                f"got {str(preset)!r}, whose {path.name} asks for {module + '.' if module else ''}{class_name}, "
-                f"{'a Lambda (code inside the config)' if class_name in CODE_CLASSES else 'code outside Keras and KerasHub'}; "
-                "meshrun loads only Keras' and KerasHub's own objects from a preset",
+                f"got {str(preset)!r}, whose {path.name} asks for "
+                f"{module + '.' if module else ''}{class_name}, "
+                f"{what}; meshrun loads only Keras' and KerasHub's own objects from a preset",
             )
 
 

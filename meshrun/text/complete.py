@@ -36,7 +36,8 @@ def encode_prompts(
         if not len(ids):
             raise ConfigError(
                 key,
-                f"got {prompt!r}, which encodes to no tokens ({tokenizer.description} has no start token); give some text",
+                f"got {prompt!r}, which encodes to no tokens "
+                f"({tokenizer.description} has no start token); give some text",
             )
         if len(ids) >= max_length:
             raise ConfigError(

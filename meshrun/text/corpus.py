@@ -74,7 +74,8 @@ def expand(patterns: tuple[str, ...], key: str) -> tuple[Path, ...]:
             what = "matches no file" if glob.has_magic(expanded) else "is not a file"
             raise ConfigError(
                 key,
-                f"got {pattern!r}, which {what}; give .txt or .jsonl files (paths or globs, e.g. 'data/*.jsonl')",
+                f"got {pattern!r}, which {what}; give .txt or "
+                ".jsonl files (paths or globs, e.g. 'data/*.jsonl')",
             )
         files.extend(found)
     return read_once(files, key)
@@ -92,8 +93,8 @@ def read_once(files: list[Path], key: str) -> tuple[Path, ...]:
     if linked:
         one = len(linked) == 1
         log.info(
-            f"{key}: {counted(len(linked), 'path')} {'names' if one else 'name'} the same file as an earlier path (through a link), "
-            f"which is read once: {_listed(linked)}"
+            f"{key}: {counted(len(linked), 'path')} {'names' if one else 'name'} the same file as an earlier "
+            f"path (through a link), which is read once: {_listed(linked)}"
         )
     return tuple(first_by_real.values())
 
@@ -116,8 +117,8 @@ def read_examples(files: tuple[Path, ...], corpus: CorpusFormat, key: str) -> li
             raise ConfigError(key, f"{str(files[0])!r} holds no text: it is empty or only whitespace")
         raise ConfigError(
             key,
-            f"none of the {counted(len(files), 'file')} ({_listed([repr(str(f)) for f in files])}) holds any text: "
-            "each is empty or only whitespace",
+            f"none of the {counted(len(files), 'file')} ({_listed([repr(str(f)) for f in files])}) holds any "
+            "text: each is empty or only whitespace",
         )
     return examples
 
@@ -220,5 +221,6 @@ def _fill(key: str, template: str, record: dict, where: str) -> str:
     except (ValueError, IndexError, AttributeError) as err:
         raise ConfigError(
             key,
-            f"got {template!r}, not a format template over the record's fields ({err}); write fields as {{name}}, braces as {{{{ }}}}",
+            f"got {template!r}, not a format template over the record's "
+            f"fields ({err}); write fields as {{name}}, braces as {{{{ }}}}",
         ) from None

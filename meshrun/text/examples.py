@@ -152,8 +152,8 @@ def to_rows(
             if too_long == "error":
                 raise ConfigError(
                     "data.too_long",
-                    f"is error, and {first.where} makes {too_many} tokens, more than model.seq_len + 1 = {seq_len + 1}; "
-                    "raise model.seq_len or set data.too_long=drop",
+                    f"is error, and {first.where} makes {too_many} tokens, more than model.seq_len + 1 = "
+                    f"{seq_len + 1}; raise model.seq_len or set data.too_long=drop",
                 )
     stream, weights, offsets = _stream(_kept(heads, keep), _kept(texts, keep), framing.end)
     kept_sizes = sizes[keep]

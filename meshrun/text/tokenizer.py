@@ -158,8 +158,8 @@ def check_fits_vocabulary(tokenizer: TextTokenizer, source: str, key: str, vocab
     if tokenizer.vocabulary_size > vocabulary:
         raise ConfigError(
             key,
-            f"got {source!r}, whose tokenizer has {tokenizer.vocabulary_size} ids, more than the model's vocabulary "
-            f"of {vocabulary}; give the tokenizer the model was trained with",
+            f"got {source!r}, whose tokenizer has {tokenizer.vocabulary_size} ids, more than the model's "
+            f"vocabulary of {vocabulary}; give the tokenizer the model was trained with",
         )
 
 
@@ -249,7 +249,8 @@ def _load_hugging_face(file: Path, model_type: str, source, key: str) -> TextTok
     except Exception as error:  # tokenizers raises plain Exception for a file it cannot parse
         raise ConfigError(
             key,
-            f"got {source!r}, whose {file.name} Hugging Face tokenizers cannot load ({first_line(error)}); {EXPECTED}",
+            f"got {source!r}, whose {file.name} Hugging Face "
+            f"tokenizers cannot load ({first_line(error)}); {EXPECTED}",
         ) from None
     encoder = HuggingFaceEncoder(tokenizer)
     end = _first_token(encoder, HF_END_TOKENS)
@@ -353,8 +354,8 @@ def _encoder_without_tensorflow(encoder, layer, preset: Path, key: str):
         return encoder
     raise ConfigError(
         key,
-        f"{type(layer).__name__} of {preset.resolve()} splits text its own way, which meshrun encodes with KerasHub's "
-        f"TensorFlow graph: needs TensorFlow, which is not installed: {TENSORFLOW_INSTALL}",
+        f"{type(layer).__name__} of {preset.resolve()} splits text its own way, which meshrun encodes with "
+        f"KerasHub's TensorFlow graph: needs TensorFlow, which is not installed: {TENSORFLOW_INSTALL}",
     )
 
 
@@ -426,8 +427,8 @@ def _keep_verdict(
         verdicts.put(verdict_key, agrees, {"tokenizer": type(layer).__name__, **probe_inputs(fingerprint)})
     except OSError as error:
         log.warning(
-            f"the verdict of the tokenizer check could not be kept in {verdicts.folder} ({first_line(error)}); "
-            "the next run checks again"
+            f"the verdict of the tokenizer check could not be kept in {verdicts.folder} "
+            f"({first_line(error)}); the next run checks again"
         )
 
 
@@ -456,7 +457,8 @@ def _import_keras_hub(key: str, tensorflow: bool):
     except ImportError:
         raise ConfigError(
             key,
-            "a KerasHub preset's tokenizer needs the keras-hub package, which is not installed: pip install 'meshrun[hub]'",
+            "a KerasHub preset's tokenizer needs the keras-hub "
+            "package, which is not installed: pip install 'meshrun[hub]'",
         ) from None
 
 
@@ -488,7 +490,8 @@ def _warn_slow(description: str, why: str) -> None:
     if description not in _warned_slow:
         _warned_slow.add(description)
         log.warning(
-            f"{description} {why}; tokenizing through KerasHub's TensorFlow graph instead, which is much slower"
+            f"{description} {why}; tokenizing through KerasHub's "
+            "TensorFlow graph instead, which is much slower"
         )
 
 

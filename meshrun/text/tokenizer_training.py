@@ -109,8 +109,8 @@ def _sentencepiece_refusal(
         return ConfigError(
             key,
             f"got {vocabulary_size}, too few ids for this text: a SentencePiece tokenizer keeps each of its "
-            f"{characters} distinct characters as a piece, beside {BYTES} byte pieces and {setup.special_count} "
-            f"special tokens; give {key} {needed} or more",
+            f"{characters} distinct characters as a piece, beside {BYTES} byte pieces and "
+            f"{setup.special_count} special tokens; give {key} {needed} or more",
         )
     return ConfigError(
         key, f"got {vocabulary_size}; SentencePiece cannot train on this text: {first_line(err)}"

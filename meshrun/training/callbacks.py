@@ -82,8 +82,8 @@ class StopOnNaN(StepCounting):
         epoch, in_epoch = divmod(step - 1, self.steps_per_epoch)
         kept = f"; the last good checkpoint is {last_checkpoint}" if last_checkpoint else ""
         raise Diverged(
-            f"the loss became {loss} at step {step} (epoch {epoch + 1}, step {in_epoch + 1} of {self.steps_per_epoch}); "
-            f"training stopped there (train.stop_on_nan){kept}"
+            f"the loss became {loss} at step {step} (epoch {epoch + 1}, step {in_epoch + 1} of "
+            f"{self.steps_per_epoch}); training stopped there (train.stop_on_nan){kept}"
         )
 
 

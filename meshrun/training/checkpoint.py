@@ -137,7 +137,8 @@ def find(resume: str, default_dir: Path, unreadable: frozenset = frozenset()) ->
     if not steps:
         raise ConfigError(
             "resume",
-            f"got {resume!r}, which holds no complete checkpoint; give a run's checkpoint dir (with numbered steps) or one of its steps",
+            f"got {resume!r}, which holds no complete checkpoint; give a "
+            "run's checkpoint dir (with numbered steps) or one of its steps",
         )
     return ResumePoint(path, max(steps))
 
@@ -161,8 +162,8 @@ def check_same_model(point: ResumePoint, current: ModelIdentity) -> None:
     if saved is not None and saved.name != current.name:
         raise ConfigError(
             "resume",
-            f"checkpoint {point} was written by {saved}, and this run builds {current}; resume it with model={saved.name}, "
-            "or start afresh with resume=never or another checkpoint.dir",
+            f"checkpoint {point} was written by {saved}, and this run builds {current}; resume it with "
+            f"model={saved.name}, or start afresh with resume=never or another checkpoint.dir",
         )
 
 
@@ -292,8 +293,9 @@ def _check_fits(saved: dict, groups: dict, point: ResumePoint, plans: dict) -> N
             if shape != tuple(variable.shape):
                 raise ConfigError(
                     "resume",
-                    f"checkpoint {point} does not fit this model: {path} is {format_shape(shape, scalar='a scalar')} there "
-                    f"but {format_shape(variable.shape, scalar='a scalar')} here",
+                    f"checkpoint {point} does not fit this model: {path} is "
+                    f"{format_shape(shape, scalar='a scalar')} there but "
+                    f"{format_shape(variable.shape, scalar='a scalar')} here",
                 )
 
 

@@ -80,7 +80,8 @@ class Checkpointing(keras.callbacks.Callback):
                 variable.assign(restored[group][path])
         self._metrics_to_restore = restored["metrics"]
         log.info(
-            f"resumed from checkpoint {point} (step {self.progress.global_step}, epoch {self.progress.epoch + 1})"
+            f"resumed from checkpoint {point} (step "
+            f"{self.progress.global_step}, epoch {self.progress.epoch + 1})"
         )
 
     def on_epoch_begin(self, epoch, logs=None):

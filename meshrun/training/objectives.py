@@ -36,8 +36,9 @@ def make_optimizer(
 def _no_loss(spec: ModelSpec, options) -> ConfigError:
     return ConfigError(
         "train.loss",
-        f"is required: {spec.name_of(options)} returns a model that is not compiled with a loss, so it has none of its own; "
-        "give a Keras loss, e.g. train.loss=sparse_categorical_crossentropy, or compile the model in the factory",
+        f"is required: {spec.name_of(options)} returns a model that is not compiled with a loss, so it has "
+        "none of its own; give a Keras loss, e.g. "
+        "train.loss=sparse_categorical_crossentropy, or compile the model in the factory",
     )
 
 

@@ -17,7 +17,8 @@ from meshrun.system.process import stderr_captured
 
 log = logging.getLogger("meshrun")
 
-# The items of a checkpoint; STACKS: the per-block paths of pipelined blocks' stacked variables (meshrun.training.restack)
+# The items of a checkpoint; STACKS: the per-block paths of pipelined blocks' stacked variables
+# (meshrun.training.restack)
 STATE, PROGRESS, MODEL, STACKS = "state", "progress", "model", "stacks"
 
 
