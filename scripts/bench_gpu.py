@@ -880,7 +880,7 @@ def memory_table(report: dict):
 def target_table(report: dict):
     from rich.table import Table
 
-    table = Table(title="issue 20's targets (one H100); n/a without an accelerator of known peak")
+    table = Table(title="the GPU targets (one H100); n/a without an accelerator of known peak")
     for column in ("target", "value", "wanted", "verdict"):
         table.add_column(column, justify="left" if column == "target" else "right")
     for row in report["targets"]:

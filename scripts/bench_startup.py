@@ -1,5 +1,5 @@
 """Benchmarks how soon meshrun answers: seconds to the first training step, to a plan, to a config
-error, against the targets of issue 18, and optionally against another checkout ("before").
+error, against its start-up targets, and optionally against another checkout ("before").
 
 Jobs, each repeat a fresh `python -m meshrun ...` process (imports, Hydra and jax start-up count):
 
@@ -19,7 +19,7 @@ With --hub, three tiny KerasHub fine-tunes on mesh 2x4 (one epoch), each judged 
 step, on inputs the script builds first with tests/presets.py (a 35 KB corpus, a Gemma preset of
 vocabulary 512 and 2 layers with its SentencePiece tokenizer, a Hugging Face tokenizer.json):
 
-- hub_synthetic:  a Llama made from model.backbone on data=synthetic (the README's KerasHub example);
+- hub_synthetic:  a Llama made from model.backbone on data=synthetic (the KerasHub example of docs/models.md);
 - hub_text:       the Gemma preset, LoRA rank 4, data=text with the tokenizer.json (the direct
   `tokenizers` encoder: nothing of TensorFlow's is needed);
 - hub_preset_tok: the same with the preset's own tokenizer, whose check against KerasHub's
@@ -31,7 +31,7 @@ vocabulary 512 and 2 layers with its SentencePiece tokenizer, a Hugging Face tok
 --without-tensorflow adds a column: this checkout in a venv the script makes, which links every
 package of this interpreter's site-packages but TensorFlow's (meshrun.measure.venv_without_tensorflow,
 which tests/test_without_tensorflow.py uses too): an install without TensorFlow, as `pip install
---no-deps keras-hub` makes it. Target (issue 50): each hub fine-tune's time to first step within 1.5 s of
+--no-deps keras-hub` makes it. Target: each hub fine-tune's time to first step within 1.5 s of
 that column's. Every job also reports its process's peak RSS.
 
 Each job is run once untimed first (a warm compile cache, warm disk, the token cache filled), then
@@ -40,7 +40,7 @@ after), so that drift of the shared machine reaches all alike. Medians are repor
 range of the figure (max - min over the repeats: how noisy the machine was), and for train_mlp
 whether the checkouts trained to exactly the same losses.
 
-Targets (issue 18): train_mlp time to first step <= 2.5 s; plan_mlp <= 1.5 s; plan_7b <= 3 s;
+Targets: train_mlp time to first step <= 2.5 s; plan_mlp <= 1.5 s; plan_7b <= 3 s;
 error_rule and error_data <= 2 s; step time and the sweep within noise of before.
 
     python scripts/bench_startup.py                            # this checkout, 5 repeats
@@ -121,7 +121,7 @@ HUB_JOBS = {
 }
 JOBS.update(HUB_JOBS)
 NEEDS_TENSORFLOW = {"hub_preset_tok"}  # its tokenizer check, made by the warm-up run, needs TensorFlow
-# issue 50: a hub job's time to first step, with TensorFlow installed, within this of the install without it
+# A hub job's time to first step, with TensorFlow installed, within this of the install without it
 HUB_GAP_S = 1.5
 TRAINING_JOBS = {"train_mlp", *HUB_JOBS} - {"plan_hub_7b"}
 NO_TENSORFLOW = "no TF"

@@ -1,4 +1,4 @@
-"""Measures how well a run's reported throughput agrees with the clock outside it (issue 31, item 7):
+"""Measures how well a run's reported throughput agrees with the clock outside it:
 the README's main job (`meshrun train mesh=2x4 layout=dense_model`) run for --epochs epochs, its
 metrics.json `timing.samples_per_s` set against the samples of the epochs after the first divided
 by those epochs' wall seconds from epochs.csv (`epoch_s`, start to end of each epoch, as a user

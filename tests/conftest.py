@@ -55,7 +55,8 @@ SLOWEST_FILES = (
 )
 
 
-# The suite's layers (README "Run the tests"): a test marked with none of these is a unit test.
+# The suite's layers (docs/getting-started.md, "Run the tests"): a test marked with none of these is a
+# unit test.
 LAYERS = ("integration", "e2e", "slurm")
 
 

@@ -122,7 +122,7 @@ def test_meshrun_runs_are_the_real_cli_and_agree_with_their_own_report(bench):
 @pytest.mark.e2e
 def test_stdout_has_the_tables_and_the_versions(bench):
     stdout, report = bench
-    for title in ("step time per variant", "memory per device", "issue 20's targets"):
+    for title in ("step time per variant", "memory per device", "the GPU targets"):
         assert title in stdout
     for name in EXPECTED:
         assert name in stdout

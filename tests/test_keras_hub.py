@@ -139,7 +139,7 @@ def test_meshruns_llama_layout_is_megatron_style(runs):
 
 
 def test_a_one_key_value_head_gemma_trains_with_lora_under_gemma_tp_on_1x8(runs):
-    """Gemma 2B's shape of attention under the README's fine-tune layout: the key/value kernels
+    """Gemma 2B's shape of attention under the fine-tune page's layout: the key/value kernels
     stay whole on every device (one note in the plan says so), the query heads are split, the
     adapters train, and the run placed everything where its plan said."""
     metrics, run_dir = runs[("gemma_mqa", "gemma_tp", "1x8")]

@@ -1,7 +1,7 @@
 """`meshrun preset FAMILY --text PATH --out DIR`: a small KerasHub preset made offline from local text
 (a tokenizer trained on it, random weights), in-process. The preset loads in plain KerasHub with
 the family's classes, special tokens and heads, and fine-tunes with `meshrun train model=keras_hub
-model.preset=DIR data=text` (LoRA on instruction records, as the README's fine-tune); --force
+model.preset=DIR data=text` (LoRA on instruction records, as docs/jobs/finetune.md's); --force
 replaces a preset; every bad input is one line, exit 2, with nothing written."""
 
 import contextlib
@@ -42,7 +42,7 @@ def make(args: list[str], capsys) -> str:
 
 @pytest.fixture(scope="module")
 def gemma(texts, tmp_path_factory) -> tuple[Path, str]:
-    """The README's preset: `meshrun preset gemma` on both files, its defaults; its dir and line."""
+    """The fine-tune page's preset: `meshrun preset gemma` on both files, its defaults; its dir and line."""
     out = tmp_path_factory.mktemp("presets") / "tiny_gemma"
     printed = io.StringIO()  # a module's fixture cannot take capsys
     with contextlib.redirect_stdout(printed):
@@ -83,7 +83,7 @@ def test_the_gemma_preset_loads_in_keras_hub_as_gemma_2b_is_shaped(gemma):
 
 
 def test_the_preset_fine_tunes_with_lora_on_instruction_records(gemma, texts, tmp_path):
-    """The README's fine-tune: LoRA on 1x8 under gemma_tp, which keeps the single key/value head whole."""
+    """The fine-tune page's run: LoRA on 1x8 under gemma_tp, which keeps the single key/value head whole."""
     out, _ = gemma
     run = tmp_path / "run"
     cli.main(

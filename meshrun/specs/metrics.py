@@ -132,7 +132,7 @@ class TrainFigures:
 
 @dataclass(frozen=True)
 class TimingFigures:
-    """Where the job's time went (see the README's table of metrics.json for each figure)."""
+    """Where the job's time went (see docs/reference/metrics.md for each figure)."""
 
     startup_s: float = figure("start-up", "{:.2f} s to model built")
     time_to_first_step_s: float = figure("start-up", "{:.2f} s to first step")
