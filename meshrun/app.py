@@ -97,9 +97,7 @@ class MeshShapeSource(ServedConfigs):
 
     def load_config(self, config_path: str) -> ConfigResult:
         name = config_path.rsplit("/", 1)[-1].removesuffix(".yaml")
-        return self.result(
-            OmegaConf.create({"shape": name, "axis_names": None, "batch_axis": None, "dcn": None})
-        )
+        return self.result(OmegaConf.create({"shape": name, "axis_names": None, "batch_axis": None}))
 
     def is_group(self, config_path: str) -> bool:
         return config_path.strip("/") in ("", "mesh")

@@ -569,6 +569,7 @@ TOP_LEVEL_KEYS = (
 # config `schema/<name>`, which configs/meshrun.yaml places under its group's option, so that a
 # group's options write only what differs. `run` holds the top-level keys (resume).
 COMPOSED_SECTIONS = {
+    "mesh": MeshConfig,
     "layout": LayoutConfig,
     "train": TrainConfig,
     "devices": DevicesConfig,
