@@ -2,7 +2,8 @@
 on 8 emulated CPU devices: every weight lands on its shards with exactly the values plain KerasHub
 reads, no device ever holds more than 1.3x the bytes the layout gives it (plain Keras copies each
 weight whole onto one device first: 1.43x for the tiny Gemma here), variables the files do
-not fill keep their initializers' values, and Keras is itself again after the block."""
+not fill keep their initializers' values, Keras is itself again after the block, and what the
+devices held before loading is not counted as the load's."""
 
 import numpy as np
 import pytest
@@ -90,3 +91,18 @@ def test_variables_the_files_do_not_fill_get_their_initializers_values_and_keras
         "assign" not in JaxVariable.__dict__
         and JaxVariable._initialize_with_initializer.__module__ == "keras.src.backend.jax.core"
     )
+
+
+def test_a_load_peak_counts_what_loading_added_not_what_the_devices_held_before():
+    """Arrays a device held when loading began (a previous job's, in a multirun of one process) are
+    not the load's: the peak is the bytes loading added."""
+    import jax
+
+    from meshrun.system.load_memory import LoadWatch
+
+    device = jax.devices()[0]
+    held_before = jax.device_put(np.zeros(4096, np.float32), device)
+    with LoadWatch([device]) as watch:
+        loaded = jax.device_put(np.ones(1024, np.float32), device)
+    assert watch.peaks().bytes_per_device == loaded.nbytes == 4096
+    assert held_before.nbytes == 16384

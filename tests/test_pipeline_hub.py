@@ -158,10 +158,10 @@ def test_a_presets_lora_fine_tune_with_stages_trains_samples_and_exports_as_with
     )
     assert staged["samples"] == separate["samples"] and staged["samples"][0]["prompt"] == PROMPT
     # Each block's weights were loaded onto its stage's devices alone. Loaded into every device first, the
-    # peak was 3.5 times the parameters a device holds in a process of its own; 1.25 times now (more here:
-    # this process holds other runs' leftovers).
+    # peak was 3.5 times the parameters a device holds; 1.12 times now (what other runs of this process
+    # left on the devices is not the load's).
     memory = staged["memory"]
-    assert memory["load_peak_bytes_per_device"] < 2.5 * memory["params_bytes_per_device"]
+    assert memory["load_peak_bytes_per_device"] < 1.3 * memory["params_bytes_per_device"]
     assert sorted(
         p.name for p in staged_dir.iterdir() if p.name in ("model.keras", "preset", "adapter.lora.h5")
     ) == ["adapter.lora.h5", "model.keras", "preset"]

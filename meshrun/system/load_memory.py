@@ -1,6 +1,7 @@
 """What building a model and loading its weights costs in memory: the most bytes any one device
-held at once, and the most host memory the process took beyond what it held before
-(memory.load_peak_bytes_per_device and memory.load_peak_host_bytes in metrics.json).
+held at once and the most host memory the process took, each beyond what it held when loading began
+(memory.load_peak_bytes_per_device and memory.load_peak_host_bytes in metrics.json). Garbage is
+collected first, so arrays a previous job in the same process left unreferenced do not count.
 
 Both are sampled: on a thread of this module every few milliseconds, and wherever the loader calls
 `sample()` (meshrun.compat.keras.load_onto_shards does after placing each weight read from a preset).
@@ -13,6 +14,7 @@ imported meanwhile or what the allocator keeps after a free.
 
 from __future__ import annotations
 
+import gc
 import math
 import threading
 from dataclasses import dataclass
@@ -27,8 +29,8 @@ SAMPLE_INTERVAL_S = 0.005
 @dataclass(frozen=True)
 class LoadPeaks:
     """The most bytes one device held while the model was built and loaded, and the most host
-    memory the process took beyond what it held when loading began (None where the C library
-    does not say: meshrun.system.allocator.bytes_in_use)."""
+    memory the process took, each beyond what it held when loading began (host: None where the C
+    library does not say: meshrun.system.allocator.bytes_in_use)."""
 
     bytes_per_device: int
     host_bytes: int | None
@@ -45,10 +47,13 @@ class LoadWatch:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._host_at_start: int | None = None
+        self._device_at_start: dict = {}
         self._device_peak = 0
         self._host_peak: int | None = None
 
     def __enter__(self) -> LoadWatch:
+        gc.collect()
+        self._device_at_start = bytes_by_device()
         self._host_at_start = self.sample()
         _WATCHING.append(self)
         self._thread = threading.Thread(
@@ -79,7 +84,8 @@ class LoadWatch:
         """Takes one sample now; returns the host bytes in use (None where they cannot be read)."""
         with self._lock:
             held = bytes_by_device()
-            self._device_peak = max([self._device_peak, *(held.get(d, 0) for d in self._devices)])
+            added = (held.get(d, 0) - self._device_at_start.get(d, 0) for d in self._devices)
+            self._device_peak = max([self._device_peak, *added])
             in_use = allocator.bytes_in_use()
             if in_use is None:
                 return None
