@@ -257,7 +257,7 @@ def load(preset: Path, mesh: str, loader: str) -> dict:
         with onto_shards:
             task = keras_hub.models.CausalLM.from_preset(str(preset), preprocessor=None, compile=False)
     seconds = time.perf_counter() - started
-    held = bytes_by_device()
+    held = bytes_by_device(jax.live_arrays())
     planned = max(held.get(device, 0) for device in jax.devices())
     peaks = watch.peaks()
     return {

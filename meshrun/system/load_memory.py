@@ -1,7 +1,8 @@
 """What building a model and loading its weights costs in memory: the most bytes any one device
 held at once and the most host memory the process took, each beyond what it held when loading began
-(memory.load_peak_bytes_per_device and memory.load_peak_host_bytes in metrics.json). Garbage is
-collected first, so arrays a previous job in the same process left unreferenced do not count.
+(memory.load_peak_bytes_per_device and memory.load_peak_host_bytes in metrics.json). A device's
+figure counts the arrays made since, so those a previous job in the same process left behind do not
+count, whether or not they are freed meanwhile.
 
 Both are sampled: on a thread of this module every few milliseconds, and wherever the loader calls
 `sample()` (meshrun.compat.keras.load_onto_shards does after placing each weight read from a preset).
@@ -14,9 +15,9 @@ imported meanwhile or what the allocator keeps after a free.
 
 from __future__ import annotations
 
-import gc
 import math
 import threading
+import weakref
 from dataclasses import dataclass
 
 import jax
@@ -47,13 +48,12 @@ class LoadWatch:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._host_at_start: int | None = None
-        self._device_at_start: dict = {}
+        self._before: dict[int, weakref.ref] = {}  # the arrays alive when loading began, by id
         self._device_peak = 0
         self._host_peak: int | None = None
 
     def __enter__(self) -> LoadWatch:
-        gc.collect()
-        self._device_at_start = bytes_by_device()
+        self._before = {id(array): weakref.ref(array) for array in jax.live_arrays()}
         self._host_at_start = self.sample()
         _WATCHING.append(self)
         self._thread = threading.Thread(
@@ -83,15 +83,21 @@ class LoadWatch:
     def sample(self) -> int | None:
         """Takes one sample now; returns the host bytes in use (None where they cannot be read)."""
         with self._lock:
-            held = bytes_by_device()
-            added = (held.get(d, 0) - self._device_at_start.get(d, 0) for d in self._devices)
-            self._device_peak = max([self._device_peak, *added])
+            live = jax.live_arrays()
+            held = bytes_by_device(live)
+            added = bytes_by_device([array for array in live if not self._held_before(array)])
+            self._device_peak = max([self._device_peak, *(added.get(d, 0) for d in self._devices)])
             in_use = allocator.bytes_in_use()
             if in_use is None:
                 return None
             host = in_use - sum(count for device, count in held.items() if device.platform == "cpu")
             self._host_peak = host if self._host_peak is None else max(self._host_peak, host)
             return host
+
+    def _held_before(self, array) -> bool:
+        """Whether `array` was alive when loading began (not a new array at a freed one's id)."""
+        before = self._before.get(id(array))
+        return before is not None and before() is array
 
 
 _WATCHING: list[LoadWatch] = []
@@ -103,10 +109,10 @@ def sample() -> None:
         watch.sample()
 
 
-def bytes_by_device() -> dict:
-    """The bytes of jax's live arrays on each device of this process that holds any."""
+def bytes_by_device(arrays) -> dict:
+    """The bytes of `arrays` (jax arrays) on each device of this process that holds any."""
     held: dict = {}
-    for array in jax.live_arrays():
+    for array in arrays:
         try:
             sharding = array.sharding
             shard_bytes = math.prod(sharding.shard_shape(array.shape)) * array.dtype.itemsize
