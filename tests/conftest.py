@@ -132,6 +132,20 @@ def one_error_line(done) -> str:
     return lines[0]
 
 
+def composed_config(*overrides, resolve: bool = False) -> dict:
+    """meshrun's config composed by Hydra from the installed config tree with `overrides` (as
+    meshrun.app.prepare_overrides gives them), as plain data, not yet parsed (no jax)."""
+    from hydra import compose, initialize_config_module
+    from omegaconf import OmegaConf
+
+    from meshrun import app
+
+    app.register_config_sources()
+    with initialize_config_module(config_module=app.CONFIG_MODULE, version_base="1.3"):
+        config = compose(config_name="meshrun", overrides=list(overrides))
+    return OmegaConf.to_container(config, resolve=resolve)
+
+
 def error_line_here(args, capture) -> str:
     """The one `meshrun: error:` line of `meshrun ARGS` run by the real CLI in this process
     (cli_here) and rejected with exit status 2, asserting that is all it printed."""

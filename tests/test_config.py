@@ -5,9 +5,8 @@ import re
 from pathlib import Path
 
 import pytest
-from hydra import compose, initialize_config_module
-from omegaconf import OmegaConf
 
+from conftest import composed_config
 from meshrun import app
 from meshrun.config.parse import parse_run_config
 from meshrun.config.schema import LayoutRule
@@ -24,10 +23,8 @@ def group_options(group):
 
 
 def composed(*overrides):
-    app.register_config_sources()
-    with initialize_config_module(config_module="meshrun.configs", version_base="1.3"):
-        cfg = compose(config_name="meshrun", overrides=list(overrides))
-    return parse_run_config(OmegaConf.to_container(cfg, resolve=True))
+    """The RunConfig that `overrides` compose into."""
+    return parse_run_config(composed_config(*overrides, resolve=True))
 
 
 def test_every_group_has_options():

@@ -9,10 +9,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from hydra import compose, initialize_config_module
-from omegaconf import OmegaConf
 
-from meshrun import app
+from conftest import composed_config
 from meshrun.config import reference, schema
 from meshrun.config.fields import default_of, defaults_of, doc_of
 from meshrun.specs.data import SOURCES
@@ -41,14 +39,8 @@ def test_every_config_key_has_a_one_line_doc(cls):
         assert doc and "\n" not in doc, f"{cls.__name__}.{f.name} has no one-line doc: use setting(..., doc)"
 
 
-def composed(*overrides):
-    app.register_config_sources()
-    with initialize_config_module(config_module="meshrun.configs", version_base="1.3"):
-        return OmegaConf.to_container(compose(config_name="meshrun", overrides=list(overrides)))
-
-
 def test_composed_sections_are_the_schema_defaults():
-    config = composed()
+    config = composed_config()
     for section, cls in schema.COMPOSED_SECTIONS.items():
         got = config if section == "run" else config[section]
         for key, default in defaults_of(cls).items():
@@ -57,7 +49,7 @@ def test_composed_sections_are_the_schema_defaults():
 
 @pytest.mark.parametrize("name", MODELS.names())
 def test_each_model_composes_its_options_defaults(name):
-    model = composed(f"model={name}")["model"]
+    model = composed_config(f"model={name}")["model"]
     assert model == {"name": name, **defaults_of(MODELS.get(name).options)}
 
 
@@ -70,7 +62,7 @@ def data_options():
 @pytest.mark.parametrize("option", data_options())
 def test_each_data_option_composes_its_source_defaults_and_its_differences(option):
     written = yaml.safe_load((CONFIGS / "data" / f"{option}.yaml").read_text())
-    data = composed(f"data={option}")["data"]
+    data = composed_config(f"data={option}")["data"]
     assert data == {**defaults_of(SOURCES.get(written["name"]).options), **written}
 
 
@@ -141,7 +133,7 @@ def test_no_yaml_writes_a_schema_default_again(path, content):
 
 def test_sample_prompts_default_is_the_empty_list():
     field = {f.name: f for f in dataclasses.fields(schema.TrainConfig)}["sample_prompts"]
-    assert default_of(field) == [] and composed()["train"]["sample_prompts"] == []
+    assert default_of(field) == [] and composed_config()["train"]["sample_prompts"] == []
 
 
 def test_layout_min_bytes_written_form_parses_to_the_default():

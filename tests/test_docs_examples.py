@@ -10,10 +10,10 @@ import pytest
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import MissingConfigException
 
-from conftest import error_line_here
+from conftest import composed_config, error_line_here
 from meshrun import app
+from meshrun.config.parse import parse_run_config
 from meshrun.errors import ConfigError
-from test_config import composed
 
 REPO = Path(__file__).parents[1]
 PAGES = [REPO / "README.md", *sorted(p for p in (REPO / "docs").rglob("*.md") if "_build" not in p.parts)]
@@ -75,7 +75,7 @@ def test_the_pages_show_commands_and_errors():
 def test_a_shown_command_composes_into_a_valid_config(page, command, in_tmp):
     for job in jobs_of(overrides_of(command)):
         try:
-            composed(*app.prepare_overrides(job))
+            parse_run_config(composed_config(*app.prepare_overrides(job), resolve=True))
         except ConfigError as error:
             if error.key not in USERS_PATHS:
                 raise
