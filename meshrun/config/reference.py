@@ -10,26 +10,15 @@ import dataclasses
 import importlib.resources
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, get_type_hints
 
 import yaml
 
 from meshrun.config.fields import WRITTEN, default_of, doc_of, has_default
 from meshrun.config.schema import (
     LAYOUT_OPTION_KEYS,
-    CacheConfig,
-    CheckpointConfig,
     DataConfig,
-    DevicesConfig,
-    DistributedConfig,
-    LayoutConfig,
-    LoggingConfig,
-    MeshConfig,
-    ModelConfig,
-    PipelineConfig,
-    ProfileConfig,
     RunConfig,
-    TrainConfig,
 )
 from meshrun.specs import sinks
 from meshrun.specs.data import SOURCES
@@ -39,21 +28,10 @@ PAGE = Path("docs/reference/config.md")
 COMMAND = "python -m meshrun.config.reference"
 CONFIG_MODULE = "meshrun.configs"
 
-# The sections in the order of configs/meshrun.yaml, each with its dataclass (model, data and
-# logging have keys of their own besides: each model's and source's options, each sink's switch).
-SECTIONS = (
-    ("mesh", MeshConfig),
-    ("layout", LayoutConfig),
-    ("model", ModelConfig),
-    ("data", DataConfig),
-    ("train", TrainConfig),
-    ("devices", DevicesConfig),
-    ("cache", CacheConfig),
-    ("distributed", DistributedConfig),
-    ("checkpoint", CheckpointConfig),
-    ("logging", LoggingConfig),
-    ("profile", ProfileConfig),
-    ("pipeline", PipelineConfig),
+# The sections, in RunConfig's order, each with its dataclass (model, data and logging have keys of
+# their own besides: each model's and source's options, each sink's switch).
+SECTIONS = tuple(
+    (name, hint) for name, hint in get_type_hints(RunConfig).items() if dataclasses.is_dataclass(hint)
 )
 # What the default column says for a key its group's option writes (no default in the schema).
 CHOSEN = {"mesh": "the mesh option's", "model": "the model option's", "data": "the data option's"}
