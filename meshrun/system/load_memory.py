@@ -87,6 +87,9 @@ class LoadWatch:
             held = bytes_by_device(live)
             added = bytes_by_device([array for array in live if not self._held_before(array)])
             self._device_peak = max([self._device_peak, *(added.get(d, 0) for d in self._devices)])
+            # Dropped before the lock is: a sample on another thread must not find a value the
+            # loader has let go of still alive in this list beside the one that replaced it.
+            del live
             in_use = allocator.bytes_in_use()
             if in_use is None:
                 return None
