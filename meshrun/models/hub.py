@@ -49,7 +49,9 @@ FAMILIES = {
     "LlamaBackbone": "llama",
     "MistralBackbone": "llama",
     "QwenBackbone": "llama",
+    "Qwen3Backbone": "llama",
     "GemmaBackbone": "gemma",
+    "Gemma3Backbone": "gemma",
 }
 # Attention kernels and the dimension that holds their heads: Llama-style (hidden, heads, head_dim),
 # Gemma-style (heads, hidden, head_dim).
@@ -61,6 +63,7 @@ UNTIED_HEAD = "token_embedding/reverse_embeddings"
 # Keyword arguments a backbone's **kwargs passes on to keras.Model.
 LAYER_KEYWORDS = ("name", "trainable", "dtype")
 DEFAULT_SEQ_LEN = 128  # model.seq_len without a preset
+VARIABLE_DTYPES = ("float32", "bfloat16", "float16")
 
 
 @dataclass(frozen=True)
@@ -151,12 +154,19 @@ class KerasHubOptions:
         factory=dict,
     )
     preset: str | None = setting(
-        None, "A local preset dir (written by save_to_preset; nothing is downloaded), instead of backbone."
+        None,
+        "A local dir instead of backbone: a KerasHub preset (save_to_preset) or a Hugging Face "
+        "transformers checkpoint (config.json, safetensors, tokenizer files); nothing is downloaded.",
     )
     seq_len: int | None = setting(
         None,
         "The tokens per example it trains on (synthetic data is made this long, other data must have "
         "it); null: the preset preprocessor's sequence length (128 without a preset).",
+    )
+    dtype: str | None = setting(
+        None,
+        "The variables' dtype: float32, bfloat16 or float16; null: a transformers checkpoint's own "
+        "(config.json), else Keras' policy (train.precision).",
     )
     lora: LoraOptions = setting(
         doc="LoRA fine-tuning (model.lora.<key>): only the adapters train; checkpoint.export=true also "
@@ -165,6 +175,8 @@ class KerasHubOptions:
     )
 
     def __post_init__(self):
+        if self.dtype is not None and self.dtype not in VARIABLE_DTYPES:
+            raise ConfigError("model.dtype", f"got {self.dtype!r}; valid: {one_of(VARIABLE_DTYPES)}, or null")
         if self.preset:
             _check_preset(self.preset)
         if self.seq_len is None:
@@ -224,6 +236,8 @@ def task_name(options: KerasHubOptions) -> str:
     (GemmaBackbone: GemmaCausalLM)."""
     if options.task or not options.preset:
         return options.task
+    if transformers_checkpoint(options) is not None:
+        return transformers_checkpoint(options).family.task
     saved = _preset_file(options.preset, "task.json").get("class_name")
     if saved:
         return saved
@@ -245,7 +259,12 @@ def max_sequence_length(options: KerasHubOptions) -> int | None:
 
 
 def _check_preset(preset: str) -> None:
+    from meshrun.hf import checkpoint as hf_checkpoint
+
     path = Path(preset).expanduser()
+    if hf_checkpoint.is_transformers_dir(path):
+        hf_checkpoint.inspect(path)  # every check a load needs, before anything loads
+        return
     if (path / "config.json").is_file():
         check_preset_objects(path, "model.preset")
         return
@@ -259,6 +278,16 @@ def _check_preset(preset: str) -> None:
         "model.preset",
         f"got {preset!r}, which is not a preset dir (one holding config.json, as save_to_preset writes)",
     )
+
+
+def transformers_checkpoint(options: KerasHubOptions):
+    """The checked transformers checkpoint model.preset names (meshrun.hf.checkpoint), or None
+    where model.preset is not one."""
+    from meshrun.hf import checkpoint as hf_checkpoint
+
+    if not options.preset or not hf_checkpoint.is_transformers_dir(options.preset):
+        return None
+    return hf_checkpoint.inspect(options.preset)
 
 
 def import_keras_hub():
@@ -332,6 +361,9 @@ def _build_task(options: KerasHubOptions, load_weights: bool):
     from meshrun.system import load_memory
 
     task = task_class(options)
+    checkpoint = transformers_checkpoint(options)
+    if checkpoint is not None:
+        return _build_from_transformers(checkpoint, options, load_weights)
     if options.preset:
         described = f"{task.__name__}.from_preset({options.preset!r})"
         loading = load_onto_shards(on_placed=load_memory.sample) if load_weights else contextlib.nullcontext()
@@ -351,6 +383,24 @@ def _build_task(options: KerasHubOptions, load_weights: bool):
     arguments = ", ".join(f"{k}={v!r}" for k, v in options.backbone.items())
     backbone = user_code.call("model.backbone", f"{name}({arguments})", backbone_cls, **options.backbone)
     return task(backbone=backbone, preprocessor=None, compile=False)
+
+
+def _build_from_transformers(checkpoint, options: KerasHubOptions, load_weights: bool):
+    """The task of a transformers checkpoint, read shard by shard (meshrun.hf.load)."""
+    import logging
+
+    from meshrun.hf import load
+    from meshrun.system import load_memory
+
+    task, bytes_read = load.build_task(checkpoint, load_weights, options.dtype, on_placed=load_memory.sample)
+    if load_weights:
+        logging.getLogger("meshrun").info(
+            "read %s of the %s of weights in %s (this process's devices' slices)",
+            format_bytes(bytes_read),
+            format_bytes(checkpoint.weight_bytes),
+            checkpoint.path,
+        )
+    return task
 
 
 def build_abstract(options: KerasHubOptions):
@@ -439,7 +489,11 @@ def inputs(options: KerasHubOptions) -> dict:
 def label(options: KerasHubOptions) -> str:
     """The model as reports name it: its class, the preset it came from, and its LoRA rank
     (`GemmaCausalLM (preset /models/gemma2), LoRA rank 8`)."""
-    name = f"{task_name(options)} (preset {options.preset})" if options.preset else options.task
+    checkpoint = transformers_checkpoint(options)
+    if checkpoint is not None:
+        name = f"{task_name(options)} (from {checkpoint.describe()})"
+    else:
+        name = f"{task_name(options)} (preset {options.preset})" if options.preset else options.task
     return f"{name}, LoRA rank {options.lora.rank}" if options.lora.enabled else name
 
 
@@ -514,6 +568,9 @@ def layout_rules(options: KerasHubOptions, mesh) -> tuple:
 def _backbone_class(options: KerasHubOptions):
     if options.task is not None:
         return task_class(options).backbone_cls
+    checkpoint = transformers_checkpoint(options)
+    if checkpoint is not None:
+        return getattr(import_keras_hub().models, checkpoint.family.backbone)
     import json
 
     config = json.loads((Path(options.preset).expanduser() / "config.json").read_text())

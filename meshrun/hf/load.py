@@ -1,0 +1,89 @@
+"""A transformers checkpoint as a KerasHub causal LM (`build_task`), each variable read from the
+safetensors files a device's slice at a time, straight onto that device.
+
+The backbone is built under meshrun.compat.keras.load_onto_shards, so variables with a layout
+start as zeros on their shards (no initializer runs), and each is then assigned a `TensorSource`:
+an array-like whose slices are read from the file through the tensor's transform, which the
+assignment asks for once per distinct slice this process's devices hold. A process therefore reads
+only its own devices' slices, and the host holds one slice at a time.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from meshrun.hf import safetensors
+from meshrun.hf.checkpoint import HFCheckpoint
+from meshrun.hf.families import TensorMap
+
+
+class TensorSource:
+    """A checkpoint tensor seen as the backbone variable it fills: `shape` is the variable's,
+    `source[index]` reads that block of it from the file, and `numpy.asarray(source)` the whole."""
+
+    def __init__(self, tensor: TensorMap, entry: safetensors.TensorEntry, reader: safetensors.SliceReader):
+        self.tensor = tensor
+        self.entry = entry
+        self.reader = reader
+        self.shape = tensor.transform.keras_shape
+        self.dtype = safetensors.numpy_dtype(entry.dtype)
+
+    def __getitem__(self, index) -> np.ndarray:
+        index = index if isinstance(index, tuple) else (index,)
+        return self.tensor.transform.read_slice(
+            lambda hf_index: self.reader.read(self.entry, hf_index), index
+        )
+
+    def __array__(self, dtype=None, copy=None) -> np.ndarray:
+        whole = self[tuple(slice(None) for _ in self.shape)]
+        return whole if dtype is None else whole.astype(dtype)
+
+
+def variable_dtype(checkpoint: HFCheckpoint, requested: str | None) -> str | None:
+    """The backbone's dtype: `requested` (model.dtype), else the checkpoint's own where Keras' global
+    policy is plain float32 (a bfloat16 checkpoint stays bfloat16), else None: the global policy
+    (train.precision=mixed_bfloat16 keeps float32 variables and computes in bfloat16)."""
+    import keras
+
+    if requested:
+        return requested
+    if keras.config.dtype_policy().name == "float32" and checkpoint.dtype != "float32":
+        return checkpoint.dtype
+    return None
+
+
+def build_task(checkpoint: HFCheckpoint, load_weights: bool, dtype: str | None = None, on_placed=None):
+    """The family's CausalLM (preprocessor None, not compiled) around a backbone of the checkpoint's
+    architecture, its variables filled from the files when `load_weights`. Returns (task, bytes
+    read from the files)."""
+    from meshrun.compat.keras import load_onto_shards
+    from meshrun.compat.keras_hub import import_keras_hub
+
+    keras_hub = import_keras_hub()  # model=keras_hub has checked it is installed
+    backbone_cls = getattr(keras_hub.models, checkpoint.family.backbone)
+    task_cls = getattr(keras_hub.models, checkpoint.family.task)
+    arguments = dict(checkpoint.arguments, dtype=variable_dtype(checkpoint, dtype))
+    reader = safetensors.SliceReader()
+    if not load_weights:
+        return task_cls(backbone=backbone_cls(**arguments), preprocessor=None, compile=False), 0
+    with load_onto_shards(on_placed=on_placed):
+        backbone = backbone_cls(**arguments)
+        fill(backbone, checkpoint, reader)
+    reader.close()
+    return task_cls(backbone=backbone, preprocessor=None, compile=False), reader.bytes_read
+
+
+def fill(backbone, checkpoint: HFCheckpoint, reader: safetensors.SliceReader) -> None:
+    """Assigns every backbone variable its tensor; a variable without one, or a tensor without a
+    variable, is an error in meshrun's map (the checkpoint itself was checked by `inspect`)."""
+    variables = {variable.path: variable for variable in backbone.weights}
+    mapped = {tensor.path for tensor in checkpoint.tensors}
+    if mapped != set(variables):
+        unfilled = sorted(set(variables) - mapped)[:3]
+        unknown = sorted(mapped - set(variables))[:3]
+        raise RuntimeError(
+            f"meshrun's {checkpoint.model_type} map is off: unfilled {unfilled}, unknown {unknown}"
+        )
+    for tensor in checkpoint.tensors:
+        variable = variables[tensor.path]
+        variable.assign(TensorSource(tensor, checkpoint.entries[tensor.name], reader))
