@@ -26,6 +26,18 @@ memory.params_bytes_per_device of metrics.json); target: a peak of at most 1.3x 
 stage axis dividing the blocks' bytes per device by S.
 
     python scripts/bench_load.py --stages 1 2 4 --blocks 4 --size-gb 0.5
+
+`--transformers` measures instead loading a Hugging Face transformers checkpoint (a Llama of about
+--size-gb GB, float32, in safetensors shards, built with meshrun's own writer, or --preset DIR) with
+meshrun's reader (meshrun.hf.load: each device's slice read from the files onto that device) under
+`llama_tp` on --mesh, once in one process holding all the devices and once in two processes holding
+half each (jax.distributed on localhost). Printed per process: the per-device load peak against the
+planned bytes (target: at most 1.3x), the host peak against the largest slice any of its devices
+holds (target: within 1.5x of it plus a fixed overhead, stated), the bytes it read from the files
+(target with two processes: about half each), and its load time against reading every file once
+from a warm page cache (target: within 2x).
+
+    python scripts/bench_load.py --transformers --size-gb 1
 """
 
 from __future__ import annotations
@@ -39,7 +51,7 @@ import tempfile
 import time
 from pathlib import Path
 
-LOADERS = ("plain", "meshrun")
+LOADERS = ("plain", "meshrun", "transformers")
 HIDDEN, HEADS, HEAD_DIM, INTERMEDIATE, VOCABULARY = 2048, 8, 256, 8192, 16384
 
 
@@ -58,13 +70,22 @@ def main() -> None:
         help="measure meshrun train with this many pipeline stages instead (8 devices)",
     )
     parser.add_argument("--blocks", type=int, default=4, help="the preset's decoder blocks with --stages")
+    parser.add_argument(
+        "--transformers", action="store_true", help="measure loading a transformers checkpoint instead"
+    )
     parser.add_argument("--load", choices=LOADERS, help=argparse.SUPPRESS)  # one loader's child process
+    parser.add_argument("--process", default="0/1:0", help=argparse.SUPPRESS)  # ID/COUNT:PORT of a child
     args = parser.parse_args()
+    if args.load == "transformers":
+        print(json.dumps(load_transformers(args.preset, args.mesh, args.process)))
+        return
     if args.load:
         print(json.dumps(load(args.preset, args.mesh, args.load)))
         return
     if args.stages:
         return staged_loads(args)
+    if args.transformers:
+        return transformers_loads(args)
     with tempfile.TemporaryDirectory() as scratch:
         preset = args.preset or build_preset(Path(scratch) / "gemma", args.size_gb)
         weights = sum(f.stat().st_size for f in preset.glob("*.weights*.h5"))
@@ -266,6 +287,175 @@ def load(preset: Path, mesh: str, loader: str) -> dict:
         "load_peak_host_bytes": peaks.host_bytes,
         "seconds": seconds,
         "params": int(task.count_params()),
+    }
+
+
+LLAMA_HIDDEN, LLAMA_HEADS, LLAMA_KV_HEADS, LLAMA_INTERMEDIATE, LLAMA_VOCABULARY = 2048, 16, 8, 5632, 32000
+
+
+def transformers_loads(args) -> None:
+    """Loads a transformers checkpoint in one process, then in two; prints and writes the figures."""
+    import socket
+
+    with tempfile.TemporaryDirectory() as scratch:
+        checkpoint = args.preset or build_transformers_checkpoint(Path(scratch) / "llama", args.size_gb)
+        files = sorted(checkpoint.glob("*.safetensors"))
+        weights = sum(f.stat().st_size for f in files)
+        read_once = min(time_reading(files) for _ in range(3))  # the first warms the page cache
+        results = {"checkpoint": str(checkpoint), "weights_bytes": weights, "read_files_s": read_once}
+        results["one_process"] = [run_transformers_child(checkpoint, args.mesh, "0/1:0")]
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            port = probe.getsockname()[1]
+        children = [_start_transformers_child(checkpoint, args.mesh, f"{i}/2:{port}") for i in range(2)]
+        results["two_processes"] = [_finish_child(child) for child in children]
+    for name in ("one_process", "two_processes"):
+        for found in results[name]:
+            print(f"{name} #{found['process']}: {_described(found, weights, read_once)}")
+    if args.out:
+        args.out.write_text(json.dumps(results, indent=2))
+
+
+def _described(found: dict, weights: int, read_once: float) -> str:
+    mib = 2**20
+    device, planned = found["load_peak_bytes_per_device"], found["planned_bytes_per_device"]
+    return (
+        f"device peak {device / mib:,.1f} MiB ({device / planned:.2f}x planned), host peak "
+        f"{found['load_peak_host_bytes'] / mib:,.1f} MiB (largest slice "
+        f"{found['largest_slice_bytes'] / mib:,.1f} MiB), read {found['bytes_read'] / mib:,.0f} of "
+        f"{weights / mib:,.0f} MiB, {found['seconds']:.1f} s (reading the files once: {read_once:.1f} s)"
+    )
+
+
+def build_transformers_checkpoint(path: Path, size_gb: float) -> Path:
+    """Writes a Llama transformers checkpoint of about `size_gb` GB (random float32 weights, shards of
+    about 400 MB) with meshrun's own writer."""
+    import numpy as np
+
+    from meshrun.hf import families, safetensors
+
+    per_layer = 4 * (
+        2 * LLAMA_HIDDEN * LLAMA_HIDDEN + 2 * LLAMA_HIDDEN * LLAMA_HIDDEN * LLAMA_KV_HEADS // LLAMA_HEADS
+    )
+    per_layer += 4 * 3 * LLAMA_HIDDEN * LLAMA_INTERMEDIATE
+    embeddings = 2 * 4 * LLAMA_VOCABULARY * LLAMA_HIDDEN
+    layers = max(1, round((size_gb * 1e9 - embeddings) / per_layer))
+    config = {
+        "model_type": "llama",
+        "architectures": ["LlamaForCausalLM"],
+        "vocab_size": LLAMA_VOCABULARY,
+        "hidden_size": LLAMA_HIDDEN,
+        "intermediate_size": LLAMA_INTERMEDIATE,
+        "num_hidden_layers": layers,
+        "num_attention_heads": LLAMA_HEADS,
+        "num_key_value_heads": LLAMA_KV_HEADS,
+        "rms_norm_eps": 1e-5,
+        "rope_theta": 10000.0,
+        "tie_word_embeddings": False,
+        "torch_dtype": "float32",
+    }
+    path.mkdir(parents=True)
+    (path / "config.json").write_text(json.dumps(config))
+    hf_config = families.HFConfig(config, str(path))
+    family = families.family_of(hf_config)
+    tensors = family.tensors(family.arguments(hf_config), hf_config)
+    planned = [safetensors.PlannedTensor(t.name, "float32", t.transform.hf_shape) for t in tensors]
+    rng = np.random.default_rng(0)
+    safetensors.write_shards(
+        path, planned, lambda name: rng.standard_normal(_shape_of(planned, name), dtype=np.float32), 400 << 20
+    )
+    print(f"built a Llama transformers checkpoint of {layers} layers, hidden {LLAMA_HIDDEN}", file=sys.stderr)
+    return path
+
+
+def _shape_of(planned, name: str) -> tuple:
+    return next(t.shape for t in planned if t.name == name)
+
+
+def time_reading(files: list[Path]) -> float:
+    """Seconds to read every byte of `files` once."""
+    started = time.perf_counter()
+    for file in files:
+        with open(file, "rb") as stream:
+            while stream.read(64 << 20):
+                pass
+    return time.perf_counter() - started
+
+
+def run_transformers_child(checkpoint: Path, mesh: str, process: str) -> dict:
+    return _finish_child(_start_transformers_child(checkpoint, mesh, process))
+
+
+def _start_transformers_child(checkpoint: Path, mesh: str, process: str):
+    devices = 1
+    for size in mesh.split("x"):
+        devices *= int(size)
+    count = int(process.split("/")[1].split(":")[0])
+    env = {
+        **os.environ,
+        "KERAS_BACKEND": "jax",
+        "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices // count}",
+        "JAX_PLATFORMS": "cpu",
+    }
+    command = [sys.executable, __file__, "--load", "transformers", "--preset", str(checkpoint)]
+    command += ["--mesh", mesh, "--process", process]
+    return subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _finish_child(child) -> dict:
+    out, err = child.communicate()
+    if child.returncode:
+        raise SystemExit(f"a transformers load failed:\n{err[-3000:]}")
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def load_transformers(checkpoint: Path, mesh: str, process: str) -> dict:
+    """Loads `checkpoint` with meshrun's reader under llama_tp on `mesh` as process ID of COUNT
+    (`process` is ID/COUNT:PORT); its peaks, planned bytes, bytes read and time."""
+    import importlib.resources
+
+    import jax
+    import keras
+    import yaml
+
+    identity, rest = process.split("/")
+    count, port = (int(part) for part in rest.split(":"))
+    if count > 1:
+        jax.distributed.initialize(f"127.0.0.1:{port}", num_processes=count, process_id=int(identity))
+    from meshrun.config.schema import LayoutRule, MeshConfig
+    from meshrun.hf import checkpoint as hf_checkpoint
+    from meshrun.hf import load
+    from meshrun.placement.distribution import make_distribution
+    from meshrun.system.load_memory import LoadWatch
+
+    rules_text = (importlib.resources.files("meshrun.configs") / "layout" / "llama_tp.yaml").read_text()
+    rules = tuple(
+        LayoutRule(pattern, tuple(axes)) for pattern, axes in yaml.safe_load(rules_text)["rules"].items()
+    )
+    shape = tuple(int(size) for size in mesh.split("x"))
+    mesh_config = MeshConfig(shape=shape, axis_names=("data", "model"), batch_axis="data")
+    keras.distribution.set_distribution(make_distribution(mesh_config, rules, jax.devices()))
+    found = hf_checkpoint.inspect(checkpoint)
+    started = time.perf_counter()
+    with LoadWatch(jax.local_devices()) as watch:
+        task, bytes_read = load.build_task(found, True, on_placed=watch.sample)
+    seconds = time.perf_counter() - started
+    arrays = [variable.value for variable in task.backbone.weights]
+    held = {}
+    largest = 0
+    for array in arrays:
+        for shard in array.addressable_shards:
+            held[shard.device] = held.get(shard.device, 0) + shard.data.nbytes
+            largest = max(largest, shard.data.nbytes)
+    peaks = watch.peaks()
+    return {
+        "process": int(identity),
+        "load_peak_bytes_per_device": peaks.bytes_per_device,
+        "planned_bytes_per_device": max(held.values()),
+        "load_peak_host_bytes": peaks.host_bytes,
+        "largest_slice_bytes": largest,
+        "bytes_read": bytes_read,
+        "seconds": seconds,
     }
 
 

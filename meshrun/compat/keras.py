@@ -551,9 +551,14 @@ def _on_each_device(shape: tuple, sharding, read_slice):
     for device, index in sharding.addressable_devices_indices_map(shape).items():
         bounds = tuple(part.indices(size) for part, size in zip(index, shape, strict=True))
         slices.setdefault(bounds, (index, []))[1].append(device)
+    from meshrun.system.load_memory import unsampled
+
     shards = []
     for index, devices in slices.values():
         host = read_slice(index)
         shards.extend(jax.device_put(host, device) for device in devices)
         del host
-    return jax.make_array_from_single_device_arrays(shape, sharding, shards)
+    with unsampled():  # until the parts are dropped, they and the whole share their buffers
+        whole = jax.make_array_from_single_device_arrays(shape, sharding, shards)
+        shards.clear()
+    return whole

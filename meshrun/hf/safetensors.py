@@ -98,9 +98,9 @@ class SliceReader:
         self.bytes_read = 0
 
     def read(self, entry: TensorEntry, index: tuple[slice, ...]) -> np.ndarray:
-        """A copy of `entry[index]` (basic slices, one per dimension or fewer)."""
-        whole = self.view(entry)
-        piece = np.array(whole[index])
+        """`entry[index]` (basic slices, one per dimension or fewer) as a view of the mapped file:
+        the pages are read when the caller copies it out (once, onto a device), not here."""
+        piece = self.view(entry)[index]
         self.bytes_read += piece.nbytes
         return piece
 

@@ -15,6 +15,7 @@ imported meanwhile or what the allocator keeps after a free.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import threading
 import weakref
@@ -110,6 +111,17 @@ def sample() -> None:
     """Takes a sample now for every LoadWatch in force (none: nothing to do)."""
     for watch in list(_WATCHING):
         watch.sample()
+
+
+@contextlib.contextmanager
+def unsampled():
+    """No LoadWatch samples while in force: for a loader assembling a sharded array from arrays on
+    single devices, which for a moment are alive beside it and share its buffers (a sample then
+    would count those bytes twice)."""
+    with contextlib.ExitStack() as held:
+        for watch in list(_WATCHING):
+            held.enter_context(watch._lock)
+        yield
 
 
 def bytes_by_device(arrays) -> dict:
