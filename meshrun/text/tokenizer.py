@@ -62,6 +62,7 @@ ASSETS_DIR = "assets"
 HF_END_TOKENS = ("<|end_of_text|>", "<|endoftext|>", "</s>", "<eos>", "<|im_end|>")
 HF_START_TOKENS = ("<|begin_of_text|>", "<s>", "<bos>")
 HF_PAD_TOKENS = ("<pad>",)
+HF_TOKENIZER_CONFIG_FILE = "tokenizer_config.json"  # names the end and pad tokens where it is beside
 
 # Texts the fast encoder and KerasHub's own must encode alike (each one apart, and as one batch).
 PROBE_TEXTS = (
@@ -253,8 +254,9 @@ def _load_hugging_face(file: Path, model_type: str, source, key: str) -> TextTok
             f"tokenizers cannot load ({first_line(error)}); {EXPECTED}",
         ) from None
     encoder = HuggingFaceEncoder(tokenizer)
-    end = _first_token(encoder, HF_END_TOKENS)
-    pad = _first_token(encoder, HF_PAD_TOKENS)
+    named = _named_special_tokens(file.parent / HF_TOKENIZER_CONFIG_FILE)
+    end = _first_token(encoder, [named["eos_token"]] if named.get("eos_token") else HF_END_TOKENS)
+    pad = _first_token(encoder, [named["pad_token"]] if named.get("pad_token") else HF_PAD_TOKENS)
     return TextTokenizer(
         encoder,
         description=f"Hugging Face tokenizer ({model_type}) of {file.resolve()}",
@@ -265,6 +267,22 @@ def _load_hugging_face(file: Path, model_type: str, source, key: str) -> TextTok
         pad_id=pad if pad is not None else (end if end is not None else 0),
         fingerprint=fingerprint_files(file.parent, [file]),
     )
+
+
+def _named_special_tokens(file: Path) -> dict[str, str]:
+    """The special tokens a tokenizer_config.json beside a tokenizer.json names (bos_token,
+    eos_token, pad_token: a string, or a dict with its content), {} without one."""
+    try:
+        config = json.loads(file.read_text())
+    except (OSError, ValueError):
+        return {}
+    named = {}
+    for key in ("bos_token", "eos_token", "pad_token"):
+        value = config.get(key) if isinstance(config, dict) else None
+        value = value.get("content") if isinstance(value, dict) else value
+        if isinstance(value, str):
+            named[key] = value
+    return named
 
 
 def _first_token(encoder, tokens: Sequence[str]) -> int | None:

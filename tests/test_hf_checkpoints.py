@@ -1,0 +1,241 @@
+"""Hugging Face transformers checkpoints in (meshrun.hf): each family's tiny checkpoint under
+tests/data/hf/ (made with transformers itself by scripts/make_hf_reference.py, with transformers'
+logits on fixed ids and its tokenization of a fixed text) loaded through meshrun's run path on a
+2x4 mesh of 8 emulated devices gives transformers' logits, its tokenizer gives transformers' ids,
+every weight lands on its shards alone, and each broken checkpoint is one line with exit status 2
+before anything loads."""
+
+import importlib.resources
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from conftest import error_line_here, read_metrics
+
+pytestmark = pytest.mark.integration
+
+DATA = Path(__file__).parent / "data" / "hf"
+CASES = sorted(p.name for p in DATA.iterdir() if p.is_dir())
+# The family layout where the checkpoint's sizes divide by the model axis, else layout=auto (the
+# byte-level vocabularies of the Llama 3 and Qwen cases, 403-405 tokens, do not divide by 4).
+LAYOUTS = {
+    "gemma": "gemma_tp",
+    "gemma2": "gemma_tp",
+    "gemma3": "gemma_tp",
+    "llama2": "llama_tp",
+    "mistral": "llama_tp",
+}
+FLOAT32_BOUND = 1e-4
+# bfloat16 keeps 8 bits of mantissa: a logit of about 2 moves by up to 2**-7 per rounding, and two
+# layers of rounded activations add up to a few of those (measured: 0.029 at most).
+BFLOAT16_BOUND = 0.05
+
+
+def reference(case: str) -> tuple[dict, dict]:
+    return dict(np.load(DATA / f"{case}.reference.npz")), json.loads(
+        (DATA / f"{case}.reference.json").read_text()
+    )
+
+
+def layout_config(name: str) -> dict:
+    if name in ("auto", "from_model"):
+        return {name: True}
+    return yaml.safe_load(
+        (importlib.resources.files("meshrun.configs") / "layout" / f"{name}.yaml").read_text()
+    )
+
+
+def built_on_2x4(preset: Path, layout: str, tmp_path, **model):
+    """The model of `preset` as `meshrun train` builds it on mesh 2x4 under `layout` (the plan, the
+    distribution, the load onto shards), and its load peaks."""
+    from meshrun.config.parse import parse_run_config
+    from meshrun.placement import devices
+    from meshrun.run import execute
+    from meshrun.run.prepare import RunContext, prepare
+
+    raw = {
+        "mesh": {"shape": "2x4"},
+        "layout": layout_config(layout),
+        "model": {"name": "keras_hub", "preset": str(preset), "seq_len": 16, **model},
+        "data": {"name": "synthetic", "num_samples": 16, "eval_samples": 16},
+        "train": {"batch_size": 8},
+    }
+    parsed = parse_run_config(raw)
+    devices.prepare(parsed.devices, parsed.mesh)
+    setup = prepare(parsed, RunContext(run_dir=str(tmp_path)))
+    model, _, peaks = execute.build(setup)
+    return model, peaks
+
+
+@pytest.fixture
+def fresh_session():
+    import keras
+
+    from meshrun.placement import distribution
+
+    yield
+    distribution.reset()
+    keras.backend.clear_session()
+
+
+def logits_of(model, token_ids) -> np.ndarray:
+    out = model({"token_ids": token_ids, "padding_mask": np.ones_like(token_ids)})
+    return np.asarray(out, dtype=np.float32)
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if c != "llama3_bf16_sharded"])
+def test_each_family_gives_transformers_logits_on_2x4(case, tmp_path, fresh_session):
+    arrays, _ = reference(case)
+    model, peaks = built_on_2x4(DATA / case, LAYOUTS.get(case, "auto"), tmp_path)
+    assert model.backbone.weights[0].dtype == "float32"
+    got = logits_of(model, arrays["token_ids"])
+    assert np.abs(got - arrays["logits"]).max() < FLOAT32_BOUND
+    planned = max(
+        sum(
+            shard.data.nbytes
+            for v in model.weights
+            for shard in v.value.addressable_shards
+            if shard.device == d
+        )
+        for d in {shard.device for v in model.weights for shard in v.value.addressable_shards}
+    )
+    assert peaks.bytes_per_device <= 1.3 * planned, (peaks, planned)
+
+
+def test_a_bfloat16_checkpoint_in_two_shards_loads_as_bfloat16_or_as_asked(tmp_path, fresh_session):
+    arrays, _ = reference("llama3_bf16_sharded")
+    model, _ = built_on_2x4(DATA / "llama3_bf16_sharded", "auto", tmp_path)
+    assert {w.dtype for w in model.weights} == {"bfloat16"}
+    assert np.abs(logits_of(model, arrays["token_ids"]) - arrays["logits"]).max() < BFLOAT16_BOUND
+    fresh_session_reset()
+    upcast, _ = built_on_2x4(DATA / "llama3_bf16_sharded", "auto", tmp_path / "f32", dtype="float32")
+    assert {w.dtype for w in upcast.weights} == {"float32"}
+    assert np.abs(logits_of(upcast, arrays["token_ids"]) - arrays["logits_float32"]).max() < FLOAT32_BOUND
+
+
+def fresh_session_reset():
+    import keras
+
+    from meshrun.placement import distribution
+
+    distribution.reset()
+    keras.backend.clear_session()
+
+
+def test_from_model_places_a_transformers_checkpoint_by_kerashubs_map(tmp_path, fresh_session):
+    arrays, _ = reference("llama2")
+    model, _ = built_on_2x4(DATA / "llama2", "from_model", tmp_path)
+    kernel = next(w for w in model.weights if w.path == "transformer_layer_0/feedforward_gate_dense/kernel")
+    assert tuple(kernel.value.sharding.spec) == ("data", "model")
+    assert np.abs(logits_of(model, arrays["token_ids"]) - arrays["logits"]).max() < FLOAT32_BOUND
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_the_tokenizer_gives_transformers_ids(case):
+    from meshrun.text.tokenizer import load_tokenizer
+
+    _, expected = reference(case)
+    tokenizer = load_tokenizer(str(DATA / case), "model.preset")
+    assert tokenizer.encode([expected["text"]])[0].tolist() == expected["ids"]
+    with_special = expected["ids_with_special"]
+    adds_start = with_special[0] != expected["ids"][0]
+    assert tokenizer.start_id == (with_special[0] if adds_start else None)
+    assert tokenizer.end_id == tokenizer.token_id(expected["eos_token"])
+
+
+def test_a_lora_fine_tune_of_a_transformers_checkpoint_runs_from_the_cli(tmp_path):
+    from meshrun import cli
+
+    run_dir = tmp_path / "run"
+    cli.main(
+        [
+            "train",
+            "model=keras_hub",
+            f"model.preset={DATA / 'llama2'}",
+            "model.lora.rank=4",
+            "model.seq_len=32",
+            "mesh=2x4",
+            "layout=llama_tp",
+            "data=text",
+            f"data.files={DATA / 'corpus.txt'}",
+            "train.batch_size=8",
+            "train.epochs=1",
+            "train.verbose=0",
+            f"hydra.run.dir={run_dir}",
+        ]
+    )
+    metrics = read_metrics(run_dir)
+    assert metrics["status"] == "ok", metrics.get("error")
+    assert "(transformers, float32, 1 file)" in metrics["model"]["label"]
+    assert metrics["model"]["trainable_params"] < metrics["model"]["params"] / 5
+    assert np.isfinite(metrics["history"]["loss"][-1])
+
+
+def broken(tmp_path, case: str, change) -> Path:
+    """A copy of `case` with `change(dir)` applied."""
+    copy = tmp_path / case
+    shutil.copytree(DATA / case, copy)
+    change(copy)
+    return copy
+
+
+def edit_config(**values):
+    def change(directory: Path):
+        config = json.loads((directory / "config.json").read_text())
+        config.update(values)
+        (directory / "config.json").write_text(json.dumps(config))
+
+    return change
+
+
+def drop_a_token(directory: Path):
+    tokenizer = json.loads((directory / "tokenizer.json").read_text())
+    tokenizer["model"]["vocab"].popitem()
+    (directory / "tokenizer.json").write_text(json.dumps(tokenizer))
+
+
+BROKEN = {
+    "no weights": ("llama2", lambda d: (d / "model.safetensors").unlink(), "config.json but no weights"),
+    "a missing shard": (
+        "llama3_bf16_sharded",
+        lambda d: (d / "model-00002-of-00002.safetensors").unlink(),
+        "model.safetensors.index.json names 'model-00002-of-00002.safetensors', which is not in the dir",
+    ),
+    "shapes that disagree with config.json": (
+        "llama2",
+        edit_config(intermediate_size=96),
+        "has shape [64, 32], but config.json implies [96, 32]",
+    ),
+    "a model_type without a converter": (
+        "llama2",
+        edit_config(model_type="gpt_neox"),
+        "model_type 'gpt_neox', which meshrun has no converter for; valid: llama, mistral",
+    ),
+    "biases the backbone lacks": ("llama2", edit_config(attention_bias=True), "attention_bias=True"),
+    "an unknown RoPE type": (
+        "llama2",
+        edit_config(rope_scaling={"rope_type": "yarn", "factor": 4.0}),
+        "rope_scaling.rope_type='yarn', which meshrun cannot map",
+    ),
+    "head_dim Llama cannot express": ("llama2", edit_config(head_dim=16), "head_dim=16"),
+    "tokenizer files that disagree": (
+        "llama2",
+        drop_a_token,
+        "tokenizer.json has 479 tokens and tokenizer.model 480",
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(BROKEN))
+def test_a_broken_checkpoint_is_one_line_with_exit_2_and_nothing_written(
+    name, tmp_path_factory, in_tmp, capsys
+):
+    case, change, expected = BROKEN[name]
+    preset = broken(tmp_path_factory.mktemp("broken"), case, change)
+    line = error_line_here(["train", "model=keras_hub", f"model.preset={preset}", "mesh=2x4"], capsys)
+    assert line.startswith("meshrun: error: model.preset: got ") and expected in line, line
+    assert list(in_tmp.iterdir()) == []
