@@ -467,11 +467,12 @@ def adapted_layers(backbone) -> list:
     return [layer for layer in sublayers(backbone) if getattr(layer, "lora_enabled", False)]
 
 
-def export_formats(task, options: KerasHubOptions, run_dir: Path) -> dict[str, str]:
-    """KerasHub's own formats of the trained task beside model.keras (meshrun.models.hub_export)."""
+def export_formats(task, options: KerasHubOptions, run_dir: Path, checkpoint=None) -> dict[str, str]:
+    """KerasHub's own formats of the trained task beside model.keras, or a transformers checkpoint
+    and PEFT adapter for a transformers model.preset (meshrun.models.hub_export)."""
     from meshrun.models import hub_export
 
-    return hub_export.export(task, options, run_dir)
+    return hub_export.export(task, options, run_dir, checkpoint)
 
 
 def keep_adapter(trained, options: KerasHubOptions, run_dir: Path) -> str | None:
