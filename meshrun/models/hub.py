@@ -25,7 +25,9 @@ preset dir (keras-hub is an optional dependency: pip install 'meshrun[hub]').
 - checkpoint.export=true writes, beside model.keras, `preset/` (a KerasHub preset with the adapters
   merged and model.preset's tokenizer) and for a LoRA run `adapter.lora.h5`
   (meshrun.models.hub_export). Without an export, a LoRA fine-tune of model.preset keeps its
-  `adapter.lora.h5` all the same (checkpoint.keep_adapter, on by default).
+  `adapter.lora.h5` all the same (checkpoint.keep_adapter, on by default). A transformers
+  model.preset exports `hf/` (a transformers checkpoint) and `peft/` instead of `preset/`
+  (meshrun.hf.export).
 """
 
 from __future__ import annotations
