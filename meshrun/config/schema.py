@@ -16,11 +16,12 @@ from typing import Any, Optional
 from meshrun.config.fields import setting
 from meshrun.errors import ConfigError
 from meshrun.specs.rundir import CHECKPOINTS_DIR
-from meshrun.wording import format_shape
+from meshrun.wording import format_shape, one_of
 
 PLATFORMS = ("auto", "cpu", "gpu", "tpu")
 VERBOSITY = (0, 1, 2)
 DEFAULT_AXIS_NAMES = {1: ("data",), 2: ("data", "model")}
+HF_DTYPES = ("float32", "bfloat16", "float16")  # checkpoint.hf_dtype
 FILL = -1  # a mesh dimension of -1 takes every device the others leave
 
 
@@ -355,7 +356,9 @@ class CheckpointConfig:
     dir's checkpoints/). `every_epoch` left None means yes when a dir is given without every_steps:
     naming a checkpoint dir asks for checkpoints. `export` also writes the final model as model.keras
     into the run dir. `keep_adapter`: a LoRA run writes its adapters (adapter.lora.h5) into the run
-    dir at its end, export or not, so that it can always be sampled (meshrun generate)."""
+    dir at its end, export or not, so that it can always be sampled (meshrun generate). A run whose
+    model.preset is a transformers checkpoint exports it as one too (<run dir>/hf/, `hf_dtype`,
+    `hf_shard_bytes`; meshrun.hf.export)."""
 
     every_steps: int | None = setting(None, "Save every N training steps; null: not by steps.")
     every_epoch: bool | None = setting(
@@ -378,6 +381,28 @@ class CheckpointConfig:
         "A LoRA run writes its adapters to <run dir>/adapter.lora.h5 at its end (export or not; a few "
         "MB), so that `meshrun generate` can always sample it.",
     )
+    hf_dtype: str | None = setting(
+        None,
+        "The dtype of the tensors an export of a transformers model.preset writes to <run dir>/hf/ "
+        "(float32, bfloat16 or float16); null: the checkpoint's own.",
+    )
+    hf_shard_bytes: int = setting(
+        5 * 1000**3,
+        "The most bytes of tensors in each safetensors file of <run dir>/hf/ (a larger tensor goes "
+        "alone); transformers' own default, 5 GB.",
+    )
+
+    def __post_init__(self):
+        if self.hf_dtype is not None and self.hf_dtype not in HF_DTYPES:
+            raise ConfigError(
+                "checkpoint.hf_dtype",
+                f"got {self.hf_dtype!r}; valid: {one_of(HF_DTYPES)}, or null for the checkpoint's own",
+            )
+        if self.hf_shard_bytes <= 0:
+            raise ConfigError(
+                "checkpoint.hf_shard_bytes",
+                f"got {self.hf_shard_bytes}; valid: a positive number of bytes (e.g. 5000000000)",
+            )
 
     def directory(self, run_dir: str | Path) -> Path:
         """Where the run's checkpoints go: `dir`, else <run dir>/checkpoints (absolute)."""

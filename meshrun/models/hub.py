@@ -25,7 +25,9 @@ preset dir (keras-hub is an optional dependency: pip install 'meshrun[hub]').
 - checkpoint.export=true writes, beside model.keras, `preset/` (a KerasHub preset with the adapters
   merged and model.preset's tokenizer) and for a LoRA run `adapter.lora.h5`
   (meshrun.models.hub_export). Without an export, a LoRA fine-tune of model.preset keeps its
-  `adapter.lora.h5` all the same (checkpoint.keep_adapter, on by default).
+  `adapter.lora.h5` all the same (checkpoint.keep_adapter, on by default). A transformers
+  model.preset exports `hf/` (a transformers checkpoint) and `peft/` instead of `preset/`
+  (meshrun.hf.export).
 """
 
 from __future__ import annotations
@@ -467,11 +469,12 @@ def adapted_layers(backbone) -> list:
     return [layer for layer in sublayers(backbone) if getattr(layer, "lora_enabled", False)]
 
 
-def export_formats(task, options: KerasHubOptions, run_dir: Path) -> dict[str, str]:
-    """KerasHub's own formats of the trained task beside model.keras (meshrun.models.hub_export)."""
+def export_formats(task, options: KerasHubOptions, run_dir: Path, checkpoint=None) -> dict[str, str]:
+    """KerasHub's own formats of the trained task beside model.keras, or a transformers checkpoint
+    and PEFT adapter for a transformers model.preset (meshrun.models.hub_export)."""
     from meshrun.models import hub_export
 
-    return hub_export.export(task, options, run_dir)
+    return hub_export.export(task, options, run_dir, checkpoint)
 
 
 def keep_adapter(trained, options: KerasHubOptions, run_dir: Path) -> str | None:

@@ -8,7 +8,12 @@ no meshrun installed.
   export too (checkpoint.keep_adapter: keep_adapter), and `meshrun generate` puts it back on the
   base preset (load_adapter).
 
-Both are written under a temporary name and renamed when complete.
+For a model.preset that is a transformers checkpoint, the export is one again instead of a
+KerasHub preset (meshrun.hf.export): `<run dir>/hf/` (which `meshrun generate` and model.preset
+load, as they loaded the source) and, for a LoRA run, `<run dir>/peft/` (a PEFT adapter on the
+source) besides adapter.lora.h5.
+
+All are written under a temporary name and renamed when complete.
 """
 
 from __future__ import annotations
@@ -18,9 +23,17 @@ import logging
 from pathlib import Path
 
 from meshrun.compat.keras_hub import local_preset_loading, lora_kernel_b_dataset
+from meshrun.config.schema import CheckpointConfig
 from meshrun.files import dir_written_whole
-from meshrun.models.hub import KerasHubOptions, LoraOptions, adapted_layers, enable_lora, import_keras_hub
-from meshrun.specs.rundir import ADAPTER_FILE, PRESET_DIR
+from meshrun.models.hub import (
+    KerasHubOptions,
+    LoraOptions,
+    adapted_layers,
+    enable_lora,
+    import_keras_hub,
+    transformers_checkpoint,
+)
+from meshrun.specs.rundir import ADAPTER_FILE, HF_DIR, PEFT_DIR, PRESET_DIR
 from meshrun.system.process import native_info_lines_dropped
 from meshrun.wording import error_text
 
@@ -29,13 +42,37 @@ log = logging.getLogger("meshrun")
 PREPROCESSOR_FILES = ("preprocessor.json", "tokenizer.json")  # a preset holding either brings a preprocessor
 
 
-def export(task, options: KerasHubOptions, run_dir: Path) -> dict[str, str]:
+def export(task, options: KerasHubOptions, run_dir: Path, checkpoint=None) -> dict[str, str]:
     """KerasHub's own formats of the trained task, written into `run_dir` beside model.keras:
-    `preset/` (save_preset) and, for a LoRA run, `adapter.lora.h5` (save_adapter). Returns their
-    paths by name (preset, adapter)."""
-    exported = {"preset": str(save_preset(task, options, run_dir / PRESET_DIR))}
+    `preset/` (save_preset) and, for a LoRA run, `adapter.lora.h5` (save_adapter); for a
+    transformers model.preset, `hf/` and `peft/` instead of `preset/` (export_transformers).
+    Returns their paths by name (preset, adapter, hf, peft): preset names what `meshrun generate`
+    loads. `checkpoint` is the run's CheckpointConfig (None: its defaults)."""
+    source = transformers_checkpoint(options)
+    if source is not None:
+        exported = export_transformers(task, source, options, run_dir, checkpoint or CheckpointConfig())
+    else:
+        exported = {"preset": str(save_preset(task, options, run_dir / PRESET_DIR))}
     if options.lora.enabled:
         exported["adapter"] = str(save_adapter(task.backbone, options.lora, run_dir / ADAPTER_FILE))
+    return exported
+
+
+def export_transformers(task, source, options: KerasHubOptions, run_dir: Path, checkpoint) -> dict[str, str]:
+    """The trained task as a transformers checkpoint in `hf/` (in checkpoint.hf_dtype, else the
+    source's dtype, in files of at most checkpoint.hf_shard_bytes) and, for a LoRA run, a PEFT
+    adapter in `peft/` (meshrun.hf.export). No KerasHub preset: KerasHub's own preset of some such
+    models does not load back (tied heads), and its tokenizer would not be the source's files."""
+    from meshrun.hf import export as hf_export
+
+    hf = hf_export.write_hf(
+        task.backbone, source, run_dir / HF_DIR, checkpoint.hf_dtype, checkpoint.hf_shard_bytes
+    )
+    exported = {"preset": str(hf), "hf": str(hf)} if hf is not None else {}
+    if options.lora.enabled:
+        peft = hf_export.write_peft(task.backbone, source, run_dir / PEFT_DIR)
+        if peft is not None:
+            exported["peft"] = str(peft)
     return exported
 
 

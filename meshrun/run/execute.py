@@ -281,7 +281,11 @@ def export(trained, setup: RunSetup) -> dict | None:
     spec = setup.planned.spec
     with keras_without_tensorflow():  # a run that needed no TensorFlow imports none to save
         model.save(path)
-        own = spec.export(model, setup.planned.options, path.parent) if spec.export else {}
+        own = (
+            spec.export(model, setup.planned.options, path.parent, setup.config.checkpoint)
+            if spec.export
+            else {}
+        )
     return {"model": str(path), **own}
 
 

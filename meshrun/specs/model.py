@@ -68,8 +68,9 @@ class ModelSpec:
     - `label(options)`: how reports name the model (default: its registered name).
     - `sample_weight_input`: the input whose values weigh each label when the data gives no
       sample weights (a language model's padding mask).
-    - `export(model, options, run_dir)`: with checkpoint.export, writes the model's own formats into
-      the run dir beside model.keras (KerasHub: a preset, LoRA adapters); returns {name: path}.
+    - `export(model, options, run_dir, checkpoint)`: with checkpoint.export, writes the model's own
+      formats into the run dir beside model.keras (KerasHub: a preset, LoRA adapters; `checkpoint`:
+      the run's CheckpointConfig); returns {name: path}.
     - `save_adapter(trained, options, run_dir)`: without an export, writes the adapters a fine-tune
       keeps (checkpoint.keep_adapter; KerasHub: a LoRA run's adapter.lora.h5) into the run dir;
       `trained()` gives the trained model (None where it cannot be had). Returns the file's path,
@@ -94,7 +95,7 @@ class ModelSpec:
     layout_advice: Callable[[Any, Any, Any], list] | None = None
     label: Callable[[Any], str] | None = None
     sample_weight_input: str | None = None
-    export: Callable[[Any, Any, Any], dict] | None = None
+    export: Callable[[Any, Any, Any, Any], dict] | None = None
     save_adapter: Callable[[Any, Any, Any], str | None] | None = None
 
     @property

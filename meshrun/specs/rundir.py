@@ -18,6 +18,8 @@ PRESET_DIR = "preset"  # checkpoint.export of a KerasHub task: the trained task 
 ADAPTER_FILE = (
     "adapter.lora.h5"  # a LoRA run's adapters (KerasHub's save_lora_weights format): kept, and exported
 )
+HF_DIR = "hf"  # checkpoint.export of a transformers model.preset: the trained model as one
+PEFT_DIR = "peft"  # and a LoRA run's adapters as a PEFT adapter on model.preset
 PROCESSES_FILE = "processes.json"  # a local multi-process job: its processes and coordinator
 ERROR_LOG = "error.log"  # the traceback of a run that failed
 HYDRA_DIR = ".hydra"  # Hydra's record of the composed config and the overrides
@@ -42,6 +44,8 @@ RUN_OUTPUTS = (
     EXPORT_FILE,
     PRESET_DIR,
     ADAPTER_FILE,
+    HF_DIR,
+    PEFT_DIR,
 )
 
 

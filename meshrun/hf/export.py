@@ -1,0 +1,303 @@
+"""A trained model whose model.preset was a transformers checkpoint, written back as one: `<run>/hf/`
+(safetensors shards with their index, the source's config.json, tokenizer files and
+generation_config.json) and, for a LoRA run, `<run>/peft/` (a PEFT adapter on the source dir).
+
+Host memory holds one tensor at a time: each is computed on the devices (a LoRA kernel merged
+there, then cast to the written dtype), gathered to the host, put in transformers' layout
+(`Transform.to_hf`) and written, before the next is touched. On a job of several processes every
+process takes part in every gather (a sharded array is first made replicated on its own mesh, a
+collective all of them run, in the same order), and only the first process copies the result to
+its host and writes; the others drop it.
+
+Keras' EinsumDense adapter of a q/k/v projection, A (.., heads, .., r) with B (r, head_dim), gives
+each head its own A and shares B between heads: over transformers' (heads * head_dim, hidden)
+matrix that is an update of rank heads * r, not r. It maps exactly onto PEFT's `lora_B @ lora_A`
+with rank heads * r (lora_A stacks the heads' A, lora_B repeats B on the block diagonal), and
+adapters of lower rank are padded with zeros to one rank for the whole adapter, so that PEFT's
+plain config (one `r`, one `lora_alpha`) says it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from meshrun.hf import safetensors
+from meshrun.hf.checkpoint import CONFIG_FILE, GENERATION_FILE, HFCheckpoint
+from meshrun.hf.families import TensorMap
+from meshrun.hf.transforms import Transform
+
+log = logging.getLogger("meshrun")
+
+ADAPTER_CONFIG = "adapter_config.json"
+ADAPTER_WEIGHTS = "adapter_model.safetensors"
+PEFT_PREFIX = "base_model.model."
+DTYPE_KEYS = ("torch_dtype", "dtype")  # transformers 4's and 5's spelling
+DEFAULT_SHARD_BYTES = 5 * 1000**3  # transformers' own default max_shard_size, "5GB"
+
+
+@dataclass(frozen=True)
+class Adapter:
+    """One LoRA-adapted layer as its kernel's tensor sees it: its variables A and B (Keras'
+    lora_kernel_a, lora_kernel_b) and the scale alpha / rank."""
+
+    a: object
+    b: object
+    scale: float
+
+
+def adapters_by_kernel(backbone) -> dict[str, Adapter]:
+    """The backbone's LoRA adapters by the path of the kernel they adapt."""
+    from meshrun.models.hub import adapted_layers
+
+    found = {}
+    for layer in adapted_layers(backbone):
+        layer_path = layer.lora_kernel_a.path.rsplit("/", 1)[0]
+        found[f"{layer_path}/kernel"] = Adapter(
+            layer.lora_kernel_a, layer.lora_kernel_b, layer.lora_alpha / layer.lora_rank
+        )
+    return found
+
+
+def is_writer() -> bool:
+    """Whether this process writes the export (the first one)."""
+    import jax
+
+    return jax.process_index() == 0
+
+
+def host_copy(array, writer: bool) -> np.ndarray | None:
+    """`array` whole on the host of the writer (None on the others). A sharded array split over
+    processes is first replicated on its own devices, a collective every process must run."""
+    import jax
+
+    if not (array.is_fully_addressable or array.is_fully_replicated):
+        array = jax.jit(lambda x: x, out_shardings=_replicated(array.sharding))(array)
+    if not writer:
+        return None
+    if array.is_fully_addressable:
+        return np.asarray(array)
+    return np.asarray(array.addressable_data(0))
+
+
+def _replicated(sharding):
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    if isinstance(sharding, NamedSharding):
+        return sharding.update(spec=PartitionSpec())
+    from jax._src.sharding_impls import GSPMDSharding  # as multihost_utils.process_allgather does
+
+    return GSPMDSharding.get_replicated(sharding._device_assignment, memory_kind=sharding.memory_kind)
+
+
+def device_value(variable, adapter: Adapter | None, dtype: str):
+    """The variable's value on its devices, its adapter merged in float32 as Keras' forward pass
+    merges it (kernel + alpha / rank * A @ B), cast to `dtype`."""
+    import jax.numpy as jnp
+
+    value = variable.value
+    if adapter is not None:
+        value = value.astype(jnp.float32) + adapter.scale * jnp.matmul(adapter.a.value, adapter.b.value)
+    return value.astype(safetensors.numpy_dtype(dtype))
+
+
+def write_hf(backbone, checkpoint: HFCheckpoint, directory: Path, dtype: str | None, shard_bytes: int):
+    """Writes the backbone as a transformers checkpoint into `directory` (under a temporary name,
+    renamed when complete): every process must call it; the first writes and gets `directory`,
+    the others None."""
+    from meshrun.files import dir_written_whole
+
+    dtype = dtype or checkpoint.dtype
+    variables = {variable.path: variable for variable in backbone.weights}
+    adapters = adapters_by_kernel(backbone)
+    tensors = in_source_order(checkpoint)
+    planned = [safetensors.PlannedTensor(t.name, dtype, t.transform.hf_shape) for t in tensors]
+    by_name = {t.name: t for t in tensors}
+    writer = is_writer()
+
+    def produce(name: str) -> np.ndarray | None:
+        tensor = by_name[name]
+        value = device_value(variables[tensor.path], adapters.get(tensor.path), dtype)
+        whole = host_copy(value, writer)
+        return None if whole is None else tensor.transform.to_hf(whole)
+
+    if not writer:
+        for tensor in planned:  # the same gathers, in the same order, as the writer's
+            produce(tensor.name)
+        return None
+    with dir_written_whole(directory) as partial:
+        safetensors.write_shards(partial, planned, produce, shard_bytes)
+        write_config(checkpoint, partial / CONFIG_FILE, dtype)
+        for name in checkpoint.tokenizer_files:
+            shutil.copyfile(checkpoint.path / name, partial / name)
+        write_generation_config(checkpoint, partial / GENERATION_FILE)
+    return directory
+
+
+def in_source_order(checkpoint: HFCheckpoint) -> list[TensorMap]:
+    """The checkpoint's tensors in the order its files hold them."""
+    files = {name: i for i, name in enumerate(checkpoint.files)}
+
+    def place(tensor: TensorMap):
+        entry = checkpoint.entries[tensor.name]
+        return files.get(entry.file.name, len(files)), entry.offset
+
+    return sorted(checkpoint.tensors, key=place)
+
+
+def write_config(checkpoint: HFCheckpoint, file: Path, dtype: str) -> None:
+    """The source's config.json, byte for byte where the dtype is the source's; else with its dtype
+    key(s) (torch_dtype and/or dtype, whichever it has; torch_dtype where it has neither) set to
+    `dtype`."""
+    source = checkpoint.path / CONFIG_FILE
+    if dtype == checkpoint.dtype:
+        shutil.copyfile(source, file)
+        return
+    config = json.loads(source.read_text())
+    keys = [key for key in DTYPE_KEYS if config.get(key) is not None] or ["torch_dtype"]
+    for key in keys:
+        config[key] = dtype
+    file.write_text(json.dumps(config, indent=2) + "\n")
+
+
+def write_generation_config(checkpoint: HFCheckpoint, file: Path) -> None:
+    """The source's generation_config.json, or, where it has none, one of config.json's bos, eos
+    and pad token ids, as transformers makes it from a model config."""
+    source = checkpoint.path / GENERATION_FILE
+    if source.is_file():
+        shutil.copyfile(source, file)
+        return
+    ids = {
+        key: checkpoint.config.values[key]
+        for key in ("bos_token_id", "eos_token_id", "pad_token_id")
+        if checkpoint.config.values.get(key) is not None
+    }
+    file.write_text(json.dumps({"_from_model_config": True, **ids}, indent=2) + "\n")
+
+
+# --- PEFT -------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PeftFactors:
+    """One adapted module in PEFT's layout: its module name (q_proj, ...), lora_A [rank, in] and
+    lora_B [out, rank], with B @ A the update of transformers' weight before the scale."""
+
+    tensor: str  # the weight's name: model.layers.0.self_attn.q_proj.weight
+    a: np.ndarray
+    b: np.ndarray
+
+    @property
+    def module(self) -> str:
+        return self.tensor.removesuffix(".weight")
+
+    @property
+    def rank(self) -> int:
+        return self.a.shape[0]
+
+
+def unmappable(transform: Transform) -> str | None:
+    """Why Keras' adapter on a kernel of `transform` is no PEFT adapter; None where it is one: the
+    kernel's last dimension (which Keras' B spans) must be the innermost part of the weight's output
+    rows (a Dense kernel's out, a q/k/v kernel's head_dim)."""
+    if transform.perm[-1] != len(transform.split[0]) - 1:
+        return "its kernel's last dimension is not the innermost part of the weight's output rows"
+    return None
+
+
+def peft_factors(transform: Transform, a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """PEFT's (lora_A, lora_B) of Keras' adapter (A of the kernel's shape with its last dimension
+    replaced by the rank, B [rank, last]) on a kernel of `transform` (one `unmappable` passes), so
+    that lora_B @ lora_A equals the update A @ B in transformers' layout. Each index of the output
+    rows' outer parts (the heads) gets its own block of the rank."""
+    out_sizes = transform.split[0]
+    rank = a.shape[-1]
+    # A's axes in the split order (outer output parts, then the input parts), then the rank.
+    order = sorted(range(a.ndim - 1), key=lambda axis: transform.perm[axis])
+    outer = math.prod(out_sizes[:-1])
+    inputs = math.prod(math.prod(sizes) for sizes in transform.split[1:])
+    blocks = np.reshape(np.transpose(a, [*order, a.ndim - 1]), (outer, inputs, rank))
+    lora_a = np.reshape(np.transpose(blocks, (0, 2, 1)), (outer * rank, inputs))
+    lora_b = np.einsum("mn,ql->mlnq", np.eye(outer, dtype=b.dtype), b).reshape(
+        outer * out_sizes[-1], outer * rank
+    )
+    return lora_a, lora_b
+
+
+def write_peft(backbone, checkpoint: HFCheckpoint, directory: Path) -> Path | None:
+    """Writes the backbone's LoRA adapters as a PEFT adapter on the source dir into `directory`
+    (under a temporary name): every process must call it; the first writes and gets `directory`,
+    the others None, as do all where an adapter does not map (the log says why)."""
+    from meshrun.files import dir_written_whole
+
+    adapters = adapters_by_kernel(backbone)
+    adapted = [tensor for tensor in checkpoint.tensors if tensor.path in adapters]
+    for tensor in adapted:
+        why = unmappable(tensor.transform)
+        if why is not None:
+            log.warning(f"no peft/ adapter is written: the adapter of {tensor.name} does not map ({why})")
+            return None
+    writer = is_writer()
+    factors = []
+    for tensor in adapted:
+        adapter = adapters[tensor.path]
+        a, b = host_copy(adapter.a.value, writer), host_copy(adapter.b.value, writer)
+        if writer:
+            mapped = peft_factors(tensor.transform, a.astype(np.float32), b.astype(np.float32))
+            factors.append(PeftFactors(tensor.name, *mapped))
+    if not writer or not factors:
+        return None
+    lora_rank = adapters[adapted[0].path].a.shape[-1]
+    rank = max(factor.rank for factor in factors)
+    if rank > lora_rank:
+        log.info(
+            f"peft/ has rank {rank} for model.lora.rank {lora_rank}: Keras' adapter of a q/k/v projection "
+            "shares its B between heads, so each head has its own block of the rank"
+        )
+    (scale,) = {adapters[t.path].scale for t in adapted}  # meshrun gives every adapter one alpha and rank
+    with dir_written_whole(directory) as partial:
+        _write_adapter_weights(partial, factors, rank)
+        config = adapter_config(checkpoint, factors, rank, scale * rank)
+        (partial / ADAPTER_CONFIG).write_text(json.dumps(config, indent=2) + "\n")
+    return directory
+
+
+def _write_adapter_weights(directory: Path, factors: list[PeftFactors], rank: int) -> None:
+    """adapter_model.safetensors: every module's factors in float32, padded with zeros to `rank`."""
+    arrays = {}
+    for factor in factors:
+        extra = rank - factor.rank
+        arrays[f"{PEFT_PREFIX}{factor.module}.lora_A.weight"] = np.pad(factor.a, ((0, extra), (0, 0)))
+        arrays[f"{PEFT_PREFIX}{factor.module}.lora_B.weight"] = np.pad(factor.b, ((0, 0), (0, extra)))
+    planned = [safetensors.PlannedTensor(name, "float32", array.shape) for name, array in arrays.items()]
+    (written,) = safetensors.write_shards(directory, planned, arrays.__getitem__, shard_bytes=1 << 62)
+    (directory / written).rename(directory / ADAPTER_WEIGHTS)
+
+
+def adapter_config(checkpoint: HFCheckpoint, factors: list[PeftFactors], rank: int, alpha: float) -> dict:
+    """PEFT's adapter_config.json: LoRA on a causal LM, `rank` and `alpha` (PEFT scales by alpha /
+    r), the adapted modules by their short names (q_proj, v_proj, ...)."""
+    modules = sorted({factor.module.rsplit(".", 1)[-1] for factor in factors})
+    return {
+        "peft_type": "LORA",
+        "task_type": "CAUSAL_LM",
+        "base_model_name_or_path": str(checkpoint.path),
+        "r": rank,
+        "lora_alpha": int(alpha) if float(alpha).is_integer() else alpha,
+        "target_modules": modules,
+        "lora_dropout": 0.0,
+        "bias": "none",
+        "fan_in_fan_out": False,
+        "use_rslora": False,
+        "use_dora": False,
+        "modules_to_save": None,
+        "rank_pattern": {},
+        "alpha_pattern": {},
+        "inference_mode": True,
+    }

@@ -1,0 +1,316 @@
+"""checkpoint.export of a run whose model.preset is a transformers dir (meshrun.hf.export): a LoRA
+fine-tune of a synthetic tied Llama on a 2x4 mesh (llama_tp) writes `hf/` and `peft/`. The export
+reloads through meshrun to the trained model's logits (the base with the run's adapter.lora.h5);
+config.json, the tokenizer files and the generation config are the source's; shards and index
+agree; the PEFT adapter applied by hand in numpy is hf/'s merged weights. A bf16 source (exported
+in-process, no run) gives bf16 tensors, or those hf_dtype asks with the dtype key to match; a failed
+export leaves nothing; bad options are one line with exit 2."""
+
+import json
+
+import numpy as np
+import pytest
+
+from conftest import error_line_here, read_metrics
+from meshrun import cli
+from meshrun.hf import checkpoint as hf_checkpoint
+from meshrun.hf import export as hf_export
+from meshrun.hf import families, safetensors
+
+pytestmark = pytest.mark.integration
+
+# Divisible over the 2x4 mesh's model axis (4): 8 query and 4 key/value heads.
+TIED_LLAMA = {
+    "model_type": "llama",
+    "architectures": ["LlamaForCausalLM"],
+    "vocab_size": 320,
+    "hidden_size": 64,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 8,
+    "num_key_value_heads": 4,
+    "intermediate_size": 128,
+    "rms_norm_eps": 1e-5,
+    "rope_theta": 10000.0,
+    "hidden_act": "silu",
+    "tie_word_embeddings": True,
+    "max_position_embeddings": 64,
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+    "torch_dtype": "float32",
+}
+BF16_QWEN3 = {
+    "model_type": "qwen3",
+    "vocab_size": 320,
+    "hidden_size": 32,
+    "head_dim": 16,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "intermediate_size": 64,
+    "rms_norm_eps": 1e-6,
+    "rope_theta": 1000000.0,
+    "hidden_act": "silu",
+    "tie_word_embeddings": False,
+    "dtype": "bfloat16",
+}
+SHARD_BYTES = 200_000  # the tiny Llama's 0.7 MB in 4 files
+TOKEN_IDS = np.array([[1, 5, 77, 300, 9, 42, 13, 8], [1, 250, 3, 3, 60, 61, 62, 319]])
+
+
+def write_checkpoint(directory, config: dict, seed: int = 0, shard_bytes: int = SHARD_BYTES) -> None:
+    """A transformers checkpoint of `config` with random weights, written by meshrun's own writer."""
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "config.json").write_text(json.dumps(config, indent=2))
+    hf_config = families.HFConfig(config, str(directory))
+    family = families.family_of(hf_config)
+    maps = family.tensors(family.arguments(hf_config), hf_config)
+    dtype = hf_config.dtype
+    rng = np.random.default_rng(seed)
+    values = {
+        m.name: (rng.normal(size=m.transform.hf_shape) * 0.1).astype(safetensors.numpy_dtype(dtype))
+        for m in maps
+    }
+    planned = [safetensors.PlannedTensor(name, dtype, value.shape) for name, value in values.items()]
+    safetensors.write_shards(directory, planned, values.__getitem__, shard_bytes)
+
+
+def write_tokenizer(directory) -> None:
+    """A byte-level BPE tokenizer.json trained on a few KB of text, with a tokenizer_config.json
+    holding a chat template."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    text = ["the quick brown fox jumps over the lazy dog, again and again"] * 40
+    trainer = trainers.BpeTrainer(
+        vocab_size=300,
+        special_tokens=["<pad>", "<s>", "</s>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
+    tokenizer.train_from_iterator(text, trainer)
+    tokenizer.save(str(directory / "tokenizer.json"))
+    (directory / "tokenizer_config.json").write_text(
+        json.dumps({"bos_token": "<s>", "eos_token": "</s>", "chat_template": "{{ messages }}"})
+    )
+
+
+@pytest.fixture(scope="module")
+def source(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("source") / "tiny-llama"
+    write_checkpoint(directory, TIED_LLAMA)
+    write_tokenizer(directory)
+    return directory
+
+
+@pytest.fixture(scope="module")
+def run(source, tmp_path_factory):
+    """A LoRA fine-tune of `source` with the export, on 2x4 under llama_tp."""
+    run_dir = tmp_path_factory.mktemp("run")
+    cli.main(
+        [
+            "train",
+            "model=keras_hub",
+            f"model.preset={source}",
+            "model.seq_len=16",
+            "model.lora.rank=4",
+            "model.lora.alpha=8",
+            "mesh=2x4",
+            "layout=llama_tp",
+            "train.verbose=0",
+            "train.epochs=1",
+            "train.learning_rate=0.01",
+            "data.num_samples=32",
+            "data.eval_samples=16",
+            "checkpoint.export=true",
+            f"checkpoint.hf_shard_bytes={SHARD_BYTES}",
+            f"hydra.run.dir={run_dir}",
+        ]
+    )
+    metrics = read_metrics(run_dir)
+    assert metrics["status"] == "ok", metrics["error"]
+    return run_dir
+
+
+def logits_of(task) -> np.ndarray:
+    return np.asarray(task({"token_ids": TOKEN_IDS, "padding_mask": np.ones_like(TOKEN_IDS)}))
+
+
+def built(preset, lora=None):
+    """The task of model.preset `preset` off the mesh (with `lora`'s adapters enabled)."""
+    import keras
+
+    from meshrun.models import hub
+
+    keras.distribution.set_distribution(None)
+    keras.config.set_dtype_policy("float32")
+    options = hub.KerasHubOptions(preset=str(preset), seq_len=16)
+    task = hub.build(options)
+    return task
+
+
+def test_the_export_reloads_to_the_trained_models_logits(run, source):
+    """hf/ through meshrun equals the base with the run's adapter.lora.h5 put back on it
+    (KerasHub's own file, as `meshrun generate` samples a kept adapter), and the training moved it."""
+    from meshrun.models import hub, hub_export
+
+    exported = logits_of(built(run / "hf"))
+    base = built(source)
+    untrained = logits_of(base)
+    trained = logits_of(hub_export.load_adapter(base, hub.LoraOptions(rank=4), run / "adapter.lora.h5"))
+    np.testing.assert_allclose(exported, trained, atol=1e-5, rtol=0)
+    assert np.abs(exported - untrained).max() > 1e-4
+    metrics = read_metrics(run)
+    assert metrics["checkpoint"]["exported_preset"] == str(run / "hf")  # what meshrun generate loads
+    assert not (run / "preset").exists()
+
+
+def test_config_tokenizer_and_generation_files_are_the_sources(run, source):
+    hf = run / "hf"
+    assert (hf / "config.json").read_bytes() == (source / "config.json").read_bytes()
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        assert (hf / name).read_bytes() == (source / name).read_bytes(), name
+    generation = json.loads((hf / "generation_config.json").read_text())  # the source has none
+    assert generation["bos_token_id"] == 1 and generation["eos_token_id"] == 2
+
+
+def test_shards_and_index_agree_and_a_tied_head_is_left_out(run, source):
+    hf = run / "hf"
+    index = json.loads((hf / "model.safetensors.index.json").read_text())
+    files = sorted(p.name for p in hf.glob("*.safetensors"))
+    assert len(files) >= 2 and sorted(set(index["weight_map"].values())) == files
+    found = {}
+    for name in files:
+        entries, metadata = safetensors.read_header(hf / name)
+        assert metadata == {"format": "pt"}
+        for tensor in entries:
+            assert tensor not in found, tensor
+            found[tensor] = entries[tensor]
+            assert index["weight_map"][tensor] == name
+    assert set(found) == set(index["weight_map"])
+    assert index["metadata"]["total_size"] == sum(entry.nbytes for entry in found.values())
+    source_names = set(hf_checkpoint.inspect(source).entries)
+    assert set(found) == source_names and "lm_head.weight" not in found
+    assert {entry.dtype for entry in found.values()} == {"float32"}
+
+
+def apply_peft(base: dict, peft_dir) -> dict:
+    """W + lora_alpha / r * B @ A for every module of the PEFT adapter, in numpy, as PEFT merges."""
+    config = json.loads((peft_dir / "adapter_config.json").read_text())
+    adapter, _ = safetensors.read_header(peft_dir / "adapter_model.safetensors")
+    reader = safetensors.SliceReader()
+    merged = dict(base)
+    scale = config["lora_alpha"] / config["r"]
+    for name in adapter:
+        if name.endswith(".lora_A.weight"):
+            module = name.removeprefix("base_model.model.").removesuffix(".lora_A.weight")
+            a = reader.view(adapter[name])
+            b = reader.view(adapter[name.replace("lora_A", "lora_B")])
+            merged[f"{module}.weight"] = base[f"{module}.weight"] + scale * b @ a
+    return merged
+
+
+def read_all(directory) -> dict:
+    checkpoint = hf_checkpoint.inspect(directory)
+    reader = safetensors.SliceReader()
+    return {name: np.asarray(reader.view(entry), np.float32) for name, entry in checkpoint.entries.items()}
+
+
+def test_the_peft_adapter_on_the_base_is_the_merged_export(run, source):
+    config = json.loads((run / "peft" / "adapter_config.json").read_text())
+    assert config["peft_type"] == "LORA" and config["task_type"] == "CAUSAL_LM"
+    assert config["base_model_name_or_path"] == str(source.resolve())
+    assert config["target_modules"] == ["q_proj", "v_proj"] and config["bias"] == "none"
+    assert not config["fan_in_fan_out"]
+    # Keras' q/v adapters share B between heads: rank 4 per head, 8 query heads.
+    assert config["r"] == 32 and config["lora_alpha"] / config["r"] == pytest.approx(2.0)
+    adapter, _ = safetensors.read_header(run / "peft" / "adapter_model.safetensors")
+    q_a = adapter["base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight"]
+    q_b = adapter["base_model.model.model.layers.0.self_attn.q_proj.lora_B.weight"]
+    assert q_a.shape == (32, 64) and q_b.shape == (64, 32)
+    exported, base = read_all(run / "hf"), read_all(source)
+    by_hand = apply_peft(base, run / "peft")
+    changed = 0
+    for name, value in exported.items():
+        np.testing.assert_allclose(value, by_hand[name], atol=1e-6, rtol=0, err_msg=name)
+        changed += not np.array_equal(value, base[name])
+    assert changed == 4  # q and v of 2 layers
+
+
+@pytest.fixture
+def bf16_task(tmp_path):
+    """A bf16 Qwen 3 (untied) with a generation_config.json, as loaded, LoRA on query, value and
+    the MLP's output with random adapters."""
+    import keras
+
+    from meshrun.hf import load
+    from meshrun.models.hub import LoraOptions, enable_lora
+
+    keras.distribution.set_distribution(None)
+    keras.config.set_dtype_policy("float32")
+    directory = tmp_path / "qwen3"
+    write_checkpoint(directory, BF16_QWEN3, shard_bytes=40_000)
+    (directory / "generation_config.json").write_text('{"eos_token_id": [2, 7], "do_sample": true}\n')
+    checkpoint = hf_checkpoint.inspect(directory)
+    task, _ = load.build_task(checkpoint, True)
+    enable_lora(task.backbone, LoraOptions(rank=2, targets=("query", "value", "feedforward_output_dense")))
+    rng = np.random.default_rng(1)
+    for adapter in hf_export.adapters_by_kernel(task.backbone).values():
+        adapter.a.assign(rng.normal(size=adapter.a.shape) * 0.1)
+        adapter.b.assign(rng.normal(size=adapter.b.shape) * 0.1)
+    return task, checkpoint
+
+
+def test_a_bf16_source_exports_bf16_or_what_hf_dtype_asks(bf16_task, tmp_path):
+    task, checkpoint = bf16_task
+    source = checkpoint.path
+    same = hf_export.write_hf(task.backbone, checkpoint, tmp_path / "same", None, 40_000)
+    entries = hf_checkpoint.inspect(same).entries
+    assert {entry.dtype for entry in entries.values()} == {"bfloat16"} and "lm_head.weight" in entries
+    assert (same / "config.json").read_bytes() == (source / "config.json").read_bytes()
+    assert (same / "generation_config.json").read_bytes() == (source / "generation_config.json").read_bytes()
+    wide = hf_export.write_hf(task.backbone, checkpoint, tmp_path / "wide", "float32", 40_000)
+    config = json.loads((wide / "config.json").read_text())
+    assert config.pop("dtype") == "float32" and "torch_dtype" not in config  # the source's key only
+    source_config = json.loads((source / "config.json").read_text())
+    source_config.pop("dtype")
+    assert config == source_config
+    narrow, full = read_all(same), read_all(wide)
+    assert {entry.dtype for entry in hf_checkpoint.inspect(wide).entries.values()} == {"float32"}
+    for name, value in full.items():  # the bf16 file is the float32 one rounded
+        import ml_dtypes
+
+        np.testing.assert_array_equal(narrow[name], value.astype(ml_dtypes.bfloat16).astype(np.float32))
+    peft = hf_export.write_peft(task.backbone, checkpoint, tmp_path / "peft")
+    by_hand = apply_peft(read_all(source), peft)
+    for name, value in full.items():
+        np.testing.assert_allclose(value, by_hand[name], atol=1e-6, rtol=0, err_msg=name)
+
+
+def test_a_failed_export_leaves_nothing(bf16_task, tmp_path, monkeypatch):
+    task, checkpoint = bf16_task
+    copies = []
+
+    def failing(array, writer):
+        copies.append(1)
+        if len(copies) == 5:
+            raise OSError("No space left on device")
+        return np.asarray(array)
+
+    monkeypatch.setattr(hf_export, "host_copy", failing)
+    with pytest.raises(OSError):
+        hf_export.write_hf(task.backbone, checkpoint, tmp_path / "hf", None, 40_000)
+    assert list(tmp_path.iterdir()) == [tmp_path / "qwen3"]
+
+
+@pytest.mark.parametrize(
+    ("override", "expected"),
+    [
+        ("checkpoint.hf_dtype=int8", "checkpoint.hf_dtype: got 'int8'; valid: float32, bfloat16 or float16"),
+        ("checkpoint.hf_shard_bytes=0", "checkpoint.hf_shard_bytes: got 0; valid: a positive number"),
+        ("checkpoint.hf_shard_bytes=5GB", "checkpoint.hf_shard_bytes: got '5GB'; expected int"),
+    ],
+)
+def test_bad_export_options_are_one_line_with_exit_2(override, expected, in_tmp, capsys):
+    line = error_line_here(["train", override], capsys)
+    assert expected in line, line
