@@ -162,6 +162,8 @@ def test_the_export_reloads_to_the_trained_models_logits(run, source):
     assert np.abs(exported - untrained).max() > 1e-4
     metrics = read_metrics(run)
     assert metrics["checkpoint"]["exported_preset"] == str(run / "hf")  # what meshrun generate loads
+    assert metrics["checkpoint"]["exported_hf"] == str(run / "hf")
+    assert metrics["checkpoint"]["exported_peft"] == str(run / "peft")
     assert not (run / "preset").exists()
 
 

@@ -26,6 +26,8 @@ TOKENIZER_FILES = (
     "special_tokens_map.json",
     "added_tokens.json",
     "chat_template.jinja",
+    "vocab.json",
+    "merges.txt",
 )
 GENERATION_FILE = "generation_config.json"
 # Tensors a checkpoint may hold that carry nothing the backbone needs.

@@ -261,4 +261,6 @@ def _checkpoint(setup: RunSetup, outcome: Outcome) -> CheckpointFigures:
         exported=exported.get("model"),
         exported_preset=exported.get("preset"),
         exported_adapter=exported.get("adapter"),
+        exported_hf=exported.get("hf"),
+        exported_peft=exported.get("peft"),
     )

@@ -243,6 +243,7 @@ def export_text(checkpoint, metrics) -> str | None:
         (checkpoint.exported, ""),
         (checkpoint.exported_preset, "/"),
         (checkpoint.exported_adapter, ""),
+        (checkpoint.exported_peft, "/"),
     ]
     return ", ".join(_in_run_dir(path, metrics.run_dir) + end for path, end in exported if path) or None
 

@@ -237,6 +237,8 @@ class CheckpointFigures:
     exported: str = figure()
     exported_preset: str = figure()  # KerasHub: the trained task as a preset dir
     exported_adapter: str = figure()  # and a LoRA run's adapters (.lora.h5)
+    exported_hf: str = figure(omit_if_none=True)  # a transformers source: the model as a transformers dir
+    exported_peft: str = figure(omit_if_none=True)  # and a LoRA run's PEFT adapter dir
 
 
 @dataclass(frozen=True)
