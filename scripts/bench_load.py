@@ -436,6 +436,8 @@ def load_transformers(checkpoint: Path, mesh: str, process: str) -> dict:
     mesh_config = MeshConfig(shape=shape, axis_names=("data", "model"), batch_axis="data")
     keras.distribution.set_distribution(make_distribution(mesh_config, rules, jax.devices()))
     found = hf_checkpoint.inspect(checkpoint)
+    import keras_hub  # noqa: F401  (a run imports it before loading: its plan builds the model abstractly)
+
     started = time.perf_counter()
     with LoadWatch(jax.local_devices()) as watch:
         task, bytes_read = load.build_task(found, True, on_placed=watch.sample)
