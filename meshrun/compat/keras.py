@@ -464,13 +464,16 @@ def load_onto_shards(on_placed=None):
         waiting[id(variable)] = (variable, initializer)
 
     def assign(variable, value):
-        waiting.pop(id(variable), None)
+        zeros = waiting.pop(id(variable), None) is not None
         sharding = _host_value_sharding(variable, value)
         if sharding is None:
             return keras_assign(variable, value)
-        variable._value = (
-            None  # the old value goes first (unless something else holds it): the new one takes its place
-        )
+        old, variable._value = variable._value, None  # the old value goes first: the new one takes its place
+        if (
+            zeros and sys.getrefcount(old) <= 2
+        ):  # our zeros, held by nothing else (`old`, the call's argument)
+            old.delete()  # at once: dropping the last reference frees the buffers later, beside the new ones
+        del old
         placed = _place_slices(value, tuple(variable.shape), sharding, variable._dtype)
         if on_placed is not None:
             on_placed()
