@@ -230,6 +230,14 @@ BROKEN = {
 }
 
 
+def test_a_task_other_than_the_checkpoints_is_one_line(in_tmp, capsys):
+    args = ["train", "model=keras_hub", f"model.preset={DATA / 'gemma'}", "model.task=LlamaCausalLM"]
+    assert error_line_here(args, capsys).endswith(
+        "model.task: got 'LlamaCausalLM', but model.preset is a gemma checkpoint, which builds "
+        "GemmaCausalLM; valid: GemmaCausalLM, or null"
+    )
+
+
 @pytest.mark.parametrize("name", sorted(BROKEN))
 def test_a_broken_checkpoint_is_one_line_with_exit_2_and_nothing_written(
     name, tmp_path_factory, in_tmp, capsys

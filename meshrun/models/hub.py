@@ -194,6 +194,7 @@ class KerasHubOptions:
                 f"max_sequence_length {limit}; valid: 1 to {limit}",
             )
         if self.preset:
+            _check_task_of_checkpoint(self)
             if self.backbone:
                 raise ConfigError(
                     "model.backbone",
@@ -212,6 +213,17 @@ class KerasHubOptions:
                 f"is required with model.task={self.task}: the backbone's constructor arguments, e.g. "
                 "{vocabulary_size:512,num_layers:2,num_query_heads:8,num_key_value_heads:4,hidden_dim:64,intermediate_dim:128}",
             )
+
+
+def _check_task_of_checkpoint(options: KerasHubOptions) -> None:
+    """model.task, where given beside a transformers checkpoint, must be its family's task."""
+    checkpoint = transformers_checkpoint(options)
+    if options.task and checkpoint is not None and options.task != checkpoint.family.task:
+        raise ConfigError(
+            "model.task",
+            f"got {options.task!r}, but model.preset is a {checkpoint.model_type} checkpoint, which "
+            f"builds {checkpoint.family.task}; valid: {checkpoint.family.task}, or null",
+        )
 
 
 def _preset_file(preset: str, name: str) -> dict:
