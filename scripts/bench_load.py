@@ -51,7 +51,7 @@ import tempfile
 import time
 from pathlib import Path
 
-LOADERS = ("plain", "meshrun", "transformers")
+LOADERS = ("plain", "meshrun")  # each measured on a KerasHub preset; "transformers": --transformers
 HIDDEN, HEADS, HEAD_DIM, INTERMEDIATE, VOCABULARY = 2048, 8, 256, 8192, 16384
 
 
@@ -73,7 +73,9 @@ def main() -> None:
     parser.add_argument(
         "--transformers", action="store_true", help="measure loading a transformers checkpoint instead"
     )
-    parser.add_argument("--load", choices=LOADERS, help=argparse.SUPPRESS)  # one loader's child process
+    parser.add_argument(
+        "--load", choices=(*LOADERS, "transformers"), help=argparse.SUPPRESS
+    )  # one loader's child process
     parser.add_argument("--process", default="0/1:0", help=argparse.SUPPRESS)  # ID/COUNT:PORT of a child
     args = parser.parse_args()
     if args.load == "transformers":
@@ -251,25 +253,14 @@ def run_child(preset: Path, mesh: str, loader: str) -> dict:
 def load(preset: Path, mesh: str, loader: str) -> dict:
     """Loads `preset` with `loader` under gemma_tp on `mesh`; its peaks, planned bytes and time."""
     import contextlib
-    import importlib.resources
 
     import jax
-    import keras
     import keras_hub
-    import yaml
 
     from meshrun.compat.keras import load_onto_shards
-    from meshrun.config.schema import LayoutRule, MeshConfig
-    from meshrun.placement.distribution import make_distribution
     from meshrun.system.load_memory import LoadWatch, bytes_by_device
 
-    rules_text = (importlib.resources.files("meshrun.configs") / "layout" / "gemma_tp.yaml").read_text()
-    rules = tuple(
-        LayoutRule(pattern, tuple(axes)) for pattern, axes in yaml.safe_load(rules_text)["rules"].items()
-    )
-    shape = tuple(int(size) for size in mesh.split("x"))
-    mesh_config = MeshConfig(shape=shape, axis_names=("data", "model"), batch_axis="data")
-    keras.distribution.set_distribution(make_distribution(mesh_config, rules, jax.devices()))
+    distribute("gemma_tp", mesh)
     started = time.perf_counter()
     with LoadWatch(jax.devices()) as watch:
         onto_shards = (
@@ -412,29 +403,18 @@ def _finish_child(child) -> dict:
 def load_transformers(checkpoint: Path, mesh: str, process: str) -> dict:
     """Loads `checkpoint` with meshrun's reader under llama_tp on `mesh` as process ID of COUNT
     (`process` is ID/COUNT:PORT); its peaks, planned bytes, bytes read and time."""
-    import importlib.resources
 
     import jax
-    import keras
-    import yaml
 
     identity, rest = process.split("/")
     count, port = (int(part) for part in rest.split(":"))
     if count > 1:
         jax.distributed.initialize(f"127.0.0.1:{port}", num_processes=count, process_id=int(identity))
-    from meshrun.config.schema import LayoutRule, MeshConfig
     from meshrun.hf import checkpoint as hf_checkpoint
     from meshrun.hf import load
-    from meshrun.placement.distribution import make_distribution
     from meshrun.system.load_memory import LoadWatch
 
-    rules_text = (importlib.resources.files("meshrun.configs") / "layout" / "llama_tp.yaml").read_text()
-    rules = tuple(
-        LayoutRule(pattern, tuple(axes)) for pattern, axes in yaml.safe_load(rules_text)["rules"].items()
-    )
-    shape = tuple(int(size) for size in mesh.split("x"))
-    mesh_config = MeshConfig(shape=shape, axis_names=("data", "model"), batch_axis="data")
-    keras.distribution.set_distribution(make_distribution(mesh_config, rules, jax.devices()))
+    distribute("llama_tp", mesh)
     found = hf_checkpoint.inspect(checkpoint)
     import keras_hub  # noqa: F401  (a run imports it before loading: its plan builds the model abstractly)
 
@@ -459,6 +439,27 @@ def load_transformers(checkpoint: Path, mesh: str, process: str) -> dict:
         "bytes_read": bytes_read,
         "seconds": seconds,
     }
+
+
+def distribute(layout: str, mesh: str) -> None:
+    """Puts in force the distribution of meshrun's layout config `layout` on `mesh` (DATAxMODEL) over
+    every device jax has (all processes')."""
+    import importlib.resources
+
+    import jax
+    import keras
+    import yaml
+
+    from meshrun.config.schema import LayoutRule, MeshConfig
+    from meshrun.placement.distribution import make_distribution
+
+    rules_text = (importlib.resources.files("meshrun.configs") / "layout" / f"{layout}.yaml").read_text()
+    rules = tuple(
+        LayoutRule(pattern, tuple(axes)) for pattern, axes in yaml.safe_load(rules_text)["rules"].items()
+    )
+    shape = tuple(int(size) for size in mesh.split("x"))
+    mesh_config = MeshConfig(shape=shape, axis_names=("data", "model"), batch_axis="data")
+    keras.distribution.set_distribution(make_distribution(mesh_config, rules, jax.devices()))
 
 
 def report(results: dict) -> None:

@@ -389,7 +389,7 @@ class CheckpointConfig:
     hf_shard_bytes: int = setting(
         5 * 1000**3,
         "The most bytes of tensors in each safetensors file of <run dir>/hf/ (a larger tensor goes "
-        "alone); transformers' own default, 5 GB.",
+        "alone); transformers' own default max_shard_size.",
     )
 
     def __post_init__(self):

@@ -5,9 +5,8 @@ generation_config.json) and, for a LoRA run, `<run>/peft/` (a PEFT adapter on th
 Host memory holds one tensor at a time: each is computed on the devices (a LoRA kernel merged
 there, then cast to the written dtype), gathered to the host, put in transformers' layout
 (`Transform.to_hf`) and written, before the next is touched. On a job of several processes every
-process takes part in every gather (a sharded array is first made replicated on its own mesh, a
-collective all of them run, in the same order), and only the first process copies the result to
-its host and writes; the others drop it.
+process takes part in every gather (jax's process_allgather, a collective all of them run, in the
+same order), and only the first process writes; the others drop the result.
 
 Keras' EinsumDense adapter of a q/k/v projection, A (.., heads, .., r) with B (r, head_dim), gives
 each head its own A and shares B between heads: over transformers' (heads * head_dim, hidden)
@@ -73,27 +72,14 @@ def is_writer() -> bool:
 
 
 def host_copy(array, writer: bool) -> np.ndarray | None:
-    """`array` whole on the host of the writer (None on the others). A sharded array split over
-    processes is first replicated on its own devices, a collective every process must run."""
-    import jax
-
-    if not (array.is_fully_addressable or array.is_fully_replicated):
-        array = jax.jit(lambda x: x, out_shardings=_replicated(array.sharding))(array)
-    if not writer:
-        return None
+    """`array` whole on the host of the writer (None on the others). An array split over processes
+    is gathered from all of them (jax's process_allgather, a collective every process must run)."""
     if array.is_fully_addressable:
-        return np.asarray(array)
-    return np.asarray(array.addressable_data(0))
+        return np.asarray(array) if writer else None
+    from jax.experimental import multihost_utils
 
-
-def _replicated(sharding):
-    from jax.sharding import NamedSharding, PartitionSpec
-
-    if isinstance(sharding, NamedSharding):
-        return sharding.update(spec=PartitionSpec())
-    from jax._src.sharding_impls import GSPMDSharding  # as multihost_utils.process_allgather does
-
-    return GSPMDSharding.get_replicated(sharding._device_assignment, memory_kind=sharding.memory_kind)
+    gathered = multihost_utils.process_allgather(array, tiled=True)
+    return gathered if writer else None
 
 
 def device_value(variable, adapter: Adapter | None, dtype: str):

@@ -199,6 +199,7 @@ def qwen3_arguments(config: HFConfig) -> dict:
 
 
 def _decoder_arguments(config: HFConfig) -> dict:
+    """The arguments every family's backbone takes alike (Gemma's doubles intermediate_dim)."""
     hidden, query, kv, _ = config.heads
     return {
         "vocabulary_size": config.require("vocab_size"),
@@ -390,16 +391,7 @@ def _gemma_common(config: HFConfig) -> dict:
             scalar,
             f"KerasHub's Gemma cannot express (valid: {head_dim} or {hidden // query})",
         )
-    return {
-        "vocabulary_size": config.require("vocab_size"),
-        "num_layers": config.require("num_hidden_layers"),
-        "num_query_heads": query,
-        "num_key_value_heads": kv,
-        "hidden_dim": hidden,
-        "head_dim": head_dim,
-        "query_head_dim_normalize": scalar == head_dim,
-        "layer_norm_epsilon": float(config.get("rms_norm_eps", 1e-6)),
-    }
+    return _decoder_arguments(config) | {"head_dim": head_dim, "query_head_dim_normalize": scalar == head_dim}
 
 
 def _gemma_activation(config: HFConfig) -> None:
