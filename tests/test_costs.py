@@ -272,3 +272,74 @@ def test_a_pipelined_step_counts_its_blocks_once_each_and_its_bubble_ticks_apart
     bubble = blocks_matmuls * (stages - 1) / (repeats * microbatches)
     assert bubble <= staged.bubble_flops_per_step <= 1.1 * bubble
     assert separate.bubble_flops_per_step is None
+
+
+def _figures(per_step, analytic, *, per_device=None, peak=989.4e12):
+    """The FLOPs figures of a step of `per_step` FLOPs by XLA's count (None: XLA gave none) and
+    `analytic` by the model's formula, 10 steps timed over 2 s on 8 devices of `peak` each."""
+    from meshrun.logs.timing import StepStats
+    from meshrun.run.collect import flops_figures
+    from meshrun.run.costs import StepCosts
+
+    costs = StepCosts(per_step, per_device, None, None, None, None, None, None, None, 0.0)
+    steps = StepStats(
+        compile_s=1.0, step_time_s=0.2, step_time_p90_s=0.2, steady_steps=10, throughput_s=2.0,
+        throughput_steps=10,
+    )  # fmt: skip
+    return flops_figures(
+        costs,
+        steps,
+        device_count=8,
+        peak=peak,
+        peak_source="table" if peak else None,
+        analytic=analytic,
+        analytic_formula="6·N·tokens" if analytic else None,
+        bubble_fraction=None,
+    )
+
+
+def _flops_row(figures, **metrics) -> str | None:
+    from meshrun.specs.metrics import RunMetrics
+
+    return dict(RunMetrics(status="ok", flops=figures, **metrics).summary()).get("flops")
+
+
+def test_xla_s_global_count_gives_the_rate_and_mfu_where_it_has_one():
+    figures = _figures(4e13, 3e13, per_device=5e12)
+    assert (figures.source, figures.per_step, figures.per_step_per_device) == ("xla", 4e13, 5e12)
+    assert figures.per_s == pytest.approx(2e14) and figures.mfu == pytest.approx(2e14 / (8 * 989.4e12))
+    assert figures.analytic_over_xla == pytest.approx(0.75)
+    assert _flops_row(figures) == "4e+13 per step (XLA), 2e+14/s; 6·N·tokens 3e+13; MFU 2.5%"
+    cpu = _figures(4e13, None, per_device=5e12, peak=None)
+    assert _flops_row(cpu) == "4e+13 per step (XLA), 2e+14/s; MFU n/a (no peak known)"
+
+
+def test_without_xla_s_count_the_rate_and_mfu_come_from_the_analytic_one_and_say_so():
+    """Under CUDA XLA gives no global count, and its count of the compiled program per device
+    misses the cuBLAS and cuDNN calls: it is left out."""
+    figures = _figures(None, 3e13, per_device=2e11)
+    assert (figures.source, figures.per_step, figures.per_step_per_device) == ("analytic", None, None)
+    assert figures.per_s == pytest.approx(1.5e14) and figures.mfu == pytest.approx(1.5e14 / (8 * 989.4e12))
+    assert figures.analytic_per_step == 3e13 and figures.analytic_over_xla is None
+    assert _flops_row(figures) == (
+        "6·N·tokens 3e+13 per step (analytic; XLA reports none on this platform), 1.5e+14/s; MFU 1.9%"
+    )
+
+
+def test_without_any_count_there_is_no_rate_and_the_summary_says_xla_reported_none():
+    figures = _figures(None, None, per_device=2e11)
+    assert (figures.source, figures.per_s, figures.mfu, figures.per_step_per_device) == (None,) * 4
+    assert _flops_row(figures) == "not reported by XLA on this platform"
+
+
+def test_a_run_whose_analysis_was_skipped_shows_the_analytic_rate_after_saying_so():
+    from meshrun.specs.metrics import TrainFigures
+
+    stopped = {"reason": "signal", "signal": "SIGTERM", "step": 40}
+    train = TrainFigures(stopped=stopped)
+    row = _flops_row(_figures(None, 3e13), skipped=["flops"], train=train)
+    assert row == (
+        "skipped (XLA's cost analysis, and the compiled memory estimate with it): SIGTERM received after "
+        "step 40; 6·N·tokens 3e+13 per step (analytic), 1.5e+14/s; MFU 1.9%"
+    )
+    assert _flops_row(_figures(None, None), skipped=["flops"], train=train).endswith("after step 40")

@@ -171,16 +171,20 @@ class FlopsFigures:
     analytic 6·N·tokens estimate of the language models ((4·N+2·T)·tokens when only T of the N
     parameters train, as under LoRA: frozen weights get no weight gradients). With pipeline stages,
     the step is counted with its blocks in turn (the same model's FLOPs with separate blocks), and
-    what the stages compute on the schedule's bubble ticks, thrown away, is apart (bubble_per_step)."""
+    what the stages compute on the schedule's bubble ticks, thrown away, is apart (bubble_per_step).
+    Where XLA gives no global count (under CUDA), the rate and MFU come from the analytic one."""
 
     per_step: float = figure()  # shown with the run (text.flops_text)
-    per_step_per_device: float = figure()  # None with pipeline stages: XLA counts the schedule's loops once
+    per_step_per_device: float = (
+        figure()
+    )  # None with pipeline stages (XLA counts the schedule's loops once) or without per_step (GPU)
     bubble_per_step: float = (
         figure()
     )  # pipeline stages: FLOPs of the bubble ticks, in neither per_step, per_s nor mfu
     bubble_fraction: float = (
         figure()
     )  # pipeline stages: the bubble ticks' share of a stage's ticks, (S-1)/(RM+S-1)
+    source: str = figure()  # the count per_s and mfu come from: "xla" (per_step), "analytic" or None
     per_s: float = figure()
     peak_per_device: float = figure()
     peak_source: str = figure()
