@@ -53,10 +53,12 @@ class Adapter:
 
 def adapters_by_kernel(backbone) -> dict[str, Adapter]:
     """The backbone's LoRA adapters by the path of the kernel they adapt."""
-    from meshrun.models.hub import adapted_layers
+    from meshrun.compat.keras import sublayers
 
     found = {}
-    for layer in adapted_layers(backbone):
+    for layer in sublayers(backbone):
+        if not getattr(layer, "lora_enabled", False):
+            continue
         layer_path = layer.lora_kernel_a.path.rsplit("/", 1)[0]
         found[f"{layer_path}/kernel"] = Adapter(
             layer.lora_kernel_a, layer.lora_kernel_b, layer.lora_alpha / layer.lora_rank
