@@ -432,7 +432,7 @@ uses(
 
 
 @contextlib.contextmanager
-def load_onto_shards(on_placed=None):
+def load_onto_shards(on_placed=None, every_weight_read: bool = False):
     """Where a model's weights are read from files under a distribution (from_preset), keeps every
     device at the bytes the layout gives it. While in force:
 
@@ -446,7 +446,12 @@ def load_onto_shards(on_placed=None):
       runs after each such placement (where loading peaks).
 
     Variables the files did not fill get their initializer's values when the block ends. Anything
-    else goes to Keras."""
+    else goes to Keras.
+
+    With `every_weight_read` (the caller assigns each variable inside the block: a transformers
+    checkpoint, meshrun.hf.load), a laid-out variable starts with no value at all, which Keras
+    allows while a model is traced for its shapes (it stands in zeros there, abstract ones), so no
+    zeros are made and copied onto the devices only to be replaced."""
     ensure("keras")
     from keras.src.backend.common.stateless_scope import in_stateless_scope
     from keras.src.backend.jax.core import JaxVariable
@@ -460,7 +465,10 @@ def load_onto_shards(on_placed=None):
         sharding = _sharding_of(variable)
         if sharding is None or in_stateless_scope():
             return keras_initialize(variable, initializer)
-        variable._value = _zeros_on_shards(tuple(variable.shape), sharding, variable._dtype)
+        if every_weight_read:
+            variable._value, variable._initializer = None, _abstract_zeros
+        else:
+            variable._value = _zeros_on_shards(tuple(variable.shape), sharding, variable._dtype)
         waiting[id(variable)] = (variable, initializer)
 
     def assign(variable, value):
@@ -470,7 +478,7 @@ def load_onto_shards(on_placed=None):
             return keras_assign(variable, value)
         old, variable._value = variable._value, None  # the old value goes first: the new one takes its place
         if (
-            zeros and sys.getrefcount(old) <= 2
+            zeros and old is not None and sys.getrefcount(old) <= 2
         ):  # our zeros, held by nothing else (`old`, the call's argument)
             old.delete()  # at once: dropping the last reference frees the buffers later, beside the new ones
         del old
@@ -491,6 +499,13 @@ def load_onto_shards(on_placed=None):
             del JaxVariable.assign
     for variable, initializer in waiting.values():
         keras_initialize(variable, initializer)
+
+
+def _abstract_zeros(shape, dtype=None):
+    """What a variable without a value stands for while Keras traces a model for its shapes."""
+    import jax
+
+    return jax.numpy.zeros(shape, dtype)
 
 
 def _sharding_of(variable):

@@ -66,7 +66,7 @@ def build_task(checkpoint: HFCheckpoint, load_weights: bool, dtype: str | None =
     reader = safetensors.SliceReader()
     if not load_weights:
         return task_cls(backbone=backbone_cls(**arguments), preprocessor=None, compile=False), 0
-    with load_onto_shards(on_placed=on_placed):
+    with load_onto_shards(on_placed=on_placed, every_weight_read=True):
         backbone = backbone_cls(**arguments)
         fill(backbone, checkpoint, reader)
     reader.close()
