@@ -247,3 +247,29 @@ def test_a_broken_checkpoint_is_one_line_with_exit_2_and_nothing_written(
     line = error_line_here(["train", "model=keras_hub", f"model.preset={preset}", "mesh=2x4"], capsys)
     assert line.startswith("meshrun: error: model.preset: got ") and expected in line, line
     assert list(in_tmp.iterdir()) == []
+
+
+def test_model_dtype_sets_a_kerashub_backbones_dtype_too(tmp_path, fresh_session):
+    from meshrun.config.parse import parse_run_config
+    from meshrun.models import hub
+
+    raw = {
+        "model": {
+            "name": "keras_hub",
+            "task": "LlamaCausalLM",
+            "backbone": {
+                "vocabulary_size": 64,
+                "num_layers": 1,
+                "num_query_heads": 2,
+                "num_key_value_heads": 1,
+                "hidden_dim": 16,
+                "intermediate_dim": 32,
+            },
+            "seq_len": 8,
+            "dtype": "bfloat16",
+        },
+        "data": {"name": "synthetic", "num_samples": 16, "eval_samples": 16},
+        "mesh": {"shape": "8"},
+    }
+    task = hub.build(parse_run_config(raw).model.options)
+    assert {w.dtype for w in task.weights} == {"bfloat16"}

@@ -167,8 +167,8 @@ class KerasHubOptions:
     )
     dtype: str | None = setting(
         None,
-        "The variables' dtype: float32, bfloat16 or float16; null: a transformers checkpoint's own "
-        "(config.json), else Keras' policy (train.precision).",
+        "The backbone's dtype: float32, bfloat16 or float16; null: a transformers checkpoint's own "
+        "(config.json), a KerasHub preset's own, else Keras' policy (train.precision).",
     )
     lora: LoraOptions = setting(
         doc="LoRA fine-tuning (model.lora.<key>): only the adapters train; checkpoint.export=true also "
@@ -179,6 +179,12 @@ class KerasHubOptions:
     def __post_init__(self):
         if self.dtype is not None and self.dtype not in VARIABLE_DTYPES:
             raise ConfigError("model.dtype", f"got {self.dtype!r}; valid: {one_of(VARIABLE_DTYPES)}, or null")
+        if self.dtype is not None and "dtype" in self.backbone:
+            raise ConfigError(
+                "model.dtype",
+                f"got {self.dtype!r} beside model.backbone.dtype={self.backbone['dtype']!r}; "
+                "give one of them",
+            )
         if self.preset:
             _check_preset(self.preset)
         if self.seq_len is None:
@@ -390,12 +396,14 @@ def _build_task(options: KerasHubOptions, load_weights: bool):
                 preprocessor=None,
                 compile=False,
                 load_weights=load_weights,
+                **({"dtype": options.dtype} if options.dtype else {}),
             )
     backbone_cls = task.backbone_cls
     name = backbone_cls.__name__
     user_code.check_kwargs("model.backbone", backbone_cls, name, options.backbone, passed_on=LAYER_KEYWORDS)
-    arguments = ", ".join(f"{k}={v!r}" for k, v in options.backbone.items())
-    backbone = user_code.call("model.backbone", f"{name}({arguments})", backbone_cls, **options.backbone)
+    given = {**options.backbone, **({"dtype": options.dtype} if options.dtype else {})}
+    arguments = ", ".join(f"{k}={v!r}" for k, v in given.items())
+    backbone = user_code.call("model.backbone", f"{name}({arguments})", backbone_cls, **given)
     return task(backbone=backbone, preprocessor=None, compile=False)
 
 
