@@ -93,7 +93,7 @@ def _inspect(path: Path, source: str, _stamp) -> HFCheckpoint:
     dtype = config.dtype
     tensors = tuple(family.tensors(arguments, config))
     files, entries = _weight_entries(path, source)
-    _check_tensors(tensors, entries, config, source)
+    _check_tensors(tensors, entries, config, family.backbone, source)
     _check_tokenizer_files(path, source)
     tokenizer_files = tuple(name for name in TOKENIZER_FILES if (path / name).is_file())
     return HFCheckpoint(path, config, family, arguments, dtype, tensors, entries, files, tokenizer_files)
@@ -148,7 +148,9 @@ def _weight_entries(path: Path, source: str) -> tuple[tuple[str, ...], dict]:
     return files, entries
 
 
-def _check_tensors(tensors: tuple[TensorMap, ...], entries: dict, config: HFConfig, source: str) -> None:
+def _check_tensors(
+    tensors: tuple[TensorMap, ...], entries: dict, config: HFConfig, backbone: str, source: str
+) -> None:
     """Every tensor the config implies is there with the shape it implies, and every tensor there
     fills a variable."""
     for tensor in tensors:
@@ -175,12 +177,8 @@ def _check_tensors(tensors: tuple[TensorMap, ...], entries: dict, config: HFConf
         raise ConfigError(
             KEY,
             f"got {source!r}, whose tensor {name!r} (shape {list(entry.shape)}) has no place in KerasHub's "
-            f"{_family_backbone(config)}: meshrun cannot load it exactly",
+            f"{backbone}: meshrun cannot load it exactly",
         )
-
-
-def _family_backbone(config: HFConfig) -> str:
-    return families.family_of(config).backbone
 
 
 def _check_tokenizer_files(path: Path, source: str) -> None:

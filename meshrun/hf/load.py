@@ -1,8 +1,9 @@
 """A transformers checkpoint as a KerasHub causal LM (`build_task`), each variable read from the
 safetensors files a device's slice at a time, straight onto that device.
 
-The backbone is built under meshrun.compat.keras.load_onto_shards, so variables with a layout
-start as zeros on their shards (no initializer runs), and each is then assigned a `TensorSource`:
+The backbone is built under meshrun.compat.keras.load_onto_shards(every_weight_read=True), so
+variables with a layout start without a value (no initializer runs, no zeros are made), and each is
+then assigned a `TensorSource`:
 an array-like whose slices are read from the file through the tensor's transform, which the
 assignment asks for once per distinct slice this process's devices hold. A process therefore reads
 only its own devices' slices, and the host holds one slice at a time.
@@ -63,9 +64,9 @@ def build_task(checkpoint: HFCheckpoint, load_weights: bool, dtype: str | None =
     backbone_cls = getattr(keras_hub.models, checkpoint.family.backbone)
     task_cls = getattr(keras_hub.models, checkpoint.family.task)
     arguments = dict(checkpoint.arguments, dtype=variable_dtype(checkpoint, dtype))
-    reader = safetensors.SliceReader()
     if not load_weights:
         return task_cls(backbone=backbone_cls(**arguments), preprocessor=None, compile=False), 0
+    reader = safetensors.SliceReader()
     with load_onto_shards(on_placed=on_placed, every_weight_read=True):
         backbone = backbone_cls(**arguments)
         fill(backbone, checkpoint, reader)

@@ -256,8 +256,9 @@ def task_name(options: KerasHubOptions) -> str:
     (GemmaBackbone: GemmaCausalLM)."""
     if options.task or not options.preset:
         return options.task
-    if transformers_checkpoint(options) is not None:
-        return transformers_checkpoint(options).family.task
+    checkpoint = transformers_checkpoint(options)
+    if checkpoint is not None:
+        return checkpoint.family.task
     saved = _preset_file(options.preset, "task.json").get("class_name")
     if saved:
         return saved
