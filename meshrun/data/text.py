@@ -22,7 +22,9 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import gc
+import hashlib
 import logging
 import sys
 import time
@@ -43,6 +45,7 @@ from meshrun.wording import counted, format_bytes, one_of
 
 log = logging.getLogger("meshrun")
 
+FORMATS = ("text", "chat")
 EVAL_SPLIT_SEED = 0  # the held-out examples do not change with train.seed
 TOKEN_INPUTS = ("padding_mask", "token_ids")
 
@@ -78,7 +81,25 @@ class TextOptions:
         None, "A preset dir or a Hugging Face tokenizer.json; null: model.preset's."
     )
     end_token: str | None = setting(None, "The end token; null: the tokenizer's own.")
-    too_long: str = setting("drop", "drop or error, for an example longer than a row.")
+    too_long: str = setting(
+        "drop",
+        "drop or error, for an example longer than a row; truncate (data.format=chat): drop whole "
+        "earliest exchanges after the system prompt until it fits.",
+    )
+    format: str = setting(
+        "text",
+        "text: plain text or prompt/completion records; chat: .jsonl records of messages [{role, "
+        "content}], rendered by the model's chat template, the loss on the assistant's turns.",
+    )
+    train_on: str = setting(
+        "all_assistant",
+        "data.format=chat: the assistant turns the loss counts, all_assistant or last_assistant.",
+    )
+    chat_template: str | None = setting(
+        None,
+        "data.format=chat: a Jinja chat template file, or a built-in's name (gemma, llama3, chatml); "
+        "null: the model's own, else the built-in its tokenizer's turn markers call for.",
+    )
     cache_dir: str | None = setting(None, "Where tokens are cached; null: $XDG_CACHE_HOME/meshrun/tokens.")
     shuffle: bool = setting(True, "Shuffle the training rows each epoch.")
 
@@ -113,6 +134,7 @@ class TextOptions:
             )
         if self.too_long not in examples.TOO_LONG:
             raise ConfigError("data.too_long", f"got {self.too_long!r}; valid: {one_of(examples.TOO_LONG)}")
+        self._check_chat()
         if self.separator is not None:  # the command line cannot carry a newline: \n, \t and \r mean them
             object.__setattr__(
                 self,
@@ -126,8 +148,38 @@ class TextOptions:
                 "(e.g. '\\n\\n') or null (a file is one document)",
             )
 
+    def _check_chat(self) -> None:
+        """One line for a chat setting without data.format=chat, or a text setting with it."""
+        from meshrun.text.chat import TRAIN_ON
+
+        if self.format not in FORMATS:
+            raise ConfigError("data.format", f"got {self.format!r}; valid: {one_of(FORMATS)}")
+        if self.train_on not in TRAIN_ON:
+            raise ConfigError("data.train_on", f"got {self.train_on!r}; valid: {one_of(TRAIN_ON)}")
+        chat = self.format == "chat"
+        if chat and self.prompt is not None:
+            raise ConfigError(
+                "data.prompt",
+                "is set with data.format=chat, which renders records with the chat template; "
+                "leave data.prompt and data.completion unset",
+            )
+        for key, value, default in (
+            ("train_on", self.train_on, "all_assistant"),
+            ("chat_template", self.chat_template, None),
+            ("too_long", self.too_long if self.too_long == "truncate" else None, None),
+        ):
+            if not chat and value != default:
+                raise ConfigError(
+                    f"data.{key}", f"got {value!r}, which applies to conversations only: set data.format=chat"
+                )
+
     @property
-    def format(self) -> corpus.CorpusFormat:
+    def chat(self) -> bool:
+        """Whether the records are conversations (data.format=chat)."""
+        return self.format == "chat"
+
+    @property
+    def corpus_format(self) -> corpus.CorpusFormat:
         return corpus.CorpusFormat(
             separator=self.separator, field=self.field, prompt=self.prompt, completion=self.completion
         )
@@ -135,7 +187,7 @@ class TextOptions:
     @property
     def packs(self) -> bool:
         """Whether examples are packed into rows: data.packing, by default for plain text only."""
-        return self.packing if self.packing is not None else self.prompt is None
+        return self.packing if self.packing is not None else (self.prompt is None and not self.chat)
 
 
 def _patterns(value, key: str) -> tuple[str, ...]:
@@ -161,9 +213,10 @@ class Tokenized:
 def load(options: TextOptions, context: DataContext) -> pipeline.Datasets:
     """Tokenizes the corpus (or reads its tokens from the cache) and batches its rows."""
     seq_len, vocabulary = _model_shape(context)
-    tokenizer = _tokenizer(options, context, vocabulary)
+    tokenizer, source, key = _tokenizer(options, context, vocabulary)
     framing = framing_for(options, tokenizer)
-    tokenized = tokenize_cached(options, tokenizer, framing, seq_len, context.shared_caches)
+    chat = chat_format(options, tokenizer, source, key) if options.chat else None
+    tokenized = tokenize_cached(options, tokenizer, framing, seq_len, context.shared_caches, chat)
     meta = tokenized.meta
     train, evaluation = _split(tokenized.arrays, "train"), _split(tokenized.arrays, "eval")
     eval_source = meta["eval_source"]
@@ -226,6 +279,16 @@ def load(options: TextOptions, context: DataContext) -> pipeline.Datasets:
             "eval_rows": eval_rows,
             "eval_source": eval_source,
             "dropped_too_long": meta["train"]["dropped"] + meta.get("eval", {}).get("dropped", 0),
+            **(
+                {
+                    "format": "chat",
+                    "chat_template_used": chat.description,
+                    "truncated_too_long": meta["train"]["truncated"]
+                    + meta.get("eval", {}).get("truncated", 0),
+                }
+                if chat is not None
+                else {}
+            ),
         },
     )
 
@@ -246,7 +309,8 @@ def _model_shape(context: DataContext) -> tuple[int, int]:
 
 def _tokenizer(options: TextOptions, context: DataContext, vocabulary: int):
     """The tokenizer of data.tokenizer, else the preset's (its check's verdict kept in the token
-    cache); one with more ids than the model has is a ConfigError."""
+    cache), where it came from and the key that named it; one with more ids than the model has is
+    a ConfigError."""
     from meshrun.text.tokenizer import check_fits_vocabulary, load_tokenizer, tokenizer_source
 
     source, key = tokenizer_source(
@@ -254,7 +318,21 @@ def _tokenizer(options: TextOptions, context: DataContext, vocabulary: int):
     )
     tokenizer = load_tokenizer(source, key, options.cache_dir, context.shared_caches)
     check_fits_vocabulary(tokenizer, source, key, vocabulary)
-    return tokenizer
+    return tokenizer, source, key
+
+
+def chat_format(options: TextOptions, tokenizer, source: str, key: str):
+    """How conversations are rendered and tokenized (meshrun.text.chat.ChatFormat): with
+    data.chat_template, else the template beside the tokenizer at `source` (named by `key`), else
+    the built-in one its turn markers call for."""
+    from meshrun.text.chat import load_chat
+
+    chat = load_chat(tokenizer, source, options.chat_template, key)
+    log.info(
+        f"conversations rendered by {chat.description}, "
+        f"the loss on {options.train_on.replace('_', ' ')} turns"
+    )
+    return chat
 
 
 def framing_for(options: TextOptions, tokenizer) -> examples.Framing:
@@ -283,23 +361,29 @@ def framing_for(options: TextOptions, tokenizer) -> examples.Framing:
 
 
 def tokenize_cached(
-    options: TextOptions, tokenizer, framing: examples.Framing, seq_len: int, shared: bool = False
+    options: TextOptions, tokenizer, framing: examples.Framing, seq_len: int, shared: bool = False, chat=None
 ) -> Tokenized:
     """The corpus's token rows from the cache, tokenized and written there first on a miss; the
-    cache dir must be writable by its owner alone (by its group too when `shared`)."""
+    cache dir must be writable by its owner alone (by its group too when `shared`). `chat`: the
+    ChatFormat of data.format=chat."""
     files = corpus.expand(options.files, "data.files")
     eval_files = corpus.expand(options.eval_files, "data.eval_files")
     settings = {
         "files": [str(f) for f in files],
         "eval_files": [str(f) for f in eval_files],
         "eval_fraction": options.eval_fraction,
-        "format": vars(options.format),
+        "format": vars(options.corpus_format),
         "packing": options.packs,
         "too_long": options.too_long,
         "seq_len": seq_len,
         "framing": vars(framing),
         "tokenizer": tokenizer.fingerprint,
     }
+    if chat is not None:  # only then: text caches keep their keys
+        settings["chat"] = {
+            "template": hashlib.sha256(chat.template.text.encode()).hexdigest(),
+            "train_on": options.train_on,
+        }
     root = private_dir(
         cache.root(options.cache_dir), "data.cache_dir", shared, what="the tokens a run trains on"
     )
@@ -307,7 +391,7 @@ def tokenize_cached(
     meta = cache.find(directory)
     hit = meta is not None
     if not hit:
-        arrays, meta = _tokenize(options, tokenizer, framing, seq_len, files, eval_files)
+        arrays, meta = _tokenize(options, tokenizer, framing, seq_len, files, eval_files, chat)
         cache.write(directory, arrays, meta)
         meta = cache.find(directory)
     else:
@@ -323,12 +407,12 @@ def tokenize_cached(
 
 
 def _tokenize(
-    options: TextOptions, tokenizer, framing: examples.Framing, seq_len: int, files, eval_files
+    options: TextOptions, tokenizer, framing: examples.Framing, seq_len: int, files, eval_files, chat=None
 ) -> tuple[dict, dict]:
     """Reads and tokenizes the corpus into train (and eval) rows; returns the arrays and their metadata."""
     started = time.perf_counter()
     with collection_paused():
-        return _tokenize_all(options, tokenizer, framing, seq_len, files, eval_files, started)
+        return _tokenize_all(options, tokenizer, framing, seq_len, files, eval_files, started, chat)
 
 
 @contextlib.contextmanager
@@ -353,18 +437,26 @@ def _tokenize_all(
     files,
     eval_files,
     started: float,
+    chat=None,
 ) -> tuple[dict, dict]:
-    train = corpus.read_examples(files, options.format, "data.files")
-    held_out = corpus.read_examples(eval_files, options.format, "data.eval_files") if eval_files else []
+    if chat is not None:
+        train = corpus.read_conversations(files, "data.files")
+        held_out = corpus.read_conversations(eval_files, "data.eval_files") if eval_files else []
+    else:
+        train = corpus.read_examples(files, options.corpus_format, "data.files")
+        held_out = (
+            corpus.read_examples(eval_files, options.corpus_format, "data.eval_files") if eval_files else []
+        )
     source = f"{one_of([str(f) for f in eval_files])}" if eval_files else None
     if options.eval_fraction:
         train, held_out = _hold_out(train, options.eval_fraction)
         source = f"{options.eval_fraction:.0%} of the examples ({len(held_out)})"
-    total_bytes = sum(len(e.prompt) + len(e.text) for e in train + held_out)
+    total_bytes = sum(_text_bytes(e) for e in train + held_out)
+    rows_of = functools.partial(_chat_rows, chat=chat) if chat is not None else _rows
     with TokenizingProgress(total_bytes, tokenizer.description) as advance:
-        parts = {"train": _rows(train, tokenizer, framing, seq_len, options, advance)}
+        parts = {"train": rows_of(train, tokenizer, framing, seq_len, options, advance)}
         if held_out:
-            parts["eval"] = _rows(held_out, tokenizer, framing, seq_len, options, advance)
+            parts["eval"] = rows_of(held_out, tokenizer, framing, seq_len, options, advance)
     arrays, meta = {}, {"eval_source": source, "tokenizer": tokenizer.description}
     for part, rows in parts.items():
         arrays.update(
@@ -376,9 +468,18 @@ def _tokenize_all(
             "trained_tokens": rows.trained_tokens,
             "padding_fraction": round(rows.padding_fraction, 6),
             "dropped": rows.dropped,
+            "truncated": rows.truncated,
         }
+        noun = f"{part} conversation" if chat is not None else f"{part} example"
         if rows.dropped:
-            _warn_dropped(rows, f"{part} example", meta[part]["examples"], seq_len)
+            _warn_dropped(rows, noun, meta[part]["examples"], seq_len, options.too_long)
+        if rows.truncated:
+            one = rows.truncated == 1
+            log.warning(
+                f"data.too_long=truncate: {rows.truncated:,} of the {counted(meta[part]['examples'], noun)} "
+                f"{'was' if one else 'were'} longer than model.seq_len + 1 = {seq_len + 1} tokens and lost "
+                "their earliest exchanges to fit"
+            )
     seconds = time.perf_counter() - started
     log.info(
         f"tokenized {format_bytes(total_bytes)} of text into {meta['train']['trained_tokens']:,} training "
@@ -388,11 +489,12 @@ def _tokenize_all(
     return arrays, meta
 
 
-def _warn_dropped(rows: examples.Rows, noun: str, count: int, seq_len: int) -> None:
+def _warn_dropped(rows: examples.Rows, noun: str, count: int, seq_len: int, too_long: str = "drop") -> None:
     """Says how many of `count` examples (`noun`: what they are) were too long for a row and left out."""
     one = rows.dropped == 1
     log.warning(
-        f"data.too_long=drop: {rows.dropped:,} of the {counted(count, noun)} {'makes' if one else 'make'} "
+        f"data.too_long={too_long}: {rows.dropped:,} of the {counted(count, noun)} "
+        f"{'makes' if one else 'make'} "
         f"more than model.seq_len + 1 = {seq_len + 1} tokens and {'was' if one else 'were'} left out (the "
         f"first: {rows.first_dropped}); raise model.seq_len to keep {'it' if one else 'them'}"
     )
@@ -425,6 +527,40 @@ def _rows(items: list, tokenizer, framing, seq_len: int, options: TextOptions, a
             "data.files",
             f"the text makes no row of model.seq_len + 1 = {seq_len + 1} tokens "
             f"({counted(len(items), 'example')}{_too_long(rows.dropped, len(items))})",
+        )
+    return rows
+
+
+def _text_bytes(item) -> int:
+    """The characters of an example, or of a conversation's turns."""
+    if isinstance(item, corpus.Example):
+        return len(item.prompt) + len(item.text)
+    return sum(len(turn["content"]) for turn in item.messages)
+
+
+def _chat_rows(
+    items: list, tokenizer, framing, seq_len: int, options: TextOptions, advance, chat
+) -> examples.Rows:
+    """The rows of conversations: each rendered and tokenized by `chat` with its weights, too long
+    ones truncated, dropped or an error as data.too_long says, then packed or padded."""
+    kept, dropped = chat.fit(items, seq_len + 1, options.too_long, options.train_on)
+    advance(sum(_text_bytes(c) for c in items))
+    first = dropped[0] if dropped else None
+    rows = examples.weighted_rows(
+        [e.ids for e in kept],
+        [e.weights for e in kept],
+        seq_len,
+        options.packs,
+        framing.pad,
+        dropped=len(dropped),
+        first_dropped=first.where if first is not None else None,
+        truncated=sum(e.truncated for e in kept),
+    )
+    if not len(rows.lengths):
+        raise ConfigError(
+            "data.files",
+            f"the conversations make no row of model.seq_len + 1 = {seq_len + 1} tokens "
+            f"({counted(len(items), 'conversation')}{_too_long(rows.dropped, len(items))})",
         )
     return rows
 
@@ -486,7 +622,23 @@ def _split(arrays: dict, part: str) -> tuple | None:
 
 
 def notes(options: TextOptions) -> list[str]:
-    """What packing (or not) means for attention, as `meshrun plan` says it."""
+    """What packing (or not) means for attention, and for conversations what the loss counts, as
+    `meshrun plan` says it."""
+    return _chat_notes(options) + _packing_notes(options)
+
+
+def _chat_notes(options: TextOptions) -> list[str]:
+    if not options.chat:
+        return []
+    template = options.chat_template or "the model's own chat template (else a built-in one)"
+    return [
+        f"data.format=chat renders each conversation with {template}; the loss counts the text of "
+        f"{'every assistant turn' if options.train_on == 'all_assistant' else 'the last assistant turn'} "
+        "and its end-of-turn token, nothing else"
+    ]
+
+
+def _packing_notes(options: TextOptions) -> list[str]:
     if options.packs:
         return [
             "data=text packs examples (data.packing=true): they are joined with the end token and cut into "

@@ -123,6 +123,30 @@ def read_examples(files: tuple[Path, ...], corpus: CorpusFormat, key: str) -> li
     return examples
 
 
+def read_conversations(files: tuple[Path, ...], key: str) -> list:
+    """Every conversation of `files` (JSONL records of `messages`: meshrun.text.chat), in file
+    order; a plain-text file, a bad record or no record at all is a ConfigError on `key`."""
+    from meshrun.text.chat import conversation_of
+
+    conversations = []
+    for path in files:
+        if path.suffix not in RECORD_SUFFIXES:
+            raise ConfigError(
+                key,
+                f"got {str(path)!r}, plain text; data.format=chat reads .jsonl records "
+                '{"messages": [{"role": ..., "content": ...}, ...]}',
+            )
+        for number, line in enumerate(_read_text(path, key).splitlines(), start=1):
+            if line.strip():
+                where = f"{path}:{number}"
+                conversations.append(conversation_of(_parse_record(line, where, key), where, key))
+    if not conversations:
+        raise ConfigError(
+            key, f"{one_of([repr(str(f)) for f in files])} hold no conversation: only blank lines"
+        )
+    return conversations
+
+
 def read_texts(files: tuple[Path, ...], key: str) -> list[str]:
     """All the text of `files`, to train a tokenizer on: a plain-text file whole, and every string
     field of every JSONL record (an instruction and its response alike), in file order; a ConfigError
@@ -199,8 +223,9 @@ def _parse_record(line: str, where: str, key: str = "data.files") -> dict:
 
 def _field(record: dict, field: str, where: str) -> str:
     if field not in record:
+        chat = "; records of messages are read with data.format=chat" if "messages" in record else ""
         raise ConfigError(
-            "data.field", f"got {field!r}, which {where} lacks; its fields: {one_of(sorted(record))}"
+            "data.field", f"got {field!r}, which {where} lacks; its fields: {one_of(sorted(record))}{chat}"
         )
     value = record[field]
     if not isinstance(value, str):

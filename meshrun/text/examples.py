@@ -29,7 +29,7 @@ import numpy as np
 from meshrun.errors import ConfigError
 from meshrun.text.corpus import Example
 
-TOO_LONG = ("drop", "error")
+TOO_LONG = ("drop", "error", "truncate")  # truncate: conversations only (meshrun.text.chat)
 ENCODE_CHUNK_BYTES = (
     1 << 20
 )  # texts encoded per call: enough for the tokenizer's threads (scripts/bench_tokenize.py)
@@ -57,6 +57,7 @@ class Rows:
     weights: np.ndarray
     dropped: int = 0
     first_dropped: str | None = None
+    truncated: int = 0  # conversations that lost their earliest exchanges to fit (data.too_long=truncate)
 
     @property
     def trained_tokens(self) -> int:
@@ -167,6 +168,24 @@ def to_rows(
         f"{examples[int(np.argmin(keep))].where} ({int(sizes[np.argmin(keep)])} tokens)" if dropped else None
     )
     return Rows(*rows, dropped=dropped, first_dropped=first_dropped)
+
+
+def weighted_rows(ids: list, weights: list, seq_len: int, packing: bool, pad: int, **counts) -> Rows:
+    """The rows of examples given as ids and a weight per id (conversations: meshrun.text.chat),
+    each at most seq_len + 1 ids: packed end to end, or one a row, right-padded with `pad`.
+    `counts`: Rows' dropped, first_dropped and truncated."""
+    if not ids:
+        return Rows(*_empty(seq_len), **counts)
+    sizes = np.fromiter(map(len, ids), np.int64, count=len(ids))
+    stream = np.concatenate(ids).astype(np.int32)
+    stream_weights = np.concatenate(weights).astype(np.uint8)
+    offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
+    rows = (
+        _packed(stream, stream_weights, seq_len)
+        if packing
+        else _padded(stream, stream_weights, offsets, sizes, seq_len, pad)
+    )
+    return Rows(*rows, **counts)
 
 
 def _start(framing: Framing) -> np.ndarray:

@@ -63,6 +63,7 @@ HF_END_TOKENS = ("<|end_of_text|>", "<|endoftext|>", "</s>", "<eos>", "<|im_end|
 HF_START_TOKENS = ("<|begin_of_text|>", "<s>", "<bos>")
 HF_PAD_TOKENS = ("<pad>",)
 HF_TOKENIZER_CONFIG_FILE = "tokenizer_config.json"  # names the end and pad tokens where it is beside
+HF_GENERATION_CONFIG_FILE = "generation_config.json"  # names the ids a model stops at where it is beside
 
 # Texts the fast encoder and KerasHub's own must encode alike (each one apart, and as one batch).
 PROBE_TEXTS = (
@@ -103,6 +104,7 @@ class TextTokenizer:
         end_id: int | None,
         pad_id: int,
         fingerprint: str,
+        stop_ids: tuple[int, ...] = (),
     ):
         self._encoder = encoder
         self.description = description  # one line for logs and metrics.json
@@ -112,6 +114,8 @@ class TextTokenizer:
         self.end_id = end_id
         self.pad_id = pad_id
         self.fingerprint = fingerprint  # sha256 over the bytes of the tokenizer's files
+        # the ids generation stops at: the end token, then any other the model's files name
+        self.stop_ids = tuple(dict.fromkeys(([] if end_id is None else [end_id]) + list(stop_ids)))
 
     def encode(self, texts: Sequence[str]) -> list[np.ndarray]:
         """The int32 ids of each text, no special tokens added; many texts are encoded on every core."""
@@ -134,6 +138,15 @@ class TextTokenizer:
     def token_id(self, token: str) -> int | None:
         """The id of a token string such as "<eos>", None if the tokenizer has no such token."""
         return self._encoder.token_id(token)
+
+    def token_text(self, token_id: int) -> str:
+        """The string of one id as the tokenizer's vocabulary writes it ("<eos>", "▁the", "Ġthe")."""
+        return self._encoder.token_text(int(token_id))
+
+    def special_tokens(self) -> dict[str, int]:
+        """The tokenizer's special tokens by their text (control and added tokens: "<bos>",
+        "<|eot_id|>", "<start_of_turn>"): text that holds one stands for that id alone."""
+        return self._encoder.special_tokens()
 
     def __repr__(self) -> str:
         return f"TextTokenizer({self.description}, backend={self.backend})"
@@ -266,7 +279,24 @@ def _load_hugging_face(file: Path, model_type: str, source, key: str) -> TextTok
         end_id=end,
         pad_id=pad if pad is not None else (end if end is not None else 0),
         fingerprint=fingerprint_files(file.parent, [file]),
+        stop_ids=_model_stop_ids(file.parent),
     )
+
+
+def _model_stop_ids(folder: Path) -> tuple[int, ...]:
+    """The ids a transformers model stops generating at, as its generation_config.json (else its
+    config.json) beside the tokenizer names them (`eos_token_id`: an id or a list); () without."""
+    for name in (HF_GENERATION_CONFIG_FILE, PRESET_CONFIG_FILE):
+        try:
+            config = json.loads((folder / name).read_text())
+        except (OSError, ValueError):
+            continue
+        value = config.get("eos_token_id") if isinstance(config, dict) else None
+        ids = value if isinstance(value, list) else [value]
+        found = tuple(int(i) for i in ids if isinstance(i, int) and not isinstance(i, bool))
+        if found:
+            return found
+    return ()
 
 
 def _named_special_tokens(file: Path) -> dict[str, str]:
@@ -313,6 +343,12 @@ class HuggingFaceEncoder:
 
     def token_id(self, token: str) -> int | None:
         return self.tokenizer.token_to_id(token)
+
+    def token_text(self, token_id: int) -> str:
+        return self.tokenizer.id_to_token(token_id) or ""
+
+    def special_tokens(self) -> dict[str, int]:
+        return {added.content: int(i) for i, added in self.tokenizer.get_added_tokens_decoder().items()}
 
 
 # --- KerasHub presets ------------------------------------------------------------------------------
@@ -568,6 +604,26 @@ class SentencePieceEncoder:
         found = self.processor.piece_to_id(token)  # the unknown token's id for a piece it lacks
         return found if self.processor.id_to_piece(found) == token else None
 
+    def token_text(self, token_id: int) -> str:
+        return self.processor.id_to_piece(token_id)
+
+    def special_tokens(self) -> dict[str, int]:
+        """Control pieces (<bos>, <eos>: never read from text) and the user-defined ones written
+        as markers (<start_of_turn>), which the model proto alone tells apart: a piece in angle
+        brackets, not a byte, that text encodes to as one id."""
+        processor, found = self.processor, {}
+        for i in range(processor.get_piece_size()):
+            piece = processor.id_to_piece(i)
+            if processor.is_control(i) or (
+                piece.startswith("<")
+                and piece.endswith(">")
+                and not processor.is_byte(i)
+                and not processor.is_unknown(i)
+                and processor.encode(piece) == [i]
+            ):
+                found[piece] = i
+        return found
+
 
 class KerasHubGraphEncoder:
     """Encodes with a KerasHub tokenizer layer as tf.data runs it (a TensorFlow graph): the
@@ -613,3 +669,13 @@ class KerasHubGraphEncoder:
             return found if self.layer.id_to_token(found) == token else None
         except (ValueError, KeyError, IndexError):
             return None
+
+    def token_text(self, token_id: int) -> str:
+        return str(self.layer.id_to_token(token_id))
+
+    def special_tokens(self) -> dict[str, int]:
+        names = [
+            *getattr(self.layer, "special_tokens", []),
+            *(getattr(self.layer, "unsplittable_tokens", None) or []),
+        ]
+        return {name: found for name in names if (found := self.token_id(name)) is not None}
