@@ -212,8 +212,9 @@ def _turn(role: str, content: str) -> dict:
 
 def sentencepiece_proto(text: str, vocabulary_size: int = VOCABULARY_SIZE) -> bytes:
     """A SentencePiece model (serialized proto) trained on the lines of `text`, set up as Gemma's:
-    pad=0, eos=1, bos=2, unk=3, BPE with byte fallback, digits split, no whitespace normalisation
-    and no dummy prefix (so decoding gives back the text exactly)."""
+    pad=0, eos=1, bos=2, unk=3, the turn markers <start_of_turn>=4 and <end_of_turn>=5 (one id
+    wherever they occur), BPE with byte fallback, digits split, no whitespace normalisation and no
+    dummy prefix (so decoding gives back the text exactly)."""
     return tokenizer_training.sentencepiece_proto(
         [text], vocabulary_size, tokenizer_training.GEMMA_SENTENCEPIECE, KEY
     )
