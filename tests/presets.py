@@ -6,7 +6,8 @@ GPT-2 and Llama 3, around a tiny causal LM with random weights, written with `sa
 the tests' sizes: vocabulary 512, 2 layers, hidden size 64, 4 query heads, sequence length 64.
 Here also a Mistral with a Tekken tokenizer, which `meshrun preset` does not make. Each takes a
 second or two. `hf_tokenizer_json` writes a Hugging Face tokenizer.json alone.
-`corpus_text` and `instruction_records` are the texts to train on. Everything is deterministic:
+`corpus_text`, `instruction_records` and `chat_records` are the texts to train on
+(`held_out_chat` a conversation to test a chat model on). Everything is deterministic:
 the same arguments give byte-identical tokenizer files and the same weights. Keras runs on jax
 (tests/conftest.py sets it); models are built with no distribution.
 """
@@ -145,7 +146,65 @@ def _reverse_record(rng: random.Random) -> dict:
 
 def _colour_record(rng: random.Random) -> dict:
     thing = rng.choice(sorted(COLOUR_OF))
-    return {"instruction": f"What colour is {thing}?", "response": COLOUR_OF[thing]}
+    return {"instruction": _colour_question(thing), "response": COLOUR_OF[thing]}
+
+
+SYSTEM_PROMPTS = ("You answer in one word.", "Name the colour.")
+EXCHANGES = 3  # user/assistant exchanges in each chat record
+# The held-out conversation: its questions are trained, their order here never is (chat_records skips it).
+HELD_OUT_THINGS = ("grass", "coal", "the sky")
+
+
+def chat_records(n: int, seed: int = 0, system: bool = True) -> list[dict]:
+    """`n` conversations a tiny chat model can learn, as {"messages": [{role, content}, ...]}: three
+    user/assistant exchanges each, asking the colour of a thing ("What colour is the sky?" ->
+    "blue"), with a system prompt (SYSTEM_PROMPTS) on about half of them unless `system` is False
+    (Gemma 1/2's template refuses a system turn). Things are drawn without replacement from the
+    COLOUR_OF facts, reshuffled when all are used, so every fact is trained within the first four
+    records; no record asks the held-out conversation's questions in its order (held_out_chat)."""
+    rng = random.Random(seed)
+    pool: list[str] = []
+    records = []
+    while len(records) < n:
+        things = [_next_thing(rng, pool) for _ in range(EXCHANGES)]
+        with_system, system_prompt = rng.random() < 0.5, rng.choice(SYSTEM_PROMPTS)  # drawn either way
+        if _asks_held_out_order(things):
+            continue
+        prompt = [_turn("system", system_prompt)] if system and with_system else []
+        records.append({"messages": prompt + [turn for thing in things for turn in _exchange(thing)]})
+    return records
+
+
+def held_out_chat() -> tuple[list[dict], str]:
+    """A conversation to test a model trained on chat_records with: two answered exchanges and a
+    last user turn whose fact (the sky is blue) is trained, in an order of questions no record has;
+    and the reply expected to it."""
+    *answered, last = HELD_OUT_THINGS
+    messages = [turn for thing in answered for turn in _exchange(thing)]
+    return messages + [_turn("user", _colour_question(last))], COLOUR_OF[last]
+
+
+def _next_thing(rng: random.Random, pool: list[str]) -> str:
+    if not pool:
+        pool.extend(sorted(COLOUR_OF))
+        rng.shuffle(pool)
+    return pool.pop()
+
+
+def _asks_held_out_order(things: list[str]) -> bool:
+    return tuple(things) == HELD_OUT_THINGS
+
+
+def _exchange(thing: str) -> list[dict]:
+    return [_turn("user", _colour_question(thing)), _turn("assistant", COLOUR_OF[thing])]
+
+
+def _colour_question(thing: str) -> str:
+    return f"What colour is {thing}?"
+
+
+def _turn(role: str, content: str) -> dict:
+    return {"role": role, "content": content}
 
 
 # --- tokenizers -----------------------------------------------------------------------------------
@@ -153,8 +212,9 @@ def _colour_record(rng: random.Random) -> dict:
 
 def sentencepiece_proto(text: str, vocabulary_size: int = VOCABULARY_SIZE) -> bytes:
     """A SentencePiece model (serialized proto) trained on the lines of `text`, set up as Gemma's:
-    pad=0, eos=1, bos=2, unk=3, BPE with byte fallback, digits split, no whitespace normalisation
-    and no dummy prefix (so decoding gives back the text exactly)."""
+    pad=0, eos=1, bos=2, unk=3, the turn markers <start_of_turn>=4 and <end_of_turn>=5 (one id
+    wherever they occur), BPE with byte fallback, digits split, no whitespace normalisation and no
+    dummy prefix (so decoding gives back the text exactly)."""
     return tokenizer_training.sentencepiece_proto(
         [text], vocabulary_size, tokenizer_training.GEMMA_SENTENCEPIECE, KEY
     )

@@ -2,7 +2,8 @@
 text (meshrun.text.tokenizer_training): what `meshrun preset` saves as a preset to try fine-tuning
 with, offline, and what the tests' presets are (tests/presets.py).
 
-- gemma: GemmaCausalLM; SentencePiece as Gemma's (<pad> 0, <eos> 1, <bos> 2, <unk> 3, no dummy prefix).
+- gemma: GemmaCausalLM; SentencePiece as Gemma's (<pad> 0, <eos> 1, <bos> 2, <unk> 3, the chat turn
+  markers <start_of_turn> 4 and <end_of_turn> 5, no dummy prefix).
 - llama: Llama3CausalLM; byte-level BPE with Llama 3's five special tokens last.
 - mistral: MistralCausalLM; SentencePiece as Mistral 7B's (<unk> 0, <s> 1, </s> 2, a dummy prefix).
 - gpt2: GPT2CausalLM; byte-level BPE with <|endoftext|> last; one key/value head per query head.

@@ -27,24 +27,33 @@ SENTENCEPIECE_LONGEST_LINE = 4192
 
 @dataclass(frozen=True)
 class SentencePieceSetup:
-    """How a family's SentencePiece model is set up: its special pieces by id (pad: -1 for none)
-    and whether a space is put before each text (a "dummy prefix", as Llama 2's and Mistral's
-    have; Gemma's has none, so decoding gives back the text exactly)."""
+    """How a family's SentencePiece model is set up: its special pieces by id (pad: -1 for none),
+    whether a space is put before each text (a "dummy prefix", as Llama 2's and Mistral's have;
+    Gemma's has none, so decoding gives back the text exactly) and its user-defined pieces, which
+    come right after the special ones and are always one piece where they occur in a text (Gemma's
+    chat turn markers)."""
 
     pad: tuple[int, str]
     eos: tuple[int, str]
     bos: tuple[int, str]
     unk: tuple[int, str]
     dummy_prefix: bool
+    user_defined: tuple[str, ...] = ()
 
     @property
     def special_count(self) -> int:
-        """How many ids the special pieces take."""
-        return sum(1 for piece_id, _ in (self.pad, self.eos, self.bos, self.unk) if piece_id >= 0)
+        """How many ids the special and user-defined pieces take."""
+        named = sum(1 for piece_id, _ in (self.pad, self.eos, self.bos, self.unk) if piece_id >= 0)
+        return named + len(self.user_defined)
 
 
 GEMMA_SENTENCEPIECE = SentencePieceSetup(
-    pad=(0, "<pad>"), eos=(1, "<eos>"), bos=(2, "<bos>"), unk=(3, "<unk>"), dummy_prefix=False
+    pad=(0, "<pad>"),
+    eos=(1, "<eos>"),
+    bos=(2, "<bos>"),
+    unk=(3, "<unk>"),
+    dummy_prefix=False,
+    user_defined=("<start_of_turn>", "<end_of_turn>"),
 )
 MISTRAL_SENTENCEPIECE = SentencePieceSetup(
     pad=(-1, "<pad>"), eos=(2, "</s>"), bos=(1, "<s>"), unk=(0, "<unk>"), dummy_prefix=True
@@ -84,6 +93,7 @@ def sentencepiece_proto(
             remove_extra_whitespaces=False,
             normalization_rule_name="identity",
             allow_whitespace_only_pieces=True,
+            user_defined_symbols=list(setup.user_defined),
             character_coverage=1.0,
             num_threads=1,
             minloglevel=2,

@@ -1,0 +1,413 @@
+"""Makes the reference renderings and token ids of conversations under tests/data/chat/ (issue 54):
+what transformers' `apply_chat_template` gives for a few conversations through three real chat
+templates, for meshrun's chat code to be checked against (tests/test_chat_reference.py).
+
+For each case it writes:
+
+- tests/data/chat/<case>/: a tiny tokenizer as transformers saves it (tokenizer.json and
+  tokenizer_config.json, with the family's real `chat_template` and its bos/eos/pad tokens; for
+  gemma also tokenizer.model, the SentencePiece model transformers converted tokenizer.json from);
+- tests/data/chat/<case>.reference.json: the conversations (`records`), and for each the rendered
+  text and ids (`apply_chat_template(messages, tokenize=False)` and `tokenize=True`), and the text
+  and ids of the conversation less its last assistant turn with `add_generation_prompt=True`
+  (`prompt_text`, `prompt_ids`), the tokens that matter and the versions that made them.
+
+The cases and where each template's text was taken from (verbatim):
+
+- llama3: a byte-level BPE with Llama 3's split and its five special tokens, BOS added by the
+  post-processor as Meta's tokenizer.json does, and the chat_template of
+  meta-llama/Meta-Llama-3-8B-Instruct's tokenizer_config.json (Llama 3, not 3.1: no date and tools
+  block), as vLLM prints it ("Using default chat template") and many repositories quote it.
+- gemma: a SentencePiece model set up as the tiny Gemma `meshrun preset` makes (meshrun's own
+  tokenizer_training.sentencepiece_proto with GEMMA_SENTENCEPIECE: <pad> 0, <eos> 1, <bos> 2,
+  <unk> 3, then the user-defined <start_of_turn> and <end_of_turn>), converted by transformers
+  into GemmaTokenizerFast, and the chat_template of google/gemma-2b-it (the same text as
+  google/gemma-2-2b-it's), which refuses a system turn: gemma's conversations have none.
+- chatml: a byte-level BPE as Qwen2Tokenizer makes it (NFC, Qwen's split) with <|endoftext|>,
+  <|im_start|>, <|im_end|>, and the chat_template of Qwen/Qwen2.5-0.5B-Instruct's
+  tokenizer_config.json, tool branches included, which puts Qwen's default system prompt first when
+  a conversation has none.
+
+Tokenizers are trained on tests/data/hf/corpus.txt plus the texts of tests/presets.py's
+chat_records (so the words of conversations are single tokens); everything is deterministic: a
+rerun writes the same files. CI never runs this script and transformers is not a test dependency.
+Made with transformers 5.24.0, tokenizers 0.23.3, sentencepiece 0.2.3, jinja2 3.1.6 (Python 3.11),
+in the venv of scripts/make_hf_reference.py (its docstring says how to make it):
+
+    /work/refvenv/bin/python scripts/make_chat_reference.py                    # every case
+    /work/refvenv/bin/python scripts/make_chat_reference.py --cases gemma
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+import jinja2
+import sentencepiece
+import tokenizers
+import transformers
+from tokenizers import Regex, decoders, models, normalizers, pre_tokenizers, processors, trainers
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(ROOT), str(ROOT / "tests")]  # meshrun's tokenizer training and tests/presets.py
+
+import presets  # noqa: E402
+from meshrun.text import tokenizer_training  # noqa: E402
+
+DATA = ROOT / "tests" / "data" / "chat"
+CORPUS = ROOT / "tests" / "data" / "hf" / "corpus.txt"
+CHAT_RECORDS = 40  # chat_records trained on beside the corpus
+CHAT_REPEATS = 8
+BPE_VOCAB = 480  # the 256 bytes and 224 merges; the special tokens come after
+SP_VOCAB = 512
+
+LLAMA3_SPECIALS = (
+    "<|begin_of_text|>",
+    "<|end_of_text|>",
+    "<|start_header_id|>",
+    "<|end_header_id|>",
+    "<|eot_id|>",
+)
+LLAMA3_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+CHATML_SPECIALS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
+
+# meta-llama/Meta-Llama-3-8B-Instruct, tokenizer_config.json "chat_template"
+LLAMA3_TEMPLATE = (
+    "{% set loop_messages = messages %}{% for message in loop_messages %}"
+    "{% set content = '<|start_header_id|>' + message['role'] + '<|end_header_id|>\n\n'"
+    "+ message['content'] | trim + '<|eot_id|>' %}"
+    "{% if loop.index0 == 0 %}{% set content = bos_token + content %}{% endif %}{{ content }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\n\n' }}{% endif %}"
+)
+# google/gemma-2b-it (and google/gemma-2-2b-it), tokenizer_config.json "chat_template"
+GEMMA_TEMPLATE = (
+    "{{ bos_token }}{% if messages[0]['role'] == 'system' %}"
+    "{{ raise_exception('System role not supported') }}{% endif %}{% for message in messages %}"
+    "{% if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}"
+    "{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}"
+    "{% endif %}{% if (message['role'] == 'assistant') %}{% set role = 'model' %}"
+    "{% else %}{% set role = message['role'] %}{% endif %}"
+    "{{ '<start_of_turn>' + role + '\n' + message['content'] | trim + '<end_of_turn>\n' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{'<start_of_turn>model\n'}}{% endif %}"
+)
+# Qwen/Qwen2.5-0.5B-Instruct, tokenizer_config.json "chat_template" (the same in every Qwen2.5
+# Instruct size): the JSON string as the file has it, decoded below.
+QWEN25_TEMPLATE_JSON = (
+    r'"{%- if tools %}\n    {{- \'<|im_start|>system\\n\' }}\n    {%- if messages[0][\'role\'] =='
+    r" 'system' %}\n        {{- messages[0]['content'] }}\n    {%- else %}\n        {{- 'You are"
+    r" Qwen, created by Alibaba Cloud. You are a helpful assistant.' }}\n    {%- endif %}\n    {{-"
+    r" \"\\n\\n# Tools\\n\\nYou may call one or more functions to assist with the user query.\\n"
+    r"\\nYou are provided with function signatures within <tools></tools> XML tags:\\n<tools>\""
+    r" }}\n    {%- for tool in tools %}\n        {{- \"\\n\" }}\n        {{- tool | tojson }}\n"
+    r"    {%- endfor %}\n    {{- \"\\n</tools>\\n\\nFor each function call, return a json object"
+    r" with function name and arguments within <tool_call></tool_call> XML tags:\\n<tool_call>\\n"
+    r"{\\\"name\\\": <function-name>, \\\"arguments\\\": <args-json-object>}\\n</tool_call>"
+    r"<|im_end|>\\n\" }}\n{%- else %}\n    {%- if messages[0]['role'] == 'system' %}\n        {{-"
+    r" '<|im_start|>system\\n' + messages[0]['content'] + '<|im_end|>\\n' }}\n    {%- else %}\n"
+    r"        {{- '<|im_start|>system\\nYou are Qwen, created by Alibaba Cloud. You are a helpful"
+    r" assistant.<|im_end|>\\n' }}\n    {%- endif %}\n{%- endif %}\n{%- for message in messages %}"
+    r"\n    {%- if (message.role == \"user\") or (message.role == \"system\" and not loop.first)"
+    r" or (message.role == \"assistant\" and not message.tool_calls) %}\n        {{-"
+    r" '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>' + '\\n' }}\n"
+    r"    {%- elif message.role == \"assistant\" %}\n        {{- \'<|im_start|>\' + message.role }}"
+    r"\n        {%- if message.content %}\n            {{- '\\n' + message.content }}\n"
+    r"        {%- endif %}\n        {%- for tool_call in message.tool_calls %}\n"
+    r"            {%- if tool_call.function is defined %}\n"
+    r"                {%- set tool_call = tool_call.function %}\n            {%- endif %}\n"
+    r"            {{- '\\n<tool_call>\\n{\"name\": \"' }}\n            {{- tool_call.name }}\n"
+    r"            {{- '\", \"arguments\": ' }}\n            {{- tool_call.arguments | tojson }}\n"
+    r"            {{- '}\\n</tool_call>' }}\n        {%- endfor %}\n        {{- '<|im_end|>\\n' }}"
+    r"\n    {%- elif message.role == \"tool\" %}\n        {%- if (loop.index0 == 0) or"
+    r" (messages[loop.index0 - 1].role != \"tool\") %}\n            {{- \'<|im_start|>user\' }}\n"
+    r"        {%- endif %}\n        {{- '\\n<tool_response>\\n' }}\n        {{- message.content }}\n"
+    r"        {{- '\\n</tool_response>' }}\n        {%- if loop.last or"
+    r" (messages[loop.index0 + 1].role != \"tool\") %}\n            {{- \'<|im_end|>\\n\' }}\n"
+    r"        {%- endif %}\n    {%- endif %}\n{%- endfor %}\n{%- if add_generation_prompt %}\n"
+    r"    {{- '<|im_start|>assistant\\n' }}\n{%- endif %}\n"
+    '"'
+)
+QWEN25_TEMPLATE = json.loads(QWEN25_TEMPLATE_JSON.replace("\\'", "'"))
+
+SOURCES = {
+    "llama3": "meta-llama/Meta-Llama-3-8B-Instruct tokenizer_config.json chat_template",
+    "gemma": "google/gemma-2b-it tokenizer_config.json chat_template (same as google/gemma-2-2b-it)",
+    "chatml": "Qwen/Qwen2.5-0.5B-Instruct tokenizer_config.json chat_template",
+}
+END_OF_TURN = {"llama3": "<|eot_id|>", "gemma": "<end_of_turn>", "chatml": "<|im_end|>"}
+
+
+def turn(role: str, content: str) -> dict:
+    return {"role": role, "content": content}
+
+
+# The conversations: one turn; three turns with a system prompt; contents with spaces and newlines
+# around them (Llama 3's and Gemma's templates trim them, ChatML's keeps them); non-ASCII text.
+SYSTEM = turn("system", "You answer in one word.")
+ONE_TURN = [turn("user", "What colour is the sky?"), turn("assistant", "blue")]
+THREE_TURNS = [
+    turn("user", "What colour is grass?"),
+    turn("assistant", "green"),
+    turn("user", "What colour is coal?"),
+    turn("assistant", "black"),
+    turn("user", "And snow?"),
+    turn("assistant", "white"),
+]
+SPACES = [
+    turn("user", "  What colour is a plum?\n\n"),
+    turn("assistant", " purple\n"),
+    turn("user", "\nWhy?  "),
+    turn("assistant", "  Plums are purple,  and ash is grey.  \n"),
+]
+NON_ASCII = [
+    turn("user", "De quelle couleur est la neige à Zürich? ❄"),
+    turn("assistant", "Blanche — white 🙂"),
+    turn("user", "東京の空は?"),
+    turn("assistant", "青い (blue), naïve café"),
+]
+
+
+def conversations(case: str) -> list[list[dict]]:
+    """The case's conversations: Gemma 1/2's template refuses a system turn, so gemma's have none."""
+    three = THREE_TURNS if case == "gemma" else [SYSTEM, *THREE_TURNS]
+    return [ONE_TURN, three, SPACES, NON_ASCII]
+
+
+def training_texts() -> list[str]:
+    """What the tiny tokenizers are trained on: the corpus in chunks of a few paragraphs (so blank
+    lines are in it, as after Llama 3's headers) and, CHAT_REPEATS times, chat_records' contents on
+    lines of their own after the role words the templates write (so they are single tokens)."""
+    paragraphs = CORPUS.read_text().split("\n\n")
+    chunks = ["\n\n".join(paragraphs[i : i + 4]) for i in range(0, len(paragraphs), 4)]
+    chats = [
+        "\n".join(f"{m['role']}\n\n{m['content']}" for m in record["messages"]) + "\nmodel\n"
+        for record in presets.chat_records(CHAT_RECORDS)
+    ]
+    return chunks + chats * CHAT_REPEATS
+
+
+# Tokenizers
+
+
+def byte_level_bpe(split_regex: str, normalizer=None) -> tuple[dict, list]:
+    """The vocabulary and merges of a byte-level BPE trained on training_texts() with `split_regex`."""
+    tok = tokenizers.Tokenizer(models.BPE())
+    tok.normalizer = normalizer
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(split_regex), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
+    trainer = trainers.BpeTrainer(
+        vocab_size=BPE_VOCAB,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+        min_frequency=2,
+    )
+    tok.train_from_iterator(training_texts(), trainer)
+    state = json.loads(tok.to_str())["model"]
+    return state["vocab"], [tuple(m.split(" ")) if isinstance(m, str) else tuple(m) for m in state["merges"]]
+
+
+def llama3_tokenizer(work: Path):
+    """Llama 3's format: byte-level BPE in tokenizer.json, BOS added by the post-processor (the
+    template writes it too: apply_chat_template encodes without special tokens), the specials last."""
+    vocab, merges = byte_level_bpe(LLAMA3_SPLIT)
+    tok = tokenizers.Tokenizer(models.BPE(vocab=vocab, merges=merges, ignore_merges=True))
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(LLAMA3_SPLIT), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True, use_regex=False),
+        ]
+    )
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens(
+        [tokenizers.AddedToken(t, special=True, normalized=False) for t in LLAMA3_SPECIALS]
+    )
+    bos = "<|begin_of_text|>"
+    tok.post_processor = processors.Sequence(
+        [
+            processors.ByteLevel(add_prefix_space=True, trim_offsets=False, use_regex=True),
+            processors.TemplateProcessing(
+                single=f"{bos}:0 $A:0",
+                pair=f"{bos}:0 $A:0 {bos}:1 $B:1",
+                special_tokens=[(bos, tok.token_to_id(bos))],
+            ),
+        ]
+    )
+    return transformers.PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        bos_token=bos,
+        eos_token="<|eot_id|>",  # as the Instruct model's tokenizer_config.json names it
+        clean_up_tokenization_spaces=True,
+        model_input_names=["input_ids", "attention_mask"],
+        model_max_length=8192,
+        chat_template=LLAMA3_TEMPLATE,
+    )
+
+
+def chatml_tokenizer(work: Path):
+    """Qwen 2.5's format: Qwen2Tokenizer (NFC, Qwen's split, byte-level BPE), no BOS, ChatML's
+    specials after the BPE vocabulary, <|im_end|> the end of a turn and <|endoftext|> the pad."""
+    from transformers.models.qwen2.tokenization_qwen2 import PRETOKENIZE_REGEX
+
+    vocab, merges = byte_level_bpe(PRETOKENIZE_REGEX, normalizers.NFC())
+    tok = transformers.Qwen2Tokenizer(
+        vocab=vocab,
+        merges=merges,
+        unk_token=None,
+        bos_token=None,
+        eos_token="<|endoftext|>",
+        pad_token="<|endoftext|>",
+        errors="replace",
+        chat_template=QWEN25_TEMPLATE,
+        model_max_length=32768,
+    )
+    tok.add_special_tokens({"additional_special_tokens": list(CHATML_SPECIALS[1:])})
+    tok.eos_token = "<|im_end|>"
+    return tok
+
+
+def gemma_tokenizer(work: Path):
+    """Gemma's format: tokenizer.model made by meshrun's training (the tiny Gemma's setup, turn
+    markers included) and tokenizer.json as transformers converts it (GemmaTokenizerFast)."""
+    work.mkdir(parents=True)
+    proto = tokenizer_training.sentencepiece_proto(
+        training_texts(), SP_VOCAB, tokenizer_training.GEMMA_SENTENCEPIECE, "vocabulary"
+    )
+    model = work / "tokenizer.model"
+    model.write_bytes(proto)
+    tok = transformers.GemmaTokenizer.from_pretrained(
+        work,
+        additional_special_tokens=["<start_of_turn>", "<end_of_turn>"],
+        chat_template=GEMMA_TEMPLATE,
+        add_bos_token=True,
+        mask_token=None,  # Gemma's has <mask>; this one has no such piece (transformers would add it)
+        model_max_length=8192,
+    )
+    tok.sentencepiece_model = model  # save_pretrained of transformers 5 leaves it out: copied by hand
+    return tok
+
+
+TOKENIZERS = {"llama3": llama3_tokenizer, "gemma": gemma_tokenizer, "chatml": chatml_tokenizer}
+
+
+def clean_tokenizer_config(path: Path, case: str) -> None:
+    """Drops what transformers 5 writes about where the tokenizer was loaded from (a temporary
+    path), and names Llama 3's class as Meta's files do (transformers 5 writes TokenizersBackend)."""
+    config = json.loads(path.read_text())
+    for key in ("vocab_file", "is_local", "local_files_only"):
+        config.pop(key, None)
+    if case == "llama3":
+        config["tokenizer_class"] = "PreTrainedTokenizerFast"
+    path.write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n")
+
+
+# References
+
+
+def versions() -> dict:
+    return {
+        "transformers": transformers.__version__,
+        "tokenizers": tokenizers.__version__,
+        "sentencepiece": sentencepiece.__version__,
+        "jinja2": jinja2.__version__,
+    }
+
+
+def ids_of(tok, messages: list[dict], **kwargs) -> list[int]:
+    encoded = tok.apply_chat_template(messages, tokenize=True, **kwargs)
+    return list(encoded["input_ids"] if hasattr(encoded, "keys") else encoded)
+
+
+def rendering(tok, messages: list[dict]) -> dict:
+    """transformers' text and ids of a conversation, and of its prompt (less the last assistant
+    turn, with the generation prompt)."""
+    prompt = messages[:-1]
+    return {
+        "text": tok.apply_chat_template(messages, tokenize=False),
+        "ids": ids_of(tok, messages),
+        "prompt_text": tok.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True),
+        "prompt_ids": ids_of(tok, prompt, add_generation_prompt=True),
+    }
+
+
+def check(case: str, tok, reloaded, records: list[dict], rendered: list[dict]) -> dict:
+    """Stops where the saved tokenizer renders otherwise than the one made, or where the ids do
+    not start with exactly one BOS (llama3, gemma); for gemma, compares tokenizer.json's ids with
+    SentencePiece's own; returns figures for the report."""
+    figures = {}
+    for record, expected in zip(records, rendered, strict=True):
+        if rendering(reloaded, record["messages"]) != expected:
+            raise SystemExit(f"{case}: the saved tokenizer renders {record} otherwise")
+        if tok.bos_token is not None:
+            bos = tok.convert_tokens_to_ids(tok.bos_token)
+            if expected["ids"][0] != bos or expected["ids"][1] == bos:
+                raise SystemExit(f"{case}: {expected['ids'][:3]} does not start with one BOS ({bos})")
+    if case == "gemma":
+        processor = sentencepiece.SentencePieceProcessor(model_file=str(DATA / case / "tokenizer.model"))
+        bos = processor.bos_id()
+        figures["sentencepiece_ids_equal"] = [
+            [bos, *processor.encode(r["text"].removeprefix("<bos>"))] == r["ids"] for r in rendered
+        ]
+    figures["ids"] = [len(r["ids"]) for r in rendered]
+    return figures
+
+
+def make_case(case: str, work: Path) -> dict:
+    """Writes one case's dir and reference json; returns figures for the report."""
+    out = DATA / case
+    if out.exists():
+        shutil.rmtree(out)
+    tok = TOKENIZERS[case](work / case)
+    tok.save_pretrained(out, save_jinja_files=False)
+    if hasattr(tok, "sentencepiece_model"):
+        shutil.copyfile(tok.sentencepiece_model, out / "tokenizer.model")
+    clean_tokenizer_config(out / "tokenizer_config.json", case)
+    records = [{"messages": messages} for messages in conversations(case)]
+    rendered = [rendering(tok, r["messages"]) for r in records]
+    figures = check(case, tok, transformers.AutoTokenizer.from_pretrained(out), records, rendered)
+    reference = {
+        "case": case,
+        "template_source": SOURCES[case],
+        "tokenizer_class": type(tok).__name__,
+        "bos_token": tok.bos_token,
+        "eos_token": tok.eos_token,
+        "pad_token": tok.pad_token,
+        "end_of_turn": END_OF_TURN[case],
+        "end_of_turn_id": tok.convert_tokens_to_ids(END_OF_TURN[case]),
+        "records": records,
+        **{key: [r[key] for r in rendered] for key in ("text", "ids", "prompt_text", "prompt_ids")},
+        **({"sentencepiece_ids_equal": figures["sentencepiece_ids_equal"]} if case == "gemma" else {}),
+        "versions": versions(),
+    }
+    (DATA / f"{case}.reference.json").write_text(json.dumps(reference, indent=1, ensure_ascii=False) + "\n")
+    figures["bytes"] = sum(p.stat().st_size for p in out.iterdir())
+    figures["files"] = sorted(p.name for p in out.iterdir())
+    return figures
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--cases", default=",".join(TOKENIZERS), help="comma-separated case names")
+    names = parser.parse_args(argv).cases.split(",")
+    unknown = sorted(set(names) - set(TOKENIZERS))
+    if unknown:
+        raise SystemExit(f"unknown case(s) {unknown}; cases: {', '.join(TOKENIZERS)}")
+    DATA.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory() as work:
+        for name in names:
+            print(json.dumps({name: make_case(name, Path(work))}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
