@@ -72,6 +72,19 @@ def test_the_record_says_greedy_or_the_settings_drawn_with():
 
 
 @pytest.mark.parametrize(
+    "record, first", [(None, "greedy"), (Sampling(temperature=0.8, seed=7).record(), "drawn")]
+)
+def test_the_summary_says_how_the_samples_were_picked(record, first):
+    from meshrun.specs.metrics import RunMetrics
+
+    sample = {"prompt": "The cat", "completion": " sat", **({"sampling": record} if record else {})}
+    metrics = RunMetrics.from_json({"status": "ok", "samples": [sample]})
+    lines = dict(metrics.summary())["samples"].splitlines()
+    assert lines[0] == ("greedy" if first == "greedy" else "drawn: temperature 0.8, seed 7")
+    assert lines[1] == "'The cat' -> ' sat'"
+
+
+@pytest.mark.parametrize(
     "sampling, expected",
     [
         (Sampling(temperature=-0.5), "t: got -0.5; expected a number of 0 or more"),
