@@ -1,10 +1,13 @@
-"""`meshrun generate RUN_DIR --prompt TEXT [--prompt TEXT ...] [--max-length N] [--json]`: the
-completions of prompts by the model a finished KerasHub run trained, loaded on the run's own mesh
-and layout (its composed config in RUN_DIR/.hydra/config.yaml; the devices set up as `train` sets
-them, before jax starts). The weights are those the run's metrics.json says it wrote, never a
-file that merely lies in the dir: its exported preset, else the LoRA adapters it kept (on the base
-model.preset), else its newest checkpoint, read into each variable's sharding as resuming reads it.
-Prompts are encoded, batched and decoded as `train.sample_prompts` does (meshrun.text.complete).
+"""`meshrun generate RUN_DIR --prompt TEXT [--prompt TEXT ...] [--max-length N] [--temperature T]
+[--top-k K] [--top-p P] [--seed S] [--json]`: the completions of prompts by the model a finished
+KerasHub run trained, loaded on the run's own mesh and layout (its composed config in
+RUN_DIR/.hydra/config.yaml; the devices set up as `train` sets them, before jax starts). The
+weights are those the run's metrics.json says it wrote, never a file that merely lies in the dir:
+its exported preset, else the LoRA adapters it kept (on the base model.preset), else its newest
+checkpoint, read into each variable's sharding as resuming reads it.
+Prompts are encoded, batched and decoded as `train.sample_prompts` does (meshrun.text.complete),
+greedily unless the sampling flags say otherwise (checked as train.sample_temperature, _top_k,
+_top_p and _seed are).
 
 Paths in the run's config (model.preset, data.tokenizer, data.files, checkpoint.dir) are read as
 they were at training: from the dir the run was launched in (Hydra's runtime.cwd), where it still
@@ -33,24 +36,43 @@ from meshrun.run.sampling import (
     model_vocabulary,
 )
 from meshrun.specs import rundir
-from meshrun.text.complete import complete, encode_prompts
+from meshrun.text.complete import (
+    GREEDY,
+    Sampling,
+    SamplingKeys,
+    check_sampling,
+    check_top_k,
+    complete,
+    encode_prompts,
+)
 from meshrun.wording import first_line
 
 USAGE = """\
-usage: meshrun generate RUN_DIR --prompt TEXT [--prompt TEXT ...] [--max-length N] [--json]
+usage: meshrun generate RUN_DIR --prompt TEXT [--prompt TEXT ...] [--max-length N]
+                        [--temperature T] [--top-k K] [--top-p P] [--seed S] [--json]
 
 Completes each prompt with the model a KerasHub run of `meshrun train` trained (model=keras_hub),
 loaded on the run's own mesh and layout, with the weights its metrics.json says it saved: the preset
 its export wrote (checkpoint.export=true), else the LoRA adapters it kept on its model.preset, else
 its newest checkpoint. Prompts are encoded as the run's examples
-were, with its tokenizer (data.tokenizer, else model.preset), and decoded greedily up to the end
-token, within --max-length tokens of prompt and completion (default: the run's model.seq_len).
-Prints 'prompt' -> 'completion' for each prompt; --json prints a JSON list of {prompt, completion}.
+were, with its tokenizer (data.tokenizer, else model.preset), and completed up to the end token
+(or one of the tokenizer's stop tokens), within --max-length tokens of prompt and completion
+(default: the run's model.seq_len). Prints 'prompt' -> 'completion' for each prompt; --json prints
+a JSON list of {prompt, completion, sampling} (sampling: the settings used).
+
+Tokens are greedy (the most likely each step) unless a sampling flag is given:
+  --temperature T  draw at temperature T (0 or more; 0: greedy; default 1.0 with --top-k or --top-p)
+  --top-k K        draw from the K most likely tokens (1 or more)
+  --top-p P        draw from the fewest most likely tokens whose probabilities add up to P (over 0, up to 1)
+  --seed S         the draws' seed (0 to 2**32 - 1, default 0): the same seed gives the same text
 
   meshrun generate outputs/2026-11-25/10-00-00 --prompt 'Once upon a time' --prompt 'The cat'
   meshrun generate outputs/2026-11-25/10-00-00 --prompt 'What colour is the sky?' --max-length 48 --json
+  meshrun generate outputs/2026-11-25/10-00-00 --prompt 'The cat' --temperature 0.8 --top-p 0.9 --seed 7
 """
 PROMPT, MAX_LENGTH, JSON = "--prompt", "--max-length", "--json"
+TEMPERATURE, TOP_K, TOP_P, SEED = "--temperature", "--top-k", "--top-p", "--seed"
+SAMPLING_FLAGS = SamplingKeys(temperature=TEMPERATURE, top_k=TOP_K, top_p=TOP_P, seed=SEED)
 RUN_DIR_KEY = "RUN_DIR"
 NO_WEIGHTS_HINT = (
     "train with checkpoint.export=true or checkpoint.every_epoch=true "
@@ -61,12 +83,14 @@ NO_WEIGHTS_HINT = (
 @dataclass(frozen=True)
 class Request:
     """What `meshrun generate` was asked: the run dir (absolute), the prompts, the tokens of prompt
-    and completion together (None: the run's model.seq_len), and whether to print JSON."""
+    and completion together (None: the run's model.seq_len), whether to print JSON, and how each
+    token is picked."""
 
     run_dir: Path
     prompts: tuple[str, ...]
     max_length: int | None
     as_json: bool
+    sampling: Sampling = GREEDY
 
 
 @dataclass(frozen=True)
@@ -98,13 +122,14 @@ def main(args: list[str]) -> int:
     with console_logging(), working_dir(launch_dir(request.run_dir)):
         run = read_run(request.run_dir)
         completions = generate(run, request)
-    print_completions(request.prompts, completions, request.as_json)
+    print_completions(request.prompts, completions, request.as_json, request.sampling)
     return 0
 
 
 def parse_request(args: list[str]) -> Request | None:
     """The request `args` make (None: they ask for --help); a ConfigError for anything else."""
-    line = read_command_line(args, "generate", {PROMPT: "TEXT", MAX_LENGTH: "N"}, (JSON,))
+    value_flags = {PROMPT: "TEXT", MAX_LENGTH: "N", TEMPERATURE: "T", TOP_K: "K", TOP_P: "P", SEED: "S"}
+    line = read_command_line(args, "generate", value_flags, (JSON,))
     if line is None:
         return None
     run_dir = line.only_positional(
@@ -124,7 +149,29 @@ def parse_request(args: list[str]) -> Request | None:
         prompts=tuple(prompts),
         max_length=max_length[-1] if max_length else None,
         as_json=JSON in line.switches,
+        sampling=_sampling(line.values),
     )
+
+
+def _sampling(values: dict[str, list[str]]) -> Sampling:
+    """The sampling flags given (the last of each), checked; a ConfigError naming a bad one."""
+
+    def last(flag: str, parse, default=None):
+        given = values.get(flag)
+        if not given:
+            return default
+        try:
+            return parse(given[-1])
+        except ValueError:
+            return given[-1]  # not a number: check_sampling names it
+
+    sampling = Sampling(
+        temperature=last(TEMPERATURE, float),
+        top_k=last(TOP_K, int),
+        top_p=last(TOP_P, float),
+        seed=last(SEED, int, 0),
+    )
+    return check_sampling(sampling, SAMPLING_FLAGS)
 
 
 def _max_length(value: str) -> int:
@@ -299,7 +346,9 @@ def generate(run: SavedRun, request: Request) -> list[str]:
 
     try:
         model, planned, mesh = load_model(config, weights)
-        check_vocabulary(tokenizer, config, model_vocabulary(planned.abstract.signature))
+        vocabulary = model_vocabulary(planned.abstract.signature)
+        check_vocabulary(tokenizer, config, vocabulary)
+        check_top_k(request.sampling, vocabulary, TOP_K)
         return complete(
             model,
             tokenizer,
@@ -309,6 +358,7 @@ def generate(run: SavedRun, request: Request) -> list[str]:
             mesh.axis_size(mesh.batch_axis),
             PROMPT,
             MAX_LENGTH,
+            request.sampling,
         )
     finally:
         distribution_lib.reset()
@@ -385,11 +435,14 @@ def _from_adapter(planned, adapter: Path):
     return hub_export.load_adapter(base, planned.options.lora, adapter)
 
 
-def print_completions(prompts: tuple[str, ...], completions: list[str], as_json: bool) -> None:
+def print_completions(
+    prompts: tuple[str, ...], completions: list[str], as_json: bool, sampling: Sampling = GREEDY
+) -> None:
     """Prints each prompt and its completion: a line each ('prompt' -> 'completion'), or a JSON list
-    of {prompt, completion}."""
+    of {prompt, completion, sampling} (the settings, as metrics.json's samples record them)."""
+    record = sampling.record()
     pairs = [
-        {"prompt": prompt, "completion": completion}
+        {"prompt": prompt, "completion": completion, "sampling": record}
         for prompt, completion in zip(prompts, completions, strict=True)
     ]
     if as_json:

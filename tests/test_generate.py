@@ -288,10 +288,16 @@ def fine_tune(preset, run_dir, *args: str) -> tuple:
     return run_dir, read_metrics(run_dir)
 
 
+DRAWN = ["train.sample_temperature=3", "train.sample_top_k=100", "train.sample_seed=11"]
+DRAWN_FLAGS = ["--temperature", "3", "--top-k", "100", "--seed", "11"]
+
+
 def test_a_lora_fine_tune_without_export_keeps_its_adapter_and_generate_samples_it(preset, tmp_path, capsys):
     """The adapter file is the run's one weights file (recorded in metrics.json); `meshrun generate`
-    puts it on the base preset (alpha / rank folded in) and gives the completion the run recorded."""
-    run_dir, metrics = fine_tune(preset, tmp_path / "run")
+    puts it on the base preset (alpha / rank folded in) and, drawing with the settings and seed the
+    run's samples were drawn with (a high temperature: the tiny model's tokens vary), gives the
+    completions the run recorded, and those settings."""
+    run_dir, metrics = fine_tune(preset, tmp_path / "run", *DRAWN)
     assert metrics["status"] == "ok" and metrics["checkpoint"]["exported_adapter"] == str(
         run_dir / "adapter.lora.h5"
     )
@@ -300,6 +306,8 @@ def test_a_lora_fine_tune_without_export_keeps_its_adapter_and_generate_samples_
         ".hydra",
         "adapter.lora.h5",
     ]
+    drawn = {"sampler": "top_k", "temperature": 3.0, "top_k": 100, "top_p": None, "seed": 11}
+    assert [sample["sampling"] for sample in metrics["samples"]] == [drawn] * len(PROMPTS)
     capsys.readouterr()
     cli.main(
         [
@@ -308,10 +316,35 @@ def test_a_lora_fine_tune_without_export_keeps_its_adapter_and_generate_samples_
             *[f"--prompt={prompt}" for prompt in PROMPTS],
             "--max-length",
             str(MAX_LENGTH),
+            *DRAWN_FLAGS,
             "--json",
         ]
     )
     assert json.loads(capsys.readouterr().out) == metrics["samples"]
+
+
+def test_generate_with_the_same_seed_gives_the_same_text_in_another_process(trained, tmp_path, capsys):
+    """Drawn at a high temperature from the run's export: the same seed gives the same completions
+    in this process and in a process of its own, another seed other text (on some prompt)."""
+    run_dir, _ = trained
+    generate = [
+        "generate",
+        str(run_dir),
+        *[f"--prompt={prompt}" for prompt in PROMPTS],
+        "--max-length",
+        str(MAX_LENGTH),
+        "--json",
+    ]
+    capsys.readouterr()
+    cli.main([*generate, *DRAWN_FLAGS])
+    here = json.loads(capsys.readouterr().out)
+    cli.main([*generate, *DRAWN_FLAGS[:-1], "12"])
+    other_seed = json.loads(capsys.readouterr().out)
+    done = run_meshrun([*generate, *DRAWN_FLAGS], tmp_path)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert json.loads(done.stdout) == here
+    assert [sample["completion"] for sample in other_seed] != [sample["completion"] for sample in here]
+    assert here[0]["sampling"]["seed"] == 11 and other_seed[0]["sampling"]["seed"] == 12
 
 
 def test_a_lora_fine_tune_told_not_to_keep_its_adapter_leaves_no_weights(preset, tmp_path, capsys):
@@ -339,14 +372,16 @@ def test_bad_generate_input_is_one_line_with_exit_2(trained, tmp_path, capsys):
         ("generate", "--prompt", "x"): "RUN_DIR: is required",
         ("generate", run): "--prompt: is required",
         ("generate", run, "--prompt", "x", "--max-length", "one"): "--max-length: got 'one'",
+        ("generate", run, "--prompt", "x", "--top-k", "0"): "--top-k: got 0; expected a whole number",
         (
             "generate",
             run,
             "--prompt",
             "x",
-            "--temperature",
-            "1",
-        ): "--temperature: not a flag of meshrun generate",
+            "--top-k",
+            "600",
+        ): "--top-k: got 600, more than the model's vocabulary",
+        ("generate", run, "--prompt", "x", "--beam", "1"): "--beam: not a flag of meshrun generate",
         ("generate", run, "--prompt", "--json"): "--prompt: got nothing; give TEXT after it",
         ("generate", str(tmp_path / "nowhere"), "--prompt", "x"): "which is not a directory",
         ("generate", str(tmp_path), "--prompt", "x"): "holds no .hydra/config.yaml",
@@ -404,6 +439,10 @@ PRESET_RUN = ["model=keras_hub", "model.preset=PRESET", "mesh=2x4", "layout=gemm
             "which leaves no room to complete it within train.sample_max_length=3",
         ),
         ([*PRESET_RUN, "train.sample_max_length=1"], "train.sample_max_length: got 1"),
+        (
+            [*PRESET_RUN, "train.sample_top_k=100000"],
+            "train.sample_top_k: got 100000, more than the model's vocabulary of",
+        ),
     ],
 )
 def test_bad_sample_prompts_are_one_line_before_training(args, expected, preset, in_tmp, capsys):
@@ -473,6 +512,7 @@ def test_every_tokenizer_family_samples_and_generates_the_greedy_tokens(
 
     from meshrun.config.parse import parse_run_config
     from meshrun.run.sampling import load_run_tokenizer
+    from meshrun.text.complete import GREEDY
 
     run_dir = trained[0] if family == "gemma" else tmp_path / "run"
     if family != "gemma":
@@ -507,7 +547,7 @@ def test_every_tokenizer_family_samples_and_generates_the_greedy_tokens(
             framing.end,
         )
         assert ids, prompt  # the weights generate tokens before the end token
-        expected.append({"prompt": prompt, "completion": tokenizer.decode(ids)})
+        expected.append({"prompt": prompt, "completion": tokenizer.decode(ids), "sampling": GREEDY.record()})
     assert metrics["samples"] == expected
     assert generated == expected
 

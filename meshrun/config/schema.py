@@ -219,7 +219,8 @@ class TrainConfig:
     the model's own), metrics, seed, console verbosity, whether a NaN/Inf loss stops the run,
     gradient accumulation (`grad_accum_steps` steps of `batch_size` per optimizer update), evaluation
     every `eval_every` epochs, a wall-clock budget (`max_time`), early stopping, and prompts the
-    trained model completes at the end (`sample_prompts`, within `sample_max_length` tokens)."""
+    trained model completes at the end (`sample_prompts`, within `sample_max_length` tokens, greedy
+    or drawn with `sample_temperature`, `sample_top_k`, `sample_top_p` and `sample_seed`)."""
 
     batch_size: int = setting(
         16, "The global batch: split evenly over the mesh's batch axis, whose size must divide it."
@@ -284,12 +285,29 @@ class TrainConfig:
     sample_prompts: tuple[str, ...] | None = setting(
         (),
         "Prompts the trained model completes after training and evaluation (KerasHub causal LMs "
-        "only; greedy decoding up to the end token), printed in the run's summary and recorded in "
+        "only; greedy unless sample_temperature, sample_top_k or sample_top_p say otherwise, up to the "
+        "end token or the tokenizer's stop tokens), printed in the run's summary and recorded in "
         "metrics.json (samples), with data.tokenizer's tokenizer, else model.preset's; later: meshrun "
         "generate RUN_DIR --prompt TEXT. E.g. 'train.sample_prompts=[Once upon a time,The cat]'.",
     )
     sample_max_length: int | None = setting(
         None, "Tokens of prompt and completion together; null: model.seq_len."
+    )
+    sample_temperature: float | None = setting(
+        None,
+        "The sampling temperature (0 or more; above 1 more varied); 0: greedy; null: greedy, unless "
+        "sample_top_k or sample_top_p is set, then 1.0.",
+    )
+    sample_top_k: int | None = setting(
+        None, "Draw each token from the k most likely ones (1 or more; 1 is greedy); null: no limit."
+    )
+    sample_top_p: float | None = setting(
+        None,
+        "Draw each token from the fewest most likely ones whose probabilities add up to p (over 0, up "
+        "to 1; within sample_top_k where both are set); null: no limit.",
+    )
+    sample_seed: int = setting(
+        0, "The seed of the draws (0 to 2**32 - 1): the same seed gives the same text; unused when greedy."
     )
 
 

@@ -2,7 +2,9 @@
 model it trained (meshrun.text.complete) and records them in metrics.json (`samples`) and its
 summary. Everything sampling needs is checked in the prepare phase, before anything is built: the
 model is a KerasHub causal LM, the run has a tokenizer (data.tokenizer, else model.preset's), the
-tokenizer fits the model and every prompt fits `train.sample_max_length` (default model.seq_len).
+tokenizer fits the model, every prompt fits `train.sample_max_length` (default model.seq_len), and
+the sampling settings (`train.sample_temperature`, `train.sample_top_k`, `train.sample_top_p`,
+`train.sample_seed`; greedy by default) are valid.
 
 `meshrun generate RUN_DIR` (meshrun.generate) finds the run's tokenizer, its framing
 and checks its lengths with the same functions.
@@ -16,26 +18,42 @@ from dataclasses import dataclass
 from typing import Any
 
 from meshrun.errors import ConfigError
-from meshrun.text.complete import complete, encode_prompts
+from meshrun.text.complete import (
+    GREEDY,
+    Sampling,
+    SamplingKeys,
+    check_sampling,
+    check_top_k,
+    complete,
+    encode_prompts,
+)
 from meshrun.text.examples import Framing
 from meshrun.wording import counted
 
 SAMPLE_KEY = "train.sample_prompts"
 LENGTH_KEY = "train.sample_max_length"
+SAMPLING_KEYS = SamplingKeys(
+    temperature="train.sample_temperature",
+    top_k="train.sample_top_k",
+    top_p="train.sample_top_p",
+    seed="train.sample_seed",
+)
 HUB_MODEL = "keras_hub"
 
 
 @dataclass(frozen=True)
 class SamplingPlan:
     """What the end of a run completes: the prompts, the run's tokenizer and the special tokens its
-    examples are framed with, the tokens of prompt and completion together (`max_length`), and the
-    size of the mesh's batch axis (the prompts' batch is padded to a multiple of it)."""
+    examples are framed with, the tokens of prompt and completion together (`max_length`), the
+    size of the mesh's batch axis (the prompts' batch is padded to a multiple of it), and how each
+    token is picked."""
 
     prompts: tuple[str, ...]
     tokenizer: Any  # meshrun.text.tokenizer.TextTokenizer
     framing: Framing
     max_length: int
     batch_multiple: int
+    sampling: Sampling = GREEDY
 
 
 def plan_sampling(config, planned, mesh, processes: int) -> SamplingPlan | None:
@@ -48,7 +66,10 @@ def plan_sampling(config, planned, mesh, processes: int) -> SamplingPlan | None:
         return None
     options = planned.options
     tokenizer, framing = load_run_tokenizer(config, SAMPLE_KEY)
-    check_vocabulary(tokenizer, config, model_vocabulary(planned.abstract.signature))
+    vocabulary = model_vocabulary(planned.abstract.signature)
+    check_vocabulary(tokenizer, config, vocabulary)
+    sampling = run_sampling(config)
+    check_top_k(sampling, vocabulary, SAMPLING_KEYS.top_k)
     max_length = check_max_length(train.sample_max_length or options.seq_len, options, LENGTH_KEY)
     encode_prompts(
         tokenizer, framing, list(prompts), max_length, SAMPLE_KEY, LENGTH_KEY
@@ -59,14 +80,17 @@ def plan_sampling(config, planned, mesh, processes: int) -> SamplingPlan | None:
         framing=framing,
         max_length=max_length,
         batch_multiple=mesh.axis_size(mesh.batch_axis),
+        sampling=sampling,
     )
 
 
 def check_sampling_settings(config, processes: int) -> tuple[str, ...]:
     """The prompts of train.sample_prompts, or the ConfigError of a setting that keeps the run from
-    sampling, whatever its tokenizer: a bad train.sample_max_length, prompts for a model that is
-    not a KerasHub causal LM or in a job of several `processes`."""
+    sampling, whatever its tokenizer: a bad train.sample_max_length or sampling setting (checked
+    with or without prompts), prompts for a model that is not a KerasHub causal LM or in a job of
+    several `processes`."""
     train = config.train
+    run_sampling(config)
     if train.sample_max_length is not None and train.sample_max_length < 2:
         raise ConfigError(
             LENGTH_KEY,
@@ -89,8 +113,24 @@ def check_sampling_settings(config, processes: int) -> tuple[str, ...]:
     return prompts
 
 
+def run_sampling(config) -> Sampling:
+    """How train.sample_prompts are completed (train.sample_temperature, _top_k, _top_p, _seed), or
+    the ConfigError of the first bad setting."""
+    train = config.train
+    return check_sampling(
+        Sampling(
+            temperature=train.sample_temperature,
+            top_k=train.sample_top_k,
+            top_p=train.sample_top_p,
+            seed=train.sample_seed,
+        ),
+        SAMPLING_KEYS,
+    )
+
+
 def sample(model, plan: SamplingPlan) -> list[dict]:
-    """Each prompt of `plan` and its completion by `model`, as metrics.json records them."""
+    """Each prompt of `plan` and its completion by `model`, as metrics.json records them: {prompt,
+    completion, sampling} (sampling: the settings, Sampling.record)."""
     prompts = list(plan.prompts)
     completions = complete(
         model,
@@ -101,9 +141,11 @@ def sample(model, plan: SamplingPlan) -> list[dict]:
         plan.batch_multiple,
         SAMPLE_KEY,
         LENGTH_KEY,
+        plan.sampling,
     )
+    record = plan.sampling.record()
     return [
-        {"prompt": prompt, "completion": completion}
+        {"prompt": prompt, "completion": completion, "sampling": record}
         for prompt, completion in zip(prompts, completions, strict=True)
     ]
 

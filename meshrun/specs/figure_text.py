@@ -227,17 +227,29 @@ PROMPT_SHOWN = (
 
 
 def samples_text(samples, metrics) -> str | None:
-    """Each prompt of train.sample_prompts and its completion, a line each: 'prompt' -> 'completion',
-    quoted as Python writes strings (so that spaces and line breaks show), a long one cut short."""
+    """How the tokens were picked (sampling_text), then each prompt of train.sample_prompts and its
+    completion, a line each: 'prompt' -> 'completion', quoted as Python writes strings (so that
+    spaces and line breaks show), a long one cut short."""
     if _skipped(metrics, "samples"):
         return _skipped_text(metrics)
     if not samples:
         return None
-    lines = []
+    lines = [sampling_text(samples[0].get("sampling"))]
     for sample in samples:
         prompt = _cut(sample["prompt"], PROMPT_SHOWN)
         lines.append(f"{prompt} -> {_cut(sample['completion'], SAMPLE_LINE - len(prompt) - 4)}")
     return "\n".join(lines)
+
+
+def sampling_text(record: dict | None) -> str:
+    """A sample's sampling settings (meshrun.text.complete.Sampling.record) in words: `greedy` (also
+    for samples recorded without them, as every run's were before they could draw), else `drawn:
+    temperature 0.8, top_k 40, top_p 0.9, seed 0` (the settings given)."""
+    if not record or record.get("sampler") == "greedy":
+        return "greedy"
+    names = ("temperature", "top_k", "top_p")
+    parts = [f"{name} {record[name]}" for name in names if record.get(name) is not None]
+    return "drawn: " + ", ".join([*parts, f"seed {record.get('seed')}"])
 
 
 def _cut(text: str, width: int) -> str:
