@@ -22,6 +22,7 @@ class CommandLine:
     values: dict[str, list[str]]
     switches: frozenset[str]
     positional: tuple[str, ...]
+    ordered: tuple[tuple[str, str], ...] = ()  # every (value flag, value), in the order given
 
     def only_positional(self, key: str, wanted: str) -> str:
         """The one positional argument; a ConfigError on `key` for none or several, saying
@@ -43,7 +44,7 @@ def read_command_line(
     the name of its value in messages: {"--prompt": "TEXT"}) and whose switches are `switches`;
     None when it asks for --help. An unknown flag, or a value flag without its value (nothing, or
     another flag, after it), is a ConfigError."""
-    rest, positional, values, given = list(args), [], {}, set()
+    rest, positional, values, given, ordered = list(args), [], {}, set(), []
     flags = (*value_flags, *switches, *HELP_FLAGS)
     while rest:
         arg = rest.pop(0)
@@ -54,6 +55,7 @@ def read_command_line(
             if "=" not in arg and (not rest or rest[0].partition("=")[0] in flags):
                 raise ConfigError(flag, f"got nothing; give {value_flags[flag]} after it")
             values.setdefault(flag, []).append(arg.partition("=")[2] if "=" in arg else rest.pop(0))
+            ordered.append((flag, values[flag][-1]))
         elif arg in switches:
             given.add(arg)
         elif arg.startswith("-"):
@@ -61,4 +63,6 @@ def read_command_line(
             raise ConfigError(flag, not_a_flag(flag, command, valid))
         else:
             positional.append(arg)
-    return CommandLine(values=values, switches=frozenset(given), positional=tuple(positional))
+    return CommandLine(
+        values=values, switches=frozenset(given), positional=tuple(positional), ordered=tuple(ordered)
+    )

@@ -34,6 +34,7 @@ from meshrun.run.sampling import (
     check_vocabulary,
     load_run_tokenizer,
     model_vocabulary,
+    run_chat,
 )
 from meshrun.specs import rundir
 from meshrun.text.complete import (
@@ -44,12 +45,15 @@ from meshrun.text.complete import (
     check_top_k,
     complete,
     encode_prompts,
+    prompt_text,
 )
 from meshrun.wording import first_line
 
 USAGE = """\
 usage: meshrun generate RUN_DIR --prompt TEXT [--prompt TEXT ...] [--max-length N]
                         [--temperature T] [--top-k K] [--top-p P] [--seed S] [--json]
+       meshrun generate RUN_DIR --chat JSON [--chat JSON ...] [options as above]
+       meshrun generate RUN_DIR [--system TEXT] --user TEXT [--assistant TEXT --user TEXT ...] [options]
 
 Completes each prompt with the model a KerasHub run of `meshrun train` trained (model=keras_hub),
 loaded on the run's own mesh and layout, with the weights its metrics.json says it saved: the preset
@@ -60,6 +64,14 @@ were, with its tokenizer (data.tokenizer, else model.preset), and completed up t
 (default: the run's model.seq_len). Prints 'prompt' -> 'completion' for each prompt; --json prints
 a JSON list of {prompt, completion, sampling} (sampling: the settings used).
 
+A conversation is rendered with the run's chat template (its data.chat_template, else the model's
+own, else the built-in one its tokenizer's turn markers call for) and the assistant's header after
+it, as the run's conversations were rendered in training, and the reply ends at the end of the
+assistant's turn. Give it as a JSONL line, {"messages": [{"role": "user", "content": ...}, ...]}
+(--chat, once per conversation), or turn by turn (--system, --user, --assistant, in order: one
+conversation). It ends with a user turn. A run trained on conversations (data.format=chat) takes
+each --prompt as one user turn.
+
 Tokens are greedy (the most likely each step) unless a sampling flag is given:
   --temperature T  draw at temperature T (0 or more; 0: greedy; default 1.0 with --top-k or --top-p)
   --top-k K        draw from the K most likely tokens (1 or more)
@@ -69,8 +81,13 @@ Tokens are greedy (the most likely each step) unless a sampling flag is given:
   meshrun generate outputs/2026-11-25/10-00-00 --prompt 'Once upon a time' --prompt 'The cat'
   meshrun generate outputs/2026-11-25/10-00-00 --prompt 'What colour is the sky?' --max-length 48 --json
   meshrun generate outputs/2026-11-25/10-00-00 --prompt 'The cat' --temperature 0.8 --top-p 0.9 --seed 7
+  meshrun generate outputs/2026-11-25/10-00-00 --system 'You answer in one word.' \\
+    --user 'What colour is grass?' --assistant green --user 'And the sky?'
+  meshrun generate outputs/2026-11-25/10-00-00 --chat '{"messages": [{"role": "user", "content": "Hi"}]}'
 """
 PROMPT, MAX_LENGTH, JSON = "--prompt", "--max-length", "--json"
+CHAT, SYSTEM, USER, ASSISTANT = "--chat", "--system", "--user", "--assistant"
+TURN_FLAGS = {SYSTEM: "system", USER: "user", ASSISTANT: "assistant"}
 TEMPERATURE, TOP_K, TOP_P, SEED = "--temperature", "--top-k", "--top-p", "--seed"
 SAMPLING_FLAGS = SamplingKeys(temperature=TEMPERATURE, top_k=TOP_K, top_p=TOP_P, seed=SEED)
 RUN_DIR_KEY = "RUN_DIR"
@@ -87,10 +104,11 @@ class Request:
     token is picked."""
 
     run_dir: Path
-    prompts: tuple[str, ...]
+    prompts: tuple  # texts, or conversations (tuples of {role, content} turns) with `chat`
     max_length: int | None
     as_json: bool
     sampling: Sampling = GREEDY
+    chat: bool = False  # the prompts are conversations given by --chat or the turn flags
 
 
 @dataclass(frozen=True)
@@ -128,7 +146,16 @@ def main(args: list[str]) -> int:
 
 def parse_request(args: list[str]) -> Request | None:
     """The request `args` make (None: they ask for --help); a ConfigError for anything else."""
-    value_flags = {PROMPT: "TEXT", MAX_LENGTH: "N", TEMPERATURE: "T", TOP_K: "K", TOP_P: "P", SEED: "S"}
+    value_flags = {
+        PROMPT: "TEXT",
+        CHAT: "JSON",
+        **dict.fromkeys(TURN_FLAGS, "TEXT"),
+        MAX_LENGTH: "N",
+        TEMPERATURE: "T",
+        TOP_K: "K",
+        TOP_P: "P",
+        SEED: "S",
+    }
     line = read_command_line(args, "generate", value_flags, (JSON,))
     if line is None:
         return None
@@ -137,12 +164,7 @@ def parse_request(args: list[str]) -> Request | None:
         "the one run dir of a KerasHub run of meshrun train, e.g. "
         "meshrun generate outputs/DATE/TIME --prompt 'Once upon a time'",
     )
-    prompts = line.values.get(PROMPT, [])
-    if not prompts:
-        raise ConfigError(
-            PROMPT,
-            "is required: give the text to complete, e.g. --prompt 'Once upon a time' (repeat it for more)",
-        )
+    prompts, chat = _prompts(line)
     max_length = [_max_length(value) for value in line.values.get(MAX_LENGTH, [])]
     return Request(
         run_dir=Path(run_dir).expanduser().resolve(),
@@ -150,7 +172,56 @@ def parse_request(args: list[str]) -> Request | None:
         max_length=max_length[-1] if max_length else None,
         as_json=JSON in line.switches,
         sampling=_sampling(line.values),
+        chat=chat,
     )
+
+
+def _prompts(line) -> tuple[tuple, bool]:
+    """The prompts a command line gives, and whether they are conversations: the texts of
+    --prompt, or the conversations of --chat, or the one the turn flags make; one kind only."""
+    from meshrun.text.chat import prompt_conversation
+
+    turns = [(flag, value) for flag, value in line.ordered if flag in TURN_FLAGS]
+    given = [
+        flag for flag, present in ((PROMPT, PROMPT in line.values), (CHAT, CHAT in line.values)) if present
+    ]
+    if turns:
+        given.append(turns[0][0])
+    if len(given) > 1:
+        raise ConfigError(
+            given[1],
+            f"was given with {given[0]}; give text prompts (--prompt), conversations as JSON (--chat) "
+            "or one conversation turn by turn (--system, --user, --assistant)",
+        )
+    if turns:
+        messages = [{"role": TURN_FLAGS[flag], "content": value} for flag, value in turns]
+        return (prompt_conversation(messages, "the conversation of --system/--user/--assistant", USER),), True
+    if CHAT in line.values:
+        return tuple(_conversation(text, number) for number, text in enumerate(line.values[CHAT], 1)), True
+    if PROMPT in line.values:
+        return tuple(line.values[PROMPT]), False
+    raise ConfigError(
+        PROMPT,
+        "is required: give the text to complete, e.g. --prompt 'Once upon a time' (repeat it for more), "
+        "or a conversation (--chat JSON, or --user TEXT)",
+    )
+
+
+def _conversation(text: str, number: int) -> tuple[dict, ...]:
+    """The conversation of the `number`th --chat: a JSONL line, {"messages": [...]} or the list."""
+    from meshrun.text.chat import prompt_conversation
+
+    where = f"--chat {number}"
+    try:
+        given = json.loads(text)
+    except ValueError as error:
+        raise ConfigError(CHAT, f'{where} is not JSON ({error}); give {{"messages": [...]}}') from None
+    messages = given.get("messages") if isinstance(given, dict) else given
+    if isinstance(given, dict) and messages is None:
+        raise ConfigError(
+            CHAT, f'{where} has no \'messages\'; give {{"messages": [{{"role": ..., "content": ...}}]}}'
+        )
+    return prompt_conversation(messages, where, CHAT)
 
 
 def _sampling(values: dict[str, list[str]]) -> Sampling:
@@ -339,9 +410,11 @@ def generate(run: SavedRun, request: Request) -> list[str]:
     import_keras()  # before anything else imports it (meshrun.compat.keras)
     weights = find_weights(run)
     tokenizer, framing = load_run_tokenizer(config, RUN_DIR_KEY)
+    chat = run_chat(config, tokenizer, RUN_DIR_KEY, wanted=request.chat)
     max_length = check_max_length(request.max_length or options.seq_len, options, MAX_LENGTH)
     prompts = list(request.prompts)
-    encode_prompts(tokenizer, framing, prompts, max_length, PROMPT, MAX_LENGTH)
+    key = CHAT if request.chat else PROMPT
+    encode_prompts(tokenizer, framing, prompts, max_length, key, MAX_LENGTH, chat)
     from meshrun.placement import distribution as distribution_lib
 
     try:
@@ -356,9 +429,10 @@ def generate(run: SavedRun, request: Request) -> list[str]:
             prompts,
             max_length,
             mesh.axis_size(mesh.batch_axis),
-            PROMPT,
+            key,
             MAX_LENGTH,
             request.sampling,
+            chat,
         )
     finally:
         distribution_lib.reset()
@@ -436,13 +510,19 @@ def _from_adapter(planned, adapter: Path):
 
 
 def print_completions(
-    prompts: tuple[str, ...], completions: list[str], as_json: bool, sampling: Sampling = GREEDY
+    prompts: tuple, completions: list[str], as_json: bool, sampling: Sampling = GREEDY
 ) -> None:
     """Prints each prompt and its completion: a line each ('prompt' -> 'completion'), or a JSON list
-    of {prompt, completion, sampling} (the settings, as metrics.json's samples record them)."""
+    of {prompt, completion, sampling} (the settings, as metrics.json's samples record them); a
+    conversation's prompt is its last turn's text, and its JSON has its `messages` too."""
     record = sampling.record()
     pairs = [
-        {"prompt": prompt, "completion": completion, "sampling": record}
+        {
+            "prompt": prompt_text(prompt),
+            **({} if isinstance(prompt, str) else {"messages": list(prompt)}),
+            "completion": completion,
+            "sampling": record,
+        }
         for prompt, completion in zip(prompts, completions, strict=True)
     ]
     if as_json:

@@ -138,7 +138,8 @@ def test_a_template_that_fails_to_render_names_the_record_and_its_line(tmp_path,
 def test_a_template_that_closes_turns_with_no_special_token_is_refused(tmp_path, llama3):
     template = tmp_path / "open.jinja"
     template.write_text("{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}")
-    error = pytest.raises(ConfigError, chat.load_chat, llama3[0], llama3[1], str(template)).value
+    format_ = chat.load_chat(llama3[0], llama3[1], str(template))
+    error = pytest.raises(ConfigError, format_.encode_many, [chat.Conversation(THREE_TURNS, "c:1")]).value
     assert "ends an assistant turn with no special token" in str(error)
 
 

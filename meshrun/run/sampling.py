@@ -54,6 +54,7 @@ class SamplingPlan:
     max_length: int
     batch_multiple: int
     sampling: Sampling = GREEDY
+    chat: Any = None  # meshrun.text.chat.ChatFormat of a run on conversations: prompts are user turns
 
 
 def plan_sampling(config, planned, mesh, processes: int) -> SamplingPlan | None:
@@ -66,13 +67,14 @@ def plan_sampling(config, planned, mesh, processes: int) -> SamplingPlan | None:
         return None
     options = planned.options
     tokenizer, framing = load_run_tokenizer(config, SAMPLE_KEY)
+    chat = run_chat(config, tokenizer, SAMPLE_KEY)
     vocabulary = model_vocabulary(planned.abstract.signature)
     check_vocabulary(tokenizer, config, vocabulary)
     sampling = run_sampling(config)
     check_top_k(sampling, vocabulary, SAMPLING_KEYS.top_k)
     max_length = check_max_length(train.sample_max_length or options.seq_len, options, LENGTH_KEY)
     encode_prompts(
-        tokenizer, framing, list(prompts), max_length, SAMPLE_KEY, LENGTH_KEY
+        tokenizer, framing, list(prompts), max_length, SAMPLE_KEY, LENGTH_KEY, chat
     )  # a prompt too long fails now
     return SamplingPlan(
         prompts=prompts,
@@ -81,6 +83,7 @@ def plan_sampling(config, planned, mesh, processes: int) -> SamplingPlan | None:
         max_length=max_length,
         batch_multiple=mesh.axis_size(mesh.batch_axis),
         sampling=sampling,
+        chat=chat,
     )
 
 
@@ -142,6 +145,7 @@ def sample(model, plan: SamplingPlan) -> list[dict]:
         SAMPLE_KEY,
         LENGTH_KEY,
         plan.sampling,
+        plan.chat,
     )
     record = plan.sampling.record()
     return [
@@ -171,6 +175,20 @@ def load_run_tokenizer(config, key: str):
     )  # data=text's: where its check's verdict is kept
     tokenizer = load_tokenizer(source, source_key, cache_dir, config.cache.shared)
     return tokenizer, run_framing(config, tokenizer)
+
+
+def run_chat(config, tokenizer, key: str, wanted: bool = False):
+    """The ChatFormat a run's prompts are rendered with (meshrun.text.chat): its own where it
+    trained on conversations (data.format=chat), else, when `wanted` (generate --chat), the chat
+    template beside its tokenizer or the built-in one its turn markers call for; else None."""
+    options = config.data.options
+    trained_on_chat = config.data.name == "text" and getattr(options, "chat", False)
+    if not (trained_on_chat or wanted):
+        return None
+    from meshrun.text.chat import load_chat
+
+    source, source_key = tokenizer_source(config, key)
+    return load_chat(tokenizer, source, options.chat_template if trained_on_chat else None, source_key)
 
 
 def run_framing(config, tokenizer) -> Framing:

@@ -31,6 +31,7 @@ Importing this module imports numpy and jinja2 only.
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from collections.abc import Sequence
@@ -158,12 +159,19 @@ def _shown(value, limit: int = 40) -> str:
     return text if len(text) <= limit else text[:limit] + "..."
 
 
-def messages_of(turns: Sequence[tuple[str, str]], key: str) -> tuple[dict, ...]:
-    """(role, content) pairs as turns, for a conversation given on the command line; a role
-    other than ROLES is a ConfigError on `key`."""
-    return tuple(
-        _turn({"role": r, "content": c}, n, "the conversation", key) for n, (r, c) in enumerate(turns, 1)
-    )
+def prompt_conversation(turns: Sequence, where: str, key: str) -> tuple[dict, ...]:
+    """Turns ({role, content} dicts) a model is asked to reply to, checked as records are; a
+    conversation that does not end with a user turn is a ConfigError on `key`."""
+    if not isinstance(turns, (list, tuple)) or not turns:
+        raise ConfigError(key, f"{where}: got {_shown(turns)}; expected a list of turns")
+    checked = tuple(_turn(turn, number, where, key) for number, turn in enumerate(turns, start=1))
+    if checked[-1]["role"] != "user":
+        raise ConfigError(
+            key,
+            f"{where} ends with a {checked[-1]['role']} turn; a conversation to reply to ends with the "
+            "user's turn",
+        )
+    return checked
 
 
 # --- the template ---------------------------------------------------------------------------------
@@ -300,7 +308,6 @@ class ChatFormat:
         self._start = tokenizer.start_id
         self.bos_token = tokenizer.token_text(self._start) if self._start is not None else ""
         self.eos_token = tokenizer.token_text(tokenizer.end_id) if tokenizer.end_id is not None else ""
-        self.end_of_turn_ids = self._end_of_turn()
 
     @property
     def description(self) -> str:
@@ -323,8 +330,10 @@ class ChatFormat:
                 f"{self.template.source} fails{place}{_template_line(error)}: {first_line(error)}",
             ) from None
 
-    def _end_of_turn(self) -> tuple[int, ...]:
-        """The special token that ends an assistant turn (rendering a probe conversation)."""
+    @functools.cached_property
+    def end_of_turn_ids(self) -> tuple[int, ...]:
+        """The special token that ends an assistant turn (rendering a probe conversation: a
+        template that cannot render one is a ConfigError)."""
         text, spans = self._weighted_spans(PROBE, "all_assistant", "a probe conversation")
         found = self._special_pattern.search(text, spans[0][0]) if self._special_pattern else None
         return (self._specials[found.group()],) if found else ()

@@ -157,10 +157,14 @@ def check_top_k(sampling: Sampling, vocabulary: int, key: str) -> None:
         )
 
 
-def stop_ids(tokenizer, framing: Framing) -> list[int]:
-    """The tokens a completion stops at: the end token the run's examples end with (where it has
-    one), then the tokenizer's own stop list (`stop_ids`, where it has one), each once, in order."""
-    ids = [] if framing.end is None else [int(framing.end)]
+def stop_ids(tokenizer, framing: Framing, chat=None) -> list[int]:
+    """The tokens a completion stops at: the end of an assistant's turn where `chat` (a
+    meshrun.text.chat.ChatFormat) renders the prompts, the end token the run's examples end with
+    (where it has one), then the tokenizer's own stop list (`stop_ids`, where it has one), each
+    once, in order."""
+    ids = [int(i) for i in chat.end_of_turn_ids] if chat is not None else []
+    if framing.end is not None and int(framing.end) not in ids:
+        ids.append(int(framing.end))
     for token in getattr(tokenizer, "stop_ids", ()) or ():
         if int(token) not in ids:
             ids.append(int(token))
@@ -168,13 +172,17 @@ def stop_ids(tokenizer, framing: Framing) -> list[int]:
 
 
 def encode_prompts(
-    tokenizer, framing: Framing, prompts: list[str], max_length: int, key: str, length_key: str
+    tokenizer, framing: Framing, prompts: list, max_length: int, key: str, length_key: str, chat=None
 ) -> list[np.ndarray]:
     """Each prompt's ids as the model was trained on them; a ConfigError naming `key` for a prompt
     that encodes to nothing or leaves no room for a completion within `max_length` tokens (set by
-    `length_key`)."""
-    encoded = [prompt_ids(tokenizer.encode, framing, prompt) for prompt in prompts]
-    for prompt, ids in zip(prompts, encoded, strict=True):
+    `length_key`). With `chat` (the ChatFormat of a run on conversations), a prompt is a
+    conversation (a text: one user turn), rendered by the template with its generation prompt."""
+    if chat is not None:
+        encoded = [chat.prompt_ids(as_conversation(prompt, key)) for prompt in prompts]
+    else:
+        encoded = [prompt_ids(tokenizer.encode, framing, prompt) for prompt in prompts]
+    for prompt, ids in zip(map(prompt_text, prompts), encoded, strict=True):
         if not len(ids):
             raise ConfigError(
                 key,
@@ -188,6 +196,20 @@ def encode_prompts(
                 f"{length_key}={max_length} tokens (prompt and completion); shorten it or raise {length_key}",
             )
     return encoded
+
+
+def as_conversation(prompt, key: str) -> tuple[dict, ...]:
+    """A prompt as chat turns: a text is one user turn; turns ({role, content} dicts) are checked."""
+    from meshrun.text.chat import prompt_conversation
+
+    if isinstance(prompt, str):
+        return ({"role": "user", "content": prompt},)
+    return prompt_conversation(prompt, "the conversation", key)
+
+
+def prompt_text(prompt) -> str:
+    """A prompt as errors and outputs show it: a text as it is, a conversation its last turn's text."""
+    return prompt if isinstance(prompt, str) else prompt[-1]["content"]
 
 
 def _shortened(text: str, limit: int = 40) -> str:
@@ -250,13 +272,15 @@ def complete(
     key: str,
     length_key: str,
     sampling: Sampling = GREEDY,
+    chat=None,
 ) -> list[str]:
     """The completion of each text prompt by `model`, encoded as at training (see encode_prompts:
     `key` and `length_key` name what set the prompts and `max_length` in errors), as complete_ids
-    gives it; it stops at stop_ids(tokenizer, framing)."""
-    encoded = encode_prompts(tokenizer, framing, prompts, max_length, key, length_key)
+    gives it; it stops at stop_ids(tokenizer, framing, chat). With `chat`, prompts are
+    conversations (encode_prompts)."""
+    encoded = encode_prompts(tokenizer, framing, prompts, max_length, key, length_key, chat)
     return complete_ids(
-        model, tokenizer, encoded, max_length, batch_multiple, sampling, stop_ids(tokenizer, framing)
+        model, tokenizer, encoded, max_length, batch_multiple, sampling, stop_ids(tokenizer, framing, chat)
     )
 
 
