@@ -420,8 +420,8 @@ TOKENS = {"token_ids": np.arange(32).reshape(2, 16) * 7 % 256, "padding_mask": n
 
 
 def tiny_gemma(dropout: float, targets=("query", "value", "ffw_gating", "attention_output")):
-    """A one-block GemmaBackbone with rank-4 adapters (alpha 8) on `targets`, its weights drawn from
-    seed 1."""
+    """A one-block GemmaBackbone with rank-4 adapters (alpha 8) on `targets` (none when empty),
+    its weights drawn from seed 1."""
     import keras
     import keras_hub
 
@@ -429,7 +429,8 @@ def tiny_gemma(dropout: float, targets=("query", "value", "ffw_gating", "attenti
 
     keras.utils.set_random_seed(1)
     backbone = keras_hub.models.GemmaBackbone(**TINY_GEMMA)
-    enable_lora(backbone, LoraOptions(rank=RANK, alpha=ALPHA, targets=targets, dropout=dropout))
+    if targets:
+        enable_lora(backbone, LoraOptions(rank=RANK, alpha=ALPHA, targets=targets, dropout=dropout))
     return backbone
 
 
@@ -515,3 +516,25 @@ def test_lora_dropout_gives_peft_s_formula(kind):
     np.testing.assert_allclose(trained, expected, atol=1e-5, rtol=1e-5)
     merged = activation(applied(x, kernel + update) + bias)
     np.testing.assert_allclose(np.asarray(model(x)), merged, atol=1e-5, rtol=1e-5)
+
+
+def test_an_adapter_loaded_to_sample_gets_no_lora_dropout(tmp_path):
+    """`meshrun generate` puts a dropout run's adapter file on the base model without LoRA dropout:
+    no seed generator, and the logits of the trained model at inference."""
+    import keras_hub
+
+    from meshrun.models.hub import LoraOptions
+    from meshrun.models.hub_export import load_adapter, save_adapter
+
+    targets = ("query", "value")
+    lora = LoraOptions(rank=RANK, alpha=ALPHA, targets=targets, dropout=0.1)
+    trained = tiny_gemma(0.1, targets)
+    for b in (v for v in trained.variables if v.path.endswith("lora_kernel_b")):
+        b.assign(np.full(b.shape, 0.05))
+    path = save_adapter(trained, lora, tmp_path / "adapter.lora.h5")
+    base = keras_hub.models.GemmaCausalLM(backbone=tiny_gemma(0.0, targets=()), preprocessor=None)
+    load_adapter(base, lora, path)
+    assert not [v.path for v in base.backbone.variables if "seed" in v.path]
+    np.testing.assert_allclose(
+        np.asarray(base.backbone(TOKENS)), np.asarray(trained(TOKENS)), atol=1e-5, rtol=1e-5
+    )

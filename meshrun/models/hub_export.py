@@ -170,8 +170,9 @@ def keep_adapter(trained, options: KerasHubOptions, run_dir: Path) -> str | None
 def load_adapter(task, lora: LoraOptions, path: Path):
     """`task` (the base model, model.preset) with the adapters of `path` (as save_adapter wrote
     them) on its target layers: LoRA enabled at `lora`'s rank and targets with alpha = rank (the
-    file holds alpha / rank folded in), then KerasHub's `load_lora_weights`. Returns `task`."""
-    enable_lora(task.backbone, dataclasses.replace(lora, alpha=None))
+    file holds alpha / rank folded in) and no dropout (it samples, never trains), then KerasHub's
+    `load_lora_weights`. Returns `task`."""
+    enable_lora(task.backbone, dataclasses.replace(lora, alpha=None, dropout=0.0))
     task.backbone.load_lora_weights(str(path))
     return task
 
