@@ -24,6 +24,7 @@ pytestmark = pytest.mark.integration
 
 RANK, ALPHA = 4, 8.0  # alpha / rank = 2, so the adapter file must carry the scale folded in
 LORA = [f"model.lora.rank={RANK}", f"model.lora.alpha={ALPHA}"]
+DROPOUT = 0.1  # model.lora.dropout of the exported run: the merge holds the adapters as trained
 FAST = [
     "train.verbose=0",
     "train.epochs=2",
@@ -53,7 +54,15 @@ def lora_run(base_preset, tmp_path_factory):
     """The LoRA run of two epochs, exported: its metrics and run dir."""
     run_dir = tmp_path_factory.mktemp("lora") / "run"
     return train(
-        [f"model.preset={base_preset}", *LORA, *ON_2X4, *FAST, "checkpoint.export=true"], run_dir
+        [
+            f"model.preset={base_preset}",
+            *LORA,
+            f"model.lora.dropout={DROPOUT}",
+            *ON_2X4,
+            *FAST,
+            "checkpoint.export=true",
+        ],
+        run_dir,
     ), run_dir
 
 
@@ -77,10 +86,14 @@ def test_only_the_adapters_train_and_the_optimizer_keeps_state_for_them_alone(lo
         "rank": RANK,
         "alpha": ALPHA,
         "targets": None,
+        "dropout": DROPOUT,
     }
+    losses = metrics["history"]["loss"]
+    assert losses[-1] < losses[0], losses  # LoRA dropout on, the adapters learn
     plan = json.loads((run_dir / "plan.json").read_text())
     assert plan["model"]["trainable_params"] == adapter_params
-    assert plan["model"]["frozen_params"] == model["params"] - adapter_params
+    # The plan counts every variable, LoRA dropout's seed state (2 uint32) too; count_params weights alone.
+    assert plan["model"]["frozen_params"] == model["params"] - adapter_params + 2
     assert {v["path"] for v in plan["variables"] if v["trainable"]} == set(adapters)
     mirrored = {slot["reference"] for slot in plan["optimizer_variables"] if "reference" in slot}
     assert mirrored == set(adapters)  # Adam's two moments of every adapter, of nothing else
@@ -155,7 +168,8 @@ print(json.dumps({
 def test_the_exports_load_in_plain_keras_hub_merged_and_as_base_plus_adapter(lora_run, base_preset, tmp_path):
     """The preset holds the adapters merged (the base's weights but the adapted kernels, which
     equal base + A @ B of the adapter file) and the base preset's tokenizer; base + adapter gives
-    its logits, which differ from the base's; model.keras holds the same model."""
+    its logits, which differ from the base's; model.keras holds the same model. The run trained
+    with LoRA dropout, which leaves the merge as it is: base + scale * A @ B of the trained adapters."""
     metrics, run_dir = lora_run
     assert metrics["checkpoint"]["exported"] == str(run_dir / "model.keras")
     assert metrics["checkpoint"]["exported_preset"] == str(run_dir / "preset")
@@ -191,9 +205,10 @@ def test_the_exports_load_in_plain_keras_hub_merged_and_as_base_plus_adapter(lor
 
 
 def test_a_lora_fine_tune_stopped_by_sigterm_then_killed_resumes_exactly(text_files, tmp_path):
-    """A LoRA fine-tune on text (dropout on, so training draws random numbers) is stopped by
-    SIGTERM, run again and killed with SIGKILL mid-epoch (both real processes), then run a third time: it
-    restores the adapters, their optimizer state, the data position and the RNG each time, and ends with the
+    """A LoRA fine-tune on text (the model's dropout and LoRA dropout on, so training draws random
+    numbers) is stopped by SIGTERM, run again and killed with SIGKILL mid-epoch (both real
+    processes), then run a third time: it restores the adapters, their optimizer state, the data
+    position and the RNG (the LoRA dropout's seed generator included) each time, and ends with the
     losses, eval loss and adapters of the run never interrupted."""
     from presets import corpus_text
 
@@ -204,6 +219,7 @@ def test_a_lora_fine_tune_stopped_by_sigterm_then_killed_resumes_exactly(text_fi
         "model=keras_hub",
         f"model.preset={preset}",
         *LORA,
+        "model.lora.dropout=0.1",
         *ON_2X4,
         "data=text",
         f"data.files=[{text_files.instructions}]",
@@ -336,6 +352,30 @@ BAD = {
         ["model.lora.alpha=16"],
         "model.lora.alpha: got 16 with model.lora.rank=null, which leaves LoRA off",
     ),
+    "dropout of 1": (
+        ["model.lora.rank=4", "model.lora.dropout=1"],
+        "model.lora.dropout: got 1; valid: a number in [0, 1) (the share of each adapter's input dropped in "
+        "training), 0 for none",
+    ),
+    "negative dropout": (
+        ["model.lora.rank=4", "model.lora.dropout=-0.1"],
+        "model.lora.dropout: got -0.1; valid: a number in [0, 1)",
+    ),
+    "dropout without a rank": (
+        ["model.lora.dropout=0.1"],
+        "model.lora.dropout: got 0.1 with model.lora.rank=null, which leaves LoRA off; set model.lora.rank",
+    ),
+    "dropout with pipeline stages": (
+        [
+            "model.lora.rank=4",
+            "model.lora.dropout=0.1",
+            "mesh=2x4",
+            "mesh.axis_names=[stage,data]",
+            "mesh.batch_axis=data",
+        ],
+        "model.lora.dropout: got 0.1 with pipeline stages, which cannot hand on dropout's random state yet; "
+        "set model.lora.dropout=0, or train without a stage axis",
+    ),
     "a misspelt key": (
         ["model.lora.rnak=4"],
         "model.lora.rnak: no such key (got override 'model.lora.rnak=4'); did you mean model.lora.rank?",
@@ -362,3 +402,139 @@ def test_bad_lora_values_are_one_line_with_exit_2(name, in_tmp, capsys):
     assert exit_info.value.code == 2 and len(lines) == 1, lines
     assert lines[0].startswith(f"meshrun: error: {expected}"), lines[0]
     assert list(in_tmp.iterdir()) == []
+
+
+# --- LoRA dropout (model.lora.dropout) on the layers themselves -----------------------------------
+
+TINY_GEMMA = dict(
+    vocabulary_size=256,
+    num_layers=1,
+    num_query_heads=2,
+    num_key_value_heads=1,
+    hidden_dim=32,
+    intermediate_dim=64,
+    head_dim=16,
+    dropout=0.0,
+)
+TOKENS = {"token_ids": np.arange(32).reshape(2, 16) * 7 % 256, "padding_mask": np.ones((2, 16), "int32")}
+
+
+def tiny_gemma(dropout: float, targets=("query", "value", "ffw_gating", "attention_output")):
+    """A one-block GemmaBackbone with rank-4 adapters (alpha 8) on `targets` (none when empty),
+    its weights drawn from seed 1."""
+    import keras
+    import keras_hub
+
+    from meshrun.models.hub import LoraOptions, enable_lora
+
+    keras.utils.set_random_seed(1)
+    backbone = keras_hub.models.GemmaBackbone(**TINY_GEMMA)
+    if targets:
+        enable_lora(backbone, LoraOptions(rank=RANK, alpha=ALPHA, targets=targets, dropout=dropout))
+    return backbone
+
+
+def test_lora_dropout_changes_training_alone_and_only_through_the_adapters():
+    """With B = 0 (as LoRA starts) the training output is the base's exactly: the dropout touches
+    the adapters' path alone. With trained adapters, training draws a new mask each call, while
+    inference is exactly the model without LoRA dropout. One seed generator serves every layer."""
+    from meshrun.models.hub import adapted_layers
+
+    dropping, plain = tiny_gemma(0.5), tiny_gemma(0.0)
+    seeds = [v.path for v in dropping.variables if "seed" in v.path]
+    assert seeds == ["lora_dropout/seed_generator_state"]
+    assert not [v for v in plain.variables if "seed" in v.path]
+    np.testing.assert_array_equal(np.asarray(dropping(TOKENS, training=True)), np.asarray(plain(TOKENS)))
+    rng = np.random.default_rng(0)
+    for mine, theirs in zip(adapted_layers(dropping), adapted_layers(plain), strict=True):
+        b = rng.normal(scale=0.3, size=mine.lora_kernel_b.shape)
+        mine.lora_kernel_b.assign(b)
+        theirs.lora_kernel_b.assign(b)
+    inference = np.asarray(dropping(TOKENS))
+    np.testing.assert_array_equal(inference, np.asarray(plain(TOKENS)))
+    np.testing.assert_array_equal(np.asarray(dropping(TOKENS, training=False)), inference)
+    first, second = (np.asarray(dropping(TOKENS, training=True)) for _ in range(2))
+    assert np.abs(first - inference).max() > 1e-3 and np.abs(second - first).max() > 1e-3
+
+
+def adapted_alone(layer, shape):
+    """`layer` as the one layer of a model on inputs of `shape`, its bias drawn, with a rank-2
+    adapter of alpha 6 (scale 3) whose B is drawn too: the model and its kernel and bias before
+    the adapter."""
+    import keras
+
+    inputs = keras.Input(batch_shape=shape)
+    model = keras.Model(inputs, layer(inputs))
+    rng = np.random.default_rng(0)
+    if layer.bias is not None:
+        layer.bias.assign(rng.normal(size=layer.bias.shape))
+    kernel, bias = np.asarray(layer.kernel), 0 if layer.bias is None else np.asarray(layer.bias)
+    layer.enable_lora(2, lora_alpha=6)
+    layer.lora_kernel_b.assign(rng.normal(size=layer.lora_kernel_b.shape))
+    return model, kernel, bias
+
+
+LAYERS = {  # a layer, its input's shape, and what it computes of x and its kernel
+    "dense with an activation": (lambda k: k.layers.Dense(6, activation="tanh"), (2, 3, 5), None),
+    # The kernel's last axis is the output's last: the adapter's product goes through the rank.
+    "einsum through the rank": (
+        lambda k: k.layers.EinsumDense("btd,dnh->btnh", (3, 2, 4), bias_axes="nh"),
+        (2, 3, 5),
+        "btd,dnh->btnh",
+    ),
+    # It is not: the equation takes A @ B whole.
+    "einsum whole": (lambda k: k.layers.EinsumDense("abd,dn->anb", (6, 3)), (2, 3, 5), "abd,dn->anb"),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(LAYERS))
+def test_lora_dropout_gives_peft_s_formula(kind):
+    """In training an adapted layer gives activation(x W + b + scale * dropout(x) A B), PEFT's
+    lora_dropout, with the mask the model's seed generator draws; outside training, that of the
+    merged kernel W + scale * A B."""
+    import keras
+
+    from meshrun.models.hub import drop_adapter_inputs
+
+    keras.utils.set_random_seed(2)
+    make, shape, equation = LAYERS[kind]
+    layer = make(keras)
+    model, kernel, bias = adapted_alone(layer, shape)
+    drop_adapter_inputs(model, 0.4)
+    x = np.random.default_rng(1).normal(size=shape).astype("float32")
+    replay = keras.random.SeedGenerator(0)
+    replay.state.assign(model.lora_dropout_seeds.state)  # the state the mask is drawn from
+    trained = np.asarray(model(x, training=True))
+    dropped = np.asarray(keras.random.dropout(x, 0.4, seed=replay))
+    update = 3.0 * np.asarray(layer.lora_kernel_a) @ np.asarray(layer.lora_kernel_b)
+
+    def applied(inputs, weights):
+        return np.einsum(equation, inputs, weights) if equation else inputs @ weights
+
+    activation = np.tanh if equation is None else (lambda outputs: outputs)
+    expected = activation(applied(x, kernel) + bias + applied(dropped, update))
+    np.testing.assert_allclose(trained, expected, atol=1e-5, rtol=1e-5)
+    merged = activation(applied(x, kernel + update) + bias)
+    np.testing.assert_allclose(np.asarray(model(x)), merged, atol=1e-5, rtol=1e-5)
+
+
+def test_an_adapter_loaded_to_sample_gets_no_lora_dropout(tmp_path):
+    """`meshrun generate` puts a dropout run's adapter file on the base model without LoRA dropout:
+    no seed generator, and the logits of the trained model at inference."""
+    import keras_hub
+
+    from meshrun.models.hub import LoraOptions
+    from meshrun.models.hub_export import load_adapter, save_adapter
+
+    targets = ("query", "value")
+    lora = LoraOptions(rank=RANK, alpha=ALPHA, targets=targets, dropout=0.1)
+    trained = tiny_gemma(0.1, targets)
+    for b in (v for v in trained.variables if v.path.endswith("lora_kernel_b")):
+        b.assign(np.full(b.shape, 0.05))
+    path = save_adapter(trained, lora, tmp_path / "adapter.lora.h5")
+    base = keras_hub.models.GemmaCausalLM(backbone=tiny_gemma(0.0, targets=()), preprocessor=None)
+    load_adapter(base, lora, path)
+    assert not [v.path for v in base.backbone.variables if "seed" in v.path]
+    np.testing.assert_allclose(
+        np.asarray(base.backbone(TOKENS)), np.asarray(trained(TOKENS)), atol=1e-5, rtol=1e-5
+    )

@@ -1,8 +1,8 @@
 """Keras, as meshrun uses it past its public API: importing it without the optional packages it
 would load, seeding it without TensorFlow, the JAX trainer's state and data placement (XLA cost
 analysis, checkpoints), the flat list of a model's layers, the attribute that lets Keras call
-callbacks from worker threads, recording what a model's code compiles it with, and loading a
-preset's weights straight onto their shards.
+callbacks from worker threads, recording what a model's code compiles it with, loading a
+preset's weights straight onto their shards, and LoRA dropout's call of an adapted layer.
 
 Each private name is listed (meshrun.compat.names.uses) beside the function that reaches it, and
 checked with the rest of the keras group before the first use. Importing this module imports
@@ -349,6 +349,47 @@ def mark_async_safe(callback, safe: bool = True):
 def is_async_safe(callback) -> bool:
     """Whether Keras may call the per-step hooks of `callback` from worker threads."""
     return bool(getattr(callback, ASYNC_SAFE, False))
+
+
+# --- LoRA dropout --------------------------------------------------------------------------------
+
+uses(
+    "keras",
+    PrivateName(
+        "keras",
+        "keras",
+        "layers.Dense.kernel.fget",
+        "LoRA dropout: a Dense layer's kernel holds its LoRA update merged in (adapted_kernel)",
+        source_contains="ops.matmul(self.lora_kernel_a, self.lora_kernel_b)",
+    ),
+    PrivateName(
+        "keras",
+        "keras",
+        "layers.EinsumDense.kernel.fget",
+        "LoRA dropout: an EinsumDense layer's kernel holds its LoRA update merged in (adapted_kernel)",
+        source_contains="ops.matmul(self.lora_kernel_a, self.lora_kernel_b)",
+    ),
+    PrivateName(
+        "keras",
+        "keras.src.ops.operation",
+        "Operation.__call__",
+        "LoRA dropout: a call set on a layer instance is the one Keras runs (replace_call)",
+        source_contains="call_fn = self.call",
+    ),
+)
+
+
+def adapted_kernel(layer):
+    """The kernel of a Dense or EinsumDense `layer` with its LoRA update (alpha / rank * A @ B)
+    merged in, as Keras computes it each call when LoRA is on."""
+    ensure("keras")
+    return layer.kernel
+
+
+def replace_call(layer, call) -> None:
+    """Makes `call` what `layer` runs when called (its own call is left on its class)."""
+    ensure("keras")
+    layer.call = call
 
 
 # --- variables laid out by the distribution ---------------------------------------------------------

@@ -66,6 +66,7 @@ UNTIED_HEAD = "token_embedding/reverse_embeddings"
 LAYER_KEYWORDS = ("name", "trainable", "dtype")
 DEFAULT_SEQ_LEN = 128  # model.seq_len without a preset
 VARIABLE_DTYPES = ("float32", "bfloat16", "float16")
+LORA_DROPOUT_SEED = "lora_dropout"  # the seed generator of model.lora.dropout's masks, on the backbone
 
 
 @dataclass(frozen=True)
@@ -75,7 +76,9 @@ class LoraOptions:
     numerator (the update is multiplied by alpha / rank; None: alpha = rank, a scale of 1), and
     `targets` the names of the layers that get an adapter (None: the backbone's
     default_lora_layer_names(), the attention query and value projections). With LoRA on, only the
-    adapters train: every other weight of the backbone is frozen, target layers' biases included."""
+    adapters train: every other weight of the backbone is frozen, target layers' biases included.
+    `dropout`: the share of each adapter's input dropped in training (PEFT's lora_dropout; the
+    layers' own kernels see all of it), 0 for none."""
 
     rank: int | None = setting(None, "The adapters' rank, e.g. 8; null: LoRA off, every weight trains.")
     alpha: float | None = setting(
@@ -84,9 +87,24 @@ class LoraOptions:
     targets: tuple[str, ...] | None = setting(
         None, "The names of the layers that get an adapter; null: the backbone's default, query and value."
     )
+    dropout: float = setting(
+        0.0, "The share of each adapter's input dropped in training (PEFT's lora_dropout); 0: none."
+    )
 
     def __post_init__(self):
+        if not 0 <= self.dropout < 1:
+            raise ConfigError(
+                "model.lora.dropout",
+                f"got {self.dropout:g}; valid: a number in [0, 1) (the share of each adapter's input "
+                "dropped in training), 0 for none",
+            )
         if self.rank is None:
+            if self.dropout:
+                raise ConfigError(
+                    "model.lora.dropout",
+                    f"got {self.dropout:g} with model.lora.rank=null, which leaves LoRA "
+                    "off; set model.lora.rank (e.g. 8) to train adapters",
+                )
             for key in ("alpha", "targets"):
                 if getattr(self, key) is not None:
                     raise ConfigError(
@@ -435,7 +453,8 @@ def enable_lora(backbone, lora: LoraOptions) -> None:
     """Puts LoRA adapters on the backbone's target layers as model.lora asks (nothing when its
     rank is None): KerasHub's `enable_lora(rank, targets)`, which freezes every other layer, then
     each adapter's `lora_alpha` (KerasHub passes none, so Keras uses alpha = rank) and the target
-    layers' own biases frozen too, so that only the adapters train. Target names that no Dense or
+    layers' own biases frozen too, so that only the adapters train; with model.lora.dropout, the
+    adapters' inputs dropped in training (drop_adapter_inputs). Target names that no Dense or
     EinsumDense layer of the backbone has are a ConfigError listing the names it has."""
     if not lora.enabled:
         return
@@ -448,6 +467,89 @@ def enable_lora(backbone, lora: LoraOptions) -> None:
         for variable in layer.weights:
             if not any(variable is adapter for adapter in adapters):
                 variable.trainable = False
+    if lora.dropout:
+        drop_adapter_inputs(backbone, lora.dropout)
+
+
+def drop_adapter_inputs(backbone, rate: float) -> None:
+    """LoRA dropout (model.lora.dropout) on the backbone's adapted layers, as PEFT's lora_dropout:
+    in training each layer gives W x + scale * B A dropout(x) (its own kernel sees all of x), and
+    outside training exactly its own output, so evaluation, sampling and the merged export are
+    those of the adapters as trained. Every mask comes from one seed generator on the backbone
+    (`lora_dropout`, seeded from the run's seed as Keras' dropout layers are), whose state is one
+    of the model's variables: it goes through the train step, checkpoints and resumes with them.
+    Not in a build for pipeline stages, whose blocks cannot hand on random state."""
+    import keras
+
+    from meshrun.compat.keras import replace_call
+    from meshrun.pipeline.blocks import building_for
+
+    if building_for() is not None:
+        raise ConfigError(
+            "model.lora.dropout",
+            f"got {rate:g} with pipeline stages, which cannot hand on dropout's random state yet; "
+            "set model.lora.dropout=0, or train without a stage axis",
+        )
+    seeds = keras.random.SeedGenerator(name=LORA_DROPOUT_SEED)
+    backbone.lora_dropout_seeds = seeds  # tracked by the backbone: its state is one of its variables
+    for layer in adapted_layers(backbone):
+        replace_call(layer, _adapter_dropout_call(layer, layer.call, rate, seeds))
+
+
+def _adapter_dropout_call(layer, call, rate: float, seeds):
+    """`layer`'s call with its adapter's input dropped in training: x times its kernel (the
+    adapter merged in) plus its bias and the adapter's product of dropout(x) - x, then its
+    activation; outside training, `call` itself."""
+    from keras import ops, random
+
+    def dropping(inputs, training=None):
+        if not training:
+            return call(inputs, training=training)
+        outputs = _pre_activation(layer, inputs)
+        dropped = ops.subtract(random.dropout(inputs, rate, seed=seeds), inputs)
+        outputs = ops.add(outputs, _adapter_product(layer, dropped))
+        return outputs if layer.activation is None else layer.activation(outputs)
+
+    return dropping
+
+
+def _pre_activation(layer, inputs):
+    """What Keras' Dense or EinsumDense call computes before its activation: x times the kernel
+    (its adapter merged in), plus the bias."""
+    from keras import layers, ops
+
+    from meshrun.compat.keras import adapted_kernel
+
+    kernel = adapted_kernel(layer)
+    if isinstance(layer, layers.EinsumDense):
+        outputs = ops.einsum(layer.equation, inputs, kernel)
+    else:
+        outputs = ops.matmul(inputs, kernel)
+    return outputs if layer.bias is None else ops.add(outputs, layer.bias)
+
+
+def _adapter_product(layer, inputs):
+    """scale * B A x of `layer`'s adapter (scale = alpha / rank), through the rank: for an
+    EinsumDense, its equation applied with A in place of the kernel and then B, where the kernel's
+    last axis is the output's last axis alone (the other equations take A @ B whole)."""
+    from keras import layers, ops
+
+    a, b = (ops.cast(kernel, inputs.dtype) for kernel in (layer.lora_kernel_a, layer.lora_kernel_b))
+    scale = layer.lora_alpha / layer.lora_rank
+    if not isinstance(layer, layers.EinsumDense):
+        return ops.multiply(ops.matmul(ops.matmul(inputs, a), b), scale)
+    if _kernel_last_axis_is_output_last(layer.equation):
+        return ops.multiply(ops.matmul(ops.einsum(layer.equation, inputs, a), b), scale)
+    return ops.einsum(layer.equation, inputs, ops.multiply(ops.matmul(a, b), scale))
+
+
+def _kernel_last_axis_is_output_last(equation: str) -> bool:
+    """Whether einsum `equation` ("x,kernel->output") makes the kernel's last axis the output's
+    last, an axis the input lacks: the equation then takes A (the rank in that axis) too."""
+    operands, output = equation.replace(" ", "").split("->")
+    inputs, kernel = operands.split(",")
+    last = kernel[-1]
+    return output.endswith(last) and last not in inputs and kernel.count(last) == 1
 
 
 def _check_lora_targets(backbone, lora: LoraOptions, targets: list[str]) -> None:

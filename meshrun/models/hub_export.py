@@ -127,7 +127,8 @@ def preset_preprocessor(options: KerasHubOptions):
 
 def _count_merged_parameters(preset: Path, backbone) -> None:
     """Sets the preset's metadata.json parameter_count to the weights it holds: KerasHub counts the
-    backbone's variables, LoRA adapters included, which the merged preset does not hold."""
+    backbone's variables, LoRA adapters included, which the merged preset does not hold (nor seed
+    generators' states, such as LoRA dropout's: not weights)."""
     import json
     import math
 
@@ -136,7 +137,7 @@ def _count_merged_parameters(preset: Path, backbone) -> None:
     }
     path = preset / "metadata.json"
     metadata = json.loads(path.read_text())
-    metadata["parameter_count"] = sum(math.prod(v.shape) for v in backbone.variables if id(v) not in adapters)
+    metadata["parameter_count"] = sum(math.prod(v.shape) for v in backbone.weights if id(v) not in adapters)
     path.write_text(json.dumps(metadata, indent=4))
 
 
@@ -169,8 +170,9 @@ def keep_adapter(trained, options: KerasHubOptions, run_dir: Path) -> str | None
 def load_adapter(task, lora: LoraOptions, path: Path):
     """`task` (the base model, model.preset) with the adapters of `path` (as save_adapter wrote
     them) on its target layers: LoRA enabled at `lora`'s rank and targets with alpha = rank (the
-    file holds alpha / rank folded in), then KerasHub's `load_lora_weights`. Returns `task`."""
-    enable_lora(task.backbone, dataclasses.replace(lora, alpha=None))
+    file holds alpha / rank folded in) and no dropout (it samples, never trains), then KerasHub's
+    `load_lora_weights`. Returns `task`."""
+    enable_lora(task.backbone, dataclasses.replace(lora, alpha=None, dropout=0.0))
     task.backbone.load_lora_weights(str(path))
     return task
 
