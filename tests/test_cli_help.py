@@ -87,8 +87,9 @@ UNKNOWN_FLAGS = {
     ),
     "generate": (
         ["generate", "run", "--prompt", "x", "--promt", "y"],
-        "--promt: not a flag of meshrun generate; did you mean --prompt? valid: --prompt TEXT, --max-length "
-        "N, --json or --help (see meshrun generate --help)",
+        "--promt: not a flag of meshrun generate; did you mean --prompt? valid: --prompt TEXT, --chat JSON, "
+        "--system TEXT, --user TEXT, --assistant TEXT, --max-length N, --temperature T, --top-k K, "
+        "--top-p P, --seed S, --json or --help (see meshrun generate --help)",
     ),
     "k8s": (
         ["k8s", "--imag", "x", "--nodes", "2"],
