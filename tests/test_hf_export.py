@@ -105,7 +105,8 @@ def source(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def run(source, tmp_path_factory):
-    """A LoRA fine-tune of `source` with the export, on 2x4 under llama_tp."""
+    """A LoRA fine-tune of `source` with the export, on 2x4 under llama_tp (with LoRA dropout,
+    which the export names and which changes nothing exported)."""
     run_dir = tmp_path_factory.mktemp("run")
     cli.main(
         [
@@ -115,6 +116,7 @@ def run(source, tmp_path_factory):
             "model.seq_len=16",
             "model.lora.rank=4",
             "model.lora.alpha=8",
+            "model.lora.dropout=0.05",
             "mesh=2x4",
             "layout=llama_tp",
             "train.verbose=0",
@@ -223,7 +225,7 @@ def test_the_peft_adapter_on_the_base_is_the_merged_export(run, source):
     assert config["peft_type"] == "LORA" and config["task_type"] == "CAUSAL_LM"
     assert config["base_model_name_or_path"] == str(source.resolve())
     assert config["target_modules"] == ["q_proj", "v_proj"] and config["bias"] == "none"
-    assert not config["fan_in_fan_out"]
+    assert not config["fan_in_fan_out"] and config["lora_dropout"] == 0.05
     # Keras' q/v adapters share B between heads: rank 4 per head, 8 query heads.
     assert config["r"] == 32 and config["lora_alpha"] / config["r"] == pytest.approx(2.0)
     adapter, _ = safetensors.read_header(run / "peft" / "adapter_model.safetensors")

@@ -218,10 +218,11 @@ def peft_factors(transform: Transform, a: np.ndarray, b: np.ndarray) -> tuple[np
     return lora_a, lora_b
 
 
-def write_peft(backbone, checkpoint: HFCheckpoint, directory: Path) -> Path | None:
+def write_peft(backbone, checkpoint: HFCheckpoint, directory: Path, dropout: float = 0.0) -> Path | None:
     """Writes the backbone's LoRA adapters as a PEFT adapter on the source dir into `directory`
-    (under a temporary name): every process must call it; the first writes and gets `directory`,
-    the others None, as do all where an adapter does not map (the log says why)."""
+    (under a temporary name), its config naming the LoRA `dropout` it trained with: every process
+    must call it; the first writes and gets `directory`, the others None, as do all where an
+    adapter does not map (the log says why)."""
     from meshrun.files import dir_written_whole
 
     adapters = adapters_by_kernel(backbone)
@@ -251,7 +252,7 @@ def write_peft(backbone, checkpoint: HFCheckpoint, directory: Path) -> Path | No
     (scale,) = {adapters[t.path].scale for t in adapted}  # meshrun gives every adapter one alpha and rank
     with dir_written_whole(directory) as partial:
         _write_adapter_weights(partial, factors, rank)
-        config = adapter_config(checkpoint, factors, rank, scale * rank)
+        config = adapter_config(checkpoint, factors, rank, scale * rank, dropout)
         (partial / ADAPTER_CONFIG).write_text(json.dumps(config, indent=2) + "\n")
     return directory
 
@@ -268,9 +269,11 @@ def _write_adapter_weights(directory: Path, factors: list[PeftFactors], rank: in
     (directory / written).rename(directory / ADAPTER_WEIGHTS)
 
 
-def adapter_config(checkpoint: HFCheckpoint, factors: list[PeftFactors], rank: int, alpha: float) -> dict:
+def adapter_config(
+    checkpoint: HFCheckpoint, factors: list[PeftFactors], rank: int, alpha: float, dropout: float = 0.0
+) -> dict:
     """PEFT's adapter_config.json: LoRA on a causal LM, `rank` and `alpha` (PEFT scales by alpha /
-    r), the adapted modules by their short names (q_proj, v_proj, ...)."""
+    r), the adapted modules by their short names (q_proj, v_proj, ...), the `dropout` trained with."""
     modules = sorted({factor.module.rsplit(".", 1)[-1] for factor in factors})
     return {
         "peft_type": "LORA",
@@ -279,7 +282,7 @@ def adapter_config(checkpoint: HFCheckpoint, factors: list[PeftFactors], rank: i
         "r": rank,
         "lora_alpha": int(alpha) if float(alpha).is_integer() else alpha,
         "target_modules": modules,
-        "lora_dropout": 0.0,
+        "lora_dropout": dropout,
         "bias": "none",
         "fan_in_fan_out": False,
         "use_rslora": False,

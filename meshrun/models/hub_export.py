@@ -70,7 +70,7 @@ def export_transformers(task, source, options: KerasHubOptions, run_dir: Path, c
     )
     exported = {"preset": str(hf), "hf": str(hf)} if hf is not None else {}
     if options.lora.enabled:
-        peft = hf_export.write_peft(task.backbone, source, run_dir / PEFT_DIR)
+        peft = hf_export.write_peft(task.backbone, source, run_dir / PEFT_DIR, options.lora.dropout)
         if peft is not None:
             exported["peft"] = str(peft)
     return exported

@@ -241,7 +241,13 @@ def _compiled(template: ChatTemplate):
     """The template compiled in a sandboxed Jinja environment set up as transformers sets up its
     own (trimmed blocks, loop controls, tojson, raise_exception; {% generation %} blocks render
     their text); a syntax error is a ConfigError naming the template's line."""
-    import jinja2
+    try:
+        import jinja2
+    except ImportError:
+        raise ConfigError(
+            template.key,
+            "renders conversations with Jinja, which is not installed: pip install 'meshrun[hub]'",
+        ) from None
     from jinja2 import nodes
     from jinja2.ext import Extension, loopcontrols
     from jinja2.sandbox import ImmutableSandboxedEnvironment
