@@ -272,3 +272,55 @@ def test_conversations_pack_end_to_end_or_pad_one_a_row_with_their_weights(llama
     packed = examples.weighted_rows([e.ids for e in encoded], [e.weights for e in encoded], 8, True, pad=7)
     assert packed.padding_fraction == 0 and packed.tokens[0].tolist() == stream[:9].tolist()
     assert packed.tokens[1][0] == stream[8]  # rows overlap by one token: each label once
+
+
+# --- meshrun generate's conversations -------------------------------------------------------------
+
+
+def test_generate_takes_a_conversation_turn_by_turn_or_as_json_lines():
+    from meshrun.generate import parse_request
+
+    turns = parse_request(
+        ["run", "--system", "Be brief.", "--user", "Hi", "--assistant", "Hello", "--user", "Sky?"]
+    )
+    assert turns.chat and turns.prompts == (
+        (
+            {"role": "system", "content": "Be brief."},
+            {"role": "user", "content": "Hi"},
+            {"role": "assistant", "content": "Hello"},
+            {"role": "user", "content": "Sky?"},
+        ),
+    )
+    line = json.dumps({"messages": [{"role": "user", "content": "Sky?"}]})
+    lines = parse_request(
+        ["run", "--chat", line, "--chat", json.dumps([{"role": "user", "content": "Sea?"}])]
+    )
+    assert lines.chat and [c[-1]["content"] for c in lines.prompts] == ["Sky?", "Sea?"]
+    assert not parse_request(["run", "--prompt", "Sky?"]).chat
+
+
+@pytest.mark.parametrize(
+    "args, expected",
+    [
+        (["--chat", "{nope"], "--chat: --chat 1 is not JSON ("),
+        (["--chat", '{"turns": []}'], "--chat: --chat 1 has no 'messages'"),
+        (
+            ["--chat", '[{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]'],
+            "--chat: --chat 1 ends with an assistant turn, but a conversation to reply to ends with the",
+        ),
+        (
+            ["--chat", '[{"role": "robot", "content": "a"}]'],
+            '--chat: --chat 1 turn 1 has role "robot"; valid:',
+        ),
+        (["--prompt", "a", "--user", "b"], "--user: was given with --prompt; give text prompts (--prompt)"),
+        (
+            ["--system", "a"],
+            "--user: the conversation of --system/--user/--assistant ends with a system turn",
+        ),
+    ],
+)
+def test_a_bad_conversation_for_generate_is_one_line(args, expected):
+    from meshrun.generate import parse_request
+
+    error = pytest.raises(ConfigError, parse_request, ["run", *args]).value
+    assert str(error).startswith(expected) and "\n" not in str(error), str(error)

@@ -129,16 +129,23 @@ def conversation_of(record: dict, where: str, key: str = "data.files") -> Conver
             f"{where} has no 'messages' (its fields: {one_of(sorted(record)) or 'none'}); data.format=chat "
             'reads records {"messages": [{"role": "user", "content": "..."}, ...]}',
         )
-    if not isinstance(messages, list) or not messages:
+    turns = _turns(
+        messages, where, key, "assistant", "so it has nothing to learn; a conversation for training"
+    )
+    return Conversation(turns, where)
+
+
+def _turns(messages, where: str, key: str, last: str, why: str) -> tuple[dict, ...]:
+    """`messages` checked turn by turn, the last one's role `last` (`why` says why, before "ends
+    with the {last}'s turn")."""
+    if not isinstance(messages, (list, tuple)) or not messages:
         raise ConfigError(key, f"{where}: 'messages' is {_shown(messages)}; expected a list of turns")
     turns = tuple(_turn(turn, number, where, key) for number, turn in enumerate(messages, start=1))
-    if turns[-1]["role"] != "assistant":
-        raise ConfigError(
-            key,
-            f"{where} ends with a {turns[-1]['role']} turn, so it has nothing to learn; a conversation "
-            "for training ends with the assistant's turn",
-        )
-    return Conversation(turns, where)
+    role = turns[-1]["role"]
+    if role != last:
+        article = "an" if role == "assistant" else "a"
+        raise ConfigError(key, f"{where} ends with {article} {role} turn, {why} ends with the {last}'s turn")
+    return turns
 
 
 def _turn(turn, number: int, where: str, key: str) -> dict:
@@ -162,16 +169,7 @@ def _shown(value, limit: int = 40) -> str:
 def prompt_conversation(turns: Sequence, where: str, key: str) -> tuple[dict, ...]:
     """Turns ({role, content} dicts) a model is asked to reply to, checked as records are; a
     conversation that does not end with a user turn is a ConfigError on `key`."""
-    if not isinstance(turns, (list, tuple)) or not turns:
-        raise ConfigError(key, f"{where}: got {_shown(turns)}; expected a list of turns")
-    checked = tuple(_turn(turn, number, where, key) for number, turn in enumerate(turns, start=1))
-    if checked[-1]["role"] != "user":
-        raise ConfigError(
-            key,
-            f"{where} ends with a {checked[-1]['role']} turn; a conversation to reply to ends with the "
-            "user's turn",
-        )
-    return checked
+    return _turns(turns, where, key, "user", "but a conversation to reply to")
 
 
 # --- the template ---------------------------------------------------------------------------------
