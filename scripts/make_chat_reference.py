@@ -29,7 +29,8 @@ The cases and where each template's text was taken from (verbatim):
   a conversation has none.
 
 Tokenizers are trained on tests/data/hf/corpus.txt plus the texts of tests/presets.py's
-chat_records (so the words of conversations are single tokens); everything is deterministic: a
+chat_records (so the words of conversations are single tokens), and built by
+scripts/reference_tokenizers.py, which make_hf_reference.py shares; everything is deterministic: a
 rerun writes the same files. CI never runs this script and transformers is not a test dependency.
 Made with transformers 5.24.0, tokenizers 0.23.3, sentencepiece 0.2.3, jinja2 3.1.6 (Python 3.11),
 in the venv of scripts/make_hf_reference.py (its docstring says how to make it):
@@ -51,12 +52,12 @@ import jinja2
 import sentencepiece
 import tokenizers
 import transformers
-from tokenizers import Regex, decoders, models, normalizers, pre_tokenizers, processors, trainers
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]  # meshrun's tokenizer training and tests/presets.py
 
 import presets  # noqa: E402
+import reference_tokenizers  # noqa: E402
 from meshrun.text import tokenizer_training  # noqa: E402
 
 DATA = ROOT / "tests" / "data" / "chat"
@@ -66,19 +67,6 @@ CHAT_REPEATS = 8
 BPE_VOCAB = 480  # the 256 bytes and 224 merges; the special tokens come after
 SP_VOCAB = 512
 
-LLAMA3_SPECIALS = (
-    "<|begin_of_text|>",
-    "<|end_of_text|>",
-    "<|start_header_id|>",
-    "<|end_header_id|>",
-    "<|eot_id|>",
-)
-LLAMA3_SPLIT = (
-    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
-    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
-)
-CHATML_SPECIALS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
-
 # meta-llama/Meta-Llama-3-8B-Instruct, tokenizer_config.json "chat_template"
 LLAMA3_TEMPLATE = (
     "{% set loop_messages = messages %}{% for message in loop_messages %}"
@@ -86,17 +74,6 @@ LLAMA3_TEMPLATE = (
     "+ message['content'] | trim + '<|eot_id|>' %}"
     "{% if loop.index0 == 0 %}{% set content = bos_token + content %}{% endif %}{{ content }}{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\n\n' }}{% endif %}"
-)
-# google/gemma-2b-it (and google/gemma-2-2b-it), tokenizer_config.json "chat_template"
-GEMMA_TEMPLATE = (
-    "{{ bos_token }}{% if messages[0]['role'] == 'system' %}"
-    "{{ raise_exception('System role not supported') }}{% endif %}{% for message in messages %}"
-    "{% if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}"
-    "{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}"
-    "{% endif %}{% if (message['role'] == 'assistant') %}{% set role = 'model' %}"
-    "{% else %}{% set role = message['role'] %}{% endif %}"
-    "{{ '<start_of_turn>' + role + '\n' + message['content'] | trim + '<end_of_turn>\n' }}{% endfor %}"
-    "{% if add_generation_prompt %}{{'<start_of_turn>model\n'}}{% endif %}"
 )
 # Qwen/Qwen2.5-0.5B-Instruct, tokenizer_config.json "chat_template" (the same in every Qwen2.5
 # Instruct size): the JSON string as the file has it, decoded below.
@@ -196,84 +173,20 @@ def training_texts() -> list[str]:
 # Tokenizers
 
 
-def byte_level_bpe(split_regex: str, normalizer=None) -> tuple[dict, list]:
-    """The vocabulary and merges of a byte-level BPE trained on training_texts() with `split_regex`."""
-    tok = tokenizers.Tokenizer(models.BPE())
-    tok.normalizer = normalizer
-    tok.pre_tokenizer = pre_tokenizers.Sequence(
-        [
-            pre_tokenizers.Split(Regex(split_regex), behavior="isolated", invert=False),
-            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-        ]
-    )
-    trainer = trainers.BpeTrainer(
-        vocab_size=BPE_VOCAB,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-        min_frequency=2,
-    )
-    tok.train_from_iterator(training_texts(), trainer)
-    state = json.loads(tok.to_str())["model"]
-    return state["vocab"], [tuple(m.split(" ")) if isinstance(m, str) else tuple(m) for m in state["merges"]]
-
-
 def llama3_tokenizer(work: Path):
-    """Llama 3's format: byte-level BPE in tokenizer.json, BOS added by the post-processor (the
-    template writes it too: apply_chat_template encodes without special tokens), the specials last."""
-    vocab, merges = byte_level_bpe(LLAMA3_SPLIT)
-    tok = tokenizers.Tokenizer(models.BPE(vocab=vocab, merges=merges, ignore_merges=True))
-    tok.pre_tokenizer = pre_tokenizers.Sequence(
-        [
-            pre_tokenizers.Split(Regex(LLAMA3_SPLIT), behavior="isolated", invert=False),
-            pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True, use_regex=False),
-        ]
-    )
-    tok.decoder = decoders.ByteLevel()
-    tok.add_special_tokens(
-        [tokenizers.AddedToken(t, special=True, normalized=False) for t in LLAMA3_SPECIALS]
-    )
-    bos = "<|begin_of_text|>"
-    tok.post_processor = processors.Sequence(
-        [
-            processors.ByteLevel(add_prefix_space=True, trim_offsets=False, use_regex=True),
-            processors.TemplateProcessing(
-                single=f"{bos}:0 $A:0",
-                pair=f"{bos}:0 $A:0 {bos}:1 $B:1",
-                special_tokens=[(bos, tok.token_to_id(bos))],
-            ),
-        ]
-    )
-    return transformers.PreTrainedTokenizerFast(
-        tokenizer_object=tok,
-        bos_token=bos,
-        eos_token="<|eot_id|>",  # as the Instruct model's tokenizer_config.json names it
-        clean_up_tokenization_spaces=True,
-        model_input_names=["input_ids", "attention_mask"],
+    """Llama 3's format, eos <|eot_id|> as the Instruct model's tokenizer_config.json names it."""
+    return reference_tokenizers.llama3_tokenizer(
+        training_texts(),
+        BPE_VOCAB,
+        eos_token="<|eot_id|>",
         model_max_length=8192,
         chat_template=LLAMA3_TEMPLATE,
     )
 
 
 def chatml_tokenizer(work: Path):
-    """Qwen 2.5's format: Qwen2Tokenizer (NFC, Qwen's split, byte-level BPE), no BOS, ChatML's
-    specials after the BPE vocabulary, <|im_end|> the end of a turn and <|endoftext|> the pad."""
-    from transformers.models.qwen2.tokenization_qwen2 import PRETOKENIZE_REGEX
-
-    vocab, merges = byte_level_bpe(PRETOKENIZE_REGEX, normalizers.NFC())
-    tok = transformers.Qwen2Tokenizer(
-        vocab=vocab,
-        merges=merges,
-        unk_token=None,
-        bos_token=None,
-        eos_token="<|endoftext|>",
-        pad_token="<|endoftext|>",
-        errors="replace",
-        chat_template=QWEN25_TEMPLATE,
-        model_max_length=32768,
-    )
-    tok.add_special_tokens({"additional_special_tokens": list(CHATML_SPECIALS[1:])})
-    tok.eos_token = "<|im_end|>"
-    return tok
+    """Qwen 2.5's format, with Qwen 2.5's template."""
+    return reference_tokenizers.chatml_tokenizer(training_texts(), BPE_VOCAB, QWEN25_TEMPLATE)
 
 
 def gemma_tokenizer(work: Path):
@@ -285,42 +198,14 @@ def gemma_tokenizer(work: Path):
     )
     model = work / "tokenizer.model"
     model.write_bytes(proto)
-    tok = transformers.GemmaTokenizer.from_pretrained(
-        work,
-        additional_special_tokens=["<start_of_turn>", "<end_of_turn>"],
-        chat_template=GEMMA_TEMPLATE,
-        add_bos_token=True,
-        mask_token=None,  # Gemma's has <mask>; this one has no such piece (transformers would add it)
-        model_max_length=8192,
-    )
-    tok.sentencepiece_model = model  # save_pretrained of transformers 5 leaves it out: copied by hand
-    return tok
+    # Gemma's has <mask>; this one has no such piece (transformers would add it)
+    return reference_tokenizers.gemma_tokenizer(model, mask_token=None)
 
 
 TOKENIZERS = {"llama3": llama3_tokenizer, "gemma": gemma_tokenizer, "chatml": chatml_tokenizer}
 
 
-def clean_tokenizer_config(path: Path, case: str) -> None:
-    """Drops what transformers 5 writes about where the tokenizer was loaded from (a temporary
-    path), and names Llama 3's class as Meta's files do (transformers 5 writes TokenizersBackend)."""
-    config = json.loads(path.read_text())
-    for key in ("vocab_file", "is_local", "local_files_only"):
-        config.pop(key, None)
-    if case == "llama3":
-        config["tokenizer_class"] = "PreTrainedTokenizerFast"
-    path.write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n")
-
-
 # References
-
-
-def versions() -> dict:
-    return {
-        "transformers": transformers.__version__,
-        "tokenizers": tokenizers.__version__,
-        "sentencepiece": sentencepiece.__version__,
-        "jinja2": jinja2.__version__,
-    }
 
 
 def ids_of(tok, messages: list[dict], **kwargs) -> list[int]:
@@ -368,10 +253,7 @@ def make_case(case: str, work: Path) -> dict:
     if out.exists():
         shutil.rmtree(out)
     tok = TOKENIZERS[case](work / case)
-    tok.save_pretrained(out, save_jinja_files=False)
-    if hasattr(tok, "sentencepiece_model"):
-        shutil.copyfile(tok.sentencepiece_model, out / "tokenizer.model")
-    clean_tokenizer_config(out / "tokenizer_config.json", case)
+    reference_tokenizers.save_tokenizer(tok, out, case)
     records = [{"messages": messages} for messages in conversations(case)]
     rendered = [rendering(tok, r["messages"]) for r in records]
     figures = check(case, tok, transformers.AutoTokenizer.from_pretrained(out), records, rendered)
@@ -387,7 +269,7 @@ def make_case(case: str, work: Path) -> dict:
         "records": records,
         **{key: [r[key] for r in rendered] for key in ("text", "ids", "prompt_text", "prompt_ids")},
         **({"sentencepiece_ids_equal": figures["sentencepiece_ids_equal"]} if case == "gemma" else {}),
-        "versions": versions(),
+        "versions": reference_tokenizers.versions(transformers, tokenizers, sentencepiece, jinja2),
     }
     (DATA / f"{case}.reference.json").write_text(json.dumps(reference, indent=1, ensure_ascii=False) + "\n")
     figures["bytes"] = sum(p.stat().st_size for p in out.iterdir())

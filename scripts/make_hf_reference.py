@@ -10,9 +10,10 @@ heads, a bf16 checkpoint in two shards, Mistral, Gemma 1/2/3, Qwen 2/3) it write
   [2, 16, vocab] in the checkpoint's dtype (plus `logits_float32` for the bf16 case);
 - tests/data/hf/<case>.reference.json: the tokenization of a fixed text, the specials and versions.
 
-Tokenizers are trained on tests/data/hf/corpus.txt (committed, fixed once). Everything is seeded: a
-rerun writes the same files. meshrun's tests read these files with meshrun's own code; CI never runs
-this script, and transformers and torch are not test dependencies. Made with transformers 5.24.0,
+Tokenizers are trained on tests/data/hf/corpus.txt (committed, fixed once); the Llama 3, ChatML and
+Gemma ones are built by scripts/reference_tokenizers.py, which make_chat_reference.py shares. Everything
+is seeded: a rerun writes the same files. meshrun's tests read these files with meshrun's own code; CI
+never runs this script, and transformers and torch are not test dependencies. Made with transformers 5.24.0,
 torch 2.13.0+cpu, tokenizers 0.23.3, sentencepiece 0.2.3, peft 0.21.2, safetensors 0.8.0 (Python 3.11).
 
 To rerun it, in a venv of its own (not meshrun's; install torch first, so nothing pulls a CUDA build):
@@ -48,7 +49,8 @@ import sentencepiece
 import tokenizers
 import torch
 import transformers
-from tokenizers import Regex, decoders, models, normalizers, pre_tokenizers, processors, trainers
+
+import reference_tokenizers
 
 DATA = Path(__file__).resolve().parent.parent / "tests" / "data" / "hf"
 CORPUS = DATA / "corpus.txt"
@@ -60,17 +62,8 @@ SP_VOCAB = 480
 NOISE = 0.1  # norm weights and biases perturbed by this much (std) so that they matter
 INIT_RANGE = 0.1
 
-LLAMA3_SPECIALS = (
-    "<|begin_of_text|>",
-    "<|end_of_text|>",
-    "<|start_header_id|>",
-    "<|end_header_id|>",
-    "<|eot_id|>",
-)
-LLAMA3_SPLIT = (
-    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
-    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
-)
+# Not quite Meta's text (" + message" where Meta's has "+ message": it renders the same), kept so that
+# the data made with it does not change; make_chat_reference.py has Meta's own.
 LLAMA3_CHAT_TEMPLATE = (
     "{% set loop_messages = messages %}{% for message in loop_messages %}"
     "{% set content = '<|start_header_id|>' + message['role'] + '<|end_header_id|>\n\n'"
@@ -78,22 +71,11 @@ LLAMA3_CHAT_TEMPLATE = (
     "{% if loop.index0 == 0 %}{% set content = bos_token + content %}{% endif %}{{ content }}{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\n\n' }}{% endif %}"
 )
-CHATML_SPECIALS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 CHATML_TEMPLATE = (
     "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
     "{{ '<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n' }}{% endif %}"
     "{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
-)
-GEMMA_CHAT_TEMPLATE = (
-    "{{ bos_token }}{% if messages[0]['role'] == 'system' %}"
-    "{{ raise_exception('System role not supported') }}{% endif %}{% for message in messages %}"
-    "{% if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}"
-    "{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}"
-    "{% endif %}{% if (message['role'] == 'assistant') %}{% set role = 'model' %}"
-    "{% else %}{% set role = message['role'] %}{% endif %}"
-    "{{ '<start_of_turn>' + role + '\n' + message['content'] | trim + '<end_of_turn>\n' }}{% endfor %}"
-    "{% if add_generation_prompt %}{{'<start_of_turn>model\n'}}{% endif %}"
 )
 LLAMA3_SCALING = {
     "rope_type": "llama3",
@@ -203,97 +185,12 @@ CASES = {
 }
 
 
-def versions() -> dict:
-    """The versions of what made the data, written into each reference json."""
-    return {
-        "transformers": transformers.__version__,
-        "torch": torch.__version__,
-        "tokenizers": tokenizers.__version__,
-        "sentencepiece": sentencepiece.__version__,
-    }
-
-
 # Tokenizers
 
 
-def train_byte_level_bpe(split_regex: str, normalizer=None) -> tuple[dict, list]:
-    """A byte-level BPE (vocab, merges) trained on the corpus with the given pre-tokenizer split."""
-    tok = tokenizers.Tokenizer(models.BPE())
-    tok.normalizer = normalizer
-    tok.pre_tokenizer = pre_tokenizers.Sequence(
-        [
-            pre_tokenizers.Split(Regex(split_regex), behavior="isolated", invert=False),
-            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-        ]
-    )
-    trainer = trainers.BpeTrainer(
-        vocab_size=BPE_VOCAB,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-        min_frequency=2,
-    )
-    tok.train([str(CORPUS)], trainer)
-    state = json.loads(tok.to_str())["model"]
-    return state["vocab"], [tuple(m.split(" ")) if isinstance(m, str) else tuple(m) for m in state["merges"]]
-
-
-def llama3_tokenizer():
-    """Llama 3's format: byte-level BPE in tokenizer.json, PreTrainedTokenizerFast, BOS added by the
-    post-processor, <|begin_of_text|> etc. after the BPE vocabulary, a chat template."""
-    vocab, merges = train_byte_level_bpe(LLAMA3_SPLIT)
-    tok = tokenizers.Tokenizer(models.BPE(vocab=vocab, merges=merges, ignore_merges=True))
-    tok.pre_tokenizer = pre_tokenizers.Sequence(
-        [
-            pre_tokenizers.Split(Regex(LLAMA3_SPLIT), behavior="isolated", invert=False),
-            pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True, use_regex=False),
-        ]
-    )
-    tok.decoder = decoders.ByteLevel()
-    tok.add_special_tokens(
-        [tokenizers.AddedToken(t, special=True, normalized=False) for t in LLAMA3_SPECIALS]
-    )
-    bos = "<|begin_of_text|>"
-    tok.post_processor = processors.Sequence(
-        [
-            processors.ByteLevel(add_prefix_space=True, trim_offsets=False, use_regex=True),
-            processors.TemplateProcessing(
-                single=f"{bos}:0 $A:0",
-                pair=f"{bos}:0 $A:0 {bos}:1 $B:1",
-                special_tokens=[(bos, tok.token_to_id(bos))],
-            ),
-        ]
-    )
-    return transformers.PreTrainedTokenizerFast(
-        tokenizer_object=tok,
-        bos_token=bos,
-        eos_token="<|end_of_text|>",
-        clean_up_tokenization_spaces=True,
-        model_input_names=["input_ids", "attention_mask"],
-        model_max_length=131072,
-        chat_template=LLAMA3_CHAT_TEMPLATE,
-    )
-
-
-def chatml_tokenizer():
-    """Qwen 2's format: Qwen2Tokenizer (NFC, Qwen's split, byte-level BPE), no BOS, ChatML specials."""
-    from transformers.models.qwen2.tokenization_qwen2 import PRETOKENIZE_REGEX
-
-    vocab, merges = train_byte_level_bpe(PRETOKENIZE_REGEX, normalizers.NFC())
-    tok = transformers.Qwen2Tokenizer(
-        vocab=vocab,
-        merges=merges,
-        unk_token=None,
-        bos_token=None,
-        eos_token="<|endoftext|>",
-        pad_token="<|endoftext|>",
-        errors="replace",
-        chat_template=CHATML_TEMPLATE,
-        model_max_length=32768,
-    )
-    # Qwen's order: <|endoftext|>, <|im_start|>, <|im_end|> right after the BPE vocabulary
-    tok.add_special_tokens({"additional_special_tokens": list(CHATML_SPECIALS[1:])})
-    tok.eos_token = "<|im_end|>"
-    return tok
+def corpus_lines() -> list[str]:
+    """The corpus line by line, newlines kept: what tokenizers' `train([CORPUS])` reads."""
+    return CORPUS.read_text().splitlines(keepends=True)
 
 
 def train_sentencepiece(out: Path, gemma: bool) -> Path:
@@ -356,17 +253,10 @@ def sentencepiece_tokenizer(kind: str, work: Path):
     work.mkdir()
     sp_model = train_sentencepiece(work, gemma=kind == "gemma")
     if kind == "gemma":
-        tok = transformers.GemmaTokenizer.from_pretrained(
-            work,
-            additional_special_tokens=["<start_of_turn>", "<end_of_turn>"],
-            chat_template=GEMMA_CHAT_TEMPLATE,
-            add_bos_token=True,
-            model_max_length=8192,
-        )
-    else:
-        tok = transformers.LlamaTokenizer.from_pretrained(
-            work, legacy=False, add_prefix_space=True, add_bos_token=True, model_max_length=4096
-        )
+        return reference_tokenizers.gemma_tokenizer(sp_model)
+    tok = transformers.LlamaTokenizer.from_pretrained(
+        work, legacy=False, add_prefix_space=True, add_bos_token=True, model_max_length=4096
+    )
     tok.sentencepiece_model = sp_model  # save_pretrained of transformers 5 leaves it out: copied by hand
     return tok
 
@@ -374,9 +264,15 @@ def sentencepiece_tokenizer(kind: str, work: Path):
 def make_tokenizer(kind: str, work: Path):
     """The tokenizer of a case's kind."""
     if kind == "llama3":
-        return llama3_tokenizer()
+        return reference_tokenizers.llama3_tokenizer(
+            corpus_lines(),
+            BPE_VOCAB,
+            eos_token="<|end_of_text|>",
+            model_max_length=131072,
+            chat_template=LLAMA3_CHAT_TEMPLATE,
+        )
     if kind == "chatml":
-        return chatml_tokenizer()
+        return reference_tokenizers.chatml_tokenizer(corpus_lines(), BPE_VOCAB, CHATML_TEMPLATE)
     return sentencepiece_tokenizer(kind, work)
 
 
@@ -438,18 +334,6 @@ def forward(model, ids: np.ndarray) -> np.ndarray:
         return model(input_ids=x, attention_mask=torch.ones_like(x)).logits.float().numpy()
 
 
-def clean_tokenizer_config(path: Path, kind: str) -> None:
-    """Drops what transformers 5 writes about where the tokenizer was loaded from (a temporary path:
-    a rerun would differ), and names Llama 3's tokenizer class as Meta's files do (transformers 5
-    writes TokenizersBackend, its new name for PreTrainedTokenizerFast)."""
-    config = json.loads(path.read_text())
-    for key in ("vocab_file", "is_local", "local_files_only"):
-        config.pop(key, None)
-    if kind == "llama3":
-        config["tokenizer_class"] = "PreTrainedTokenizerFast"
-    path.write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n")
-
-
 def write_v4_rope_spelling(config_path: Path) -> None:
     """Rewrites rope_parameters as transformers 4 spelt it: top-level rope_theta and rope_scaling."""
     config = json.loads(config_path.read_text())
@@ -468,10 +352,7 @@ def save_case(case: Case, work: Path) -> dict:
     model = build_model(case, tok)
     kwargs = {"max_shard_size": case.shard_size} if case.shard_size else {}
     model.save_pretrained(out, **kwargs)
-    tok.save_pretrained(out, save_jinja_files=False)
-    if hasattr(tok, "sentencepiece_model"):
-        shutil.copyfile(tok.sentencepiece_model, out / "tokenizer.model")
-    clean_tokenizer_config(out / "tokenizer_config.json", case.tokenizer)
+    reference_tokenizers.save_tokenizer(tok, out, case.tokenizer)
     if case.rope_v4_spelling:
         write_v4_rope_spelling(out / "config.json")
     ids = token_ids(model.config.vocab_size)
@@ -504,7 +385,7 @@ def tokenization_reference(case: Case, tok, model_type: str) -> dict:
         "eos_token": tok.eos_token,
         "special_ids": special_ids(tok),
         **sentencepiece_reference(case, ids),
-        "versions": versions(),
+        "versions": reference_tokenizers.versions(transformers, torch, tokenizers, sentencepiece),
     }
 
 
