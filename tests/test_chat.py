@@ -324,3 +324,14 @@ def test_a_bad_conversation_for_generate_is_one_line(args, expected):
 
     error = pytest.raises(ConfigError, parse_request, ["run", *args]).value
     assert str(error).startswith(expected) and "\n" not in str(error), str(error)
+
+
+def test_records_of_messages_read_as_text_point_to_data_format_chat(tmp_path):
+    path = tmp_path / "d.jsonl"
+    path.write_text(json.dumps({"messages": THREE_TURNS}) + "\n")
+    error = pytest.raises(
+        ConfigError, corpus.read_examples, (path,), corpus.CorpusFormat(), "data.files"
+    ).value
+    assert error.key == "data.field" and str(error).endswith(
+        "records of messages are read with data.format=chat"
+    )

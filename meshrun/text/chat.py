@@ -407,7 +407,13 @@ class ChatFormat:
         """Each conversation's ids and weights, its plain pieces encoded in one batch."""
         if train_on not in TRAIN_ON:
             raise ConfigError("data.train_on", f"got {train_on!r}; valid: {one_of(TRAIN_ON)}")
-        cut = [self._pieces(*self._weighted_spans(c.messages, train_on, c.where)) for c in conversations]
+        return self._encoded(
+            [self._pieces(*self._weighted_spans(c.messages, train_on, c.where)) for c in conversations]
+        )
+
+    def _encoded(self, cut: list[list[tuple[str, int, int | None]]]) -> list[Encoded]:
+        """Each list of pieces (_pieces) as ids and weights: a special token its id, the plain
+        pieces of all of them encoded in one batch."""
         plain = [text for pieces in cut for text, _, special in pieces if special is None]
         encoded = iter(self.tokenizer.encode(plain) if plain else [])
         results = []
@@ -429,15 +435,8 @@ class ChatFormat:
     def prompt_ids(self, messages: Sequence[dict], where: str = "the conversation") -> np.ndarray:
         """The ids a model completes `messages` from: rendered with the generation prompt (the
         assistant's header), tokenized as training tokenizes."""
-        pieces = self._pieces(self.render(messages, add_generation_prompt=True, where=where), [])
-        plain = [text for text, _, special in pieces if special is None]
-        encoded = iter(self.tokenizer.encode(plain) if plain else [])
-        ids = [
-            i
-            for _t, _w, special in pieces
-            for i in ([special] if special is not None else next(encoded).tolist())
-        ]
-        return self._one_start(np.asarray(ids, np.int32), np.zeros(len(ids), np.uint8)).ids
+        text = self.render(messages, add_generation_prompt=True, where=where)
+        return self._encoded([self._pieces(text, [])])[0].ids
 
     def _one_start(self, ids: np.ndarray, weights: np.ndarray) -> Encoded:
         """`ids` beginning with exactly one start token where the tokenizer has one."""
