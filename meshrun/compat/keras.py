@@ -360,14 +360,14 @@ uses(
         "keras",
         "layers.Dense.kernel.fget",
         "LoRA dropout: a Dense layer's kernel holds its LoRA update merged in (adapted_kernel)",
-        source_contains="ops.matmul(self.lora_kernel_a, self.lora_kernel_b)",
+        source_contains="self.lora_kernel_a, self.lora_kernel_b",
     ),
     PrivateName(
         "keras",
         "keras",
         "layers.EinsumDense.kernel.fget",
         "LoRA dropout: an EinsumDense layer's kernel holds its LoRA update merged in (adapted_kernel)",
-        source_contains="ops.matmul(self.lora_kernel_a, self.lora_kernel_b)",
+        source_contains="self.lora_kernel_a, self.lora_kernel_b",
     ),
     PrivateName(
         "keras",

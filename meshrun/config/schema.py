@@ -397,7 +397,7 @@ class CheckpointConfig:
     keep_adapter: bool = setting(
         True,
         "A LoRA run writes its adapters to <run dir>/adapter.lora.h5 at its end (export or not; a few "
-        "MB), so that `meshrun generate` can always sample it.",
+        "MiB), so that `meshrun generate` can always sample it.",
     )
     hf_dtype: str | None = setting(
         None,
