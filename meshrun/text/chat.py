@@ -404,9 +404,8 @@ class ChatFormat:
     def encode_many(
         self, conversations: Sequence[Conversation], train_on: str = "all_assistant"
     ) -> list[Encoded]:
-        """Each conversation's ids and weights, its plain pieces encoded in one batch."""
-        if train_on not in TRAIN_ON:
-            raise ConfigError("data.train_on", f"got {train_on!r}; valid: {one_of(TRAIN_ON)}")
+        """Each conversation's ids and weights (`train_on`: one of TRAIN_ON, as data.train_on is
+        checked), its plain pieces encoded in one batch."""
         return self._encoded(
             [self._pieces(*self._weighted_spans(c.messages, train_on, c.where)) for c in conversations]
         )

@@ -116,6 +116,7 @@ class TextTokenizer:
         self.fingerprint = fingerprint  # sha256 over the bytes of the tokenizer's files
         # the ids generation stops at: the end token, then any other the model's files name
         self.stop_ids = tuple(dict.fromkeys(([] if end_id is None else [end_id]) + list(stop_ids)))
+        self._special_tokens: dict[str, int] | None = None
 
     def encode(self, texts: Sequence[str]) -> list[np.ndarray]:
         """The int32 ids of each text, no special tokens added; many texts are encoded on every core."""
@@ -145,8 +146,11 @@ class TextTokenizer:
 
     def special_tokens(self) -> dict[str, int]:
         """The tokenizer's special tokens by their text (control and added tokens: "<bos>",
-        "<|eot_id|>", "<start_of_turn>"): text that holds one stands for that id alone."""
-        return self._encoder.special_tokens()
+        "<|eot_id|>", "<start_of_turn>"): text that holds one stands for that id alone. Found once
+        (a SentencePiece model's are found by looking at every piece)."""
+        if self._special_tokens is None:
+            self._special_tokens = self._encoder.special_tokens()
+        return dict(self._special_tokens)
 
     def __repr__(self) -> str:
         return f"TextTokenizer({self.description}, backend={self.backend})"
