@@ -25,6 +25,7 @@ def test_every_private_name_exists_in_the_installed_packages():
         "tensorflow",
         "tensorboard",
         "keras_hub",
+        "keras_quantize",
     }
     for group in compat.PRIVATE_NAMES:
         compat.check(group)

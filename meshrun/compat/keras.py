@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import math
 import os
 import sys
 
@@ -621,3 +622,157 @@ def _on_each_device(shape: tuple, sharding, read_slice):
         whole = jax.make_array_from_single_device_arrays(shape, sharding, shards)
         shards.clear()
     return whole
+
+
+# --- a quantized base (model.quantize) --------------------------------------------------------------
+
+# Keras 3.15's int8 and int4 layers (3.14 packs int4 kernels another way): a group of its own, checked
+# only by runs that quantize, so that older Keras runs everything else.
+QUANTIZE = "keras_quantize"
+uses(
+    QUANTIZE,
+    PrivateName(
+        "keras",
+        "keras.src.layers.layer",
+        "Layer.__new__",
+        "building Dense and EinsumDense layers straight into their quantized form: a layer wraps the "
+        "build its class has when it is made (quantized_builds)",
+        source_contains="original_build_method = obj.build",
+    ),
+    PrivateName(
+        "keras",
+        "keras.src.layers.core.einsum_dense",
+        "EinsumDense._set_quantization_info",
+        "the axes an EinsumDense's kernel is reduced over (quantized_kernel_facts)",
+        source_contains="self._kernel_reduced_axes",
+    ),
+    PrivateName(
+        "keras",
+        "keras.src.layers.core.einsum_dense",
+        "EinsumDense._adjust_scale_for_quant",
+        "an EinsumDense's int8 scales in the layout Keras stores them (int8_scale_as_stored)",
+        source_contains="scale = ops.transpose(scale, transpose_axes)",
+    ),
+    PrivateName(
+        "keras",
+        "keras.src.layers.core.einsum_dense",
+        "EinsumDense._int4_build",
+        "an EinsumDense's int4 kernel: its float kernel reshaped to (reduced, other) rows and columns and "
+        "packed along the columns (quantized_kernel_facts)",
+        source_contains="self.original_kernel_shape = kernel_shape",
+    ),
+    PrivateName(
+        "keras",
+        "keras.src.layers.core.dense",
+        "Dense._int4_build",
+        "a Dense layer's int4 kernel: packed along its output dimension (quantized_kernel_facts)",
+        source_contains="self._orig_output_dim = output_dim",
+    ),
+)
+
+
+@contextlib.contextmanager
+def quantized_builds(policy_of):
+    """While in force, each Dense and EinsumDense layer (those classes exactly, as Keras' own
+    `quantize` takes) made and built gets the dtype policy named `policy_of(layer)` (such as
+    `int8_from_float32`; None leaves it as it is) just before it builds, so that it makes its
+    variables in their quantized form (an int8 kernel and its scales) and its float kernel never
+    exists. Keras does the same for a layer whose saved config holds a quantized policy."""
+    ensure(QUANTIZE)
+    from keras import dtype_policies, layers
+
+    classes = (layers.Dense, layers.EinsumDense)
+    originals = {cls: cls.__dict__["build"] for cls in classes}
+
+    def quantizing(cls):
+        def build(self, *args, **kwargs):
+            if type(self) is cls and self.dtype_policy.quantization_mode is None:
+                name = policy_of(self)
+                if name:
+                    self.dtype_policy = dtype_policies.get(name)
+            return originals[cls](self, *args, **kwargs)
+
+        return build
+
+    for cls in classes:
+        cls.build = quantizing(cls)
+    try:
+        yield
+    finally:
+        for cls in classes:
+            cls.build = originals[cls]
+
+
+def quantized_kernel_facts(layer) -> dict:
+    """What the quantized form of a built int8 or int4 Dense or EinsumDense `layer` is made of: the
+    float kernel's shape (`float_shape`), the axes of it the layer's matmul reduces over
+    (`reduced`), and for int4 the block of rows each scale covers (`block_size`, None: one scale per
+    column) and the 2-D (rows, columns) the float kernel is reshaped to before its columns are
+    packed two to a byte (`rows`, `columns`)."""
+    ensure(QUANTIZE)
+    from keras import layers
+
+    mode = layer.quantization_mode
+    if isinstance(layer, layers.EinsumDense):
+        layer._set_quantization_info()
+        reduced = tuple(int(a) for a in layer._kernel_reduced_axes)
+        shape = tuple(layer.original_kernel_shape) if mode == "int4" else tuple(layer._kernel.shape)
+    else:
+        reduced = (0,)
+        shape = (
+            (layer._orig_input_dim, layer._orig_output_dim) if mode == "int4" else tuple(layer._kernel.shape)
+        )
+    facts = {
+        "float_shape": tuple(int(s) for s in shape),
+        "reduced": reduced,
+        "variables": {
+            role: getattr(layer, name, None)
+            for role, name in (
+                ("kernel", "_kernel"),
+                ("scale", "kernel_scale"),
+                ("zero", "kernel_zero"),
+                ("index", "g_idx"),
+            )
+        },
+    }
+    if mode == "int8":
+        facts["scale_holds"] = _int8_scale_holds(layer, len(shape), reduced)
+    if mode == "int4":
+        rows = math.prod(size for axis, size in enumerate(facts["float_shape"]) if axis in reduced)
+        block = getattr(layer, "_int4_block_size", None)
+        facts.update(
+            rows=rows,
+            columns=math.prod(facts["float_shape"]) // rows,
+            block_size=None if block in (None, -1) else int(block),
+        )
+    return facts
+
+
+def _int8_scale_holds(layer, rank: int, reduced: tuple[int, ...]) -> tuple[int | None, ...]:
+    """For each dimension of an int8 layer's stored scale, the float kernel axis it runs along
+    (None: a dimension of size 1): Keras' transform of the scales applied to the axes."""
+    from keras import layers
+
+    held = [None if axis in reduced else axis for axis in range(rank)]
+    if not isinstance(layer, layers.EinsumDense):
+        return tuple(held[1:])  # a Dense layer's scale: one per output
+    if layer._kernel_transpose_axes:
+        held = [held[a] for a in layer._kernel_transpose_axes]
+    for axis in sorted(layer._kernel_expand_axes):
+        held.insert(axis, None)
+    for axis in sorted(layer._kernel_squeeze_axes, reverse=True):
+        held.pop(axis)
+    return tuple(held)
+
+
+def int8_scale_as_stored(layer, scale):
+    """`scale` (the per-column scales of an int8 kernel, the float kernel's shape with its reduced
+    axes kept as 1) in the layout the layer stores it: a Dense's one per output, an EinsumDense's
+    transposed and squeezed as its equation needs."""
+    ensure(QUANTIZE)
+    import numpy as np
+    from keras import layers
+
+    if isinstance(layer, layers.EinsumDense):
+        return np.asarray(layer._adjust_scale_for_quant(scale, "kernel"))
+    return np.squeeze(scale, axis=0)

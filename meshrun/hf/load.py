@@ -76,15 +76,26 @@ def build_task(checkpoint: HFCheckpoint, load_weights: bool, dtype: str | None =
 
 def fill(backbone, checkpoint: HFCheckpoint, reader: safetensors.SliceReader) -> None:
     """Assigns every backbone variable its tensor; a variable without one, or a tensor without a
-    variable, is an error in meshrun's map (the checkpoint itself was checked by `inspect`)."""
+    variable, is an error in meshrun's map (the checkpoint itself was checked by `inspect`). A
+    quantized layer's kernel (model.quantize) is read whole, one at a time, and quantized into its
+    kernel, scales and zero points (meshrun.models.quantize.quantize_into)."""
+    from meshrun.quantize import quantize_into, quantized, variable_facts
+
     variables = {variable.path: variable for variable in backbone.weights}
+    facts = variable_facts(backbone)
+    by_kernel = {layer.path + "/kernel": layer for layer in quantized(backbone)}
+    filled_with_kernels = {path for path, q in facts.items() if q.role != "kernel"}
     mapped = {tensor.path for tensor in checkpoint.tensors}
-    if mapped != set(variables):
+    if mapped | filled_with_kernels != set(variables):
         unfilled = sorted(set(variables) - mapped)[:3]
         unknown = sorted(mapped - set(variables))[:3]
         raise RuntimeError(
             f"meshrun's {checkpoint.model_type} map is off: unfilled {unfilled}, unknown {unknown}"
         )
     for tensor in checkpoint.tensors:
-        variable = variables[tensor.path]
-        variable.assign(TensorSource(tensor, checkpoint.entries[tensor.name], reader))
+        source = TensorSource(tensor, checkpoint.entries[tensor.name], reader)
+        layer = by_kernel.get(tensor.path)
+        if layer is None:
+            variables[tensor.path].assign(source)
+        else:
+            quantize_into(layer, np.asarray(source))

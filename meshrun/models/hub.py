@@ -188,6 +188,11 @@ class KerasHubOptions:
         "The backbone's dtype: float32, bfloat16 or float16; null: a transformers checkpoint's own "
         "(config.json), a KerasHub preset's own, else Keras' policy (train.precision).",
     )
+    quantize: str | None = setting(
+        None,
+        "int8 or int4: the base's Dense and EinsumDense layers are quantized and frozen as their weights "
+        "load (QLoRA with model.lora.rank); null: the base stays float.",
+    )
     lora: LoraOptions = setting(
         doc="LoRA fine-tuning (model.lora.<key>): only the adapters train; checkpoint.export=true also "
         "writes adapter.lora.h5.",
@@ -203,6 +208,7 @@ class KerasHubOptions:
                 f"got {self.dtype!r} beside model.backbone.dtype={self.backbone['dtype']!r}; "
                 "give one of them",
             )
+        _check_quantize(self)
         if self.preset:
             _check_preset(self.preset)
         if self.seq_len is None:
@@ -237,6 +243,29 @@ class KerasHubOptions:
                 f"is required with model.task={self.task}: the backbone's constructor arguments, e.g. "
                 "{vocabulary_size:512,num_layers:2,num_query_heads:8,num_key_value_heads:4,hidden_dim:64,intermediate_dim:128}",
             )
+
+
+def _check_quantize(options: KerasHubOptions) -> None:
+    """model.quantize: a mode Keras has, on a frozen base under LoRA adapters without dropout."""
+    from meshrun.specs.quantized import check_quantize_mode
+
+    check_quantize_mode(options.quantize)
+    if options.quantize is None:
+        return
+    if not options.lora.enabled:
+        raise ConfigError(
+            "model.quantize",
+            f"got {options.quantize!r} with model.lora.rank=null, which trains every weight, and quantized "
+            "weights cannot train; set model.lora.rank (e.g. 8) to train adapters on the quantized base "
+            "(QLoRA), or model.quantize=null",
+        )
+    if options.lora.dropout:
+        raise ConfigError(
+            "model.lora.dropout",
+            f"got {options.lora.dropout:g} with model.quantize={options.quantize}: Keras' quantized layers "
+            "compute their adapters in their own call, which meshrun cannot drop inputs in; set "
+            "model.lora.dropout=0, or model.quantize=null",
+        )
 
 
 def _check_task_of_checkpoint(options: KerasHubOptions) -> None:
@@ -395,6 +424,33 @@ def _staged(task, options: KerasHubOptions):
 
 
 def _build_task(options: KerasHubOptions, load_weights: bool):
+    """The task, built with its Dense and EinsumDense layers quantized under model.quantize (each
+    filled from its float weights as they load, or from its initializer for a new backbone)."""
+    from meshrun import quantize
+
+    with quantize.quantized_layers(options.quantize):
+        task = _build_float_or_quantized(options, load_weights)
+    if options.quantize:
+        check_quantized(task, options.quantize, label(options))
+        if load_weights and not options.preset:
+            quantize.fill_from_initializers(task)
+    return task
+
+
+def check_quantized(model, mode: str, name: str) -> None:
+    """ConfigError on model.quantize when `model` has no Dense or EinsumDense layer to quantize."""
+    from meshrun import quantize
+
+    if not quantize.quantized(model):
+        raise ConfigError(
+            "model.quantize",
+            f"got {mode!r}, but {name} has no Dense or EinsumDense layer to quantize (Keras quantizes "
+            "those); valid for it: null",
+        )
+
+
+def _build_float_or_quantized(options: KerasHubOptions, load_weights: bool):
+    from meshrun import quantize
     from meshrun.compat.keras import load_onto_shards
     from meshrun.compat.keras_hub import local_preset_loading
     from meshrun.system import load_memory
@@ -406,7 +462,8 @@ def _build_task(options: KerasHubOptions, load_weights: bool):
     if options.preset:
         described = f"{task.__name__}.from_preset({options.preset!r})"
         loading = load_onto_shards(on_placed=load_memory.sample) if load_weights else contextlib.nullcontext()
-        with loading, local_preset_loading():  # each weight straight onto its shards; no TensorFlow
+        quantizing = quantize.loading_float_weights() if options.quantize else contextlib.nullcontext()
+        with loading, quantizing, local_preset_loading():  # each weight straight onto its shards
             return user_code.call(
                 "model.preset",
                 described,

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 from meshrun.config.schema import LayoutRule, MeshConfig
 from meshrun.errors import ConfigError
+from meshrun.specs.quantized import QuantizedOf
 from meshrun.wording import closest, format_bytes, format_shape, one_of, shape_text
 
 
@@ -22,7 +23,8 @@ class TensorSpec:
     """A variable or a `<layer>/output` of the model: its path, shape (None: unknown size, such as
     the batch dimension of an output), element type, whether it trains (False: frozen, such as
     the weights LoRA leaves as they are; the optimizer keeps no state for it), and for a stacked
-    variable of pipelined blocks, the per-block paths its slices hold along its first dimension."""
+    variable of pipelined blocks, the per-block paths its slices hold along its first dimension;
+    for a variable of a quantized layer (model.quantize), the float kernel it stands for."""
 
     path: str
     shape: tuple[int | None, ...]
@@ -31,6 +33,7 @@ class TensorSpec:
     itemsize: int = 4
     trainable: bool = True
     blocks: tuple[str, ...] = ()
+    quantized: QuantizedOf | None = None
 
 
 # The variables a LoRA adapter adds to a layer (Keras' Dense, EinsumDense and Embedding).

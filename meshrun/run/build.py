@@ -21,6 +21,7 @@ from meshrun.models.registry import InputSpec, ModelSpec
 from meshrun.pipeline import stages
 from meshrun.pipeline.stack import BlockNotPipelinable
 from meshrun.placement.layout import TensorSpec
+from meshrun.quantize import variable_facts
 from meshrun.training.objectives import make_optimizer
 from meshrun.training.restack import stacks_of
 from meshrun.wording import error_text, shape_text
@@ -203,7 +204,9 @@ def describe(
             model, signature = build_model(spec, options, data, abstract=True, pipeline=pipeline)
             optimizer.build(model.trainable_variables)
         blocks = stacks_of(model)
-        tensors = [_spec(v, blocks.get(v.path, ())) for v in model.variables] + _outputs(model)
+        quantized = variable_facts(model)
+        tensors = [_spec(v, blocks.get(v.path, ()), quantized.get(v.path)) for v in model.variables]
+        tensors += _outputs(model)
         slots = [OptimizerSlot(_spec(v), references.get(id(v))) for v in optimizer.variables]
     return AbstractModel(
         tensors=tuple(tensors), slots=tuple(slots), signature=signature, compiled=compiled.get(id(model))
@@ -225,7 +228,7 @@ def check_paths_match(model, abstract: AbstractModel, spec: ModelSpec, options) 
         )
 
 
-def _spec(variable, blocks: tuple[str, ...] = ()) -> TensorSpec:
+def _spec(variable, blocks: tuple[str, ...] = (), quantized=None) -> TensorSpec:
     dtype = keras.backend.standardize_dtype(variable.dtype)
     return TensorSpec(
         variable.path,
@@ -234,6 +237,7 @@ def _spec(variable, blocks: tuple[str, ...] = ()) -> TensorSpec:
         itemsize=_itemsize(dtype),
         trainable=bool(variable.trainable),
         blocks=blocks,
+        quantized=quantized,
     )
 
 

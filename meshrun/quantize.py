@@ -1,0 +1,223 @@
+"""A quantized frozen base (model.quantize=int8|int4), for QLoRA: the Dense and EinsumDense layers
+of a model are built straight into Keras' quantized form, and each gets its weights quantized from
+the float ones as they are read, one layer at a time, so the float model never exists whole.
+
+- int8: Keras' `quantize("int8")`: one scale per output column (absmax over the reduced axes); the
+  layer quantizes its inputs per call too (int8 matmuls).
+- int4: Keras' `quantize("int4")`: the float kernel reshaped to (reduced, other) rows and columns,
+  a scale and zero point per block of 128 rows and column, two values packed to a byte along the
+  columns; the inputs stay float (weight-only).
+
+The quantized values are those Keras' own `layer.quantize(mode)` gives for the same float weights
+(the same formulas, applied a block of columns or rows at a time). Importing this module imports
+keras and numpy.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import numpy as np
+
+from meshrun.compat.keras import int8_scale_as_stored, quantized_builds, quantized_kernel_facts
+from meshrun.specs.quantized import QUANTIZE_MODES as MODES
+
+INT4_BLOCK_SIZE = 128  # Keras' default for quantize("int4")
+CHUNK_BYTES = 16 << 20  # the float block quantized at a time: what the host holds beside the weight
+
+
+def policy_name(mode: str, base: str) -> str:
+    """The Keras dtype policy of a layer quantized by `mode` whose float policy is `base`."""
+    return f"int4/{INT4_BLOCK_SIZE}_from_{base}" if mode == "int4" else f"int8_from_{base}"
+
+
+@contextlib.contextmanager
+def quantized_layers(mode: str | None):
+    """While in force, every Dense and EinsumDense layer built is built quantized by `mode` (nothing
+    changes for None). Their kernels start as zeros: fill each (quantize_into) from its float
+    weights, read from files or drawn by `fill_from_initializers`."""
+    if mode is None:
+        yield
+        return
+    with quantized_builds(lambda layer: policy_name(mode, layer.dtype_policy.name)):
+        yield
+
+
+def quantized(model) -> list:
+    """The layers of `model` that hold a quantized kernel (int8 or int4)."""
+    from meshrun.compat.keras import sublayers
+
+    return [layer for layer in sublayers(model) if getattr(layer, "quantization_mode", None) in MODES]
+
+
+def variable_facts(model) -> dict:
+    """The QuantizedOf (meshrun.placement.quantized) of every variable of `model`'s quantized layers,
+    by path: what float kernel each stands for and how its dimensions hold it."""
+    from meshrun.specs.quantized import COLUMNS, ROWS, QuantizedOf
+
+    found = {}
+    for layer in quantized(model):
+        facts = quantized_kernel_facts(layer)
+        variables = facts["variables"]
+        kernel, shape = variables["kernel"].path, facts["float_shape"]
+        if layer.quantization_mode == "int8":
+            holds = {"kernel": tuple(range(len(shape))), "scale": facts["scale_holds"]}
+            rows, packed = None, False
+        else:
+            per_block = (None, COLUMNS) if facts["block_size"] else (COLUMNS,)
+            holds = {"kernel": (ROWS, COLUMNS), "scale": per_block, "zero": per_block, "index": (None,)}
+            rows, packed = facts["rows"], True
+        for role, variable in variables.items():
+            if variable is not None:
+                found[variable.path] = QuantizedOf(
+                    kernel, shape, role, holds[role], rows=rows, packed=packed and role == "kernel"
+                )
+    return found
+
+
+def quantize_into(layer, kernel) -> None:
+    """Assigns `layer` (an int8 or int4 Dense or EinsumDense) the quantized form of `kernel`, its
+    float kernel (an array of its float shape, e.g. read from a file): the int8 or packed int4
+    values, their scales and (int4) zero points, as Keras' `quantize` computes them. The host holds
+    `kernel`, the quantized values and one float block of CHUNK_BYTES at a time."""
+    facts = quantized_kernel_facts(layer)
+    if tuple(kernel.shape) != facts["float_shape"]:
+        raise ValueError(
+            f"{layer.path}: a float kernel of shape {facts['float_shape']} was expected, got {kernel.shape}"
+        )
+    if layer.quantization_mode == "int8":
+        values, scale = _int8(np.asarray(kernel), facts["reduced"])
+        facts["variables"]["kernel"].assign(values)
+        layer.kernel_scale.assign(int8_scale_as_stored(layer, scale))
+        return
+    flat = np.asarray(kernel).reshape(facts["rows"], facts["columns"])
+    block = facts["block_size"]
+    packed, scale, zero = _int4_grouped(flat, block) if block else _int4_per_column(flat)
+    facts["variables"]["kernel"].assign(packed)
+    layer.kernel_scale.assign(scale)
+    if block:
+        layer.kernel_zero.assign(zero)
+        layer.g_idx.assign(np.floor_divide(np.arange(facts["rows"], dtype="float32"), block))
+
+
+def _chunks(size: int, bytes_per_unit: int, multiple: int = 1):
+    """Slices of range(size) of about CHUNK_BYTES each (a multiple of `multiple` long)."""
+    step = max(multiple, CHUNK_BYTES // max(bytes_per_unit, 1) // multiple * multiple)
+    for start in range(0, size, step):
+        yield slice(start, min(size, start + step))
+
+
+def _int8(kernel: np.ndarray, reduced: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
+    """int8 values and per-column scales (reduced axes kept as 1), a block of columns at a time
+    along the kernel's first axis that is not reduced."""
+    from keras import quantizers
+
+    axis = next(a for a in range(kernel.ndim) if a not in reduced)
+    values = np.empty(kernel.shape, dtype="int8")
+    scale_shape = tuple(1 if a in reduced else s for a, s in enumerate(kernel.shape))
+    scale = None
+    unit = kernel.nbytes // kernel.shape[axis]
+    for part in _chunks(kernel.shape[axis], unit):
+        index = (slice(None),) * axis + (part,)
+        quantized, block_scale = quantizers.abs_max_quantize(kernel[index], axis=list(reduced), to_numpy=True)
+        values[index] = np.asarray(quantized)
+        block_scale = np.asarray(block_scale)
+        if scale is None:
+            scale = np.empty(scale_shape, dtype=block_scale.dtype)
+        scale[index] = block_scale
+    return values, scale
+
+
+def _int4_grouped(flat: np.ndarray, block: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Packed int4 values, scales and zero points per block of `block` rows, a few blocks at a time."""
+    from keras import quantizers
+
+    rows, columns = flat.shape
+    packed = np.empty((rows, (columns + 1) // 2), dtype="int8")
+    groups = -(-rows // block)
+    scale = zero = None
+    for part in _chunks(rows, flat.nbytes // rows, multiple=block):
+        values, block_scale, block_zero = quantizers.abs_max_quantize_grouped_with_zero_point(
+            flat[part], block_size=block, to_numpy=True
+        )
+        packed[part] = np.asarray(quantizers.pack_int4(values, axis=-1)[0])
+        block_scale, block_zero = np.asarray(block_scale), np.asarray(block_zero)
+        if scale is None:
+            scale = np.empty((groups, columns), dtype=block_scale.dtype)
+            zero = np.empty((groups, columns), dtype=block_zero.dtype)
+        found = slice(part.start // block, part.start // block + block_scale.shape[0])
+        scale[found], zero[found] = block_scale, block_zero
+    return packed, scale, zero
+
+
+def _int4_per_column(flat: np.ndarray) -> tuple[np.ndarray, np.ndarray, None]:
+    """Packed int4 values and one scale per column, an even block of columns at a time."""
+    from keras import quantizers
+
+    rows, columns = flat.shape
+    packed = np.empty((rows, (columns + 1) // 2), dtype="int8")
+    scale = None
+    for part in _chunks(columns, flat.nbytes // columns, multiple=2):
+        values, block_scale = quantizers.abs_max_quantize(
+            flat[:, part], axis=0, value_range=(-8, 7), dtype="int8", to_numpy=True
+        )
+        packed[:, part.start // 2 : -(-part.stop // 2)] = np.asarray(quantizers.pack_int4(values, axis=-1)[0])
+        block_scale = np.asarray(block_scale)[0]
+        if scale is None:
+            scale = np.empty((columns,), dtype=block_scale.dtype)
+        scale[part] = block_scale
+    return packed, scale, None
+
+
+def fill_from_initializers(model, seed: int | None = None) -> None:
+    """Fills every quantized layer of `model` built without weights to read (a new backbone, the
+    user's own model) with its kernel initializer's values, quantized: the base a float build would
+    have drawn, one layer's float kernel at a time."""
+    import keras
+
+    for layer in quantized(model):
+        facts = quantized_kernel_facts(layer)
+        drawn = layer.kernel_initializer(facts["float_shape"], dtype=layer.variable_dtype)
+        quantize_into(layer, np.asarray(keras.ops.convert_to_numpy(drawn)))
+        del drawn
+
+
+@contextlib.contextmanager
+def loading_float_weights():
+    """While in force, a quantized Dense or EinsumDense whose weights are loaded from a float
+    model's file (a KerasHub preset: its store holds the float kernel where the quantized form
+    would hold the packed one) quantizes the float kernel as it is read (quantize_into) and takes
+    its bias as it is; any other load is Keras' own."""
+    from keras import layers
+
+    classes = (layers.Dense, layers.EinsumDense)
+    originals = {cls: cls.__dict__["load_own_variables"] for cls in classes}
+
+    def loading(cls):
+        def load_own_variables(self, store):
+            if self.quantization_mode not in MODES or not _holds_float_kernel(self, store):
+                return originals[cls](self, store)
+            quantize_into(self, store["0"])
+            if self.bias is not None:
+                self.bias.assign(store["1"])
+
+        return load_own_variables
+
+    for cls in classes:
+        cls.load_own_variables = loading(cls)
+    try:
+        yield
+    finally:
+        for cls in classes:
+            cls.load_own_variables = originals[cls]
+
+
+def _holds_float_kernel(layer, store) -> bool:
+    """Whether a layer's saved `store` holds a float kernel of its float shape first (a float
+    model's file) rather than its quantized form."""
+    try:
+        first = store["0"]
+    except KeyError:
+        return False
+    shape = quantized_kernel_facts(layer)["float_shape"]
+    return tuple(first.shape) == shape and np.dtype(first.dtype).kind not in "iub"

@@ -1,0 +1,44 @@
+"""What a quantized base (model.quantize) is made of, as records the plan and layouts read: the
+modes meshrun quantizes with, and for each variable of a quantized layer the float kernel it stands
+for (meshrun.quantize fills them; meshrun.placement.quantized lays them out)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from meshrun.errors import ConfigError
+from meshrun.wording import one_of
+
+ROWS, COLUMNS = "rows", "columns"
+
+
+@dataclass(frozen=True)
+class QuantizedOf:
+    """A variable of a quantized layer: the path and shape of the float kernel it stands for
+    (the one rules are written for), its `role` (kernel, scale, zero, index), and what each of its
+    dimensions holds: a float kernel axis (its index), ROWS or COLUMNS of int4's row-major reshape
+    of the float kernel to `rows` x (the rest), or None (a dimension of size 1, blocks of rows).
+    `packed`: its COLUMNS dimension holds two columns a byte (int4's kernel)."""
+
+    kernel: str
+    float_shape: tuple[int, ...]
+    role: str
+    holds: tuple[int | str | None, ...]
+    rows: int | None = None
+    packed: bool = False
+
+
+QUANTIZE_MODES = ("int8", "int4")  # model.quantize (meshrun.quantize)
+
+
+def check_quantize_mode(mode) -> None:
+    """ConfigError on model.quantize unless it is null or one of QUANTIZE_MODES."""
+    if mode is not None and mode not in QUANTIZE_MODES:
+        hint = (
+            " (Keras' GPTQ, AWQ and float8 modes need calibration or train differently)"
+            if mode in ("gptq", "awq", "float8")
+            else ""
+        )
+        raise ConfigError(
+            "model.quantize", f"got {mode!r}{hint}; valid: {one_of(QUANTIZE_MODES)}, or null for a float base"
+        )
