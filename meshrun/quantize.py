@@ -23,6 +23,7 @@ from meshrun.compat.keras import int8_scale_as_stored, quantized_builds, quantiz
 from meshrun.specs.quantized import QUANTIZE_MODES as MODES
 
 INT4_BLOCK_SIZE = 128  # Keras' default for quantize("int4")
+FILLED = "_meshrun_quantized_filled"  # set on a layer once quantize_into has filled it
 CHUNK_BYTES = 16 << 20  # the float block quantized at a time: what the host holds beside the weight
 
 
@@ -33,14 +34,28 @@ def policy_name(mode: str, base: str) -> str:
 
 @contextlib.contextmanager
 def quantized_layers(mode: str | None):
-    """While in force, every Dense and EinsumDense layer built is built quantized by `mode` (nothing
-    changes for None). Their kernels start as zeros: fill each (quantize_into) from its float
-    weights, read from files or drawn by `fill_from_initializers`."""
+    """While in force, every Dense and EinsumDense layer made is built quantized by `mode` (nothing
+    changes for None), and one whose weights load from a float model's file quantizes them as they
+    are read (loading_float_weights). The kernels of the others start as zeros, until
+    `fill_from_initializers` draws them."""
     if mode is None:
         yield
         return
-    with quantized_builds(lambda layer: policy_name(mode, layer.dtype_policy.name)):
+    with quantized_builds(lambda layer: policy_name(mode, layer.dtype_policy.name)), loading_float_weights():
         yield
+
+
+def check_quantized(model, mode: str, name: str) -> None:
+    """ConfigError on model.quantize when `model` (built) has no Dense or EinsumDense layer that was
+    quantized."""
+    from meshrun.errors import ConfigError
+
+    if not quantized(model):
+        raise ConfigError(
+            "model.quantize",
+            f"got {mode!r}, but {name} has no Dense or EinsumDense layer to quantize (Keras quantizes "
+            "those, exactly those classes); valid for it: null",
+        )
 
 
 def quantized(model) -> list:
@@ -89,6 +104,7 @@ def quantize_into(layer, kernel) -> None:
         values, scale = _int8(np.asarray(kernel), facts["reduced"])
         facts["variables"]["kernel"].assign(values)
         layer.kernel_scale.assign(int8_scale_as_stored(layer, scale))
+        setattr(layer, FILLED, True)
         return
     flat = np.asarray(kernel).reshape(facts["rows"], facts["columns"])
     block = facts["block_size"]
@@ -98,6 +114,7 @@ def quantize_into(layer, kernel) -> None:
     if block:
         layer.kernel_zero.assign(zero)
         layer.g_idx.assign(np.floor_divide(np.arange(facts["rows"], dtype="float32"), block))
+    setattr(layer, FILLED, True)
 
 
 def _chunks(size: int, bytes_per_unit: int, multiple: int = 1):
@@ -169,13 +186,15 @@ def _int4_per_column(flat: np.ndarray) -> tuple[np.ndarray, np.ndarray, None]:
     return packed, scale, None
 
 
-def fill_from_initializers(model, seed: int | None = None) -> None:
-    """Fills every quantized layer of `model` built without weights to read (a new backbone, the
-    user's own model) with its kernel initializer's values, quantized: the base a float build would
-    have drawn, one layer's float kernel at a time."""
+def fill_from_initializers(model) -> None:
+    """Fills every quantized layer of `model` that no file filled (a new backbone, the user's own
+    model) with its kernel initializer's values, quantized: the base a float build would have
+    drawn, one layer's float kernel at a time."""
     import keras
 
     for layer in quantized(model):
+        if getattr(layer, FILLED, False):
+            continue
         facts = quantized_kernel_facts(layer)
         drawn = layer.kernel_initializer(facts["float_shape"], dtype=layer.variable_dtype)
         quantize_into(layer, np.asarray(keras.ops.convert_to_numpy(drawn)))

@@ -12,6 +12,7 @@ neither Keras nor jax.
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
 import math
 import os
@@ -685,6 +686,7 @@ def quantized_builds(policy_of):
     originals = {cls: cls.__dict__["build"] for cls in classes}
 
     def quantizing(cls):
+        @functools.wraps(originals[cls])  # Keras reads the build's signature for the shapes it passes
         def build(self, *args, **kwargs):
             if type(self) is cls and self.dtype_policy.quantization_mode is None:
                 name = policy_of(self)

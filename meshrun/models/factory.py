@@ -23,6 +23,7 @@ from meshrun import user_code
 from meshrun.config.fields import setting
 from meshrun.errors import ConfigError
 from meshrun.models.registry import InputSpec, ModelSpec, register_model
+from meshrun.specs.quantized import check_quantize_mode
 from meshrun.wording import one_of
 
 DTYPES = (
@@ -63,9 +64,15 @@ class FactoryOptions:
     input_dtype: Any = setting(
         "float32", "The inputs' dtype, or {name: dtype} such as {tokens: int32}, with input_shape."
     )
+    quantize: str | None = setting(
+        None,
+        "int8 or int4: the model's Dense and EinsumDense layers are built quantized (their initial "
+        "values quantized) and frozen; the other weights train. null: none.",
+    )
 
     def __post_init__(self):
         user_code.check_reference("model.factory", self.factory, "mymodels:build_mlp")
+        check_quantize_mode(self.quantize)
         shapes = self.input_shape if isinstance(self.input_shape, dict) else {None: self.input_shape}
         if self.input_shape is not None:
             for name, shape in shapes.items():
@@ -107,7 +114,10 @@ def build(options: FactoryOptions):
     function = user_code.load_callable("model.factory", options.factory)
     user_code.check_kwargs("model.kwargs", function, options.factory, options.kwargs)
     arguments = ", ".join(f"{k}={v!r}" for k, v in options.kwargs.items())
-    model = user_code.call("model.factory", f"{options.factory}({arguments})", function, **options.kwargs)
+    from meshrun import quantize
+
+    with quantize.quantized_layers(options.quantize):  # layers it makes build quantized, even later
+        model = user_code.call("model.factory", f"{options.factory}({arguments})", function, **options.kwargs)
     if not isinstance(model, keras.Model):
         raise ConfigError(
             "model.factory", f"{options.factory} returned {type(model).__name__}, not a keras.Model"

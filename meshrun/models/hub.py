@@ -425,32 +425,15 @@ def _staged(task, options: KerasHubOptions):
 
 def _build_task(options: KerasHubOptions, load_weights: bool):
     """The task, built with its Dense and EinsumDense layers quantized under model.quantize (each
-    filled from its float weights as they load, or from its initializer for a new backbone)."""
+    filled from its float weights as they load; a new backbone's are drawn once it is built:
+    meshrun.run.build)."""
     from meshrun import quantize
 
     with quantize.quantized_layers(options.quantize):
-        task = _build_float_or_quantized(options, load_weights)
-    if options.quantize:
-        check_quantized(task, options.quantize, label(options))
-        if load_weights and not options.preset:
-            quantize.fill_from_initializers(task)
-    return task
-
-
-def check_quantized(model, mode: str, name: str) -> None:
-    """ConfigError on model.quantize when `model` has no Dense or EinsumDense layer to quantize."""
-    from meshrun import quantize
-
-    if not quantize.quantized(model):
-        raise ConfigError(
-            "model.quantize",
-            f"got {mode!r}, but {name} has no Dense or EinsumDense layer to quantize (Keras quantizes "
-            "those); valid for it: null",
-        )
+        return _build_float_or_quantized(options, load_weights)
 
 
 def _build_float_or_quantized(options: KerasHubOptions, load_weights: bool):
-    from meshrun import quantize
     from meshrun.compat.keras import load_onto_shards
     from meshrun.compat.keras_hub import local_preset_loading
     from meshrun.system import load_memory
@@ -462,8 +445,7 @@ def _build_float_or_quantized(options: KerasHubOptions, load_weights: bool):
     if options.preset:
         described = f"{task.__name__}.from_preset({options.preset!r})"
         loading = load_onto_shards(on_placed=load_memory.sample) if load_weights else contextlib.nullcontext()
-        quantizing = quantize.loading_float_weights() if options.quantize else contextlib.nullcontext()
-        with loading, quantizing, local_preset_loading():  # each weight straight onto its shards
+        with loading, local_preset_loading():  # each weight straight onto its shards
             return user_code.call(
                 "model.preset",
                 described,

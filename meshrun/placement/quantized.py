@@ -62,8 +62,9 @@ def _reshaped_axis(q: QuantizedOf, float_axes: tuple, mesh: MeshConfig, holds: s
 def quantized_rules(
     rules: tuple[LayoutRule, ...], mesh: MeshConfig, tensors
 ) -> tuple[tuple[LayoutRule, ...], list[str]]:
-    """An exact rule for each quantized variable whose float kernel a written rule places, mapped
-    through the quantization (carried_axes), and a note per rule for the mesh axes it could not
+    """`rules` with an exact rule first for each quantized variable whose float kernel a written
+    rule places, mapped through the quantization (carried_axes); a written rule that is that
+    variable's exact path gives way to it. And a note per rule for the mesh axes it could not
     carry over. Variables whose float kernel no rule (or several) places are left to the rules as
     they are (the checks report those)."""
     from meshrun.placement.layout import matching_rules
@@ -86,7 +87,9 @@ def quantized_rules(
         )
         if lost:
             lost_by_rule.setdefault(rule.pattern, []).append((tensor, lost))
-    return tuple(exact), [_lost_note(pattern, found) for pattern, found in lost_by_rule.items()]
+    replaced = {rule.pattern for rule in exact}
+    kept = tuple(rule for rule in rules if rule.pattern not in replaced)
+    return (*exact, *kept), [_lost_note(pattern, found) for pattern, found in lost_by_rule.items()]
 
 
 def _divisible(rule: LayoutRule, shape: tuple[int, ...], mesh: MeshConfig) -> tuple:

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import keras
 import numpy as np
 
+from meshrun import quantize
 from meshrun.compat.keras import compile_recorded, sublayers
 from meshrun.config.schema import PipelineConfig
 from meshrun.errors import ConfigError
@@ -21,7 +22,6 @@ from meshrun.models.registry import InputSpec, ModelSpec
 from meshrun.pipeline import stages
 from meshrun.pipeline.stack import BlockNotPipelinable
 from meshrun.placement.layout import TensorSpec
-from meshrun.quantize import variable_facts
 from meshrun.training.objectives import make_optimizer
 from meshrun.training.restack import stacks_of
 from meshrun.wording import error_text, shape_text
@@ -119,6 +119,11 @@ def build_model(
         raise ConfigError(
             "model", f"{spec.name_of(options)} has no variables after it was built; nothing would train"
         )
+    mode = getattr(options, "quantize", None)
+    if mode:
+        quantize.check_quantized(model, mode, spec.name_of(options))
+        if not abstract:
+            quantize.fill_from_initializers(model)
     return model, signature
 
 
@@ -204,7 +209,7 @@ def describe(
             model, signature = build_model(spec, options, data, abstract=True, pipeline=pipeline)
             optimizer.build(model.trainable_variables)
         blocks = stacks_of(model)
-        quantized = variable_facts(model)
+        quantized = quantize.variable_facts(model)
         tensors = [_spec(v, blocks.get(v.path, ()), quantized.get(v.path)) for v in model.variables]
         tensors += _outputs(model)
         slots = [OptimizerSlot(_spec(v), references.get(id(v))) for v in optimizer.variables]

@@ -221,8 +221,8 @@ def place(
         _check_not_quantized(abstract, options)
         stacking.check_blocks(abstract.tensors, mesh, pipeline, spec.name_of(options))
     written, notes = layout_rules(config, spec, options, mesh, abstract, pipeline)
-    carried, quantized_notes = quantized_rules(written, mesh, abstract.variables)
-    written, notes = (*carried, *written), (*notes, *quantized_notes)
+    written, quantized_notes = quantized_rules(written, mesh, abstract.variables)
+    notes = (*notes, *quantized_notes)
     lint, staged = (), None
     if pipeline:
         rules, lint, bends = stacking.stacked_rules(written, mesh, abstract.tensors, pipeline.axis)
