@@ -214,11 +214,12 @@ def place(
     options = config.model.options
     train = config.train
     pipeline = config.pipeline if config.pipeline.stages(mesh) else None
+    if pipeline:
+        _check_not_quantized(options)
     abstract = describe(
         spec, options, config.data, train.optimizer, train.learning_rate, train.precision, pipeline=pipeline
     )
     if pipeline:
-        _check_not_quantized(abstract, options)
         stacking.check_blocks(abstract.tensors, mesh, pipeline, spec.name_of(options))
     written, notes = layout_rules(config, spec, options, mesh, abstract, pipeline)
     written, quantized_notes = quantized_rules(written, mesh, abstract.variables)
@@ -262,9 +263,9 @@ def place(
     )
 
 
-def _check_not_quantized(abstract: AbstractModel, options) -> None:
+def _check_not_quantized(options) -> None:
     """ConfigError: a quantized base (model.quantize) does not train in pipeline stages yet."""
-    if any(t.quantized is not None for t in abstract.variables):
+    if getattr(options, "quantize", None):
         raise ConfigError(
             "model.quantize",
             f"got {options.quantize!r} with pipeline stages, whose stacked blocks meshrun does not quantize "
