@@ -4,13 +4,17 @@ device into trainable, frozen quantized and frozen float, each the sum over its 
 records the quantized base's loss before training beside the float base's, and the same split read
 from its arrays."""
 
+import io
 import json
 import math
 
 import pytest
+from rich.console import Console
 
 from conftest import read_metrics
 from meshrun import cli
+from meshrun.report.render import totals_table
+from meshrun.wording import format_bytes
 from presets import corpus_text, gemma_preset
 
 pytestmark = pytest.mark.integration
@@ -71,12 +75,26 @@ def test_the_plan_splits_a_quantized_base_into_trainable_frozen_quantized_and_fr
     split = ("trainable_bytes", "frozen_quantized_bytes", "frozen_float_bytes")
     assert sum(per_device[key] for key in split) == per_device["params_bytes"]
     assert per_device["trainable_bytes"] == plan["lora_adapters"]["bytes_per_device"]
+    rows = {line.split("│")[1].strip(): line.split("│")[2].strip() for line in totals_lines(plan)}
+    assert rows["trains"] == format_bytes(per_device["trainable_bytes"])
+    assert (
+        rows["frozen, quantized"] == f"{format_bytes(per_device['frozen_quantized_bytes'])} (float32, int8)"
+    )
+    assert rows["frozen, float"] == format_bytes(per_device["frozen_float_bytes"])
+
+
+def totals_lines(plan: dict) -> list[str]:
+    """The rows of the plan's per-device table, as printed."""
+    console = Console(file=io.StringIO(), width=200)
+    console.print(totals_table(plan))
+    return [line for line in console.file.getvalue().splitlines() if line.count("│") == 3]
 
 
 def test_a_float_base_plans_as_before(gemma, capsys):
     plan = plan_of(run_args(gemma), capsys)
     assert set(plan["per_device"]) == {"params_bytes", "optimizer_bytes", "total_bytes"}
     assert not any("quantized" in v for v in plan["variables"])
+    assert not any("frozen" in line.split("│")[1] for line in totals_lines(plan))
 
 
 @pytest.fixture(scope="module")

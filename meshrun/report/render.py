@@ -279,7 +279,7 @@ def totals_table(plan: dict) -> Table:
     )
     table.add_row("parameters", format_bytes(per_device["params_bytes"]))
     if "frozen_quantized_bytes" in per_device:  # a quantized base (model.quantize): what they are made of
-        table.add_row("  trainable", format_bytes(per_device["trainable_bytes"]))
+        table.add_row("  trains", format_bytes(per_device["trainable_bytes"]))
         table.add_row("  frozen, quantized", _quantized_text(plan))
         table.add_row("  frozen, float", format_bytes(per_device["frozen_float_bytes"]))
     frozen = model.get("frozen_params")
