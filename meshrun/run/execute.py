@@ -43,8 +43,8 @@ class Outcome:
     """What a finished run found out: when the model was built, the step times, the per-epoch
     history and the final evaluation, XLA's costs of the step, every variable as placed (read back
     from the arrays), what the hooks saw (early stop, checkpoints, logs, trace, the allocator put
-    back), the export, which loader fed Keras (meshrun.run.feed), and the completions of
-    train.sample_prompts."""
+    back), the export, which loader fed Keras (meshrun.run.feed), the completions of
+    train.sample_prompts, and for a quantized base its loss before training beside the float base's."""
 
     built_at: float
     steps: StepStats
@@ -93,7 +93,8 @@ def execute(setup: RunSetup) -> Outcome:
     while it builds or trains (meshrun.system.signals) stops training at the next step
     boundary with a checkpoint there; the run then skips evaluation, export, sampling and XLA's analysis,
     to be done before the scheduler's grace period ends. Training runs under meshrun's allocator
-    policy (meshrun.system.allocator)."""
+    policy (meshrun.system.allocator). A quantized base (model.quantize) is evaluated before
+    training, and the float base it comes from before it is built (float_base_loss)."""
     allocator.set_training_policy()
     with signals.StopSignals() as stop_signals:
         started = time.perf_counter()
