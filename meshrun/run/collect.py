@@ -310,9 +310,9 @@ def _quantize(outcome: Outcome) -> QuantizeFigures | None:
         return None
     return QuantizeFigures(
         mode=losses.mode,
-        base_loss=losses.quantized,
-        float_base_loss=losses.float,
-        difference=None if losses.float is None else losses.quantized - losses.float,
+        base_loss=losses.quantized_loss,
+        float_base_loss=losses.float_loss,
+        difference=None if losses.float_loss is None else losses.quantized_loss - losses.float_loss,
         seconds=losses.seconds,
     )
 

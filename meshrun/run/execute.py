@@ -83,8 +83,8 @@ class BaseLosses:
     on the same evaluation data (None: train.eval_float_base=false)."""
 
     mode: str
-    quantized: float
-    float: float | None
+    quantized_loss: float
+    float_loss: float | None
     seconds: float  # the float base's build, evaluation and freeing, and the quantized base's evaluation
 
 
