@@ -218,7 +218,8 @@ class TrainConfig:
     `min_learning_rate`), gradient clipping by global norm, the Keras dtype policy, loss (None:
     the model's own), metrics, seed, console verbosity, whether a NaN/Inf loss stops the run,
     gradient accumulation (`grad_accum_steps` steps of `batch_size` per optimizer update), evaluation
-    every `eval_every` epochs, a wall-clock budget (`max_time`), early stopping, and prompts the
+    every `eval_every` epochs (and of the float base a quantized one was made from:
+    `eval_float_base`), a wall-clock budget (`max_time`), early stopping, and prompts the
     trained model completes at the end (`sample_prompts`, within `sample_max_length` tokens, greedy
     or drawn with `sample_temperature`, `sample_top_k`, `sample_top_p` and `sample_seed`)."""
 
@@ -270,6 +271,13 @@ class TrainConfig:
         None,
         "Evaluate on the eval data every N epochs during training (val_* metrics in the logs and "
         "history); null: only the final evaluation after training.",
+    )
+    eval_float_base: bool = setting(
+        True,
+        "With model.quantize: before the quantized model is built, build the float base under the "
+        "same distribution, evaluate it once on the eval data and free it, for metrics.json's quantize "
+        "record (the quantization error training starts from); false skips it, where the float base "
+        "does not fit the devices.",
     )
     max_time: float | None = setting(
         None,

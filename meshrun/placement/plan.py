@@ -29,7 +29,8 @@ class Placement:
     """One variable on the mesh: the rule that placed it (None: no rule, replicated) and where that
     rule came from (`origin`: rules, extra_rules or from_model), its PartitionSpec, its bytes in
     total and on each device, and whether it trains (a frozen one has no optimizer slots).
-    `reference` names the model variable an optimizer slot mirrors."""
+    `reference` names the model variable an optimizer slot mirrors; `quantized`, for a variable of
+    a quantized layer (model.quantize), its role there (kernel, scale, zero, index)."""
 
     path: str
     shape: tuple[int, ...]
@@ -41,6 +42,7 @@ class Placement:
     reference: str | None = field(default=None, metadata={OMIT_IF_NONE: True})
     origin: str | None = field(default=None, metadata={OMIT_IF_NONE: True})
     trainable: bool = True
+    quantized: str | None = field(default=None, metadata={OMIT_IF_NONE: True})
 
     @property
     def replicated(self) -> bool:
@@ -87,6 +89,35 @@ class Plan:
     @property
     def total_bytes_per_device(self) -> int:
         return self.params_bytes_per_device + self.optimizer_bytes_per_device
+
+    @property
+    def quantized(self) -> bool:
+        """Whether the base is quantized (model.quantize): some variables belong to quantized layers."""
+        return any(p.quantized for p in self.variables)
+
+    @property
+    def trainable_bytes_per_device(self) -> int:
+        """The bytes per device of the variables that train (under LoRA: the adapters)."""
+        return sum(p.bytes_per_device for p in self.variables if p.trainable)
+
+    @property
+    def frozen_quantized_bytes_per_device(self) -> int:
+        """The bytes per device of the quantized layers' frozen variables (kernels, scales, zeros)."""
+        return sum(p.bytes_per_device for p in self.variables if p.quantized and not p.trainable)
+
+    @property
+    def frozen_float_bytes_per_device(self) -> int:
+        """The bytes per device of the other frozen variables (embeddings, norms: left in float)."""
+        return sum(p.bytes_per_device for p in self.variables if not p.quantized and not p.trainable)
+
+    def split_bytes_per_device(self) -> dict[str, int]:
+        """The parameters' bytes per device split by what they are, as plan.json's per_device
+        holds them: trainable, frozen quantized and frozen float (the three add up to params_bytes)."""
+        return {
+            "trainable_bytes": self.trainable_bytes_per_device,
+            "frozen_quantized_bytes": self.frozen_quantized_bytes_per_device,
+            "frozen_float_bytes": self.frozen_float_bytes_per_device,
+        }
 
     @property
     def params(self) -> int:
@@ -154,6 +185,8 @@ class Plan:
                 "params_bytes": self.params_bytes_per_device,
                 "optimizer_bytes": self.optimizer_bytes_per_device,
                 "total_bytes": self.total_bytes_per_device,
+                # A quantized base (model.quantize): what the parameters' bytes are made of.
+                **(self.split_bytes_per_device() if self.quantized else {}),
             },
             "largest_replicated": [{"path": p.path, "bytes": p.bytes} for p in self.largest_replicated()],
             **({"lora_adapters": _adapters_dict(self.adapters)} if self.adapters else {}),
@@ -298,6 +331,7 @@ def _place(tensor: TensorSpec, rule: LayoutRule | None, mesh: MeshConfig, refere
         reference=reference,
         origin=rule.origin if rule else None,
         trainable=tensor.trainable,
+        quantized=tensor.quantized.role if tensor.quantized else None,
     )
 
 

@@ -266,9 +266,10 @@ def _rule_text(rule: str | None, origin: str | None) -> str:
 
 
 def totals_table(plan: dict) -> Table:
-    """Per-device totals: parameters, optimizer state (of the trainable ones), and the largest
-    replicated variables; the model's parameter count, how many train when some are frozen, and the
-    LoRA adapters."""
+    """Per-device totals: parameters (for a quantized base, split into trainable, frozen quantized
+    and frozen float), optimizer state (of the trainable ones), and the largest replicated
+    variables; the model's parameter count, how many train when some are frozen, and the LoRA
+    adapters."""
     per_device, model = plan["per_device"], plan["model"]
     table = Table(title=f"per device ({plan['mesh']['devices']} devices)", show_header=False)
     table.add_column("what", style="bold")
@@ -277,6 +278,10 @@ def totals_table(plan: dict) -> Table:
         "model parameters", f"{model['params']:,} ({format_bytes(model['params_bytes'])} unsharded)"
     )
     table.add_row("parameters", format_bytes(per_device["params_bytes"]))
+    if "frozen_quantized_bytes" in per_device:  # a quantized base (model.quantize): what they are made of
+        table.add_row("  trains", format_bytes(per_device["trainable_bytes"]))
+        table.add_row("  frozen, quantized", _quantized_text(plan))
+        table.add_row("  frozen, float", format_bytes(per_device["frozen_float_bytes"]))
     frozen = model.get("frozen_params")
     if frozen:
         table.add_row(
@@ -352,6 +357,12 @@ def pipeline_rows(pipeline: dict) -> list[tuple[str, str]]:
             )
         )
     return rows
+
+
+def _quantized_text(plan: dict) -> str:
+    """The frozen quantized variables of a plan per device, with the dtypes they are stored in."""
+    dtypes = sorted({v["dtype"] for v in plan["variables"] if v.get("quantized")})
+    return f"{format_bytes(plan['per_device']['frozen_quantized_bytes'])} ({', '.join(dtypes)})"
 
 
 def _adapters_text(adapters: dict) -> str:

@@ -25,6 +25,7 @@ from meshrun.specs.metrics import (
     MeshFigures,
     ModelFigures,
     ProcessFigures,
+    QuantizeFigures,
     RunMetrics,
     TimingFigures,
     TrainFigures,
@@ -74,6 +75,7 @@ def collect(setup: RunSetup, outcome: Outcome, ending: Ending) -> RunMetrics:
         profile=outcome.profile,
         history=outcome.history,
         eval=outcome.evaluation,
+        quantize=_quantize(outcome),
         samples=outcome.samples,
         skipped=outcome.skipped,
         sharding=outcome.placed,
@@ -266,8 +268,12 @@ def _memory(setup: RunSetup, outcome: Outcome) -> MemoryFigures:
     plan's figures, XLA's compiled estimate of the step, the live peak where the platform
     reports one, and the peaks of loading the model."""
     costs, plan = outcome.costs, setup.plan
+    split = _split_bytes(setup, outcome) if plan.quantized else {}
     return MemoryFigures(
         params_bytes_per_device=sum(v.bytes_per_device for v in outcome.placed.values()),
+        trainable_bytes_per_device=split.get("trainable"),
+        frozen_quantized_bytes_per_device=split.get("frozen_quantized"),
+        frozen_float_bytes_per_device=split.get("frozen_float"),
         optimizer_bytes_per_device=outcome.optimizer_bytes_per_device,
         planned_params_bytes_per_device=plan.params_bytes_per_device,
         planned_optimizer_bytes_per_device=plan.optimizer_bytes_per_device,
@@ -282,6 +288,32 @@ def _memory(setup: RunSetup, outcome: Outcome) -> MemoryFigures:
         live_peak_bytes_per_device=outcome.live_peak_bytes_per_device,
         load_peak_bytes_per_device=outcome.load.bytes_per_device,
         load_peak_host_bytes=outcome.load.host_bytes,
+    )
+
+
+def _split_bytes(setup: RunSetup, outcome: Outcome) -> dict[str, int]:
+    """A quantized base's variables' bytes per device as placed (read from the arrays), by what the
+    plan says they are: trainable, frozen quantized (of a quantized layer) or frozen float."""
+    split = dict.fromkeys(("trainable", "frozen_quantized", "frozen_float"), 0)
+    for planned in setup.plan.variables:
+        kind = (
+            "trainable" if planned.trainable else "frozen_quantized" if planned.quantized else "frozen_float"
+        )
+        split[kind] += outcome.placed[planned.path].bytes_per_device
+    return split
+
+
+def _quantize(outcome: Outcome) -> QuantizeFigures | None:
+    """The quantize record: the quantized base's loss before training beside the float base's."""
+    losses = outcome.base_losses
+    if losses is None:
+        return None
+    return QuantizeFigures(
+        mode=losses.mode,
+        base_loss=losses.quantized_loss,
+        float_base_loss=losses.float_loss,
+        difference=None if losses.float_loss is None else losses.quantized_loss - losses.float_loss,
+        seconds=losses.seconds,
     )
 
 

@@ -7,6 +7,7 @@ Importing this module imports jax and keras: call `meshrun.placement.devices.pre
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import math
@@ -42,8 +43,8 @@ class Outcome:
     """What a finished run found out: when the model was built, the step times, the per-epoch
     history and the final evaluation, XLA's costs of the step, every variable as placed (read back
     from the arrays), what the hooks saw (early stop, checkpoints, logs, trace, the allocator put
-    back), the export, which loader fed Keras (meshrun.run.feed), and the completions of
-    train.sample_prompts."""
+    back), the export, which loader fed Keras (meshrun.run.feed), the completions of
+    train.sample_prompts, and for a quantized base its loss before training beside the float base's."""
 
     built_at: float
     steps: StepStats
@@ -71,7 +72,20 @@ class Outcome:
     loader: str
     allocator_restored: bool
     samples: list | None = None  # train.sample_prompts and their completions (meshrun.run.sampling)
+    base_losses: BaseLosses | None = None  # a quantized base's (model.quantize)
     skipped: list | None = None  # what a run stopped by a signal left out (skipped_after_signal)
+
+
+@dataclass(frozen=True)
+class BaseLosses:
+    """What quantizing the base costs (model.quantize): the evaluation loss of the quantized base
+    before training (its LoRA adapters, B = 0, add nothing) and of the float base it was made from,
+    on the same evaluation data (None: train.eval_float_base=false)."""
+
+    mode: str
+    quantized_loss: float
+    float_loss: float | None
+    seconds: float  # the float base's build, evaluation and freeing, and the quantized base's evaluation
 
 
 def execute(setup: RunSetup) -> Outcome:
@@ -79,11 +93,16 @@ def execute(setup: RunSetup) -> Outcome:
     while it builds or trains (meshrun.system.signals) stops training at the next step
     boundary with a checkpoint there; the run then skips evaluation, export, sampling and XLA's analysis,
     to be done before the scheduler's grace period ends. Training runs under meshrun's allocator
-    policy (meshrun.system.allocator)."""
+    policy (meshrun.system.allocator). A quantized base (model.quantize) is evaluated before
+    training, and the float base it comes from before it is built (float_base_loss)."""
     allocator.set_training_policy()
     with signals.StopSignals() as stop_signals:
+        started = time.perf_counter()
+        float_loss = float_base_loss(setup) if _evaluates_float_base(setup) else None
+        float_s = time.perf_counter() - started
         model, loss, load = build(setup)
         built_at = time.time()
+        base_losses = _base_losses(model, setup, float_loss, float_s)
         hooks = make_hooks(setup, stop_signals)
         history = fit(model, setup, hooks)
     stopped = hooks.stopped()
@@ -124,7 +143,45 @@ def execute(setup: RunSetup) -> Outcome:
         allocator_restored=hooks.allocator_restored,
         samples=samples,
         skipped=skipped,
+        base_losses=base_losses,
     )
+
+
+def _quantize_mode(setup: RunSetup) -> str | None:
+    """The run's model.quantize (None: a float base, or a model without the option)."""
+    return getattr(setup.planned.options, "quantize", None)
+
+
+def _evaluates_float_base(setup: RunSetup) -> bool:
+    return _quantize_mode(setup) is not None and setup.config.train.eval_float_base
+
+
+def _base_losses(model, setup: RunSetup, float_loss: float | None, float_s: float) -> BaseLosses | None:
+    """The quantized base's evaluation loss before training beside the float base's (None: a float
+    base). Checkpoints are restored as training begins, so a resumed run measures the base too."""
+    mode = _quantize_mode(setup)
+    if mode is None:
+        return None
+    started = time.perf_counter()
+    loss = evaluate(model, setup, [])["loss"]
+    return BaseLosses(mode, loss, float_loss, seconds=float_s + time.perf_counter() - started)
+
+
+def float_base_loss(setup: RunSetup) -> float:
+    """The evaluation loss of the float base a quantized run starts from: the same model built
+    without model.quantize under the run's distribution (its weights loaded onto their shards as
+    the run's are), evaluated once on the run's evaluation data, then freed with its session, so
+    that the quantized build that follows gets the planned names and `memory.load_peak_*` measure
+    that build alone. train.eval_float_base=false skips it where the float base does not fit."""
+    placement = setup.planned
+    options = dataclasses.replace(placement.options, quantize=None)
+    _enter_run_session(setup)
+    model, _ = build_model(placement.spec, options, setup.config.data, pipeline=placement.pipeline)
+    _compile(model, setup)
+    loss = evaluate(model, setup, [])["loss"]
+    del model
+    keras.backend.clear_session(free_memory=True)  # the names restart; its arrays go
+    return loss
 
 
 def stopped_by_signal(stopped: dict | None) -> bool:
@@ -147,9 +204,7 @@ def build(setup: RunSetup):
     the optimizer's variables included, must be created under the distribution."""
     config, placement = setup.config, setup.planned
     spec, options = placement.spec, placement.options
-    keras.distribution.set_distribution(distribution_lib.in_force(setup.distribution))
-    keras.config.set_dtype_policy(config.train.precision)  # reset to float32 by distribution.reset
-    set_random_seed(config.train.seed, order.tensorflow_global_seed(config.train.seed))
+    _enter_run_session(setup)
     stacks = {tensor.path: tensor.blocks for tensor in placement.abstract.variables if tensor.blocks}
     with (
         LoadWatch(local_devices(setup.devices.devices)) as watch,
@@ -159,8 +214,22 @@ def build(setup: RunSetup):
             spec, options, config.data, pipeline=placement.pipeline
         )  # prepare's abstract builds left a fresh session
     check_paths_match(model, placement.abstract, spec, options)
+    return model, _compile(model, setup), watch.peaks()
+
+
+def _enter_run_session(setup: RunSetup) -> None:
+    """Puts the run's distribution, dtype policy and seed in force for a build."""
+    train = setup.config.train
+    keras.distribution.set_distribution(distribution_lib.in_force(setup.distribution))
+    keras.config.set_dtype_policy(train.precision)  # reset to float32 by distribution.reset
+    set_random_seed(train.seed, order.tensorflow_global_seed(train.seed))
+
+
+def _compile(model, setup: RunSetup):
+    """Compiles `model` with the run's optimizer, loss and metrics; returns the loss."""
+    spec, options = setup.planned.spec, setup.planned.options
     compiled = objectives.compiled_objectives(model)
-    train = config.train
+    train = setup.config.train
     optimizer = objectives.make_optimizer(
         train.optimizer,
         keras_schedule(train, setup.total_steps),
@@ -175,7 +244,7 @@ def build(setup: RunSetup):
     # With sample weights (a padding mask), metrics count only the samples (tokens) that weigh.
     weighing = {"weighted_metrics": metrics} if setup.datasets.weighted else {"metrics": metrics}
     model.compile(optimizer=optimizer, loss=loss, **weighing)
-    return model, loss, watch.peaks()
+    return loss
 
 
 def fit(model, setup: RunSetup, hooks: RunHooks) -> dict:

@@ -218,6 +218,16 @@ def eval_text(evaluation, metrics) -> str | None:
     return ", ".join(f"{name} {value:.5f}" for name, value in evaluation.items()) + f" ({seconds:.2f} s)"
 
 
+def quantize_text(quantize, _) -> str | None:
+    """A quantized base's evaluation loss before training beside the float base's."""
+    if quantize is None:
+        return None
+    text = f"before training: {quantize.mode} base loss {quantize.base_loss:.5f}"
+    if quantize.float_base_loss is not None:
+        text += f", float base {quantize.float_base_loss:.5f} ({quantize.difference:+.5f})"
+    return text + f" ({quantize.seconds:.2f} s)"
+
+
 # The most characters of a sample's line in the summary (metrics.json holds it whole): with the
 # row's name, the table stays within 120 columns, the width a report is printed at off a terminal.
 SAMPLE_LINE = 96

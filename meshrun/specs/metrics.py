@@ -210,12 +210,23 @@ class CompiledMemory:
 @dataclass(frozen=True)
 class MemoryFigures:
     """Bytes per device: placed variables and optimizer state (read from the arrays, and as
-    planned), XLA's estimate of the step and the live peak where the platform reports one; the
+    planned; for a quantized base, the variables split into trainable, frozen quantized and frozen
+    float), XLA's estimate of the step and the live peak where the platform reports one; the
     peaks of building the model and loading its weights, per device and on the host
     (meshrun.system.load_memory)."""
 
     params_bytes_per_device: int = figure("memory", text.bytes_text("{} params +"))
     optimizer_bytes_per_device: int = figure("memory", text.bytes_text("{} optimizer per device"), " ")
+    # A quantized base (model.quantize): the params' bytes per device split by what they are.
+    trainable_bytes_per_device: int = figure(
+        "memory", text.bytes_text("params: {} trainable"), "; ", omit_if_none=True
+    )
+    frozen_quantized_bytes_per_device: int = figure(
+        "memory", text.bytes_text("{} frozen quantized"), omit_if_none=True
+    )
+    frozen_float_bytes_per_device: int = figure(
+        "memory", text.bytes_text("{} frozen float"), omit_if_none=True
+    )
     planned_params_bytes_per_device: int = figure()
     planned_optimizer_bytes_per_device: int = figure()
     peak_bytes_per_device: int = figure("memory", text.bytes_text("step peak {} (compiled estimate)"), "; ")
@@ -227,6 +238,21 @@ class MemoryFigures:
     load_peak_host_bytes: int = figure("memory", text.bytes_text("{} host"))
     needed_bytes_per_device: int = figure(omit_if_none=True)  # a job that does not fit: what its plan needs
     device_memory_bytes: int = figure(omit_if_none=True)  # and what one device has
+
+
+@dataclass(frozen=True)
+class QuantizeFigures:
+    """What quantizing the base cost (model.quantize): the mode, and the evaluation loss of the
+    quantized base before training beside the float base's on the same data (None:
+    train.eval_float_base=false), and the difference (quantized - float): the quantization error
+    training starts from; `seconds` the two cost (the float base built, evaluated and freed before
+    the run's model is built, so within timing.startup_s; the quantized base evaluated after)."""
+
+    mode: str = figure()
+    base_loss: float = figure()
+    float_base_loss: float = figure()
+    difference: float = figure()
+    seconds: float = figure()
 
 
 @dataclass(frozen=True)
@@ -309,6 +335,7 @@ class RunMetrics:
     profile: ProfileFigures = figure("profile", text.profile_text)
     history: dict = figure("loss", text.loss_text, also=(Shown("validation", text.validation_text),))
     eval: dict = figure("eval", text.eval_text)
+    quantize: QuantizeFigures = figure("eval", text.quantize_text, "; ", omit_if_none=True)
     samples: list = figure("samples", text.samples_text)
     skipped: list = (
         figure()
