@@ -274,10 +274,10 @@ class TrainConfig:
     )
     eval_float_base: bool = setting(
         True,
-        "With model.quantize: before the quantized model is built, build the float base under the "
-        "same distribution, evaluate it once on the eval data and free it, for metrics.json's quantize "
-        "record (the quantization error training starts from); false skips it, where the float base "
-        "does not fit the devices.",
+        "With model.quantize: before the quantized model is built, build the float base on the same "
+        "mesh (planned on its own), evaluate it once on the eval data and free it, for metrics.json's "
+        "quantize record (the quantization error training starts from); skipped with a warning where "
+        "its plan does not fit the devices; false: never.",
     )
     max_time: float | None = setting(
         None,

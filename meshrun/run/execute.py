@@ -7,7 +7,6 @@ Importing this module imports jax and keras: call `meshrun.placement.devices.pre
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import logging
 import math
@@ -153,7 +152,7 @@ def _quantize_mode(setup: RunSetup) -> str | None:
 
 
 def _evaluates_float_base(setup: RunSetup) -> bool:
-    return _quantize_mode(setup) is not None and setup.config.train.eval_float_base
+    return setup.float_base is not None
 
 
 def _base_losses(model, setup: RunSetup, float_loss: float | None, float_s: float) -> BaseLosses | None:
@@ -169,14 +168,13 @@ def _base_losses(model, setup: RunSetup, float_loss: float | None, float_s: floa
 
 def float_base_loss(setup: RunSetup) -> float:
     """The evaluation loss of the float base a quantized run starts from: the same model built
-    without model.quantize under the run's distribution (its weights loaded onto their shards as
-    the run's are), evaluated once on the run's evaluation data, then freed with its session, so
-    that the quantized build that follows gets the planned names and `memory.load_peak_*` measure
-    that build alone. train.eval_float_base=false skips it where the float base does not fit."""
-    placement = setup.planned
-    options = dataclasses.replace(placement.options, quantize=None)
-    _enter_run_session(setup)
-    model, _ = build_model(placement.spec, options, setup.config.data, pipeline=placement.pipeline)
+    without model.quantize under its own distribution (setup.float_base: rules that fit its float
+    kernels; its weights loaded onto their shards as the run's are), evaluated once on the run's
+    evaluation data, then freed with its session, so that the quantized build that follows gets
+    the planned names and `memory.load_peak_*` measure that build alone."""
+    planned = setup.float_base.planned
+    _enter_run_session(setup, setup.float_base.distribution)
+    model, _ = build_model(planned.spec, planned.options, setup.config.data)
     _compile(model, setup)
     loss = evaluate(model, setup, [])["loss"]
     del model
@@ -217,10 +215,10 @@ def build(setup: RunSetup):
     return model, _compile(model, setup), watch.peaks()
 
 
-def _enter_run_session(setup: RunSetup) -> None:
-    """Puts the run's distribution, dtype policy and seed in force for a build."""
+def _enter_run_session(setup: RunSetup, distribution=None) -> None:
+    """Puts the run's distribution (or `distribution`), dtype policy and seed in force for a build."""
     train = setup.config.train
-    keras.distribution.set_distribution(distribution_lib.in_force(setup.distribution))
+    keras.distribution.set_distribution(distribution_lib.in_force(distribution or setup.distribution))
     keras.config.set_dtype_policy(train.precision)  # reset to float32 by distribution.reset
     set_random_seed(train.seed, order.tensorflow_global_seed(train.seed))
 
