@@ -22,6 +22,8 @@ from meshrun.models.hub import KerasHubOptions, LoraOptions, build
 from meshrun.placement.quantized import carried_axes
 from meshrun.specs.quantized import COLUMNS, ROWS, QuantizedOf
 from presets import corpus_text, gemma_preset, llama3_preset
+from test_hf_checkpoints import DATA as HF_DATA
+from test_hf_checkpoints import built_on_2x4, fresh_session  # noqa: F401 (a fixture)
 from test_lora import adapter_weights, stop_after
 
 FAST = ["train.verbose=0", "train.batch_size=8", "train.learning_rate=0.01"]
@@ -118,6 +120,42 @@ def test_a_preset_loaded_quantized_equals_the_float_preset_quantized_by_keras(pr
         np.testing.assert_array_equal(found[path], value, err_msg=path)
     tokens = {"token_ids": np.arange(16)[None] % 300, "padding_mask": np.ones((1, 16), bool)}
     np.testing.assert_array_equal(np.asarray(ours(tokens)), np.asarray(reference(tokens)))
+
+
+def keras_quantized_backbone(backbone, mode: str) -> dict:
+    """Every variable of `backbone` (LoRA's left out) after Keras quantizes each of its Dense and
+    EinsumDense layers itself."""
+    for layer in sublayers(backbone):
+        if type(layer) in (keras.layers.Dense, keras.layers.EinsumDense):
+            layer.quantize(mode)
+    return {v.path: np.asarray(v) for v in backbone.weights}
+
+
+@pytest.mark.integration
+@pytest.mark.usefixtures("fresh_session")
+@pytest.mark.parametrize("case, layout", [("llama2", "llama_tp"), ("gemma", "gemma_tp")])
+def test_a_transformers_checkpoint_loads_on_2x4_as_keras_quantizes_it(case, layout, tmp_path):
+    """A transformers checkpoint read shard by shard onto 2x4 with model.quantize=int4 holds what
+    Keras' quantize makes of the same checkpoint loaded in float on one device, bit for bit; no
+    device held more than 1.3x its share while it loaded."""
+    from meshrun.hf import checkpoint as hf_checkpoint
+    from meshrun.hf import load
+    from meshrun.placement import distribution
+
+    ours, peaks = built_on_2x4(HF_DATA / case, layout, tmp_path, quantize="int4", lora={"rank": 4})
+    found = {v.path: np.asarray(v) for v in ours.backbone.weights if "lora_kernel" not in v.path}
+    held = max(
+        sum(s.data.nbytes for v in ours.weights for s in v.value.addressable_shards if s.device == device)
+        for device in {s.device for v in ours.weights for s in v.value.addressable_shards}
+    )
+    assert peaks.bytes_per_device <= 1.3 * held, (peaks, held)
+    distribution.reset()
+    keras.backend.clear_session()
+    reference, _ = load.build_task(hf_checkpoint.inspect(HF_DATA / case), load_weights=True)
+    expected = keras_quantized_backbone(reference.backbone, "int4")
+    assert found.keys() == expected.keys()
+    for path, value in expected.items():
+        np.testing.assert_array_equal(found[path], value, err_msg=path)
 
 
 # --- layouts carried over to the quantized variables ------------------------------------------------
