@@ -13,6 +13,11 @@ KerasHub preset (meshrun.hf.export): `<run dir>/hf/` (which `meshrun generate` a
 load, as they loaded the source) and, for a LoRA run, `<run dir>/peft/` (a PEFT adapter on the
 source) besides adapter.lora.h5.
 
+For a QLoRA run (model.quantize=int8|int4) the adapters are written as for a float base: they
+apply to model.preset as it is, in float; `preset/` and `hf/` hold the base in its float dtype,
+each quantized kernel dequantized with its adapter merged (kernel + alpha / rank * A @ B), a plain
+float model with no quantized dtype policy (float_task; the log says which file is which).
+
 All are written under a temporary name and renamed when complete.
 """
 
@@ -21,6 +26,8 @@ from __future__ import annotations
 import dataclasses
 import logging
 from pathlib import Path
+
+import numpy as np
 
 from meshrun.compat.keras_hub import local_preset_loading, lora_kernel_b_dataset
 from meshrun.config.schema import CheckpointConfig
@@ -52,10 +59,86 @@ def export(task, options: KerasHubOptions, run_dir: Path, checkpoint=None) -> di
     if source is not None:
         exported = export_transformers(task, source, options, run_dir, checkpoint or CheckpointConfig())
     else:
-        exported = {"preset": str(save_preset(task, options, run_dir / PRESET_DIR))}
+        merged = task if options.quantize is None else float_task(task, options)
+        exported = {"preset": str(save_preset(merged, options, run_dir / PRESET_DIR))}
     if options.lora.enabled:
         exported["adapter"] = str(save_adapter(task.backbone, options.lora, run_dir / ADAPTER_FILE))
+    if options.quantize is not None:
+        log.info(quantized_export_note(task, options, exported))
     return exported
+
+
+def quantized_export_note(task, options: KerasHubOptions, exported: dict[str, str]) -> str:
+    """The log line that says what each file of a QLoRA run's export holds."""
+    dtype = merged_dtype(task, options)
+    base = f"{dtype} base (dequantized {options.quantize}) with the adapters merged"
+    merged = exported.get("hf") or exported.get("preset")
+    said = [f"{Path(merged).name}/: {base}"] if merged else []
+    if "adapter" in exported:
+        said.append(f"{Path(exported['adapter']).name}: LoRA adapters for the float base (model.preset)")
+    if "peft" in exported:
+        said.append(f"{Path(exported['peft']).name}/: the PEFT form of those adapters, on the float base")
+    return "the QLoRA export: " + "; ".join(said)
+
+
+def merged_dtype(task, options: KerasHubOptions) -> str:
+    """The float dtype of the merged export: model.dtype, else the trained base's variables'."""
+    if options.dtype:
+        return options.dtype
+    floats = [v.dtype for v in task.backbone.weights if "float" in str(v.dtype)]
+    return str(floats[0]) if floats else "float32"
+
+
+def float_task(trained, options: KerasHubOptions):
+    """The trained QLoRA task as a float model of the same architecture (model.preset's, in its
+    float dtype, no LoRA, no quantized layer), built without a distribution: every quantized
+    kernel dequantized with its adapter merged (kernel + alpha / rank * A @ B, in float32, then
+    cast), every other weight copied. The host reads one quantized layer at a time."""
+    import keras
+
+    from meshrun.models import hub
+    from meshrun.quantize import quantized
+
+    float_options = dataclasses.replace(options, quantize=None, lora=LoraOptions())
+    distribution = keras.distribution.distribution()
+    keras.distribution.set_distribution(None)
+    try:
+        task = hub.build(float_options, load_weights=False)
+    finally:
+        keras.distribution.set_distribution(distribution)
+    targets = {v.path: v for v in task.weights}
+    merged = {}
+    for layer in quantized(trained.backbone):
+        kernel = f"{layer.path}/kernel"
+        merged[kernel] = merged_kernel(layer)
+        if layer.bias is not None:
+            merged[layer.bias.path] = layer.bias.value
+    skipped = {v.path for layer in quantized(trained.backbone) for v in layer.weights}
+    copied = {v.path: v.value for v in trained.weights if v.path not in skipped}
+    values = {**copied, **merged}
+    if set(values) != set(targets):
+        lacks, extra = sorted(set(targets) - set(values))[:3], sorted(set(values) - set(targets))[:3]
+        raise RuntimeError(
+            f"the float model of the QLoRA export does not match the trained one: {lacks}, {extra}"
+        )
+    for path, variable in targets.items():
+        variable.assign(np.asarray(values[path]).astype(keras.backend.standardize_dtype(variable.dtype)))
+    return task
+
+
+def merged_kernel(layer, read=None):
+    """A quantized layer's float kernel (float32 numpy) with its LoRA adapters merged: the
+    dequantized kernel + alpha / rank * A @ B, as Keras' own call computes with them. `read` reads a
+    variable onto the host whole (compat.keras.dequantized_kernel)."""
+    from meshrun.compat.keras import dequantized_kernel
+
+    read = read or (lambda variable: np.asarray(variable.value))
+    kernel = dequantized_kernel(layer, read)
+    if getattr(layer, "lora_enabled", False):
+        a = read(layer.lora_kernel_a).astype("float32")
+        b = read(layer.lora_kernel_b).astype("float32")
+        kernel = kernel + (layer.lora_alpha / layer.lora_rank) * np.matmul(a, b)
+    return kernel
 
 
 def export_transformers(task, source, options: KerasHubOptions, run_dir: Path, checkpoint) -> dict[str, str]:
@@ -170,11 +253,19 @@ def keep_adapter(trained, options: KerasHubOptions, run_dir: Path) -> str | None
 def load_adapter(task, lora: LoraOptions, path: Path):
     """`task` (the base model, model.preset) with the adapters of `path` (as save_adapter wrote
     them) on its target layers: LoRA enabled at `lora`'s rank and targets with alpha = rank (the
-    file holds alpha / rank folded in) and no dropout (it samples, never trains), then KerasHub's
+    file holds alpha / rank folded in) and no dropout (it samples, never trains; sampling_lora),
+    unless the task was built with them already (a quantized base), then KerasHub's
     `load_lora_weights`. Returns `task`."""
-    enable_lora(task.backbone, dataclasses.replace(lora, alpha=None, dropout=0.0))
+    if not adapted_layers(task.backbone):
+        enable_lora(task.backbone, sampling_lora(lora))
     task.backbone.load_lora_weights(str(path))
     return task
+
+
+def sampling_lora(lora: LoraOptions) -> LoraOptions:
+    """The LoRA options an adapter file is loaded with: `lora`'s rank and targets, alpha = rank
+    (the file holds alpha / rank folded in), no dropout."""
+    return dataclasses.replace(lora, alpha=None, dropout=0.0)
 
 
 def save_adapter(backbone, lora: LoraOptions, path: Path) -> Path:
