@@ -4,7 +4,8 @@ KerasHub run trained, loaded on the run's own mesh and layout (its composed conf
 RUN_DIR/.hydra/config.yaml; the devices set up as `train` sets them, before jax starts). The
 weights are those the run's metrics.json says it wrote, never a file that merely lies in the dir:
 its exported preset, else the LoRA adapters it kept (on the base model.preset), else its newest
-checkpoint, read into each variable's sharding as resuming reads it.
+checkpoint, read into each variable's sharding as resuming reads it. A QLoRA run (model.quantize)
+is completed by the model it trained: its adapters on model.preset quantized as in training.
 Prompts are encoded, batched and decoded as `train.sample_prompts` does (meshrun.text.complete),
 greedily unless the sampling flags say otherwise (checked as train.sample_temperature, _top_k,
 _top_p and _seed are).

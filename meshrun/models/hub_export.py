@@ -23,6 +23,7 @@ All are written under a temporary name and renamed when complete.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 from pathlib import Path
@@ -75,10 +76,15 @@ def quantized_export_note(task, options: KerasHubOptions, exported: dict[str, st
     merged = exported.get("hf") or exported.get("preset")
     said = [f"{Path(merged).name}/: {base}"] if merged else []
     if "adapter" in exported:
-        said.append(f"{Path(exported['adapter']).name}: LoRA adapters for the float base (model.preset)")
+        said.append(adapter_note(Path(exported["adapter"]).name, options.quantize))
     if "peft" in exported:
         said.append(f"{Path(exported['peft']).name}/: the PEFT form of those adapters, on the float base")
     return "the QLoRA export: " + "; ".join(said)
+
+
+def adapter_note(name: str, mode: str) -> str:
+    """What a QLoRA run's adapter file is, for the log."""
+    return f"{name}: LoRA adapters for the float base (model.preset), trained on its {mode} form"
 
 
 def merged_dtype(task, options: KerasHubOptions) -> str:
@@ -93,19 +99,23 @@ def float_task(trained, options: KerasHubOptions):
     """The trained QLoRA task as a float model of the same architecture (model.preset's, in its
     float dtype, no LoRA, no quantized layer), built without a distribution: every quantized
     kernel dequantized with its adapter merged (kernel + alpha / rank * A @ B, in float32, then
-    cast), every other weight copied. The host reads one quantized layer at a time."""
-    import keras
-
+    cast), every other weight copied. The host reads one quantized layer at a time; the float
+    model lives on the host (off_the_mesh_on_the_host), not on the accelerators."""
     from meshrun.models import hub
-    from meshrun.quantize import quantized
 
     float_options = dataclasses.replace(options, quantize=None, lora=LoraOptions())
-    distribution = keras.distribution.distribution()
-    keras.distribution.set_distribution(None)
-    try:
+    with off_the_mesh_on_the_host():
         task = hub.build(float_options, load_weights=False)
-    finally:
-        keras.distribution.set_distribution(distribution)
+        _fill_float(task, trained)
+    return task
+
+
+def _fill_float(task, trained) -> None:
+    """Assigns the float `task` the trained QLoRA task's weights (float_task)."""
+    import keras
+
+    from meshrun.quantize import quantized
+
     targets = {v.path: v for v in task.weights}
     merged = {}
     for layer in quantized(trained.backbone):
@@ -123,7 +133,26 @@ def float_task(trained, options: KerasHubOptions):
         )
     for path, variable in targets.items():
         variable.assign(np.asarray(values[path]).astype(keras.backend.standardize_dtype(variable.dtype)))
-    return task
+
+
+@contextlib.contextmanager
+def off_the_mesh_on_the_host():
+    """While in force, no distribution, and new arrays are made on the host's CPU device where
+    jax has one beside the accelerators: a float model built here takes no accelerator memory."""
+    import jax
+    import keras
+
+    distribution = keras.distribution.distribution()
+    keras.distribution.set_distribution(None)
+    try:
+        cpus = jax.devices("cpu")
+    except RuntimeError:  # no CPU backend: the default device
+        cpus = []
+    try:
+        with jax.default_device(cpus[0]) if cpus else contextlib.nullcontext():
+            yield
+    finally:
+        keras.distribution.set_distribution(distribution)
 
 
 def merged_kernel(layer, read=None):
@@ -247,7 +276,10 @@ def keep_adapter(trained, options: KerasHubOptions, run_dir: Path) -> str | None
             "so no adapter file is written (its checkpoints hold it)"
         )
         return None
-    return str(save_adapter(task.backbone, options.lora, run_dir / ADAPTER_FILE))
+    path = save_adapter(task.backbone, options.lora, run_dir / ADAPTER_FILE)
+    if options.quantize is not None:
+        log.info(adapter_note(path.name, options.quantize))
+    return str(path)
 
 
 def load_adapter(task, lora: LoraOptions, path: Path):
