@@ -57,42 +57,48 @@ def export(task, options: KerasHubOptions, run_dir: Path, checkpoint=None) -> di
     Returns their paths by name (preset, adapter, hf, peft): preset names what `meshrun generate`
     loads. `checkpoint` is the run's CheckpointConfig (None: its defaults)."""
     source = transformers_checkpoint(options)
+    checkpoint = checkpoint or CheckpointConfig()
     if source is not None:
-        exported = export_transformers(task, source, options, run_dir, checkpoint or CheckpointConfig())
+        exported = export_transformers(task, source, options, run_dir, checkpoint)
+        dtype = checkpoint.hf_dtype or source.dtype
     else:
         merged = task if options.quantize is None else float_task(task, options)
         exported = {"preset": str(save_preset(merged, options, run_dir / PRESET_DIR))}
+        dtype = float_dtype(merged)
     if options.lora.enabled:
         exported["adapter"] = str(save_adapter(task.backbone, options.lora, run_dir / ADAPTER_FILE))
     if options.quantize is not None:
-        log.info(quantized_export_note(task, options, exported))
+        log.info(quantized_export_note(options.quantize, dtype, exported))
     return exported
 
 
-def quantized_export_note(task, options: KerasHubOptions, exported: dict[str, str]) -> str:
-    """The log line that says what each file of a QLoRA run's export holds."""
-    dtype = merged_dtype(task, options)
-    base = f"{dtype} base (dequantized {options.quantize}) with the adapters merged"
+def quantized_export_note(mode: str, dtype: str, exported: dict[str, str]) -> str:
+    """The log line that says what each file of a QLoRA run's export holds (`dtype`: the merged
+    model's)."""
     merged = exported.get("hf") or exported.get("preset")
-    said = [f"{Path(merged).name}/: {base}"] if merged else []
+    said = (
+        [f"{Path(merged).name}/: {dtype} base (dequantized {mode}) with the adapters merged"]
+        if merged
+        else []
+    )
     if "adapter" in exported:
-        said.append(adapter_note(Path(exported["adapter"]).name, options.quantize))
+        said.append(adapter_note(Path(exported["adapter"]).name, mode))
     if "peft" in exported:
         said.append(f"{Path(exported['peft']).name}/: the PEFT form of those adapters, on the float base")
     return "the QLoRA export: " + "; ".join(said)
 
 
+def float_dtype(task) -> str:
+    """The dtype of the task's float weights (its first float variable's)."""
+    import keras
+
+    dtypes = [keras.backend.standardize_dtype(v.dtype) for v in task.backbone.weights]
+    return next((dtype for dtype in dtypes if "float" in dtype), "float32")
+
+
 def adapter_note(name: str, mode: str) -> str:
     """What a QLoRA run's adapter file is, for the log."""
     return f"{name}: LoRA adapters for the float base (model.preset), trained on its {mode} form"
-
-
-def merged_dtype(task, options: KerasHubOptions) -> str:
-    """The float dtype of the merged export: model.dtype, else the trained base's variables'."""
-    if options.dtype:
-        return options.dtype
-    floats = [v.dtype for v in task.backbone.weights if "float" in str(v.dtype)]
-    return str(floats[0]) if floats else "float32"
 
 
 def float_task(trained, options: KerasHubOptions):
