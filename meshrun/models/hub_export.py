@@ -117,28 +117,28 @@ def float_task(trained, options: KerasHubOptions):
 
 
 def _fill_float(task, trained) -> None:
-    """Assigns the float `task` the trained QLoRA task's weights (float_task)."""
+    """Assigns the float `task` the trained QLoRA task's weights (float_task), one at a time: a
+    quantized layer's kernel merged (merged_kernel) as it is assigned, every other weight copied."""
     import keras
 
     from meshrun.quantize import quantized
 
     targets = {v.path: v for v in task.weights}
-    merged = {}
-    for layer in quantized(trained.backbone):
-        kernel = f"{layer.path}/kernel"
-        merged[kernel] = merged_kernel(layer)
+    layers = quantized(trained.backbone)
+    skipped = {v.path for layer in layers for v in layer.weights}
+    sources = {v.path: (lambda v=v: v.value) for v in trained.weights if v.path not in skipped}
+    for layer in layers:
+        sources[f"{layer.path}/kernel"] = lambda layer=layer: merged_kernel(layer)
         if layer.bias is not None:
-            merged[layer.bias.path] = layer.bias.value
-    skipped = {v.path for layer in quantized(trained.backbone) for v in layer.weights}
-    copied = {v.path: v.value for v in trained.weights if v.path not in skipped}
-    values = {**copied, **merged}
-    if set(values) != set(targets):
-        lacks, extra = sorted(set(targets) - set(values))[:3], sorted(set(values) - set(targets))[:3]
+            sources[layer.bias.path] = lambda bias=layer.bias: bias.value
+    if set(sources) != set(targets):
+        lacks, extra = sorted(set(targets) - set(sources))[:3], sorted(set(sources) - set(targets))[:3]
         raise RuntimeError(
             f"the float model of the QLoRA export does not match the trained one: {lacks}, {extra}"
         )
     for path, variable in targets.items():
-        variable.assign(np.asarray(values[path]).astype(keras.backend.standardize_dtype(variable.dtype)))
+        dtype = keras.backend.standardize_dtype(variable.dtype)
+        variable.assign(np.asarray(sources[path]()).astype(dtype))
 
 
 @contextlib.contextmanager
