@@ -4,7 +4,8 @@ KerasHub run trained, loaded on the run's own mesh and layout (its composed conf
 RUN_DIR/.hydra/config.yaml; the devices set up as `train` sets them, before jax starts). The
 weights are those the run's metrics.json says it wrote, never a file that merely lies in the dir:
 its exported preset, else the LoRA adapters it kept (on the base model.preset), else its newest
-checkpoint, read into each variable's sharding as resuming reads it.
+checkpoint, read into each variable's sharding as resuming reads it. A QLoRA run (model.quantize)
+is completed by the model it trained: its adapters on model.preset quantized as in training.
 Prompts are encoded, batched and decoded as `train.sample_prompts` does (meshrun.text.complete),
 greedily unless the sampling flags say otherwise (checked as train.sample_temperature, _top_k,
 _top_p and _seed are).
@@ -366,17 +367,23 @@ def _read_config(path: Path) -> dict:
 def find_weights(run: SavedRun) -> Weights:
     """The weights the run's metrics.json says it wrote, where they still are: its exported
     preset, else its kept adapters (on model.preset), else the newest complete checkpoint it saved;
-    a ConfigError when it has none of them. Imports jax (Orbax): set the devices up first."""
+    a ConfigError when it has none of them. A QLoRA run (model.quantize) takes its adapters first,
+    on the base quantized as it trained (its preset is the float base with them merged). Imports
+    jax (Orbax): set the devices up first."""
     from meshrun.training import checkpoint as checkpoint_lib
     from meshrun.training.orbax_io import complete_steps
 
     saved = run.metrics.get("checkpoint") or {}
     preset = _written(run, saved.get("exported_preset"))
+    adapter = _written(run, saved.get("exported_adapter"))
+    options = run.config.model.options
+    kept = adapter if adapter is not None and adapter.is_file() and options.preset else None
+    if kept is not None and getattr(options, "quantize", None):
+        return Weights(adapter=kept)  # the model trained: the quantized base with its adapters
     if preset is not None and (preset / "config.json").is_file():
         return Weights(preset=preset)
-    adapter = _written(run, saved.get("exported_adapter"))
-    if adapter is not None and adapter.is_file() and run.config.model.options.preset:
-        return Weights(adapter=adapter)
+    if kept is not None:
+        return Weights(adapter=kept)
     root = _written(run, saved.get("dir"))
     steps = set(complete_steps(root)) & set(saved.get("saved_steps") or []) if root is not None else set()
     if steps:
@@ -497,16 +504,22 @@ def _from_preset(planned, preset: Path):
     merged into the kernels by the export, so none are added)."""
     from meshrun.models import hub
 
-    options = dataclasses.replace(planned.options, preset=str(preset), backbone={}, lora=hub.LoraOptions())
+    options = dataclasses.replace(
+        planned.options, preset=str(preset), backbone={}, lora=hub.LoraOptions(), quantize=None
+    )  # a QLoRA run's preset is its float base with the adapters merged
     return hub.build(options)
 
 
 def _from_adapter(planned, adapter: Path):
-    """The run's base model (model.preset, with separate blocks) with the LoRA adapters it kept."""
+    """The run's base model (model.preset, with separate blocks) with the LoRA adapters it kept; a
+    QLoRA run's base quantized as it trained (model.quantize, the same preset), the adapters put
+    on it as it builds."""
     from meshrun.models import hub, hub_export
 
-    base = hub.build(dataclasses.replace(planned.options, lora=hub.LoraOptions()))
-    return hub_export.load_adapter(base, planned.options.lora, adapter)
+    options = planned.options
+    lora = hub_export.sampling_lora(options.lora) if options.quantize else hub.LoraOptions()
+    base = hub.build(dataclasses.replace(options, lora=lora))
+    return hub_export.load_adapter(base, options.lora, adapter)
 
 
 def print_completions(

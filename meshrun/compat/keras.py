@@ -778,3 +778,50 @@ def int8_scale_as_stored(layer, scale):
     if isinstance(layer, layers.EinsumDense):
         return np.asarray(layer._adjust_scale_for_quant(scale, "kernel"))
     return np.squeeze(scale, axis=0)
+
+
+uses(
+    QUANTIZE,
+    PrivateName(
+        "keras",
+        "keras.src.quantizers",
+        "dequantize_with_sz_map",
+        "an int4 kernel quantized by blocks of rows, back to float as Keras' own layer computes it, for "
+        "the merged float export of a QLoRA run (dequantized_kernel)",
+    ),
+    PrivateName(
+        "keras",
+        "keras.src.layers.core.einsum_dense",
+        "EinsumDense._adjust_scale_for_dequant",
+        "an EinsumDense's stored int8 scales laid out as its kernel, to dequantize it (dequantized_kernel)",
+        source_contains="reverse_transpose",
+    ),
+)
+
+
+def dequantized_kernel(layer, read=None):
+    """The float kernel (of its float shape, as a float32 numpy array) that a built int8 or int4
+    Dense or EinsumDense `layer` computes with: its quantized values times their scales (int4: less
+    their zero points, unpacked and reshaped back), as Keras' own layer dequantizes them; its LoRA
+    adapters are not in it. Each variable is read onto the host whole by `read(variable)` (default:
+    numpy of its value, for arrays this process holds whole)."""
+    ensure(QUANTIZE)
+    import numpy as np
+    from keras import layers, quantizers
+    from keras.src.quantizers import dequantize_with_sz_map
+
+    read = read or (lambda variable: np.asarray(variable.value))
+    facts = quantized_kernel_facts(layer)
+    kernel = read(facts["variables"]["kernel"])
+    scale = read(layer.kernel_scale).astype("float32")
+    if layer.quantization_mode == "int8":
+        if isinstance(layer, layers.EinsumDense):
+            scale = np.asarray(layer._adjust_scale_for_dequant(scale))
+        return kernel.astype("float32") / scale
+    values = np.asarray(quantizers.unpack_int4(kernel, facts["columns"], axis=-1))
+    if facts["block_size"]:
+        zero, index = read(layer.kernel_zero), read(layer.g_idx)
+        flat = np.asarray(dequantize_with_sz_map(values, scale, zero, index, group_axis=0), dtype="float32")
+    else:
+        flat = values.astype("float32") / scale
+    return flat.reshape(facts["float_shape"])

@@ -95,15 +95,28 @@ def device_value(variable, adapter: Adapter | None, dtype: str):
     return value.astype(safetensors.numpy_dtype(dtype))
 
 
+def quantized_value(layer, writer: bool, dtype: str) -> np.ndarray | None:
+    """A quantized layer's kernel in float `dtype` on the writer's host (None on the others), its
+    adapter merged: dequantized + alpha / rank * A @ B in float32 (hub_export.merged_kernel), its
+    variables gathered from every process (each runs the same gathers)."""
+    from meshrun.models.hub_export import merged_kernel
+
+    kernel = merged_kernel(layer, lambda variable: host_copy(variable.value, True))
+    return kernel.astype(safetensors.numpy_dtype(dtype)) if writer else None
+
+
 def write_hf(backbone, checkpoint: HFCheckpoint, directory: Path, dtype: str | None, shard_bytes: int):
     """Writes the backbone as a transformers checkpoint into `directory` (under a temporary name,
     renamed when complete): every process must call it; the first writes and gets `directory`,
-    the others None."""
+    the others None. A quantized layer's kernel (model.quantize) is written in float: dequantized,
+    its adapter merged, on the host (quantized_value)."""
     from meshrun.files import dir_written_whole
+    from meshrun.quantize import quantized
 
     dtype = dtype or checkpoint.dtype
     variables = {variable.path: variable for variable in backbone.weights}
     adapters = adapters_by_kernel(backbone)
+    quantized_kernels = {f"{layer.path}/kernel": layer for layer in quantized(backbone)}
     tensors = in_source_order(checkpoint)
     planned = [safetensors.PlannedTensor(t.name, dtype, t.transform.hf_shape) for t in tensors]
     by_name = {t.name: t for t in tensors}
@@ -111,8 +124,11 @@ def write_hf(backbone, checkpoint: HFCheckpoint, directory: Path, dtype: str | N
 
     def produce(name: str) -> np.ndarray | None:
         tensor = by_name[name]
-        value = device_value(variables[tensor.path], adapters.get(tensor.path), dtype)
-        whole = host_copy(value, writer)
+        layer = quantized_kernels.get(tensor.path)
+        if layer is not None:
+            whole = quantized_value(layer, writer, dtype)
+        else:
+            whole = host_copy(device_value(variables[tensor.path], adapters.get(tensor.path), dtype), writer)
         return None if whole is None else tensor.transform.to_hf(whole)
 
     if not writer:

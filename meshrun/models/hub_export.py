@@ -13,14 +13,22 @@ KerasHub preset (meshrun.hf.export): `<run dir>/hf/` (which `meshrun generate` a
 load, as they loaded the source) and, for a LoRA run, `<run dir>/peft/` (a PEFT adapter on the
 source) besides adapter.lora.h5.
 
+For a QLoRA run (model.quantize=int8|int4) the adapters are written as for a float base: they
+apply to model.preset as it is, in float; `preset/` and `hf/` hold the base in its float dtype,
+each quantized kernel dequantized with its adapter merged (kernel + alpha / rank * A @ B), a plain
+float model with no quantized dtype policy (float_task; the log says which file is which).
+
 All are written under a temporary name and renamed when complete.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 from pathlib import Path
+
+import numpy as np
 
 from meshrun.compat.keras_hub import local_preset_loading, lora_kernel_b_dataset
 from meshrun.config.schema import CheckpointConfig
@@ -49,13 +57,123 @@ def export(task, options: KerasHubOptions, run_dir: Path, checkpoint=None) -> di
     Returns their paths by name (preset, adapter, hf, peft): preset names what `meshrun generate`
     loads. `checkpoint` is the run's CheckpointConfig (None: its defaults)."""
     source = transformers_checkpoint(options)
+    checkpoint = checkpoint or CheckpointConfig()
     if source is not None:
-        exported = export_transformers(task, source, options, run_dir, checkpoint or CheckpointConfig())
+        exported = export_transformers(task, source, options, run_dir, checkpoint)
+        dtype = checkpoint.hf_dtype or source.dtype
     else:
-        exported = {"preset": str(save_preset(task, options, run_dir / PRESET_DIR))}
+        merged = task if options.quantize is None else float_task(task, options)
+        exported = {"preset": str(save_preset(merged, options, run_dir / PRESET_DIR))}
+        dtype = float_dtype(merged)
     if options.lora.enabled:
         exported["adapter"] = str(save_adapter(task.backbone, options.lora, run_dir / ADAPTER_FILE))
+    if options.quantize is not None:
+        log.info(quantized_export_note(options.quantize, dtype, exported))
     return exported
+
+
+def quantized_export_note(mode: str, dtype: str, exported: dict[str, str]) -> str:
+    """The log line that says what each file of a QLoRA run's export holds (`dtype`: the merged
+    model's)."""
+    merged = exported.get("hf") or exported.get("preset")
+    said = (
+        [f"{Path(merged).name}/: {dtype} base (dequantized {mode}) with the adapters merged"]
+        if merged
+        else []
+    )
+    if "adapter" in exported:
+        said.append(adapter_note(Path(exported["adapter"]).name, mode))
+    if "peft" in exported:
+        said.append(f"{Path(exported['peft']).name}/: the PEFT form of those adapters, on the float base")
+    return "the QLoRA export: " + "; ".join(said)
+
+
+def float_dtype(task) -> str:
+    """The dtype of the task's float weights (its first float variable's)."""
+    import keras
+
+    dtypes = [keras.backend.standardize_dtype(v.dtype) for v in task.backbone.weights]
+    return next((dtype for dtype in dtypes if "float" in dtype), "float32")
+
+
+def adapter_note(name: str, mode: str) -> str:
+    """What a QLoRA run's adapter file is, for the log."""
+    return f"{name}: LoRA adapters for the float base (model.preset), trained on its {mode} form"
+
+
+def float_task(trained, options: KerasHubOptions):
+    """The trained QLoRA task as a float model of the same architecture (model.preset's, in its
+    float dtype, no LoRA, no quantized layer), built without a distribution: every quantized
+    kernel dequantized with its adapter merged (kernel + alpha / rank * A @ B, in float32, then
+    cast), every other weight copied. The host reads one quantized layer at a time; the float
+    model lives on the host (off_the_mesh_on_the_host), not on the accelerators."""
+    from meshrun.models import hub
+
+    float_options = dataclasses.replace(options, quantize=None, lora=LoraOptions())
+    with off_the_mesh_on_the_host():
+        task = hub.build(float_options, load_weights=False)
+        _fill_float(task, trained)
+    return task
+
+
+def _fill_float(task, trained) -> None:
+    """Assigns the float `task` the trained QLoRA task's weights (float_task), one at a time: a
+    quantized layer's kernel merged (merged_kernel) as it is assigned, every other weight copied."""
+    import keras
+
+    from meshrun.quantize import quantized
+
+    targets = {v.path: v for v in task.weights}
+    layers = quantized(trained.backbone)
+    skipped = {v.path for layer in layers for v in layer.weights}
+    sources = {v.path: (lambda v=v: v.value) for v in trained.weights if v.path not in skipped}
+    for layer in layers:
+        sources[f"{layer.path}/kernel"] = lambda layer=layer: merged_kernel(layer)
+        if layer.bias is not None:
+            sources[layer.bias.path] = lambda bias=layer.bias: bias.value
+    if set(sources) != set(targets):
+        lacks, extra = sorted(set(targets) - set(sources))[:3], sorted(set(sources) - set(targets))[:3]
+        raise RuntimeError(
+            f"the float model of the QLoRA export does not match the trained one: {lacks}, {extra}"
+        )
+    for path, variable in targets.items():
+        dtype = keras.backend.standardize_dtype(variable.dtype)
+        variable.assign(np.asarray(sources[path]()).astype(dtype))
+
+
+@contextlib.contextmanager
+def off_the_mesh_on_the_host():
+    """While in force, no distribution, and new arrays are made on the host's CPU device where
+    jax has one beside the accelerators: a float model built here takes no accelerator memory."""
+    import jax
+    import keras
+
+    distribution = keras.distribution.distribution()
+    keras.distribution.set_distribution(None)
+    try:
+        cpus = jax.devices("cpu")
+    except RuntimeError:  # no CPU backend: the default device
+        cpus = []
+    try:
+        with jax.default_device(cpus[0]) if cpus else contextlib.nullcontext():
+            yield
+    finally:
+        keras.distribution.set_distribution(distribution)
+
+
+def merged_kernel(layer, read=None):
+    """A quantized layer's float kernel (float32 numpy) with its LoRA adapters merged: the
+    dequantized kernel + alpha / rank * A @ B, as Keras' own call computes with them. `read` reads a
+    variable onto the host whole (compat.keras.dequantized_kernel)."""
+    from meshrun.compat.keras import dequantized_kernel
+
+    read = read or (lambda variable: np.asarray(variable.value))
+    kernel = dequantized_kernel(layer, read)
+    if getattr(layer, "lora_enabled", False):
+        a = read(layer.lora_kernel_a).astype("float32")
+        b = read(layer.lora_kernel_b).astype("float32")
+        kernel = kernel + (layer.lora_alpha / layer.lora_rank) * np.matmul(a, b)
+    return kernel
 
 
 def export_transformers(task, source, options: KerasHubOptions, run_dir: Path, checkpoint) -> dict[str, str]:
@@ -164,17 +282,28 @@ def keep_adapter(trained, options: KerasHubOptions, run_dir: Path) -> str | None
             "so no adapter file is written (its checkpoints hold it)"
         )
         return None
-    return str(save_adapter(task.backbone, options.lora, run_dir / ADAPTER_FILE))
+    path = save_adapter(task.backbone, options.lora, run_dir / ADAPTER_FILE)
+    if options.quantize is not None:
+        log.info(adapter_note(path.name, options.quantize))
+    return str(path)
 
 
 def load_adapter(task, lora: LoraOptions, path: Path):
     """`task` (the base model, model.preset) with the adapters of `path` (as save_adapter wrote
     them) on its target layers: LoRA enabled at `lora`'s rank and targets with alpha = rank (the
-    file holds alpha / rank folded in) and no dropout (it samples, never trains), then KerasHub's
+    file holds alpha / rank folded in) and no dropout (it samples, never trains; sampling_lora),
+    unless the task was built with them already (a quantized base), then KerasHub's
     `load_lora_weights`. Returns `task`."""
-    enable_lora(task.backbone, dataclasses.replace(lora, alpha=None, dropout=0.0))
+    if not adapted_layers(task.backbone):
+        enable_lora(task.backbone, sampling_lora(lora))
     task.backbone.load_lora_weights(str(path))
     return task
+
+
+def sampling_lora(lora: LoraOptions) -> LoraOptions:
+    """The LoRA options an adapter file is loaded with: `lora`'s rank and targets, alpha = rank
+    (the file holds alpha / rank folded in), no dropout."""
+    return dataclasses.replace(lora, alpha=None, dropout=0.0)
 
 
 def save_adapter(backbone, lora: LoraOptions, path: Path) -> Path:
