@@ -627,8 +627,8 @@ def _on_each_device(shape: tuple, sharding, read_slice):
 
 # --- a quantized base (model.quantize) --------------------------------------------------------------
 
-# Keras 3.15's int8 and int4 layers (3.14 packs int4 kernels another way): a group of its own, checked
-# only by runs that quantize, so that older Keras runs everything else.
+# Keras' int8 and int4 layers (3.14 and 3.15 alike): a group of its own, checked only by runs that
+# quantize, so that a Keras that lays them out otherwise still runs everything else.
 QUANTIZE = "keras_quantize"
 uses(
     QUANTIZE,
