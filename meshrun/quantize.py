@@ -10,7 +10,7 @@ the float ones as they are read, one layer at a time, so the float model never e
 
 The quantized values are those Keras' own `layer.quantize(mode)` gives for the same float weights
 (the same formulas, applied a block of columns or rows at a time). Importing this module imports
-keras and numpy.
+numpy, not keras; its functions import keras.
 """
 
 from __future__ import annotations
@@ -20,7 +20,8 @@ import contextlib
 import numpy as np
 
 from meshrun.compat.keras import int8_scale_as_stored, quantized_builds, quantized_kernel_facts
-from meshrun.specs.quantized import QUANTIZE_MODES as MODES
+from meshrun.errors import ConfigError
+from meshrun.specs.quantized import COLUMNS, QUANTIZE_MODES, ROWS, QuantizedOf
 
 INT4_BLOCK_SIZE = 128  # Keras' default for quantize("int4")
 FILLED = "_meshrun_quantized_filled"  # set on a layer once quantize_into has filled it
@@ -48,8 +49,6 @@ def quantized_layers(mode: str | None):
 def check_quantized(model, mode: str, name: str) -> None:
     """ConfigError on model.quantize when `model` (built) has no Dense or EinsumDense layer that was
     quantized."""
-    from meshrun.errors import ConfigError
-
     if not quantized(model):
         raise ConfigError(
             "model.quantize",
@@ -62,14 +61,13 @@ def quantized(model) -> list:
     """The layers of `model` that hold a quantized kernel (int8 or int4)."""
     from meshrun.compat.keras import sublayers
 
-    return [layer for layer in sublayers(model) if getattr(layer, "quantization_mode", None) in MODES]
+    layers = sublayers(model)
+    return [layer for layer in layers if getattr(layer, "quantization_mode", None) in QUANTIZE_MODES]
 
 
 def variable_facts(model) -> dict:
-    """The QuantizedOf (meshrun.placement.quantized) of every variable of `model`'s quantized layers,
+    """The QuantizedOf (meshrun.specs.quantized) of every variable of `model`'s quantized layers,
     by path: what float kernel each stands for and how its dimensions hold it."""
-    from meshrun.specs.quantized import COLUMNS, ROWS, QuantizedOf
-
     found = {}
     for layer in quantized(model):
         facts = quantized_kernel_facts(layer)
@@ -104,9 +102,14 @@ def quantize_into(layer, kernel) -> None:
         values, scale = _int8(np.asarray(kernel), facts["reduced"])
         facts["variables"]["kernel"].assign(values)
         layer.kernel_scale.assign(int8_scale_as_stored(layer, scale))
-        setattr(layer, FILLED, True)
-        return
-    flat = np.asarray(kernel).reshape(facts["rows"], facts["columns"])
+    else:
+        _assign_int4(layer, facts, np.asarray(kernel).reshape(facts["rows"], facts["columns"]))
+    setattr(layer, FILLED, True)
+
+
+def _assign_int4(layer, facts: dict, flat: np.ndarray) -> None:
+    """Assigns an int4 layer the packed values, scales, zero points and row groups of `flat`, its
+    float kernel reshaped to rows and columns."""
     block = facts["block_size"]
     packed, scale, zero = _int4_grouped(flat, block) if block else _int4_per_column(flat)
     facts["variables"]["kernel"].assign(packed)
@@ -114,7 +117,6 @@ def quantize_into(layer, kernel) -> None:
     if block:
         layer.kernel_zero.assign(zero)
         layer.g_idx.assign(np.floor_divide(np.arange(facts["rows"], dtype="float32"), block))
-    setattr(layer, FILLED, True)
 
 
 def _chunks(size: int, bytes_per_unit: int, multiple: int = 1):
@@ -214,7 +216,7 @@ def loading_float_weights():
 
     def loading(cls):
         def load_own_variables(self, store):
-            if self.quantization_mode not in MODES or not _holds_float_kernel(self, store):
+            if self.quantization_mode not in QUANTIZE_MODES or not _holds_float_kernel(self, store):
                 return originals[cls](self, store)
             quantize_into(self, store["0"])
             if self.bias is not None:

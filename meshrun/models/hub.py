@@ -22,6 +22,9 @@ preset dir (keras-hub is an optional dependency: pip install 'meshrun[hub]').
 - model.lora.rank=R trains LoRA adapters on the target layers (query and value by default) and
   freezes every other weight, in the plan's build and the run's alike (same variable paths:
   `.../query/lora_kernel_a`, `.../lora_kernel_b`, which meshrun's layouts leave replicated).
+- model.quantize=int8|int4 (with model.lora.rank: QLoRA) builds the Dense and EinsumDense layers
+  in Keras' quantized form and quantizes each weight as it is read (meshrun.quantize); layout rules
+  written for the float kernels are carried over to the quantized ones (meshrun.placement.quantized).
 - checkpoint.export=true writes, beside model.keras, `preset/` (a KerasHub preset with the adapters
   merged and model.preset's tokenizer) and for a LoRA run `adapter.lora.h5`
   (meshrun.models.hub_export). Without an export, a LoRA fine-tune of model.preset keeps its
