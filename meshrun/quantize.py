@@ -25,7 +25,10 @@ from meshrun.specs.quantized import COLUMNS, QUANTIZE_MODES, ROWS, QuantizedOf
 
 INT4_BLOCK_SIZE = 128  # Keras' default for quantize("int4")
 FILLED = "_meshrun_quantized_filled"  # set on a layer once quantize_into has filled it
-CHUNK_BYTES = 16 << 20  # the float block quantized at a time: what the host holds beside the weight
+# The float block quantized at a time. Keras' quantizers make a few temporaries of a block's size, so
+# the host holds about four blocks beside the weight: 4 MiB blocks keep that under 20 MiB (at 16 MiB,
+# a 32 MiB kernel took 72 MiB more while it was quantized) and are as quick (scripts/bench_load.py).
+CHUNK_BYTES = 4 << 20
 
 
 def policy_name(mode: str, base: str) -> str:

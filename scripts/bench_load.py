@@ -18,6 +18,17 @@ places) the bytes on each device and the host memory the process took beyond wha
     python scripts/bench_load.py                       # about 1 GB, about 2 minutes on 2 cores
     python scripts/bench_load.py --size-gb 0.25 --mesh 2x4 --out bench_load.json
 
+`--quantize int8|int4` loads the preset into a quantized base instead (QLoRA). meshrun's loader is
+meshrun's own path (meshrun.models.hub.build with model.quantize and LoRA rank 4: each Dense and
+EinsumDense built quantized, each float kernel quantized as it is read, meshrun.quantize); the plain
+loader is Keras' way, `from_preset` then `quantize(mode)` on the loaded float model (int4 fails under
+a distribution in Keras 3.15: the row says so). Printed per loader: the per-device load peak against
+the planned quantized bytes per device (the sum of one device's shard bytes of the loaded arrays,
+LoRA adapters included; target for meshrun: at most 1.3x), the host peak against the preset's
+largest float tensor (target: at most 1.5x) and the load's wall time.
+
+    python scripts/bench_load.py --quantize int4 --size-gb 1 --mesh 2x4
+
 `--stages S [S ...]` measures instead meshrun's whole run path (`meshrun train`, one step) with the
 blocks as pipeline stages: for each S, mesh S x 1 x (8 / S) with axes (stage, data, model) (S = 1: no
 stage axis, mesh 1 x 8), a preset of --blocks blocks, each run in a fresh process. Printed per S:
@@ -52,6 +63,8 @@ import time
 from pathlib import Path
 
 LOADERS = ("plain", "meshrun")  # each measured on a KerasHub preset; "transformers": --transformers
+QUANTIZE_MODES = ("int8", "int4")
+QUANTIZED_LORA_RANK = 4
 HIDDEN, HEADS, HEAD_DIM, INTERMEDIATE, VOCABULARY = 2048, 8, 256, 8192, 16384
 
 
@@ -74,12 +87,18 @@ def main() -> None:
         "--transformers", action="store_true", help="measure loading a transformers checkpoint instead"
     )
     parser.add_argument(
+        "--quantize", choices=QUANTIZE_MODES, help="load into a quantized base (int8 or int4) instead"
+    )
+    parser.add_argument(
         "--load", choices=(*LOADERS, "transformers"), help=argparse.SUPPRESS
     )  # one loader's child process
     parser.add_argument("--process", default="0/1:0", help=argparse.SUPPRESS)  # ID/COUNT:PORT of a child
     args = parser.parse_args()
     if args.load == "transformers":
         print(json.dumps(load_transformers(args.preset, args.mesh, args.process)))
+        return
+    if args.load and args.quantize:
+        print(json.dumps(load_quantized(args.preset, args.mesh, args.load, args.quantize)))
         return
     if args.load:
         print(json.dumps(load(args.preset, args.mesh, args.load)))
@@ -88,6 +107,8 @@ def main() -> None:
         return staged_loads(args)
     if args.transformers:
         return transformers_loads(args)
+    if args.quantize:
+        return quantized_loads(args)
     with tempfile.TemporaryDirectory() as scratch:
         preset = args.preset or build_preset(Path(scratch) / "gemma", args.size_gb)
         weights = sum(f.stat().st_size for f in preset.glob("*.weights*.h5"))
@@ -228,7 +249,119 @@ def build_preset(path: Path, size_gb: float, layers: int | None = None, hidden: 
     return path
 
 
-def run_child(preset: Path, mesh: str, loader: str) -> dict:
+def quantized_loads(args) -> None:
+    """Each loader loading the preset into a quantized base (args.quantize) in a fresh process;
+    prints and (--out) writes the figures."""
+    with tempfile.TemporaryDirectory() as scratch:
+        preset = args.preset or build_preset(Path(scratch) / "gemma", args.size_gb)
+        results = {
+            "preset": str(args.preset or f"built: {preset_shape(args.size_gb)}"),
+            "weights_bytes": sum(f.stat().st_size for f in preset.glob("*.weights*.h5")),
+            "largest_float_tensor_bytes": largest_float_tensor(preset),
+            "mesh": args.mesh,
+            "quantize": args.quantize,
+            "loaders": {loader: run_child(preset, args.mesh, loader, args.quantize) for loader in LOADERS},
+        }
+    report_quantized(results)
+    if args.out:
+        args.out.write_text(json.dumps(results, indent=2))
+
+
+def largest_float_tensor(preset: Path) -> int:
+    """The bytes of the largest floating-point tensor in the preset's weights files."""
+    import h5py
+    import numpy as np
+
+    largest = 0
+
+    def visit(_name, item):
+        nonlocal largest
+        if isinstance(item, h5py.Dataset) and np.dtype(item.dtype).kind == "f":
+            largest = max(largest, item.size * item.dtype.itemsize)
+
+    for file in preset.glob("*.weights*.h5"):
+        with h5py.File(file, "r") as weights:
+            weights.visititems(visit)
+    return largest
+
+
+def load_quantized(preset: Path, mesh: str, loader: str, mode: str) -> dict:
+    """Loads `preset` into a base quantized by `mode` under gemma_tp on `mesh`: meshrun's path
+    (hub.build, LoRA rank 4) or Keras' (from_preset, then quantize); its peaks, planned bytes, time
+    (or the error Keras' way ends in)."""
+    import jax
+
+    from meshrun.system.load_memory import LoadWatch, bytes_by_device
+
+    distribute("gemma_tp", mesh)
+    started = time.perf_counter()
+    with LoadWatch(jax.devices()) as watch:
+        try:
+            task = _quantized_task(preset, loader, mode)
+        except Exception as err:  # Keras' own quantize under a distribution (int4 in Keras 3.15)
+            if loader == "meshrun":
+                raise
+            return {"error": f"{type(err).__name__}: {str(err).splitlines()[0][:200]}"}
+    seconds = time.perf_counter() - started
+    held = bytes_by_device(jax.live_arrays())
+    peaks = watch.peaks()
+    return {
+        "load_peak_bytes_per_device": peaks.bytes_per_device,
+        "planned_bytes_per_device": max(held.get(device, 0) for device in jax.devices()),
+        "load_peak_host_bytes": peaks.host_bytes,
+        "seconds": seconds,
+        "params": int(task.count_params()),
+    }
+
+
+def _quantized_task(preset: Path, loader: str, mode: str):
+    """The task of `preset` with its base quantized by `mode` and LoRA on top, built by `loader`."""
+    if loader == "meshrun":
+        from meshrun.models.hub import KerasHubOptions, LoraOptions, build
+
+        options = KerasHubOptions(
+            preset=str(preset), quantize=mode, lora=LoraOptions(rank=QUANTIZED_LORA_RANK)
+        )
+        return build(options)
+    import keras_hub
+
+    task = keras_hub.models.CausalLM.from_preset(str(preset), preprocessor=None, compile=False)
+    task.quantize(mode)
+    task.backbone.enable_lora(QUANTIZED_LORA_RANK)
+    return task
+
+
+def report_quantized(results: dict) -> None:
+    largest = results["largest_float_tensor_bytes"]
+    print(
+        f"preset: {results['preset']}; weights {results['weights_bytes'] / 2**20:,.0f} MiB, largest float "
+        f"tensor {largest / 2**20:,.0f} MiB; quantized {results['quantize']}, LoRA rank "
+        f"{QUANTIZED_LORA_RANK}; mesh {results['mesh']} (data, model), layout gemma_tp"
+    )
+    print(
+        f"{'loader':<9}{'device peak':>14}{'planned':>11}{'peak/planned':>14}"
+        f"{'host peak':>12}{'host/largest':>14}{'load s':>8}"
+    )
+    for loader, found in results["loaders"].items():
+        if "error" in found:
+            print(f"{loader:<9}failed: {found['error']}")
+            continue
+        device, planned, host = (
+            found["load_peak_bytes_per_device"],
+            found["planned_bytes_per_device"],
+            found["load_peak_host_bytes"],
+        )
+        print(
+            f"{loader:<9}{device / 2**20:>10,.1f} MiB{planned / 2**20:>7,.1f} MiB{device / planned:>13.2f}x"
+            f"{host / 2**20:>8,.0f} MiB{host / largest:>13.2f}x{found['seconds']:>8.1f}"
+        )
+    print(
+        "targets for meshrun: device peak at most 1.3x planned (quantized); host peak at most 1.5x the "
+        "largest float tensor"
+    )
+
+
+def run_child(preset: Path, mesh: str, loader: str, quantize: str | None = None) -> dict:
     devices = 1
     for size in mesh.split("x"):
         devices *= int(size)
@@ -238,8 +371,9 @@ def run_child(preset: Path, mesh: str, loader: str) -> dict:
         "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}",
         "JAX_PLATFORMS": "cpu",
     }
+    command = [sys.executable, __file__, "--load", loader, "--preset", str(preset), "--mesh", mesh]
     done = subprocess.run(
-        [sys.executable, __file__, "--load", loader, "--preset", str(preset), "--mesh", mesh],
+        command + (["--quantize", quantize] if quantize else []),
         env=env,
         capture_output=True,
         text=True,
