@@ -16,6 +16,7 @@ numpy, not keras; its functions import keras.
 from __future__ import annotations
 
 import contextlib
+import math
 
 import numpy as np
 
@@ -102,7 +103,7 @@ def quantize_into(layer, kernel) -> None:
             f"{layer.path}: a float kernel of shape {facts['float_shape']} was expected, got {kernel.shape}"
         )
     if layer.quantization_mode == "int8":
-        values, scale = _int8(np.asarray(kernel), facts["reduced"])
+        values, scale = _int8(kernel, facts["reduced"])
         facts["variables"]["kernel"].assign(values)
         layer.kernel_scale.assign(int8_scale_as_stored(layer, scale))
     else:
@@ -129,19 +130,21 @@ def _chunks(size: int, bytes_per_unit: int, multiple: int = 1):
         yield slice(start, min(size, start + step))
 
 
-def _int8(kernel: np.ndarray, reduced: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
+def _int8(kernel, reduced: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
     """int8 values and per-column scales (reduced axes kept as 1), a block of columns at a time
-    along the kernel's first axis that is not reduced."""
+    along the kernel's first axis that is not reduced (`kernel`: an array, or a file's weight read
+    where indexed)."""
     from keras import quantizers
 
-    axis = next(a for a in range(kernel.ndim) if a not in reduced)
+    axis = next(a for a in range(len(kernel.shape)) if a not in reduced)
     values = np.empty(kernel.shape, dtype="int8")
     scale_shape = tuple(1 if a in reduced else s for a, s in enumerate(kernel.shape))
     scale = None
-    unit = kernel.nbytes // kernel.shape[axis]
+    unit = math.prod(kernel.shape) * np.dtype(kernel.dtype).itemsize // kernel.shape[axis]
     for part in _chunks(kernel.shape[axis], unit):
         index = (slice(None),) * axis + (part,)
-        quantized, block_scale = quantizers.abs_max_quantize(kernel[index], axis=list(reduced), to_numpy=True)
+        block = np.asarray(kernel[index])
+        quantized, block_scale = quantizers.abs_max_quantize(block, axis=list(reduced), to_numpy=True)
         values[index] = np.asarray(quantized)
         block_scale = np.asarray(block_scale)
         if scale is None:

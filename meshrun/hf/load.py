@@ -77,8 +77,8 @@ def build_task(checkpoint: HFCheckpoint, load_weights: bool, dtype: str | None =
 def fill(backbone, checkpoint: HFCheckpoint, reader: safetensors.SliceReader) -> None:
     """Assigns every backbone variable its tensor; a variable without one, or a tensor without a
     variable, is an error in meshrun's map (the checkpoint itself was checked by `inspect`). A
-    quantized layer's kernel (model.quantize) is read whole, one at a time, and quantized into its
-    kernel, scales and zero points (meshrun.models.quantize.quantize_into)."""
+    quantized layer's kernel (model.quantize) is read one layer at a time and quantized into its
+    kernel, scales and zero points (meshrun.quantize.quantize_into)."""
     from meshrun.quantize import quantize_into, quantized, variable_facts
 
     variables = {variable.path: variable for variable in backbone.weights}
@@ -98,4 +98,4 @@ def fill(backbone, checkpoint: HFCheckpoint, reader: safetensors.SliceReader) ->
         if layer is None:
             variables[tensor.path].assign(source)
         else:
-            quantize_into(layer, np.asarray(source))
+            quantize_into(layer, source)
