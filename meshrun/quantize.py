@@ -20,7 +20,12 @@ import math
 
 import numpy as np
 
-from meshrun.compat.keras import int8_scale_as_stored, quantized_builds, quantized_kernel_facts
+from meshrun.compat.keras import (
+    dequantized_kernel,
+    int8_scale_as_stored,
+    quantized_builds,
+    quantized_kernel_facts,
+)
 from meshrun.errors import ConfigError
 from meshrun.specs.quantized import COLUMNS, QUANTIZE_MODES, ROWS, QuantizedOf
 
@@ -248,3 +253,16 @@ def _holds_float_kernel(layer, store) -> bool:
         return False
     shape = quantized_kernel_facts(layer)["float_shape"]
     return tuple(first.shape) == shape and np.dtype(first.dtype).kind not in "iub"
+
+
+def merged_kernel(layer, read=None):
+    """A quantized layer's float kernel (float32 numpy) with its LoRA adapters merged: the
+    dequantized kernel + alpha / rank * A @ B, as Keras' own call computes with them. `read` reads a
+    variable onto the host whole (compat.keras.dequantized_kernel)."""
+    read = read or (lambda variable: np.asarray(variable.value))
+    kernel = dequantized_kernel(layer, read)
+    if getattr(layer, "lora_enabled", False):
+        a = read(layer.lora_kernel_a).astype("float32")
+        b = read(layer.lora_kernel_b).astype("float32")
+        kernel = kernel + (layer.lora_alpha / layer.lora_rank) * np.matmul(a, b)
+    return kernel

@@ -97,9 +97,9 @@ def device_value(variable, adapter: Adapter | None, dtype: str):
 
 def quantized_value(layer, writer: bool, dtype: str) -> np.ndarray | None:
     """A quantized layer's kernel in float `dtype` on the writer's host (None on the others), its
-    adapter merged: dequantized + alpha / rank * A @ B in float32 (hub_export.merged_kernel), its
+    adapter merged: dequantized + alpha / rank * A @ B in float32 (meshrun.quantize.merged_kernel), its
     variables gathered from every process (each runs the same gathers)."""
-    from meshrun.models.hub_export import merged_kernel
+    from meshrun.quantize import merged_kernel
 
     kernel = merged_kernel(layer, lambda variable: host_copy(variable.value, True))
     return kernel.astype(safetensors.numpy_dtype(dtype)) if writer else None

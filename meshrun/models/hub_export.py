@@ -121,7 +121,7 @@ def _fill_float(task, trained) -> None:
     quantized layer's kernel merged (merged_kernel) as it is assigned, every other weight copied."""
     import keras
 
-    from meshrun.quantize import quantized
+    from meshrun.quantize import merged_kernel, quantized
 
     targets = {v.path: v for v in task.weights}
     layers = quantized(trained.backbone)
@@ -159,21 +159,6 @@ def off_the_mesh_on_the_host():
             yield
     finally:
         keras.distribution.set_distribution(distribution)
-
-
-def merged_kernel(layer, read=None):
-    """A quantized layer's float kernel (float32 numpy) with its LoRA adapters merged: the
-    dequantized kernel + alpha / rank * A @ B, as Keras' own call computes with them. `read` reads a
-    variable onto the host whole (compat.keras.dequantized_kernel)."""
-    from meshrun.compat.keras import dequantized_kernel
-
-    read = read or (lambda variable: np.asarray(variable.value))
-    kernel = dequantized_kernel(layer, read)
-    if getattr(layer, "lora_enabled", False):
-        a = read(layer.lora_kernel_a).astype("float32")
-        b = read(layer.lora_kernel_b).astype("float32")
-        kernel = kernel + (layer.lora_alpha / layer.lora_rank) * np.matmul(a, b)
-    return kernel
 
 
 def export_transformers(task, source, options: KerasHubOptions, run_dir: Path, checkpoint) -> dict[str, str]:
