@@ -21,6 +21,7 @@ import math
 import numpy as np
 
 from meshrun.compat.keras import (
+    dense_layers_patched,
     dequantized_kernel,
     int8_scale_as_stored,
     quantized_builds,
@@ -220,28 +221,19 @@ def loading_float_weights():
     model's file (a KerasHub preset: its store holds the float kernel where the quantized form
     would hold the packed one) quantizes the float kernel as it is read (quantize_into) and takes
     its bias as it is; any other load is Keras' own."""
-    from keras import layers
 
-    classes = (layers.Dense, layers.EinsumDense)
-    originals = {cls: cls.__dict__["load_own_variables"] for cls in classes}
-
-    def loading(cls):
+    def loading(cls, keras_load):
         def load_own_variables(self, store):
             if self.quantization_mode not in QUANTIZE_MODES or not _holds_float_kernel(self, store):
-                return originals[cls](self, store)
+                return keras_load(self, store)
             quantize_into(self, store["0"])
             if self.bias is not None:
                 self.bias.assign(store["1"])
 
         return load_own_variables
 
-    for cls in classes:
-        cls.load_own_variables = loading(cls)
-    try:
+    with dense_layers_patched("load_own_variables", loading):
         yield
-    finally:
-        for cls in classes:
-            cls.load_own_variables = originals[cls]
 
 
 def _holds_float_kernel(layer, store) -> bool:

@@ -12,6 +12,7 @@ import pytest
 
 from conftest import read_metrics
 from meshrun import cli
+from test_hf_export import TIED_LLAMA
 
 pytestmark = pytest.mark.integration
 
@@ -178,26 +179,6 @@ def test_generate_rebuilds_the_quantized_base_and_answers_as_the_run_sampled(gem
     assert all(a["completion"].strip() for a in answered)
 
 
-TINY_LLAMA = {
-    "model_type": "llama",
-    "architectures": ["LlamaForCausalLM"],
-    "vocab_size": 320,
-    "hidden_size": 64,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 8,
-    "num_key_value_heads": 4,
-    "intermediate_size": 128,
-    "rms_norm_eps": 1e-5,
-    "rope_theta": 10000.0,
-    "hidden_act": "silu",
-    "tie_word_embeddings": True,
-    "max_position_embeddings": 64,
-    "bos_token_id": 1,
-    "eos_token_id": 2,
-    "torch_dtype": "float32",
-}
-
-
 def int8_dequantized(weight: np.ndarray) -> np.ndarray:
     """A transformers (out, in) weight through Keras' int8: one absmax scale per output row."""
     scale = 127.0 / (np.abs(weight).max(axis=1, keepdims=True) + np.float32(1e-7))
@@ -211,7 +192,7 @@ def test_a_transformers_preset_exports_hf_in_float_dequantized_and_merged_and_pe
     from test_hf_export import apply_peft, read_all, write_checkpoint, write_tokenizer
 
     source = tmp_path / "tiny-llama"
-    write_checkpoint(source, TINY_LLAMA)
+    write_checkpoint(source, TIED_LLAMA)
     write_tokenizer(source)
     run_dir = tmp_path / "run"
     train([f"model.preset={source}", "model.quantize=int8", "layout=llama_tp"], run_dir)

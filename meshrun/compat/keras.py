@@ -735,36 +735,45 @@ uses(
 
 
 @contextlib.contextmanager
+def dense_layers_patched(name: str, replacement):
+    """While in force, method `name` of Keras' Dense and EinsumDense classes is
+    `replacement(cls, keras_method)` (a function of the layer and the method's arguments), for
+    those classes exactly (Keras' own `quantize` takes no subclass either)."""
+    from keras import layers
+
+    originals = {cls: cls.__dict__[name] for cls in (layers.Dense, layers.EinsumDense)}
+    for cls, method in originals.items():
+        setattr(cls, name, replacement(cls, method))
+    try:
+        yield
+    finally:
+        for cls, method in originals.items():
+            setattr(cls, name, method)
+
+
+@contextlib.contextmanager
 def quantized_builds(policy_of):
-    """While in force, each Dense and EinsumDense layer (those classes exactly, as Keras' own
-    `quantize` takes) made and built gets the dtype policy named `policy_of(layer)` (such as
-    `int8_from_float32`; None leaves it as it is) just before it builds, so that it makes its
-    variables in their quantized form (an int8 kernel and its scales) and its float kernel never
-    exists. Keras does the same for a layer whose saved config holds a quantized policy."""
+    """While in force, each Dense and EinsumDense layer made and built gets the dtype policy named
+    `policy_of(layer)` (such as `int8_from_float32`; None leaves it as it is) just before it
+    builds, so that it makes its variables in their quantized form (an int8 kernel and its scales)
+    and its float kernel never exists. Keras does the same for a layer whose saved config holds a
+    quantized policy. A layer wraps the build its class has when it is made: make it inside."""
     ensure(QUANTIZE)
-    from keras import dtype_policies, layers
+    from keras import dtype_policies
 
-    classes = (layers.Dense, layers.EinsumDense)
-    originals = {cls: cls.__dict__["build"] for cls in classes}
-
-    def quantizing(cls):
-        @functools.wraps(originals[cls])  # Keras reads the build's signature for the shapes it passes
+    def quantizing(cls, keras_build):
+        @functools.wraps(keras_build)  # Keras reads the build's signature for the shapes it passes
         def build(self, *args, **kwargs):
             if type(self) is cls and self.dtype_policy.quantization_mode is None:
                 name = policy_of(self)
                 if name:
                     self.dtype_policy = dtype_policies.get(name)
-            return originals[cls](self, *args, **kwargs)
+            return keras_build(self, *args, **kwargs)
 
         return build
 
-    for cls in classes:
-        cls.build = quantizing(cls)
-    try:
+    with dense_layers_patched("build", quantizing):
         yield
-    finally:
-        for cls in classes:
-            cls.build = originals[cls]
 
 
 def quantized_kernel_facts(layer) -> dict:
