@@ -43,7 +43,6 @@ from pathlib import Path
 
 VARIANTS = ("float", "int8", "int4")
 VOCABULARY, HIDDEN, HEADS = 8192, 1024, 8  # Gemma's MLP is 2 * HIDDEN wide (intermediate_dim / 2)
-QUANTIZED_ROLES = ("kernel", "kernel_scale", "kernel_zero", "g_idx")  # the variables of a quantized layer
 MIB = 2**20
 
 
@@ -176,21 +175,14 @@ def child_env(args) -> dict:
 
 def bytes_split(plan: dict) -> dict:
     """The planned bytes on one device (the largest share; a plan's variables give it per variable):
-    frozen quantized (every variable of a layer whose kernel is int8: the int8 or packed int4
-    kernel, its scales, zero points and g_idx), frozen float (the rest that does not train),
-    trainable (the adapters) and optimizer state."""
-    variables = plan["variables"]
-    quantized_layers = {
-        v["path"].rsplit("/", 1)[0]
-        for v in variables
-        if v["path"].endswith("/kernel") and v["dtype"] in ("int8", "int4", "uint8")
-    }
+    frozen quantized (the variables of quantized layers, which plan.json marks with their role:
+    the int8 or packed int4 kernel, its scales, zero points and g_idx), frozen float (the rest that
+    does not train), trainable (the adapters) and optimizer state."""
     split = {"frozen_quantized_bytes": 0, "frozen_float_bytes": 0, "trainable_bytes": 0}
-    for v in variables:
-        layer, _, name = v["path"].rpartition("/")
+    for v in plan["variables"]:
         if v.get("trainable", True):
             key = "trainable_bytes"
-        elif layer in quantized_layers and name in QUANTIZED_ROLES:
+        elif v.get("quantized"):
             key = "frozen_quantized_bytes"
         else:
             key = "frozen_float_bytes"

@@ -16,8 +16,10 @@ def load_script():
     return module
 
 
-def variable(path: str, dtype: str, bytes_per_device: int, trainable: bool = False) -> dict:
-    return {"path": path, "dtype": dtype, "bytes_per_device": bytes_per_device, "trainable": trainable}
+def variable(path: str, dtype: str, bytes_per_device: int, trainable: bool = False, role=None) -> dict:
+    """A variable as plan.json lists it (`role`: its role in a quantized layer, where it has one)."""
+    found = {"path": path, "dtype": dtype, "bytes_per_device": bytes_per_device, "trainable": trainable}
+    return {**found, "quantized": role} if role else found
 
 
 def test_a_quantized_layers_variables_count_as_frozen_quantized_and_the_rest_by_whether_they_train():
@@ -25,10 +27,10 @@ def test_a_quantized_layers_variables_count_as_frozen_quantized_and_the_rest_by_
         "variables": [
             variable("token_embedding/embeddings", "float32", 1000),
             variable("block_0/norm/scale", "float32", 10),
-            variable("block_0/query/kernel", "int8", 200),
-            variable("block_0/query/kernel_scale", "float32", 30),
-            variable("block_0/query/kernel_zero", "int8", 20),
-            variable("block_0/query/g_idx", "float32", 4),
+            variable("block_0/query/kernel", "int8", 200, role="kernel"),
+            variable("block_0/query/kernel_scale", "float32", 30, role="scale"),
+            variable("block_0/query/kernel_zero", "int8", 20, role="zero"),
+            variable("block_0/query/g_idx", "float32", 4, role="index"),
             variable("block_0/query/lora_kernel_a", "float32", 7, trainable=True),
             variable("block_0/query/lora_kernel_b", "float32", 5, trainable=True),
             variable("block_0/gate/kernel", "float32", 400),  # a float layer beside them
