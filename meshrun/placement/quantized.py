@@ -1,7 +1,7 @@
 """Layout rules written for float kernels, carried over to their quantized form (model.quantize).
 
 A rule for a float `.../kernel` (a family layout's, the user's, the model's own map) is what a
-user writes; quantization (meshrun.models.quantize) gives the layer other variables at the same
+user writes; quantization (meshrun.quantize) gives the layer other variables at the same
 place: an int8 kernel of the same shape, or an int4 kernel reshaped to (rows, columns) and packed
 two columns to a byte, and scales (zero points) per output column or block of rows. Each gets an
 exact rule of its own here, mapped from its kernel's rule dimension by dimension; a mesh axis
