@@ -75,6 +75,12 @@ def quantized(model) -> list:
     return [layer for layer in layers if getattr(layer, "quantization_mode", None) in QUANTIZE_MODES]
 
 
+def quantized_by_kernel(model) -> dict:
+    """The quantized layers of `model` by their kernel's path (the path a float kernel has in a
+    file or checkpoint)."""
+    return {f"{layer.path}/kernel": layer for layer in quantized(model)}
+
+
 def variable_facts(model) -> dict:
     """The QuantizedOf (meshrun.specs.quantized) of every variable of `model`'s quantized layers,
     by path: what float kernel each stands for and how its dimensions hold it."""

@@ -111,12 +111,12 @@ def write_hf(backbone, checkpoint: HFCheckpoint, directory: Path, dtype: str | N
     the others None. A quantized layer's kernel (model.quantize) is written in float: dequantized,
     its adapter merged, on the host (quantized_value)."""
     from meshrun.files import dir_written_whole
-    from meshrun.quantize import quantized
+    from meshrun.quantize import quantized_by_kernel
 
     dtype = dtype or checkpoint.dtype
     variables = {variable.path: variable for variable in backbone.weights}
     adapters = adapters_by_kernel(backbone)
-    quantized_kernels = {f"{layer.path}/kernel": layer for layer in quantized(backbone)}
+    quantized_kernels = quantized_by_kernel(backbone)
     tensors = in_source_order(checkpoint)
     planned = [safetensors.PlannedTensor(t.name, dtype, t.transform.hf_shape) for t in tensors]
     by_name = {t.name: t for t in tensors}

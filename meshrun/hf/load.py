@@ -79,11 +79,11 @@ def fill(backbone, checkpoint: HFCheckpoint, reader: safetensors.SliceReader) ->
     variable, is an error in meshrun's map (the checkpoint itself was checked by `inspect`). A
     quantized layer's kernel (model.quantize) is read one layer at a time and quantized into its
     kernel, scales and zero points (meshrun.quantize.quantize_into)."""
-    from meshrun.quantize import quantize_into, quantized, variable_facts
+    from meshrun.quantize import quantize_into, quantized_by_kernel, variable_facts
 
     variables = {variable.path: variable for variable in backbone.weights}
     facts = variable_facts(backbone)
-    by_kernel = {layer.path + "/kernel": layer for layer in quantized(backbone)}
+    by_kernel = quantized_by_kernel(backbone)
     filled_with_kernels = {path for path, q in facts.items() if q.role != "kernel"}
     mapped = {tensor.path for tensor in checkpoint.tensors}
     if mapped | filled_with_kernels != set(variables):

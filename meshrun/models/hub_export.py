@@ -121,14 +121,14 @@ def _fill_float(task, trained) -> None:
     quantized layer's kernel merged (merged_kernel) as it is assigned, every other weight copied."""
     import keras
 
-    from meshrun.quantize import merged_kernel, quantized
+    from meshrun.quantize import merged_kernel, quantized_by_kernel
 
     targets = {v.path: v for v in task.weights}
-    layers = quantized(trained.backbone)
-    skipped = {v.path for layer in layers for v in layer.weights}
+    layers = quantized_by_kernel(trained.backbone)
+    skipped = {v.path for layer in layers.values() for v in layer.weights}
     sources = {v.path: (lambda v=v: v.value) for v in trained.weights if v.path not in skipped}
-    for layer in layers:
-        sources[f"{layer.path}/kernel"] = lambda layer=layer: merged_kernel(layer)
+    for path, layer in layers.items():
+        sources[path] = lambda layer=layer: merged_kernel(layer)
         if layer.bias is not None:
             sources[layer.bias.path] = lambda bias=layer.bias: bias.value
     if set(sources) != set(targets):

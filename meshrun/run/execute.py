@@ -97,7 +97,7 @@ def execute(setup: RunSetup) -> Outcome:
     allocator.set_training_policy()
     with signals.StopSignals() as stop_signals:
         started = time.perf_counter()
-        float_loss = float_base_loss(setup) if _evaluates_float_base(setup) else None
+        float_loss = float_base_loss(setup) if setup.float_base is not None else None
         float_s = time.perf_counter() - started
         model, loss, load = build(setup)
         built_at = time.time()
@@ -149,10 +149,6 @@ def execute(setup: RunSetup) -> Outcome:
 def _quantize_mode(setup: RunSetup) -> str | None:
     """The run's model.quantize (None: a float base, or a model without the option)."""
     return getattr(setup.planned.options, "quantize", None)
-
-
-def _evaluates_float_base(setup: RunSetup) -> bool:
-    return setup.float_base is not None
 
 
 def _base_losses(model, setup: RunSetup, float_loss: float | None, float_s: float) -> BaseLosses | None:
