@@ -15,8 +15,8 @@ usage: meshrun train  [OVERRIDE ...] [-m] [--cfg job]
        meshrun preset FAMILY --text PATH [--text PATH ...] --out DIR [--vocabulary N] [--layers N]
                       [--hidden N] [--heads Q:KV] [--seq-len N] [--seed N] [--force]
        meshrun k8s    [OVERRIDE ...] --image IMAGE --nodes N [--kind trainjob|indexed-job]
-                      [--volume CLAIM:PATH] [--name NAME] [--namespace NS] [--port PORT] [--out FILE]
-                      [--apply | --simulate]
+                      [--volume CLAIM:PATH] [--name NAME] [--namespace NS] [--port PORT] [--user UID:GID]
+                      [--pull-secret SECRET] [--no-network-policy] [--out FILE] [--apply | --simulate]
        meshrun COMMAND --help        # that command's flags, and the config groups it takes
        meshrun --version             # meshrun's version and those of jax, jaxlib, keras and keras-hub
 
@@ -123,13 +123,17 @@ given, or into --out (the working dir when several are given and no --out).
 """,
     "k8s": """\
 usage: meshrun k8s [OVERRIDE ...] --image IMAGE --nodes N [--kind trainjob|indexed-job] [--volume CLAIM:PATH]
-                   [--name NAME] [--namespace NS] [--port PORT] [--out FILE] [--apply | --simulate]
+                   [--name NAME] [--namespace NS] [--port PORT] [--user UID:GID] [--pull-secret SECRET]
+                   [--no-network-policy] [--out FILE] [--apply | --simulate]
 
 Renders the job `meshrun train OVERRIDE ...` would run for Kubernetes: N pods, one meshrun process
 each (distributed.mode=auto), each with an equal share of the mesh's devices (its GPUs, or none
 with devices.platform=cpu). The config is composed and checked as train checks it, and against the
 pods (the whole mesh shape given, its devices split evenly over them, mesh.dcn one slice per pod).
-Prints the objects as YAML; a bad flag or config is one line, exit 2, nothing written.
+The pods meet the restricted Pod Security Standard (non-root, no privilege escalation, no
+capabilities, RuntimeDefault seccomp, no service-account token), and a NetworkPolicy lets only the
+job's own pods reach them. Prints the objects as YAML; a bad flag or config is one line, exit 2,
+nothing written.
 
   --image IMAGE        the container image the pods run; meshrun must be installed in it
   --nodes N            how many pods (processes)
@@ -142,12 +146,17 @@ Prints the objects as YAML; a bad flag or config is one line, exit 2, nothing wr
   --namespace NS       its namespace (default: the kubeconfig context's)
   --port PORT          process 0's coordinator port (indexed-job, and trainjob under --simulate;
                        default 55527)
+  --user UID:GID       the numeric user and group the pods run as, not root (default 1000:1000); the
+                       group owns the volume's files (fsGroup)
+  --pull-secret SECRET the Secret holding the image registry's credentials (a TrainJob's pods, which run as
+                       a ServiceAccount of their own, get none of the namespace's default one's)
+  --no-network-policy  leave out the NetworkPolicy that lets only the job's own pods reach its pods
   --out FILE           write the YAML to FILE instead of printing it
   --apply              create the objects in the current kubeconfig context's cluster (pip install
                        'meshrun[k8s]') and print the kubectl commands that follow the job
   --simulate           run the pods here, as local processes with their pod spec's command and env
-                       (service names -> 127.0.0.1, the volume -> ./k8s-volumes/CLAIM); exits with the
-                       job's status
+                       (service names -> 127.0.0.1, the volume -> ./k8s-volumes/CLAIM, the emptyDir ->
+                       ./k8s-volumes/emptyDir-scratch); exits with the job's status
 
   meshrun k8s model=transformer mesh=2x8 --image reg/meshrun:0.1 --nodes 2 --volume runs:/runs --out job.yaml
   meshrun k8s devices.platform=cpu mesh=2x4 layout=dense_model --image reg/meshrun:0.1 --nodes 2 \\

@@ -95,7 +95,8 @@ UNKNOWN_FLAGS = {
         ["k8s", "--imag", "x", "--nodes", "2"],
         "--imag: not a flag of meshrun k8s; did you mean --image? valid: --image IMAGE, --nodes N, --kind "
         "KIND, --out FILE, --volume CLAIM:PATH, --name NAME, --namespace NS, "
-        "--port PORT, --apply, --simulate or --help (see meshrun k8s --help)",
+        "--port PORT, --user UID:GID, --pull-secret SECRET, --no-network-policy, --apply, --simulate or "
+        "--help (see meshrun k8s --help)",
     ),
 }
 

@@ -27,6 +27,17 @@ IMAGE = "registry.example.com/meshrun:0.1"
 CPU_JOB = ["devices.platform=cpu", "mesh=2x4", "layout=dense_model"]
 FLAGS = ["--image", IMAGE, "--nodes", "2", "--name", "exp1"]
 INDEX_FIELD = "metadata.annotations['batch.kubernetes.io/job-completion-index']"
+# The env every pod gets after its JAX_* place: its output unbuffered, and where it writes (with a volume).
+POD_ENV = [
+    {"name": "PYTHONUNBUFFERED", "value": "1"},
+    {"name": "XDG_CACHE_HOME", "value": "/runs/.cache"},
+    {"name": "KAGGLEHUB_CACHE", "value": "/runs/.cache/kagglehub"},
+    {"name": "XDG_CONFIG_HOME", "value": "/tmp/meshrun/config"},
+    {"name": "KERAS_HOME", "value": "/tmp/meshrun/keras"},
+    {"name": "MPLCONFIGDIR", "value": "/tmp/meshrun/matplotlib"},
+]
+SCRATCH_VOLUME = {"name": "scratch", "emptyDir": {}}
+SCRATCH_MOUNT = {"name": "scratch", "mountPath": "/tmp/meshrun"}
 POD_OVERRIDES = [
     "distributed.mode=auto",
     "distributed.timeout_s=600",
@@ -55,13 +66,21 @@ def rendered(args, capsys) -> list[dict]:
     return list(yaml.safe_load_all(out))
 
 
+def the(kind: str, documents: list[dict]) -> dict:
+    """The one object of `kind` among `documents`."""
+    [document] = [d for d in documents if d["kind"] == kind]
+    return document
+
+
 # --- trainjob -----------------------------------------------------------------------------------
 
 
 def test_the_trainjob_loads_into_kubeflow_trainers_api_and_round_trips(in_tmp, capsys):
     from kubeflow_trainer_api.models import TrainerV1alpha1TrainJob
 
-    [document] = rendered(["mesh=2x4", "layout=dense_model", *FLAGS, "--volume", "runs:/runs"], capsys)
+    documents = rendered(["mesh=2x4", "layout=dense_model", *FLAGS, "--volume", "runs:/runs"], capsys)
+    assert [d["kind"] for d in documents] == ["NetworkPolicy", "ServiceAccount", "TrainJob"]
+    document = the("TrainJob", documents)
     job = TrainerV1alpha1TrainJob.from_dict(document)
     assert job.to_dict() == document  # every field known to the API, none lost
     assert (job.api_version, job.kind, job.metadata.name) == (
@@ -88,37 +107,40 @@ def test_the_trainjob_loads_into_kubeflow_trainers_api_and_round_trips(in_tmp, c
     assert trainer.resources_per_node.to_dict() == {
         "limits": {"nvidia.com/gpu": "4"}
     }  # 8 devices over 2 nodes
-    assert [(e.name, e.value) for e in trainer.env] == [
-        ("PYTHONUNBUFFERED", "1")
-    ]  # the runtime gives the JAX_* env
+    assert [e.to_dict() for e in trainer.env] == POD_ENV  # the runtime gives the JAX_* env
     [patch] = job.spec.runtime_patches
     [node] = patch.training_runtime_spec.template.spec.replicated_jobs
     pod = node.template.spec.template.spec
     assert node.name == "node" and pod.termination_grace_period_seconds == 600
-    assert [(v.name, v.persistent_volume_claim.claim_name) for v in pod.volumes] == [("runs", "runs")]
-    assert [(c.name, [(m.name, m.mount_path) for m in c.volume_mounts]) for c in pod.containers] == [
-        ("node", [("runs", "/runs")])
+    assert pod.service_account_name == "exp1"  # the ServiceAccount rendered with it, which mounts no token
+    assert [v.to_dict() for v in pod.volumes] == [
+        SCRATCH_VOLUME,
+        {"name": "runs", "persistentVolumeClaim": {"claimName": "runs"}},
+    ]
+    assert [(c.name, [m.to_dict() for m in c.volume_mounts]) for c in pod.containers] == [
+        ("node", [SCRATCH_MOUNT, {"name": "runs", "mountPath": "/runs"}])
     ]
 
 
 def test_a_cpu_trainjob_asks_for_no_gpus_and_warns_without_a_volume(in_tmp, capsys):
     status, out, err = k8s([*CPU_JOB, *FLAGS], capsys)
     assert status == 0
-    [document] = yaml.safe_load_all(out)
+    document = the("TrainJob", yaml.safe_load_all(out))
     assert "resourcesPerNode" not in document["spec"]["trainer"]
     assert err.splitlines() == [
-        "meshrun: warning: no --volume: the run dir (outputs/exp1) and the checkpoints stay in each pod and "
+        "meshrun: warning: no --volume: the run dir (/tmp/meshrun/outputs/exp1) and the checkpoints stay in "
+        "each pod and "
         "die with it, and a preempted job starts over; give --volume "
         "CLAIM:/PATH (a PersistentVolumeClaim every pod mounts)"
     ]
     command = document["spec"]["trainer"]["command"]
-    assert command[-1] == "hydra.run.dir=outputs/exp1" and not any(
+    assert command[-1] == "hydra.run.dir=/tmp/meshrun/outputs/exp1" and not any(
         a.startswith(("checkpoint.dir=", "resume=")) for a in command
     )
     pod = document["spec"]["runtimePatches"][0]["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"][
         0
     ]["template"]["spec"]["template"]["spec"]
-    assert pod == {"terminationGracePeriodSeconds": 600}
+    assert pod["volumes"] == [SCRATCH_VOLUME] and pod["containers"][0]["volumeMounts"] == [SCRATCH_MOUNT]
 
 
 # --- indexed-job --------------------------------------------------------------------------------
@@ -130,7 +152,7 @@ def test_the_indexed_job_and_its_service_pass_kubernetes_schemas(in_tmp, capsys)
     documents = rendered(
         [*CPU_JOB, *FLAGS, "--kind", "indexed-job", "--volume", "runs:/runs", "--namespace", "ml"], capsys
     )
-    assert [d["kind"] for d in documents] == ["Service", "Job"]
+    assert [d["kind"] for d in documents] == ["NetworkPolicy", "Service", "Job"]
     for document in documents:
         kubernetes_validate.validate(document, "1.31", strict=True)
     with pytest.raises(kubernetes_validate.ValidationError):  # strict: an unknown field would be caught
@@ -142,7 +164,7 @@ def test_the_indexed_job_and_its_service_pass_kubernetes_schemas(in_tmp, capsys)
 
 
 def test_the_indexed_job_runs_meshrun_in_every_pod_with_its_place_volume_and_failure_policy(in_tmp, capsys):
-    service, job = rendered(
+    _, service, job = rendered(
         [
             "mesh=2x4",
             "layout=dense_model",
@@ -181,17 +203,36 @@ def test_the_indexed_job_runs_meshrun_in_every_pod_with_its_place_volume_and_fai
         {"name": "JAX_COORDINATOR_ADDRESS", "value": "exp1-0.exp1:7777"},
         {"name": "JAX_NUM_PROCESSES", "value": "2"},
         {"name": "JAX_PROCESS_ID", "valueFrom": {"fieldRef": {"fieldPath": INDEX_FIELD}}},
-        {"name": "PYTHONUNBUFFERED", "value": "1"},
+        *POD_ENV,
     ]
     assert container["resources"] == {"limits": {"nvidia.com/gpu": "4"}}
     assert container["ports"] == [{"name": "coordinator", "containerPort": 7777}]
-    assert container["volumeMounts"] == [{"name": "runs", "mountPath": "/runs"}]
-    assert pod["volumes"] == [{"name": "runs", "persistentVolumeClaim": {"claimName": "runs"}}]
+    assert container["volumeMounts"] == [SCRATCH_MOUNT, {"name": "runs", "mountPath": "/runs"}]
+    assert pod["volumes"] == [
+        SCRATCH_VOLUME,
+        {"name": "runs", "persistentVolumeClaim": {"claimName": "runs"}},
+    ]
     assert spec["podFailurePolicy"]["rules"] == [
         {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
         {"action": "Ignore", "onExitCodes": {"containerName": "meshrun", "operator": "In", "values": [143]}},
         {"action": "FailJob", "onExitCodes": {"containerName": "meshrun", "operator": "In", "values": [2]}},
     ]
+
+
+def test_a_pull_secret_goes_into_the_pods_of_either_kind(in_tmp, capsys):
+    from kubeflow_trainer_api.models import TrainerV1alpha1TrainJob
+
+    secret = [{"name": "regcred"}]
+    train_job = the("TrainJob", rendered([*CPU_JOB, *FLAGS, "--pull-secret", "regcred"], capsys))
+    assert TrainerV1alpha1TrainJob.from_dict(train_job).to_dict() == train_job
+    patched = train_job["spec"]["runtimePatches"][0]["trainingRuntimeSpec"]["template"]["spec"]
+    assert patched["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]["imagePullSecrets"] == secret
+    job = the(
+        "Job", rendered([*CPU_JOB, *FLAGS, "--kind", "indexed-job", "--pull-secret", "regcred"], capsys)
+    )
+    assert job["spec"]["template"]["spec"]["imagePullSecrets"] == secret
+    without = the("Job", rendered([*CPU_JOB, *FLAGS, "--kind", "indexed-job"], capsys))
+    assert "imagePullSecrets" not in without["spec"]["template"]["spec"]  # the default service account's
 
 
 def test_the_pods_set_their_own_distributed_keys_and_keep_the_users_others(in_tmp, capsys):
@@ -205,7 +246,7 @@ def test_the_pods_set_their_own_distributed_keys_and_keep_the_users_others(in_tm
         "distributed.timeout_s=60",
         "train.epochs=3",
     ]
-    [document] = rendered([*CPU_JOB, *user, *FLAGS, "--volume", "runs:/runs"], capsys)
+    document = the("TrainJob", rendered([*CPU_JOB, *user, *FLAGS, "--volume", "runs:/runs"], capsys))
     assert document["spec"]["trainer"]["command"][2:] == [
         *CPU_JOB,
         "checkpoint.dir=/runs/elsewhere",
@@ -227,7 +268,7 @@ def test_out_writes_the_yaml_instead_of_printing_it(in_tmp, capsys):
     assert text.startswith(
         "# meshrun k8s: indexed-job exp1, 2 pods; submit with kubectl apply -f <this file>\n"
     )
-    assert [d["kind"] for d in yaml.safe_load_all(text)] == ["Service", "Job"]
+    assert [d["kind"] for d in yaml.safe_load_all(text)] == ["NetworkPolicy", "Service", "Job"]
 
 
 def test_out_makes_the_dirs_it_needs_and_refuses_a_path_it_cannot_write(in_tmp, capsys):
@@ -236,7 +277,9 @@ def test_out_makes_the_dirs_it_needs_and_refuses_a_path_it_cannot_write(in_tmp, 
     )
     assert status == 0 and err.strip() == "meshrun k8s: wrote jobs/exp1/job.yaml"
     assert [d["kind"] for d in yaml.safe_load_all((in_tmp / "jobs" / "exp1" / "job.yaml").read_text())] == [
-        "TrainJob"
+        "NetworkPolicy",
+        "ServiceAccount",
+        "TrainJob",
     ]
     (in_tmp / "taken").write_text("a file")
     status, out, err = k8s([*CPU_JOB, *FLAGS, "--out", "taken/job.yaml"], capsys)
@@ -270,7 +313,7 @@ def test_the_plans_warnings_are_said_before_the_job_is_written(in_tmp, capsys):
         "pipeline.microbatches=4",
     ]
     status, out, err = k8s([*stages_typo, "devices.platform=cpu", *FLAGS, "--volume", "runs:/runs"], capsys)
-    assert status == 0 and yaml.safe_load(out)["kind"] == "TrainJob"
+    assert status == 0 and [d["kind"] for d in yaml.safe_load_all(out)][-1] == "TrainJob"
     assert [line for line in err.splitlines() if "pipeline" in line] == [
         "meshrun: warning: pipeline.microbatches=4 does nothing: pipeline stages wait for a mesh axis named "
         "'stage' (pipeline.axis), and mesh 4x2's axes are stages, data ('stages' is close: a typo?), so the "
@@ -287,6 +330,9 @@ def test_help_names_the_flags_and_the_config_groups(capsys):
         for flag in (
             "--kind KIND",
             "--volume CLAIM:PATH",
+            "--user UID:GID",
+            "--pull-secret SECRET",
+            "--no-network-policy",
             "--apply",
             "--simulate",
             "config groups (group=option):",
@@ -300,7 +346,7 @@ OUT = ["--out", "job.yaml"]
 SIMULATE = ["--volume", "runs:/runs", "--simulate"]
 K8S_FLAGS = (
     "--image IMAGE, --nodes N, --kind KIND, --out FILE, --volume CLAIM:PATH, --name NAME, --namespace NS, "
-    "--port PORT, --apply, --simulate or --help"
+    "--port PORT, --user UID:GID, --pull-secret SECRET, --no-network-policy, --apply, --simulate or --help"
 )
 BAD = {
     "no image": (
@@ -351,6 +397,47 @@ BAD = {
         "--volume: got 'runs:data/runs'; expected CLAIM:PATH, a PersistentVolumeClaim's name (lowercase "
         "letters, digits, '-' and '.') and the absolute path to "
         "mount it at in every pod (not /), e.g. --volume runs:/runs",
+    ),
+    "user without a group": (
+        [*CPU_JOB, *FLAGS, "--user", "1000", *OUT],
+        "--user: got '1000'; expected UID:GID, the numeric user and group the pods run as, each 0 to "
+        "2147483647, e.g. --user 1000:1000 (the default)",
+    ),
+    "user by name": (
+        [*CPU_JOB, *FLAGS, "--user=meshrun:meshrun", *OUT],
+        "--user: got 'meshrun:meshrun'; expected UID:GID, the numeric user and group the pods run as, each 0 "
+        "to 2147483647, e.g. --user 1000:1000 (the default)",
+    ),
+    "user root": (
+        [*CPU_JOB, *FLAGS, "--user", "0:1000", *OUT],
+        "--user: got '0:1000'; user 0 is root, which the restricted Pod Security Standard refuses "
+        "(runAsNonRoot): give a user the image can run as, e.g. --user 1000:1000 (the default)",
+    ),
+    "a pull secret Kubernetes rejects": (
+        [*CPU_JOB, *FLAGS, "--pull-secret", "Reg_Cred", *OUT],
+        "--pull-secret: got 'Reg_Cred'; expected the name of a Secret of the namespace that holds the "
+        "registry's credentials (lowercase letters, digits, '-' and '.'), e.g. --pull-secret regcred",
+    ),
+    "volume over the image's Python": (
+        [*CPU_JOB, *FLAGS, "--volume", "runs:/usr/local", *OUT],
+        "--volume: got 'runs:/usr/local'; /usr/local is in /usr, where images keep programs and libraries: a "
+        "volume there would hide the image's Python; mount the volume at a path of its own, e.g. --volume "
+        "runs:/runs",
+    ),
+    "volume over /opt": (
+        [*CPU_JOB, *FLAGS, "--volume", "runs:/opt/", *OUT],
+        "--volume: got 'runs:/opt/'; /opt is where images keep programs and libraries: a volume there "
+        "would hide the image's Python; mount the volume at a path of its own, e.g. --volume runs:/runs",
+    ),
+    "volume over a home dir": (
+        [*CPU_JOB, *FLAGS, "--volume", "runs:/home/me", *OUT],
+        "--volume: got 'runs:/home/me'; /home/me is a home dir: a volume there would hide what pip install "
+        "--user put in it; mount the volume at a path of its own, e.g. --volume runs:/runs",
+    ),
+    "volume over the scratch dir": (
+        [*CPU_JOB, *FLAGS, "--volume", "runs:/tmp", *OUT],
+        "--volume: got 'runs:/tmp'; /tmp meets the pods' scratch dir /tmp/meshrun (an emptyDir for their "
+        "config dirs); mount the volume at a path of its own, e.g. --volume runs:/runs",
     ),
     "dcn not one slice per pod": (
         [*CPU_JOB, "mesh.dcn=[2,1]", "--image", IMAGE, "--nodes", "4", *OUT],
@@ -527,7 +614,14 @@ def test_a_simulated_trainjob_runs_the_command_and_jax_env_its_runtime_would_giv
     assert (
         (trainjob.count, trainjob.command, trainjob.mounts)
         == (indexed.count, indexed.command, indexed.mounts)
-        == (2, indexed.command, {"/runs": "runs"})
+        == (
+            2,
+            indexed.command,
+            {
+                "/tmp/meshrun": SCRATCH_VOLUME,
+                "/runs": {"name": "runs", "persistentVolumeClaim": {"claimName": "runs"}},
+            },
+        )
     )
     local = simulate.Localizer(trainjob.domain, {"/runs": in_tmp / "runs"})
     for index in range(2):
@@ -638,23 +732,25 @@ def api_server(in_tmp, monkeypatch):
     server.server_close()
 
 
-def test_apply_creates_the_service_then_the_job_and_says_how_to_follow_it(api_server, capsys):
+def test_apply_creates_the_policy_the_service_then_the_job_and_says_how_to_follow_it(api_server, capsys):
     args = [*CPU_JOB, *FLAGS, "--kind", "indexed-job", "--volume", "runs:/runs"]
     documents = rendered(args, capsys)
     status, out, err = k8s([*args, "--apply"], capsys)
     assert status == 0, err
     assert api_server.requests == [
-        ("/api/v1/namespaces/ml/services", documents[0]),
-        ("/apis/batch/v1/namespaces/ml/jobs", documents[1]),
+        ("/apis/networking.k8s.io/v1/namespaces/ml/networkpolicies", documents[0]),
+        ("/api/v1/namespaces/ml/services", documents[1]),
+        ("/apis/batch/v1/namespaces/ml/jobs", documents[2]),
     ]
     selector = "app.kubernetes.io/name=meshrun,app.kubernetes.io/instance=exp1"
     assert out.splitlines() == [
-        "meshrun k8s: created Service exp1 and Job exp1 in namespace ml (context stand-in); follow it:",
+        "meshrun k8s: created NetworkPolicy exp1, Service exp1 and Job exp1 in namespace ml (context "
+        "stand-in); follow it:",
         "  its status:   kubectl -n ml get job exp1",
         f"  its pods:     kubectl -n ml get pods -l {selector} -w",
         f"  their output: kubectl -n ml logs -f -l {selector} --prefix --max-log-requests 2",
-        "  to stop it:   kubectl -n ml delete job,service exp1 "
-        "  (the pods get SIGTERM and save a checkpoint first)",
+        "  to stop it:   kubectl -n ml delete job exp1 --cascade=foreground && kubectl -n ml delete "
+        "networkpolicy,service exp1   (the pods get SIGTERM and save a checkpoint first)",
     ]
 
 
@@ -663,11 +759,16 @@ def test_apply_of_a_trainjob_creates_the_custom_object(api_server, capsys):
         [*CPU_JOB, *FLAGS, "--volume", "runs:/runs", "--namespace", "team", "--apply"], capsys
     )
     assert status == 0, err
-    [(path, body)] = api_server.requests
-    assert (
-        path == "/apis/trainer.kubeflow.org/v1alpha1/namespaces/team/trainjobs" and body["kind"] == "TrainJob"
-    )
+    assert [(path, body["kind"]) for path, body in api_server.requests] == [
+        ("/apis/networking.k8s.io/v1/namespaces/team/networkpolicies", "NetworkPolicy"),
+        ("/api/v1/namespaces/team/serviceaccounts", "ServiceAccount"),
+        ("/apis/trainer.kubeflow.org/v1alpha1/namespaces/team/trainjobs", "TrainJob"),
+    ]
     assert "kubectl -n team get trainjob exp1" in out and "-l jobset.sigs.k8s.io/jobset-name=exp1" in out
+    assert (
+        "kubectl -n team delete trainjob exp1 --cascade=foreground && kubectl -n team delete "
+        "networkpolicy,serviceaccount exp1"
+    ) in out
 
 
 def test_an_object_the_api_server_refuses_is_one_line_naming_what_was_created(api_server, capsys):
@@ -679,7 +780,7 @@ def test_an_object_the_api_server_refuses_is_one_line_naming_what_was_created(ap
     assert err.splitlines() == [
         "meshrun: error: --apply: got an error from the cluster of "
         "context 'stand-in' creating Job exp1 in namespace 'ml': 409 "
-        'Conflict: jobs.batch "exp1" already exists (already created: Service exp1)'
+        'Conflict: jobs.batch "exp1" already exists (already created: NetworkPolicy exp1, Service exp1)'
     ]
 
 
@@ -690,6 +791,8 @@ def test_an_object_the_api_server_refuses_is_one_line_naming_what_was_created(ap
 def test_a_simulated_two_pod_indexed_job_trains_exactly_like_one_process_and_reruns_in_its_run_dir(
     tmp_path, capfd, monkeypatch
 ):
+    # A home dir that does not exist, as for a user the image does not know: the pods write nothing there.
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
     port = free_port()
     done = run_meshrun(
         [
@@ -709,12 +812,16 @@ def test_a_simulated_two_pod_indexed_job_trains_exactly_like_one_process_and_rer
         tmp_path,
     )
     assert done.returncode == 0, done.stderr[-3000:]
-    run_dir = tmp_path / "k8s-volumes" / "runs" / "exp1"
+    volumes = tmp_path / "k8s-volumes"
+    run_dir = volumes / "runs" / "exp1"
     assert (
-        "meshrun k8s --simulate: 2 pods of indexed-job exp1 as local processes; *.exp1 -> 127.0.0.1, volume "
-        f"runs:/runs -> {tmp_path / 'k8s-volumes' / 'runs'}; run "
-        f"dir {run_dir}, each pod's output in its process-<i>.log"
+        "meshrun k8s --simulate: 2 pods of indexed-job exp1 as local processes; *.exp1 -> 127.0.0.1, "
+        f"emptyDir scratch:/tmp/meshrun -> {volumes / 'emptyDir-scratch'}, volume runs:/runs -> "
+        f"{volumes / 'runs'}; run dir {run_dir}, each pod's output in its process-<i>.log"
     ) in done.stderr
+    assert not (tmp_path / "home").exists()
+    assert any((volumes / "runs" / ".cache" / "meshrun" / "xla").iterdir())  # XLA's cache, on the volume
+    assert (volumes / "emptyDir-scratch" / "keras" / "keras.json").is_file()
     metrics = read_metrics(run_dir)
     assert (
         metrics["distributed"]["source"] == "JAX_* environment"

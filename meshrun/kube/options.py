@@ -27,10 +27,35 @@ VALUE_FLAGS = {
     "--name": "NAME",
     "--namespace": "NS",
     "--port": "PORT",
+    "--user": "UID:GID",
+    "--pull-secret": "SECRET",
 }
-SWITCHES = ("--apply", "--simulate")
+SWITCHES = ("--no-network-policy", "--apply", "--simulate")
 MULTIRUN_FLAGS = ("-m", "--multirun")
 
+# The pods' user and group unless --user gives them: the first regular user of Debian and Ubuntu images.
+DEFAULT_USER = (1000, 1000)
+ID_LIMIT = 2**31 - 1  # the largest user or group id Kubernetes takes
+# Where the pods' emptyDir is mounted: config dirs, caches without a volume, the run dir without one.
+SCRATCH_PATH = "/tmp/meshrun"
+# Where images keep programs, libraries and their config, and the kernel's filesystems: a volume
+# mounted at or under one of them would hide what the pods' Python needs.
+SYSTEM_DIRS = (
+    "/bin",
+    "/sbin",
+    "/lib",
+    "/lib32",
+    "/lib64",
+    "/libx32",
+    "/usr",
+    "/etc",
+    "/opt",
+    "/proc",
+    "/sys",
+    "/dev",
+)
+# Home dirs, where `pip install --user` puts packages: a volume may go under one, not on it.
+HOME_DIRS = ("/root", "/home")
 DNS_LABEL = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
 DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 
@@ -48,10 +73,21 @@ class Volume:
 
 
 @dataclass(frozen=True)
+class User:
+    """The numeric user and group the pods run as (never root: the restricted Pod Security
+    Standard refuses it); the group also owns the volume's files (fsGroup)."""
+
+    uid: int
+    gid: int
+
+
+@dataclass(frozen=True)
 class KubeOptions:
     """What `meshrun k8s` renders and does: `nodes` pods (one meshrun process each) of `image`, as
     a Kubeflow TrainJob or a plain Indexed Job (`kind`) named `name`, in `namespace` (None: the
-    kubeconfig context's), process 0 listening on `port`, runs kept on `volume`; the YAML written to
+    kubeconfig context's), process 0 listening on `port`, runs kept on `volume`, each pod running as
+    `user` and pulling the image with Secret `pull_secret` (None: as the namespace's default service
+    account does), reachable by the job's own pods alone when `network_policy`; the YAML written to
     `out` (None: stdout), submitted (`apply`) or run here as local processes (`simulate`)."""
 
     image: str
@@ -61,6 +97,9 @@ class KubeOptions:
     name: str = "meshrun"
     namespace: str | None = None
     volume: Volume | None = None
+    user: User = User(*DEFAULT_USER)
+    pull_secret: str | None = None
+    network_policy: bool = True
     out: str | None = None
     apply: bool = False
     simulate: bool = False
@@ -88,6 +127,9 @@ def parse_options(args: list[str]) -> tuple[KubeOptions, list[str]]:
         namespace=_namespace(given.get("--namespace")),
         port=_port(given.get("--port")),
         volume=_volume(given.get("--volume")),
+        user=_user(given.get("--user")),
+        pull_secret=_pull_secret(given.get("--pull-secret")),
+        network_policy=not given.get("--no-network-policy"),
         out=_out(given.get("--out")),
         apply=bool(given.get("--apply")),
         simulate=bool(given.get("--simulate")),
@@ -198,7 +240,62 @@ def _volume(value) -> Volume | None:
             "digits, '-' and '.') and the absolute path to mount "
             "it at in every pod (not /), e.g. --volume runs:/runs",
         )
+    clash = _mount_clash(normal)
+    if clash:
+        raise ConfigError(
+            "--volume",
+            f"got {_shown(value)}; {clash}; mount the volume at a path of its own, e.g. --volume runs:/runs",
+        )
     return Volume(claim, normal)
+
+
+def _mount_clash(path: str) -> str | None:
+    """Why a volume may not be mounted at `path` (None: it may): it would hide a system dir of the
+    image or a home dir (where the pods' Python and meshrun live), or meet the pods' scratch dir."""
+    system = next((d for d in SYSTEM_DIRS if path == d or path.startswith(d + "/")), None)
+    if system:
+        where = "" if path == system else f"in {system}, "
+        return (
+            f"{path} is {where}where images keep programs and libraries: a volume there would hide the "
+            "image's Python"
+        )
+    if path in HOME_DIRS or posixpath.dirname(path) == "/home":
+        return f"{path} is a home dir: a volume there would hide what pip install --user put in it"
+    if path == SCRATCH_PATH or SCRATCH_PATH.startswith(path + "/") or path.startswith(SCRATCH_PATH + "/"):
+        return f"{path} meets the pods' scratch dir {SCRATCH_PATH} (an emptyDir for their config dirs)"
+    return None
+
+
+def _pull_secret(value) -> str | None:
+    if value is None:
+        return None
+    if not (value and len(value) <= 253 and DNS_SUBDOMAIN.fullmatch(value)):
+        raise ConfigError(
+            "--pull-secret",
+            f"got {_shown(value)}; expected the name of a Secret of the namespace that holds the registry's "
+            "credentials (lowercase letters, digits, '-' and '.'), e.g. --pull-secret regcred",
+        )
+    return value
+
+
+def _user(value) -> User:
+    """`--user UID:GID`: numeric ids, the user not root."""
+    if value is None:
+        return User(*DEFAULT_USER)
+    uid, colon, gid = str(value).partition(":")
+    if not (colon and uid.isdigit() and gid.isdigit() and int(uid) <= ID_LIMIT and int(gid) <= ID_LIMIT):
+        raise ConfigError(
+            "--user",
+            f"got {_shown(value)}; expected UID:GID, the numeric user and group the pods run as, each 0 to "
+            f"{ID_LIMIT}, e.g. --user 1000:1000 (the default)",
+        )
+    if int(uid) == 0:
+        raise ConfigError(
+            "--user",
+            f"got {_shown(value)}; user 0 is root, which the restricted Pod Security Standard refuses "
+            "(runAsNonRoot): give a user the image can run as, e.g. --user 1000:1000 (the default)",
+        )
+    return User(int(uid), int(gid))
 
 
 def _out(value) -> str | None:

@@ -3,9 +3,10 @@ the command's options and the overrides the pods' `meshrun train` gets.
 
 - `trainjob`: a Kubeflow Trainer v2 TrainJob (trainer.kubeflow.org/v1alpha1) on the `jax-distributed`
   ClusterTrainingRuntime, which starts `numNodes` pods and gives each JAX_COORDINATOR_ADDRESS,
-  JAX_NUM_PROCESSES and JAX_PROCESS_ID. The volume and the grace period go in through
-  `runtimePatches`, all kubeflow-trainer-api 2.3 lets a TrainJob change of the runtime's pods; the
-  runtime's JobSet decides retries.
+  JAX_NUM_PROCESSES and JAX_PROCESS_ID. The volumes, the grace period, the security contexts and the
+  service account (a ServiceAccount rendered with it) go in through `runtimePatches`, all
+  kubeflow-trainer-api 2.3 lets a TrainJob change of the runtime's pods; the runtime's JobSet decides
+  retries.
 - `indexed-job`: plain Kubernetes: a headless Service and an Indexed Job whose pods find process 0 at
   `NAME-0.NAME:PORT` and their process id in the pod's completion index. Its podFailurePolicy
   retries pods stopped by a disruption or by SIGTERM (meshrun exits 143 after saving a checkpoint)
@@ -13,7 +14,8 @@ the command's options and the overrides the pods' `meshrun train` gets.
 
 Every pod runs `meshrun train` with the user's overrides and `distributed.mode=auto`; with a volume,
 the run dir is VOLUME/NAME and the checkpoints go to its checkpoints/ with resume=auto, so a pod
-that is started again continues from the newest checkpoint.
+that is started again continues from the newest checkpoint. The pods meet the restricted Pod Security
+Standard, and a NetworkPolicy (created first) lets only the job's pods reach them (kube/security.py).
 """
 
 from __future__ import annotations
@@ -26,7 +28,8 @@ from meshrun.config.checks import check_processes
 from meshrun.config.schema import RunConfig
 from meshrun.config.slices import with_dcn
 from meshrun.errors import ConfigError
-from meshrun.kube.options import KubeOptions, Volume
+from meshrun.kube import security
+from meshrun.kube.options import SCRATCH_PATH, KubeOptions
 from meshrun.specs.rundir import CHECKPOINTS_DIR
 from meshrun.wording import format_shape
 
@@ -37,6 +40,7 @@ RUNTIME_KIND = "ClusterTrainingRuntime"
 RUNTIME_NODE = "node"
 CONTAINER = "meshrun"
 VOLUME_NAME = "runs"
+JOBSET_LABEL = "jobset.sigs.k8s.io/jobset-name"  # on each pod of a TrainJob's JobSet: the job's name
 GPU_RESOURCE = "nvidia.com/gpu"
 COMPLETION_INDEX_FIELD = "metadata.annotations['batch.kubernetes.io/job-completion-index']"
 # Long enough for a large model's checkpoint after SIGTERM (Kubernetes' default is 30 s).
@@ -58,7 +62,7 @@ OWN_KEYS = (
 )
 # The user's value wins for these; the job's is added when they give none.
 DEFAULT_KEYS = ("distributed.timeout_s", "checkpoint.dir", "resume")
-LOCAL_RUNS = "outputs"  # the run dir's parent without a volume: the container's working dir
+LOCAL_RUNS = f"{SCRATCH_PATH}/outputs"  # the run dir's parent without a volume: in the pod's emptyDir
 
 
 def pod_overrides(overrides: list[str], options: KubeOptions) -> list[str]:
@@ -82,8 +86,8 @@ def _key(override: str) -> str:
 
 
 def run_dir(options: KubeOptions) -> str:
-    """The pods' run dir: NAME in the volume, else outputs/NAME in the container's working dir (gone
-    with the pod)."""
+    """The pods' run dir: NAME in the volume, else outputs/NAME in the pod's emptyDir (gone with the
+    pod)."""
     parent = options.volume.path if options.volume is not None else LOCAL_RUNS
     return f"{parent}/{options.name}"
 
@@ -134,13 +138,17 @@ def command(overrides: list[str], options: KubeOptions) -> list[str]:
 
 
 def render(config: RunConfig, options: KubeOptions, overrides: list[str]) -> list[dict]:
-    """The job's Kubernetes objects, in the order they are created: a TrainJob, or a headless
-    Service and an Indexed Job. `overrides` are the pods' (`pod_overrides`)."""
+    """The job's Kubernetes objects, in the order they are created: its NetworkPolicy (unless
+    --no-network-policy), then a ServiceAccount and a TrainJob, or a headless Service and an Indexed
+    Job. `overrides` are the pods' (`pod_overrides`)."""
     pods = command(overrides, options)
     gpus = gpus_per_pod(config, options)
+    policy = (
+        [security.network_policy(metadata(options), pod_labels(options))] if options.network_policy else []
+    )
     if options.kind == "trainjob":
-        return [train_job(options, pods, gpus)]
-    return [headless_service(options), indexed_job(options, pods, gpus)]
+        return [*policy, security.service_account(metadata(options)), train_job(options, pods, gpus)]
+    return [*policy, headless_service(options), indexed_job(options, pods, gpus)]
 
 
 def metadata(options: KubeOptions) -> dict:
@@ -154,23 +162,42 @@ def labels(options: KubeOptions) -> dict:
     return {"app.kubernetes.io/name": "meshrun", "app.kubernetes.io/instance": options.name}
 
 
+def pod_labels(options: KubeOptions) -> dict:
+    """The labels that pick out the job's pods: ours on an Indexed Job's, JobSet's on a TrainJob's
+    (which meshrun cannot label)."""
+    return {JOBSET_LABEL: options.name} if options.kind == "trainjob" else labels(options)
+
+
 def resources(gpus: int) -> dict:
     """A pod's resources: its GPUs, as limits (Kubernetes sets the requests the same)."""
     return {"limits": {GPU_RESOURCE: str(gpus)}} if gpus else {}
 
 
-def env(extra: list[dict] = ()) -> list[dict]:
+def env(options: KubeOptions, extra: list[dict] = ()) -> list[dict]:
     """The environment meshrun needs in a pod, after `extra`: its output unbuffered, so that
-    `kubectl logs` follows the run as it goes."""
-    return [*extra, {"name": "PYTHONUNBUFFERED", "value": "1"}]
+    `kubectl logs` follows the run as it goes, and the dirs it writes to (security.writable_dirs)."""
+    return [*extra, {"name": "PYTHONUNBUFFERED", "value": "1"}, *security.writable_dirs(options)]
 
 
-def volume(claim: Volume) -> dict:
-    return {"name": VOLUME_NAME, "persistentVolumeClaim": {"claimName": claim.claim}}
+def pull_secrets(options: KubeOptions) -> dict:
+    """The pod's imagePullSecrets, from --pull-secret. Without it a TrainJob's pods, which run as its
+    own ServiceAccount, get none; an Indexed Job's get the namespace's default service account's."""
+    return {"imagePullSecrets": [{"name": options.pull_secret}]} if options.pull_secret else {}
 
 
-def volume_mount(claim: Volume) -> dict:
-    return {"name": VOLUME_NAME, "mountPath": claim.path}
+def volumes(options: KubeOptions) -> list[dict]:
+    """The pod's volumes: its emptyDir, and the claim of --volume."""
+    claim = options.volume
+    return [
+        security.scratch_volume(),
+        *([{"name": VOLUME_NAME, "persistentVolumeClaim": {"claimName": claim.claim}}] if claim else []),
+    ]
+
+
+def volume_mounts(options: KubeOptions) -> list[dict]:
+    """Where the meshrun container mounts the pod's volumes."""
+    claim = options.volume
+    return [security.scratch_mount(), *([{"name": VOLUME_NAME, "mountPath": claim.path}] if claim else [])]
 
 
 # --- trainjob ---------------------------------------------------------------------------------------
@@ -178,7 +205,7 @@ def volume_mount(claim: Volume) -> dict:
 
 def train_job(options: KubeOptions, pods: list[str], gpus: int) -> dict:
     """A Kubeflow Trainer TrainJob of `options.nodes` pods on the jax-distributed runtime."""
-    trainer = {"image": options.image, "command": pods, "numNodes": options.nodes, "env": env()}
+    trainer = {"image": options.image, "command": pods, "numNodes": options.nodes, "env": env(options)}
     if gpus:
         trainer["resourcesPerNode"] = resources(gpus)
     spec = {
@@ -190,14 +217,22 @@ def train_job(options: KubeOptions, pods: list[str], gpus: int) -> dict:
 
 
 def runtime_patch(options: KubeOptions) -> dict:
-    """What the TrainJob changes of the runtime's pods (runtimePatches, keyed by manager): a long
-    grace period for the checkpoint after SIGTERM, and the volume mounted in the `node` container."""
-    pod_spec: dict = {"terminationGracePeriodSeconds": GRACE_PERIOD_S}
-    if options.volume is not None:
-        pod_spec |= {
-            "volumes": [volume(options.volume)],
-            "containers": [{"name": RUNTIME_NODE, "volumeMounts": [volume_mount(options.volume)]}],
-        }
+    """What the TrainJob changes of the runtime's pods (runtimePatches, keyed by manager): its
+    service account, their security contexts, a long grace period for the checkpoint after SIGTERM,
+    and the volumes mounted in the `node` container."""
+    node = {
+        "name": RUNTIME_NODE,
+        "securityContext": security.container_security_context(),
+        "volumeMounts": volume_mounts(options),
+    }
+    pod_spec = {
+        "serviceAccountName": options.name,
+        "securityContext": security.pod_security_context(options.user),
+        "terminationGracePeriodSeconds": GRACE_PERIOD_S,
+        **pull_secrets(options),
+        "volumes": volumes(options),
+        "containers": [node],
+    }
     pod_template = {"spec": {"template": {"spec": pod_spec}}}
     job_set = {"spec": {"replicatedJobs": [{"name": RUNTIME_NODE, "template": pod_template}]}}
     return {"manager": "meshrun", "trainingRuntimeSpec": {"template": job_set}}
@@ -271,33 +306,46 @@ def pod_spec(options: KubeOptions, pods: list[str], gpus: int) -> dict:
         "name": CONTAINER,
         "image": options.image,
         "command": pods,
-        "env": env(jax_env),
+        "env": env(options, jax_env),
         "ports": [{"name": "coordinator", "containerPort": options.port}],
+        "securityContext": security.container_security_context(),
+        "volumeMounts": volume_mounts(options),
     }
     if gpus:
         container["resources"] = resources(gpus)
-    spec = {
+    return {
         "subdomain": options.name,
         "restartPolicy": "Never",
         "terminationGracePeriodSeconds": GRACE_PERIOD_S,
+        "automountServiceAccountToken": False,
+        "securityContext": security.pod_security_context(options.user),
+        **pull_secrets(options),
         "containers": [container],
+        "volumes": volumes(options),
     }
-    if options.volume is not None:
-        container["volumeMounts"] = [volume_mount(options.volume)]
-        spec["volumes"] = [volume(options.volume)]
-    return spec
 
 
 # --- text -------------------------------------------------------------------------------------------
 
 
 def to_yaml(documents: list[dict], options: KubeOptions) -> str:
-    """The objects as one multi-document YAML text, after a comment saying how to submit it."""
+    """The objects as one multi-document YAML text, after a comment saying how to submit it; the
+    NetworkPolicy after one saying what it lets in and how to widen it."""
     head = (
         f"# meshrun k8s: {options.kind} {options.name}, {options.nodes} "
         "pods; submit with kubectl apply -f <this file>\n"
     )
-    return head + yaml.safe_dump_all(documents, sort_keys=False, default_flow_style=False, width=1000)
+    coordinator = (
+        "the runtime's jax coordinator"
+        if options.kind == "trainjob"
+        else f"the jax coordinator (port {options.port})"
+    )
+    comments = {"NetworkPolicy": security.network_policy_comment(coordinator)}
+    return head + "".join(
+        f"---\n{comments.get(document['kind'], '')}"
+        + yaml.safe_dump(document, sort_keys=False, default_flow_style=False, width=1000)
+        for document in documents
+    )
 
 
 def no_volume_warning(options: KubeOptions) -> str:

@@ -3,7 +3,9 @@ watched as meshrun.launch.local does for distributed.local_processes, with the c
 environment its pod spec gives it. Only what a cluster would add is filled in:
 
 - the pods' DNS names under the job's service (NAME-0.NAME, NAME-node-0-0.NAME) point at 127.0.0.1;
-- the volume's mount path is a local dir, ./k8s-volumes/CLAIM under the working dir;
+- the volume's mount path is a local dir, ./k8s-volumes/CLAIM under the working dir, and the pods'
+  emptyDir one they share, ./k8s-volumes/emptyDir-NAME, emptied first (each pod has its own on a
+  cluster, empty when the pod starts);
 - each pod's completion index (JOB_COMPLETION_INDEX, and the fieldRef of JAX_PROCESS_ID) is its number;
 - under a TrainJob, the JAX_* environment the jax-distributed runtime gives its pods (`runtime_env`),
   with --port as the runtime's coordinator port.
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,12 +43,12 @@ FOREIGN_ENV = re.compile(
 class Pods:
     """The pods of a rendered job as a simulation reads them: how many, the command and the env
     entries (a value or a fieldRef, as in a pod spec) of each, the volumes they mount (mount path:
-    claim) and the DNS domain of their hostnames (the job's service)."""
+    the pod spec's volume) and the DNS domain of their hostnames (the job's service)."""
 
     count: int
     command: list[str]
     env: list[dict]
-    mounts: dict[str, str]
+    mounts: dict[str, dict]
     domain: str
 
 
@@ -83,10 +86,13 @@ def run(documents: list[dict], options: KubeOptions) -> None:
     pods = pods_of(documents, options.port)
     check_port_free(options.port, "--port", options.port)
     local = Localizer(
-        pods.domain, {path: Path.cwd() / VOLUMES_DIR / claim for path, claim in pods.mounts.items()}
+        pods.domain, {path: Path.cwd() / VOLUMES_DIR / local_name(v) for path, v in pods.mounts.items()}
     )
     command = [local.arg(arg) for arg in pods.command]
     run_dir = _run_dir(command)
+    for path, volume in pods.mounts.items():
+        if "emptyDir" in volume:
+            shutil.rmtree(local.volumes[path], ignore_errors=True)
     for folder in (*local.volumes.values(), Path(run_dir)):
         folder.mkdir(parents=True, exist_ok=True)
     print(_saying(options, pods, local, run_dir), file=sys.stderr)
@@ -105,15 +111,30 @@ def _run_dir(command: list[str]) -> str:
 
 def _saying(options: KubeOptions, pods: Pods, local: Localizer, run_dir: str) -> str:
     """The one line that says what the simulation maps where."""
-    volumes = (
-        ", ".join(f"volume {claim}:{path} -> {local.volumes[path]}" for path, claim in pods.mounts.items())
-        or "no volume"
+    volumes = ", ".join(
+        f"{_described(volume)}:{path} -> {local.volumes[path]}" for path, volume in pods.mounts.items()
     )
     return (
         f"meshrun k8s --simulate: {pods.count} pods of {options.kind} {options.name} as local processes; "
         f"*.{pods.domain} -> {LOCAL_HOST}, {volumes}; run dir "
         f"{run_dir}, each pod's output in its process-<i>.log"
     )
+
+
+def local_name(volume: dict) -> str:
+    """The name of a pod's volume's dir under ./k8s-volumes: a claim's name, or emptyDir-NAME (which no
+    claim can be named: claims are lowercase)."""
+    if "persistentVolumeClaim" in volume:
+        return volume["persistentVolumeClaim"]["claimName"]
+    if "emptyDir" in volume:
+        return f"emptyDir-{volume['name']}"
+    raise ConfigError("--simulate", f"got volume {volume}; a simulation mounts only claims and emptyDirs")
+
+
+def _described(volume: dict) -> str:
+    if "persistentVolumeClaim" in volume:
+        return f"volume {volume['persistentVolumeClaim']['claimName']}"
+    return f"emptyDir {volume['name']}"
 
 
 def pods_of(documents: list[dict], port: int) -> Pods:
@@ -133,8 +154,7 @@ def _indexed_job_pods(job: dict) -> Pods:
     spec = job["spec"]
     pod = spec["template"]["spec"]
     container = pod["containers"][0]
-    claims = {v["name"]: v["persistentVolumeClaim"]["claimName"] for v in pod.get("volumes", [])}
-    mounts = {m["mountPath"]: claims[m["name"]] for m in container.get("volumeMounts", [])}
+    mounts = _mounts(pod, container)
     return Pods(spec["completions"], container["command"], container.get("env", []), mounts, pod["subdomain"])
 
 
@@ -146,11 +166,16 @@ def _train_job_pods(train_job: dict, port: int) -> Pods:
         for replicated in patch["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"]:
             if replicated["name"] == RUNTIME_NODE:
                 pod |= replicated["template"]["spec"]["template"]["spec"]
-    claims = {v["name"]: v["persistentVolumeClaim"]["claimName"] for v in pod.get("volumes", [])}
     node = next((c for c in pod.get("containers", []) if c["name"] == RUNTIME_NODE), {})
-    mounts = {m["mountPath"]: claims[m["name"]] for m in node.get("volumeMounts", [])}
+    mounts = _mounts(pod, node)
     env = [*trainer.get("env", []), *runtime_env(name, trainer["numNodes"], port)]
     return Pods(trainer["numNodes"], trainer["command"], env, mounts, name)
+
+
+def _mounts(pod: dict, container: dict) -> dict[str, dict]:
+    """The volumes `container` of `pod` mounts, by mount path."""
+    volumes = {v["name"]: v for v in pod.get("volumes", [])}
+    return {m["mountPath"]: volumes[m["name"]] for m in container.get("volumeMounts", [])}
 
 
 def runtime_env(name: str, nodes: int, port: int) -> list[dict]:

@@ -11,12 +11,11 @@ import textwrap
 
 from meshrun.errors import ConfigError
 from meshrun.kube.options import KubeOptions
-from meshrun.kube.render import TRAINER_API, labels
+from meshrun.kube.render import TRAINER_API, pod_labels
 from meshrun.wording import first_line
 
 FLAG = "--apply"
 TRAINJOB_PLURAL = "trainjobs"
-JOBSET_LABEL = "jobset.sigs.k8s.io/jobset-name"  # JobSet labels each pod of a TrainJob's JobSet so
 
 
 def apply(documents: list[dict], options: KubeOptions) -> str:
@@ -40,7 +39,7 @@ def apply(documents: list[dict], options: KubeOptions) -> str:
                 f"namespace {namespace!r}: {_reason(err)}{before}",
             ) from None
         created.append(what)
-    return following(options, namespace, context.get("name"), created)
+    return following(options, namespace, context.get("name"), documents)
 
 
 def _client():
@@ -79,7 +78,11 @@ def _load_kubeconfig(kubernetes) -> dict:
 def _create(kubernetes, api, document: dict, namespace: str) -> None:
     """Creates one object through the API that serves its kind."""
     kind = document["kind"]
-    if kind == "Service":
+    if kind == "NetworkPolicy":
+        kubernetes.client.NetworkingV1Api(api).create_namespaced_network_policy(namespace, document)
+    elif kind == "ServiceAccount":
+        kubernetes.client.CoreV1Api(api).create_namespaced_service_account(namespace, document)
+    elif kind == "Service":
         kubernetes.client.CoreV1Api(api).create_namespaced_service(namespace, document)
     elif kind == "Job":
         kubernetes.client.BatchV1Api(api).create_namespaced_job(namespace, document)
@@ -110,25 +113,28 @@ def _reason(err: Exception) -> str:
     return f"{status} {err.reason}" + (f": {message}" if message else "")
 
 
-def following(options: KubeOptions, namespace: str, context: str | None, created: list[str]) -> str:
-    """What was created, and the kubectl commands that watch the job, read its pods' output and
-    delete it."""
+def following(options: KubeOptions, namespace: str, context: str | None, documents: list[dict]) -> str:
+    """What was created (`documents`, the job last), and the kubectl commands that watch the job, read
+    its pods' output and delete it: the job first, waiting for its pods to save a checkpoint and end,
+    then the objects that served it (its NetworkPolicy among them, which guards the pods till then)."""
     kubectl = f"kubectl -n {namespace}"
-    if options.kind == "trainjob":
-        selector = f"{JOBSET_LABEL}={options.name}"
-        status, delete = f"{kubectl} get trainjob {options.name}", f"{kubectl} delete trainjob {options.name}"
-    else:
-        selector = ",".join(f"{k}={v}" for k, v in labels(options).items())
-        status, delete = f"{kubectl} get job {options.name}", f"{kubectl} delete job,service {options.name}"
+    kinds = [document["kind"].lower() for document in documents]
+    job = kinds[-1]
+    selector = ",".join(f"{k}={v}" for k, v in pod_labels(options).items())
+    delete = (
+        f"{kubectl} delete {job} {options.name} --cascade=foreground && "
+        f"{kubectl} delete {','.join(kinds[:-1])} {options.name}"
+    )
     commands = [
-        ("its status", status),
+        ("its status", f"{kubectl} get {job} {options.name}"),
         ("its pods", f"{kubectl} get pods -l {selector} -w"),
         ("their output", f"{kubectl} logs -f -l {selector} --prefix --max-log-requests {options.nodes}"),
         ("to stop it", f"{delete}   (the pods get SIGTERM and save a checkpoint first)"),
     ]
     width = max(len(what) for what, _ in commands) + 1
+    created = [f"{document['kind']} {document['metadata']['name']}" for document in documents]
     lines = [
-        f"meshrun k8s: created {' and '.join(created)} in "
+        f"meshrun k8s: created {', '.join(created[:-1])} and {created[-1]} in "
         f"namespace {namespace} (context {context}); follow it:"
     ]
     return "\n".join([*lines, *(f"  {what + ':':<{width}} {command}" for what, command in commands)])
