@@ -13,10 +13,8 @@ import pytest
 import yaml
 
 from conftest import cli_here
+from test_k8s import CPU_JOB, FLAGS
 
-IMAGE = "registry.example.com/meshrun:0.1"
-CPU_JOB = ["devices.platform=cpu", "mesh=2x4", "layout=dense_model"]
-FLAGS = ["--image", IMAGE, "--nodes", "2", "--name", "exp1"]
 KINDS = ("trainjob", "indexed-job")
 VOLUMES = {"a volume": ["--volume", "runs:/runs"], "no volume": []}
 
