@@ -14,6 +14,7 @@ import yaml
 
 from conftest import cli_here
 from test_k8s import CPU_JOB, FLAGS
+from test_k8s import rendered as rendered_list
 
 KINDS = ("trainjob", "indexed-job")
 VOLUMES = {"a volume": ["--volume", "runs:/runs"], "no volume": []}
@@ -233,9 +234,7 @@ def trainjob_pod(train_job: dict) -> dict:
 
 def rendered(args, capsys) -> dict[str, dict]:
     """The objects `meshrun k8s ARGS` prints, by kind (asserting it succeeded)."""
-    done = cli_here(["k8s", *args], capsys)
-    assert done.returncode == 0, done.stderr
-    return {document["kind"]: document for document in yaml.safe_load_all(done.stdout)}
+    return {document["kind"]: document for document in rendered_list(args, capsys)}
 
 
 def pod_of(objects: dict[str, dict]) -> tuple[dict, dict | None]:

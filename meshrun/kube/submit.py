@@ -28,7 +28,7 @@ def apply(documents: list[dict], options: KubeOptions) -> str:
     api = kubernetes.client.ApiClient()
     created: list[str] = []
     for document in documents:
-        what = f"{document['kind']} {document['metadata']['name']}"
+        what = named(document)
         try:
             _create(kubernetes, api, document, namespace)
         except _api_errors(kubernetes) as err:
@@ -40,6 +40,11 @@ def apply(documents: list[dict], options: KubeOptions) -> str:
             ) from None
         created.append(what)
     return following(options, namespace, context.get("name"), documents)
+
+
+def named(document: dict) -> str:
+    """An object as messages name it: its kind and name."""
+    return f"{document['kind']} {document['metadata']['name']}"
 
 
 def _client():
@@ -132,7 +137,7 @@ def following(options: KubeOptions, namespace: str, context: str | None, documen
         ("to stop it", f"{delete}   (the pods get SIGTERM and save a checkpoint first)"),
     ]
     width = max(len(what) for what, _ in commands) + 1
-    created = [f"{document['kind']} {document['metadata']['name']}" for document in documents]
+    created = [named(document) for document in documents]
     lines = [
         f"meshrun k8s: created {', '.join(created[:-1])} and {created[-1]} in "
         f"namespace {namespace} (context {context}); follow it:"
