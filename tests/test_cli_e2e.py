@@ -5,7 +5,6 @@ import json
 import re
 import subprocess
 import sys
-import zipfile
 from pathlib import Path
 
 import pytest
@@ -288,53 +287,3 @@ def test_picking_a_model_brings_its_layout_data_and_loss(tmp_path, in_tmp, capsy
     assert metrics["sharding"]["block_0/mlp_up/kernel"]["spec"] == [None, "model"]
     assert metrics["timing"]["tokens_per_s"] > metrics["timing"]["samples_per_s"] > 0
     assert "tokens/s" in stdout and "6·N·tokens" in stdout
-
-
-def test_configs_are_found_from_an_installed_wheel(tmp_path):
-    """Builds the wheel, installs it into a bare target dir and composes a config from there,
-    with the working dir outside the source checkout."""
-    repo = Path(__file__).resolve().parents[1]
-    wheel_dir, target = tmp_path / "wheel", tmp_path / "site"
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "wheel",
-            "--no-deps",
-            "--no-build-isolation",
-            "-q",
-            "-w",
-            str(wheel_dir),
-            str(repo),
-        ],
-        check=True,
-        capture_output=True,
-        timeout=300,
-    )
-    (wheel,) = wheel_dir.glob("meshrun-*.whl")
-    names = zipfile.ZipFile(wheel).namelist()
-    assert "meshrun/configs/meshrun.yaml" in names
-    assert "meshrun/configs/recipe/seeds_model_parallel.yaml" in names
-    subprocess.run(
-        [sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(target), str(wheel)],
-        check=True,
-        capture_output=True,
-        timeout=300,
-    )
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-c",
-            "import sys; sys.path.insert(0, sys.argv[1]); import meshrun.cli as c; "
-            "assert c.__file__.startswith(sys.argv[1]), c.__file__; sys.argv[1:] = []; "
-            "c.main(['train', 'recipe=seeds_model_parallel', '--cfg', 'job'])",
-            str(target),
-        ],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert done.returncode == 0, done.stderr
-    assert "d1/kernel" in done.stdout and "2x4" in done.stdout
