@@ -33,18 +33,37 @@ class PositionEmbedding(keras.layers.Layer):
         return {**super().get_config(), "seq_len": self.seq_len}
 
 
+@dataclasses.dataclass(frozen=True)
+class BlockSizes:
+    """What a decoder block is built from: the model's width, its attention heads, the MLP's hidden
+    width and the dropout rate (the fields of the model's TransformerOptions a block reads)."""
+
+    d_model: int
+    heads: int
+    ff: int
+    dropout: float
+
+    @classmethod
+    def of(cls, options) -> BlockSizes:
+        """The sizes in `options`: the model's TransformerOptions, or a saved config's dict of them
+        (which may hold the model's other fields too)."""
+        read = options.get if isinstance(options, dict) else lambda name: getattr(options, name)
+        return cls(**{field.name: read(field.name) for field in dataclasses.fields(cls)})
+
+    @property
+    def head_dim(self) -> int:
+        """Width of one attention head."""
+        return self.d_model // self.heads
+
+
 @keras.saving.register_keras_serializable(package="meshrun")
 class DecoderBlock(keras.layers.Layer):
     """One pre-layer-norm decoder block: causal self-attention, then the MLP, each residual.
-    `options`: the model's TransformerOptions (or their fields as a dict, as a saved config holds them)."""
+    `options`: the model's TransformerOptions, or their fields as a dict (a saved config's)."""
 
     def __init__(self, options, **kwargs):
         super().__init__(**kwargs)
-        if isinstance(options, dict):
-            from meshrun.models.transformer import TransformerOptions
-
-            options = TransformerOptions(**options)
-        self.options = options
+        self.options = options = BlockSizes.of(options)
         self.ln_1 = keras.layers.LayerNormalization(epsilon=1e-5, name="ln_1")
         self.attention = keras.layers.MultiHeadAttention(
             options.heads, options.head_dim, dropout=options.dropout, name="attention"
