@@ -185,16 +185,16 @@ def main():
 
 
 def parse_args():
-    """The command line's settings: what to run, how to measure it, where the results go."""
+    """The command line's settings: what is measured, how the runs run, where the results go."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    add_run_flags(parser)
     add_measure_flags(parser)
+    add_run_flags(parser)
     add_output_flags(parser)
     return parser.parse_args()
 
 
-def add_run_flags(parser: argparse.ArgumentParser) -> None:
-    """What runs: the models, their steps and batch, the precision and the devices."""
+def add_measure_flags(parser: argparse.ArgumentParser) -> None:
+    """What is measured: the models, their steps and batch, the repeats and the warm-up left out."""
     parser.add_argument(
         "--models", default=None, help="comma-separated names from the set (default: all of it)"
     )
@@ -211,6 +211,20 @@ def add_run_flags(parser: argparse.ArgumentParser) -> None:
         "--batch-size", type=int, default=None, help="batch per device (default: each model's)"
     )
     parser.add_argument(
+        "--repeats", type=int, default=None, help="runs of each variant (default: 2, small set 1)"
+    )
+    parser.add_argument(
+        "--warmup",
+        type=int,
+        default=None,
+        help="steady gaps left out after the first step (default: 3, small set 2)",
+    )
+
+
+def add_run_flags(parser: argparse.ArgumentParser) -> None:
+    """How the runs run: precision, devices, the peak MFU is taken over, caching, profiles and
+    meshrun's own overrides."""
+    parser.add_argument(
         "--precision",
         default=None,
         help="float32 or mixed_bfloat16 (default: mixed_bfloat16 on GPUs of compute capability 8+ and TPUs)",
@@ -221,25 +235,6 @@ def add_run_flags(parser: argparse.ArgumentParser) -> None:
         default=1,
         help="without accelerators: how many CPU devices to "
         "emulate (more than 1 runs the data-parallel paths)",
-    )
-    parser.add_argument(
-        "--meshrun-override",
-        action="append",
-        default=[],
-        help="extra Hydra override for meshrun (repeatable)",
-    )
-
-
-def add_measure_flags(parser: argparse.ArgumentParser) -> None:
-    """How it is measured: repeats, warm-up, the peak the MFU is taken over, caching and profiles."""
-    parser.add_argument(
-        "--repeats", type=int, default=None, help="runs of each variant (default: 2, small set 1)"
-    )
-    parser.add_argument(
-        "--warmup",
-        type=int,
-        default=None,
-        help="steady gaps left out after the first step (default: 3, small set 2)",
     )
     parser.add_argument(
         "--peak-flops",
@@ -255,6 +250,12 @@ def add_measure_flags(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--profile", action="store_true", help="also one untimed meshrun run per model with a profiler trace"
+    )
+    parser.add_argument(
+        "--meshrun-override",
+        action="append",
+        default=[],
+        help="extra Hydra override for meshrun (repeatable)",
     )
 
 

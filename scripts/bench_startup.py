@@ -70,7 +70,7 @@ from rich.table import Table
 import benchlib
 from meshrun.measure import run_measured, venv_without_tensorflow
 
-JOBS = {
+START_JOBS = {
     "train_mlp": ["train", "mesh=2x4", "layout=dense_model"],
     "plan_mlp": ["plan", "mesh=2x4", "layout=dense_model"],
     "plan_7b": ["plan", "recipe=transformer_7b_tp"],
@@ -118,7 +118,7 @@ HUB_JOBS = {
         "intermediate_dim:11008}}",
     ],
 }
-JOBS.update(HUB_JOBS)
+JOBS = {**START_JOBS, **HUB_JOBS}
 NEEDS_TENSORFLOW = {"hub_preset_tok"}  # its tokenizer check, made by the warm-up run, needs TensorFlow
 # A hub job's time to first step, with TensorFlow installed, within this of the install without it
 HUB_GAP_S = 1.5
