@@ -422,8 +422,13 @@ def run_meshrun(
             f"{' '.join([sys.executable, '-m', 'meshrun', *command])}",
             done.stderr,
         )
-    run = meshrun_figures(benchlib.read_metrics(run_dir), step_gaps(run_dir), args.warmup)
-    run.update(run_dir=str(run_dir), process_wall_s=done.wall_s)
+    metrics = benchlib.read_metrics(run_dir)
+    run = meshrun_figures(metrics, step_gaps(run_dir), args.warmup)
+    run.update(
+        run_dir=str(run_dir),
+        process_wall_s=done.wall_s,
+        profile=(metrics.get("profile") or {}).get("dir"),
+    )
     return run
 
 
@@ -484,7 +489,6 @@ def meshrun_figures(metrics: dict, gaps: list[float], warmup: int) -> dict:
             memory["planned_params_bytes_per_device"], memory["planned_optimizer_bytes_per_device"]
         ),
         precision=metrics["train"]["precision"],
-        profile=(metrics.get("profile") or {}).get("dir"),
     )
     return run
 
