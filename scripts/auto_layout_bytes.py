@@ -10,14 +10,11 @@ on 8x1 (with layout.fsdp=true).
 from __future__ import annotations
 
 import argparse
-import json
-import subprocess
 import sys
-import tempfile
 
 from rich.console import Console
-from rich.table import Table
 
+import benchlib
 from meshrun.wording import format_bytes
 
 # (mesh, auto with fsdp?, the hand-written layout it stands beside)
@@ -32,27 +29,12 @@ PAIRS = (
 
 def plan(preset: str, mesh: str, layout_overrides: list[str]) -> dict:
     """`meshrun plan --json` of the transformer preset on `mesh` with `layout_overrides`."""
-    with tempfile.TemporaryDirectory() as scratch:
-        done = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "meshrun",
-                "plan",
-                "model=transformer",
-                f"model.preset={preset}",
-                f"mesh={mesh}",
-                *layout_overrides,
-                "--json",
-            ],
-            capture_output=True,
-            text=True,
-            check=False,
-            cwd=scratch,
-        )
-    if done.returncode:
+    done, found = benchlib.plan(
+        ["model=transformer", f"model.preset={preset}", f"mesh={mesh}", *layout_overrides]
+    )
+    if done.returncode or found is None:
         raise SystemExit(f"meshrun plan failed: {done.stderr.strip()}")
-    return json.loads(done.stdout)
+    return found
 
 
 def main() -> None:
@@ -78,12 +60,11 @@ def main() -> None:
             }
         )
 
-    table = Table(
-        title=f"transformer {args.preset}: parameters + optimizer "
-        "state per device, layout=auto vs hand-written"
+    table = benchlib.table(
+        f"transformer {args.preset}: parameters + optimizer state per device, layout=auto vs hand-written",
+        ("mesh", "auto", "bytes", "hand-written", "bytes", "auto / hand", "auto rules"),
+        left=("mesh", "auto", "hand-written"),
     )
-    for column in ("mesh", "auto", "bytes", "hand-written", "bytes", "auto / hand", "auto rules"):
-        table.add_column(column, justify="left" if column in ("mesh", "auto", "hand-written") else "right")
     for row in rows:
         table.add_row(
             row["mesh"],
@@ -96,8 +77,7 @@ def main() -> None:
         )
     Console(width=None if sys.stdout.isatty() else 120).print(table)
     if args.out:
-        with open(args.out, "w") as file:
-            json.dump({"preset": args.preset, "rows": rows}, file, indent=2)
+        benchlib.write_json(args.out, {"preset": args.preset, "rows": rows})
 
 
 if __name__ == "__main__":

@@ -13,15 +13,11 @@ end) and its share of the training time, and the same with synchronous writes fo
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import tempfile
 from pathlib import Path
 
-from rich.console import Console
-from rich.table import Table
-
-from meshrun.measure import run_measured
+import benchlib
 
 VARIANTS = {
     "no checkpoints": [],
@@ -48,55 +44,47 @@ def main() -> None:
     ]
     runs = {name: [] for name in VARIANTS}
     with tempfile.TemporaryDirectory(prefix="bench-checkpoint-") as work:
-        for repeat in range(args.repeats):
-            for name, extra in VARIANTS.items():
-                run_dir = Path(work) / f"{repeat}-{name.replace(' ', '_').replace(',', '')}"
-                done = run_measured(
-                    ["train", *common, *extra, f"hydra.run.dir={run_dir}"], work, timeout=1800
-                )
-                if done.returncode != 0:
-                    raise SystemExit(f"{name} failed ({done.returncode}):\n{done.stderr[-2000:]}")
-                timing = json.loads((run_dir / "metrics.json").read_text())["timing"]
-                train_s = sum(timing["epoch_s"])
-                runs[name].append(
-                    {
-                        "step_ms": timing["step_time_s"] * 1e3,
-                        "epoch_s": statistics.median(timing["epoch_s"]),
-                        "train_s": train_s,
-                        "checkpoint_s": timing["checkpoint_s"],
-                        "checkpoint_share": timing["checkpoint_s"] / train_s,
-                    }
-                )
-                print(
-                    f"repeat {repeat + 1}, {name}: step {runs[name][-1]['step_ms']:.2f} "
-                    f"ms, checkpoints {timing['checkpoint_s']:.3f} s"
-                )
+        for repeat, name in benchlib.interleaved(args.repeats, list(VARIANTS), alternate=False):
+            run_dir = Path(work) / f"{repeat}-{name.replace(' ', '_').replace(',', '')}"
+            runs[name].append(checkpointed_run([*common, *VARIANTS[name]], run_dir, name))
+            print(
+                f"repeat {repeat + 1}, {name}: step {runs[name][-1]['step_ms']:.2f} "
+                f"ms, checkpoints {runs[name][-1]['checkpoint_s']:.3f} s"
+            )
     results = {"epochs": args.epochs, "num_samples": args.num_samples, "mesh": args.mesh, "runs": runs}
     base = statistics.median(r["step_ms"] for r in runs["no checkpoints"])
     results["step_ratio"] = {
         name: statistics.median(r["step_ms"] for r in rows) / base for name, rows in runs.items()
     }
-    Path(args.out).write_text(json.dumps(results, indent=2) + "\n")
+    benchlib.write_json(args.out, results)
     show(results)
     print(f"results: {args.out}")
 
 
+def checkpointed_run(overrides: list[str], run_dir: Path, name: str) -> dict:
+    """One fresh `meshrun train` of variant `name`: its step time, epoch time and the time training
+    was blocked on checkpoints, alone and as a share of training."""
+    _, metrics = benchlib.train(overrides, run_dir, name)
+    timing = metrics["timing"]
+    train_s = sum(timing["epoch_s"])
+    return {
+        "step_ms": timing["step_time_s"] * 1e3,
+        "epoch_s": statistics.median(timing["epoch_s"]),
+        "train_s": train_s,
+        "checkpoint_s": timing["checkpoint_s"],
+        "checkpoint_share": timing["checkpoint_s"] / train_s,
+    }
+
+
 def show(results: dict) -> None:
-    console = Console(width=max(Console().width, 110))
-    table = Table(
-        title=f"checkpointing the tiny transformer on {results['mesh']} ({results['epochs']} epochs, medians)"
+    """The table of medians per variant, and the verdict on async checkpoints."""
+    console = benchlib.console(110)
+    table = benchlib.table(
+        f"checkpointing the tiny transformer on {results['mesh']} ({results['epochs']} epochs, medians)",
+        ("variant", "step ms", "step ratio", "epoch s", "blocked on checkpoints s", "share of training"),
     )
-    for column in (
-        "variant",
-        "step ms",
-        "step ratio",
-        "epoch s",
-        "blocked on checkpoints s",
-        "share of training",
-    ):
-        table.add_column(column)
     for name, rows in results["runs"].items():
-        median = {key: statistics.median(r[key] for r in rows) for key in rows[0]}
+        median = benchlib.medians(rows)
         table.add_row(
             name,
             f"{median['step_ms']:.2f}",

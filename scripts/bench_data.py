@@ -37,7 +37,6 @@ b. Memory: a .npy of float32 features of --big-gib GiB (shape (rows, 28, 28, 1),
 from __future__ import annotations
 
 import argparse
-import json
 import multiprocessing
 import os
 import resource
@@ -49,9 +48,8 @@ import time
 from pathlib import Path
 
 import numpy as np
-from rich.console import Console
-from rich.table import Table
 
+import benchlib
 from meshrun.measure import run_measured
 
 BASE_ENV = dict(os.environ)  # the children's environment, before this process sets up jax
@@ -94,13 +92,13 @@ def main() -> None:
     if not args.only_big:
         with tempfile.TemporaryDirectory(prefix="bench-data-") as work:
             results["throughput"] = throughput(args, Path(work))
-        Path(args.out).write_text(json.dumps(results, indent=2) + "\n")
+        benchlib.write_json(args.out, results)
     if args.skip_big:
         results["memory"] = {"skipped": "--skip-big"}
     else:
         results["memory"] = memory(args)
     results["loadavg_end"] = os.getloadavg()
-    Path(args.out).write_text(json.dumps(results, indent=2) + "\n")
+    benchlib.write_json(args.out, results)
     show(results)
     print(f"results: {args.out}")
 
@@ -109,14 +107,11 @@ def main() -> None:
 
 
 def throughput(args, work: Path) -> dict:
-    rng = np.random.default_rng(0)
+    """Part a: for each mesh, the pipeline's rate and the training runs' of both sources."""
     train_file, eval_file = work / "train.npz", work / "eval.npz"
-    for path, count in ((train_file, args.samples), (eval_file, args.eval_samples)):
-        np.savez(
-            path,
-            x=rng.standard_normal((count, *INPUT_SHAPE), dtype=np.float32),
-            y=rng.standard_normal((count, CLASSES), dtype=np.float32),
-        )
+    rng = np.random.default_rng(0)
+    write_npz(train_file, args.samples, rng)
+    write_npz(eval_file, args.eval_samples, rng)
     print(f"wrote {train_file} ({train_file.stat().st_size / 2**20:.1f} MiB, {args.samples} samples)")
     rows = []
     for shape in args.meshes:
@@ -125,18 +120,7 @@ def throughput(args, work: Path) -> dict:
             f"mesh {shape}: pipeline {pipeline['sharded_samples_per_s']:,.0f} samples/s sharded, "
             f"{pipeline['host_samples_per_s']:,.0f} on the host"
         )
-        runs = {"arrays": [], "synthetic": []}
-        for repeat in range(args.repeats):
-            for source in ("arrays", "synthetic") if repeat % 2 == 0 else ("synthetic", "arrays"):
-                run = train_rate(
-                    shape, source, args, train_file, eval_file, work / f"{shape}-{source}-{repeat}"
-                )
-                runs[source].append(run)
-                print(
-                    f"mesh {shape}, {source} run {repeat + 1}/{args.repeats}: {run['samples_per_s']:,.0f} "
-                    f"samples/s (step {run['step_time_s'] * 1e3:.2f} ms over "
-                    f"{run['steady_steps']} steps), wall {run['wall_s']:.1f} s"
-                )
+        runs = train_rates(shape, args, train_file, eval_file, work)
         arrays = statistics.median(r["samples_per_s"] for r in runs["arrays"])
         synthetic = statistics.median(r["samples_per_s"] for r in runs["synthetic"])
         rows.append(
@@ -161,16 +145,42 @@ def throughput(args, work: Path) -> dict:
     }
 
 
+def write_npz(path: Path, count: int, rng) -> None:
+    """A .npz of `count` random samples: x (the MLP's inputs) and y (its regression targets)."""
+    np.savez(
+        path,
+        x=rng.standard_normal((count, *INPUT_SHAPE), dtype=np.float32),
+        y=rng.standard_normal((count, CLASSES), dtype=np.float32),
+    )
+
+
 def pipeline_rate(shape: str, args, train_file: Path, eval_file: Path) -> dict:
     """Samples/s of the run's arrays training dataset in this process: host batches alone, and
     batches placed on the run's data sharding (blocking on each)."""
+    train, shardings, steps = arrays_pipeline(shape, args, train_file, eval_file)
+    hosts = [samples_per_s(train, None, steps, args.batch) for _ in range(args.repeats)]
+    sharded = [samples_per_s(train, shardings, steps, args.batch) for _ in range(args.repeats)]
+    return {
+        "host_samples_per_s": statistics.median(hosts),
+        "sharded_samples_per_s": statistics.median(sharded),
+        "host_runs": hosts,
+        "sharded_runs": sharded,
+        "pipeline_steps": steps,
+        "x_sharding": str(shardings[0].spec),
+        "y_sharding": str(shardings[1].spec),
+    }
+
+
+def arrays_pipeline(shape: str, args, train_file: Path, eval_file: Path):
+    """The training dataset data=arrays makes for a run on mesh `shape` (this process set up with
+    its emulated CPU devices), the shardings of its batches' x and y, and the steps of --epochs."""
     from meshrun.config.parse import parse_run_config
     from meshrun.placement import devices
 
     config = parse_run_config(
         {
             "mesh": {"shape": shape},
-            "layout": {"rules": layout_rules(args.layout)},
+            "layout": {"rules": benchlib.layout_rules(args.layout)},
             "model": {"name": "dense_model"},
             "data": {"name": "arrays", "path": str(train_file), "eval_path": str(eval_file)},
             "train": {"batch_size": args.batch},
@@ -178,8 +188,6 @@ def pipeline_rate(shape: str, args, train_file: Path, eval_file: Path) -> dict:
         }
     )
     devices.prepare(config.devices, config.mesh)  # before jax is imported: 8 emulated CPU devices
-    import jax
-
     from meshrun import data as data_lib
     from meshrun.models import get_model
     from meshrun.placement import distribution as distribution_lib
@@ -195,40 +203,44 @@ def pipeline_rate(shape: str, args, train_file: Path, eval_file: Path) -> dict:
         seed=config.train.seed,
     )
     datasets = data_lib.make_datasets("arrays", config.data.options, context)
-    steps = datasets.steps_per_epoch * args.epochs
     x_spec, y_spec = datasets.train.element_spec
     shardings = (
         distribution.get_data_layout(tuple(x_spec.shape)).backend_layout,
         distribution.get_data_layout(tuple(y_spec.shape)).backend_layout,
     )
+    return datasets.train, shardings, datasets.steps_per_epoch * args.epochs
 
-    def rate(place: bool) -> float:
-        batches = iter(datasets.train)
-        for _ in range(20):  # warm-up: the first reads and placements
-            batch = next(batches)
-        started = time.perf_counter()
-        for _ in range(steps):
-            batch = next(batches)
-            if place:
-                jax.block_until_ready(
-                    [
-                        jax.make_array_from_process_local_data(s, b)
-                        for s, b in zip(shardings, batch, strict=True)
-                    ]
-                )
-        return steps * args.batch / (time.perf_counter() - started)
 
-    hosts = [rate(place=False) for _ in range(args.repeats)]
-    sharded = [rate(place=True) for _ in range(args.repeats)]
-    return {
-        "host_samples_per_s": statistics.median(hosts),
-        "sharded_samples_per_s": statistics.median(sharded),
-        "host_runs": hosts,
-        "sharded_runs": sharded,
-        "pipeline_steps": steps,
-        "x_sharding": str(shardings[0].spec),
-        "y_sharding": str(shardings[1].spec),
-    }
+def samples_per_s(train, shardings, steps: int, batch_size: int) -> float:
+    """Samples/s of `steps` batches of `train` after 20 of warm-up (the first reads and
+    placements): each placed on `shardings` and waited for, or (None) the host batches alone."""
+    import jax
+
+    batches = iter(train)
+    for _ in range(20):
+        batch = next(batches)
+    started = time.perf_counter()
+    for _ in range(steps):
+        batch = next(batches)
+        if shardings is not None:
+            jax.block_until_ready(
+                [jax.make_array_from_process_local_data(s, b) for s, b in zip(shardings, batch, strict=True)]
+            )
+    return steps * batch_size / (time.perf_counter() - started)
+
+
+def train_rates(shape: str, args, train_file: Path, eval_file: Path, work: Path) -> dict:
+    """--repeats training runs on mesh `shape` of each source, the two alternating: their figures."""
+    runs = {"arrays": [], "synthetic": []}
+    for repeat, source in benchlib.interleaved(args.repeats, ("arrays", "synthetic")):
+        run = train_rate(shape, source, args, train_file, eval_file, work / f"{shape}-{source}-{repeat}")
+        runs[source].append(run)
+        print(
+            f"mesh {shape}, {source} run {repeat + 1}/{args.repeats}: {run['samples_per_s']:,.0f} "
+            f"samples/s (step {run['step_time_s'] * 1e3:.2f} ms over "
+            f"{run['steady_steps']} steps), wall {run['wall_s']:.1f} s"
+        )
+    return runs
 
 
 def train_rate(shape: str, source: str, args, train_file: Path, eval_file: Path, run_dir: Path) -> dict:
@@ -237,9 +249,8 @@ def train_rate(shape: str, source: str, args, train_file: Path, eval_file: Path,
         if source == "arrays"
         else ["data=synthetic", f"data.num_samples={args.samples}", f"data.eval_samples={args.eval_samples}"]
     )
-    done = run_measured(
+    done, metrics = benchlib.train(
         [
-            "train",
             "model=dense_model",
             f"layout={args.layout}",
             f"mesh={shape}",
@@ -249,14 +260,12 @@ def train_rate(shape: str, source: str, args, train_file: Path, eval_file: Path,
             "train.verbose=0",
             "cache.enabled=false",
             "devices.platform=cpu",
-            f"hydra.run.dir={run_dir}",
         ],
-        run_dir.parent,
+        run_dir,
+        f"train mesh={shape} data={source}",
         timeout=args.timeout,
         env=BASE_ENV,
     )
-    check(done, f"train mesh={shape} data={source}")
-    metrics = json.loads((run_dir / "metrics.json").read_text())
     assert metrics["data"]["train_samples"] == args.samples, metrics["data"]
     timing = metrics["timing"]
     return {
@@ -268,19 +277,12 @@ def train_rate(shape: str, source: str, args, train_file: Path, eval_file: Path,
     }
 
 
-def layout_rules(name: str) -> dict:
-    import importlib.resources
-
-    import yaml
-
-    text = (importlib.resources.files("meshrun.configs") / "layout" / f"{name}.yaml").read_text()
-    return yaml.safe_load(text)["rules"] or {}
-
-
 # --- b. memory ----------------------------------------------------------------------------------
 
 
 def memory(args) -> dict:
+    """Part b: one epoch over a big .npy (written first, deleted after); the run's memory against
+    the file's size. Skipped when the disk lacks room."""
     folder = Path(args.big_dir or tempfile.gettempdir())
     rows = int(args.big_gib * GiB) // ROW_BYTES
     needed = rows * (ROW_BYTES + CLASSES * 4) + 2 * GiB
@@ -291,72 +293,86 @@ def memory(args) -> dict:
     work = Path(tempfile.mkdtemp(prefix="bench-data-big-", dir=folder))
     try:
         x_file, y_file = work / "features.npy", work / "labels.npy"
-        started = time.perf_counter()
-        # In a process of its own: the pages it writes through the map count in the writer's RSS,
-        # and a child meshrun started from a process with a high RSS mark would report that mark
-        # (see RssSampler), so this process stays small.
-        writer = multiprocessing.get_context("spawn").Process(target=write_big, args=(x_file, y_file, rows))
-        writer.start()
-        writer.join()
-        if writer.exitcode != 0:
-            raise SystemExit(f"writing the big files failed with status {writer.exitcode}")
-        write_s = time.perf_counter() - started
-        size = x_file.stat().st_size
-        print(f"wrote {x_file} ({size / GiB:.2f} GiB, {rows:,} rows) and {y_file} in {write_s:.0f} s")
-        run_dir = work / "run"
-        command = [
-            "train",
-            "model=dense_model",
-            f"layout={args.layout}",
-            "data=arrays",
-            f"data.path={x_file}",
-            f"data.labels_path={y_file}",
-            "data.validation_split=0.01",
-            "train.epochs=1",
-            "mesh=8x1",
-            f"train.batch_size={args.big_batch}",
-            "train.verbose=0",
-            "cache.enabled=false",
-            "devices.platform=cpu",
-            f"hydra.run.dir={run_dir}",
-        ]
-        own_peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-        sampler = RssSampler()
-        sampler.start()
-        try:
-            done = run_measured(command, work, timeout=args.timeout, env=BASE_ENV)
-        finally:
-            sampler.stop()
-        check(done, "the big run")
-        metrics = json.loads((run_dir / "metrics.json").read_text())
-        data = metrics["data"]
+        write_s = write_big_files(x_file, y_file, rows)
         return {
-            "file_bytes": size,
+            "file_bytes": x_file.stat().st_size,
             "labels_bytes": y_file.stat().st_size,
             "rows": rows,
             "write_s": write_s,
-            "batch": args.big_batch,
-            "steps": metrics["train"]["steps_per_epoch"],
-            "train_samples": data["train_samples"],
-            "eval_samples": data["eval_samples"],
-            # read in place: `read_by_rows` (the pread reader), `memory_mapped` in earlier meshrun
-            "read_in_place": data.get("read_by_rows", data.get("memory_mapped")),
-            "wall_s": done.wall_s,
-            "samples_per_s": metrics["timing"]["samples_per_s"],
-            "epoch_s": metrics["timing"]["epoch_s"],
-            # The child's own peak: its VmHWM (its memory since exec), read at the last sample.
-            "peak_rss_bytes": sampler.peak.get("VmHWM"),
-            "peak_rss_over_file": (sampler.peak.get("VmHWM") or 0) / size,
-            "rusage_peak_rss_bytes": done.peak_rss_bytes,
-            "bench_process_peak_rss_bytes": own_peak,
-            "peak_sampled_rss_bytes": sampler.peak.get("VmRSS"),
-            "peak_anon_rss_bytes": sampler.peak.get("RssAnon"),
-            "peak_file_rss_bytes": sampler.peak.get("RssFile"),
-            "samples_taken": sampler.samples,
+            **big_run(args, x_file, y_file, work),
         }
     finally:
         shutil.rmtree(work, ignore_errors=True)
         print(f"deleted {work}")
+
+
+def write_big_files(x_file: Path, y_file: Path, rows: int) -> float:
+    """Writes the big features and labels (write_big) in a process of its own; the seconds it took.
+    The pages it writes through the map count in the writer's RSS, and a child meshrun started from
+    a process with a high RSS mark would report that mark (see RssSampler), so this process stays
+    small."""
+    started = time.perf_counter()
+    writer = multiprocessing.get_context("spawn").Process(target=write_big, args=(x_file, y_file, rows))
+    writer.start()
+    writer.join()
+    if writer.exitcode != 0:
+        raise SystemExit(f"writing the big files failed with status {writer.exitcode}")
+    write_s = time.perf_counter() - started
+    size = x_file.stat().st_size
+    print(f"wrote {x_file} ({size / GiB:.2f} GiB, {rows:,} rows) and {y_file} in {write_s:.0f} s")
+    return write_s
+
+
+def big_run(args, x_file: Path, y_file: Path, work: Path) -> dict:
+    """One epoch of `meshrun train` over the big files, its child's memory sampled meanwhile: the
+    run's figures."""
+    run_dir = work / "run"
+    command = [
+        "train",
+        "model=dense_model",
+        f"layout={args.layout}",
+        "data=arrays",
+        f"data.path={x_file}",
+        f"data.labels_path={y_file}",
+        "data.validation_split=0.01",
+        "train.epochs=1",
+        "mesh=8x1",
+        f"train.batch_size={args.big_batch}",
+        "train.verbose=0",
+        "cache.enabled=false",
+        "devices.platform=cpu",
+        f"hydra.run.dir={run_dir}",
+    ]
+    own_peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    sampler = RssSampler()
+    sampler.start()
+    try:
+        done = run_measured(command, work, timeout=args.timeout, env=BASE_ENV)
+    finally:
+        sampler.stop()
+    benchlib.succeeded(done, "the big run")
+    metrics = benchlib.read_metrics(run_dir)
+    data = metrics["data"]
+    return {
+        "batch": args.big_batch,
+        "steps": metrics["train"]["steps_per_epoch"],
+        "train_samples": data["train_samples"],
+        "eval_samples": data["eval_samples"],
+        # read in place: `read_by_rows` (the pread reader), `memory_mapped` in earlier meshrun
+        "read_in_place": data.get("read_by_rows", data.get("memory_mapped")),
+        "wall_s": done.wall_s,
+        "samples_per_s": metrics["timing"]["samples_per_s"],
+        "epoch_s": metrics["timing"]["epoch_s"],
+        # The child's own peak: its VmHWM (its memory since exec), read at the last sample.
+        "peak_rss_bytes": sampler.peak.get("VmHWM"),
+        "peak_rss_over_file": (sampler.peak.get("VmHWM") or 0) / x_file.stat().st_size,
+        "rusage_peak_rss_bytes": done.peak_rss_bytes,
+        "bench_process_peak_rss_bytes": own_peak,
+        "peak_sampled_rss_bytes": sampler.peak.get("VmRSS"),
+        "peak_anon_rss_bytes": sampler.peak.get("RssAnon"),
+        "peak_file_rss_bytes": sampler.peak.get("RssFile"),
+        "samples_taken": sampler.samples,
+    }
 
 
 def write_big(x_file: Path, y_file: Path, rows: int, chunk: int = 65536) -> None:
@@ -426,26 +442,22 @@ class RssSampler:
 # --- reporting ----------------------------------------------------------------------------------
 
 
-def check(done, what: str) -> None:
-    if done.returncode != 0:
-        raise SystemExit(f"{what} failed with status {done.returncode}:\n{done.stderr[-2000:]}")
-
-
 def show_throughput(console, a: dict) -> None:
-    table = Table(
-        title=f"data=arrays vs training: dense_model, {a['samples']} samples, batch {a['batch']}, "
-        f"{a['epochs']} epochs, layout {a['layout']}"
+    """Part a's table: per mesh, the pipeline's rates and the training runs', with the targets."""
+    table = benchlib.table(
+        f"data=arrays vs training: dense_model, {a['samples']} samples, batch {a['batch']}, "
+        f"{a['epochs']} epochs, layout {a['layout']}",
+        (
+            "mesh",
+            "pipeline host",
+            "pipeline sharded",
+            "train arrays",
+            "train synthetic",
+            "pipeline / train (>= 5)",
+            "arrays / synthetic (>= 0.95)",
+        ),
+        left=(),
     )
-    for column in (
-        "mesh",
-        "pipeline host",
-        "pipeline sharded",
-        "train arrays",
-        "train synthetic",
-        "pipeline / train (>= 5)",
-        "arrays / synthetic (>= 0.95)",
-    ):
-        table.add_column(column, justify="right")
     for row in a["meshes"]:
         ratio, parity = row["pipeline_over_training"], row["arrays_over_synthetic"]
         table.add_row(
@@ -461,13 +473,14 @@ def show_throughput(console, a: dict) -> None:
 
 
 def show(results: dict) -> None:
-    console = Console(width=max(Console().width, 120))
+    """Both parts' tables."""
+    console = benchlib.console(120)
     if results["throughput"] is not None:
         show_throughput(console, results["throughput"])
     b = results["memory"]
-    table = Table(title="data=arrays memory: one epoch over a big .npy, mesh 8x1")
-    table.add_column("measure")
-    table.add_column("value", justify="right")
+    table = benchlib.table(
+        "data=arrays memory: one epoch over a big .npy, mesh 8x1", ("measure", "value"), left=("measure",)
+    )
     if b.get("skipped"):
         table.add_row("skipped", b["skipped"])
     else:

@@ -41,8 +41,8 @@ import textwrap
 from pathlib import Path
 
 from rich.console import Console
-from rich.table import Table
 
+import benchlib
 from meshrun.launch.spawn import Role, spawn
 
 WARMUP_STEPS = 50
@@ -173,9 +173,7 @@ def steady(notes: list, column: int) -> list:
 
 def run_job(name: str, checkout: str | None, work: Path) -> dict:
     """One fresh process of job `name` with this checkout's code or `checkout`'s; its figures."""
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    if checkout:
-        env["PYTHONPATH"] = checkout
+    env = benchlib.checkout_env(checkout)
     folder = Path(tempfile.mkdtemp(dir=work))
     (folder / "bench_faults_data.py").write_text(textwrap.dedent(DATA_MODULE))
     env["BENCH_FAULTS_NOTES"] = str(folder / "notes.json")
@@ -195,8 +193,8 @@ def run_job(name: str, checkout: str | None, work: Path) -> dict:
         except subprocess.TimeoutExpired:
             process.kill()
             returncode = process.wait()
-    metrics_file = folder / "run" / "metrics.json"
-    metrics = json.loads(metrics_file.read_text()) if metrics_file.exists() else {}
+    run_dir = folder / "run"
+    metrics = benchlib.read_metrics(run_dir) if (run_dir / "metrics.json").exists() else {}
     if returncode != 0 or metrics.get("status") != "ok":
         return {
             "ok": False,
@@ -253,29 +251,30 @@ def main():
                     print(f"{job} {label} repeat {repeat + 1}: {said}", flush=True)
     report(results)
     if args.out:
-        Path(args.out).write_text(
-            json.dumps({"machine": platform.node(), "cpus": os.cpu_count(), "results": results}, indent=1)
+        benchlib.write_json(
+            args.out, {"machine": platform.node(), "cpus": os.cpu_count(), "results": results}, indent=1
         )
     return 1 if failed else 0
 
 
 def report(results: dict) -> None:
-    table = Table(
-        title="page faults, step time and memory per job (medians "
-        f"of repeats; steps after the first {WARMUP_STEPS})"
+    """The table of medians per job and checkout, and the long job's memory by step."""
+    table = benchlib.table(
+        "page faults, step time and memory per job (medians "
+        f"of repeats; steps after the first {WARMUP_STEPS})",
+        (
+            "job",
+            "code",
+            "loader",
+            "ms/step",
+            "faults/step median",
+            "faults/step mean",
+            "RSS after warm-up",
+            "RSS at end",
+            "losses equal",
+        ),
+        left=("job", "code", "loader"),
     )
-    for column in (
-        "job",
-        "code",
-        "loader",
-        "ms/step",
-        "faults/step median",
-        "faults/step mean",
-        "RSS after warm-up",
-        "RSS at end",
-        "losses equal",
-    ):
-        table.add_column(column, justify="left" if column in ("job", "code", "loader") else "right")
     for job, by_label in results.items():
         losses = {label: runs[0].get("losses") for label, runs in by_label.items() if runs and runs[0]["ok"]}
         for label, runs in by_label.items():

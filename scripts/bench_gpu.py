@@ -58,8 +58,12 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # meshrun's pure-Python parts (hardware table, model sizes), without installing
 
+import benchlib
+from meshrun.measure import run_measured
+
 VARIANTS = ("meshrun", "keras", "jax")
 OOM_MARKERS = ("RESOURCE_EXHAUSTED", "Out of memory", "out of memory")
+RUN_TIMEOUT_S = 4 * 3600  # a meshrun run still going after this is killed (and counts as failed)
 LANGUAGE_MODELS = ("transformer", "llama")
 # Targets of issue 20 on one H100 (checked where the devices have a known peak, i.e. not on CPU).
 TARGET_TAX = 1.03  # meshrun / keras step time
@@ -171,25 +175,26 @@ def main():
         except RunFailed as err:  # the other models are still measured
             print(f"{err}\n{err.stderr[-4000:]}", file=sys.stderr, flush=True)
             failed[model.name] = str(err)
-        write_json(out, report(complete=False))  # what is measured survives a benchmark cut short
+        benchlib.write_json(out, report(complete=False))  # what is measured survives a benchmark cut short
     final = report(complete=True)
     print_report(final)
-    write_json(out, final)
+    benchlib.write_json(out, final)
     print(f"results: {out} ({final['wall_s']:.1f} s)")
     if failed:
         sys.exit(1)
 
 
-def write_json(path: Path, report: dict) -> None:
-    """Writes the report as JSON, replacing the file whole."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_suffix(".partial")
-    partial.write_text(json.dumps(report, indent=2) + "\n")
-    partial.replace(path)
-
-
 def parse_args():
+    """The command line's settings: what is measured, how the runs run, where the results go."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_measure_flags(parser)
+    add_run_flags(parser)
+    add_output_flags(parser)
+    return parser.parse_args()
+
+
+def add_measure_flags(parser: argparse.ArgumentParser) -> None:
+    """What is measured: the models, their steps and batch, the repeats and the warm-up left out."""
     parser.add_argument(
         "--models", default=None, help="comma-separated names from the set (default: all of it)"
     )
@@ -214,6 +219,11 @@ def parse_args():
         default=None,
         help="steady gaps left out after the first step (default: 3, small set 2)",
     )
+
+
+def add_run_flags(parser: argparse.ArgumentParser) -> None:
+    """How the runs run: precision, devices, the peak MFU is taken over, caching, profiles and
+    meshrun's own overrides."""
     parser.add_argument(
         "--precision",
         default=None,
@@ -247,6 +257,10 @@ def parse_args():
         default=[],
         help="extra Hydra override for meshrun (repeatable)",
     )
+
+
+def add_output_flags(parser: argparse.ArgumentParser) -> None:
+    """Where the results, the runs' dirs and caches go (and the internal flag of a worker)."""
     parser.add_argument("--json-out", default=None, help="results JSON (default: in the work dir)")
     parser.add_argument(
         "--workdir",
@@ -256,7 +270,6 @@ def parse_args():
     parser.add_argument(
         "--worker", default=None, help=argparse.SUPPRESS
     )  # one run in this process (internal)
-    return parser.parse_args()
 
 
 def settings(args) -> dict:
@@ -348,20 +361,18 @@ def measure_model(model: Model, environment: dict, precision: str, args, workdir
     devices, cpu = environment["device_count"], environment["platform"] == "cpu"
     runs = {variant: [] for variant in model.variants}
     tag = f"{model.name}-b{model.batch_per_device}"
-    for repeat in range(args.repeats):
-        order = model.variants if repeat % 2 == 0 else model.variants[::-1]
-        for variant in order:
-            # A compilation cache of the variant's own: its first run compiles, later ones load.
-            cache = None if args.no_cache else workdir / "xla-cache" / f"{tag}-{variant}"
-            run = run_variant(
-                variant, model, devices, cpu, precision, args, workdir / f"{tag}-{variant}-{repeat}", cache
-            )
-            runs[variant].append(run)
-            print(
-                f"{model.name} {variant} repeat {repeat + 1}/{args.repeats}: step {_ms(run['step_s'])} "
-                f"median, {_ms(run['step_p90_s'])} p90, first step {run['first_step_s']:.2f} s",
-                flush=True,
-            )
+    for repeat, variant in benchlib.interleaved(args.repeats, model.variants):
+        # A compilation cache of the variant's own: its first run compiles, later ones load.
+        cache = None if args.no_cache else workdir / "xla-cache" / f"{tag}-{variant}"
+        run = run_variant(
+            variant, model, devices, cpu, precision, args, workdir / f"{tag}-{variant}-{repeat}", cache
+        )
+        runs[variant].append(run)
+        print(
+            f"{model.name} {variant} repeat {repeat + 1}/{args.repeats}: step {_ms(run['step_s'])} "
+            f"median, {_ms(run['step_p90_s'])} p90, first step {run['first_step_s']:.2f} s",
+            flush=True,
+        )
     profile = None
     if args.profile:
         profiled = run_meshrun(
@@ -400,13 +411,34 @@ def run_variant(
 def run_meshrun(
     model: Model, devices: int, precision: str, args, run_dir: Path, cache: Path | None, profile: bool = False
 ) -> dict:
-    """`python -m meshrun train` of `model` for one epoch of `steps` batches; its figures from
-    metrics.json, its steps from log.jsonl."""
+    """`python -m meshrun train` of `model` for one epoch of `steps` batches (meshrun.measure); its
+    figures from metrics.json, its steps from log.jsonl."""
+    command = meshrun_command(model, devices, precision, args, run_dir, cache, profile)
+    done = run_measured(command, REPO, timeout=RUN_TIMEOUT_S, env=_child_env())
+    if done.returncode != 0:
+        _raise_if_out_of_memory(done.stderr)
+        raise RunFailed(
+            f"meshrun {model.name} failed (exit {done.returncode}): "
+            f"{' '.join([sys.executable, '-m', 'meshrun', *command])}",
+            done.stderr,
+        )
+    metrics = benchlib.read_metrics(run_dir)
+    run = meshrun_figures(metrics, step_gaps(run_dir), args.warmup)
+    run.update(
+        run_dir=str(run_dir),
+        process_wall_s=done.wall_s,
+        profile=(metrics.get("profile") or {}).get("dir"),
+    )
+    return run
+
+
+def meshrun_command(
+    model: Model, devices: int, precision: str, args, run_dir: Path, cache: Path | None, profile: bool
+) -> list[str]:
+    """The `meshrun train` command and overrides of one run of `model` (with a profile of two
+    steady steps where `profile`)."""
     batch = model.batch_per_device * devices
     command = [
-        sys.executable,
-        "-m",
-        "meshrun",
         "train",
         *meshrun_model_overrides(model),
         f"mesh={devices}x1",
@@ -424,23 +456,23 @@ def run_meshrun(
     ]
     if profile:
         command.append(f"profile.steps=[{args.warmup + 2},{args.warmup + 4}]")
-    started = time.perf_counter()
-    done = subprocess.run(command, capture_output=True, text=True, env=_child_env(), cwd=REPO)
-    wall = time.perf_counter() - started
-    if done.returncode != 0:
-        _raise_if_out_of_memory(done.stderr)
-        raise RunFailed(
-            f"meshrun {model.name} failed (exit {done.returncode}): {' '.join(command)}", done.stderr
-        )
-    metrics = json.loads((run_dir / "metrics.json").read_text())
-    steps = [json.loads(line) for line in (run_dir / "log.jsonl").read_text().splitlines() if line.strip()]
-    gaps = [
+    return command
+
+
+def step_gaps(run_dir: Path) -> list[float]:
+    """The step times of a run's log.jsonl after its first step, in step order."""
+    records = [json.loads(line) for line in (run_dir / "log.jsonl").read_text().splitlines() if line.strip()]
+    return [
         r["step_s"]
-        for r in sorted((r for r in steps if "epoch_end" not in r), key=lambda r: r["step"])
+        for r in sorted((r for r in records if "epoch_end" not in r), key=lambda r: r["step"])
         if r["step"] > 1
     ]
+
+
+def meshrun_figures(metrics: dict, gaps: list[float], warmup: int) -> dict:
+    """A meshrun run's step statistics (of `gaps`) and what its metrics.json reports."""
     timing, flops, memory = metrics["timing"], metrics["flops"], metrics["memory"]
-    run = step_stats(timing["compile_s"], gaps, args.warmup)
+    run = step_stats(timing["compile_s"], gaps, warmup)
     run.update(
         reported_step_s=timing["step_time_s"],
         reported_step_p90_s=timing["step_time_p90_s"],
@@ -457,9 +489,6 @@ def run_meshrun(
             memory["planned_params_bytes_per_device"], memory["planned_optimizer_bytes_per_device"]
         ),
         precision=metrics["train"]["precision"],
-        run_dir=str(run_dir),
-        process_wall_s=wall,
-        profile=(metrics.get("profile") or {}).get("dir"),
     )
     return run
 
@@ -620,7 +649,7 @@ def variant_figures(
     from meshrun.run import hardware
 
     step = statistics.median(r["step_s"] for r in runs)
-    xla = _median_of(runs, "xla_flops_per_step")
+    xla = benchlib.median_of(runs, "xla_flops_per_step")
     return {
         "step_s": step,
         "step_p90_s": statistics.median(r["step_p90_s"] for r in runs),
@@ -630,7 +659,7 @@ def variant_figures(
         "xla_flops_per_step": xla,
         "mfu_xla": hardware.mfu(xla / step, devices, peak) if xla else None,
         "mfu_analytic": hardware.mfu(analytic / step, devices, peak),
-        "live_peak_bytes": _median_of(runs, "live_peak_bytes"),
+        "live_peak_bytes": benchlib.median_of(runs, "live_peak_bytes"),
         "runs": runs,
     }
 
@@ -692,16 +721,16 @@ def memory_figures(runs: dict) -> dict:
     """Bytes per device: meshrun's plan (parameters + optimizer state), XLA's compiled estimate and
     the live peak of each variant; the live peak over each estimate."""
     meshrun_runs = runs["meshrun"]
-    planned = _median_of(meshrun_runs, "planned_bytes")
-    compiled = _median_of(meshrun_runs, "compiled_peak_bytes")
-    live = _median_of(meshrun_runs, "live_peak_bytes")
+    planned = benchlib.median_of(meshrun_runs, "planned_bytes")
+    compiled = benchlib.median_of(meshrun_runs, "compiled_peak_bytes")
+    live = benchlib.median_of(meshrun_runs, "live_peak_bytes")
     return {
         "planned_bytes": planned,
         "compiled_peak_bytes": compiled,
         "live_peak_bytes": live,
         "live_over_planned": live / planned if live and planned else None,
         "live_over_compiled": live / compiled if live and compiled else None,
-        "live_peak_bytes_by_variant": {v: _median_of(r, "live_peak_bytes") for v, r in runs.items()},
+        "live_peak_bytes_by_variant": {v: benchlib.median_of(r, "live_peak_bytes") for v, r in runs.items()},
     }
 
 
@@ -762,11 +791,6 @@ def _target(name, value, target, met, measurable, off_by) -> dict:
     }
 
 
-def _median_of(runs: list[dict], key: str):
-    values = [r[key] for r in runs if r.get(key) is not None]
-    return statistics.median(values) if values else None
-
-
 def _sum(*values):
     return None if any(v is None for v in values) else sum(values)
 
@@ -776,9 +800,7 @@ def _sum(*values):
 
 def print_report(report: dict) -> None:
     """The speed, memory and target tables on stdout."""
-    from rich.console import Console
-
-    console = Console(width=max(Console().width, 180))  # piped output would get 80 columns
+    console = benchlib.console(180)
     env = report["environment"]
     console.print(
         f"meshrun GPU benchmark: {env['device_count']} x {env['device_kind']} ({env['platform']}), "
@@ -795,32 +817,33 @@ def print_report(report: dict) -> None:
         console.print(f"[red]failed[/] {name}: {why}")
 
 
-def speed_table(report: dict):
-    from rich.table import Table
+SPEED_COLUMNS = (
+    "model",
+    "variant",
+    "batch",
+    "step ms",
+    "p90 ms",
+    "samples/s",
+    "tokens/s",
+    "compile s",
+    "XLA flop/step",
+    "6N+attn flop/step",
+    "MFU XLA",
+    "MFU 6N+attn",
+    "x keras",
+    "x jax",
+)
 
-    table = Table(
-        title=f"step time per variant ({report['settings']['repeats']} "
-        "repeat(s); ratios: median of per-repeat ratios)"
+
+def speed_table(report: dict):
+    """Per model and variant: step times, rates, compile time, FLOPs, MFU and the ratios."""
+    table = benchlib.table(
+        f"step time per variant ({report['settings']['repeats']} "
+        "repeat(s); ratios: median of per-repeat ratios)",
+        SPEED_COLUMNS,
+        left=("model", "variant"),
     )
-    for column in (
-        "model",
-        "variant",
-        "batch",
-        "step ms",
-        "p90 ms",
-        "samples/s",
-        "tokens/s",
-        "compile s",
-        "XLA flop/step",
-        "6N+attn flop/step",
-        "MFU XLA",
-        "MFU 6N+attn",
-        "x keras",
-        "x jax",
-    ):
-        table.add_column(
-            column, justify="left" if column in ("model", "variant") else "right", no_wrap=column == "model"
-        )
+    table.columns[0].no_wrap = True
     for name, model in report["models"].items():
         for index, (variant, v) in enumerate(model["variants"].items()):
             last = index == len(model["variants"]) - 1
@@ -845,23 +868,22 @@ def speed_table(report: dict):
 
 
 def memory_table(report: dict):
-    from rich.table import Table
-
-    table = Table(
-        title="memory per device: meshrun's plan (parameters + "
-        "optimizer state), XLA's compiled estimate, live peaks"
+    """Per model: the plan's bytes, XLA's estimate and the live peaks, and their ratios."""
+    table = benchlib.table(
+        "memory per device: meshrun's plan (parameters + "
+        "optimizer state), XLA's compiled estimate, live peaks",
+        (
+            "model",
+            "planned",
+            "compiled",
+            "live meshrun",
+            "live / planned",
+            "live / compiled",
+            "live keras",
+            "live jax",
+        ),
+        left=("model",),
     )
-    for column in (
-        "model",
-        "planned",
-        "compiled",
-        "live meshrun",
-        "live / planned",
-        "live / compiled",
-        "live keras",
-        "live jax",
-    ):
-        table.add_column(column, justify="left" if column == "model" else "right")
     for name, model in report["models"].items():
         m, by = model["memory"], model["memory"]["live_peak_bytes_by_variant"]
         table.add_row(
@@ -878,11 +900,12 @@ def memory_table(report: dict):
 
 
 def target_table(report: dict):
-    from rich.table import Table
-
-    table = Table(title="the GPU targets (one H100); n/a without an accelerator of known peak")
-    for column in ("target", "value", "wanted", "verdict"):
-        table.add_column(column, justify="left" if column == "target" else "right")
+    """Each target with its value and verdict."""
+    table = benchlib.table(
+        "the GPU targets (one H100); n/a without an accelerator of known peak",
+        ("target", "value", "wanted", "verdict"),
+        left=("target",),
+    )
     for row in report["targets"]:
         value = row["value"]
         text = "-" if value is None else (_pct(value) if "MFU" in row["target"] else _ratio(value))

@@ -55,20 +55,36 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+import benchlib
+
 LOADERS = ("plain", "meshrun")  # each measured on a KerasHub preset; "transformers": --transformers
 QUANTIZE_MODES = ("int8", "int4")
 QUANTIZED_LORA_RANK = 4
-HIDDEN, HEADS, HEAD_DIM, INTERMEDIATE, VOCABULARY = 2048, 8, 256, 8192, 16384
+HIDDEN, HEADS, VOCABULARY = 2048, 8, 16384  # 8 heads of 256; Gemma's MLP 8192 / 2 wide
+STAGED_DEVICES = 8
 
 
 def main() -> None:
+    args = parse_args()
+    if args.load:
+        return load_in_child(args)
+    if args.stages:
+        return staged_loads(args)
+    if args.transformers:
+        return transformers_loads(args)
+    if args.quantize:
+        return quantized_loads(args)
+    return plain_loads(args)
+
+
+def parse_args() -> argparse.Namespace:
+    """The command line's settings (--load and --process: those of a loader's child process)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
         "--size-gb", type=float, default=1.0, help="size of the preset to build (float32 weights)"
@@ -93,28 +109,28 @@ def main() -> None:
         "--load", choices=(*LOADERS, "transformers"), help=argparse.SUPPRESS
     )  # one loader's child process
     parser.add_argument("--process", default="0/1:0", help=argparse.SUPPRESS)  # ID/COUNT:PORT of a child
-    args = parser.parse_args()
+    return parser.parse_args()
+
+
+def load_in_child(args) -> None:
+    """The child process of one loader (--load): loads and prints its figures as a JSON line."""
     if args.load == "transformers":
-        print(json.dumps(load_transformers(args.preset, args.mesh, args.process)))
-        return
-    if args.load and args.quantize:
-        print(json.dumps(load_quantized(args.preset, args.mesh, args.load, args.quantize)))
-        return
-    if args.load:
-        print(json.dumps(load(args.preset, args.mesh, args.load)))
-        return
-    if args.stages:
-        return staged_loads(args)
-    if args.transformers:
-        return transformers_loads(args)
-    if args.quantize:
-        return quantized_loads(args)
+        found = load_transformers(args.preset, args.mesh, args.process)
+    elif args.quantize:
+        found = load_quantized(args.preset, args.mesh, args.load, args.quantize)
+    else:
+        found = load(args.preset, args.mesh, args.load)
+    print(json.dumps(found))
+
+
+def plain_loads(args) -> None:
+    """Each loader loading the float preset in a fresh process; prints and (--out) writes the
+    figures."""
     with tempfile.TemporaryDirectory() as scratch:
-        preset = args.preset or build_preset(Path(scratch) / "gemma", args.size_gb)
-        weights = sum(f.stat().st_size for f in preset.glob("*.weights*.h5"))
+        preset = args.preset or build_preset(Path(scratch) / "gemma", preset_of(args.size_gb))
         results = {
-            "preset": str(args.preset or f"built: {preset_shape(args.size_gb)}"),
-            "weights_bytes": weights,
+            "preset": str(args.preset or f"built: {preset_of(args.size_gb).describe()}"),
+            "weights_bytes": benchlib.weights_bytes(preset),
             "mesh": args.mesh,
             "loaders": {loader: run_child(preset, args.mesh, loader) for loader in LOADERS},
         }
@@ -126,62 +142,13 @@ def main() -> None:
 def staged_loads(args) -> None:
     """meshrun train of a preset of args.blocks blocks for each stage count of args.stages; prints
     and (--out) writes each run's load peak and parameters per device."""
-    from meshrun.measure import run_measured
-
-    rows = []
+    built = benchlib.GemmaPreset.of_blocks(args.size_gb * 1e9, args.blocks, HEADS, VOCABULARY)
     with tempfile.TemporaryDirectory() as scratch:
-        hidden = hidden_for(args.size_gb, args.blocks)
-        preset = args.preset or build_preset(
-            Path(scratch) / "gemma", args.size_gb, layers=args.blocks, hidden=hidden
-        )
-        for stages in args.stages:
-            mesh = (
-                ["mesh=1x8"]
-                if stages == 1
-                else [
-                    f"mesh={stages}x1x{8 // stages}",
-                    "mesh.axis_names=[stage,data,model]",
-                    "mesh.batch_axis=data",
-                ]
-            )
-            run_dir = Path(scratch) / f"run-{stages}"
-            done = run_measured(
-                [
-                    "train",
-                    "model=keras_hub",
-                    f"model.preset={preset}",
-                    "layout=gemma_tp",
-                    *mesh,
-                    "model.seq_len=16",
-                    "train.batch_size=8",
-                    "data.num_samples=8",
-                    "data.eval_samples=8",
-                    "train.epochs=1",
-                    "train.verbose=0",
-                    f"hydra.run.dir={run_dir}",
-                ],
-                cwd=scratch,
-                timeout=1800,
-                env={
-                    **os.environ,
-                    "XLA_FLAGS": "--xla_force_host_platform_device_count=8",
-                    "JAX_PLATFORMS": "cpu",
-                },
-            )
-            if done.returncode:
-                raise SystemExit(f"the run with {stages} stages failed:\n{done.stderr[-3000:]}")
-            memory = json.loads((run_dir / "metrics.json").read_text())["memory"]
-            rows.append(
-                {
-                    "stages": stages,
-                    "load_peak_bytes_per_device": memory["load_peak_bytes_per_device"],
-                    "params_bytes_per_device": memory["params_bytes_per_device"],
-                    "peak_rss_bytes": done.peak_rss_bytes,
-                }
-            )
+        preset = args.preset or build_preset(Path(scratch) / "gemma", built)
+        rows = [staged_run(preset, stages, Path(scratch)) for stages in args.stages]
     print(
-        f"Gemma preset of {args.blocks} blocks, hidden {hidden}, about "
-        f"{args.size_gb:g} GB; layout gemma_tp on 8 emulated CPU devices"
+        f"Gemma preset of {args.blocks} blocks, hidden {built.hidden}, about "
+        f"{args.size_gb:g} GB; layout gemma_tp on {STAGED_DEVICES} emulated CPU devices"
     )
     print(f"{'stages':>6}{'load peak':>14}{'params':>12}{'peak/params':>13}{'process RSS':>14}")
     for row in rows:
@@ -193,57 +160,64 @@ def staged_loads(args) -> None:
     if args.out:
         args.out.write_text(
             json.dumps(
-                {"blocks": args.blocks, "hidden": hidden, "size_gb": args.size_gb, "rows": rows}, indent=2
+                {"blocks": args.blocks, "hidden": built.hidden, "size_gb": args.size_gb, "rows": rows},
+                indent=2,
             )
         )
 
 
-def hidden_for(size_gb: float, blocks: int) -> int:
-    """The hidden width h (a multiple of 256; 8 heads, MLP 4h) that makes `blocks` Gemma blocks (10
-    h^2 float32 weights each: attention 4 h^2, the gated MLP 6 h^2) and the embedding (VOCABULARY h)
-    about `size_gb` GB."""
-    a, b = 40 * blocks, 4 * VOCABULARY
-    hidden = (-b + (b * b + 4 * a * size_gb * 1e9) ** 0.5) / (2 * a)
-    return max(256, int(hidden) // 256 * 256)
-
-
-def layers_for(size_gb: float) -> int:
-    """How many decoder blocks make the preset about `size_gb` GB."""
-    per_block = 4 * (
-        4 * HIDDEN * HEADS * HEAD_DIM + 3 * HIDDEN * INTERMEDIATE // 2
-    )  # Gemma's MLP is intermediate_dim / 2 wide
-    embedding = 4 * VOCABULARY * HIDDEN
-    return max(1, round((size_gb * 1e9 - embedding) / per_block))
-
-
-def preset_shape(size_gb: float) -> str:
-    return (
-        f"Gemma, {layers_for(size_gb)} blocks, hidden {HIDDEN}, {HEADS} heads "
-        f"of {HEAD_DIM}, MLP {INTERMEDIATE // 2}, vocabulary {VOCABULARY}"
+def staged_run(preset: Path, stages: int, scratch: Path) -> dict:
+    """One `meshrun train` step of `preset` with its blocks as `stages` pipeline stages, in a fresh
+    process on STAGED_DEVICES emulated CPU devices: its load peak and parameters per device."""
+    done, metrics = benchlib.train(
+        [
+            "model=keras_hub",
+            f"model.preset={preset}",
+            "layout=gemma_tp",
+            *staged_mesh(stages),
+            "model.seq_len=16",
+            "train.batch_size=8",
+            "data.num_samples=8",
+            "data.eval_samples=8",
+            "train.epochs=1",
+            "train.verbose=0",
+        ],
+        scratch / f"run-{stages}",
+        f"the run with {stages} stages",
+        cwd=scratch,
+        env=benchlib.emulated_cpu_env(STAGED_DEVICES),
     )
+    memory = metrics["memory"]
+    return {
+        "stages": stages,
+        "load_peak_bytes_per_device": memory["load_peak_bytes_per_device"],
+        "params_bytes_per_device": memory["params_bytes_per_device"],
+        "peak_rss_bytes": done.peak_rss_bytes,
+    }
 
 
-def build_preset(path: Path, size_gb: float, layers: int | None = None, hidden: int = HIDDEN) -> Path:
-    """Saves a Gemma preset of about `size_gb` GB (random weights) into `path`, in a process of its
-    own: `layers` blocks of width `hidden` (default: as many blocks of HIDDEN as make the size)."""
-    layers = layers or layers_for(size_gb)
-    code = (
-        "import sys, keras_hub\n"
-        f"backbone = keras_hub.models.GemmaBackbone(vocabulary_size={VOCABULARY}, num_layers={layers}, "
-        f"num_query_heads={HEADS}, num_key_value_heads={HEADS}, hidden_dim={hidden}, "
-        f"intermediate_dim={4 * hidden}, "
-        f"head_dim={hidden // HEADS})\nkeras_hub.models.GemmaCausalLM(backbone=backbone, "
-        "preprocessor=None).save_to_preset(sys.argv[1])\n"
-    )
-    started = time.perf_counter()
-    subprocess.run(
-        [sys.executable, "-c", code, str(path)],
-        check=True,
-        env={**os.environ, "KERAS_BACKEND": "jax"},
-        stderr=subprocess.DEVNULL,
-    )
+def staged_mesh(stages: int) -> list[str]:
+    """The mesh overrides of `stages` stages: (stage, data, model) of stages x 1 x the rest; one
+    stage: no stage axis, 1 x all the devices."""
+    if stages == 1:
+        return [f"mesh=1x{STAGED_DEVICES}"]
+    return [
+        f"mesh={stages}x1x{STAGED_DEVICES // stages}",
+        "mesh.axis_names=[stage,data,model]",
+        "mesh.batch_axis=data",
+    ]
+
+
+def preset_of(size_gb: float) -> benchlib.GemmaPreset:
+    """The Gemma preset of about `size_gb` GB: as many blocks of HIDDEN as make the size."""
+    return benchlib.GemmaPreset.of_size(size_gb * 1e9, HIDDEN, HEADS, VOCABULARY)
+
+
+def build_preset(path: Path, preset: benchlib.GemmaPreset) -> Path:
+    """Saves `preset` (random weights) into `path`, in a process of its own."""
+    seconds = preset.save(path)
     print(
-        f"built a Gemma preset of {layers} blocks, hidden {hidden}, in {time.perf_counter() - started:.0f} s",
+        f"built a Gemma preset of {preset.blocks} blocks, hidden {preset.hidden}, in {seconds:.0f} s",
         file=sys.stderr,
     )
     return path
@@ -253,10 +227,10 @@ def quantized_loads(args) -> None:
     """Each loader loading the preset into a quantized base (args.quantize) in a fresh process;
     prints and (--out) writes the figures."""
     with tempfile.TemporaryDirectory() as scratch:
-        preset = args.preset or build_preset(Path(scratch) / "gemma", args.size_gb)
+        preset = args.preset or build_preset(Path(scratch) / "gemma", preset_of(args.size_gb))
         results = {
-            "preset": str(args.preset or f"built: {preset_shape(args.size_gb)}"),
-            "weights_bytes": sum(f.stat().st_size for f in preset.glob("*.weights*.h5")),
+            "preset": str(args.preset or f"built: {preset_of(args.size_gb).describe()}"),
+            "weights_bytes": benchlib.weights_bytes(preset),
             "largest_float_tensor_bytes": largest_float_tensor(preset),
             "mesh": args.mesh,
             "quantize": args.quantize,
@@ -362,15 +336,9 @@ def report_quantized(results: dict) -> None:
 
 
 def run_child(preset: Path, mesh: str, loader: str, quantize: str | None = None) -> dict:
-    devices = 1
-    for size in mesh.split("x"):
-        devices *= int(size)
-    env = {
-        **os.environ,
-        "KERAS_BACKEND": "jax",
-        "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}",
-        "JAX_PLATFORMS": "cpu",
-    }
+    """One loader's load of `preset` in a child process of its own on `mesh`'s emulated CPU
+    devices: the figures it printed."""
+    env = benchlib.emulated_cpu_env(benchlib.mesh_devices(mesh), keras_backend=True)
     command = [sys.executable, __file__, "--load", loader, "--preset", str(preset), "--mesh", mesh]
     done = subprocess.run(
         command + (["--quantize", quantize] if quantize else []),
@@ -512,16 +480,8 @@ def run_transformers_child(checkpoint: Path, mesh: str, process: str) -> dict:
 
 
 def _start_transformers_child(checkpoint: Path, mesh: str, process: str):
-    devices = 1
-    for size in mesh.split("x"):
-        devices *= int(size)
     count = int(process.split("/")[1].split(":")[0])
-    env = {
-        **os.environ,
-        "KERAS_BACKEND": "jax",
-        "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices // count}",
-        "JAX_PLATFORMS": "cpu",
-    }
+    env = benchlib.emulated_cpu_env(benchlib.mesh_devices(mesh) // count, keras_backend=True)
     command = [sys.executable, __file__, "--load", "transformers", "--preset", str(checkpoint)]
     command += ["--mesh", mesh, "--process", process]
     return subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -578,19 +538,13 @@ def load_transformers(checkpoint: Path, mesh: str, process: str) -> dict:
 def distribute(layout: str, mesh: str) -> None:
     """Puts in force the distribution of meshrun's layout config `layout` on `mesh` (DATAxMODEL) over
     every device jax has (all processes')."""
-    import importlib.resources
-
     import jax
     import keras
-    import yaml
 
     from meshrun.config.schema import LayoutRule, MeshConfig
     from meshrun.placement.distribution import make_distribution
 
-    rules_text = (importlib.resources.files("meshrun.configs") / "layout" / f"{layout}.yaml").read_text()
-    rules = tuple(
-        LayoutRule(pattern, tuple(axes)) for pattern, axes in yaml.safe_load(rules_text)["rules"].items()
-    )
+    rules = tuple(LayoutRule(pattern, tuple(axes)) for pattern, axes in benchlib.layout_rules(layout).items())
     shape = tuple(int(size) for size in mesh.split("x"))
     mesh_config = MeshConfig(shape=shape, axis_names=("data", "model"), batch_axis="data")
     keras.distribution.set_distribution(make_distribution(mesh_config, rules, jax.devices()))

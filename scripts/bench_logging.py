@@ -34,7 +34,6 @@ os.environ.setdefault("TTY_COMPATIBLE", "1")
 
 import argparse
 import contextlib
-import json
 import statistics
 import sys
 import tempfile
@@ -42,7 +41,8 @@ import time
 from pathlib import Path
 
 from rich.console import Console
-from rich.table import Table
+
+import benchlib
 
 # (writes a run dir with log.jsonl, train.verbose, logging.tensorboard, logging.csv)
 VARIANTS = {
@@ -86,33 +86,11 @@ def ratios(runs: dict) -> dict:
 def main() -> None:
     args = arguments()
     meshes = args.meshes.split(",")
-
-    from omegaconf import OmegaConf
-
-    import meshrun.configs
-    from meshrun.config.parse import parse_run_config
     from meshrun.placement import devices
 
-    rules = OmegaConf.to_container(
-        OmegaConf.load(Path(meshrun.configs.__file__).parent / "layout" / "dense_model.yaml")
-    )["rules"]
-
-    def run_config(mesh: str, verbose: int, tensorboard: bool, csv: bool, samples: int, epochs: int):
-        return parse_run_config(
-            {
-                "mesh": {"shape": mesh},
-                "layout": {"rules": rules},
-                "model": {"name": "dense_model"},
-                "data": {"name": "synthetic", "num_samples": samples, "eval_samples": 256},
-                "train": {"epochs": epochs, "verbose": verbose},
-                "logging": {"tensorboard": tensorboard, "csv": csv},
-            }
-        )
-
-    first = run_config(meshes[0], 0, False, False, args.num_samples, args.epochs)
-    devices.prepare(first.devices, first.mesh)
-    from meshrun.run.phases import RunContext, train
-
+    bench = Bench(benchlib.layout_rules("dense_model"), args.num_samples, args.epochs)
+    first = bench.config(meshes[0], 0, False, False)
+    devices.prepare(first.devices, first.mesh)  # the runs' emulated CPU devices, before jax is imported
     results = {
         "epochs": args.epochs,
         "num_samples": args.num_samples,
@@ -120,55 +98,88 @@ def main() -> None:
         "interleaved": {mesh: {name: [] for name in INTERLEAVED} for mesh in meshes},
         "runs": {mesh: {name: [] for name in VARIANTS} for mesh in meshes},
     }
-    with tempfile.TemporaryDirectory(prefix="bench-logging-") as work, open(os.devnull, "w") as devnull:
+    with tempfile.TemporaryDirectory(prefix="bench-logging-") as work:
         for repeat in range(args.repeats):
             for mesh in meshes:
-                for name, (tensorboard, csv) in INTERLEAVED.items():
-                    with gated_hooks() as gaps, contextlib.redirect_stdout(devnull):
-                        config = run_config(
-                            mesh, 1, tensorboard, csv, args.num_samples * 2, INTERLEAVED_EPOCHS
-                        )
-                        train(
-                            config,
-                            RunContext(
-                                run_dir=str(Path(work) / f"interleaved-{mesh}-{repeat}-{tensorboard}")
-                            ),
-                        )
-                    on, off = statistics.mean(gaps[True]), statistics.mean(gaps[False])
-                    results["interleaved"][mesh][name].append(
-                        {
-                            "on_ms": on * 1e3,
-                            "off_ms": off * 1e3,
-                            "ratio": on / off,
-                            "steps": len(gaps[True]) + len(gaps[False]),
-                        }
-                    )
+                for name in INTERLEAVED:
+                    found = bench.interleaved_run(mesh, name, Path(work) / f"interleaved-{mesh}-{repeat}")
+                    results["interleaved"][mesh][name].append(found)
                     print(
-                        f"repeat {repeat + 1}, {mesh}, interleaved {name}: on "
-                        f"{on * 1e3:.3f} ms, off {off * 1e3:.3f} ms, ratio {on / off:.4f}",
+                        f"repeat {repeat + 1}, {mesh}, interleaved {name}: on {found['on_ms']:.3f} ms, "
+                        f"off {found['off_ms']:.3f} ms, ratio {found['ratio']:.4f}",
                         flush=True,
                     )
-            names = list(VARIANTS)
-            names = names[repeat % len(names) :] + names[: repeat % len(names)]
             for mesh in meshes:
-                for name in names:
-                    writes, verbose, tensorboard, csv = VARIANTS[name]
-                    run_dir = Path(work) / f"{mesh}-{repeat}-{name.replace(' ', '_')}" if writes else ""
-                    with contextlib.redirect_stdout(devnull):
-                        config = run_config(mesh, verbose, tensorboard, csv, args.num_samples, args.epochs)
-                        timing = train(config, RunContext(run_dir=str(run_dir))).metrics.timing
-                    results["runs"][mesh][name].append(
-                        {"step_ms": timing.step_time_s * 1e3, "train_s": sum(timing.epoch_s[1:])}
-                    )
-                    print(
-                        f"repeat {repeat + 1}, {mesh}, {name}: step {timing.step_time_s * 1e3:.3f} ms",
-                        flush=True,
-                    )
+                for name in benchlib.rotated(list(VARIANTS), repeat):
+                    found = bench.separate_run(mesh, name, Path(work) / f"{mesh}-{repeat}")
+                    results["runs"][mesh][name].append(found)
+                    print(f"repeat {repeat + 1}, {mesh}, {name}: step {found['step_ms']:.3f} ms", flush=True)
     results["ratios"] = {mesh: ratios(results["runs"][mesh]) for mesh in meshes}
     results["hook_us_per_step"] = hook_cost()
-    Path(args.out).write_text(json.dumps(results, indent=2) + "\n")
+    benchlib.write_json(args.out, results)
     show(results)
     print(f"results: {args.out}")
+
+
+class Bench:
+    """The runs of the benchmark, all in this process: the seeds' model with its layout's `rules`,
+    `samples` synthetic samples an epoch over `epochs` epochs (the interleaved runs: twice the
+    samples over INTERLEAVED_EPOCHS). Their output goes to /dev/null."""
+
+    def __init__(self, rules: dict, samples: int, epochs: int):
+        self.rules, self.samples, self.epochs = rules, samples, epochs
+
+    def config(self, mesh: str, verbose: int, tensorboard: bool, csv: bool, interleaved: bool = False):
+        """The run config of one run on `mesh` with that logging."""
+        from meshrun.config.parse import parse_run_config
+
+        samples = self.samples * 2 if interleaved else self.samples
+        return parse_run_config(
+            {
+                "mesh": {"shape": mesh},
+                "layout": {"rules": self.rules},
+                "model": {"name": "dense_model"},
+                "data": {"name": "synthetic", "num_samples": samples, "eval_samples": 256},
+                "train": {"epochs": INTERLEAVED_EPOCHS if interleaved else self.epochs, "verbose": verbose},
+                "logging": {"tensorboard": tensorboard, "csv": csv},
+            }
+        )
+
+    def interleaved_run(self, mesh: str, name: str, run_dir: Path) -> dict:
+        """One run with logging `name` of INTERLEAVED taking steps in alternate epochs: the mean
+        steps with and without, their ratio and the steps timed."""
+        from meshrun.run.phases import RunContext, train
+
+        tensorboard, csv = INTERLEAVED[name]
+        config = self.config(mesh, 1, tensorboard, csv, interleaved=True)
+        with gated_hooks() as gaps, quiet():
+            train(config, RunContext(run_dir=f"{run_dir}-{tensorboard}"))
+        on, off = statistics.mean(gaps[True]), statistics.mean(gaps[False])
+        return {
+            "on_ms": on * 1e3,
+            "off_ms": off * 1e3,
+            "ratio": on / off,
+            "steps": len(gaps[True]) + len(gaps[False]),
+        }
+
+    def separate_run(self, mesh: str, name: str, run_dir: Path) -> dict:
+        """One whole run with logging variant `name`: its median step and its training seconds after
+        the first epoch."""
+        from meshrun.run.phases import RunContext, train
+
+        writes, verbose, tensorboard, csv = VARIANTS[name]
+        with quiet():
+            config = self.config(mesh, verbose, tensorboard, csv)
+            where = f"{run_dir}-{name.replace(' ', '_')}" if writes else ""
+            timing = train(config, RunContext(run_dir=where)).metrics.timing
+        return {"step_ms": timing.step_time_s * 1e3, "train_s": sum(timing.epoch_s[1:])}
+
+
+@contextlib.contextmanager
+def quiet():
+    """Sends stdout (the progress bar, Keras) to /dev/null while entered."""
+    with open(os.devnull, "w") as devnull, contextlib.redirect_stdout(devnull):
+        yield
 
 
 @contextlib.contextmanager
@@ -234,27 +245,47 @@ def hook_cost(calls: int = 5000) -> dict:
 
 
 def show(results: dict) -> None:
+    """The tables of both measurements, the hooks' own cost and the verdicts."""
     console = Console(
         width=max(Console().width, 110), force_terminal=sys.stdout.isatty()
     )  # TTY_COMPATIBLE is for the bar only
-    table = Table(
-        title=f"logging and progress in alternate epochs of one run ({INTERLEAVED_EPOCHS} epochs; mean steps)"
+    console.print(interleaved_table(results))
+    console.print(separate_table(results))
+    hooks = results["hook_us_per_step"]
+    console.print(
+        "the hooks alone, outside training: "
+        + ", ".join(f"{k} {v:.1f} µs per step" for k, v in hooks.items())
     )
-    for column in (
-        "mesh",
-        "logging",
-        "runs",
-        "steps timed",
-        "step ms, logging",
-        "step ms, none",
-        "ratio (median of runs)",
-    ):
-        table.add_column(column)
-    verdicts = []
     for mesh, variants in results["interleaved"].items():
         for name, rows in variants.items():
             ratio = statistics.median(r["ratio"] for r in rows)
-            verdicts.append((mesh, name, ratio))
+            verdict = (
+                f"target <= {TARGET}: {'PASS' if ratio <= TARGET else 'FAIL'}"
+                if name.startswith("default")
+                else "no target"
+            )
+            console.print(
+                f"{mesh}, {name}: step time with logging and progress "
+                f"/ without (interleaved): {ratio:.4f} ({verdict})"
+            )
+
+
+def interleaved_table(results: dict):
+    """The interleaved runs: mean steps with and without logging, and their ratio (median of runs)."""
+    table = benchlib.table(
+        f"logging and progress in alternate epochs of one run ({INTERLEAVED_EPOCHS} epochs; mean steps)",
+        (
+            "mesh",
+            "logging",
+            "runs",
+            "steps timed",
+            "step ms, logging",
+            "step ms, none",
+            "ratio (median of runs)",
+        ),
+    )
+    for mesh, variants in results["interleaved"].items():
+        for name, rows in variants.items():
             table.add_row(
                 mesh,
                 name,
@@ -262,14 +293,17 @@ def show(results: dict) -> None:
                 str(rows[0]["steps"]),
                 f"{statistics.median(r['on_ms'] for r in rows):.3f}",
                 f"{statistics.median(r['off_ms'] for r in rows):.3f}",
-                f"{ratio:.4f}",
+                f"{statistics.median(r['ratio'] for r in rows):.4f}",
             )
-    console.print(table)
-    table = Table(
-        title=f"separate runs, order rotated ({results['epochs']} epochs, medians of {results['repeats']})"
+    return table
+
+
+def separate_table(results: dict):
+    """The separate runs: each variant's median step and training time, and their ratios to nothing's."""
+    table = benchlib.table(
+        f"separate runs, order rotated ({results['epochs']} epochs, medians of {results['repeats']})",
+        ("mesh", "variant", "step ms", "step ratio", "train s (epochs 2+)", "train ratio"),
     )
-    for column in ("mesh", "variant", "step ms", "step ratio", "train s (epochs 2+)", "train ratio"):
-        table.add_column(column)
     for mesh, variants in results["runs"].items():
         for name, rows in variants.items():
             ratio = results["ratios"][mesh][name]
@@ -281,22 +315,7 @@ def show(results: dict) -> None:
                 f"{statistics.median(r['train_s'] for r in rows):.3f}",
                 f"{ratio['train_s']:.3f}",
             )
-    console.print(table)
-    hooks = results["hook_us_per_step"]
-    console.print(
-        "the hooks alone, outside training: "
-        + ", ".join(f"{k} {v:.1f} µs per step" for k, v in hooks.items())
-    )
-    for mesh, name, ratio in verdicts:
-        verdict = (
-            f"target <= {TARGET}: {'PASS' if ratio <= TARGET else 'FAIL'}"
-            if name.startswith("default")
-            else "no target"
-        )
-        console.print(
-            f"{mesh}, {name}: step time with logging and progress "
-            f"/ without (interleaved): {ratio:.4f} ({verdict})"
-        )
+    return table
 
 
 if __name__ == "__main__":

@@ -27,14 +27,39 @@ import tempfile
 import time
 from pathlib import Path
 
-from rich.console import Console
 from rich.markup import escape
-from rich.table import Table
 
-from meshrun.measure import run_measured
+import benchlib
+
+PROCESSES = {"one": [], "two": ["distributed.local_processes=2"]}
 
 
 def main() -> None:
+    args = parse_args()
+    common = [
+        *args.overrides,
+        "train.verbose=0",
+        "cache.enabled=false",
+        f"train.epochs={args.epochs}",
+        f"data.num_samples={args.num_samples}",
+    ]
+    with tempfile.TemporaryDirectory(prefix="bench-multiprocess-") as work:
+        rows = [one_and_two_processes(shape, common, Path(work)) for shape in args.shapes]
+        kill_s = None if args.no_kill else time_to_stop_after_a_kill(Path(work))
+    results = {
+        "epochs": args.epochs,
+        "num_samples": args.num_samples,
+        "overrides": args.overrides,
+        "runs": rows,
+        "stop_after_kill_s": kill_s,
+    }
+    benchlib.write_json(args.out, results)
+    show(results)
+    print(f"results: {args.out}")
+
+
+def parse_args():
+    """The command line's settings."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shapes", nargs="+", default=["8x1", "2x4", "1x8"])
     parser.add_argument("--epochs", type=int, default=3)
@@ -44,56 +69,32 @@ def main() -> None:
         "--overrides", nargs="+", default=["layout=dense_model"], help="the run's model and layout"
     )
     parser.add_argument("--no-kill", action="store_true", help="skip the SIGKILL test")
-    args = parser.parse_args()
-    common = [
-        *args.overrides,
-        "train.verbose=0",
-        "cache.enabled=false",
-        f"train.epochs={args.epochs}",
-        f"data.num_samples={args.num_samples}",
-    ]
-    rows = []
-    with tempfile.TemporaryDirectory(prefix="bench-multiprocess-") as work:
-        for shape in args.shapes:
-            row = {"mesh": shape}
-            for label, extra in (("one", []), ("two", ["distributed.local_processes=2"])):
-                run_dir = Path(work) / f"{shape}-{label}"
-                done = run_measured(
-                    ["train", f"mesh={shape}", *common, *extra, f"hydra.run.dir={run_dir}"],
-                    work,
-                    timeout=1800,
-                )
-                if done.returncode != 0:
-                    raise SystemExit(
-                        f"mesh={shape} {label} failed ({done.returncode}):\n{done.stderr[-2000:]}"
-                    )
-                metrics = json.loads((run_dir / "metrics.json").read_text())
-                row[label] = {
-                    "wall_s": done.wall_s,
-                    "first_step_s": metrics["timing"]["time_to_first_step_s"],
-                    "step_ms": metrics["timing"]["step_time_s"] * 1e3,
-                    "losses": metrics["history"]["loss"],
-                }
-            row["step_ratio"] = row["two"]["step_ms"] / row["one"]["step_ms"]
-            row["max_loss_difference"] = max(
-                abs(a - b) for a, b in zip(row["one"]["losses"], row["two"]["losses"], strict=False)
-            )
-            rows.append(row)
-            print(
-                f"mesh {shape}: step {row['one']['step_ms']:.2f} ms "
-                f"-> {row['two']['step_ms']:.2f} ms with 2 processes"
-            )
-        kill_s = None if args.no_kill else time_to_stop_after_a_kill(Path(work))
-    results = {
-        "epochs": args.epochs,
-        "num_samples": args.num_samples,
-        "overrides": args.overrides,
-        "runs": rows,
-        "stop_after_kill_s": kill_s,
-    }
-    Path(args.out).write_text(json.dumps(results, indent=2) + "\n")
-    show(results)
-    print(f"results: {args.out}")
+    return parser.parse_args()
+
+
+def one_and_two_processes(shape: str, common: list[str], work: Path) -> dict:
+    """The run on mesh `shape` in one process, then in two: each one's figures, the ratio of their
+    step times and the largest difference of their per-epoch losses."""
+    row = {"mesh": shape}
+    for label, extra in PROCESSES.items():
+        done, metrics = benchlib.train(
+            [f"mesh={shape}", *common, *extra], work / f"{shape}-{label}", f"mesh={shape} {label}", cwd=work
+        )
+        row[label] = {
+            "wall_s": done.wall_s,
+            "first_step_s": metrics["timing"]["time_to_first_step_s"],
+            "step_ms": metrics["timing"]["step_time_s"] * 1e3,
+            "losses": metrics["history"]["loss"],
+        }
+    row["step_ratio"] = row["two"]["step_ms"] / row["one"]["step_ms"]
+    row["max_loss_difference"] = max(
+        abs(a - b) for a, b in zip(row["one"]["losses"], row["two"]["losses"], strict=False)
+    )
+    print(
+        f"mesh {shape}: step {row['one']['step_ms']:.2f} ms "
+        f"-> {row['two']['step_ms']:.2f} ms with 2 processes"
+    )
+    return row
 
 
 def time_to_stop_after_a_kill(work: Path) -> float:
@@ -137,23 +138,16 @@ def time_to_stop_after_a_kill(work: Path) -> float:
 
 
 def show(results: dict) -> None:
-    console = Console(width=max(Console().width, 110))
+    """The table of both ways per mesh, and the time to stop after the kill with its verdict."""
+    console = benchlib.console(110)
     title = (
         f"one process vs 2 local processes ({' '.join(results['overrides'])}, "
         f"{results['epochs']} epochs, 8 CPU devices)"
     )
-    table = Table(
-        title=escape(title)
-    )  # overrides such as 'mesh.axis_names=[stage,data]' are not rich's markup
-    for column in (
-        "mesh",
-        "wall s (1 / 2)",
-        "first step s (1 / 2)",
-        "step ms (1 / 2)",
-        "step ratio",
-        "max loss diff",
-    ):
-        table.add_column(column)
+    table = benchlib.table(
+        escape(title),  # overrides such as 'mesh.axis_names=[stage,data]' are not rich's markup
+        ("mesh", "wall s (1 / 2)", "first step s (1 / 2)", "step ms (1 / 2)", "step ratio", "max loss diff"),
+    )
     for row in results["runs"]:
         one, two = row["one"], row["two"]
         table.add_row(

@@ -87,43 +87,11 @@ def main() -> None:
 def measure(stages: int, microbatches: int, args) -> dict:
     """Compile and step times and per-device memory of one (stages, microbatches) pair."""
     import jax
-    import jax.numpy as jnp
-    import numpy as np
-    from jax import lax
-    from jax.sharding import NamedSharding
-    from jax.sharding import PartitionSpec as P
 
     from meshrun.pipeline.bubble import bubble_fraction
-    from meshrun.pipeline.schedule import gpipe
 
-    devices = jax.devices()
-    data = len(devices) // stages
-    mesh = jax.sharding.Mesh(np.array(devices[: stages * data]).reshape(stages, data), ("stage", "data"))
-    rng = np.random.default_rng(0)
-    rounds = args.pipeline_repeats
-    lead = (rounds, args.blocks // rounds) if rounds > 1 else (args.blocks,)
-    weights = jax.device_put(
-        jnp.asarray(rng.normal(size=(*lead, args.width, args.width)) / args.width**0.5, jnp.float32),
-        NamedSharding(mesh, P(None, "stage") if rounds > 1 else P("stage")),
-    )
-    x = jax.device_put(
-        jnp.asarray(rng.normal(size=(args.batch, args.width)), jnp.float32), NamedSharding(mesh, P("data"))
-    )
-
-    def block(h, w):
-        return jnp.tanh(h @ w) + h, None
-
-    if args.remat:
-        block = jax.checkpoint(block)
-
-    def stage_fn(w, h, side):
-        return lax.scan(block, h, w)[0]
-
-    step = jax.jit(
-        jax.value_and_grad(
-            lambda w, x: jnp.mean(gpipe(stage_fn, w, x, mesh, "stage", microbatches, repeats=rounds) ** 2)
-        )
-    )
+    mesh, weights, x = pipeline_inputs(stages, args)
+    step = pipeline_step(mesh, microbatches, args)
     started = time.perf_counter()
     compiled = step.lower(weights, x).compile()
     compile_s = time.perf_counter() - started
@@ -140,11 +108,63 @@ def measure(stages: int, microbatches: int, args) -> dict:
         "compile_s": round(compile_s, 3),
         "step_ms": round(statistics.median(times) * 1e3, 2),
         "step_min_ms": round(min(times) * 1e3, 2),
-        "repeats": rounds,
-        "bubble_formula": round(bubble_fraction(stages, microbatches, rounds), 4),
+        "repeats": args.pipeline_repeats,
+        "bubble_formula": round(bubble_fraction(stages, microbatches, args.pipeline_repeats), 4),
         **memory(compiled),
-        "argument_bytes_expected": weights.nbytes // stages + x.nbytes // data,
+        "argument_bytes_expected": weights.nbytes // stages + x.nbytes // mesh.shape["data"],
     }
+
+
+def pipeline_inputs(stages: int, args):
+    """The (stage, data) mesh of `stages` stages over the devices, the blocks' weights sharded over
+    its stage axis (with --pipeline-repeats, each device's share in rounds) and the batch over its
+    data axis."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    devices = jax.devices()
+    data = len(devices) // stages
+    mesh = jax.sharding.Mesh(np.array(devices[: stages * data]).reshape(stages, data), ("stage", "data"))
+    rng = np.random.default_rng(0)
+    rounds = args.pipeline_repeats
+    lead = (rounds, args.blocks // rounds) if rounds > 1 else (args.blocks,)
+    weights = jax.device_put(
+        jnp.asarray(rng.normal(size=(*lead, args.width, args.width)) / args.width**0.5, jnp.float32),
+        NamedSharding(mesh, P(None, "stage") if rounds > 1 else P("stage")),
+    )
+    x = jax.device_put(
+        jnp.asarray(rng.normal(size=(args.batch, args.width)), jnp.float32), NamedSharding(mesh, P("data"))
+    )
+    return mesh, weights, x
+
+
+def pipeline_step(mesh, microbatches: int, args):
+    """The jitted forward and backward of the blocks (residual tanh, each recomputed in the backward
+    pass with --remat) through meshrun's GPipe schedule in `microbatches` microbatches."""
+    import jax
+    import jax.numpy as jnp
+    from jax import lax
+
+    from meshrun.pipeline.schedule import gpipe
+
+    def block(h, w):
+        return jnp.tanh(h @ w) + h, None
+
+    if args.remat:
+        block = jax.checkpoint(block)
+
+    def stage_fn(w, h, side):
+        return lax.scan(block, h, w)[0]
+
+    rounds = args.pipeline_repeats
+    return jax.jit(
+        jax.value_and_grad(
+            lambda w, x: jnp.mean(gpipe(stage_fn, w, x, mesh, "stage", microbatches, repeats=rounds) ** 2)
+        )
+    )
 
 
 def memory(compiled) -> dict:

@@ -24,18 +24,15 @@ JSON plan on stdout). Lint errors (exit 2) are recorded as status "error", not a
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import statistics
 import sys
-import tempfile
 from pathlib import Path
 
 from rich.console import Console
-from rich.table import Table
 
-from meshrun.measure import run_measured
+import benchlib
 
 WALL_TARGET_S = 60.0
 RSS_TARGET_BYTES = 2 << 30
@@ -87,12 +84,7 @@ def jobs() -> list[dict]:
 def run_once(overrides: list[str], timeout: float) -> dict:
     """One `meshrun plan OVERRIDES --json` in a fresh process and an empty working dir: its exit
     status, wall seconds, peak RSS bytes (its own rusage) and the plan it printed (None if none)."""
-    with tempfile.TemporaryDirectory(prefix="bench-plan-") as cwd:
-        done = run_measured(["plan", *overrides, "--json"], cwd, timeout=timeout)
-    try:
-        plan = json.loads(done.stdout)
-    except json.JSONDecodeError:
-        plan = None
+    done, plan = benchlib.plan(overrides, timeout)
     return {
         "rc": done.returncode,
         "wall_s": done.wall_s,
@@ -141,21 +133,24 @@ def gib(count: int) -> str:
 
 
 def render(results: list[dict], console: Console) -> None:
-    table = Table(title="meshrun plan: wall time and peak RSS of a fresh process (per-device bytes in GiB)")
-    for name, justify in (
-        ("model", "left"),
-        ("mesh", "left"),
-        ("layout", "left"),
-        ("status", "left"),
-        ("wall median s", "right"),
-        ("wall max s", "right"),
-        ("peak RSS MiB", "right"),
-        ("params/dev", "right"),
-        ("optimizer/dev", "right"),
-        ("total/dev", "right"),
-        ("lint E/W", "right"),
-    ):
-        table.add_column(name, justify=justify)
+    """The table of every job's timings, memory and plan."""
+    table = benchlib.table(
+        "meshrun plan: wall time and peak RSS of a fresh process (per-device bytes in GiB)",
+        (
+            "model",
+            "mesh",
+            "layout",
+            "status",
+            "wall median s",
+            "wall max s",
+            "peak RSS MiB",
+            "params/dev",
+            "optimizer/dev",
+            "total/dev",
+            "lint E/W",
+        ),
+        left=("model", "mesh", "layout", "status"),
+    )
     for r in results:
         if r["crashed"]:
             status, params, optimizer, total, lint = "crashed", "-", "-", "-", "-"
@@ -194,7 +189,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     if args.repeats < 1:
         parser.error("--repeats must be at least 1")
-    console = Console(width=max(Console().width, 150))
+    console = benchlib.console(150)
 
     results = []
     for job in jobs():
@@ -233,7 +228,7 @@ def main(argv=None) -> int:
         "target_met": within,
         "results": results,
     }
-    args.out.write_text(json.dumps(report, indent=2) + "\n")
+    benchlib.write_json(args.out, report)
     console.print(f"wrote {args.out}", highlight=False)
     return 1 if any(r["crashed"] for r in results) else 0
 

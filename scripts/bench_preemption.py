@@ -16,9 +16,7 @@ It is a measurement: it exits 0 whatever the numbers, 1 only when a run does not
 from __future__ import annotations
 
 import argparse
-import json
 import signal
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -26,7 +24,8 @@ import time
 from pathlib import Path
 
 from rich.console import Console
-from rich.table import Table
+
+import benchlib
 
 JOBS = {
     "one process": ["model=transformer", "mesh=2x4"],
@@ -61,9 +60,7 @@ def stop_once(args: list[str], folder: Path) -> dict:
     process.send_signal(signal.SIGTERM)
     _, stderr = process.communicate(timeout=300)
     exit_s = time.perf_counter() - signalled
-    metrics = (
-        json.loads((run_dir / "metrics.json").read_text()) if (run_dir / "metrics.json").exists() else {}
-    )
+    metrics = benchlib.read_metrics(run_dir) if (run_dir / "metrics.json").exists() else {}
     ok = process.returncode == 143 and metrics.get("status") == "preempted"
     if not ok:
         return {"ok": False, "returncode": process.returncode, "stderr": stderr[-2000:]}
@@ -92,19 +89,18 @@ def main() -> int:
             results[name].append(outcome)
             failed |= not outcome["ok"]
             console.print(f"{name} #{repeat + 1}: {outcome}")
-    table = Table(title=f"SIGTERM to exit, tiny transformer on 2x4, median of {args.repeats}")
-    for column in ("job", "signal to exit", "stopped after step", "step time", "checkpoint write"):
-        table.add_column(column, justify="right" if column != "job" else "left")
+    table = benchlib.table(
+        f"SIGTERM to exit, tiny transformer on 2x4, median of {args.repeats}",
+        ("job", "signal to exit", "stopped after step", "step time", "checkpoint write"),
+        left=("job",),
+    )
     summary = {}
     for name, runs in results.items():
         good = [r for r in runs if r["ok"]]
         if not good:
             table.add_row(name, "failed", "", "", "")
             continue
-        figures = {
-            key: statistics.median(r[key] for r in good)
-            for key in ("signal_to_exit_s", "step_time_ms", "checkpoint_s")
-        }
+        figures = benchlib.medians(good, ("signal_to_exit_s", "step_time_ms", "checkpoint_s"))
         summary[name] = {**figures, "steps": [r["step"] for r in good]}
         table.add_row(
             name,
@@ -114,9 +110,7 @@ def main() -> int:
             f"{figures['checkpoint_s']:.2f} s",
         )
     console.print(table)
-    Path(args.out).write_text(
-        json.dumps({"repeats": args.repeats, "summary": summary, "runs": results}, indent=2)
-    )
+    benchlib.write_json(args.out, {"repeats": args.repeats, "summary": summary, "runs": results})
     console.print(f"wrote {args.out}")
     return 1 if failed else 0
 

@@ -35,11 +35,11 @@ import csv
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
+
+import benchlib
 
 VARIANTS = ("float", "int8", "int4")
 VOCABULARY, HIDDEN, HEADS = 8192, 1024, 8  # Gemma's MLP is 2 * HIDDEN wide (intermediate_dim / 2)
@@ -65,13 +65,12 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as scratch:
         preset = args.preset or build_preset(Path(scratch) / "gemma", args.size_mib)
         runs = {variant: [] for variant in args.variants}
-        for repeat in range(args.repeats):
-            for variant in args.variants:
-                runs[variant].append(one_run(variant, preset, args, Path(scratch) / f"{variant}-{repeat}"))
-                print(f"repeat {repeat} {variant}: {runs[variant][-1]['step_s_median'] * 1e3:.1f} ms a step")
+        for repeat, variant in benchlib.interleaved(args.repeats, args.variants, alternate=False):
+            runs[variant].append(one_run(variant, preset, args, Path(scratch) / f"{variant}-{repeat}"))
+            print(f"repeat {repeat} {variant}: {runs[variant][-1]['step_s_median'] * 1e3:.1f} ms a step")
         results = {
             "preset": str(args.preset or f"built: {preset_shape(args.size_mib)}"),
-            "weights_bytes": sum(f.stat().st_size for f in preset.glob("*.weights*.h5")),
+            "weights_bytes": benchlib.weights_bytes(preset),
             "mesh": args.mesh,
             "rank": args.rank,
             "batch_size": args.batch_size,
@@ -84,48 +83,27 @@ def main() -> None:
         args.out.write_text(json.dumps(results, indent=2))
 
 
-def blocks_for(size_mib: float) -> int:
-    """How many decoder blocks of HIDDEN (attention 4 h^2, gated MLP 6 h^2 float32 weights) beside
-    the embedding make the preset about `size_mib` MiB."""
-    per_block, embedding = 4 * 10 * HIDDEN * HIDDEN, 4 * VOCABULARY * HIDDEN
-    return max(1, round((size_mib * MIB - embedding) / per_block))
+def preset_of(size_mib: float) -> benchlib.GemmaPreset:
+    """The Gemma preset of about `size_mib` MiB: as many blocks of HIDDEN as make the size."""
+    return benchlib.GemmaPreset.of_size(size_mib * MIB, HIDDEN, HEADS, VOCABULARY)
 
 
 def preset_shape(size_mib: float) -> str:
-    return (
-        f"Gemma, {blocks_for(size_mib)} blocks, hidden {HIDDEN}, {HEADS} heads of {HIDDEN // HEADS}, "
-        f"MLP {2 * HIDDEN}, vocabulary {VOCABULARY}"
-    )
+    return preset_of(size_mib).describe()
 
 
 def build_preset(path: Path, size_mib: float) -> Path:
     """Saves a Gemma preset of about `size_mib` MiB (random float32 weights) into `path`, in a process
     of its own."""
-    code = (
-        "import sys, keras_hub\n"
-        f"backbone = keras_hub.models.GemmaBackbone(vocabulary_size={VOCABULARY}, "
-        f"num_layers={blocks_for(size_mib)}, num_query_heads={HEADS}, num_key_value_heads={HEADS}, "
-        f"hidden_dim={HIDDEN}, intermediate_dim={4 * HIDDEN}, head_dim={HIDDEN // HEADS})\n"
-        "keras_hub.models.GemmaCausalLM(backbone=backbone, preprocessor=None).save_to_preset(sys.argv[1])\n"
-    )
-    started = time.perf_counter()
-    subprocess.run(
-        [sys.executable, "-c", code, str(path)],
-        check=True,
-        env={**os.environ, "KERAS_BACKEND": "jax"},
-        stderr=subprocess.DEVNULL,
-    )
-    print(f"built {preset_shape(size_mib)} in {time.perf_counter() - started:.0f} s", file=sys.stderr)
+    seconds = preset_of(size_mib).save(path)
+    print(f"built {preset_shape(size_mib)} in {seconds:.0f} s", file=sys.stderr)
     return path
 
 
 def one_run(variant: str, preset: Path, args, run_dir: Path) -> dict:
     """One fresh `meshrun train` of `variant`; its bytes, load peaks and step times."""
-    from meshrun.measure import run_measured
-
     steps = args.warmup + args.steps
     overrides = [
-        "train",
         "model=keras_hub",
         f"model.preset={preset}",
         *([] if variant == "float" else [f"model.quantize={variant}"]),
@@ -140,12 +118,9 @@ def one_run(variant: str, preset: Path, args, run_dir: Path) -> dict:
         "train.epochs=1",
         "train.verbose=0",
         "logging.csv=true",
-        f"hydra.run.dir={run_dir}",
     ]
-    done = run_measured(overrides, cwd=run_dir.parent, timeout=3600, env=child_env(args))
-    if done.returncode:
-        raise SystemExit(f"the {variant} run failed:\n{done.stderr[-3000:]}")
-    metrics = json.loads((run_dir / "metrics.json").read_text())
+    what = f"the {variant} run"
+    done, metrics = benchlib.train(overrides, run_dir, what, timeout=3600, env=child_env(args))
     memory = metrics["memory"]
     step_s = [float(row["step_s"]) for row in csv.DictReader((run_dir / "steps.csv").open())][args.warmup :]
     return {
@@ -161,16 +136,10 @@ def one_run(variant: str, preset: Path, args, run_dir: Path) -> dict:
 
 
 def child_env(args) -> dict:
+    """The runs' environment: this one on a GPU (--gpu), else the mesh's emulated CPU devices."""
     if args.gpu:
         return dict(os.environ)
-    devices = 1
-    for size in args.mesh.split("x"):
-        devices *= int(size)
-    return {
-        **os.environ,
-        "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}",
-        "JAX_PLATFORMS": "cpu",
-    }
+    return benchlib.emulated_cpu_env(benchlib.mesh_devices(args.mesh))
 
 
 def bytes_split(plan: dict) -> dict:
@@ -194,8 +163,7 @@ def bytes_split(plan: dict) -> dict:
 
 def medians(found: list[dict]) -> dict:
     """The median over repeats of each figure (step times: of each repeat's median)."""
-    keys = [key for key in found[0] if key != "step_s"]
-    return {key: statistics.median(run[key] for run in found) for key in keys}
+    return benchlib.medians(found, [key for key in found[0] if key != "step_s"])
 
 
 def report(results: dict) -> None:

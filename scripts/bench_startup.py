@@ -57,10 +57,8 @@ does not end as it should (a run that fails, an error that is not one line with 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -69,9 +67,10 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+import benchlib
 from meshrun.measure import run_measured, venv_without_tensorflow
 
-JOBS = {
+START_JOBS = {
     "train_mlp": ["train", "mesh=2x4", "layout=dense_model"],
     "plan_mlp": ["plan", "mesh=2x4", "layout=dense_model"],
     "plan_7b": ["plan", "recipe=transformer_7b_tp"],
@@ -119,7 +118,7 @@ HUB_JOBS = {
         "intermediate_dim:11008}}",
     ],
 }
-JOBS.update(HUB_JOBS)
+JOBS = {**START_JOBS, **HUB_JOBS}
 NEEDS_TENSORFLOW = {"hub_preset_tok"}  # its tokenizer check, made by the warm-up run, needs TensorFlow
 # A hub job's time to first step, with TensorFlow installed, within this of the install without it
 HUB_GAP_S = 1.5
@@ -171,10 +170,8 @@ def run_job(
 ) -> dict:
     """One fresh process of job `name` with this checkout's code or `checkout`'s (with interpreter
     `python`, default this one), in a folder of `work`; its figures."""
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    if checkout:
-        env["PYTHONPATH"] = checkout
     folder = Path(tempfile.mkdtemp(dir=work))
+    env = benchlib.checkout_env(checkout)
     done = run_measured(job_args(name, folder, inputs), cwd=folder, timeout=600, env=env, python=python)
     figures = {"wall_s": done.wall_s, "exit": done.returncode, "rss_mib": done.peak_rss_bytes / 2**20}
     if name.startswith("error_"):
@@ -193,8 +190,7 @@ def run_job(
 def training_figures(name: str, returncode: int, run_dir: Path) -> dict:
     """A training job's figures from its metrics.json: time to first step and to the model built,
     steady step time, and (train_mlp) its losses."""
-    metrics_file = run_dir / "metrics.json"
-    metrics = json.loads(metrics_file.read_text()) if metrics_file.exists() else {}
+    metrics = benchlib.read_metrics(run_dir) if (run_dir / "metrics.json").exists() else {}
     if returncode != 0 or metrics.get("status") != "ok":
         return {"ok": False}
     timing = metrics["timing"]
@@ -209,23 +205,26 @@ def training_figures(name: str, returncode: int, run_dir: Path) -> dict:
     return figures
 
 
-def headline(name: str, runs: list[dict]) -> float | None:
+def headline_key(name: str) -> str:
     """The figure a job is judged by: time to first step for a training job, else the wall."""
-    key = "first_step_s" if name in TRAINING_JOBS else "wall_s"
-    values = [r[key] for r in runs if r.get("ok") and key in r]
-    return statistics.median(values) if values else None
+    return "first_step_s" if name in TRAINING_JOBS else "wall_s"
+
+
+def headline(name: str, runs: list[dict]) -> float | None:
+    """The median of a job's headline figure over its repeats that ended as they should."""
+    return median_of(runs, headline_key(name))
 
 
 def spread(name: str, runs: list[dict]) -> float | None:
     """The range (max - min) of a job's headline figure over its repeats."""
-    key = "first_step_s" if name in TRAINING_JOBS else "wall_s"
-    values = [r[key] for r in runs if r.get("ok") and key in r]
+    key = headline_key(name)
+    values = [r[key] for r in runs if r.get("ok") and r.get(key) is not None]
     return max(values) - min(values) if len(values) > 1 else None
 
 
 def median_of(runs: list[dict], key: str) -> float | None:
-    values = [r[key] for r in runs if r.get("ok") and key in r]
-    return statistics.median(values) if values else None
+    """The median of `key` over the repeats that ended as they should."""
+    return benchlib.median_of([r for r in runs if r.get("ok")], key)
 
 
 def parse_args() -> argparse.Namespace:
@@ -294,9 +293,11 @@ def runs_in(name: str, columns: dict) -> list[str]:
 
 def summarize(names: list[str], labels: list[str], results: dict, repeats: int) -> tuple[Table, dict]:
     """The table of medians (ranges beside them) and the summary written to --out."""
-    table = Table(title=f"start-up, median of {repeats} fresh processes (range max - min)")
-    for column in ("job", "figure", *labels, "target"):
-        table.add_column(column, justify="left" if column in ("job", "figure") else "right")
+    table = benchlib.table(
+        f"start-up, median of {repeats} fresh processes (range max - min)",
+        ("job", "figure", *labels, "target"),
+        left=("job", "figure"),
+    )
     summary = {}
     for name in names:
         runs = results[name]
@@ -387,7 +388,7 @@ def main() -> int:
         "summary": summary,
         "runs": results,
     }
-    Path(args.out).write_text(json.dumps(payload, indent=2, default=list))
+    benchlib.write_json(args.out, payload, default=list)
     console.print(f"wrote {args.out}")
     return 1 if failed else 0
 

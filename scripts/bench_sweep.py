@@ -15,20 +15,52 @@
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import tempfile
 from pathlib import Path
 
-from rich.console import Console
-from rich.table import Table
-
+import benchlib
 from meshrun.measure import run_measured
 
 SHAPES = ("8x1", "4x2", "2x4", "1x8")
 
 
 def main() -> None:
+    args = parse_args()
+    layout = args.layout or ("dense_model" if args.model == "dense_model" else None)
+    common = [
+        f"model={args.model}",
+        *([f"layout={layout}"] if layout else []),
+        "train.verbose=0",
+        f"train.epochs={args.epochs}",
+        f"data.num_samples={args.num_samples}",
+    ]
+    sweeps, separates = [], []
+    for repeat in range(args.repeats):
+        sweep, separate = sweep_and_separate_walls(common)
+        sweeps.append(sweep)
+        separates.append(separate)
+        print(
+            f"repeat {repeat + 1}/{args.repeats}: sweep "
+            f"{sweeps[-1]:.1f} s, separate runs {separates[-1]:.1f} s"
+        )
+    results = {
+        "model": args.model,
+        "layout": layout,
+        "epochs": args.epochs,
+        "num_samples": args.num_samples,
+        "sweep_wall_s": sweeps,
+        "separate_runs_wall_s": separates,
+        "sweep_over_separate": statistics.median(sweeps) / statistics.median(separates),
+        "cache": cache_runs(common),
+    }
+    benchlib.write_json(args.out, results)
+    show(results)
+    print(f"results: {args.out}")
+
+
+def parse_args():
+    """The command line's settings."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="dense_model")
     parser.add_argument(
@@ -38,57 +70,43 @@ def main() -> None:
     parser.add_argument("--num-samples", type=int, default=1024)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--out", default="bench_sweep.json")
-    args = parser.parse_args()
-    layout = args.layout or ("dense_model" if args.model == "dense_model" else None)
-    common = [
-        f"model={args.model}",
-        *([f"layout={layout}"] if layout else []),
-        "train.verbose=0",
-        f"train.epochs={args.epochs}",
-        f"data.num_samples={args.num_samples}",
-    ]
+    return parser.parse_args()
 
-    sweeps, separates = [], []
-    for repeat in range(args.repeats):
-        with tempfile.TemporaryDirectory(prefix="bench-sweep-") as work:
-            sweep = run_measured(
-                ["sweep", *common, "cache.enabled=false", f"hydra.sweep.dir={work}/sweep"], work, timeout=1800
-            )
-            check(sweep, "sweep")
-            sweeps.append(sweep.wall_s)
-            walls = []
-            for shape in SHAPES:
-                single = run_measured(
-                    [
-                        "train",
-                        f"mesh={shape}",
-                        *common,
-                        "cache.enabled=false",
-                        f"hydra.run.dir={work}/{shape}",
-                    ],
-                    work,
-                    timeout=1800,
-                )
-                check(single, f"train mesh={shape}")
-                walls.append(single.wall_s)
-            separates.append(sum(walls))
-        print(
-            f"repeat {repeat + 1}/{args.repeats}: sweep "
-            f"{sweeps[-1]:.1f} s, separate runs {separates[-1]:.1f} s"
+
+def sweep_and_separate_walls(common: list[str]) -> tuple[float, float]:
+    """The wall seconds of one `meshrun sweep` over SHAPES and the sum of those of one `meshrun
+    train` per shape, the compilation cache off."""
+    with tempfile.TemporaryDirectory(prefix="bench-sweep-") as work:
+        sweep = run_measured(
+            ["sweep", *common, "cache.enabled=false", f"hydra.sweep.dir={work}/sweep"], work, timeout=1800
         )
+        benchlib.succeeded(sweep, "sweep")
+        separate = 0.0
+        for shape in SHAPES:
+            single, _ = benchlib.train(
+                [f"mesh={shape}", *common, "cache.enabled=false"],
+                Path(work) / shape,
+                f"train mesh={shape}",
+                cwd=work,
+            )
+            separate += single.wall_s
+    return sweep.wall_s, separate
 
-    cache_runs = []
+
+def cache_runs(common: list[str]) -> list[dict]:
+    """The same run twice with one compilation cache dir, empty at first: compile time, time to the
+    first step and wall of each."""
+    runs = []
     with tempfile.TemporaryDirectory(prefix="bench-cache-") as work:
         for attempt in ("first (empty cache)", "second (cache filled)"):
-            run_dir = Path(work) / attempt.split()[0]
-            done = run_measured(
-                ["train", "mesh=2x4", *common, f"cache.dir={work}/xla", f"hydra.run.dir={run_dir}"],
-                work,
-                timeout=1800,
+            done, metrics = benchlib.train(
+                ["mesh=2x4", *common, f"cache.dir={work}/xla"],
+                Path(work) / attempt.split()[0],
+                f"cache {attempt}",
+                cwd=work,
             )
-            check(done, f"cache {attempt}")
-            timing = json.loads((run_dir / "metrics.json").read_text())["timing"]
-            cache_runs.append(
+            timing = metrics["timing"]
+            runs.append(
                 {
                     "run": attempt,
                     "compile_s": timing["compile_s"],
@@ -96,32 +114,14 @@ def main() -> None:
                     "wall_s": done.wall_s,
                 }
             )
-
-    results = {
-        "model": args.model,
-        "layout": layout,
-        "epochs": args.epochs,
-        "num_samples": args.num_samples,
-        "sweep_wall_s": sweeps,
-        "separate_runs_wall_s": separates,
-        "sweep_over_separate": statistics.median(sweeps) / statistics.median(separates),
-        "cache": cache_runs,
-    }
-    Path(args.out).write_text(json.dumps(results, indent=2) + "\n")
-    show(results)
-    print(f"results: {args.out}")
-
-
-def check(done, what: str) -> None:
-    if done.returncode != 0:
-        raise SystemExit(f"{what} failed with status {done.returncode}:\n{done.stderr[-2000:]}")
+    return runs
 
 
 def show(results: dict) -> None:
-    console = Console(width=max(Console().width, 100))
-    table = Table(title=f"meshrun sweep vs separate runs ({results['model']}, {results['epochs']} epochs)")
-    for column in ("measure", "value"):
-        table.add_column(column)
+    """The table of walls and cache figures, with the verdict."""
+    console = benchlib.console(100)
+    title = f"meshrun sweep vs separate runs ({results['model']}, {results['epochs']} epochs)"
+    table = benchlib.table(title, ("measure", "value"))
     sweep, separate = (
         statistics.median(results["sweep_wall_s"]),
         statistics.median(results["separate_runs_wall_s"]),

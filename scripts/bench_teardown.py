@@ -22,10 +22,8 @@ It is a measurement: it exits 0 whatever the numbers, 1 only when a run fails.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -33,7 +31,8 @@ import time
 from pathlib import Path
 
 from rich.console import Console
-from rich.table import Table
+
+import benchlib
 
 TARGET_S = 0.5
 COMMON = ["train.verbose=0", "train.epochs=2", "data.num_samples=1024", "data.eval_samples=128"]
@@ -56,7 +55,7 @@ def run_once(args: list[str], run_dir: Path) -> dict:
     if done.returncode != 0:
         sys.exit(f"bench_teardown: the run failed (exit {done.returncode}):\n{done.stderr[-3000:]}")
     metrics_file = run_dir / "metrics.json"
-    timing = json.loads(metrics_file.read_text())["timing"]
+    timing = benchlib.read_metrics(run_dir)["timing"]
     return {
         "outside_wall_s": ended - started,
         "wall_s": timing["wall_s"],
@@ -68,12 +67,7 @@ def run_once(args: list[str], run_dir: Path) -> dict:
 
 def summarise(samples: list[dict]) -> dict:
     """Medians (and the gap's maximum) over the repeats of one job."""
-
-    def median(key):
-        values = [s[key] for s in samples if s[key] is not None]
-        return statistics.median(values) if values else None
-
-    summary = {key: median(key) for key in samples[0]}
+    summary = benchlib.medians(samples)
     summary["gap_max_s"] = max(s["gap_s"] for s in samples)
     summary["meets_target"] = summary["gap_s"] <= TARGET_S
     return summary
@@ -92,21 +86,21 @@ def main() -> None:
                 samples[name].append(run_once(args, Path(scratch) / f"{index}-{repeat}"))
     results = {name: summarise(runs) for name, runs in samples.items()}
 
-    table = Table(
-        title="meshrun train: outside wall vs reported wall, median "
-        f"of {options.repeats} (target: gap <= {TARGET_S} s)"
+    table = benchlib.table(
+        "meshrun train: outside wall vs reported wall, median "
+        f"of {options.repeats} (target: gap <= {TARGET_S} s)",
+        (
+            "job",
+            "outside wall s",
+            "timing.wall_s",
+            "gap s",
+            "gap max s",
+            "teardown_s",
+            "exit after write s",
+            "target",
+        ),
+        left=("job",),
     )
-    for column in (
-        "job",
-        "outside wall s",
-        "timing.wall_s",
-        "gap s",
-        "gap max s",
-        "teardown_s",
-        "exit after write s",
-        "target",
-    ):
-        table.add_column(column, justify="left" if column == "job" else "right")
     for name, r in results.items():
         teardown = "-" if r["teardown_s"] is None else f"{r['teardown_s']:.2f}"
         table.add_row(
@@ -129,7 +123,7 @@ def main() -> None:
         "jobs": results,
         "samples": samples,
     }
-    Path(options.out).write_text(json.dumps(report, indent=2) + "\n")
+    benchlib.write_json(options.out, report)
     print(f"wrote {options.out}")
 
 

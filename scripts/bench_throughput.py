@@ -16,27 +16,18 @@ from __future__ import annotations
 import argparse
 import csv
 import json
-import statistics
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
-RUN = ["train", "mesh=2x4", "layout=dense_model", "train.verbose=0", "logging.csv=true"]
+import benchlib
+
+RUN = ["mesh=2x4", "layout=dense_model", "train.verbose=0", "logging.csv=true"]  # of `meshrun train`
 
 
 def one_run(epochs: int, folder: Path) -> dict:
     """The throughput figures of one fresh run of the main job."""
     run_dir = folder / "run"
-    done = subprocess.run(
-        [sys.executable, "-m", "meshrun", *RUN, f"train.epochs={epochs}", f"hydra.run.dir={run_dir}"],
-        capture_output=True,
-        text=True,
-        cwd=folder,
-    )
-    if done.returncode:
-        raise SystemExit(f"run failed: {done.stderr[-2000:]}")
-    metrics = json.loads((run_dir / "metrics.json").read_text())
+    _, metrics = benchlib.train([*RUN, f"train.epochs={epochs}"], run_dir, "run", cwd=folder, timeout=3600)
     batch, timing = metrics["train"]["global_batch_size"], metrics["timing"]
     with open(run_dir / "epochs.csv") as rows:
         epochs_rows = list(csv.DictReader(rows))[1:]  # the first epoch holds the compilation
@@ -63,10 +54,10 @@ def main() -> None:
         with tempfile.TemporaryDirectory() as folder:
             runs.append(one_run(args.epochs, Path(folder)))
         print(json.dumps({"repeat": repeat, **runs[-1]}))
-    medians = {key: statistics.median(r[key] for r in runs) for key in runs[0]}
+    medians = benchlib.medians(runs)
     print("median:", json.dumps(medians, indent=1))
     if args.out:
-        args.out.write_text(json.dumps({"epochs": args.epochs, "runs": runs, "median": medians}, indent=1))
+        benchlib.write_json(args.out, {"epochs": args.epochs, "runs": runs, "median": medians}, indent=1)
 
 
 if __name__ == "__main__":

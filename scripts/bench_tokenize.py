@@ -45,8 +45,8 @@ sys.path.insert(
 )  # tests/presets.py builds the presets
 
 from rich.console import Console  # noqa: E402
-from rich.table import Table  # noqa: E402
 
+import benchlib  # noqa: E402
 import presets  # noqa: E402
 from meshrun.text.tokenizer import available_cores, load_tokenizer, same_ids  # noqa: E402
 
@@ -83,18 +83,16 @@ def main() -> None:
             )
     report(console, results, sweeps, args)
     if args.out:
-        Path(args.out).write_text(
-            json.dumps(
-                {
-                    "corpus_bytes": size,
-                    "documents": len(documents),
-                    "cores": available_cores(),
-                    "chunk_mb": args.chunk_mb,
-                    "results": results,
-                    "sweeps": sweeps,
-                },
-                indent=2,
-            )
+        benchlib.write_json(
+            args.out,
+            {
+                "corpus_bytes": size,
+                "documents": len(documents),
+                "cores": available_cores(),
+                "chunk_mb": args.chunk_mb,
+                "results": results,
+                "sweeps": sweeps,
+            },
         )
 
 
@@ -238,22 +236,23 @@ def whole_source(preset: Path, corpus_file: Path, cache_dir: Path, size: int, co
 
 
 def report(console: Console, results: dict, sweeps: dict, args) -> None:
-    table = Table(
-        title=f"encode: meshrun vs the library (medians of {args.repeats}, chunks of {args.chunk_mb} MB)"
+    """The comparison's table, data=text's whole pass and the chunk sizes' table."""
+    table = benchlib.table(
+        f"encode: meshrun vs the library (medians of {args.repeats}, chunks of {args.chunk_mb} MB)",
+        (
+            "preset",
+            "backend",
+            "MB/s meshrun",
+            "MB/s library",
+            "tokens/s meshrun",
+            "tokens/s library",
+            "cores busy meshrun",
+            "cores busy library",
+            "time meshrun / library",
+            "CPU time meshrun / library",
+        ),
+        left=("preset", "backend"),
     )
-    for column in (
-        "preset",
-        "backend",
-        "MB/s meshrun",
-        "MB/s library",
-        "tokens/s meshrun",
-        "tokens/s library",
-        "cores busy meshrun",
-        "cores busy library",
-        "time meshrun / library",
-        "CPU time meshrun / library",
-    ):
-        table.add_column(column, justify="left" if column in ("preset", "backend") else "right")
     for kind, r in results.items():
         table.add_row(
             kind,
@@ -276,11 +275,12 @@ def report(console: Console, results: dict, sweeps: dict, args) -> None:
             for kind, r in results.items()
         )
     )
-    sweep_table = Table(title=f"meshrun encode MB/s by chunk size (medians of {args.sweep_repeats})")
-    sweep_table.add_column("preset")
     chunk_sizes = list(next(iter(sweeps.values())))
-    for chunk_mb in chunk_sizes:
-        sweep_table.add_column(f"{chunk_mb} MB", justify="right")
+    sweep_table = benchlib.table(
+        f"meshrun encode MB/s by chunk size (medians of {args.sweep_repeats})",
+        ("preset", *(f"{chunk_mb} MB" for chunk_mb in chunk_sizes)),
+        left=("preset",),
+    )
     for kind, speeds in sweeps.items():
         sweep_table.add_row(kind, *(f"{speeds[c]:.2f}" for c in chunk_sizes))
     console.print(sweep_table)

@@ -29,22 +29,42 @@ import time
 from pathlib import Path
 
 from rich.console import Console
-from rich.table import Table
+
+import benchlib
 
 HANDWRITTEN = Path(__file__).with_name("handwritten_seeds.py")
 TOOLS = ("meshrun", "handwritten")
 # Keras' default asynchronous log fetching can deadlock XLA's all-reduce on emulated CPU devices
 # (the process aborts after 40 s); such a run is retried and counted, not timed.
 ABORT_RETRIES = 3
-ABORTS = {tool: 0 for tool in TOOLS}
 
 
-def run_once(tool, mesh, epochs, args, workdir):
+def run_once(tool, mesh, epochs, args, workdir, aborts):
     """Runs one tool once; returns its external wall time, time to first step, losses and, for
-    meshrun, its reported step time and steps per epoch."""
+    meshrun, its reported step time and steps per epoch. A run XLA aborts is retried and counted in
+    `aborts` (tool -> count)."""
     out = Path(tempfile.mkdtemp(prefix=f"{tool}-{mesh}-e{epochs}-", dir=workdir))
+    command = tool_command(tool, mesh, epochs, args, out)
+    for attempt in range(1, ABORT_RETRIES + 1):
+        started = time.perf_counter()
+        proc = subprocess.run(command, capture_output=True, text=True)
+        wall = time.perf_counter() - started
+        if proc.returncode not in (-6, 134):  # SIGABRT: XLA's CPU all-reduce rendezvous timed out
+            break
+        aborts[tool] += 1
+        print(
+            f"{tool} {mesh} epochs {epochs}: aborted by XLA (rendezvous deadlock), attempt {attempt}",
+            flush=True,
+        )
+    if proc.returncode != 0:
+        sys.exit(f"{tool} failed (exit {proc.returncode}): {' '.join(command)}\n{proc.stderr[-3000:]}")
+    return {"wall_s": wall, **tool_figures(tool, out)}
+
+
+def tool_command(tool, mesh, epochs, args, out: Path) -> list[str]:
+    """The command line of one run of `tool` on `mesh` for `epochs` epochs, writing into `out`."""
     if tool == "meshrun":
-        command = [
+        return [
             # No compilation cache: the hand-written script compiles every time too.
             "meshrun",
             "train",
@@ -59,39 +79,29 @@ def run_once(tool, mesh, epochs, args, workdir):
             f"hydra.run.dir={out}",
             *args.meshrun_override,
         ]
-    else:
-        command = [
-            sys.executable,
-            str(HANDWRITTEN),
-            "--mesh",
-            mesh,
-            "--epochs",
-            str(epochs),
-            "--no-shuffle",
-            "--num-samples",
-            str(args.num_samples),
-            "--batch-size",
-            str(args.batch_size),
-            "--json-out",
-            str(out / "result.json"),
-        ]
-    for attempt in range(1, ABORT_RETRIES + 1):
-        started = time.perf_counter()
-        proc = subprocess.run(command, capture_output=True, text=True)
-        wall = time.perf_counter() - started
-        if proc.returncode not in (-6, 134):  # SIGABRT: XLA's CPU all-reduce rendezvous timed out
-            break
-        ABORTS[tool] += 1
-        print(
-            f"{tool} {mesh} epochs {epochs}: aborted by XLA (rendezvous deadlock), attempt {attempt}",
-            flush=True,
-        )
-    if proc.returncode != 0:
-        sys.exit(f"{tool} failed (exit {proc.returncode}): {' '.join(command)}\n{proc.stderr[-3000:]}")
+    return [
+        sys.executable,
+        str(HANDWRITTEN),
+        "--mesh",
+        mesh,
+        "--epochs",
+        str(epochs),
+        "--no-shuffle",
+        "--num-samples",
+        str(args.num_samples),
+        "--batch-size",
+        str(args.batch_size),
+        "--json-out",
+        str(out / "result.json"),
+    ]
+
+
+def tool_figures(tool, out: Path) -> dict:
+    """What a finished run of `tool` wrote into `out`: time to first step, losses, its in-process
+    step time (and, for meshrun, its steps per epoch)."""
     if tool == "meshrun":
-        m = json.loads((out / "metrics.json").read_text())
+        m = benchlib.read_metrics(out)
         return {
-            "wall_s": wall,
             "time_to_first_step_s": m["timing"]["time_to_first_step_s"],
             "loss": m["history"]["loss"],
             "reported_step_s": m["timing"]["step_time_s"],
@@ -99,7 +109,6 @@ def run_once(tool, mesh, epochs, args, workdir):
         }
     r = json.loads((out / "result.json").read_text())
     return {
-        "wall_s": wall,
         "time_to_first_step_s": r["time_to_first_step_s"],
         "loss": r["history"]["loss"],
         "reported_step_s": r["step_time_s"],
@@ -140,12 +149,13 @@ def summarize(runs, args):
 
 
 def report(summaries, args):
-    table = Table(
-        title=f"meshrun vs hand-written Keras (epochs {args.epochs[0]} and {args.epochs[1]}, "
-        f"{args.num_samples // args.batch_size} steps/epoch, {args.repeats} repeats)"
+    """The table of the comparison per mesh, each measure with its target and verdict."""
+    table = benchlib.table(
+        f"meshrun vs hand-written Keras (epochs {args.epochs[0]} and {args.epochs[1]}, "
+        f"{args.num_samples // args.batch_size} steps/epoch, {args.repeats} repeats)",
+        ("mesh", "measure", "meshrun", "handwritten", "value", "target", "verdict"),
+        left=("mesh", "measure"),
     )
-    for column in ("mesh", "measure", "meshrun", "handwritten", "value", "target", "verdict"):
-        table.add_column(column, justify="left" if column in ("mesh", "measure") else "right")
 
     def verdict(ok, measurable=True):
         if not measurable:  # a wall at E2 below the one at E1: noise swamped the extra epochs
@@ -194,35 +204,33 @@ def report(summaries, args):
         table.add_row(
             "", "loss max abs diff", "", "", f"{s['loss_max_abs_diff']:.1e}", "(info)", "", end_section=True
         )
-    console = Console()
-    console.width = max(console.width, 100)  # piped output defaults to 80 columns
-    console.print(table)
+    benchlib.console(100).print(table)
 
 
-def honesty_only(args, meshes, workdir):
+def honesty_only(args, meshes, workdir, aborts):
     """meshrun alone, for the timing-honesty check with more steps per measurement than the
     comparison can afford: reported median step vs the step time measured from outside."""
     e1, e2 = args.epochs
     steps = args.num_samples // args.batch_size
-    table = Table(
-        title=f"meshrun reported vs external step time (epochs {e1} and {e2}, {steps} steps/epoch, "
-        f"{args.repeats} repeats)"
+    table = benchlib.table(
+        f"meshrun reported vs external step time (epochs {e1} and {e2}, {steps} steps/epoch, "
+        f"{args.repeats} repeats)",
+        (
+            "mesh",
+            "external ms (median walls)",
+            "external ms (min walls)",
+            "reported ms",
+            "reported/external (min)",
+            "verdict",
+        ),
+        left=(),
     )
-    for column in (
-        "mesh",
-        "external ms (median walls)",
-        "external ms (min walls)",
-        "reported ms",
-        "reported/external (min)",
-        "verdict",
-    ):
-        table.add_column(column, justify="right")
     results = {}
     for mesh in meshes:
         walls, reported = {e1: [], e2: []}, []
         for repeat in range(args.repeats):
             for epochs in (e1, e2):
-                r = run_once("meshrun", mesh, epochs, args, workdir)
+                r = run_once("meshrun", mesh, epochs, args, workdir, aborts)
                 walls[epochs].append(r["wall_s"])
                 reported.append(r["reported_step_s"])
                 print(
@@ -280,16 +288,17 @@ def main():
     workdir = tempfile.mkdtemp(prefix="bench_vs_handwritten-")
     out = Path(args.out or Path(workdir) / "vs_handwritten.json")
     meshes = args.meshes.split(",")
+    aborts = {tool: 0 for tool in TOOLS}
     if args.honesty_only:
-        write_results(out, {"args": vars(args), "honesty": honesty_only(args, meshes, workdir)})
+        write_results(out, {"args": vars(args), "honesty": honesty_only(args, meshes, workdir, aborts)})
         return
     runs = {mesh: {tool: {e: [] for e in args.epochs} for tool in TOOLS} for mesh in meshes}
     for repeat in range(args.repeats):
         for mesh in meshes:
             for epochs in args.epochs:
                 # Alternate which tool goes first, so neither always runs on a cooler machine.
-                for tool in TOOLS if repeat % 2 == 0 else TOOLS[::-1]:
-                    r = run_once(tool, mesh, epochs, args, workdir)
+                for tool in benchlib.alternating(TOOLS, repeat):
+                    r = run_once(tool, mesh, epochs, args, workdir, aborts)
                     runs[mesh][tool][epochs].append(r)
                     print(
                         f"repeat {repeat + 1}/{args.repeats} mesh {mesh} epochs {epochs} {tool}: "
@@ -299,14 +308,13 @@ def main():
 
     summaries = {mesh: summarize(runs[mesh], args) for mesh in meshes}
     report(summaries, args)
-    print(f"runs aborted by XLA and retried: {ABORTS}")
-    write_results(out, {"args": vars(args), "summary": summaries, "runs": runs, "aborts": ABORTS})
+    print(f"runs aborted by XLA and retried: {aborts}")
+    write_results(out, {"args": vars(args), "summary": summaries, "runs": runs, "aborts": aborts})
 
 
 def write_results(out, payload):
     """Writes the results JSON and says where."""
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(payload, indent=2) + "\n")
+    benchlib.write_json(out, payload)
     print(f"results: {out}")
 
 

@@ -19,6 +19,8 @@ EXPECTED = {
 
 
 def load_script():
+    if str(SCRIPT.parent) not in sys.path:  # the script imports scripts/benchlib.py
+        sys.path.insert(0, str(SCRIPT.parent))
     spec = importlib.util.spec_from_file_location("bench_gpu", SCRIPT)
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # its dataclasses look their module up there

@@ -9,6 +9,8 @@ SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "bench_qlora.py"
 
 
 def load_script():
+    if str(SCRIPT.parent) not in sys.path:  # the script imports scripts/benchlib.py
+        sys.path.insert(0, str(SCRIPT.parent))
     spec = importlib.util.spec_from_file_location("bench_qlora", SCRIPT)
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module
