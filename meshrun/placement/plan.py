@@ -252,24 +252,13 @@ def make_plan(
         _place(t, check.assigned.get(t.path) or check.misfits.get(t.path), mesh) for t in abstract.variables
     )
     by_path = {p.path: p for p in variables}
-    slots = tuple(_place_slot(slot, by_path, check, mesh) for slot in abstract.slots)
-    outputs = tuple(
-        {
-            "path": t.path,
-            "shape": list(t.shape),
-            "rule": check.assigned[t.path].pattern,
-            "spec": list(check.assigned[t.path].axes),
-        }
-        for t in abstract.tensors
-        if t.is_output and t.path in check.assigned
-    )
     plan = Plan(
         model=model_name,
         mesh=mesh,
         optimizer=optimizer,
         variables=variables,
-        slots=slots,
-        outputs=outputs,
+        slots=tuple(_place_slot(slot, by_path, check, mesh) for slot in abstract.slots),
+        outputs=_outputs(abstract, check),
         errors=(*lint, *check.errors),
         warnings=(
             *bend_notes(bends, mesh),
@@ -284,14 +273,34 @@ def make_plan(
         pipeline=pipeline,
     )
     if processes > 1 and mesh.dcn is not None:
-        traffic = slow_traffic(variables, mesh, activations or Activations(rows=0, itemsize=4))
-        plan = replace(
-            plan,
-            traffic=traffic,
-            warnings=(*plan.warnings, *_tensor_across_warnings(traffic, mesh, processes)),
-        )
+        plan = _with_traffic(plan, activations)
     too_large = _beyond_memory(plan)
     return replace(plan, errors=(*plan.errors, too_large)) if too_large else plan
+
+
+def _outputs(abstract, check: RuleCheck) -> tuple[dict, ...]:
+    """The output constraints: each output tensor a rule places, with that rule and its spec."""
+    return tuple(
+        {
+            "path": t.path,
+            "shape": list(t.shape),
+            "rule": check.assigned[t.path].pattern,
+            "spec": list(check.assigned[t.path].axes),
+        }
+        for t in abstract.tensors
+        if t.is_output and t.path in check.assigned
+    )
+
+
+def _with_traffic(plan: Plan, activations: Activations | None) -> Plan:
+    """The plan of a job of several processes with the estimate of what a step sends between them,
+    and a warning for each axis that splits variables across them."""
+    traffic = slow_traffic(plan.variables, plan.mesh, activations or Activations(rows=0, itemsize=4))
+    return replace(
+        plan,
+        traffic=traffic,
+        warnings=(*plan.warnings, *_tensor_across_warnings(traffic, plan.mesh, plan.processes)),
+    )
 
 
 def _beyond_memory(plan: Plan) -> DoesNotFit | None:

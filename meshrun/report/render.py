@@ -443,7 +443,26 @@ def sweep_table(rows: list[dict]) -> Table:
         title=escape(sweep_title(rows) + f"; fastest first{fitting} ({'tokens' if lm else 'samples'}/s)")
     )
     staged = any(r.get("stages") for r in rows)  # pipelined runs: their stages, microbatches and idle share
-    columns = [
+    errors = any(r["status"] != "ok" for r in rows)
+    for column in _sweep_columns(varying, staged, lm) + (["error"] if errors else []):
+        left = column in ("job", "mesh", "model", "layout", "status", "error")
+        table.add_column(column, justify="left" if left else "right", no_wrap=column != "error")
+    for r in rows:
+        head = [
+            r["job"],
+            r["mesh"],
+            *(escape(str(r[key])) for key in varying),
+            *(_stages_cells(r) if staged else []),
+        ]
+        idle = [_idle_text(r)] if staged else []
+        table.add_row(*head, *_sweep_cells(r, unit, idle, errors))
+    return table
+
+
+def _sweep_columns(varying: list[str], staged: bool, lm: bool) -> list[str]:
+    """The sweep table's columns (but the error column): the job, its mesh, the settings that vary
+    between jobs, a pipeline's stages, then the status and the figures measured."""
+    return [
         "job",
         "mesh",
         *varying,
@@ -457,47 +476,32 @@ def sweep_table(rows: list[dict]) -> Table:
         "peak/device",
         *(["idle (formula, fit)"] if staged else []),
     ]
-    errors = any(r["status"] != "ok" for r in rows)
-    for column in columns + (["error"] if errors else []):
-        left = column in ("job", "mesh", "model", "layout", "status", "error")
-        table.add_column(column, justify="left" if left else "right", no_wrap=column != "error")
-    for r in rows:
-        head = [
-            r["job"],
-            r["mesh"],
-            *(escape(str(r[key])) for key in varying),
-            *(_stages_cells(r) if staged else []),
-        ]
-        idle = [_idle_text(r)] if staged else []
-        if r["status"] == DOES_NOT_FIT:
-            needed = (
-                format_bytes(r["peak_bytes_per_device"]) + " planned" if r["peak_bytes_per_device"] else "-"
-            )
-            table.add_row(
-                *head, "[yellow]does not fit[/yellow]", *[""] * 5, needed, *idle, escape(r["error"] or "")
-            )
-            continue
-        if r["status"] != "ok":
-            table.add_row(*head, "[red]error[/red]", *[""] * 6, *idle, escape(r["error"] or ""))
-            continue
-        peak = (
-            f"{format_bytes(r['peak_bytes_per_device'])} {r['peak_source']}"
-            if r["peak_bytes_per_device"]
-            else "n/a"
-        )
-        table.add_row(
-            *head,
-            "[bold green]best[/bold green]" if r["best"] else "ok",
-            _figure(r["compile_s"], ".2f"),
-            _figure(r["step_time_ms"], ".2f"),
-            _figure(r["step_time_p90_ms"], ".2f"),
-            _figure(r[unit], ",.0f"),
-            _figure(r["eval_loss"], ".5f"),
-            peak,
-            *idle,
-            *([""] if errors else []),
-        )
-    return table
+
+
+def _sweep_cells(r: dict, unit: str, idle: list[str], errors: bool) -> list[str]:
+    """A job's cells after its head (job, mesh, varying settings, stages): its status and figures,
+    or for a job that failed or does not fit, its status, the planned bytes where known, and why."""
+    if r["status"] == DOES_NOT_FIT:
+        needed = format_bytes(r["peak_bytes_per_device"]) + " planned" if r["peak_bytes_per_device"] else "-"
+        return ["[yellow]does not fit[/yellow]", *[""] * 5, needed, *idle, escape(r["error"] or "")]
+    if r["status"] != "ok":
+        return ["[red]error[/red]", *[""] * 6, *idle, escape(r["error"] or "")]
+    peak = (
+        f"{format_bytes(r['peak_bytes_per_device'])} {r['peak_source']}"
+        if r["peak_bytes_per_device"]
+        else "n/a"
+    )
+    return [
+        "[bold green]best[/bold green]" if r["best"] else "ok",
+        _figure(r["compile_s"], ".2f"),
+        _figure(r["step_time_ms"], ".2f"),
+        _figure(r["step_time_p90_ms"], ".2f"),
+        _figure(r[unit], ",.0f"),
+        _figure(r["eval_loss"], ".5f"),
+        peak,
+        *idle,
+        *([""] if errors else []),
+    ]
 
 
 def _stages_cells(row: dict) -> list[str]:
