@@ -154,7 +154,7 @@ def plan_table(plan: dict, full: bool = False, rule_width: int | None = None) ->
         [PlanRow([v], v["path"]) for v in plan["variables"]] if full else collapse_blocks(plan["variables"])
     )
     grouped = any(len(r.members) > 1 for r in rows)
-    dtypes = sorted({v["dtype"] for v in plan["variables"]})
+    dtypes = sorted({dtype_text(v) for v in plan["variables"]})
     title = f"plan: {plan['model']['name']} on mesh {format_shape(mesh['shape'])} {tuple(mesh['axis_names'])}"
     table = Table(title=escape(title + (f", all {dtypes[0]}" if len(dtypes) == 1 else "")))
     frozen = any(not v.get("trainable", True) for v in plan["variables"])
@@ -174,7 +174,7 @@ def plan_table(plan: dict, full: bool = False, rule_width: int | None = None) ->
         text = {
             "path": escape(row.path),
             "shape": format_shape(v["shape"], "scalar"),
-            "dtype": v["dtype"],
+            "dtype": dtype_text(v),
             "rule": escape(_rule_text(v.get("rule"), v.get("origin"))),
             "spec": spec_text(v["spec"]),
             "bytes/device": format_bytes(v["bytes_per_device"]),
@@ -223,7 +223,7 @@ def collapse_blocks(variables: list[dict]) -> list[PlanRow]:
         key = (
             _BLOCK_INDEX.sub("#", v["path"]),
             tuple(v["shape"]),
-            v["dtype"],
+            dtype_text(v),
             v.get("rule"),
             v.get("origin"),
             tuple(v["spec"]),
@@ -360,9 +360,19 @@ def pipeline_rows(pipeline: dict) -> list[tuple[str, str]]:
 
 
 def _quantized_text(plan: dict) -> str:
-    """The frozen quantized variables of a plan per device, with the dtypes they are stored in."""
-    dtypes = sorted({v["dtype"] for v in plan["variables"] if v.get("quantized")})
+    """The frozen quantized variables of a plan per device, with what they hold (int4 kernels: two
+    values a byte)."""
+    dtypes = sorted({dtype_text(v) for v in plan["variables"] if v.get("quantized")})
     return f"{format_bytes(plan['per_device']['frozen_quantized_bytes'])} ({', '.join(dtypes)})"
+
+
+def dtype_text(variable: dict) -> str:
+    """What a variable of the plan holds: its dtype, or for a packed kernel the values packed in
+    its bytes, "int4 packed two a byte" (its shape is the packed one: half the float kernel's
+    columns, in int8)."""
+    if variable.get("packed"):
+        return f"{variable['packed']} packed two a byte"
+    return variable["dtype"]
 
 
 def _adapters_text(adapters: dict) -> str:
