@@ -34,7 +34,6 @@ def main(argv: list[str] | None = None) -> None:
         if status:
             sys.exit(status)
         return
-    signals.end_process_when_interrupted()
     try:
         status = run(sys.argv[1:], as_program=True)
     except SystemExit as ended:  # Hydra's --help and --cfg end with SystemExit

@@ -133,6 +133,7 @@ def launcher_for(invocation: Invocation, job: Job, run_dir: RunDir, started_at: 
                 run_dir,
                 train=lambda identity: _train(config, invocation, job, identity, started_at),
                 publish=lambda trained: publish(trained, job.run_dir),
+                ends_process_on_interrupt=invocation.as_program,
             )
     requeue_signal = signals.scheduler_signal()
     return launcher if requeue_signal is None else launchers.Slurm(launcher, invocation, requeue_signal)

@@ -12,6 +12,7 @@ from meshrun.config.schema import (
     PLATFORMS,
     PRECISIONS,
     VERBOSITY,
+    CheckpointConfig,
     DevicesConfig,
     DistributedConfig,
     EarlyStoppingConfig,
@@ -30,6 +31,24 @@ _HOST_PORT = re.compile(r"[\w.\-]+:\d{1,5}|\[[0-9a-fA-F:]+\]:\d{1,5}")  # host:p
 
 def check_values(config: RunConfig) -> None:
     """Range checks that the types alone do not cover."""
+    _check_positive(config)
+    _check_training_values(config.train)
+    _check_profile(config.profile)
+    if config.train.verbose not in VERBOSITY:
+        raise ConfigError("train.verbose", f"got {config.train.verbose}; valid: {one_of(VERBOSITY)}")
+    if config.devices.platform not in PLATFORMS:
+        raise ConfigError("devices.platform", f"got {config.devices.platform!r}; valid: {one_of(PLATFORMS)}")
+    check_batch(config.train.batch_size, config.mesh)
+    check_pipeline(config.pipeline, config.mesh, config.train.batch_size)
+    _check_checkpoint(config.checkpoint)
+    _check_process_count(config)
+    _check_slices(config)
+    _check_synthetic_samples(config)
+
+
+def _check_positive(config: RunConfig) -> None:
+    """The counts and figures that must be positive: batch size, epochs, CPU devices, the learning
+    rate, and the devices' peak FLOP/s and memory where given."""
     positive = {
         "train.batch_size": config.train.batch_size,
         "train.epochs": config.train.epochs,
@@ -53,15 +72,10 @@ def check_values(config: RunConfig) -> None:
             f"got {config.devices.memory_gib}; expected the memory of one device in GiB, a positive number "
             "such as 80",
         )
-    _check_training_values(config.train)
-    _check_profile(config.profile)
-    if config.train.verbose not in VERBOSITY:
-        raise ConfigError("train.verbose", f"got {config.train.verbose}; valid: {one_of(VERBOSITY)}")
-    if config.devices.platform not in PLATFORMS:
-        raise ConfigError("devices.platform", f"got {config.devices.platform!r}; valid: {one_of(PLATFORMS)}")
-    check_batch(config.train.batch_size, config.mesh)
-    check_pipeline(config.pipeline, config.mesh, config.train.batch_size)
-    checkpoint = config.checkpoint
+
+
+def _check_checkpoint(checkpoint: CheckpointConfig) -> None:
+    """How often checkpoints are written and how many are kept: positive numbers."""
     if checkpoint.every_steps is not None and checkpoint.every_steps <= 0:
         raise ConfigError(
             "checkpoint.every_steps",
@@ -71,6 +85,10 @@ def check_values(config: RunConfig) -> None:
         raise ConfigError(
             "checkpoint.keep", f"got {checkpoint.keep}; expected a positive number of checkpoints to keep"
         )
+
+
+def _check_process_count(config: RunConfig) -> None:
+    """The processes a job runs (local ones emulate CPU devices only) against the mesh and devices."""
     distributed = config.distributed
     if distributed.launches_locally:
         if config.devices.platform not in ("auto", "cpu"):
@@ -85,16 +103,21 @@ def check_values(config: RunConfig) -> None:
         )
     elif distributed.num_processes is not None:
         check_processes(config.mesh, config.devices, distributed.num_processes, "distributed.num_processes")
-    _check_slices(config)
+
+
+def _check_synthetic_samples(config: RunConfig) -> None:
+    """data=synthetic makes at least one global batch of training and of eval samples (other sources
+    count their samples when they load)."""
+    if config.data.name != "synthetic":
+        return
     synthetic = config.data.options
-    if config.data.name == "synthetic":  # other sources count their samples when they load
-        for key in ("num_samples", "eval_samples"):
-            if getattr(synthetic, key) < config.train.batch_size:
-                raise ConfigError(
-                    f"data.{key}",
-                    f"got {getattr(synthetic, key)}; fewer samples than one global batch "
-                    f"(train.batch_size={config.train.batch_size})",
-                )
+    for key in ("num_samples", "eval_samples"):
+        if getattr(synthetic, key) < config.train.batch_size:
+            raise ConfigError(
+                f"data.{key}",
+                f"got {getattr(synthetic, key)}; fewer samples than one global batch "
+                f"(train.batch_size={config.train.batch_size})",
+            )
 
 
 def _check_training_values(train: TrainConfig) -> None:

@@ -263,70 +263,96 @@ def _columns(x) -> dict:
     return x if isinstance(x, dict) else {None: x}
 
 
+@dataclass(frozen=True)
+class _Part:
+    """The training or the evaluation data: the columns it reads from and the rows of them it holds."""
+
+    x: Any
+    y: Any
+    weights: Any
+    rows: np.ndarray
+
+
 def load(options: ArraysOptions, context: DataContext) -> pipeline.Datasets:
     """Opens the files, checks sizes, and batches them by index (a batch read at a time)."""
-    x, y, weights = _features_and_labels(options.path, options.labels_path, options, "path")
-    train_rows = np.arange(len(y))
-    eval_source = "training data"
-    if options.eval_path:
-        eval_x, eval_y, eval_weights = _features_and_labels(
-            options.eval_path, options.eval_labels_path, options, "eval_path"
-        )
-        eval_rows = np.arange(len(eval_y))
-        eval_source = options.eval_path
-    elif options.validation_split:
-        cut = int(round(len(y) * (1 - options.validation_split)))
-        train_rows, eval_rows, eval_x, eval_y, eval_weights = (
-            train_rows[:cut],
-            train_rows[cut:],
-            x,
-            y,
-            weights,
-        )
-        eval_source = f"last {options.validation_split:.0%} of {options.path}"
-    else:
-        eval_x, eval_y, eval_weights, eval_rows = x, y, weights, train_rows
-        log.warning(
-            "data=arrays without data.eval_path or data.validation_split: evaluating on the training data"
-        )
+    train, evaluation, eval_source = _train_and_eval(options)
     pipeline.check_enough(
-        len(train_rows), context.batch_size, "data.path", f"{options.path!r} (training part)"
+        len(train.rows), context.batch_size, "data.path", f"{options.path!r} (training part)"
     )
     pipeline.check_enough(
-        len(eval_rows),
+        len(evaluation.rows),
         context.batch_size,
         "data.eval_path" if options.eval_path else "data.validation_split",
         f"the evaluation data ({eval_source})",
     )
     batch, share = context.batch_size, context.share
-    rows = slice(0, context.process_batch_size)
-    first = [
-        {k: np.asarray(v[rows]) for k, v in x.items()} if isinstance(x, dict) else np.asarray(x[rows]),
-        np.asarray(y[rows]),
-    ]
     return pipeline.Datasets(
         train=indexed_batches(
-            x, y, train_rows, batch, options.shuffle, context.seed, share, endless=True, weights=weights
+            train.x,
+            train.y,
+            train.rows,
+            batch,
+            options.shuffle,
+            context.seed,
+            share,
+            endless=True,
+            weights=train.weights,
         ),
         eval=indexed_batches(
-            eval_x,
-            eval_y,
-            eval_rows,
+            evaluation.x,
+            evaluation.y,
+            evaluation.rows,
             batch,
             shuffle=False,
             seed=context.seed,
             share=share,
-            weights=eval_weights,
+            weights=evaluation.weights,
         ),
-        steps_per_epoch=len(train_rows) // batch,
-        sample_batch=tuple(first + ([np.asarray(weights[rows])] if weights is not None else [])),
+        steps_per_epoch=len(train.rows) // batch,
+        sample_batch=_first_batch(train, context.process_batch_size),
         info={
-            "train_samples": len(train_rows),
-            "eval_samples": len(eval_rows),
+            "train_samples": len(train.rows),
+            "eval_samples": len(evaluation.rows),
             "eval_source": eval_source,
-            "read_by_rows": all(isinstance(column, FileRows) for column in _columns(x).values()),
+            "read_by_rows": all(isinstance(column, FileRows) for column in _columns(train.x).values()),
         },
     )
+
+
+def _train_and_eval(options: ArraysOptions) -> tuple[_Part, _Part, str]:
+    """The training and evaluation data, and where the latter comes from: data.eval_path, else the last
+    data.validation_split of the samples, else the training data itself (with a warning)."""
+    x, y, weights = _features_and_labels(options.path, options.labels_path, options, "path")
+    rows = np.arange(len(y))
+    if options.eval_path:
+        eval_x, eval_y, eval_weights = _features_and_labels(
+            options.eval_path, options.eval_labels_path, options, "eval_path"
+        )
+        evaluation = _Part(eval_x, eval_y, eval_weights, np.arange(len(eval_y)))
+        return _Part(x, y, weights, rows), evaluation, options.eval_path
+    if options.validation_split:
+        cut = int(round(len(y) * (1 - options.validation_split)))
+        return (
+            _Part(x, y, weights, rows[:cut]),
+            _Part(x, y, weights, rows[cut:]),
+            f"last {options.validation_split:.0%} of {options.path}",
+        )
+    log.warning(
+        "data=arrays without data.eval_path or data.validation_split: evaluating on the training data"
+    )
+    train = _Part(x, y, weights, rows)
+    return train, train, "training data"
+
+
+def _first_batch(train: _Part, size: int) -> tuple:
+    """The first `size` training samples as a batch: (features, labels[, weights])."""
+    rows = slice(0, size)
+    x = train.x
+    first = [
+        {k: np.asarray(v[rows]) for k, v in x.items()} if isinstance(x, dict) else np.asarray(x[rows]),
+        np.asarray(train.y[rows]),
+    ]
+    return tuple(first + ([np.asarray(train.weights[rows])] if train.weights is not None else []))
 
 
 SPEC = register_source(

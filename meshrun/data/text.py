@@ -217,15 +217,41 @@ def load(options: TextOptions, context: DataContext) -> pipeline.Datasets:
     framing = framing_for(options, tokenizer)
     chat = chat_format(options, tokenizer, source, key) if options.chat else None
     tokenized = tokenize_cached(options, tokenizer, framing, seq_len, context.shared_caches, chat)
-    meta = tokenized.meta
-    train, evaluation = _split(tokenized.arrays, "train"), _split(tokenized.arrays, "eval")
-    eval_source = meta["eval_source"]
+    train, evaluation = _train_and_eval(tokenized.arrays)
+    _check_enough_rows(options, context, seq_len, train, evaluation, tokenized.meta["eval_source"])
+    spec = _batch_spec(seq_len)
+    first = examples.model_batch(
+        (
+            {k: np.asarray(v[: context.process_batch_size]) for k, v in train[0].items()},
+            np.asarray(train[1][: context.process_batch_size]),
+        )
+    )
+    return pipeline.Datasets(
+        train=_batches(train, context, spec, options.shuffle, endless=True),
+        eval=_batches(evaluation, context, spec, shuffle=False, endless=False),
+        steps_per_epoch=len(train[1]) // context.batch_size,
+        sample_batch=first,
+        info=_info(options, tokenized, tokenizer, chat, len(train[1]), len(evaluation[1])),
+    )
+
+
+def _train_and_eval(arrays: dict) -> tuple[tuple, tuple]:
+    """The train and eval parts of the cached arrays; with no held-out part, the training part twice
+    (and a warning that the perplexity is not held-out)."""
+    train, evaluation = _split(arrays, "train"), _split(arrays, "eval")
     if evaluation is None:
         evaluation = train
         log.warning(
             "data=text without data.eval_files or data.eval_fraction: "
             "evaluating on the training text (the perplexity is not held-out)"
         )
+    return train, evaluation
+
+
+def _check_enough_rows(
+    options: TextOptions, context: DataContext, seq_len: int, train: tuple, evaluation: tuple, eval_source
+) -> None:
+    """A ConfigError when the training or the held-out text makes fewer rows than a batch."""
     train_rows, eval_rows = len(train[1]), len(evaluation[1])
     pipeline.check_enough(
         train_rows,
@@ -239,7 +265,11 @@ def load(options: TextOptions, context: DataContext) -> pipeline.Datasets:
         "data.eval_files" if options.eval_files else "data.eval_fraction",
         f"the held-out text ({eval_source}: {counted(eval_rows, 'row')})",
     )
-    spec = (
+
+
+def _batch_spec(seq_len: int) -> tuple:
+    """The shapes and dtypes of a model batch: ({token_ids, padding_mask}, labels, weights)."""
+    return (
         {
             "token_ids": ArraySpec((None, seq_len), np.dtype(np.int32)),
             "padding_mask": ArraySpec((None, seq_len), np.dtype(np.int32)),
@@ -248,49 +278,42 @@ def load(options: TextOptions, context: DataContext) -> pipeline.Datasets:
         ArraySpec((None, seq_len), np.dtype(np.float32)),
     )
 
-    def batches(columns, shuffle: bool, endless: bool):
-        features, weights = columns
-        rows = np.arange(len(weights))
-        made = indexed_batches(
-            features, weights, rows, context.batch_size, shuffle, context.seed, context.share, endless=endless
-        )
-        return made.map(examples.model_batch, spec)
 
-    first = examples.model_batch(
-        (
-            {k: np.asarray(v[: context.process_batch_size]) for k, v in train[0].items()},
-            np.asarray(train[1][: context.process_batch_size]),
+def _batches(columns: tuple, context: DataContext, spec: tuple, shuffle: bool, endless: bool):
+    """The model batches of a part's rows (({tokens, lengths}, weights)), this process's share."""
+    features, weights = columns
+    rows = np.arange(len(weights))
+    made = indexed_batches(
+        features, weights, rows, context.batch_size, shuffle, context.seed, context.share, endless=endless
+    )
+    return made.map(examples.model_batch, spec)
+
+
+def _info(
+    options: TextOptions, tokenized: Tokenized, tokenizer, chat, train_rows: int, eval_rows: int
+) -> dict:
+    """What the run's report says about the text: tokens, the cache, rows, what was dropped."""
+    meta = tokenized.meta
+    info = {
+        "tokens": meta["train"]["trained_tokens"],
+        "cache": "hit" if tokenized.hit else "miss",
+        "cache_entry": str(meta["dir"]),
+        "tokenizer": tokenizer.description,
+        "packed": options.packs,
+        "padding_fraction": meta["train"]["padding_fraction"],
+        "train_examples": meta["train"]["examples"],
+        "train_rows": train_rows,
+        "eval_rows": eval_rows,
+        "eval_source": meta["eval_source"],
+        "dropped_too_long": meta["train"]["dropped"] + meta.get("eval", {}).get("dropped", 0),
+    }
+    if chat is not None:
+        info.update(
+            format="chat",
+            chat_template_used=chat.description,
+            truncated_too_long=meta["train"]["truncated"] + meta.get("eval", {}).get("truncated", 0),
         )
-    )
-    return pipeline.Datasets(
-        train=batches(train, options.shuffle, endless=True),
-        eval=batches(evaluation, shuffle=False, endless=False),
-        steps_per_epoch=train_rows // context.batch_size,
-        sample_batch=first,
-        info={
-            "tokens": meta["train"]["trained_tokens"],
-            "cache": "hit" if tokenized.hit else "miss",
-            "cache_entry": str(meta["dir"]),
-            "tokenizer": tokenizer.description,
-            "packed": options.packs,
-            "padding_fraction": meta["train"]["padding_fraction"],
-            "train_examples": meta["train"]["examples"],
-            "train_rows": train_rows,
-            "eval_rows": eval_rows,
-            "eval_source": eval_source,
-            "dropped_too_long": meta["train"]["dropped"] + meta.get("eval", {}).get("dropped", 0),
-            **(
-                {
-                    "format": "chat",
-                    "chat_template_used": chat.description,
-                    "truncated_too_long": meta["train"]["truncated"]
-                    + meta.get("eval", {}).get("truncated", 0),
-                }
-                if chat is not None
-                else {}
-            ),
-        },
-    )
+    return info
 
 
 def _model_shape(context: DataContext) -> tuple[int, int]:

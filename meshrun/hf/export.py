@@ -281,8 +281,13 @@ def _write_adapter_weights(directory: Path, factors: list[PeftFactors], rank: in
         arrays[f"{PEFT_PREFIX}{factor.module}.lora_A.weight"] = np.pad(factor.a, ((0, extra), (0, 0)))
         arrays[f"{PEFT_PREFIX}{factor.module}.lora_B.weight"] = np.pad(factor.b, ((0, 0), (0, extra)))
     planned = [safetensors.PlannedTensor(name, "float32", array.shape) for name, array in arrays.items()]
-    (written,) = safetensors.write_shards(directory, planned, arrays.__getitem__, shard_bytes=1 << 62)
-    (directory / written).rename(directory / ADAPTER_WEIGHTS)
+    safetensors.write_shards(
+        directory,
+        planned,
+        arrays.__getitem__,
+        shard_bytes=1 << 62,
+        prefix=ADAPTER_WEIGHTS.removesuffix(".safetensors"),
+    )
 
 
 def adapter_config(

@@ -214,8 +214,8 @@ def _decoder_arguments(config: HFConfig) -> dict:
 
 def decoder_tensors(arguments: dict, config: HFConfig) -> list[TensorMap]:
     """The tensors of a Llama-style checkpoint (Llama, Mistral, Qwen 2 and 3)."""
-    hidden, query, kv, head_dim = config.heads
-    vocab, inner = arguments["vocabulary_size"], arguments["intermediate_dim"]
+    hidden = config.heads[0]
+    vocab = arguments["vocabulary_size"]
     maps = [
         TensorMap("model.embed_tokens.weight", "token_embedding/embeddings", transforms.same((vocab, hidden)))
     ]
@@ -224,53 +224,57 @@ def decoder_tensors(arguments: dict, config: HFConfig) -> list[TensorMap]:
             TensorMap("lm_head.weight", "token_embedding/reverse_embeddings", transforms.dense(vocab, hidden))
         )
     for i in range(arguments["num_layers"]):
-        hf, keras = f"model.layers.{i}", f"transformer_layer_{i}"
-        attention = f"{keras}/self_attention"
+        maps += _decoder_layer(f"model.layers.{i}", f"transformer_layer_{i}", arguments, config)
+    maps.append(TensorMap("model.norm.weight", "sequence_output_layernorm/scale", _norm(hidden)))
+    return maps
+
+
+def _decoder_layer(hf: str, keras: str, arguments: dict, config: HFConfig) -> list[TensorMap]:
+    """The tensors of one decoder layer (`hf`: its checkpoint prefix, `keras`: its Keras layer):
+    norms, attention projections, the gated MLP, and Qwen 2's biases or Qwen 3's q/k norms."""
+    hidden, query, kv, head_dim = config.heads
+    inner = arguments["intermediate_dim"]
+    attention = f"{keras}/self_attention"
+    maps = [
+        TensorMap(f"{hf}.input_layernorm.weight", f"{keras}/self_attention_layernorm/scale", _norm(hidden)),
+        TensorMap(
+            f"{hf}.post_attention_layernorm.weight", f"{keras}/feedforward_layernorm/scale", _norm(hidden)
+        ),
+        *_projections(hf, attention, query, kv, head_dim, hidden, heads_first=False),
+        TensorMap(
+            f"{hf}.mlp.gate_proj.weight",
+            f"{keras}/feedforward_gate_dense/kernel",
+            transforms.dense(inner, hidden),
+        ),
+        TensorMap(
+            f"{hf}.mlp.up_proj.weight",
+            f"{keras}/feedforward_intermediate_dense/kernel",
+            transforms.dense(inner, hidden),
+        ),
+        TensorMap(
+            f"{hf}.mlp.down_proj.weight",
+            f"{keras}/feedforward_output_dense/kernel",
+            transforms.dense(hidden, inner),
+        ),
+    ]
+    if config.model_type == "qwen2":
+        for short, name, heads in (("q", "query", query), ("k", "key", kv), ("v", "value", kv)):
+            maps.append(
+                TensorMap(
+                    f"{hf}.self_attn.{short}_proj.bias",
+                    f"{attention}/{name}/bias",
+                    transforms.head_bias(heads, head_dim),
+                )
+            )
+    if config.model_type == "qwen3":
         maps += [
             TensorMap(
-                f"{hf}.input_layernorm.weight", f"{keras}/self_attention_layernorm/scale", _norm(hidden)
+                f"{hf}.self_attn.q_norm.weight", f"{attention}/query_dense_layernorm/scale", _norm(head_dim)
             ),
             TensorMap(
-                f"{hf}.post_attention_layernorm.weight", f"{keras}/feedforward_layernorm/scale", _norm(hidden)
-            ),
-            *_projections(hf, attention, query, kv, head_dim, hidden, heads_first=False),
-            TensorMap(
-                f"{hf}.mlp.gate_proj.weight",
-                f"{keras}/feedforward_gate_dense/kernel",
-                transforms.dense(inner, hidden),
-            ),
-            TensorMap(
-                f"{hf}.mlp.up_proj.weight",
-                f"{keras}/feedforward_intermediate_dense/kernel",
-                transforms.dense(inner, hidden),
-            ),
-            TensorMap(
-                f"{hf}.mlp.down_proj.weight",
-                f"{keras}/feedforward_output_dense/kernel",
-                transforms.dense(hidden, inner),
+                f"{hf}.self_attn.k_norm.weight", f"{attention}/key_dense_layernorm/scale", _norm(head_dim)
             ),
         ]
-        if config.model_type == "qwen2":
-            for short, name, heads in (("q", "query", query), ("k", "key", kv), ("v", "value", kv)):
-                maps.append(
-                    TensorMap(
-                        f"{hf}.self_attn.{short}_proj.bias",
-                        f"{attention}/{name}/bias",
-                        transforms.head_bias(heads, head_dim),
-                    )
-                )
-        if config.model_type == "qwen3":
-            maps += [
-                TensorMap(
-                    f"{hf}.self_attn.q_norm.weight",
-                    f"{attention}/query_dense_layernorm/scale",
-                    _norm(head_dim),
-                ),
-                TensorMap(
-                    f"{hf}.self_attn.k_norm.weight", f"{attention}/key_dense_layernorm/scale", _norm(head_dim)
-                ),
-            ]
-    maps.append(TensorMap("model.norm.weight", "sequence_output_layernorm/scale", _norm(hidden)))
     return maps
 
 

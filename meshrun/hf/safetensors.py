@@ -151,13 +151,16 @@ def shard_names(count: int, prefix: str = "model") -> list[str]:
     return [f"{prefix}-{i + 1:05d}-of-{count:05d}.safetensors" for i in range(count)]
 
 
-def write_shards(directory: Path, tensors: list[PlannedTensor], produce, shard_bytes: int) -> list[str]:
-    """Writes `tensors` as safetensors shards in `directory`, each one's values from `produce(name)`
-    (a numpy array of its dtype and shape) as it is written, so host memory holds one tensor at a
-    time; then the index (model.safetensors.index.json) where there are several. Each file is
-    written under a temporary name and renamed once complete. Returns the file names."""
+def write_shards(
+    directory: Path, tensors: list[PlannedTensor], produce, shard_bytes: int, prefix: str = "model"
+) -> list[str]:
+    """Writes `tensors` as safetensors shards in `directory`, named after `prefix` as shard_names
+    says, each one's values from `produce(name)` (a numpy array of its dtype and shape) as it is
+    written, so host memory holds one tensor at a time; then the index
+    (`prefix`.safetensors.index.json) where there are several. Each file is written under a
+    temporary name and renamed once complete. Returns the file names."""
     shards = plan_shards(tensors, shard_bytes)
-    names = shard_names(len(shards))
+    names = shard_names(len(shards), prefix)
     for name, shard in zip(names, shards, strict=True):
         _write_file(directory / name, shard, produce)
     if len(shards) > 1:
@@ -168,7 +171,7 @@ def write_shards(directory: Path, tensors: list[PlannedTensor], produce, shard_b
             "metadata": {"total_size": sum(t.nbytes for t in tensors)},
             "weight_map": dict(sorted(weight_map.items())),
         }
-        (directory / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
+        (directory / f"{prefix}.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
     return names
 
 

@@ -32,10 +32,6 @@ class Transform:
     def keras_shape(self) -> tuple[int, ...]:
         return tuple(self.split_shape[axis] for axis in self.perm)
 
-    def to_keras(self, tensor: np.ndarray) -> np.ndarray:
-        """The whole variable from the whole tensor."""
-        return np.transpose(np.reshape(tensor, self.split_shape), self.perm)
-
     def to_hf(self, variable: np.ndarray) -> np.ndarray:
         """The whole tensor from the whole variable."""
         return np.reshape(np.transpose(variable, np.argsort(self.perm)), self.hf_shape)

@@ -55,15 +55,19 @@ class Trained(Protocol):
 class InProcess:
     """The job runs in this process: it takes its place in the job, trains (`train`, given that
     place) and, as process 0, publishes the run (`publish`: its files and its report). From its
-    start on, a stop signal stops training at its first step."""
+    start on, a stop signal stops training at its first step; a second Ctrl-C during training
+    ends the process at once where `ends_process_on_interrupt` (the `meshrun` program), else raises
+    KeyboardInterrupt (meshrun.system.signals.interrupt)."""
 
     config: RunConfig
     run_dir: RunDir
     train: Callable[[Identity], Trained]
     publish: Callable[[Trained], None]
+    ends_process_on_interrupt: bool = False
 
     def launch(self, job: Job) -> None:
-        with self.run_dir.answering(), signals.StopSignals() as stop_signals:
+        stopping = signals.StopSignals(ends_process=self.ends_process_on_interrupt)
+        with self.run_dir.answering(), stopping as stop_signals:
             self.run_dir.identity = self.enter()
             # from jax, which set its own SIGTERM handler when the process joined the job
             stop_signals.catch()

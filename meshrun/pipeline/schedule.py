@@ -63,16 +63,23 @@ def gpipe(
     check_split(
         leaf.shape[0] * (leaf.shape[1] if repeats > 1 else 1), ticks.stages, x.shape[0], microbatches, repeats
     )
-    if (
-        ticks.stages == 1
-    ):  # nothing to hand on (and XLA refuses a collective over a manual axis of one device)
-        return stage_fn(
-            jax.tree.map(lambda p: p.reshape(-1, *p.shape[2:]), stage_params)
-            if repeats > 1
-            else stage_params,
-            x,
-            side,
-        )
+    # One stage: nothing to hand on (and XLA refuses a collective over a manual axis of one device).
+    if ticks.stages == 1:
+        return stage_fn(_all_blocks(stage_params) if repeats > 1 else stage_params, x, side)
+    return _staged(stage_fn, stage_params, x, side, mesh, ticks)
+
+
+def _all_blocks(stage_params):
+    """The blocks of every round, (R, blocks / R, ...) made (blocks, ...): one stage runs them all."""
+    return jax.tree.map(lambda p: p.reshape(-1, *p.shape[2:]), stage_params)
+
+
+def _staged(
+    stage_fn: Callable, stage_params, x: jax.Array, side: dict, mesh: Mesh, ticks: Ticks
+) -> jax.Array:
+    """The pipeline of gpipe over more than one stage: each device of the stage axis runs its stage's
+    blocks tick by tick (_run_stage) in a shard_map, jitted."""
+    axis, repeats = ticks.axis, ticks.repeats
     # Activations enter and leave in float32 at least: the outputs are summed over the stages, and so are the
     # inputs' gradients, and XLA's CPU compiler aborts on those all-reduces in bfloat16, as mixed_bfloat16
     # gives them ("Invalid binary instruction opcode copy").

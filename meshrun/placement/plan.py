@@ -19,6 +19,7 @@ from meshrun.placement.layout import Bend, RuleCheck, TensorSpec, bend_notes, ch
 from meshrun.placement.stacking import PipelinePlan
 from meshrun.placement.traffic import Activations, SlowTraffic, slow_traffic
 from meshrun.specs.jsondata import OMIT_IF_NONE, to_json
+from meshrun.specs.quantized import QuantizedOf
 from meshrun.wording import format_bytes, format_shape
 
 MAX_LISTED = 10
@@ -30,7 +31,10 @@ class Placement:
     rule came from (`origin`: rules, extra_rules or from_model), its PartitionSpec, its bytes in
     total and on each device, and whether it trains (a frozen one has no optimizer slots).
     `reference` names the model variable an optimizer slot mirrors; `quantized`, for a variable of
-    a quantized layer (model.quantize), its role there (kernel, scale, zero, index)."""
+    a quantized layer (model.quantize), its role there (kernel, scale, zero, index); `packed`, for
+    a kernel whose bytes each hold two smaller values, what they are ("int4": its shape is the
+    packed one, half the float kernel's columns); `float_shape`, for a quantized kernel, the shape
+    of the float kernel it stands for."""
 
     path: str
     shape: tuple[int, ...]
@@ -43,6 +47,17 @@ class Placement:
     origin: str | None = field(default=None, metadata={OMIT_IF_NONE: True})
     trainable: bool = True
     quantized: str | None = field(default=None, metadata={OMIT_IF_NONE: True})
+    packed: str | None = field(default=None, metadata={OMIT_IF_NONE: True})
+    float_shape: tuple[int, ...] | None = field(default=None, metadata={OMIT_IF_NONE: True})
+
+    @property
+    def params(self) -> int:
+        """The float model's parameters it counts for: its elements; for a quantized kernel, its
+        float kernel's; for a quantization's scale, zero point or row index, none (they are not
+        parameters of the float model)."""
+        if self.quantized is None:
+            return math.prod(self.shape)
+        return math.prod(self.float_shape) if self.float_shape is not None else 0
 
     @property
     def replicated(self) -> bool:
@@ -121,7 +136,11 @@ class Plan:
 
     @property
     def params(self) -> int:
-        return sum(math.prod(p.shape) for p in self.variables)
+        """The parameters of the model as a float model: a quantized base (model.quantize) counts
+        each quantized kernel as its float kernel's elements and its scales, zero points and row
+        indices not at all, so that it has the parameters of the float base it comes from
+        (its bytes, params_bytes, are what it holds)."""
+        return sum(p.params for p in self.variables)
 
     @property
     def params_bytes(self) -> int:
@@ -131,7 +150,7 @@ class Plan:
     @property
     def trainable_params(self) -> int:
         """The parameters that train (all of them but frozen ones, such as those LoRA leaves)."""
-        return sum(math.prod(p.shape) for p in self.variables if p.trainable)
+        return sum(p.params for p in self.variables if p.trainable)
 
     @property
     def adapters(self) -> tuple[Placement, ...]:
@@ -252,24 +271,13 @@ def make_plan(
         _place(t, check.assigned.get(t.path) or check.misfits.get(t.path), mesh) for t in abstract.variables
     )
     by_path = {p.path: p for p in variables}
-    slots = tuple(_place_slot(slot, by_path, check, mesh) for slot in abstract.slots)
-    outputs = tuple(
-        {
-            "path": t.path,
-            "shape": list(t.shape),
-            "rule": check.assigned[t.path].pattern,
-            "spec": list(check.assigned[t.path].axes),
-        }
-        for t in abstract.tensors
-        if t.is_output and t.path in check.assigned
-    )
     plan = Plan(
         model=model_name,
         mesh=mesh,
         optimizer=optimizer,
         variables=variables,
-        slots=slots,
-        outputs=outputs,
+        slots=tuple(_place_slot(slot, by_path, check, mesh) for slot in abstract.slots),
+        outputs=_outputs(abstract, check),
         errors=(*lint, *check.errors),
         warnings=(
             *bend_notes(bends, mesh),
@@ -284,14 +292,34 @@ def make_plan(
         pipeline=pipeline,
     )
     if processes > 1 and mesh.dcn is not None:
-        traffic = slow_traffic(variables, mesh, activations or Activations(rows=0, itemsize=4))
-        plan = replace(
-            plan,
-            traffic=traffic,
-            warnings=(*plan.warnings, *_tensor_across_warnings(traffic, mesh, processes)),
-        )
+        plan = _with_traffic(plan, activations)
     too_large = _beyond_memory(plan)
     return replace(plan, errors=(*plan.errors, too_large)) if too_large else plan
+
+
+def _outputs(abstract, check: RuleCheck) -> tuple[dict, ...]:
+    """The output constraints: each output tensor a rule places, with that rule and its spec."""
+    return tuple(
+        {
+            "path": t.path,
+            "shape": list(t.shape),
+            "rule": check.assigned[t.path].pattern,
+            "spec": list(check.assigned[t.path].axes),
+        }
+        for t in abstract.tensors
+        if t.is_output and t.path in check.assigned
+    )
+
+
+def _with_traffic(plan: Plan, activations: Activations | None) -> Plan:
+    """The plan of a job of several processes with the estimate of what a step sends between them,
+    and a warning for each axis that splits variables across them."""
+    traffic = slow_traffic(plan.variables, plan.mesh, activations or Activations(rows=0, itemsize=4))
+    return replace(
+        plan,
+        traffic=traffic,
+        warnings=(*plan.warnings, *_tensor_across_warnings(traffic, plan.mesh, plan.processes)),
+    )
 
 
 def _beyond_memory(plan: Plan) -> DoesNotFit | None:
@@ -331,8 +359,20 @@ def _place(tensor: TensorSpec, rule: LayoutRule | None, mesh: MeshConfig, refere
         reference=reference,
         origin=rule.origin if rule else None,
         trainable=tensor.trainable,
-        quantized=tensor.quantized.role if tensor.quantized else None,
+        **_quantized_fields(tensor.quantized),
     )
+
+
+def _quantized_fields(quantized: QuantizedOf | None) -> dict:
+    """What a Placement says of a variable of a quantized layer: its role, what a packed kernel
+    holds (int4) and a kernel's float shape; nothing for any other variable."""
+    if quantized is None:
+        return {}
+    return {
+        "quantized": quantized.role,
+        "packed": quantized.packs,
+        "float_shape": tuple(quantized.float_shape) if quantized.role == "kernel" else None,
+    }
 
 
 def _place_slot(slot, variables: dict[str, Placement], check: RuleCheck, mesh: MeshConfig) -> Placement:

@@ -154,7 +154,7 @@ def plan_table(plan: dict, full: bool = False, rule_width: int | None = None) ->
         [PlanRow([v], v["path"]) for v in plan["variables"]] if full else collapse_blocks(plan["variables"])
     )
     grouped = any(len(r.members) > 1 for r in rows)
-    dtypes = sorted({v["dtype"] for v in plan["variables"]})
+    dtypes = sorted({dtype_text(v) for v in plan["variables"]})
     title = f"plan: {plan['model']['name']} on mesh {format_shape(mesh['shape'])} {tuple(mesh['axis_names'])}"
     table = Table(title=escape(title + (f", all {dtypes[0]}" if len(dtypes) == 1 else "")))
     frozen = any(not v.get("trainable", True) for v in plan["variables"])
@@ -174,7 +174,7 @@ def plan_table(plan: dict, full: bool = False, rule_width: int | None = None) ->
         text = {
             "path": escape(row.path),
             "shape": format_shape(v["shape"], "scalar"),
-            "dtype": v["dtype"],
+            "dtype": dtype_text(v),
             "rule": escape(_rule_text(v.get("rule"), v.get("origin"))),
             "spec": spec_text(v["spec"]),
             "bytes/device": format_bytes(v["bytes_per_device"]),
@@ -223,7 +223,7 @@ def collapse_blocks(variables: list[dict]) -> list[PlanRow]:
         key = (
             _BLOCK_INDEX.sub("#", v["path"]),
             tuple(v["shape"]),
-            v["dtype"],
+            dtype_text(v),
             v.get("rule"),
             v.get("origin"),
             tuple(v["spec"]),
@@ -360,9 +360,19 @@ def pipeline_rows(pipeline: dict) -> list[tuple[str, str]]:
 
 
 def _quantized_text(plan: dict) -> str:
-    """The frozen quantized variables of a plan per device, with the dtypes they are stored in."""
-    dtypes = sorted({v["dtype"] for v in plan["variables"] if v.get("quantized")})
+    """The frozen quantized variables of a plan per device, with what they hold (int4 kernels: two
+    values a byte)."""
+    dtypes = sorted({dtype_text(v) for v in plan["variables"] if v.get("quantized")})
     return f"{format_bytes(plan['per_device']['frozen_quantized_bytes'])} ({', '.join(dtypes)})"
+
+
+def dtype_text(variable: dict) -> str:
+    """What a variable of the plan holds: its dtype, or for a packed kernel the values packed in
+    its bytes, "int4 packed two a byte" (its shape is the packed one: half the float kernel's
+    columns, in int8)."""
+    if variable.get("packed"):
+        return f"{variable['packed']} packed two a byte"
+    return variable["dtype"]
 
 
 def _adapters_text(adapters: dict) -> str:
@@ -443,7 +453,26 @@ def sweep_table(rows: list[dict]) -> Table:
         title=escape(sweep_title(rows) + f"; fastest first{fitting} ({'tokens' if lm else 'samples'}/s)")
     )
     staged = any(r.get("stages") for r in rows)  # pipelined runs: their stages, microbatches and idle share
-    columns = [
+    errors = any(r["status"] != "ok" for r in rows)
+    for column in _sweep_columns(varying, staged, lm) + (["error"] if errors else []):
+        left = column in ("job", "mesh", "model", "layout", "status", "error")
+        table.add_column(column, justify="left" if left else "right", no_wrap=column != "error")
+    for r in rows:
+        head = [
+            r["job"],
+            r["mesh"],
+            *(escape(str(r[key])) for key in varying),
+            *(_stages_cells(r) if staged else []),
+        ]
+        idle = [_idle_text(r)] if staged else []
+        table.add_row(*head, *_sweep_cells(r, unit, idle, errors))
+    return table
+
+
+def _sweep_columns(varying: list[str], staged: bool, lm: bool) -> list[str]:
+    """The sweep table's columns (but the error column): the job, its mesh, the settings that vary
+    between jobs, a pipeline's stages, then the status and the figures measured."""
+    return [
         "job",
         "mesh",
         *varying,
@@ -457,47 +486,32 @@ def sweep_table(rows: list[dict]) -> Table:
         "peak/device",
         *(["idle (formula, fit)"] if staged else []),
     ]
-    errors = any(r["status"] != "ok" for r in rows)
-    for column in columns + (["error"] if errors else []):
-        left = column in ("job", "mesh", "model", "layout", "status", "error")
-        table.add_column(column, justify="left" if left else "right", no_wrap=column != "error")
-    for r in rows:
-        head = [
-            r["job"],
-            r["mesh"],
-            *(escape(str(r[key])) for key in varying),
-            *(_stages_cells(r) if staged else []),
-        ]
-        idle = [_idle_text(r)] if staged else []
-        if r["status"] == DOES_NOT_FIT:
-            needed = (
-                format_bytes(r["peak_bytes_per_device"]) + " planned" if r["peak_bytes_per_device"] else "-"
-            )
-            table.add_row(
-                *head, "[yellow]does not fit[/yellow]", *[""] * 5, needed, *idle, escape(r["error"] or "")
-            )
-            continue
-        if r["status"] != "ok":
-            table.add_row(*head, "[red]error[/red]", *[""] * 6, *idle, escape(r["error"] or ""))
-            continue
-        peak = (
-            f"{format_bytes(r['peak_bytes_per_device'])} {r['peak_source']}"
-            if r["peak_bytes_per_device"]
-            else "n/a"
-        )
-        table.add_row(
-            *head,
-            "[bold green]best[/bold green]" if r["best"] else "ok",
-            _figure(r["compile_s"], ".2f"),
-            _figure(r["step_time_ms"], ".2f"),
-            _figure(r["step_time_p90_ms"], ".2f"),
-            _figure(r[unit], ",.0f"),
-            _figure(r["eval_loss"], ".5f"),
-            peak,
-            *idle,
-            *([""] if errors else []),
-        )
-    return table
+
+
+def _sweep_cells(r: dict, unit: str, idle: list[str], errors: bool) -> list[str]:
+    """A job's cells after its head (job, mesh, varying settings, stages): its status and figures,
+    or for a job that failed or does not fit, its status, the planned bytes where known, and why."""
+    if r["status"] == DOES_NOT_FIT:
+        needed = format_bytes(r["peak_bytes_per_device"]) + " planned" if r["peak_bytes_per_device"] else "-"
+        return ["[yellow]does not fit[/yellow]", *[""] * 5, needed, *idle, escape(r["error"] or "")]
+    if r["status"] != "ok":
+        return ["[red]error[/red]", *[""] * 6, *idle, escape(r["error"] or "")]
+    peak = (
+        f"{format_bytes(r['peak_bytes_per_device'])} {r['peak_source']}"
+        if r["peak_bytes_per_device"]
+        else "n/a"
+    )
+    return [
+        "[bold green]best[/bold green]" if r["best"] else "ok",
+        _figure(r["compile_s"], ".2f"),
+        _figure(r["step_time_ms"], ".2f"),
+        _figure(r["step_time_p90_ms"], ".2f"),
+        _figure(r[unit], ",.0f"),
+        _figure(r["eval_loss"], ".5f"),
+        peak,
+        *idle,
+        *([""] if errors else []),
+    ]
 
 
 def _stages_cells(row: dict) -> list[str]:

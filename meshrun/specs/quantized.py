@@ -27,6 +27,12 @@ class QuantizedOf:
     rows: int | None = None
     packed: bool = False
 
+    @property
+    def packs(self) -> str | None:
+        """What a packed kernel's bytes hold, two values a byte: "int4" (the one mode that packs);
+        None for any other variable."""
+        return "int4" if self.packed else None
+
 
 QUANTIZE_MODES = ("int8", "int4")  # model.quantize (meshrun.quantize)
 

@@ -16,6 +16,7 @@ imported meanwhile or what the allocator keeps after a free.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import math
 import threading
 import weakref
@@ -52,11 +53,12 @@ class LoadWatch:
         self._before: dict[int, weakref.ref] = {}  # the arrays alive when loading began, by id
         self._device_peak = 0
         self._host_peak: int | None = None
+        self._in_force: contextvars.Token | None = None
 
     def __enter__(self) -> LoadWatch:
         self._before = {id(array): weakref.ref(array) for array in jax.live_arrays()}
         self._host_at_start = self.sample()
-        _WATCHING.append(self)
+        self._in_force = _WATCHING.set((*_WATCHING.get(), self))
         self._thread = threading.Thread(
             target=self._sample_until_stopped, name="meshrun-load-watch", daemon=True
         )
@@ -64,7 +66,7 @@ class LoadWatch:
         return self
 
     def __exit__(self, *exc_info) -> None:
-        _WATCHING.remove(self)
+        _WATCHING.reset(self._in_force)
         self._stop.set()
         self._thread.join()
         self.sample()
@@ -104,12 +106,19 @@ class LoadWatch:
         return before is not None and before() is array
 
 
-_WATCHING: list[LoadWatch] = []
+# The LoadWatches in force in this context, innermost last: a LoadWatch's with-block sets them and
+# puts back those before on leaving (scoped, as meshrun.pipeline.blocks' stages are). Not passed as
+# an argument: the run watches around the model spec's build hook (meshrun.run.execute.build),
+# which takes no watch, and the loader samples from inside Keras' variable assignment
+# (meshrun.compat.keras.load_onto_shards' patch), reached through KerasHub's from_preset.
+_WATCHING: contextvars.ContextVar[tuple[LoadWatch, ...]] = contextvars.ContextVar(
+    "meshrun_load_watches", default=()
+)
 
 
 def sample() -> None:
     """Takes a sample now for every LoadWatch in force (none: nothing to do)."""
-    for watch in list(_WATCHING):
+    for watch in _WATCHING.get():
         watch.sample()
 
 
@@ -119,7 +128,7 @@ def unsampled():
     single devices, which for a moment are alive beside it and share its buffers (a sample then
     would count those bytes twice)."""
     with contextlib.ExitStack() as held:
-        for watch in list(_WATCHING):
+        for watch in _WATCHING.get():
             held.enter_context(watch._lock)
         yield
 

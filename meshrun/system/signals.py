@@ -48,31 +48,28 @@ def caught_signals() -> tuple[int, ...]:
     return STOP_SIGNALS if extra is None or extra in STOP_SIGNALS else (*STOP_SIGNALS, extra)
 
 
-_active: StopSignals | None = None
-
-
 class StopSignals:
     """While entered (on the main thread; elsewhere it catches nothing), catches the stop signals
     (`caught_signals`): the first is remembered in `received` for the run to stop at its next step
-    boundary; a second SIGINT (and each one after it) stops at once (`interrupt`). The
-    handlers in force before are put back on leaving. Entered while another is, it is that one,
+    boundary; a second SIGINT (and each one after it) stops at once (`interrupt`), ending the
+    process where `ends_process` (the `meshrun` program's choice: meshrun.launch.launchers.InProcess).
+    The handlers in force before are put back on leaving. Entered while another is, it is that one,
     its handlers set again: a signal caught while the job started up (before its training entered
     its own) stops the training at its first step."""
 
-    def __init__(self):
+    def __init__(self, ends_process: bool = False):
         self.received: int | None = None
+        self.ends_process = ends_process
         self._handlers = SignalHandlers({})
         self._outer: StopSignals | None = None
 
     def __enter__(self) -> StopSignals:
-        global _active
-        if _active is not None:
-            self._outer = _active
-            _active.catch()
-            return _active
+        outer = _in_force()
+        if outer is not None:
+            self._outer = outer
+            outer.catch()
+            return outer
         self._handlers = SignalHandlers({sig: self._handle for sig in caught_signals()}).__enter__()
-        if self._handlers.active:
-            _active = self
         return self
 
     def catch(self) -> None:
@@ -81,20 +78,32 @@ class StopSignals:
         self._handlers.reinstall()
 
     def __exit__(self, *exc) -> None:
-        global _active
         if self._outer is not None:
             self._outer = None
             return
-        was_catching = self._handlers.active
         self._handlers.__exit__(*exc)
-        if was_catching:
-            _active = None
+
+    @property
+    def active(self) -> bool:
+        """Whether its handlers are set (entered on the main thread, not left yet)."""
+        return self._handlers.active
 
     def _handle(self, signum, frame) -> None:
         if self.received is None:
             self.received = signum
         elif signum == signal.SIGINT:
-            interrupt()
+            interrupt(self.ends_process)
+
+
+def _in_force() -> StopSignals | None:
+    """The StopSignals entered in this process whose handler is in force for a stop signal, None
+    when there is none. Read from the signal table itself: which handler a signal runs is the
+    process's own state (the OS delivers a signal to the process), kept by Python, not a copy here."""
+    for signum in caught_signals():
+        scope = getattr(signal.getsignal(signum), "__self__", None)
+        if isinstance(scope, StopSignals) and scope.active:
+            return scope
+    return None
 
 
 # What a Ctrl-C that stops a run at once says (with meshrun's error prefix), and its exit status
@@ -103,23 +112,14 @@ INTERRUPTED = (
 )
 INTERRUPTED_STATUS = 128 + signal.SIGINT
 
-_ends_process = False
 
-
-def end_process_when_interrupted() -> None:
-    """Makes a second Ctrl-C during training end the process where it is, with the one line and
-    exit status 130: the `meshrun` program's choice. Left alone (a notebook or a test calling
-    meshrun in its own process), a second Ctrl-C raises KeyboardInterrupt instead."""
-    global _ends_process
-    _ends_process = True
-
-
-def interrupt() -> None:
-    """A second Ctrl-C during training. In the program (end_process_when_interrupted) it ends the
-    process at once: an exception unwinding from here could be swallowed where Python ignores
-    exceptions (a finalizer, a weakref callback) or replaced by a library's failing clean-up.
-    Elsewhere it raises KeyboardInterrupt, each time one comes."""
-    if _ends_process:
+def interrupt(ends_process: bool = False) -> None:
+    """A second Ctrl-C during training. In the program (`ends_process`) it ends the process at
+    once: an exception unwinding from here could be swallowed where Python ignores exceptions (a
+    finalizer, a weakref callback) or replaced by a library's failing clean-up. Elsewhere (a
+    notebook or a test calling meshrun in its own process) it raises KeyboardInterrupt, each time
+    one comes."""
+    if ends_process:
         _end_interrupted()
     quiet_finalizers()
     raise KeyboardInterrupt

@@ -86,7 +86,11 @@ VERDICTS = (
     "the verdicts of its tokenizer check"  # what meshrun reads from the token cache for a preset's tokenizer
 )
 
-_warned_slow: set[str] = set()
+# The tokenizers (by description) whose fall-back to KerasHub's graph this process has warned
+# about, so that the warning is said once though a run loads its tokenizer more than once (for its
+# sampling plan and for its data, each through load_tokenizer). Module-level because those loads
+# share no object a caller holds: they would once the run loads its tokenizer once and hands it on.
+_SLOW_FALLBACKS_SAID: set[str] = set()
 
 
 class TextTokenizer:
@@ -545,8 +549,10 @@ def _byte_level_bpe(layer):
 
 
 def _warn_slow(description: str, why: str) -> None:
-    if description not in _warned_slow:
-        _warned_slow.add(description)
+    """Warns that the tokenizer `description` names is used through KerasHub's graph (`why`),
+    once a process."""
+    if description not in _SLOW_FALLBACKS_SAID:
+        _SLOW_FALLBACKS_SAID.add(description)
         log.warning(
             f"{description} {why}; tokenizing through KerasHub's "
             "TensorFlow graph instead, which is much slower"
