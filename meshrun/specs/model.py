@@ -113,7 +113,7 @@ MODELS: Registry[ModelSpec] = Registry(
     {
         "cnn": "meshrun.models.cnn",
         "dense_model": "meshrun.models.dense_model",
-        "keras_hub": "meshrun.models.hub",
+        "keras_hub": "meshrun.models.hub.spec",
         "python": "meshrun.models.factory",
         "transformer": "meshrun.models.transformer",
         "two_tower": "meshrun.models.two_tower",
