@@ -29,6 +29,7 @@ from typing import Any
 
 from meshrun.errors import ConfigError
 from meshrun.flags import read_command_line
+from meshrun.models import get_model
 from meshrun.run.sampling import (
     HUB_MODEL,
     check_max_length,
@@ -378,7 +379,7 @@ def find_weights(run: SavedRun) -> Weights:
     adapter = _written(run, saved.get("exported_adapter"))
     options = run.config.model.options
     kept = adapter if adapter is not None and adapter.is_file() and options.preset else None
-    if kept is not None and getattr(options, "quantize", None):
+    if kept is not None and get_model(run.config.model.name).quantization_of(options) is not None:
         return Weights(adapter=kept)  # the model trained: the quantized base with its adapters
     if preset is not None and (preset / "config.json").is_file():
         return Weights(preset=preset)

@@ -114,16 +114,6 @@ class Objectives:
 
 
 @dataclass(frozen=True)
-class FloatBase:
-    """The float base a quantized run measures its base against (model.quantize with
-    train.eval_float_base): planned on its own, so that its rules fit its float kernels (layout=auto
-    derives them from those), and the distribution that lays it out."""
-
-    planned: PlannedModel
-    distribution: Any  # keras.distribution.ModelParallel
-
-
-@dataclass(frozen=True)
 class RunSetup:
     """Everything checked and decided before the build: the hand-over from `prepare` to `execute`."""
 
@@ -142,7 +132,6 @@ class RunSetup:
         False  # a tf.data generator dataset: the run restores malloc's policy (meshrun.run.feed)
     )
     sampling: Any = None  # meshrun.run.sampling.SamplingPlan: prompts completed after training (None: none)
-    float_base: FloatBase | None = None  # the float base of a quantized run, to evaluate (None: none)
 
     @property
     def plan(self) -> Plan:
@@ -164,7 +153,6 @@ def prepare(config: RunConfig, context: RunContext) -> RunSetup:
     named = check_objectives(config.train, planned)
     sampling = plan_sampling(config, planned, found.mesh, found.processes)
     distribution = distribution_lib.make_distribution(found.mesh, planned.rules, found.devices)
-    float_base = plan_float_base(config, planned, found)
     data = _data_context(config, planned, named, distribution, found.processes)
     datasets = load_data(config, planned, data)
     total_steps = count_steps(config, datasets.steps_per_epoch)
@@ -182,33 +170,7 @@ def prepare(config: RunConfig, context: RunContext) -> RunSetup:
         total_steps=total_steps,
         generator_in_pipeline=datasets.holds_generator(),
         sampling=sampling,
-        float_base=float_base,
     )
-
-
-def plan_float_base(
-    config: RunConfig, planned: PlannedModel, found: devices_lib.DeviceSet
-) -> FloatBase | None:
-    """The float base of a quantized run, planned and laid out on the run's mesh, when the run
-    evaluates it (train.eval_float_base); None, with a warning, where it would not fit the devices."""
-    options = planned.options
-    if getattr(options, "quantize", None) is None or not config.train.eval_float_base:
-        return None
-    float_options = dataclasses.replace(options, quantize=None)
-    float_config = dataclasses.replace(config, model=dataclasses.replace(config.model, options=float_options))
-    floated = place(
-        float_config, found.mesh, found.processes, devices_lib.device_memory(config.devices, found)
-    )
-    try:
-        floated.plan.raise_first_error()
-    except ConfigError as err:
-        log.warning(
-            "the float base is not evaluated beside the quantized one: %s (train.eval_float_base=false "
-            "says so without planning it)",
-            err,
-        )
-        return None
-    return FloatBase(floated, distribution_lib.make_distribution(found.mesh, floated.rules, found.devices))
 
 
 # The warnings a process has said that need saying only once, not once per job of a multirun: a
@@ -253,7 +215,7 @@ def place(
     train = config.train
     pipeline = config.pipeline if config.pipeline.stages(mesh) else None
     if pipeline:
-        _check_not_quantized(options)
+        _check_not_quantized(spec, options)
     abstract = describe(
         spec, options, config.data, train.optimizer, train.learning_rate, train.precision, pipeline=pipeline
     )
@@ -301,12 +263,13 @@ def place(
     )
 
 
-def _check_not_quantized(options) -> None:
-    """ConfigError: a quantized base (model.quantize) does not train in pipeline stages yet."""
-    if getattr(options, "quantize", None):
+def _check_not_quantized(spec: ModelSpec, options) -> None:
+    """ConfigError: a quantized base (ModelSpec.quantization) does not train in pipeline stages yet."""
+    quantized = spec.quantization_of(options)
+    if quantized is not None:
         raise ConfigError(
             "model.quantize",
-            f"got {options.quantize!r} with pipeline stages, whose stacked blocks meshrun does not quantize "
+            f"got {quantized.mode!r} with pipeline stages, whose stacked blocks meshrun does not quantize "
             "yet; set model.quantize=null, or train without a stage axis",
         )
 
