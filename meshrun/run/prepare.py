@@ -63,7 +63,9 @@ class RunContext:
     on the command line, when the job started (its start-up, wall time and train.max_time count
     from there), this process's place in a multi-process job, and whether the process ends right
     after this run (then Keras' session is left as it is instead of cleared, which can take
-    seconds)."""
+    seconds). `said_once`: the warnings that need saying once, not once per job of a multirun,
+    that have been said; the invocation's, which its jobs in this process share (a sweep over
+    layout=auto,transformer_tp sets layout.min_bytes for auto, and every other job ignores it)."""
 
     run_dir: str = ""
     choices: dict = field(default_factory=dict)
@@ -73,6 +75,7 @@ class RunContext:
     process_ends_after: bool = False
     unreadable_checkpoints: frozenset = frozenset()  # steps resume=auto passes over (found unreadable)
     requeued: bool = False  # the scheduler started this job again (SLURM_RESTART_COUNT): resume by default
+    said_once: set[str] = field(default_factory=set)  # added to as prepare says them
 
 
 @dataclass(frozen=True)
@@ -149,7 +152,7 @@ def prepare(config: RunConfig, context: RunContext) -> RunSetup:
     checkpoints = plan_checkpoints(config, context, found.processes)
     planned = place(config, found.mesh, found.processes, devices_lib.device_memory(config.devices, found))
     planned.plan.raise_first_error()
-    _say_warnings(planned.plan, config.layout)
+    _say_warnings(planned.plan, config.layout, context.said_once)
     named = check_objectives(config.train, planned)
     sampling = plan_sampling(config, planned, found.mesh, found.processes)
     distribution = distribution_lib.make_distribution(found.mesh, planned.rules, found.devices)
@@ -173,20 +176,16 @@ def prepare(config: RunConfig, context: RunContext) -> RunSetup:
     )
 
 
-# The warnings a process has said that need saying only once, not once per job of a multirun: a
-# sweep over layout=auto,transformer_tp sets layout.min_bytes for auto, and every other job ignores it.
-_said_once: set[str] = set()
-
-
-def _say_warnings(plan: Plan, layout: LayoutConfig) -> None:
+def _say_warnings(plan: Plan, layout: LayoutConfig, said_once: set[str]) -> None:
     """Logs the plan's warnings (plan.json keeps them all); that layout keys of layout=auto are
-    ignored is said once per process."""
+    ignored is said once for the runs that share `said_once` (RunContext.said_once, which it adds
+    to)."""
     once = set(_auto_keys_ignored(layout))
     for warning in plan.warnings:
-        if warning in _said_once:
+        if warning in said_once:
             continue
         if warning in once:
-            _said_once.add(warning)
+            said_once.add(warning)
         log.warning(warning)
 
 
