@@ -29,6 +29,7 @@ from typing import Any
 
 from meshrun.errors import ConfigError
 from meshrun.flags import read_command_line
+from meshrun.models import get_model
 from meshrun.run.sampling import (
     HUB_MODEL,
     check_max_length,
@@ -378,7 +379,7 @@ def find_weights(run: SavedRun) -> Weights:
     adapter = _written(run, saved.get("exported_adapter"))
     options = run.config.model.options
     kept = adapter if adapter is not None and adapter.is_file() and options.preset else None
-    if kept is not None and getattr(options, "quantize", None):
+    if kept is not None and get_model(run.config.model.name).quantization_of(options) is not None:
         return Weights(adapter=kept)  # the model trained: the quantized base with its adapters
     if preset is not None and (preset / "config.json").is_file():
         return Weights(preset=preset)
@@ -502,24 +503,27 @@ def _from_checkpoint(config, planned, point):
 def _from_preset(planned, preset: Path):
     """The run's task class loaded from its exported preset dir, with its weights (LoRA adapters
     merged into the kernels by the export, so none are added)."""
-    from meshrun.models import hub
+    from meshrun.models.hub import build as building
+    from meshrun.models.hub.options import LoraOptions
 
     options = dataclasses.replace(
-        planned.options, preset=str(preset), backbone={}, lora=hub.LoraOptions(), quantize=None
+        planned.options, preset=str(preset), backbone={}, lora=LoraOptions(), quantize=None
     )  # a QLoRA run's preset is its float base with the adapters merged
-    return hub.build(options)
+    return building.build(options)
 
 
 def _from_adapter(planned, adapter: Path):
     """The run's base model (model.preset, with separate blocks) with the LoRA adapters it kept; a
     QLoRA run's base quantized as it trained (model.quantize, the same preset), the adapters put
     on it as it builds."""
-    from meshrun.models import hub, hub_export
+    from meshrun.models.hub import build as building
+    from meshrun.models.hub.export import load_adapter, sampling_lora
+    from meshrun.models.hub.options import LoraOptions
 
     options = planned.options
-    lora = hub_export.sampling_lora(options.lora) if options.quantize else hub.LoraOptions()
-    base = hub.build(dataclasses.replace(options, lora=lora))
-    return hub_export.load_adapter(base, options.lora, adapter)
+    lora = sampling_lora(options.lora) if options.quantize else LoraOptions()
+    base = building.build(dataclasses.replace(options, lora=lora))
+    return load_adapter(base, options.lora, adapter)
 
 
 def print_completions(

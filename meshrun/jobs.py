@@ -150,6 +150,7 @@ def _train(config: RunConfig, invocation: Invocation, job: Job, identity: Identi
         identity=identity,
         process_ends_after=invocation.as_program and job.number is None,
         requeued=requeued(),
+        said_once=invocation.said_once,
     )
     return train(config, context)
 

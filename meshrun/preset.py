@@ -1,7 +1,7 @@
 """`meshrun preset FAMILY --text PATH [--text PATH ...] --out DIR [...]`: a small KerasHub preset of
 a model family, made offline from the user's own text, to try the fine-tuning workflow with before
 a real preset is at hand: a tokenizer trained on the text, a causal LM of the sizes asked around it
-with random weights (meshrun.models.hub_presets), written as `save_to_preset` writes it.
+with random weights (meshrun.models.hub.small_presets), written as `save_to_preset` writes it.
 
 The text is read as data=text reads files (meshrun.text.corpus): UTF-8 text files whole, and every
 text field of JSONL records. The preset is written into a temporary dir renamed to DIR when
@@ -22,7 +22,7 @@ from pathlib import Path
 from meshrun.errors import ConfigError
 from meshrun.files import dir_written_whole, unwritable
 from meshrun.flags import read_command_line
-from meshrun.models.hub_presets import FAMILIES, Family, PresetShape, assemble, tokenizer
+from meshrun.models.hub.small_presets import FAMILIES, Family, PresetShape, assemble, tokenizer
 from meshrun.text.corpus import expand, read_texts
 from meshrun.wording import did_you_mean, first_line, format_bytes, one_of
 

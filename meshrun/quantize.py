@@ -9,14 +9,17 @@ the float ones as they are read, one layer at a time, so the float model never e
   columns; the inputs stay float (weight-only).
 
 The quantized values are those Keras' own `layer.quantize(mode)` gives for the same float weights
-(the same formulas, applied a block of columns or rows at a time). Importing this module imports
-numpy, not keras; its functions import keras.
+(the same formulas, applied a block of columns or rows at a time). Which layers a file filled is
+kept by the build that reads them (filled_from_files), so that fill_from_initializers draws the
+others. Importing this module imports numpy, not keras; its functions import keras.
 """
 
 from __future__ import annotations
 
 import contextlib
 import math
+from collections.abc import Collection
+from contextvars import ContextVar
 
 import numpy as np
 
@@ -31,7 +34,8 @@ from meshrun.errors import ConfigError
 from meshrun.specs.quantized import COLUMNS, QUANTIZE_MODES, ROWS, QuantizedOf
 
 INT4_BLOCK_SIZE = 128  # Keras' default for quantize("int4")
-FILLED = "_meshrun_quantized_filled"  # set on a layer once quantize_into has filled it
+# The set (of layer ids) the build in force records the layers quantize_into fills in (filled_from_files).
+_filled: ContextVar[set[int] | None] = ContextVar("meshrun_quantized_filled", default=None)
 # The float block quantized at a time. Keras' quantizers make a few temporaries of a block's size, so
 # the host holds about four blocks beside the weight: 4 MiB blocks keep that under 20 MiB (at 16 MiB,
 # a 32 MiB kernel took 72 MiB more while it was quantized) and are as quick (scripts/bench_load.py).
@@ -120,7 +124,22 @@ def quantize_into(layer, kernel) -> None:
         layer.kernel_scale.assign(int8_scale_as_stored(layer, scale))
     else:
         _assign_int4(layer, facts, np.asarray(kernel).reshape(facts["rows"], facts["columns"]))
-    setattr(layer, FILLED, True)
+    filled = _filled.get()
+    if filled is not None:
+        filled.add(id(layer))
+
+
+@contextlib.contextmanager
+def filled_from_files():
+    """While in force, the quantized layers quantize_into fills (from a file's float weights as
+    they load: a KerasHub preset, a transformers checkpoint) are recorded, by id, in the set it
+    yields, which the caller keeps for fill_from_initializers once the model is built."""
+    filled: set[int] = set()
+    token = _filled.set(filled)
+    try:
+        yield filled
+    finally:
+        _filled.reset(token)
 
 
 def _assign_int4(layer, facts: dict, flat: np.ndarray) -> None:
@@ -206,14 +225,15 @@ def _int4_per_column(flat: np.ndarray) -> tuple[np.ndarray, np.ndarray, None]:
     return packed, scale, None
 
 
-def fill_from_initializers(model) -> None:
-    """Fills every quantized layer of `model` that no file filled (a new backbone, the user's own
-    model) with its kernel initializer's values, quantized: the base a float build would have
-    drawn, one layer's float kernel at a time."""
+def fill_from_initializers(model, filled: Collection[int] = ()) -> None:
+    """Fills every quantized layer of `model` that no file filled (`filled`: the ids of those that
+    one did, filled_from_files; a new backbone, the user's own model: none) with its kernel
+    initializer's values, quantized: the base a float build would have drawn, one layer's float
+    kernel at a time."""
     import keras
 
     for layer in quantized(model):
-        if getattr(layer, FILLED, False):
+        if id(layer) in filled:
             continue
         facts = quantized_kernel_facts(layer)
         drawn = layer.kernel_initializer(facts["float_shape"], dtype=layer.variable_dtype)

@@ -1135,13 +1135,13 @@ def build_model(model_spec: dict, precision: str):
             keras.losses.MeanSquaredError(),
             [],
         )
-    from meshrun.models import hub
+    from meshrun.models.hub.build import build
+    from meshrun.models.hub.objective import next_token_loss
+    from meshrun.models.hub.options import KerasHubOptions
     from meshrun.models.registry import class_accuracy
 
-    built = hub.KerasHubOptions(
-        task="LlamaCausalLM", backbone=options["backbone"], seq_len=options["seq_len"]
-    )
-    return hub.build(built), hub.next_token_loss(built), class_accuracy(built)
+    built = KerasHubOptions(task="LlamaCausalLM", backbone=options["backbone"], seq_len=options["seq_len"])
+    return build(built), next_token_loss(built), class_accuracy(built)
 
 
 def make_data(model_spec: dict, count: int):

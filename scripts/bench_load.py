@@ -19,7 +19,7 @@ places) the bytes on each device and the host memory the process took beyond wha
     python scripts/bench_load.py --size-gb 0.25 --mesh 2x4 --out bench_load.json
 
 `--quantize int8|int4` loads the preset into a quantized base instead (QLoRA). meshrun's loader is
-meshrun's own path (meshrun.models.hub.build with model.quantize and LoRA rank 4: each Dense and
+meshrun's own path (meshrun.models.hub.build.build with model.quantize and LoRA rank 4: each Dense and
 EinsumDense built quantized, each float kernel quantized as it is read, meshrun.quantize); the plain
 loader is Keras' way, `from_preset` then `quantize(mode)` on the loaded float model (int4 fails under
 a distribution in Keras 3.15: the row says so). Printed per loader: the per-device load peak against
@@ -291,7 +291,8 @@ def load_quantized(preset: Path, mesh: str, loader: str, mode: str) -> dict:
 def _quantized_task(preset: Path, loader: str, mode: str):
     """The task of `preset` with its base quantized by `mode` and LoRA on top, built by `loader`."""
     if loader == "meshrun":
-        from meshrun.models.hub import KerasHubOptions, LoraOptions, build
+        from meshrun.models.hub.build import build
+        from meshrun.models.hub.options import KerasHubOptions, LoraOptions
 
         options = KerasHubOptions(
             preset=str(preset), quantize=mode, lora=LoraOptions(rank=QUANTIZED_LORA_RANK)

@@ -1,6 +1,6 @@
 """Small KerasHub presets built locally, for the tests of fine-tuning on text (nothing is downloaded).
 
-The presets are those `meshrun preset` makes (meshrun.models.hub_presets: a real tokenizer trained
+The presets are those `meshrun preset` makes (meshrun.models.hub.small_presets: a real tokenizer trained
 on the given text, SentencePiece for Gemma and byte-level BPE with Hugging Face `tokenizers` for
 GPT-2 and Llama 3, around a tiny causal LM with random weights, written with `save_to_preset`) at
 the tests' sizes: vocabulary 512, 2 layers, hidden size 64, 4 query heads, sequence length 64.
@@ -18,7 +18,7 @@ import random
 from dataclasses import replace
 from pathlib import Path
 
-from meshrun.models.hub_presets import (
+from meshrun.models.hub.small_presets import (
     FAMILIES,
     GPT2_SPECIAL_TOKENS,  # noqa: F401 (the tests read it here)
     PresetShape,

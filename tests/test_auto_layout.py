@@ -264,9 +264,11 @@ def test_auto_keys_on_another_layout_are_one_grammatical_warning_said_once_a_pro
         "model": {"name": "dense_model"},
         "data": {"name": "synthetic", "num_samples": 64, "eval_samples": 32},
     }
+    said_once: set[str] = set()  # the invocation's, which a multirun's jobs share
     with caplog.at_level(logging.WARNING, logger="meshrun"):
         setups = [
-            prepare(parse_run_config(raw), RunContext(run_dir=str(tmp_path / str(job)))) for job in range(2)
+            prepare(parse_run_config(raw), RunContext(run_dir=str(tmp_path / str(job)), said_once=said_once))
+            for job in range(2)
         ]
     assert [r.message for r in caplog.records if "only steer" in r.message] == [said]
     assert all(said in setup.plan.warnings for setup in setups)

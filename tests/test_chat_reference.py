@@ -54,7 +54,7 @@ def gemma_preset_chat(tmp_path_factory):
 
     import keras_hub
 
-    from meshrun.models.hub_presets import FAMILIES, assemble
+    from meshrun.models.hub.small_presets import FAMILIES, assemble
     from meshrun.text.chat import load_chat
     from meshrun.text.tokenizer import load_tokenizer
     from presets import SHAPE

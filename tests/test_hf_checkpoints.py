@@ -251,7 +251,7 @@ def test_a_broken_checkpoint_is_one_line_with_exit_2_and_nothing_written(
 
 def test_model_dtype_sets_a_kerashub_backbones_dtype_too(tmp_path, fresh_session):
     from meshrun.config.parse import parse_run_config
-    from meshrun.models import hub
+    from meshrun.models.hub.build import build
 
     raw = {
         "model": {
@@ -271,5 +271,5 @@ def test_model_dtype_sets_a_kerashub_backbones_dtype_too(tmp_path, fresh_session
         "data": {"name": "synthetic", "num_samples": 16, "eval_samples": 16},
         "mesh": {"shape": "8"},
     }
-    task = hub.build(parse_run_config(raw).model.options)
+    task = build(parse_run_config(raw).model.options)
     assert {w.dtype for w in task.weights} == {"bfloat16"}

@@ -142,24 +142,26 @@ def built(preset, lora=None):
     """The task of model.preset `preset` off the mesh (with `lora`'s adapters enabled)."""
     import keras
 
-    from meshrun.models import hub
+    from meshrun.models.hub.build import build
+    from meshrun.models.hub.options import KerasHubOptions
 
     keras.distribution.set_distribution(None)
     keras.config.set_dtype_policy("float32")
-    options = hub.KerasHubOptions(preset=str(preset), seq_len=16)
-    task = hub.build(options)
+    options = KerasHubOptions(preset=str(preset), seq_len=16)
+    task = build(options)
     return task
 
 
 def test_the_export_reloads_to_the_trained_models_logits(run, source):
     """hf/ through meshrun equals the base with the run's adapter.lora.h5 put back on it
     (KerasHub's own file, as `meshrun generate` samples a kept adapter), and the training moved it."""
-    from meshrun.models import hub, hub_export
+    from meshrun.models.hub.export import load_adapter
+    from meshrun.models.hub.options import LoraOptions
 
     exported = logits_of(built(run / "hf"))
     base = built(source)
     untrained = logits_of(base)
-    trained = logits_of(hub_export.load_adapter(base, hub.LoraOptions(rank=4), run / "adapter.lora.h5"))
+    trained = logits_of(load_adapter(base, LoraOptions(rank=4), run / "adapter.lora.h5"))
     np.testing.assert_allclose(exported, trained, atol=1e-5, rtol=0)
     assert np.abs(exported - untrained).max() > 1e-4
     metrics = read_metrics(run)
@@ -248,7 +250,8 @@ def bf16_task(tmp_path):
     import keras
 
     from meshrun.hf import load
-    from meshrun.models.hub import LoraOptions, enable_lora
+    from meshrun.models.hub.lora import enable_lora
+    from meshrun.models.hub.options import LoraOptions
 
     keras.distribution.set_distribution(None)
     keras.config.set_dtype_policy("float32")

@@ -38,11 +38,12 @@ def test_a_preset_lands_on_its_shards_with_the_values_keras_hub_reads_and_no_dev
     import keras
     import keras_hub
 
-    from meshrun.models import hub
+    from meshrun.models.hub.build import build
+    from meshrun.models.hub.options import KerasHubOptions
     from meshrun.system.load_memory import LoadWatch
 
     with LoadWatch(jax.devices()) as watch:
-        task = hub.build(hub.KerasHubOptions(preset=str(text_files.gemma)))
+        task = build(KerasHubOptions(preset=str(text_files.gemma)))
     peaks = watch.peaks()
     loaded = {v.path: v.value for v in task.backbone.variables}
     keras.distribution.set_distribution(None)

@@ -425,7 +425,8 @@ def tiny_gemma(dropout: float, targets=("query", "value", "ffw_gating", "attenti
     import keras
     import keras_hub
 
-    from meshrun.models.hub import LoraOptions, enable_lora
+    from meshrun.models.hub.lora import enable_lora
+    from meshrun.models.hub.options import LoraOptions
 
     keras.utils.set_random_seed(1)
     backbone = keras_hub.models.GemmaBackbone(**TINY_GEMMA)
@@ -438,7 +439,7 @@ def test_lora_dropout_changes_training_alone_and_only_through_the_adapters():
     """With B = 0 (as LoRA starts) the training output is the base's exactly: the dropout touches
     the adapters' path alone. With trained adapters, training draws a new mask each call, while
     inference is exactly the model without LoRA dropout. One seed generator serves every layer."""
-    from meshrun.models.hub import adapted_layers
+    from meshrun.models.hub.lora import adapted_layers
 
     dropping, plain = tiny_gemma(0.5), tiny_gemma(0.0)
     seeds = [v.path for v in dropping.variables if "seed" in v.path]
@@ -494,7 +495,7 @@ def test_lora_dropout_gives_peft_s_formula(kind):
     merged kernel W + scale * A B."""
     import keras
 
-    from meshrun.models.hub import drop_adapter_inputs
+    from meshrun.models.hub.lora import drop_adapter_inputs
 
     keras.utils.set_random_seed(2)
     make, shape, equation = LAYERS[kind]
@@ -523,8 +524,8 @@ def test_an_adapter_loaded_to_sample_gets_no_lora_dropout(tmp_path):
     no seed generator, and the logits of the trained model at inference."""
     import keras_hub
 
-    from meshrun.models.hub import LoraOptions
-    from meshrun.models.hub_export import load_adapter, save_adapter
+    from meshrun.models.hub.export import load_adapter, save_adapter
+    from meshrun.models.hub.options import LoraOptions
 
     targets = ("query", "value")
     lora = LoraOptions(rank=RANK, alpha=ALPHA, targets=targets, dropout=0.1)

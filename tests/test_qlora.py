@@ -18,7 +18,8 @@ from conftest import error_line_here, read_metrics
 from meshrun import cli, quantize
 from meshrun.compat.keras import sublayers
 from meshrun.config.schema import MeshConfig
-from meshrun.models.hub import KerasHubOptions, LoraOptions, build
+from meshrun.models.hub.build import build
+from meshrun.models.hub.options import KerasHubOptions, LoraOptions
 from meshrun.placement.quantized import carried_axes
 from meshrun.specs.quantized import COLUMNS, ROWS, QuantizedOf
 from presets import corpus_text, gemma_preset, llama3_preset

@@ -158,17 +158,17 @@ def test_the_adapter_file_holds_the_adapters(gemma_runs):
 def test_generate_rebuilds_the_quantized_base_and_answers_as_the_run_sampled(gemma_runs, capsys, monkeypatch):
     """`meshrun generate` on the int4 run takes its adapters on the base quantized as it trained
     (not the merged float preset) and gives the completions the run's samples recorded."""
-    from meshrun.models import hub
+    from meshrun.models.hub import build as building
 
     _, runs = gemma_runs
     built = []
-    build = hub.build
+    build = building.build
 
     def recording(options, *args, **kwargs):
         built.append((options.quantize, options.lora.rank))
         return build(options, *args, **kwargs)
 
-    monkeypatch.setattr(hub, "build", recording)
+    monkeypatch.setattr(building, "build", recording)
     metrics = read_metrics(runs["int4"])
     capsys.readouterr()
     flags = [f"--prompt={prompt}" for prompt in PROMPTS]

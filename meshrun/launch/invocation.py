@@ -24,7 +24,8 @@ class Invocation:
     """One `meshrun` command and what its jobs did: the command, its flags and Hydra overrides, the
     role this process was started in, whether it runs as the meshrun program (the process ends when
     the command is done) and whether multirun jobs each run in a process of their own; then, as the
-    jobs run, the sweep dir, each train job's run dir and the exit statuses of the jobs that failed.
+    jobs run, the sweep dir, each train job's run dir, the exit statuses of the jobs that failed and
+    the warnings its jobs say once for all of them (`said_once`, meshrun.run.prepare.RunContext).
     `kube` holds the options of `meshrun k8s` (meshrun.kube.options.KubeOptions)."""
 
     command: str
@@ -40,6 +41,7 @@ class Invocation:
     runs: list[str] = field(default_factory=list)
     failures: list[int] = field(default_factory=list)
     preempted: bool = False
+    said_once: set[str] = field(default_factory=set)
 
     @property
     def multirun(self) -> bool:

@@ -1,7 +1,9 @@
-"""One training run, in three phases with typed hand-overs (`meshrun.run.phases.train` runs them):
+"""One training run, in phases with typed hand-overs (`meshrun.run.phases.train` runs them):
 
     setup = prepare(config, context)            every check, nothing built          run/prepare.py
-    outcome = execute(setup)                    build, fit, evaluate, export        run/execute.py
+    compared = float_base.compare(setup, ...)   a quantized base's float model      run/float_base.py
+                                                built, evaluated and freed
+    outcome = execute(setup, compared, ...)     build, fit, evaluate, export        run/execute.py
     metrics = collect(setup, outcome, ending)   what metrics.json holds             run/collect.py
 
 The run is what ties the plugins together: it builds the model (build.py) under the placement's

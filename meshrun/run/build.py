@@ -94,7 +94,7 @@ def build_model(
 
     make = spec.build_abstract if abstract and spec.build_abstract else spec.build
     try:
-        with stages(pipeline):
+        with stages(pipeline), quantize.filled_from_files() as filled:
             model = make(options)
     except BlockNotPipelinable as err:
         raise ConfigError(
@@ -119,11 +119,11 @@ def build_model(
         raise ConfigError(
             "model", f"{spec.name_of(options)} has no variables after it was built; nothing would train"
         )
-    mode = getattr(options, "quantize", None)
-    if mode:
-        quantize.check_quantized(model, mode, spec.name_of(options))
+    quantized = spec.quantization_of(options)
+    if quantized is not None:
+        quantize.check_quantized(model, quantized.mode, spec.name_of(options))
         if not abstract:
-            quantize.fill_from_initializers(model)
+            quantize.fill_from_initializers(model, filled)
     return model, signature
 
 

@@ -1,6 +1,7 @@
-"""The second phase of a run: build the model under the run's distribution, fit it, evaluate it,
-export it, and read what the report needs off the placed arrays and XLA's analysis of the step.
-Everything it needs was checked by `prepare`; what it found out is an `Outcome`.
+"""The phase of a run that trains: build the model under the run's distribution, fit it, evaluate
+it, export it, and read what the report needs off the placed arrays and XLA's analysis of the step.
+Everything it needs was checked by `prepare`, and a quantized base's float base was evaluated by
+the step before it (meshrun.run.float_base); what it found out is an `Outcome`.
 
 Importing this module imports jax and keras: call `meshrun.placement.devices.prepare` first.
 """
@@ -15,24 +16,23 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import jax
-import keras
 
-from meshrun.compat.keras import keras_without_tensorflow, set_random_seed
-from meshrun.data import order
+from meshrun.compat.keras import keras_without_tensorflow
 from meshrun.logs.timing import StepStats
 from meshrun.placement import distribution as distribution_lib
 from meshrun.run import costs as costs_lib
 from meshrun.run import feed, sampling
 from meshrun.run.build import build_model, built_off_the_mesh, check_paths_match
+from meshrun.run.float_base import FloatBaseLoss
 from meshrun.run.hooks import RunHooks, make_hooks
 from meshrun.run.prepare import RunSetup
+from meshrun.run.session import compile_model, enter_run_session, evaluate
 from meshrun.specs.metrics import SKIPPABLE, PlacedVariable, ProfileFigures
 from meshrun.specs.rundir import EXPORT_FILE
 from meshrun.system import allocator, signals
 from meshrun.system.load_memory import LoadPeaks, LoadWatch
 from meshrun.training import objectives, restack
 from meshrun.training.callbacks import GracefulStop
-from meshrun.training.schedule import keras_schedule
 
 log = logging.getLogger("meshrun")
 
@@ -79,7 +79,7 @@ class Outcome:
 class BaseLosses:
     """What quantizing the base costs (model.quantize): the evaluation loss of the quantized base
     before training (its LoRA adapters, B = 0, add nothing) and of the float base it was made from,
-    on the same evaluation data (None: train.eval_float_base=false)."""
+    on the same evaluation data (None: not evaluated, meshrun.run.float_base)."""
 
     mode: str
     quantized_loss: float
@@ -87,22 +87,22 @@ class BaseLosses:
     seconds: float  # the float base's build, evaluation and freeing, and the quantized base's evaluation
 
 
-def execute(setup: RunSetup) -> Outcome:
+def execute(
+    setup: RunSetup, float_base: FloatBaseLoss | None = None, stop_signals: signals.StopSignals | None = None
+) -> Outcome:
     """Builds, trains, evaluates and exports the model of `setup`, and measures it. A stop signal
-    while it builds or trains (meshrun.system.signals) stops training at the next step
-    boundary with a checkpoint there; the run then skips evaluation, export, sampling and XLA's analysis,
-    to be done before the scheduler's grace period ends. Training runs under meshrun's allocator
-    policy (meshrun.system.allocator). A quantized base (model.quantize) is evaluated before
-    training, and the float base it comes from before it is built (float_base_loss)."""
+    while it builds or trains (meshrun.system.signals; `stop_signals`: those the steps before it
+    caught too) stops training at the next step boundary with a checkpoint there; the run then
+    skips evaluation, export, sampling and XLA's analysis, to be done before the scheduler's grace
+    period ends. Training runs under meshrun's allocator policy (meshrun.system.allocator). A
+    quantized base (ModelSpec.quantization) is evaluated before training, beside `float_base`, the
+    float base's loss the step before found (meshrun.run.float_base; None: not evaluated)."""
     allocator.set_training_policy()
-    with signals.StopSignals() as stop_signals:
-        started = time.perf_counter()
-        float_loss = float_base_loss(setup) if setup.float_base is not None else None
-        float_s = time.perf_counter() - started
+    with stop_signals or signals.StopSignals() as caught:
         model, loss, load = build(setup)
         built_at = time.time()
-        base_losses = _base_losses(model, setup, float_loss, float_s)
-        hooks = make_hooks(setup, stop_signals)
+        base_losses = _base_losses(model, setup, float_base)
+        hooks = make_hooks(setup, caught)
         history = fit(model, setup, hooks)
     stopped = hooks.stopped()
     skipped = skipped_after_signal(setup) if stopped_by_signal(stopped) else None
@@ -146,36 +146,16 @@ def execute(setup: RunSetup) -> Outcome:
     )
 
 
-def _quantize_mode(setup: RunSetup) -> str | None:
-    """The run's model.quantize (None: a float base, or a model without the option)."""
-    return getattr(setup.planned.options, "quantize", None)
-
-
-def _base_losses(model, setup: RunSetup, float_loss: float | None, float_s: float) -> BaseLosses | None:
+def _base_losses(model, setup: RunSetup, float_base: FloatBaseLoss | None) -> BaseLosses | None:
     """The quantized base's evaluation loss before training beside the float base's (None: a float
     base). Checkpoints are restored as training begins, so a resumed run measures the base too."""
-    mode = _quantize_mode(setup)
-    if mode is None:
+    quantized = setup.planned.spec.quantization_of(setup.planned.options)
+    if quantized is None:
         return None
     started = time.perf_counter()
     loss = evaluate(model, setup, [])["loss"]
-    return BaseLosses(mode, loss, float_loss, seconds=float_s + time.perf_counter() - started)
-
-
-def float_base_loss(setup: RunSetup) -> float:
-    """The evaluation loss of the float base a quantized run starts from: the same model built
-    without model.quantize under its own distribution (setup.float_base: rules that fit its float
-    kernels; its weights loaded onto their shards as the run's are), evaluated once on the run's
-    evaluation data, then freed with its session, so that the quantized build that follows gets
-    the planned names and `memory.load_peak_*` measure that build alone."""
-    planned = setup.float_base.planned
-    _enter_run_session(setup, setup.float_base.distribution)
-    model, _ = build_model(planned.spec, planned.options, setup.config.data)
-    _compile(model, setup)
-    loss = evaluate(model, setup, [])["loss"]
-    del model
-    keras.backend.clear_session(free_memory=True)  # the names restart; its arrays go
-    return loss
+    float_loss, float_s = (float_base.loss, float_base.seconds) if float_base else (None, 0.0)
+    return BaseLosses(quantized.mode, loss, float_loss, seconds=float_s + time.perf_counter() - started)
 
 
 def stopped_by_signal(stopped: dict | None) -> bool:
@@ -198,7 +178,7 @@ def build(setup: RunSetup):
     the optimizer's variables included, must be created under the distribution."""
     config, placement = setup.config, setup.planned
     spec, options = placement.spec, placement.options
-    _enter_run_session(setup)
+    enter_run_session(setup)
     stacks = {tensor.path: tensor.blocks for tensor in placement.abstract.variables if tensor.blocks}
     with (
         LoadWatch(local_devices(setup.devices.devices)) as watch,
@@ -208,37 +188,7 @@ def build(setup: RunSetup):
             spec, options, config.data, pipeline=placement.pipeline
         )  # prepare's abstract builds left a fresh session
     check_paths_match(model, placement.abstract, spec, options)
-    return model, _compile(model, setup), watch.peaks()
-
-
-def _enter_run_session(setup: RunSetup, distribution=None) -> None:
-    """Puts the run's distribution (or `distribution`), dtype policy and seed in force for a build."""
-    train = setup.config.train
-    keras.distribution.set_distribution(distribution_lib.in_force(distribution or setup.distribution))
-    keras.config.set_dtype_policy(train.precision)  # reset to float32 by distribution.reset
-    set_random_seed(train.seed, order.tensorflow_global_seed(train.seed))
-
-
-def _compile(model, setup: RunSetup):
-    """Compiles `model` with the run's optimizer, loss and metrics; returns the loss."""
-    spec, options = setup.planned.spec, setup.planned.options
-    compiled = objectives.compiled_objectives(model)
-    train = setup.config.train
-    optimizer = objectives.make_optimizer(
-        train.optimizer,
-        keras_schedule(train, setup.total_steps),
-        train.clip_norm,
-        loss_scaling=train.precision == "mixed_float16",
-        accumulate=train.grad_accum_steps,
-    )
-    loss = objectives.make_loss(train.loss, spec, options, compiled)
-    metrics = objectives.make_metrics(
-        train.metrics, setup.objectives.loss_function, train.loss is None, spec, options, compiled
-    )
-    # With sample weights (a padding mask), metrics count only the samples (tokens) that weigh.
-    weighing = {"weighted_metrics": metrics} if setup.datasets.weighted else {"metrics": metrics}
-    model.compile(optimizer=optimizer, loss=loss, **weighing)
-    return loss
+    return model, compile_model(model, setup), watch.peaks()
 
 
 def fit(model, setup: RunSetup, hooks: RunHooks) -> dict:
@@ -301,22 +251,6 @@ def _fit(model, datasets, train, callbacks: list, start) -> dict:
             break
         step += (end - first) * steps
     return history
-
-
-def evaluate(model, setup: RunSetup, callbacks: list) -> dict:
-    """The final evaluation: every compiled metric, and perplexity for a language model."""
-    data = setup.datasets.eval
-    evaluated = model.evaluate(
-        feed.keras_input(data, model),
-        steps=feed.evaluation_steps(data, model),
-        verbose=0,
-        return_dict=True,
-        callbacks=callbacks,
-    )
-    evaluation = {name: float(value) for name, value in evaluated.items()}
-    if setup.planned.spec.language_model and "loss" in evaluation:
-        evaluation["perplexity"] = math.exp(min(evaluation["loss"], 700.0))  # exp overflows a float past ~709
-    return evaluation
 
 
 def with_separate_blocks(model, setup: RunSetup):

@@ -1,4 +1,7 @@
-"""A training run from start to end: `train(config, context)` passes through each phase once."""
+"""A training run from start to end: `train(config, context)` passes through each phase once:
+prepare (every check, nothing built), the float-base comparison (a quantized base's float model
+built, evaluated and freed: meshrun.run.float_base), execute (build, fit, evaluate, export) and
+collect (metrics.json's figures)."""
 
 from __future__ import annotations
 
@@ -11,10 +14,12 @@ from meshrun.config.schema import RunConfig
 from meshrun.errors import ConfigError
 from meshrun.placement import distribution
 from meshrun.placement.plan import Plan
+from meshrun.run import float_base
 from meshrun.run.collect import Ending, collect
 from meshrun.run.execute import execute
 from meshrun.run.prepare import RunContext, prepare
 from meshrun.specs.metrics import RunMetrics
+from meshrun.system import signals
 from meshrun.system.process import collectable_again, kept_to_the_end
 from meshrun.training.checkpoint import UnreadableCheckpoint
 
@@ -42,7 +47,9 @@ def train(config: RunConfig, context: RunContext) -> TrainedRun:
             _keep_to_the_end(context)  # the imports
             setup = prepare(config, context)
             _keep_to_the_end(context)  # the model and its data
-            outcome = execute(setup)
+            stop_signals = signals.StopSignals()  # caught by both steps: one signal stops the training
+            compared = float_base.compare(setup, stop_signals)
+            outcome = execute(setup, compared, stop_signals)
             break
         except UnreadableCheckpoint as err:
             collectable_again()  # the model built for the checkpoint passed over goes

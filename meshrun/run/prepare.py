@@ -63,7 +63,9 @@ class RunContext:
     on the command line, when the job started (its start-up, wall time and train.max_time count
     from there), this process's place in a multi-process job, and whether the process ends right
     after this run (then Keras' session is left as it is instead of cleared, which can take
-    seconds)."""
+    seconds). `said_once`: the warnings that need saying once, not once per job of a multirun,
+    that have been said; the invocation's, which its jobs in this process share (a sweep over
+    layout=auto,transformer_tp sets layout.min_bytes for auto, and every other job ignores it)."""
 
     run_dir: str = ""
     choices: dict = field(default_factory=dict)
@@ -73,6 +75,7 @@ class RunContext:
     process_ends_after: bool = False
     unreadable_checkpoints: frozenset = frozenset()  # steps resume=auto passes over (found unreadable)
     requeued: bool = False  # the scheduler started this job again (SLURM_RESTART_COUNT): resume by default
+    said_once: set[str] = field(default_factory=set)  # added to as prepare says them
 
 
 @dataclass(frozen=True)
@@ -114,16 +117,6 @@ class Objectives:
 
 
 @dataclass(frozen=True)
-class FloatBase:
-    """The float base a quantized run measures its base against (model.quantize with
-    train.eval_float_base): planned on its own, so that its rules fit its float kernels (layout=auto
-    derives them from those), and the distribution that lays it out."""
-
-    planned: PlannedModel
-    distribution: Any  # keras.distribution.ModelParallel
-
-
-@dataclass(frozen=True)
 class RunSetup:
     """Everything checked and decided before the build: the hand-over from `prepare` to `execute`."""
 
@@ -142,7 +135,6 @@ class RunSetup:
         False  # a tf.data generator dataset: the run restores malloc's policy (meshrun.run.feed)
     )
     sampling: Any = None  # meshrun.run.sampling.SamplingPlan: prompts completed after training (None: none)
-    float_base: FloatBase | None = None  # the float base of a quantized run, to evaluate (None: none)
 
     @property
     def plan(self) -> Plan:
@@ -160,11 +152,10 @@ def prepare(config: RunConfig, context: RunContext) -> RunSetup:
     checkpoints = plan_checkpoints(config, context, found.processes)
     planned = place(config, found.mesh, found.processes, devices_lib.device_memory(config.devices, found))
     planned.plan.raise_first_error()
-    _say_warnings(planned.plan, config.layout)
+    _say_warnings(planned.plan, config.layout, context.said_once)
     named = check_objectives(config.train, planned)
     sampling = plan_sampling(config, planned, found.mesh, found.processes)
     distribution = distribution_lib.make_distribution(found.mesh, planned.rules, found.devices)
-    float_base = plan_float_base(config, planned, found)
     data = _data_context(config, planned, named, distribution, found.processes)
     datasets = load_data(config, planned, data)
     total_steps = count_steps(config, datasets.steps_per_epoch)
@@ -182,49 +173,19 @@ def prepare(config: RunConfig, context: RunContext) -> RunSetup:
         total_steps=total_steps,
         generator_in_pipeline=datasets.holds_generator(),
         sampling=sampling,
-        float_base=float_base,
     )
 
 
-def plan_float_base(
-    config: RunConfig, planned: PlannedModel, found: devices_lib.DeviceSet
-) -> FloatBase | None:
-    """The float base of a quantized run, planned and laid out on the run's mesh, when the run
-    evaluates it (train.eval_float_base); None, with a warning, where it would not fit the devices."""
-    options = planned.options
-    if getattr(options, "quantize", None) is None or not config.train.eval_float_base:
-        return None
-    float_options = dataclasses.replace(options, quantize=None)
-    float_config = dataclasses.replace(config, model=dataclasses.replace(config.model, options=float_options))
-    floated = place(
-        float_config, found.mesh, found.processes, devices_lib.device_memory(config.devices, found)
-    )
-    try:
-        floated.plan.raise_first_error()
-    except ConfigError as err:
-        log.warning(
-            "the float base is not evaluated beside the quantized one: %s (train.eval_float_base=false "
-            "says so without planning it)",
-            err,
-        )
-        return None
-    return FloatBase(floated, distribution_lib.make_distribution(found.mesh, floated.rules, found.devices))
-
-
-# The warnings a process has said that need saying only once, not once per job of a multirun: a
-# sweep over layout=auto,transformer_tp sets layout.min_bytes for auto, and every other job ignores it.
-_said_once: set[str] = set()
-
-
-def _say_warnings(plan: Plan, layout: LayoutConfig) -> None:
+def _say_warnings(plan: Plan, layout: LayoutConfig, said_once: set[str]) -> None:
     """Logs the plan's warnings (plan.json keeps them all); that layout keys of layout=auto are
-    ignored is said once per process."""
+    ignored is said once for the runs that share `said_once` (RunContext.said_once, which it adds
+    to)."""
     once = set(_auto_keys_ignored(layout))
     for warning in plan.warnings:
-        if warning in _said_once:
+        if warning in said_once:
             continue
         if warning in once:
-            _said_once.add(warning)
+            said_once.add(warning)
         log.warning(warning)
 
 
@@ -253,7 +214,7 @@ def place(
     train = config.train
     pipeline = config.pipeline if config.pipeline.stages(mesh) else None
     if pipeline:
-        _check_not_quantized(options)
+        _check_not_quantized(spec, options)
     abstract = describe(
         spec, options, config.data, train.optimizer, train.learning_rate, train.precision, pipeline=pipeline
     )
@@ -301,12 +262,13 @@ def place(
     )
 
 
-def _check_not_quantized(options) -> None:
-    """ConfigError: a quantized base (model.quantize) does not train in pipeline stages yet."""
-    if getattr(options, "quantize", None):
+def _check_not_quantized(spec: ModelSpec, options) -> None:
+    """ConfigError: a quantized base (ModelSpec.quantization) does not train in pipeline stages yet."""
+    quantized = spec.quantization_of(options)
+    if quantized is not None:
         raise ConfigError(
             "model.quantize",
-            f"got {options.quantize!r} with pipeline stages, whose stacked blocks meshrun does not quantize "
+            f"got {quantized.mode!r} with pipeline stages, whose stacked blocks meshrun does not quantize "
             "yet; set model.quantize=null, or train without a stage axis",
         )
 

@@ -219,9 +219,9 @@ def check_vocabulary(tokenizer, config, vocabulary: int) -> None:
 def check_max_length(max_length: int, options, key: str) -> int:
     """`max_length`, or a ConfigError naming `key` when the backbone cannot take that many tokens
     (its position embedding is shorter; `options`: the run's KerasHubOptions)."""
-    from meshrun.models.hub import max_sequence_length
+    from meshrun.models.hub.presets import max_sequence_length
 
-    limit = max_sequence_length(options)
+    limit = max_sequence_length(options.preset, options.backbone)
     if limit is not None and max_length > limit:
         raise ConfigError(
             key,

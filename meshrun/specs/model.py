@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from meshrun.registry import Registry
+from meshrun.specs.quantized import Quantization
 
 # The data families data=synthetic generates, one generator each (meshrun.data.synthetic.FAMILIES): a
 # ModelSpec's `data` names the one that matches the model's inputs.
@@ -75,6 +76,10 @@ class ModelSpec:
       keeps (checkpoint.keep_adapter; KerasHub: a LoRA run's adapter.lora.h5) into the run dir;
       `trained()` gives the trained model (None where it cannot be had). Returns the file's path,
       None where the run has none to keep.
+    - `quantization(options)`: the quantized base the options ask for (model.quantize), as a
+      Quantization: its mode and the options of the float model it is made from; None for a float
+      base. A model without the hook is never quantized. The run builds such a model quantized,
+      evaluates the float one beside it, and keeps it out of pipeline stages.
     """
 
     name: str
@@ -97,6 +102,7 @@ class ModelSpec:
     sample_weight_input: str | None = None
     export: Callable[[Any, Any, Any, Any], dict] | None = None
     save_adapter: Callable[[Any, Any, Any], str | None] | None = None
+    quantization: Callable[[Any], Quantization | None] | None = None
 
     @property
     def default_layout(self) -> str:
@@ -107,13 +113,17 @@ class ModelSpec:
         """How reports name a model of this spec built with `options`."""
         return self.label(options) if self.label else self.name
 
+    def quantization_of(self, options) -> Quantization | None:
+        """The quantized base `options` ask for (ModelSpec.quantization); None: a float base."""
+        return self.quantization(options) if self.quantization else None
+
 
 MODELS: Registry[ModelSpec] = Registry(
     "model",
     {
         "cnn": "meshrun.models.cnn",
         "dense_model": "meshrun.models.dense_model",
-        "keras_hub": "meshrun.models.hub",
+        "keras_hub": "meshrun.models.hub.spec",
         "python": "meshrun.models.factory",
         "transformer": "meshrun.models.transformer",
         "two_tower": "meshrun.models.two_tower",

@@ -1,10 +1,12 @@
 """What a quantized base (model.quantize) is made of, as records the plan and layouts read: the
-modes meshrun quantizes with, and for each variable of a quantized layer the float kernel it stands
-for (meshrun.quantize fills them; meshrun.placement.quantized lays them out)."""
+modes meshrun quantizes with, what a model's options ask for (Quantization, the answer of a
+ModelSpec's `quantization` hook), and for each variable of a quantized layer the float kernel it
+stands for (meshrun.quantize fills them; meshrun.placement.quantized lays them out)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from meshrun.errors import ConfigError
 from meshrun.wording import one_of
@@ -35,6 +37,16 @@ class QuantizedOf:
 
 
 QUANTIZE_MODES = ("int8", "int4")  # model.quantize (meshrun.quantize)
+
+
+@dataclass(frozen=True)
+class Quantization:
+    """The quantized base a model's options ask for (model.quantize): its `mode`, one of
+    QUANTIZE_MODES, and `float_options`, the options of the float model it is made from (the same
+    model with a float base), which the run evaluates beside it (train.eval_float_base)."""
+
+    mode: str
+    float_options: Any
 
 
 def check_quantize_mode(mode) -> None:

@@ -1,5 +1,6 @@
-"""checkpoint.export for model=keras_hub: the trained task in KerasHub's own formats, loadable with
-no meshrun installed.
+"""checkpoint.export and checkpoint.keep_adapter for model=keras_hub (the spec's export and
+save_adapter hooks): the trained task in KerasHub's own formats, loadable with no meshrun installed,
+and the adapter file `meshrun generate` puts back on the base (load_adapter).
 
 - `<run dir>/preset/`: a KerasHub preset, LoRA adapters merged into the kernels, with the
   preprocessor and tokenizer of model.preset (save_preset).
@@ -33,14 +34,10 @@ import numpy as np
 from meshrun.compat.keras_hub import local_preset_loading, lora_kernel_b_dataset
 from meshrun.config.schema import CheckpointConfig
 from meshrun.files import dir_written_whole
-from meshrun.models.hub import (
-    KerasHubOptions,
-    LoraOptions,
-    adapted_layers,
-    enable_lora,
-    import_keras_hub,
-    transformers_checkpoint,
-)
+from meshrun.models.hub import build as building
+from meshrun.models.hub.lora import adapted_layers, enable_lora
+from meshrun.models.hub.options import KerasHubOptions, LoraOptions
+from meshrun.models.hub.presets import import_keras_hub, transformers_checkpoint
 from meshrun.specs.rundir import ADAPTER_FILE, HF_DIR, PEFT_DIR, PRESET_DIR
 from meshrun.system.process import native_info_lines_dropped
 from meshrun.wording import error_text
@@ -56,7 +53,7 @@ def export(task, options: KerasHubOptions, run_dir: Path, checkpoint=None) -> di
     transformers model.preset, `hf/` and `peft/` instead of `preset/` (export_transformers).
     Returns their paths by name (preset, adapter, hf, peft): preset names what `meshrun generate`
     loads. `checkpoint` is the run's CheckpointConfig (None: its defaults)."""
-    source = transformers_checkpoint(options)
+    source = transformers_checkpoint(options.preset)
     checkpoint = checkpoint or CheckpointConfig()
     if source is not None:
         exported = export_transformers(task, source, options, run_dir, checkpoint)
@@ -107,11 +104,9 @@ def float_task(trained, options: KerasHubOptions):
     kernel dequantized with its adapter merged (kernel + alpha / rank * A @ B, in float32, then
     cast), every other weight copied. The host reads one quantized layer at a time; the float
     model lives on the host (off_the_mesh_on_the_host), not on the accelerators."""
-    from meshrun.models import hub
-
     float_options = dataclasses.replace(options, quantize=None, lora=LoraOptions())
     with off_the_mesh_on_the_host():
-        task = hub.build(float_options, load_weights=False)
+        task = building.build(float_options, load_weights=False)
         _fill_float(task, trained)
     return task
 

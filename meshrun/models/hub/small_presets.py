@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from meshrun.compat.keras import import_keras, set_random_seed
-from meshrun.models.hub import import_keras_hub
+from meshrun.models.hub.presets import import_keras_hub
 from meshrun.text.tokenizer_training import (
     GEMMA_SENTENCEPIECE,
     MISTRAL_SENTENCEPIECE,
