@@ -71,7 +71,7 @@ def set_global_seed(seed: int | None) -> None:
         sys.modules["tensorflow"].random.set_seed(seed)
 
 
-uses(
+PRIVATE_NAMES = uses(
     "tensorflow",
     PrivateName(
         "tensorflow",

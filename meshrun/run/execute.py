@@ -17,7 +17,7 @@ from pathlib import Path
 import jax
 import keras
 
-from meshrun.compat.keras import keras_without_tensorflow, set_random_seed
+from meshrun.compat.keras.startup import keras_without_tensorflow, set_random_seed
 from meshrun.data import order
 from meshrun.logs.timing import StepStats
 from meshrun.placement import distribution as distribution_lib
