@@ -31,7 +31,8 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 from omegaconf.errors import OmegaConfBaseException
 
-from meshrun import compat, jobs
+from meshrun import jobs
+from meshrun.compat import names as compat
 from meshrun.compat.hydra import run_mode_from_the_command_line, split_sweep
 from meshrun.config.fields import defaults_of
 from meshrun.config.parse import known_keys, other_choice_hint, parse_run_config

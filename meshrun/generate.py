@@ -409,13 +409,13 @@ def _written(run: SavedRun, path: str | None) -> Path | None:
 def generate(run: SavedRun, request: Request) -> list[str]:
     """The completion of each prompt of `request` by the run's trained model on its mesh. The
     tokenizer and the prompts' lengths are checked before the model is loaded."""
-    from meshrun.compat.keras import import_keras
+    from meshrun.compat.keras.startup import import_keras
     from meshrun.placement import devices as devices_lib
 
     config = run.config
     options = config.model.options
     devices_lib.prepare(config.devices, config.mesh)  # before jax is imported
-    import_keras()  # before anything else imports it (meshrun.compat.keras)
+    import_keras()  # before anything else imports it (meshrun.compat.keras.startup)
     weights = find_weights(run)
     tokenizer, framing = load_run_tokenizer(config, RUN_DIR_KEY)
     chat = run_chat(config, tokenizer, RUN_DIR_KEY, wanted=request.chat)
@@ -461,8 +461,8 @@ def enter_distribution(config):
     """Puts the run's distribution in force, as the run built it: its mesh over this machine's
     devices, its layout rules (placed by the run's own planning step), its dtype policy. Returns
     the PlannedModel and the mesh."""
-    from meshrun import compat
-    from meshrun.compat.keras import import_keras
+    from meshrun.compat import names as compat
+    from meshrun.compat.keras.startup import import_keras
     from meshrun.placement import devices as devices_lib
     from meshrun.placement import distribution as distribution_lib
     from meshrun.run.prepare import place

@@ -14,7 +14,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from meshrun.compat.keras import import_keras
+from meshrun.compat.keras.startup import import_keras
 from meshrun.config.parse import parse_run_config
 from meshrun.config.schema import RunConfig
 from meshrun.data import notes as data_notes

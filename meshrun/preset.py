@@ -98,7 +98,7 @@ def main(args: list[str]) -> int:
     check_out(request.out, request.force, files)
     texts = read_texts(files, TEXT)
     causal_lm = build(request, texts)
-    from meshrun.compat.keras import keras_without_tensorflow
+    from meshrun.compat.keras.startup import keras_without_tensorflow
 
     try:
         with (

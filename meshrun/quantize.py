@@ -23,8 +23,8 @@ from contextvars import ContextVar
 
 import numpy as np
 
-from meshrun.compat.keras import (
-    dense_layers_patched,
+from meshrun.compat.keras.class_patches import dense_layers_patched
+from meshrun.compat.keras.quantized import (
     dequantized_kernel,
     int8_scale_as_stored,
     quantized_builds,
@@ -73,7 +73,7 @@ def check_quantized(model, mode: str, name: str) -> None:
 
 def quantized(model) -> list:
     """The layers of `model` that hold a quantized kernel (int8 or int4)."""
-    from meshrun.compat.keras import sublayers
+    from meshrun.compat.keras.models import sublayers
 
     layers = sublayers(model)
     return [layer for layer in layers if getattr(layer, "quantization_mode", None) in QUANTIZE_MODES]
@@ -276,7 +276,7 @@ def _holds_float_kernel(layer, store) -> bool:
 def merged_kernel(layer, read=None):
     """A quantized layer's float kernel (float32 numpy) with its LoRA adapters merged: the
     dequantized kernel + alpha / rank * A @ B, as Keras' own call computes with them. `read` reads a
-    variable onto the host whole (compat.keras.dequantized_kernel)."""
+    variable onto the host whole (compat.keras.quantized.dequantized_kernel)."""
     read = read or (lambda variable: np.asarray(variable.value))
     kernel = dequantized_kernel(layer, read)
     if getattr(layer, "lora_enabled", False):

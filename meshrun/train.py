@@ -3,11 +3,11 @@
     from meshrun.train import RunContext, train
 
 Importing it imports jax and keras (Keras on its jax backend, without the optional packages it
-would load for features meshrun does not use, see meshrun.compat.keras.import_keras); set the device
+would load for features meshrun does not use, see meshrun.compat.keras.startup.import_keras); set the device
 count first (meshrun.placement.devices.prepare), as the `meshrun` command does.
 """
 
-from meshrun.compat.keras import import_keras
+from meshrun.compat.keras.startup import import_keras
 
 import_keras()
 

@@ -942,7 +942,7 @@ def _bytes(count):
 def run_worker(spec: dict) -> None:
     """Runs one role (probe, keras, jax) and writes its result as JSON to $BENCH_GPU_OUT."""
     if spec["role"] != "probe":
-        from meshrun.compat.keras import import_keras
+        from meshrun.compat.keras.startup import import_keras
 
         # Keras without scikit-learn and matplotlib, as meshrun imports it: start-up only, not steps.
         import_keras()
@@ -1110,7 +1110,7 @@ def build_model(model_spec: dict, precision: str):
     Keras), with the loss and metrics meshrun compiles it with."""
     import keras
 
-    from meshrun.compat.keras import set_random_seed
+    from meshrun.compat.keras.startup import set_random_seed
 
     keras.config.set_dtype_policy(precision)
     set_random_seed(

@@ -1,7 +1,7 @@
 """Benchmarks what loading a KerasHub preset onto a mesh costs in memory: meshrun's loader
-(`meshrun.compat.keras.load_onto_shards`: variables start as zeros on their shards instead of drawing
-random values, and each weight read from the preset goes straight onto its shards) against plain
-`CausalLM.from_preset` under the same distribution.
+(`meshrun.compat.keras.sharded_loading.load_onto_shards`: variables start as zeros on their shards
+instead of drawing random values, and each weight read from the preset goes straight onto its
+shards) against plain `CausalLM.from_preset` under the same distribution.
 
 A Gemma preset of about --size-gb GB (float32, no tokenizer: the load reads weights alone) is built
 in a temp dir, or --preset DIR is read. Each loader then runs in a fresh process of its own on
@@ -360,7 +360,7 @@ def load(preset: Path, mesh: str, loader: str) -> dict:
     import jax
     import keras_hub
 
-    from meshrun.compat.keras import load_onto_shards
+    from meshrun.compat.keras.sharded_loading import load_onto_shards
     from meshrun.system.load_memory import LoadWatch, bytes_by_device
 
     distribute("gemma_tp", mesh)

@@ -6,18 +6,20 @@ convention meshrun relies on still does what meshrun needs of it."""
 import importlib.metadata
 import json
 import logging
+import pkgutil
 import subprocess
 import sys
 
 import pytest
 
+import meshrun.compat
 from conftest import LogRecords, cli_here, error_line_here
 from meshrun import cli
 from meshrun.compat import names as compat
 
 
 def test_every_private_name_exists_in_the_installed_packages():
-    assert set(compat.PRIVATE_NAMES) == {
+    assert set(compat.GROUPS) == {
         "keras",
         "jax",
         "hydra",
@@ -27,7 +29,7 @@ def test_every_private_name_exists_in_the_installed_packages():
         "keras_hub",
         "keras_quantize",
     }
-    for group in compat.PRIVATE_NAMES:
+    for group in compat.GROUPS:
         compat.check(group)
 
 
@@ -138,7 +140,7 @@ def test_a_tensorflow_error_names_the_tensorflow_distribution_installed(monkeypa
 
 # --- each name, and what meshrun does with it ------------------------------------------------------
 
-EVERY_NAME = [name for names in compat.PRIVATE_NAMES.values() for name in names]
+EVERY_NAME = [name for group in compat.GROUPS for name in compat.names_of(group)]
 
 
 def installed(package: str) -> bool:
@@ -165,6 +167,48 @@ def test_each_private_name_is_where_meshrun_reaches_it(name):
     compat.check_name(name)
 
 
+COMPAT_MODULES = [module.name for module in pkgutil.walk_packages(meshrun.compat.__path__, "meshrun.compat.")]
+
+
+def test_the_groups_name_every_module_of_compat_that_declares_private_names():
+    """names.GROUPS and the modules of meshrun.compat agree: the modules that declare names of a
+    group (their PRIVATE_NAMES) are the group's modules in GROUPS, and each module's PRIVATE_NAMES
+    holds every PrivateName it defines (alone or in a tuple beside the functions that reach them)."""
+    declaring: dict[str, set[str]] = {}
+    for module_name in COMPAT_MODULES:
+        module = importlib.import_module(module_name)
+        declared = getattr(module, "PRIVATE_NAMES", ())
+        defined = {
+            name
+            for value in vars(module).values()
+            for name in (value if isinstance(value, tuple) else (value,))
+            if isinstance(name, compat.PrivateName)
+        }
+        assert defined <= set(declared), (module_name, defined - set(declared))
+        for name in declared:
+            declaring.setdefault(name.group, set()).add(module_name)
+    assert declaring == {group: set(modules) for group, modules in compat.GROUPS.items()}
+    assert "meshrun.compat.keras.sharded_loading" in COMPAT_MODULES  # the walk reaches subpackages
+
+
+@pytest.mark.smoke
+def test_the_table_is_whole_in_a_process_that_imported_nothing_else_and_imports_no_dependency():
+    """Read first thing in a fresh process, the table holds every name it holds here, and reading
+    it imports none of the packages it names."""
+    script = (
+        "import json, sys\n"
+        "from meshrun.compat.names import GROUPS, names_of\n"
+        "counts = {group: len(names_of(group)) for group in GROUPS}\n"
+        "imported = sorted({'keras', 'jax', 'hydra', 'orbax', 'tensorflow', 'tensorboard', 'keras_hub'}"
+        " & set(sys.modules))\n"
+        "print(json.dumps([counts, imported]))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    counts, imported = json.loads(done.stdout)
+    assert counts == {group: len(compat.names_of(group)) for group in compat.GROUPS} and imported == []
+
+
 def test_every_module_of_compat_lists_its_names_by_its_own_package():
     packages = {(name.package, name.module.split(".")[0]) for name in EVERY_NAME}
     assert packages == {
@@ -184,7 +228,7 @@ def test_keras_is_seeded_without_importing_tensorflow():
     runs: Python's, numpy's and Keras' seeds are set, TensorFlow stays unimported."""
     script = (
         "import sys, numpy as np\n"
-        "from meshrun.compat.keras import import_keras, set_random_seed\n"
+        "from meshrun.compat.keras.startup import import_keras, set_random_seed\n"
         "keras = import_keras()\n"
         "set_random_seed(7, None); first = np.random.rand(), float(keras.random.uniform((), seed=None))\n"
         "set_random_seed(7, None); again = np.random.rand(), float(keras.random.uniform((), seed=None))\n"
@@ -201,7 +245,7 @@ def test_keras_is_seeded_without_importing_tensorflow():
 def test_compile_recorded_records_what_compile_was_given_and_puts_compile_back():
     import keras
 
-    from meshrun.compat.keras import compile_recorded
+    from meshrun.compat.keras.models import compile_recorded
 
     original = keras.Model.compile
     with compile_recorded() as compiled:
@@ -223,7 +267,7 @@ def test_compile_recorded_records_what_compile_was_given_and_puts_compile_back()
 def test_sublayers_lists_nested_layers_and_not_the_model():
     import keras
 
-    from meshrun.compat.keras import sublayers
+    from meshrun.compat.keras.models import sublayers
 
     inner = keras.Sequential([keras.Input((3,)), keras.layers.Dense(4, name="inner_dense")], name="inner")
     outer = keras.Sequential(
@@ -238,7 +282,7 @@ def test_keras_dispatches_step_hooks_of_callbacks_marked_async_safe_on_worker_th
     import keras
     from keras.src.callbacks.callback_list import CallbackList
 
-    from meshrun.compat.keras import is_async_safe, mark_async_safe
+    from meshrun.compat.keras.callbacks import is_async_safe, mark_async_safe
 
     class StepHook(keras.callbacks.Callback):
         def on_train_batch_end(self, batch, logs=None):
@@ -300,7 +344,7 @@ def test_variable_layouts_lay_out_the_variables_made_in_the_block_and_end_with_i
     from jax.sharding import PartitionSpec
     from keras import distribution as kd
 
-    from meshrun.compat.keras import layout_of, variable_layouts
+    from meshrun.compat.keras.variable_layouts import layout_of, variable_layouts
 
     assert layout_of(keras.Variable(np.zeros((2, 4)))) is None  # no distribution: no layout
     mesh = kd.DeviceMesh((2,), ["batch"], jax.devices()[:2])

@@ -59,7 +59,7 @@ def test_mfu_is_achieved_over_peak_and_propagates_none():
 
 
 def test_private_keras_names_still_exist():
-    from meshrun import compat
+    from meshrun.compat import names as compat
 
     compat.check("keras")  # raises DependencyError naming whatever Keras removed
     import keras
@@ -75,7 +75,7 @@ def test_private_keras_names_still_exist():
 def test_a_missing_private_name_is_a_dependency_error_naming_it(monkeypatch):
     from keras.src.backend.jax import trainer
 
-    from meshrun import compat
+    from meshrun.compat import names as compat
     from meshrun.errors import DependencyError
 
     monkeypatch.delattr(trainer, "_distribute_data")

@@ -1,9 +1,9 @@
-"""Loading a preset under a mesh (meshrun.compat.keras.load_onto_shards, meshrun.system.load_memory)
-on 8 emulated CPU devices: every weight lands on its shards with exactly the values plain KerasHub
-reads, no device ever holds more than 1.3x the bytes the layout gives it (plain Keras copies each
-weight whole onto one device first: 1.43x for the tiny Gemma here), variables the files do
-not fill keep their initializers' values, Keras is itself again after the block, and what the
-devices held before loading is not counted as the load's."""
+"""Loading a preset under a mesh (meshrun.compat.keras.sharded_loading.load_onto_shards,
+meshrun.system.load_memory) on 8 emulated CPU devices: every weight lands on its shards with exactly
+the values plain KerasHub reads, no device ever holds more than 1.3x the bytes the layout gives it
+(plain Keras copies each weight whole onto one device first: 1.43x for the tiny Gemma here),
+variables the files do not fill keep their initializers' values, Keras is itself again after the
+block, and what the devices held before loading is not counted as the load's."""
 
 import numpy as np
 import pytest
@@ -73,7 +73,7 @@ def test_variables_the_files_do_not_fill_get_their_initializers_values_and_keras
     import keras
     from keras.src.backend.jax.core import JaxVariable
 
-    from meshrun.compat import keras as compat
+    from meshrun.compat.keras import sharded_loading as compat
 
     placed = []
     with compat.load_onto_shards(on_placed=lambda: placed.append(1)):

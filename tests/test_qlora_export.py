@@ -98,7 +98,7 @@ def test_the_merged_preset_is_the_float_base_dequantized_with_the_adapters(gemma
     import keras
     import keras_hub
 
-    from meshrun.compat.keras import dequantized_kernel
+    from meshrun.compat.keras.quantized import dequantized_kernel
 
     preset, runs = gemma_runs
     run_dir = runs[mode]

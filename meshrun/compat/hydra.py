@@ -8,7 +8,7 @@ import contextlib
 
 from meshrun.compat.names import PrivateName, ensure, uses
 
-uses(
+PRIVATE_NAMES = uses(
     "hydra",
     PrivateName(
         "hydra-core",

@@ -19,8 +19,8 @@ from meshrun.compat.names import PrivateName, missing, uses
 JAX_PLATFORM_LOGGER = "jax._src.xla_bridge"
 JAX_PROFILER_LOGGER = "jax._src.profiler"
 
-# Each module logs through the logger of its own name.
-uses(
+# Each module logs through the logger of its own name; checked with the keras group.
+_LOGGERS = uses(
     "keras",
     PrivateName(
         "jax",
@@ -44,8 +44,9 @@ K8S_PORT = PrivateName(
     K8S_CLUSTER,
     "K8sCluster._coordinator_port",
     "the coordinator port of jax's jobs on Kubernetes, meshrun k8s' default --port",
+    group="jax",
 )
-uses("jax", K8S_PORT)
+PRIVATE_NAMES = (*_LOGGERS, K8S_PORT)
 
 
 def k8s_coordinator_port() -> int:

@@ -28,7 +28,7 @@ from meshrun.compat.names import PrivateName, ensure, uses
 
 LORA_KERNEL_B_DATASET = "lora_kernel_b"  # the name of each adapter's B matrix in a .lora.h5 file
 
-uses(
+_LORA_FILE_AND_TOKENIZERS = uses(
     "keras_hub",
     PrivateName(
         "keras-hub",
@@ -100,7 +100,7 @@ TENSORFLOW_NAMES = (
 # BytePairTokenizerCache is a tf.Module with TensorFlow, an `object` without (`_base_class`).
 TF_MODULE_CLASS = ("BytePairTokenizerCache", "_base_class")
 
-uses(
+_IMPORT_WITHOUT_TENSORFLOW = uses(
     "keras_hub",
     PrivateName(
         "keras-hub",
@@ -123,7 +123,7 @@ def import_keras_hub(tensorflow: bool = False):
     """keras_hub, imported without TensorFlow (see above) unless `tensorflow` (then TensorFlow is
     imported first, quietly: meshrun.compat.tensorflow.import_tensorflow) or TensorFlow is imported
     already; ImportError where keras_hub is not installed. Keras is imported first (import_keras)."""
-    from meshrun.compat.keras import import_keras
+    from meshrun.compat.keras.startup import import_keras
     from meshrun.compat.tensorflow import import_tensorflow, tensorflow_installed
 
     if tensorflow:
@@ -143,7 +143,7 @@ def import_keras_hub(tensorflow: bool = False):
     return keras_hub
 
 
-uses(
+_LOCAL_PRESETS = uses(
     "keras_hub",
     PrivateName(
         "keras-hub",
@@ -270,3 +270,6 @@ class _ThenKerasHub(importlib.abc.Loader):
         if self.arrival in sys.meta_path:
             sys.meta_path.remove(self.arrival)
         give_keras_hub_tensorflow(module)
+
+
+PRIVATE_NAMES = _LORA_FILE_AND_TOKENIZERS + _IMPORT_WITHOUT_TENSORFLOW + _LOCAL_PRESETS

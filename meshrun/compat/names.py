@@ -1,8 +1,11 @@
 """The table of the private names meshrun uses, and the check that stops a run when a release has
-moved one: each module of meshrun.compat lists its names here (`uses`), beside the functions that
-reach them, by the group that `ensure(group)` checks before the first use.
+moved one. Each module of meshrun.compat declares its names in a tuple of its own, PRIVATE_NAMES
+(made with `uses`, beside the functions that reach them), each name with the group that
+`ensure(group)` checks before the first use; GROUPS here says which modules declare the names of
+each group, so `check(group)` imports those modules and reads their tuples, whatever was imported
+before (tests/test_compat.py keeps GROUPS and the modules in agreement).
 
-Importing this module imports none of the packages it names.
+Importing this module imports none of the packages it names, nor the modules of meshrun.compat.
 """
 
 from __future__ import annotations
@@ -12,7 +15,9 @@ import importlib
 import importlib.metadata
 import inspect
 import re
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from types import MappingProxyType
 
 from meshrun.errors import DependencyError
 
@@ -21,22 +26,48 @@ from meshrun.errors import DependencyError
 class PrivateName:
     """A name of a dependency that is not its public API: the distribution that ships it, the
     module, the attribute path inside it ('' for the module itself), what meshrun needs it for,
-    and, for a convention rather than a name, text its source must contain."""
+    and, for a convention rather than a name, text its source must contain; `group`, the group of
+    GROUPS that checks it (set by `uses`)."""
 
     package: str
     module: str
     attribute: str
     purpose: str
     source_contains: str = ""
+    group: str = ""
 
     @property
     def dotted(self) -> str:
         return f"{self.module}.{self.attribute}" if self.attribute else self.module
 
 
-# group -> its names, in the order the modules of meshrun.compat list them (meshrun.compat imports
-# every one of them, so the table is whole wherever meshrun.compat is imported)
-PRIVATE_NAMES: dict[str, tuple[PrivateName, ...]] = {}
+# group -> the modules of meshrun.compat that declare its names (their PRIVATE_NAMES), in the order
+# `check(group)` reads them. The keras group holds jax's logger names too: every run checks it.
+GROUPS: Mapping[str, tuple[str, ...]] = MappingProxyType(
+    {
+        "keras": (
+            "meshrun.compat.keras.startup",
+            "meshrun.compat.keras.jax_trainer",
+            "meshrun.compat.keras.models",
+            "meshrun.compat.keras.callbacks",
+            "meshrun.compat.keras.variable_values",
+            "meshrun.compat.keras.lora",
+            "meshrun.compat.keras.variable_layouts",
+            "meshrun.compat.keras.sharded_loading",
+            "meshrun.compat.keras.h5_weights",
+            "meshrun.compat.jax",
+        ),
+        # Keras' int8 and int4 layers: checked only by runs that quantize, so that a Keras that
+        # lays them out otherwise still runs everything else.
+        "keras_quantize": ("meshrun.compat.keras.quantized",),
+        "jax": ("meshrun.compat.jax",),
+        "hydra": ("meshrun.compat.hydra",),
+        "orbax": ("meshrun.compat.orbax",),
+        "tensorflow": ("meshrun.compat.tensorflow",),
+        "tensorboard": ("meshrun.compat.tensorboard",),
+        "keras_hub": ("meshrun.compat.keras_hub",),
+    }
+)
 
 # Distributions that ship the same modules: the error names the one installed (meshrun[tf] installs
 # tensorflow-cpu; keras-hub's tensorflow-text, and so meshrun[dev], the full tensorflow).
@@ -46,15 +77,25 @@ NOT_INSTALLED = "(not installed)"
 
 
 def uses(group: str, *names: PrivateName) -> tuple[PrivateName, ...]:
-    """Adds `names` to the names `check(group)` looks for; returns them."""
-    PRIVATE_NAMES[group] = PRIVATE_NAMES.get(group, ()) + names
-    return names
+    """`names` as names of `group`, for a module's PRIVATE_NAMES (changes nothing else: the module
+    must be among GROUPS[group] for `check(group)` to read them)."""
+    return tuple(replace(name, group=group) for name in names)
+
+
+def names_of(group: str) -> tuple[PrivateName, ...]:
+    """The names of `group` (a key of GROUPS), from the PRIVATE_NAMES of each of its modules."""
+    return tuple(
+        name
+        for module in GROUPS[group]
+        for name in importlib.import_module(module).PRIVATE_NAMES
+        if name.group == group
+    )
 
 
 def check(group: str) -> None:
     """Raises DependencyError for the first name of `group` (keras, hydra, orbax, tensorflow, ...)
     that the installed package lacks."""
-    for name in PRIVATE_NAMES[group]:
+    for name in names_of(group):
         check_name(name)
 
 
@@ -70,7 +111,8 @@ def check_name(name: PrivateName) -> None:
 
 @functools.cache
 def ensure(group: str) -> None:
-    """`check(group)`, once per process."""
+    """`check(group)`, once per process: the installed packages do not change while it runs (the
+    cache is the one process-wide state here; tests clear it with ensure.cache_clear())."""
     check(group)
 
 

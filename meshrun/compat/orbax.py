@@ -22,7 +22,7 @@ EXPECTED_WARNINGS = {
 # The file Orbax writes last into a finished checkpoint (its _STEP_METADATA_FILENAME).
 STEP_METADATA_FILE = "_CHECKPOINT_METADATA"
 
-uses(
+PRIVATE_NAMES = uses(
     "orbax",
     PrivateName(
         "orbax-checkpoint",

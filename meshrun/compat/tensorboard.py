@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from meshrun.compat.names import PrivateName, ensure, uses
 
-uses(
+PRIVATE_NAMES = uses(
     "tensorboard",
     PrivateName(
         "tensorboard",

@@ -5,6 +5,7 @@ preset tokenizers are checked against where it is installed. Importing this modu
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import logging
 import sys
@@ -15,7 +16,6 @@ from meshrun.system.process import stderr_silenced
 
 log = logging.getLogger("meshrun")
 
-_tensorflow_ready = False  # True once import_tensorflow has imported TensorFlow and hidden its GPUs
 # TensorFlow is an extra (pyproject.toml): the main job, the numpy and Grain feeds and the
 # TensorBoard sink run without it, and so do KerasHub preset tokenizers (checked against KerasHub's
 # TensorFlow graph where it is installed; meshrun.text.tokenizer); data=tfrecord, tf.data factories
@@ -46,17 +46,22 @@ def import_tensorflow():
     machine, would reserve GPU memory that jax needs. Call it before meshrun's own uses of
     TensorFlow (a keras_hub imported without it gets it then: meshrun.compat.keras_hub); ImportError
     where TensorFlow is not installed (require_tensorflow first says so as a ConfigError)."""
-    global _tensorflow_ready
-    if _tensorflow_ready and sys.modules.get("tensorflow") is not None:
-        return sys.modules["tensorflow"]
-    with stderr_silenced():  # the import, and the GPU probe of hiding them, print
-        import tensorflow as tf
+    tf = sys.modules.get("tensorflow")
+    if tf is None:  # not imported yet (or an import of it is known to fail: ImportError again)
+        with stderr_silenced():  # the import prints
+            import tensorflow as tf
+    return _with_gpus_hidden(tf)
 
+
+@functools.cache
+def _with_gpus_hidden(tf):
+    """`tf` (the TensorFlow module), its GPUs hidden from it: once per process, as hiding them
+    again would change nothing."""
+    with stderr_silenced():  # the GPU probe of hiding them prints
         try:
             tf.config.set_visible_devices([], "GPU")
         except RuntimeError:  # its devices were initialised already (the user's code ran an op)
             log.debug("TensorFlow's devices were initialised before meshrun could hide its GPUs")
-        _tensorflow_ready = True
     return tf
 
 
@@ -66,7 +71,7 @@ def set_global_seed(seed: int | None) -> None:
         sys.modules["tensorflow"].random.set_seed(seed)
 
 
-uses(
+PRIVATE_NAMES = uses(
     "tensorflow",
     PrivateName(
         "tensorflow",

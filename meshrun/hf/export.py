@@ -53,7 +53,7 @@ class Adapter:
 
 def adapters_by_kernel(backbone) -> dict[str, Adapter]:
     """The backbone's LoRA adapters by the path of the kernel they adapt."""
-    from meshrun.compat.keras import sublayers
+    from meshrun.compat.keras.models import sublayers
 
     found = {}
     for layer in sublayers(backbone):

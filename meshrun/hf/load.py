@@ -1,7 +1,7 @@
 """A transformers checkpoint as a KerasHub causal LM (`build_task`), each variable read from the
 safetensors files a device's slice at a time, straight onto that device.
 
-The backbone is built under meshrun.compat.keras.load_onto_shards(every_weight_read=True), so
+The backbone is built under meshrun.compat.keras.sharded_loading.load_onto_shards(every_weight_read=True), so
 variables with a layout start without a value (no initializer runs, no zeros are made), and each is
 then assigned a `TensorSource`:
 an array-like whose slices are read from the file through the tensor's transform, which the
@@ -57,7 +57,7 @@ def build_task(checkpoint: HFCheckpoint, load_weights: bool, dtype: str | None =
     """The family's CausalLM (preprocessor None, not compiled) around a backbone of the checkpoint's
     architecture, its variables filled from the files when `load_weights`. Returns (task, bytes
     read from the files)."""
-    from meshrun.compat.keras import load_onto_shards
+    from meshrun.compat.keras.sharded_loading import load_onto_shards
     from meshrun.compat.keras_hub import import_keras_hub
 
     keras_hub = import_keras_hub()  # model=keras_hub has checked it is installed

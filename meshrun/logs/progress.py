@@ -20,7 +20,7 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
-from meshrun.compat.keras import mark_async_safe
+from meshrun.compat.keras.callbacks import mark_async_safe
 
 RECENT_STEPS = 50  # the step time shown is the mean over this many of the latest steps
 UPDATE_EVERY_S = 0.25  # the bar takes new figures at most this often (rich redraws it twice a second)

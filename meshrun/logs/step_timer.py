@@ -14,7 +14,7 @@ import time
 
 import keras
 
-from meshrun.compat.keras import mark_async_safe
+from meshrun.compat.keras.callbacks import mark_async_safe
 from meshrun.logs.timing import StepStats, summarize
 from meshrun.system import allocator
 

@@ -16,7 +16,7 @@ import re
 
 import keras
 
-from meshrun.compat.keras import rerun_functional
+from meshrun.compat.keras.models import rerun_functional
 from meshrun.config.schema import PipelineConfig
 from meshrun.pipeline.stack import BlockNotPipelinable, PipelinedBlocks
 
@@ -78,7 +78,7 @@ def with_pipelined_blocks(
 
 def _operations(model) -> set[int]:
     """The ids of every layer inside `model` (none for a layer without sublayers)."""
-    from meshrun.compat.keras import sublayers
+    from meshrun.compat.keras.models import sublayers
 
     return {id(layer) for layer in sublayers(model)} if isinstance(model, keras.layers.Layer) else set()
 
@@ -114,7 +114,7 @@ def _settings(layer) -> dict[tuple[int, str], object]:
     """A layer's own plain settings (numbers, strings, booleans, None) and its sublayers', by the
     place of their owner (0: the layer, i: its i-th sublayer, whose names may be numbered
     model-wide, dense_7) and name."""
-    from meshrun.compat.keras import sublayers
+    from meshrun.compat.keras.models import sublayers
 
     return {
         (place, key): value
@@ -126,7 +126,7 @@ def _settings(layer) -> dict[tuple[int, str], object]:
 
 def _setting_name(layer, key: tuple[int, str]) -> str:
     """A setting of _settings as `attention.use_sliding_window_attention`."""
-    from meshrun.compat.keras import sublayers
+    from meshrun.compat.keras.models import sublayers
 
     place, name = key
     return f"{sublayers(layer)[place - 1].name}.{name}" if place else name

@@ -14,13 +14,12 @@ import keras
 import numpy as np
 from jax import lax
 
-from meshrun.compat.keras import (
+from meshrun.compat.keras.models import frozen_weights, sublayers
+from meshrun.compat.keras.variable_values import (
     building_abstractly,
-    frozen_weights,
     initialize_with,
     initializer_of,
     release_values,
-    sublayers,
     weights_described_only,
 )
 from meshrun.pipeline.counting import BubbleWork, counted_calls

@@ -24,7 +24,7 @@ import keras
 import numpy as np
 from keras import distribution as kd
 
-from meshrun.compat.keras import layout_of, variable_layouts
+from meshrun.compat.keras.variable_layouts import layout_of, variable_layouts
 from meshrun.config.schema import LayoutRule, MeshConfig, PipelineConfig
 from meshrun.pipeline.bubble import stage_of_block
 

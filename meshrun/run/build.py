@@ -15,7 +15,7 @@ import keras
 import numpy as np
 
 from meshrun import quantize
-from meshrun.compat.keras import compile_recorded, sublayers
+from meshrun.compat.keras.models import compile_recorded, sublayers
 from meshrun.config.schema import PipelineConfig
 from meshrun.errors import ConfigError
 from meshrun.models.registry import InputSpec, ModelSpec

@@ -21,7 +21,7 @@ import jax
 import keras
 import numpy as np
 
-from meshrun.compat.keras import distribute_data, state_shardings, training_state
+from meshrun.compat.keras.jax_trainer import distribute_data, state_shardings, training_state
 from meshrun.pipeline.counting import blocks_in_turn
 from meshrun.pipeline.stack import holds_pipelined_blocks
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import jax
 
-from meshrun.compat.keras import keras_without_tensorflow
+from meshrun.compat.keras.startup import keras_without_tensorflow
 from meshrun.logs.timing import StepStats
 from meshrun.placement import distribution as distribution_lib
 from meshrun.run import costs as costs_lib

@@ -18,7 +18,7 @@ import sys
 
 import keras
 
-from meshrun.compat.keras import mark_async_safe
+from meshrun.compat.keras.callbacks import mark_async_safe
 from meshrun.data.batches import Batches
 from meshrun.system import allocator
 from meshrun.wording import format_bytes

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from meshrun.compat.keras import is_async_safe
+from meshrun.compat.keras.callbacks import is_async_safe
 from meshrun.logs import sinks
 from meshrun.logs.progress import EpochProgress, progress_mode
 from meshrun.logs.step_timer import StepTimer

@@ -20,9 +20,9 @@ from typing import Any
 
 import keras
 
-from meshrun import compat
 from meshrun import data as data_lib
-from meshrun.compat.keras import set_random_seed
+from meshrun.compat import names as compat
+from meshrun.compat.keras.startup import set_random_seed
 from meshrun.config.checks import check_batch, check_processes, check_rule_axes
 from meshrun.config.schema import (
     DEFAULT_AUTO_MIN_BYTES,

@@ -12,7 +12,7 @@ import math
 
 import keras
 
-from meshrun.compat.keras import set_random_seed
+from meshrun.compat.keras.startup import set_random_seed
 from meshrun.data import order
 from meshrun.placement import distribution as distribution_lib
 from meshrun.run import feed

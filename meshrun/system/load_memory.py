@@ -5,7 +5,8 @@ figure counts the arrays made since, so those a previous job in the same process
 count, whether or not they are freed meanwhile.
 
 Both are sampled: on a thread of this module every few milliseconds, and wherever the loader calls
-`sample()` (meshrun.compat.keras.load_onto_shards does after placing each weight read from a preset).
+`sample()` (meshrun.compat.keras.sharded_loading.load_onto_shards does after placing each weight
+read from a preset).
 Device bytes are the shards of jax's live arrays. Host bytes are what malloc has handed out and not
 had back (meshrun.system.allocator.bytes_in_use) less the bytes of the arrays held on CPU devices, whose
 buffers XLA allocates there: on emulated CPU devices as on a GPU machine, the figure is the host's

@@ -2,10 +2,11 @@
 is NaN or infinite, the graceful stop (the wall-clock budget, stop signals), early stopping and the
 profiler trace (timing, progress, the step log and checkpoints have modules of their own).
 
-All are async-safe (meshrun.compat.keras.mark_async_safe): Keras may then call their per-step hooks from
-worker threads while the loop dispatches the next steps (its default on accelerators; one callback
-without it would make every step wait for its logs). So they take the step from the epoch's first
-step plus the batch index, never from a running counter, and write under a lock."""
+All are async-safe (meshrun.compat.keras.callbacks.mark_async_safe): Keras may then call their
+per-step hooks from worker threads while the loop dispatches the next steps (its default on
+accelerators; one callback without it would make every step wait for its logs). So they take the
+step from the epoch's first step plus the batch index, never from a running counter, and write under
+a lock."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ import keras
 import numpy as np
 
 from meshrun.compat.jax import JAX_PROFILER_LOGGER
-from meshrun.compat.keras import mark_async_safe
+from meshrun.compat.keras.callbacks import mark_async_safe
 
 
 def finite(logs) -> bool:

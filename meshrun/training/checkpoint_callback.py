@@ -13,7 +13,7 @@ from pathlib import Path
 
 import keras
 
-from meshrun.compat.keras import sync_training_state
+from meshrun.compat.keras.jax_trainer import sync_training_state
 from meshrun.compat.orbax import import_orbax
 from meshrun.config.schema import CheckpointConfig
 from meshrun.system.disk import free_bytes, os_error_behind

@@ -23,7 +23,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 def stacks_of(model) -> dict[str, tuple[str, ...]]:
     """The per-block paths each stacked variable of `model`'s pipelined blocks holds, by its path
     (empty for a model without pipelined blocks)."""
-    from meshrun.compat.keras import sublayers
+    from meshrun.compat.keras.models import sublayers
     from meshrun.pipeline.stack import PipelinedBlocks
 
     return {

@@ -67,7 +67,7 @@ def _build_task(options: KerasHubOptions, load_weights: bool):
 
 
 def _build_float_or_quantized(options: KerasHubOptions, load_weights: bool):
-    from meshrun.compat.keras import load_onto_shards
+    from meshrun.compat.keras.sharded_loading import load_onto_shards
     from meshrun.compat.keras_hub import local_preset_loading
     from meshrun.system import load_memory
 

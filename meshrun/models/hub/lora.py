@@ -47,7 +47,7 @@ def drop_adapter_inputs(backbone, rate: float) -> None:
     Not in a build for pipeline stages, whose blocks cannot hand on random state."""
     import keras
 
-    from meshrun.compat.keras import replace_call
+    from meshrun.compat.keras.lora import replace_call
     from meshrun.pipeline.blocks import building_for
 
     if building_for() is not None:
@@ -84,7 +84,7 @@ def _pre_activation(layer, inputs):
     (its adapter merged in), plus the bias."""
     from keras import layers, ops
 
-    from meshrun.compat.keras import adapted_kernel
+    from meshrun.compat.keras.lora import adapted_kernel
 
     kernel = adapted_kernel(layer)
     if isinstance(layer, layers.EinsumDense):
@@ -145,7 +145,7 @@ def lora_layer_names(backbone) -> list[str]:
     KerasHub's save_lora_weights writes), sorted."""
     import keras
 
-    from meshrun.compat.keras import sublayers
+    from meshrun.compat.keras.models import sublayers
 
     kinds = (keras.layers.Dense, keras.layers.EinsumDense)
     return sorted({layer.name for layer in sublayers(backbone) if isinstance(layer, kinds) and layer.weights})
@@ -153,6 +153,6 @@ def lora_layer_names(backbone) -> list[str]:
 
 def adapted_layers(backbone) -> list:
     """The backbone's layers that carry LoRA adapters."""
-    from meshrun.compat.keras import sublayers
+    from meshrun.compat.keras.models import sublayers
 
     return [layer for layer in sublayers(backbone) if getattr(layer, "lora_enabled", False)]

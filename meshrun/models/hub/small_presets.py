@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from meshrun.compat.keras import import_keras, set_random_seed
+from meshrun.compat.keras.startup import import_keras, set_random_seed
 from meshrun.models.hub.presets import import_keras_hub
 from meshrun.text.tokenizer_training import (
     GEMMA_SENTENCEPIECE,
