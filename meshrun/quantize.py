@@ -108,6 +108,16 @@ def variable_facts(model) -> dict:
     return found
 
 
+def float_model_params(model) -> int:
+    """`model.count_params()` as the float model it was quantized from has them: each quantized
+    kernel counts its float kernel's elements, a quantization's scales, zero points and row indices
+    none (as the plan counts them, meshrun.placement.plan.Plan.params); a float model's own count."""
+    facts = variable_facts(model)
+    held = sum(math.prod(v.shape) for v in model.weights if v.path in facts)
+    float_kernels = sum(math.prod(f.float_shape) for f in facts.values() if f.role == "kernel")
+    return int(model.count_params()) - held + float_kernels
+
+
 def quantize_into(layer, kernel) -> None:
     """Assigns `layer` (an int8 or int4 Dense or EinsumDense) the quantized form of `kernel`, its
     float kernel (an array of its float shape, e.g. read from a file): the int8 or packed int4

@@ -185,7 +185,8 @@ def test_a_run_reads_the_plans_split_off_its_arrays(runs):
 
 
 def test_a_runs_plan_json_counts_the_float_models_parameters_and_names_int4(runs, plans):
-    for mode, (_, plan) in runs.items():
+    for mode, (metrics, plan) in runs.items():
         assert plan["model"]["params"] == plans[None]["model"]["params"]
+        assert metrics["model"]["params"] == plan["model"]["params"]  # the run counts as its plan
         packed = {v.get("packed") for v in plan["variables"] if v.get("quantized") == "kernel"}
         assert packed == ({"int4"} if mode == "int4" else {None})

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import jax
 
+from meshrun import quantize
 from meshrun.compat.keras.startup import keras_without_tensorflow
 from meshrun.logs.timing import StepStats
 from meshrun.placement import distribution as distribution_lib
@@ -125,7 +126,7 @@ def execute(
         eval_s=eval_s,
         costs=costs,
         placed=placed_variables(model, setup),
-        params=int(model.count_params()),
+        params=quantize.float_model_params(model),
         trainable_params=sum(math.prod(v.shape) for v in model.trainable_variables),
         optimizer_bytes_per_device=sum(_bytes_on_one_device(v) for v in model.optimizer.variables),
         live_peak_bytes_per_device=costs_lib.live_peak_bytes(local_devices(setup.devices.devices)),
