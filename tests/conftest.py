@@ -138,10 +138,10 @@ def composed_config(*overrides, resolve: bool = False) -> dict:
     from hydra import compose, initialize_config_module
     from omegaconf import OmegaConf
 
-    from meshrun import app
+    from meshrun import hydra_sources
 
-    app.register_config_sources()
-    with initialize_config_module(config_module=app.CONFIG_MODULE, version_base="1.3"):
+    hydra_sources.register_config_sources()
+    with initialize_config_module(config_module=hydra_sources.CONFIG_MODULE, version_base="1.3"):
         config = compose(config_name="meshrun", overrides=list(overrides))
     return OmegaConf.to_container(config, resolve=resolve)
 

@@ -17,8 +17,9 @@ import pytest
 
 from conftest import FAST, read_metrics
 from meshrun import jobs
-from meshrun.app import composer, register_config_sources
+from meshrun.app import composer
 from meshrun.errors import RunFailed
+from meshrun.hydra_sources import register_config_sources
 from meshrun.launch import launchers
 from meshrun.launch.invocation import Invocation, Job
 from meshrun.launch.ownership import RunDir, remove_hydra_files

@@ -38,9 +38,9 @@ def test_mesh_shapes_are_every_ordered_factorisation():
     ],
 )
 def test_sweep_runs_the_meshes_given_else_every_shape_of_the_devices(given, expected_meshes, capsys):
-    from meshrun import app
+    from meshrun import app, hydra_sources
 
-    app.register_config_sources()
+    hydra_sources.register_config_sources()
     overrides = app.sweep_overrides(["layout=dense_model", *given])
     assert [o for o in overrides if o.startswith("mesh=")] == [expected_meshes]
     assert capsys.readouterr().out.startswith("meshrun sweep: ")

@@ -2,7 +2,7 @@
 dataclass (the schema's sections, each model's and data source's options) that carries both.
 
 `defaults_of` reads a dataclass's defaults as plain config data: what Hydra composes under each
-group's options (meshrun.app registers them), so that a group's YAML options hold only what differs
+group's options (meshrun.hydra_sources registers them), so that a group's YAML options hold only what differs
 from the schema. `doc_of` reads a field's doc line, as the config reference page shows it
 (meshrun.config.reference). Nothing here imports Hydra.
 """

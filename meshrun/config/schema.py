@@ -616,9 +616,9 @@ TOP_LEVEL_KEYS = (
 )
 
 
-# The config sections whose defaults Hydra composes from the schema: meshrun.app stores each as the
-# config `schema/<name>`, which configs/meshrun.yaml places under its group's option, so that a
-# group's options write only what differs. `run` holds the top-level keys (resume).
+# The config sections whose defaults Hydra composes from the schema: meshrun.hydra_sources stores
+# each as the config `schema/<name>`, which configs/meshrun.yaml places under its group's option, so
+# that a group's options write only what differs. `run` holds the top-level keys (resume).
 COMPOSED_SECTIONS = {
     "mesh": MeshConfig,
     "layout": LayoutConfig,

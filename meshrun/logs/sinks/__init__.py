@@ -1,7 +1,8 @@
 """Where the step log goes: the sinks (log.jsonl always; CSV and TensorBoard when switched on with
 `logging.<name>=true`). Each sink is a module of this package that registers a SinkSpec
 (meshrun.specs.sinks: its name, which is also its switch, and how to open it in a run dir);
-meshrun.app makes a `logging.<name>` switch for every sink in the table, meshrun.specs.sinks.SINKS."""
+meshrun.hydra_sources makes a `logging.<name>` switch for every sink in the table,
+meshrun.specs.sinks.SINKS."""
 
 from __future__ import annotations
 
