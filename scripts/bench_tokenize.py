@@ -48,7 +48,8 @@ from rich.console import Console  # noqa: E402
 
 import benchlib  # noqa: E402
 import presets  # noqa: E402
-from meshrun.text.tokenizer import available_cores, load_tokenizer, same_ids  # noqa: E402
+from meshrun.text.tokenizer import load_tokenizer  # noqa: E402
+from meshrun.text.tokenizer_encoders import available_cores, same_ids  # noqa: E402
 
 MB = 1_000_000
 

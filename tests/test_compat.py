@@ -511,7 +511,8 @@ for name, module in sorted(sys.modules.items()):
             if isinstance(value, type) and value.__module__ == name:
                 namespaces[f"{name}:{key}"] = {k: described(v) for k, v in vars(value).items()
                                                if not k.startswith("__")}
-from meshrun.text.tokenizer import PROBE_TEXTS, KerasHubGraphEncoder
+from meshrun.text.tokenizer_check import PROBE_TEXTS
+from meshrun.text.tokenizer_encoders import KerasHubGraphEncoder
 graphs = {path: [ids.tolist() for ids in
                  KerasHubGraphEncoder(keras_hub.tokenizers.Tokenizer.from_preset(path)).encode(list(PROBE_TEXTS))]
           for path in presets}

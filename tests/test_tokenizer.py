@@ -19,10 +19,11 @@ import pytest
 
 import presets
 from meshrun.errors import ConfigError
-from meshrun.text import cache
-from meshrun.text import tokenizer as tokenizer_module
+from meshrun.text import cache, tokenizer_check
 from meshrun.text.cache import PROBES, ProbeVerdicts
-from meshrun.text.tokenizer import PROBE_TEXTS, load_tokenizer, probe_key, probe_libraries, same_ids
+from meshrun.text.tokenizer import load_tokenizer
+from meshrun.text.tokenizer_check import PROBE_TEXTS, probe_key, probe_libraries
+from meshrun.text.tokenizer_encoders import same_ids
 
 KEY = "data.tokenizer"
 BACKENDS = {
@@ -287,14 +288,14 @@ def test_the_verdicts_key_follows_the_tokenizer_files_the_probe_and_the_librarie
     versions = probe_libraries()
     assert (
         set(versions)
-        == set(tokenizer_module.PROBE_LIBRARIES)
+        == set(tokenizer_check.PROBE_LIBRARIES)
         == {"meshrun", "keras-hub", "tensorflow", "tensorflow-text", "sentencepiece", "tokenizers"}
     )
     assert versions["keras-hub"] == importlib.metadata.version("keras-hub")
-    monkeypatch.setattr(tokenizer_module, "probe_libraries", lambda: {**versions, "sentencepiece": "0.0.1"})
+    monkeypatch.setattr(tokenizer_check, "probe_libraries", lambda: {**versions, "sentencepiece": "0.0.1"})
     assert probe_key("0" * 64) != key
     monkeypatch.undo()
-    monkeypatch.setattr(tokenizer_module, "PROBE_TEXTS", (*PROBE_TEXTS, "one more probe"))
+    monkeypatch.setattr(tokenizer_check, "PROBE_TEXTS", (*PROBE_TEXTS, "one more probe"))
     assert probe_key("0" * 64) != key
 
 

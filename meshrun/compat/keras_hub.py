@@ -1,7 +1,7 @@
 """KerasHub, as meshrun uses it past its public API: importing it without TensorFlow, and the layout
 of the LoRA weights file that `Backbone.save_lora_weights` writes, whose adapters meshrun rescales
 (meshrun.models.hub.export), and which byte-pair tokenizers split text as their base class does
-(meshrun.text.tokenizer). Importing this module imports no KerasHub.
+(meshrun.text.tokenizer_check). Importing this module imports no KerasHub.
 
 keras_hub imports TensorFlow and TensorFlow Text at its own import whenever they are installed
 (keras-hub requires tensorflow-text, so they are wherever it was installed with its dependencies),

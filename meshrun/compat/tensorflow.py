@@ -18,7 +18,7 @@ log = logging.getLogger("meshrun")
 
 # TensorFlow is an extra (pyproject.toml): the main job, the numpy and Grain feeds and the
 # TensorBoard sink run without it, and so do KerasHub preset tokenizers (checked against KerasHub's
-# TensorFlow graph where it is installed; meshrun.text.tokenizer); data=tfrecord, tf.data factories
+# TensorFlow graph where it is installed; meshrun.text.tokenizer_check); data=tfrecord, tf.data factories
 # and a preset tokenizer that splits text its own way (Mistral's Tekken) need it.
 TENSORFLOW_INSTALL = "pip install 'meshrun[tf]'"
 

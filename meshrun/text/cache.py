@@ -8,7 +8,7 @@ tokenizing the same corpus at once both finish (the second rename finds the firs
 which holds the same tokens), and a run killed halfway leaves only a temporary directory, which
 a later run removes once the process that made it is gone.
 
-Beside the entries, in `tokenizer-probes/`, are the verdicts of the check meshrun.text.tokenizer makes
+Beside the entries, in `tokenizer-probes/`, are the verdicts of the check meshrun.text.tokenizer_check makes
 of a KerasHub preset's tokenizer (whether its library encoder encodes as KerasHub's TensorFlow graph
 does): a small JSON file each, under a key over everything the verdict depends on, written under a
 temporary name and renamed into place (ProbeVerdicts).
