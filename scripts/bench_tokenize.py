@@ -224,12 +224,12 @@ def whole_source(preset: Path, corpus_file: Path, cache_dir: Path, size: int, co
     """data=text's whole tokenizing pass on a cache miss (read the file, cut it into documents,
     encode, pack into rows of 65 tokens, write the cache): its MB/s and its time over the library's
     encode alone (`compared`: this preset's results of compare)."""
-    from meshrun.data import text
+    from meshrun.data import text, text_tokenizer, text_tokens
 
     options = text.TextOptions(files=(str(corpus_file),), separator="\n\n", cache_dir=str(cache_dir))
     tokenizer = load_tokenizer(str(preset), "model.preset")
     started = time.perf_counter()
-    made = text.tokenize_cached(options, tokenizer, text.framing_for(options, tokenizer), 64)
+    made = text_tokens.tokenize_cached(options, tokenizer, text_tokenizer.framing_for(options, tokenizer), 64)
     seconds = time.perf_counter() - started
     assert not made.hit
     mb_per_s = size / MB / seconds

@@ -194,18 +194,18 @@ def test_generate_completes_a_one_line_prompt_of_the_finished_run(acceptance, ca
 def tokens_of(options_args: dict, preset, seq_len: int = 48):
     """The token rows data=text makes of `options_args` with the preset's tokenizer, through the
     same code a run uses: (arrays by name, metadata, framing, tokenizer)."""
-    from meshrun.data import text
+    from meshrun.data import text, text_tokenizer, text_tokens
     from meshrun.text.tokenizer import load_tokenizer
 
     options = text.TextOptions(**options_args)
     tokenizer = load_tokenizer(str(preset), "model.preset")
-    framing = text.framing_for(options, tokenizer)
-    made = text.tokenize_cached(options, tokenizer, framing, seq_len)
+    framing = text_tokenizer.framing_for(options, tokenizer)
+    made = text_tokens.tokenize_cached(options, tokenizer, framing, seq_len)
     return {name: np.asarray(array[:]) for name, array in made.arrays.items()}, made, framing, tokenizer
 
 
 def test_a_token_cache_its_group_can_write_is_refused_unless_shared(gpt2, files, tmp_path):
-    from meshrun.data import text
+    from meshrun.data import text, text_tokenizer, text_tokens
     from meshrun.text.tokenizer import load_tokenizer
 
     group = tmp_path / "tokens"
@@ -218,14 +218,14 @@ def test_a_token_cache_its_group_can_write_is_refused_unless_shared(gpt2, files,
         cache_dir=str(group),
     )
     tokenizer = load_tokenizer(str(gpt2), "model.preset")
-    framing = text.framing_for(options, tokenizer)
+    framing = text_tokenizer.framing_for(options, tokenizer)
     with pytest.raises(ConfigError) as caught:
-        text.tokenize_cached(options, tokenizer, framing, 48)
+        text_tokens.tokenize_cached(options, tokenizer, framing, 48)
     assert caught.value.key == "data.cache_dir" and f"chmod g-w {group}, or cache.shared=true" in str(
         caught.value
     )
     assert list(group.iterdir()) == []
-    assert text.tokenize_cached(
+    assert text_tokens.tokenize_cached(
         options, tokenizer, framing, 48, shared=True
     ).arrays  # the user trusts the group
 

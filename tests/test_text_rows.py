@@ -373,7 +373,7 @@ def test_a_byte_order_mark_is_read_as_nothing(tmp_path):
 
 def test_counts_of_examples_agree_with_their_nouns(tmp_path, caplog):
     """An example too long for a row is `1 example`, and one left out of two `makes` and `was`."""
-    from meshrun.data import text
+    from meshrun.data import text, text_tokenizer, text_tokens
     from meshrun.text.tokenizer import load_tokenizer
     from presets import hf_tokenizer_json
 
@@ -391,8 +391,8 @@ def test_counts_of_examples_agree_with_their_nouns(tmp_path, caplog):
         options = text.TextOptions(
             files=str(path), prompt="{q}", completion="{a}", cache_dir=str(tmp_path / "tokens")
         )
-        made[path.name] = lambda options=options: text.tokenize_cached(
-            options, tokenizer, text.framing_for(options, tokenizer), seq_len=6
+        made[path.name] = lambda options=options: text_tokens.tokenize_cached(
+            options, tokenizer, text_tokenizer.framing_for(options, tokenizer), seq_len=6
         )
     assert (
         str(error_of(made["one.jsonl"]))

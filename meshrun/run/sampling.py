@@ -195,7 +195,7 @@ def run_framing(config, tokenizer) -> Framing:
     """The start, end and pad tokens the run's examples were made with: data=text's (its
     data.end_token included), else the tokenizer's own (pad: the end token where it has no pad)."""
     if config.data.name == "text":
-        from meshrun.data.text import framing_for
+        from meshrun.data.text_tokenizer import framing_for
 
         return framing_for(config.data.options, tokenizer)
     end, pad = tokenizer.end_id, tokenizer.pad_id
