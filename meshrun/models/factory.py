@@ -16,15 +16,14 @@
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
 from meshrun import user_code
 from meshrun.config.fields import setting
 from meshrun.errors import ConfigError
-from meshrun.models.registry import InputSpec, ModelSpec, register_model
-from meshrun.specs.quantized import Quantization, check_quantize_mode
+from meshrun.models.registry import InputSpec, ModelSpec, quantize_option, register_model
+from meshrun.specs.quantized import check_quantize_mode
 from meshrun.wording import one_of
 
 DTYPES = (
@@ -126,14 +125,6 @@ def build(options: FactoryOptions):
     return model
 
 
-def quantization(options: FactoryOptions) -> Quantization | None:
-    """The quantized base model.quantize asks for (ModelSpec.quantization): its mode, and the same
-    factory with model.quantize=null for the float model; None for a float model."""
-    if options.quantize is None:
-        return None
-    return Quantization(options.quantize, dataclasses.replace(options, quantize=None))
-
-
 def inputs(options: FactoryOptions) -> dict | None:
     """The inputs model.input_shape / model.input_dtype give (None when not given)."""
     if options.input_shape is None:
@@ -162,6 +153,6 @@ SPEC = register_model(
         zoo=False,
         inputs=inputs,
         label=label,
-        quantization=quantization,
+        quantization=quantize_option,
     )
 )

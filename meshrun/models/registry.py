@@ -5,9 +5,11 @@ meshrun.specs.model.MODELS). Helpers the model modules share are here too.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from meshrun.specs.model import MODELS, SYNTHETIC_FAMILIES, InputSpec, ModelSpec
+from meshrun.specs.quantized import Quantization
 from meshrun.wording import one_of
 
 get_model = MODELS.get
@@ -74,3 +76,11 @@ def require_positive(options, *names: str) -> None:
         value = getattr(options, name)
         if value <= 0:
             raise ConfigError(f"model.{name}", f"got {value}; expected a positive integer")
+
+
+def quantize_option(options) -> Quantization | None:
+    """ModelSpec.quantization for options with a `quantize` field (model.quantize): its mode, and the
+    same options with quantize=None for the float model it is made from; None for a float base."""
+    if options.quantize is None:
+        return None
+    return Quantization(options.quantize, dataclasses.replace(options, quantize=None))

@@ -78,8 +78,9 @@ class ModelSpec:
       None where the run has none to keep.
     - `quantization(options)`: the quantized base the options ask for (model.quantize), as a
       Quantization: its mode and the options of the float model it is made from; None for a float
-      base. A model without the hook is never quantized. The run builds such a model quantized,
-      evaluates the float one beside it, and keeps it out of pipeline stages.
+      base (meshrun.models.registry.quantize_option, for options with a `quantize` field). A model
+      without the hook is never quantized. The run builds such a model quantized, evaluates the
+      float one beside it, and keeps it out of pipeline stages.
     """
 
     name: str

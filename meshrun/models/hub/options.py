@@ -2,20 +2,18 @@
 and model.backbone, or model.preset), the sequence length it trains on, its dtype, its quantized
 base (model.quantize) and its LoRA adapters (model.lora, LoraOptions). Checking them reads the
 preset's small JSON files and, for a transformers dir, its config and headers
-(meshrun.models.hub.presets); nothing is imported from keras or keras_hub. `quantization` is
-the spec's hook that says what model.quantize asks for.
+(meshrun.models.hub.presets); nothing is imported from keras or keras_hub.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 
 from meshrun.config.fields import setting
 from meshrun.errors import ConfigError
 from meshrun.models.hub import presets
 from meshrun.models.registry import require_positive
-from meshrun.specs.quantized import Quantization, check_quantize_mode
+from meshrun.specs.quantized import check_quantize_mode
 from meshrun.wording import one_of
 
 VARIABLE_DTYPES = ("float32", "bfloat16", "float16")
@@ -229,12 +227,3 @@ def _check_task_of_checkpoint(options: KerasHubOptions) -> None:
             f"got {options.task!r}, but model.preset is a {checkpoint.model_type} checkpoint, which "
             f"builds {checkpoint.family.task}; valid: {checkpoint.family.task}, or null",
         )
-
-
-def quantization(options: KerasHubOptions) -> Quantization | None:
-    """The quantized base model.quantize asks for (ModelSpec.quantization): its mode, and the same
-    options with model.quantize=null (the LoRA adapters as configured) for the float base it is
-    made from; None for a float base."""
-    if options.quantize is None:
-        return None
-    return Quantization(options.quantize, dataclasses.replace(options, quantize=None))

@@ -42,8 +42,8 @@ from meshrun.models.hub.build import build, build_abstract, inputs
 from meshrun.models.hub.export import export, keep_adapter
 from meshrun.models.hub.layouts import layout_advice, layout_rules
 from meshrun.models.hub.objective import analytic_flops, next_token_loss
-from meshrun.models.hub.options import KerasHubOptions, quantization
-from meshrun.models.registry import ModelSpec, class_accuracy, register_model
+from meshrun.models.hub.options import KerasHubOptions
+from meshrun.models.registry import ModelSpec, class_accuracy, quantize_option, register_model
 
 
 def label(options: KerasHubOptions) -> str:
@@ -90,6 +90,6 @@ SPEC = register_model(
         sample_weight_input="padding_mask",
         export=export,
         save_adapter=keep_adapter,
-        quantization=quantization,
+        quantization=quantize_option,
     )
 )
