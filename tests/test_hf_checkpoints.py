@@ -126,11 +126,15 @@ def fresh_session_reset():
     keras.backend.clear_session()
 
 
-def test_from_model_places_a_transformers_checkpoint_by_kerashubs_map(tmp_path, fresh_session):
-    arrays, _ = reference("llama2")
-    model, _ = built_on_2x4(DATA / "llama2", "from_model", tmp_path)
-    kernel = next(w for w in model.weights if w.path == "transformer_layer_0/feedforward_gate_dense/kernel")
-    assert tuple(kernel.value.sharding.spec) == ("data", "model")
+@pytest.mark.parametrize("case", ["llama2", "llama3"])
+def test_from_model_places_a_transformers_checkpoint_by_kerashubs_map(case, tmp_path, fresh_session):
+    # llama3's 405 tokens: the model axis (4) does not divide them, so the map's embedding rule keeps
+    # them whole and splits the hidden dimension over data
+    arrays, _ = reference(case)
+    model, _ = built_on_2x4(DATA / case, "from_model", tmp_path)
+    spec = {w.path: tuple(w.value.sharding.spec) for w in model.weights}
+    assert spec["transformer_layer_0/feedforward_gate_dense/kernel"] == ("data", "model")
+    assert spec["token_embedding/embeddings"] == (("model", "data") if case == "llama2" else (None, "data"))
     assert np.abs(logits_of(model, arrays["token_ids"]) - arrays["logits"]).max() < FLOAT32_BOUND
 
 
@@ -215,7 +219,12 @@ BROKEN = {
         edit_config(model_type="gpt_neox"),
         "model_type 'gpt_neox', which meshrun has no converter for; valid: llama, mistral",
     ),
-    "biases the backbone lacks": ("llama2", edit_config(attention_bias=True), "attention_bias=True"),
+    "biases the backbone lacks": (
+        "llama2",
+        edit_config(attention_bias=True),
+        "config.json has attention_bias=True, which the KerasHub backbone cannot hold: it has no such biases "
+        "(valid: false)",
+    ),
     "an unknown RoPE type": (
         "llama2",
         edit_config(rope_scaling={"rope_type": "yarn", "factor": 4.0}),
@@ -273,3 +282,34 @@ def test_model_dtype_sets_a_kerashub_backbones_dtype_too(tmp_path, fresh_session
     }
     task = build(parse_run_config(raw).model.options)
     assert {w.dtype for w in task.weights} == {"bfloat16"}
+
+
+HUB_ID_LINE = (
+    "meshrun: error: model.preset: got {got!r}, a Hugging Face Hub id and no local dir; meshrun downloads "
+    "nothing: download it first, where there is a network (hf download meta-llama/Llama-3.2-1B --local-dir "
+    "models/Llama-3.2-1B), then give model.preset=models/Llama-3.2-1B"
+)
+MISSING_LINE = (
+    "meshrun: error: model.preset: got {got!r}{where}, which does not exist; give the dir of a transformers "
+    "checkpoint (config.json, safetensors, tokenizer files) or of a KerasHub preset (save_to_preset)"
+)
+
+
+@pytest.mark.parametrize("preset", ["meta-llama/Llama-3.2-1B", "hf://meta-llama/Llama-3.2-1B"])
+def test_a_hub_id_as_the_preset_says_how_to_download_it(preset, in_tmp, capsys):
+    line = error_line_here(["train", "model=keras_hub", f"model.preset={preset}", "mesh=2x4"], capsys)
+    assert line == HUB_ID_LINE.format(got=preset)
+    assert list(in_tmp.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    "preset", ["./nope/llama", "../nope/llama", "nope/llama/x", "meta-llama/Llama-3.2-1B"]
+)
+def test_a_preset_path_that_is_not_there_does_not_exist(preset, in_tmp, capsys):
+    (in_tmp / "meta-llama").mkdir()  # an org dir that exists: a local path, not a hub id
+    line = error_line_here(["plan", "model=keras_hub", f"model.preset={preset}", "mesh=2x4"], capsys)
+    assert line == MISSING_LINE.format(got=preset, where=f" ({Path(preset).absolute()})")
+    absolute = in_tmp / "nope" / "llama"
+    line = error_line_here(["plan", "model=keras_hub", f"model.preset={absolute}", "mesh=2x4"], capsys)
+    assert line == MISSING_LINE.format(got=str(absolute), where="")
+    assert [p.name for p in in_tmp.iterdir()] == ["meta-llama"]

@@ -5,7 +5,15 @@ import pytest
 
 from meshrun.config.schema import LayoutRule, MeshConfig
 from meshrun.errors import ConfigError
-from meshrun.placement.layout import TensorSpec, assign_rules, bend_notes, check_rules, matching_rules
+from meshrun.placement.layout import (
+    TensorSpec,
+    assign_rules,
+    bend_notes,
+    check_rules,
+    matching_rules,
+    with_bends,
+    with_extra_rules,
+)
 
 MESH = MeshConfig(shape=(2, 4), axis_names=("data", "model"), batch_axis="data")
 TENSORS = [
@@ -152,6 +160,48 @@ def test_a_lenient_rule_leaves_an_indivisible_dimension_whole_with_an_exact_rule
         and again.bends == ()
         and again.assigned["block_1/key/kernel"].axes == (None, "data", None)
     )
+
+
+def test_a_lenient_rule_written_as_its_path_is_replaced_by_the_rule_it_bends_to():
+    # KerasHub's maps name the token embedding by its path: the bent rule is that path too, and Keras
+    # must get it alone (two rules of one path: an error, and a LayoutMap keeps the last).
+    embedding = LayoutRule(
+        "emb/embeddings", ("model", "data"), origin="from_model", replicate_if_indivisible=True
+    )
+    tensors = [TensorSpec("emb/embeddings", (405, 32))]
+    rules, bends = with_bends((embedding,), MESH, tensors)
+    assert rules == (
+        LayoutRule("emb/embeddings", (None, "data"), origin="from_model", derived_from="emb/embeddings"),
+    )
+    assert [bend.path for bend in bends] == ["emb/embeddings"]
+    check = check_rules(rules, MESH, tensors)
+    assert check.errors == () and check.assigned["emb/embeddings"].axes == (None, "data")
+
+
+def test_an_extra_rule_with_a_layouts_pattern_replaces_it_and_the_rest_stay():
+    layout = (rule("d1/kernel", None, "model"), rule("d2/kernel", "model", None))
+    extra = (LayoutRule("d1/kernel", (None, None), origin="extra_rules"),)
+    assert with_extra_rules(layout, extra) == (layout[1], extra[0])
+    assert check_rules(with_extra_rules(layout, extra), MESH, TENSORS).errors == ()
+
+
+def test_one_pattern_twice_names_where_each_came_from():
+    twice = (rule("d1/kernel", None, "model"), LayoutRule("d1/kernel", (None, None), origin="extra_rules"))
+    with pytest.raises(ConfigError, match=r"'d1/kernel' \(rules\) and 'd1/kernel' \(extra_rules\)"):
+        assign_rules(twice, MESH, TENSORS)
+
+
+def test_a_layouts_strict_rule_on_an_indivisible_dimension_names_the_extra_rule_that_keeps_it_whole():
+    vocabulary = [TensorSpec("emb/embeddings", (405, 32))]
+    with pytest.raises(ConfigError) as refused:
+        assign_rules((rule("emb/embeddings", "model", "data"),), MESH, vocabulary)
+    assert str(refused.value).endswith(
+        "valid for this dimension: null; 'layout.extra_rules={emb/embeddings:[null,data]}' replaces the rule "
+        "with one that keeps it whole"
+    )
+    with pytest.raises(ConfigError) as written:  # the user's own extra rule: no advice to replace it
+        assign_rules((LayoutRule("emb/embeddings", ("model", None), origin="extra_rules"),), MESH, vocabulary)
+    assert str(written.value).endswith("valid for this dimension: null")
 
 
 def test_one_note_per_lenient_rule_says_what_stays_whole_and_why():

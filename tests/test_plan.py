@@ -382,7 +382,8 @@ def test_output_rules_are_planned_and_checked():
         (
             "layout.rules.head/output: shards dimension 1 of output 'head/output' (size 10, shape (?, 10)) "
             "over mesh axis 'model' of size 4, which does not divide "
-            "10 on mesh 2x4; valid for this dimension: null or data"
+            "10 on mesh 2x4; valid for this dimension: null or data; "
+            "'layout.extra_rules={head/output:[data,null]}' replaces the rule with one that keeps it whole"
         )
     ]
     assert bad.outputs == ()

@@ -123,7 +123,9 @@ def _tied(config: HFConfig, default: bool) -> bool:
 def _no_biases(config: HFConfig) -> None:
     for key in ("attention_bias", "mlp_bias"):
         if config.get(key, False):
-            config.refuse(key, True, "the KerasHub backbone has no such biases")
+            config.refuse(
+                key, True, "the KerasHub backbone cannot hold: it has no such biases (valid: false)"
+            )
 
 
 def _plain_head_dim(config: HFConfig, backbone: str) -> None:

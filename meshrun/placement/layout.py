@@ -114,6 +114,8 @@ def check_rules(rules: tuple[LayoutRule, ...], mesh: MeshConfig, tensors: list[T
         )
         if len(matches) > 1:
             names = [repr(rule.pattern) for rule in matches]
+            if len(set(names)) < len(names):  # one pattern twice: say where each came from
+                names = [f"{name} ({rule.origin})" for name, rule in zip(names, matches, strict=True)]
             problem = ConfigError(
                 "layout.rules",
                 f"{tensor.path!r} is matched by {len(matches)} rules, {' and '.join(names)}; "
@@ -155,7 +157,22 @@ def with_bends(
     """The rules Keras gets for `tensors`: an exact rule for each path a lenient rule places with a
     dimension left whole, then `rules`; and those bends (for the plan's notes)."""
     bends = check_rules(rules, mesh, tensors).bends
-    return (*(bend.exact_rule for bend in bends), *rules), bends
+    return replacing(tuple(bend.exact_rule for bend in bends), rules), bends
+
+
+def replacing(exact: tuple[LayoutRule, ...], rules: tuple[LayoutRule, ...]) -> tuple[LayoutRule, ...]:
+    """`exact` rules (one path each) first, then `rules` less any whose pattern is one of those
+    paths: a written rule that is the exact path of a rule derived from it (bent, quantized) gives
+    way to it rather than standing beside it (Keras would see two keys for one path)."""
+    replaced = {rule.pattern for rule in exact}
+    return (*exact, *(rule for rule in rules if rule.pattern not in replaced))
+
+
+def with_extra_rules(rules: tuple[LayoutRule, ...], extra: tuple[LayoutRule, ...]) -> tuple[LayoutRule, ...]:
+    """A layout's `rules` (or the model's own map) with layout.extra_rules on top: an extra rule
+    with the pattern of one of them replaces it, the others are added."""
+    replaced = {rule.pattern for rule in extra}
+    return (*(rule for rule in rules if rule.pattern not in replaced), *extra)
 
 
 def bend_notes(bends: tuple[Bend, ...], mesh: MeshConfig) -> list[str]:
@@ -245,12 +262,18 @@ def _indivisible_error(rule: LayoutRule, mesh: MeshConfig, tensor: TensorSpec, d
     size, axis = tensor.shape[dim], rule.axes[dim]
     axis_size = mesh.axis_size(axis)
     fitting = [a for a in mesh.axis_names if size % mesh.axis_size(a) == 0]
+    whole = _axes_text(tuple(None if d == dim else a for d, a in enumerate(rule.axes))).replace(" ", "")
+    replace = (
+        f"; 'layout.extra_rules={{{rule.pattern}:{whole}}}' replaces the rule with one that keeps it whole"
+        if rule.origin == "rules"
+        else ""
+    )
     return ConfigError(
         rule.key,
         f"{subject}shards dimension {dim} of {what} {tensor.path!r} (size {size}, shape "
         f"{shape_text(tensor.shape)}) over mesh axis {axis!r} of size {axis_size}, which "
         f"does not divide {size} on mesh {format_shape(mesh.shape)}; valid for this "
-        f"dimension: {one_of(['null', *fitting])}",
+        f"dimension: {one_of(['null', *fitting])}{replace}",
     )
 
 

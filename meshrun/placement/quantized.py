@@ -67,7 +67,7 @@ def quantized_rules(
     variable's exact path gives way to it. And a note per rule for the mesh axes it could not
     carry over. Variables whose float kernel no rule (or several) places are left to the rules as
     they are (the checks report those)."""
-    from meshrun.placement.layout import matching_rules
+    from meshrun.placement.layout import matching_rules, replacing
 
     exact, lost_by_rule = [], {}
     for tensor in tensors:
@@ -87,9 +87,9 @@ def quantized_rules(
         )
         if lost:
             lost_by_rule.setdefault(rule.pattern, []).append((tensor, lost))
-    replaced = {rule.pattern for rule in exact}
-    kept = tuple(rule for rule in rules if rule.pattern not in replaced)
-    return (*exact, *kept), [_lost_note(pattern, found) for pattern, found in lost_by_rule.items()]
+    return replacing(tuple(exact), rules), [
+        _lost_note(pattern, found) for pattern, found in lost_by_rule.items()
+    ]
 
 
 def _divisible(rule: LayoutRule, shape: tuple[int, ...], mesh: MeshConfig) -> tuple:

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from meshrun.config.schema import LayoutRule, MeshConfig, PipelineConfig
 from meshrun.errors import ConfigError
 from meshrun.pipeline.bubble import bubble_fraction, stage_of_block
-from meshrun.placement.layout import Bend, TensorSpec, check_rules
+from meshrun.placement.layout import Bend, TensorSpec, check_rules, replacing
 from meshrun.wording import format_shape, one_of
 
 
@@ -102,7 +102,10 @@ def stacked_rules(
         for path, rule in check.assigned.items()
         if path not in block_paths and rule.pattern == path and rule.derived_from
     ]
-    kept = exact_elsewhere + [rule for rule in rules if rule.pattern in used_elsewhere or rule.optional]
+    kept = replacing(
+        tuple(exact_elsewhere),
+        tuple(rule for rule in rules if rule.pattern in used_elsewhere or rule.optional),
+    )
     derived = []
     for tensor in stacked(tensors):
         axes, problem = _block_axes(tensor, check.assigned, axis)
@@ -119,7 +122,7 @@ def stacked_rules(
                 derived_from=(source.derived_from or source.pattern) if source else None,
             )
         )
-    return tuple(kept + derived), tuple(errors), check.bends
+    return (*kept, *derived), tuple(errors), check.bends
 
 
 def _block_axes(

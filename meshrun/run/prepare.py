@@ -42,7 +42,7 @@ from meshrun.placement import distribution as distribution_lib
 from meshrun.placement import stacking
 from meshrun.placement.auto import derive_layout
 from meshrun.placement.identity import ONE_PROCESS, Identity
-from meshrun.placement.layout import with_bends
+from meshrun.placement.layout import with_bends, with_extra_rules
 from meshrun.placement.plan import DeviceMemory, Plan, make_plan
 from meshrun.placement.quantized import quantized_rules
 from meshrun.placement.stacking import PipelinePlan
@@ -327,7 +327,7 @@ def layout_rules(
         return derived.rules + layout.extra_rules, derived.warnings
     notes = _auto_keys_ignored(layout)
     if not layout.from_model:
-        return layout.rules + layout.extra_rules, notes
+        return with_extra_rules(layout.rules, layout.extra_rules), notes
     if spec.layout_rules is None:
         raise ConfigError(
             "layout.from_model",
@@ -337,7 +337,7 @@ def layout_rules(
     own = tuple(spec.layout_rules(options, mesh))
     for rule in own:
         check_rule_axes(rule.key, rule.axes, mesh)
-    return own + layout.extra_rules, notes
+    return with_extra_rules(own, layout.extra_rules), notes
 
 
 def pipeline_keys_ignored(pipeline: PipelineConfig, mesh: MeshConfig) -> tuple[str, ...]:

@@ -3,7 +3,8 @@ preset dir is a KerasHub preset (save_to_preset's config.json) or a Hugging Face
 checkpoint (meshrun.hf.checkpoint), what its small JSON files say (the task class it was saved
 from, its preprocessor's sequence length, its backbone's max_sequence_length), and the KerasHub
 classes a run builds (the task, its backbone), with keras_hub imported the way meshrun imports it.
-Nothing is downloaded: a preset handle is an error saying how to save the preset first.
+Nothing is downloaded: a preset handle or a Hugging Face Hub id is an error saying how to download
+it first.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ from meshrun.system.trust import check_preset_objects
 from meshrun.wording import did_you_mean, one_of
 
 HANDLE = re.compile(r"^[a-z]+://|^[\w.-]+$")  # kaggle://..., hf://..., or a bare preset name
+HUB_ID = re.compile(r"^(?:hf://)?([\w.-]+)/([\w.-]+)$")  # a Hugging Face Hub id: org/name
+LOCAL = ("/", "./", "../", "~")  # how a value that can only be a path starts
 DEFAULT_SEQ_LEN = 128  # model.seq_len without a preset
 
 
@@ -79,15 +82,38 @@ def check_preset(preset: str) -> None:
     if (path / "config.json").is_file():
         check_preset_objects(path, "model.preset")
         return
-    if not path.exists() and HANDLE.match(preset):
-        raise ConfigError(
+    if not path.exists():
+        raise _missing_preset(preset, path)
+    raise ConfigError(
+        "model.preset",
+        f"got {preset!r}, which is not a preset dir (one holding config.json, as save_to_preset writes)",
+    )
+
+
+def _missing_preset(preset: str, path: Path) -> ConfigError:
+    """The error of a model.preset that is nothing here: a Hugging Face Hub id (org/name, whose org
+    is no local dir either) or a KerasHub preset handle says that meshrun downloads nothing and how
+    to download it first; anything else is a path that does not exist."""
+    hub = HUB_ID.match(preset)
+    if hub and (preset.startswith("hf://") or not path.parent.exists()):
+        hub_id, name = f"{hub[1]}/{hub[2]}", hub[2]
+        return ConfigError(
+            "model.preset",
+            f"got {preset!r}, a Hugging Face Hub id and no local dir; meshrun downloads nothing: download it "
+            f"first, where there is a network (hf download {hub_id} --local-dir models/{name}), then give "
+            f"model.preset=models/{name}",
+        )
+    if HANDLE.match(preset) and not preset.startswith(LOCAL):
+        return ConfigError(
             "model.preset",
             f"got {preset!r}, a preset handle; meshrun downloads nothing: download the preset first "
             "(e.g. keras_hub.models.CausalLM.from_preset(...).save_to_preset(DIR)) and give the dir",
         )
-    raise ConfigError(
+    where = f" ({path.absolute()})" if str(path.absolute()) != preset else ""
+    return ConfigError(
         "model.preset",
-        f"got {preset!r}, which is not a preset dir (one holding config.json, as save_to_preset writes)",
+        f"got {preset!r}{where}, which does not exist; give the dir of a transformers checkpoint "
+        "(config.json, safetensors, tokenizer files) or of a KerasHub preset (save_to_preset)",
     )
 
 
