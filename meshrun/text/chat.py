@@ -344,8 +344,34 @@ class ChatFormat:
             place = f" on {where}" if where else ""
             raise ConfigError(
                 self.template.key,
-                f"{self.template.source} fails{place}{_template_line(error)}: {first_line(error)}",
+                f"{self.template.source} fails{place}{_template_line(error)}: {first_line(error)}"
+                f"{self._system_hint(messages, add_generation_prompt)}",
             ) from None
+
+    def _system_hint(self, messages: Sequence[dict], add_generation_prompt: bool) -> str:
+        """What to do where the template fails on a conversation with a system turn and renders it
+        without one (Gemma 1 and 2's refuse a system turn): meshrun's built-in Gemma template for a
+        tokenizer with Gemma's turn markers, else a template that takes one; '' otherwise."""
+        if not messages or messages[0]["role"] != "system" or len(messages) < 2:
+            return ""
+        try:
+            self._jinja.render(
+                messages=list(messages[1:]),
+                add_generation_prompt=add_generation_prompt,
+                bos_token=self.bos_token,
+                eos_token=self.eos_token,
+            )
+        except Exception:  # it fails for another reason too
+            return ""
+        if all(marker in self._specials for marker in BUILT_IN["gemma"][1]):
+            return (
+                "; it takes no system turn: data.chat_template=gemma puts the system prompt before the "
+                "first user turn's text, as Gemma 3's template does"
+            )
+        return (
+            "; it takes no system turn: drop the system turns, or give data.chat_template a template "
+            "that takes one"
+        )
 
     @functools.cached_property
     def end_of_turn_ids(self) -> tuple[int, ...]:
