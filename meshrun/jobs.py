@@ -165,16 +165,22 @@ def publish(trained, run_dir: str) -> None:
 
 
 def plan_job(invocation: Invocation, job: Job) -> None:
-    """One `meshrun plan` job: check the config, plan from shapes alone, print (JSON with the job's
-    config choices and overrides, so the lines of `plan -m` can be told apart); lint errors exit 2."""
+    """One `meshrun plan` job: check the config (a data=text run's tokenizer and chat template too,
+    as training would), plan from shapes alone, print (JSON with the job's config choices and
+    overrides, so the lines of `plan -m` can be told apart); lint errors exit 2."""
     config = parse_run_config(job.resolve())
     processes = job_size(config.distributed, os.environ)
     planned = planned_here(config, processes)
     from meshrun.report.render import render_plan  # imports rich only
     from meshrun.run.prepare import check_without_devices
+    from meshrun.run.sampling import check_text_tokenizer
 
     plan = planned.plan
-    errors = [*plan.errors, *_errors_of(lambda: check_without_devices(config, planned, processes))]
+    errors = [
+        *plan.errors,
+        *_errors_of(lambda: check_without_devices(config, planned, processes)),
+        *_errors_of(lambda: check_text_tokenizer(config, planned)),
+    ]
     data = {
         **plan.to_dict(),
         "status": "error" if errors else "ok",

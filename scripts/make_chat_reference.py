@@ -28,6 +28,30 @@ The cases and where each template's text was taken from (verbatim):
   tokenizer_config.json, tool branches included, which puts Qwen's default system prompt first when
   a conversation has none.
 
+- mistral (issue 66): a SentencePiece BPE set up as Mistral's (meshrun's MISTRAL_SENTENCEPIECE: a
+  dummy prefix, <unk> 0, <s> 1, </s> 2) converted by transformers' LlamaTokenizer (legacy=False:
+  a Metaspace pre-tokenizer that puts "▁" before the first piece only), and the chat_template of
+  mistralai/Mistral-7B-Instruct-v0.2 (the same as Mixtral-8x7B-Instruct-v0.1's), which refuses a
+  system turn: mistral's conversations have none.
+- llama2 (issue 66): the same SentencePiece model in the legacy form of Llama 2's tokenizer.json (a
+  Prepend("▁") and Replace(" ", "▁") normalizer, no pre-tokenizer: "▁" before every piece between
+  special tokens, as SentencePiece puts its dummy prefix), its bos/eos/unk as AddedToken dicts, and
+  the chat_template of meta-llama/Llama-2-7b-chat-hf (<<SYS>> inside the first user turn); half of
+  its conversations have a system turn. Its tokenizer_class is PreTrainedTokenizerFast, so that
+  transformers reads tokenizer.json as written: transformers 5 rebuilds a LlamaTokenizer's pipeline
+  (a Metaspace pre-tokenizer, which puts no "▁" before a text that starts with a space, and with
+  legacy=false none after a special token), and then encodes otherwise than the file it loaded.
+- deepseek (issue 66): a byte-level BPE (Qwen's split) whose start token is DeepSeek-R1-Distill's
+  <｜begin▁of▁sentence｜>, named in tokenizer_config.json as an AddedToken dict and put first by the
+  post-processor, with <｜User｜>, <｜Assistant｜> and <｜end▁of▁sentence｜> (the eos and pad), and
+  a chat template modelled on DeepSeek-R1-Distill's (its user, assistant and system branches; the
+  generation prompt without the later "<think>\n", which meshrun cannot train with).
+
+For the issue 66 cases the reference json also holds `assistant_masks`: transformers'
+`return_assistant_tokens_mask` rendered with a copy of the template whose assistant text (the content
+and what follows up to the end-of-turn token, what meshrun weighs) is in a {% generation %} block,
+checked to render the same text; and `plain`: texts and `tokenizer(text)["input_ids"]`.
+
 Tokenizers are trained on tests/data/hf/corpus.txt plus the texts of tests/presets.py's
 chat_records (so the words of conversations are single tokens), and built by
 scripts/reference_tokenizers.py, which make_hf_reference.py shares; everything is deterministic: a
@@ -37,6 +61,7 @@ in the venv of scripts/make_hf_reference.py (its docstring says how to make it):
 
     /work/refvenv/bin/python scripts/make_chat_reference.py                    # every case
     /work/refvenv/bin/python scripts/make_chat_reference.py --cases gemma
+    /work/refvenv/bin/python scripts/make_chat_reference.py --cases mistral,llama2,deepseek
 """
 
 from __future__ import annotations
@@ -113,12 +138,76 @@ QWEN25_TEMPLATE_JSON = (
 )
 QWEN25_TEMPLATE = json.loads(QWEN25_TEMPLATE_JSON.replace("\\'", "'"))
 
+# mistralai/Mistral-7B-Instruct-v0.2 tokenizer_config.json "chat_template" (Mixtral-8x7B-Instruct-v0.1's too)
+MISTRAL_TEMPLATE = (
+    "{{ bos_token }}{% for message in messages %}"
+    "{% if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}"
+    "{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}{% endif %}"
+    "{% if message['role'] == 'user' %}{{ '[INST] ' + message['content'] + ' [/INST]' }}"
+    "{% elif message['role'] == 'assistant' %}{{ message['content'] + eos_token}}{% else %}"
+    "{{ raise_exception('Only user and assistant roles are supported!') }}{% endif %}{% endfor %}"
+)
+# meta-llama/Llama-2-7b-chat-hf tokenizer_config.json "chat_template"
+LLAMA2_TEMPLATE = (
+    "{% if messages[0]['role'] == 'system' %}{% set loop_messages = messages[1:] %}"
+    "{% set system_message = messages[0]['content'] %}{% else %}{% set loop_messages = messages %}"
+    "{% set system_message = false %}{% endif %}{% for message in loop_messages %}"
+    "{% if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}"
+    "{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}{% endif %}"
+    "{% if loop.index0 == 0 and system_message != false %}"
+    "{% set content = '<<SYS>>\\n' + system_message + '\\n<</SYS>>\\n\\n' + message['content'] %}"
+    "{% else %}{% set content = message['content'] %}{% endif %}"
+    "{% if message['role'] == 'user' %}{{ bos_token + '[INST] ' + content.strip() + ' [/INST]' }}"
+    "{% elif message['role'] == 'assistant' %}{{ ' '  + content.strip() + ' ' + eos_token }}{% endif %}"
+    "{% endfor %}"
+)
+DEEPSEEK_BOS, DEEPSEEK_EOS = "<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>"
+DEEPSEEK_SPECIALS = (DEEPSEEK_BOS, DEEPSEEK_EOS, "<｜User｜>", "<｜Assistant｜>")
+# modelled on deepseek-ai/DeepSeek-R1-Distill-Qwen-7B's (not verbatim: no tool branches)
+DEEPSEEK_TEMPLATE = (
+    "{% set ns = namespace(system_prompt='') %}{%- for message in messages %}"
+    "{%- if message['role'] == 'system' %}{% set ns.system_prompt = message['content'] %}{%- endif %}"
+    "{%- endfor %}{{ bos_token }}{{ ns.system_prompt }}{%- for message in messages %}"
+    "{%- if message['role'] == 'user' %}{{ '<｜User｜>' + message['content'] }}{%- endif %}"
+    "{%- if message['role'] == 'assistant' %}{% set content = message['content'] %}"
+    "{% if '</think>' in content %}{% set content = content.split('</think>')[-1] %}{% endif %}"
+    "{{ '<｜Assistant｜>' + content + '<｜end▁of▁sentence｜>' }}{%- endif %}{%- endfor %}"
+    "{% if add_generation_prompt %}{{ '<｜Assistant｜>' }}{% endif %}"
+)
+# Each issue 66 template with what meshrun weighs of an assistant turn in a {% generation %} block.
+GENERATION_TEMPLATES = {
+    "mistral": MISTRAL_TEMPLATE.replace(
+        "{{ message['content'] + eos_token}}",
+        "{% generation %}{{ message['content'] + eos_token}}{% endgeneration %}",
+    ),
+    "llama2": LLAMA2_TEMPLATE.replace(
+        "{{ ' '  + content.strip() + ' ' + eos_token }}",
+        "{{ ' ' }}{% generation %}{{ content.strip() + ' ' + eos_token }}{% endgeneration %}",
+    ),
+    "deepseek": DEEPSEEK_TEMPLATE.replace(
+        "{{ '<｜Assistant｜>' + content + '<｜end▁of▁sentence｜>' }}",
+        "{{ '<｜Assistant｜>' }}{% generation %}{{ content + '<｜end▁of▁sentence｜>' }}{% endgeneration %}",
+    ),
+}
+PLAIN_TEXTS = ("What colour is the sky?", "  Plums are purple,\n\nand ash is grey.  ", "naïve café 🙂")
+CONVERSATIONS = 20  # in each issue 66 case
+
 SOURCES = {
     "llama3": "meta-llama/Meta-Llama-3-8B-Instruct tokenizer_config.json chat_template",
     "gemma": "google/gemma-2b-it tokenizer_config.json chat_template (same as google/gemma-2-2b-it)",
     "chatml": "Qwen/Qwen2.5-0.5B-Instruct tokenizer_config.json chat_template",
+    "mistral": "mistralai/Mistral-7B-Instruct-v0.2 tokenizer_config.json chat_template",
+    "llama2": "meta-llama/Llama-2-7b-chat-hf tokenizer_config.json chat_template",
+    "deepseek": "modelled on deepseek-ai/DeepSeek-R1-Distill-Qwen-7B's chat_template (no tool branches)",
 }
-END_OF_TURN = {"llama3": "<|eot_id|>", "gemma": "<end_of_turn>", "chatml": "<|im_end|>"}
+END_OF_TURN = {
+    "llama3": "<|eot_id|>",
+    "gemma": "<end_of_turn>",
+    "chatml": "<|im_end|>",
+    "mistral": "</s>",
+    "llama2": "</s>",
+    "deepseek": DEEPSEEK_EOS,
+}
 
 
 def turn(role: str, content: str) -> dict:
@@ -152,9 +241,15 @@ NON_ASCII = [
 
 
 def conversations(case: str) -> list[list[dict]]:
-    """The case's conversations: Gemma 1/2's template refuses a system turn, so gemma's have none."""
-    three = THREE_TURNS if case == "gemma" else [SYSTEM, *THREE_TURNS]
-    return [ONE_TURN, three, SPACES, NON_ASCII]
+    """The case's conversations: Gemma 1/2's and Mistral's templates refuse a system turn, so
+    theirs have none; an issue 66 case has CONVERSATIONS, the four above and chat_records (a system
+    turn on about half of them where the template takes one)."""
+    system = case not in ("gemma", "mistral")
+    four = [ONE_TURN, [SYSTEM, *THREE_TURNS] if system else THREE_TURNS, SPACES, NON_ASCII]
+    if case not in GENERATION_TEMPLATES:
+        return four
+    more = presets.chat_records(CONVERSATIONS - len(four), seed=66, system=system)
+    return four + [record["messages"] for record in more]
 
 
 def training_texts() -> list[str]:
@@ -202,7 +297,144 @@ def gemma_tokenizer(work: Path):
     return reference_tokenizers.gemma_tokenizer(model, mask_token=None)
 
 
-TOKENIZERS = {"llama3": llama3_tokenizer, "gemma": gemma_tokenizer, "chatml": chatml_tokenizer}
+def sentencepiece_bpe(work: Path) -> Path:
+    """A dir holding a tokenizer.model set up as Mistral's and Llama 2's (a dummy prefix, <unk>
+    <s> </s>), trained by meshrun's tokenizer training."""
+    work.mkdir(parents=True)
+    proto = tokenizer_training.sentencepiece_proto(
+        training_texts(), SP_VOCAB, tokenizer_training.MISTRAL_SENTENCEPIECE, "vocabulary"
+    )
+    (work / "tokenizer.model").write_bytes(proto)
+    return work
+
+
+def mistral_tokenizer(work: Path):
+    """Mistral's format: a Metaspace BPE as transformers' LlamaTokenizer (legacy=False) converts it."""
+    return transformers.LlamaTokenizer.from_pretrained(
+        sentencepiece_bpe(work),
+        legacy=False,
+        add_prefix_space=True,
+        add_bos_token=True,
+        model_max_length=32768,
+        chat_template=MISTRAL_TEMPLATE,
+    )
+
+
+def llama2_tokenizer(work: Path):
+    """Llama 2's format (its tokenizer.json written in the legacy form by finish_llama2)."""
+    return transformers.LlamaTokenizer.from_pretrained(
+        sentencepiece_bpe(work),
+        legacy=True,
+        add_prefix_space=True,
+        add_bos_token=True,
+        model_max_length=4096,
+        chat_template=LLAMA2_TEMPLATE,
+    )
+
+
+def deepseek_tokenizer(work: Path):
+    """DeepSeek-R1-Distill's format: a byte-level BPE with Qwen's split, its four special tokens
+    after the BPE vocabulary, the start token put first by the post-processor."""
+    from tokenizers import Regex, decoders, models, pre_tokenizers, processors
+    from transformers.models.qwen2.tokenization_qwen2 import PRETOKENIZE_REGEX
+
+    vocab, merges = reference_tokenizers.train_byte_level_bpe(training_texts(), BPE_VOCAB, PRETOKENIZE_REGEX)
+    tok = tokenizers.Tokenizer(models.BPE(vocab=vocab, merges=merges, ignore_merges=False))
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(PRETOKENIZE_REGEX), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False),
+        ]
+    )
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens(
+        [tokenizers.AddedToken(t, special=True, normalized=False) for t in DEEPSEEK_SPECIALS]
+    )
+    tok.post_processor = processors.Sequence(
+        [
+            processors.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False),
+            processors.TemplateProcessing(
+                single=f"{DEEPSEEK_BOS}:0 $A:0",
+                pair=f"{DEEPSEEK_BOS}:0 $A:0 {DEEPSEEK_BOS}:1 $B:1",
+                special_tokens=[(DEEPSEEK_BOS, tok.token_to_id(DEEPSEEK_BOS))],
+            ),
+        ]
+    )
+    return transformers.PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        bos_token=DEEPSEEK_BOS,
+        eos_token=DEEPSEEK_EOS,
+        pad_token=DEEPSEEK_EOS,
+        clean_up_tokenization_spaces=False,
+        model_max_length=16384,
+        chat_template=DEEPSEEK_TEMPLATE,
+    )
+
+
+TOKENIZERS = {
+    "llama3": llama3_tokenizer,
+    "gemma": gemma_tokenizer,
+    "chatml": chatml_tokenizer,
+    "mistral": mistral_tokenizer,
+    "llama2": llama2_tokenizer,
+    "deepseek": deepseek_tokenizer,
+}
+
+
+def added_token(content: str) -> dict:
+    """A special token as tokenizer_config.json spells it in its AddedToken form (Llama 2's, DeepSeek's)."""
+    return {
+        "__type": "AddedToken",
+        "content": content,
+        "lstrip": False,
+        "normalized": False,
+        "rstrip": False,
+        "single_word": False,
+    }
+
+
+def finish_llama2(out: Path) -> None:
+    """Llama 2's files as Meta's repository has them: tokenizer.json with the legacy Prepend and
+    Replace normalizer and no pre-tokenizer, and tokenizer_config.json with add_bos_token and its
+    special tokens as AddedToken dicts; PreTrainedTokenizerFast reads the tokenizer.json as written
+    (the module's docstring says why)."""
+    tokenizer = json.loads((out / "tokenizer.json").read_text())
+    tokenizer["normalizer"] = {
+        "type": "Sequence",
+        "normalizers": [
+            {"type": "Prepend", "prepend": "▁"},
+            {"type": "Replace", "pattern": {"String": " "}, "content": "▁"},
+        ],
+    }
+    tokenizer["pre_tokenizer"] = None
+    (out / "tokenizer.json").write_text(json.dumps(tokenizer, indent=2, ensure_ascii=False) + "\n")
+    config = json.loads((out / "tokenizer_config.json").read_text())
+    config.update(
+        add_bos_token=True,
+        add_eos_token=False,
+        tokenizer_class="PreTrainedTokenizerFast",
+        bos_token=added_token("<s>"),
+        eos_token=added_token("</s>"),
+        unk_token=added_token("<unk>"),
+    )
+    (out / "tokenizer_config.json").write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n")
+
+
+def finish_deepseek(out: Path) -> None:
+    """DeepSeek-R1-Distill's tokenizer_config.json: its special tokens as AddedToken dicts and
+    add_bos_token (which transformers 5 drops where a tokenizer.json is beside it)."""
+    config = json.loads((out / "tokenizer_config.json").read_text())
+    config.update(
+        add_bos_token=True,
+        add_eos_token=False,
+        bos_token=added_token(DEEPSEEK_BOS),
+        eos_token=added_token(DEEPSEEK_EOS),
+        pad_token=added_token(DEEPSEEK_EOS),
+    )
+    (out / "tokenizer_config.json").write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n")
+
+
+FINISH = {"llama2": finish_llama2, "deepseek": finish_deepseek}
 
 
 # References
@@ -223,6 +455,25 @@ def rendering(tok, messages: list[dict]) -> dict:
         "prompt_text": tok.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True),
         "prompt_ids": ids_of(tok, prompt, add_generation_prompt=True),
     }
+
+
+def masks_and_plain(case: str, tok, records: list[dict], rendered: list[dict]) -> dict:
+    """An issue 66 case's `assistant_masks` (its generation template, checked to render the same
+    text and ids) and `plain` texts with transformers' ids for them, special tokens added."""
+    masks = []
+    for record, expected in zip(records, rendered, strict=True):
+        out = tok.apply_chat_template(
+            record["messages"],
+            chat_template=GENERATION_TEMPLATES[case],
+            tokenize=True,
+            return_dict=True,
+            return_assistant_tokens_mask=True,
+        )
+        if list(out["input_ids"]) != expected["ids"]:
+            raise SystemExit(f"{case}: the generation template renders {record} otherwise")
+        masks.append(list(out["assistant_masks"]))
+    plain = [{"text": text, "ids": list(tok(text)["input_ids"])} for text in PLAIN_TEXTS]
+    return {"assistant_masks": masks, "plain": plain}
 
 
 def check(case: str, tok, reloaded, records: list[dict], rendered: list[dict]) -> dict:
@@ -254,9 +505,13 @@ def make_case(case: str, work: Path) -> dict:
         shutil.rmtree(out)
     tok = TOKENIZERS[case](work / case)
     reference_tokenizers.save_tokenizer(tok, out, case)
+    if case in FINISH:  # the files as the family's own are written, read back by transformers
+        FINISH[case](out)
+        tok = transformers.AutoTokenizer.from_pretrained(out)
     records = [{"messages": messages} for messages in conversations(case)]
     rendered = [rendering(tok, r["messages"]) for r in records]
     figures = check(case, tok, transformers.AutoTokenizer.from_pretrained(out), records, rendered)
+    extra = masks_and_plain(case, tok, records, rendered) if case in GENERATION_TEMPLATES else {}
     reference = {
         "case": case,
         "template_source": SOURCES[case],
@@ -269,6 +524,7 @@ def make_case(case: str, work: Path) -> dict:
         "records": records,
         **{key: [r[key] for r in rendered] for key in ("text", "ids", "prompt_text", "prompt_ids")},
         **({"sentencepiece_ids_equal": figures["sentencepiece_ids_equal"]} if case == "gemma" else {}),
+        **extra,
         "versions": reference_tokenizers.versions(transformers, tokenizers, sentencepiece, jinja2),
     }
     (DATA / f"{case}.reference.json").write_text(json.dumps(reference, indent=1, ensure_ascii=False) + "\n")

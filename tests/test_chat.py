@@ -131,8 +131,28 @@ def test_a_template_that_fails_to_render_names_the_record_and_its_line(tmp_path,
     error = pytest.raises(ConfigError, format_.encode_many, [conversation]).value
     assert str(error) == (
         f"data.chat_template: the template {template} fails on chats.jsonl:7 at its line 2: "
-        "no system turns here"
+        "no system turns here; it takes no system turn: drop the system turns, or give "
+        "data.chat_template a template that takes one"
     )
+
+
+def test_gemmas_own_template_refusing_a_system_turn_names_the_built_in_one():
+    """Gemma 1/2's own template refuses a system turn: the line names data.chat_template=gemma,
+    meshrun's built-in Gemma template, which renders the conversation."""
+    from pathlib import Path
+
+    gemma = Path(__file__).resolve().parent / "data" / "chat" / "gemma"
+    tokenizer = load_tokenizer(str(gemma), "model.preset")
+    own = chat.load_chat(tokenizer, str(gemma), None)
+    conversation = chat.Conversation(THREE_TURNS, "chats.jsonl:3")
+    error = pytest.raises(ConfigError, own.encode_many, [conversation]).value
+    assert error.key == "model.preset" and "\n" not in str(error)
+    assert str(error).endswith(
+        "System role not supported; it takes no system turn: data.chat_template=gemma puts the system "
+        "prompt before the first user turn's text, as Gemma 3's template does"
+    )
+    built_in = chat.load_chat(tokenizer, str(gemma), "gemma")
+    assert "You answer in one word." in built_in.render(THREE_TURNS)
 
 
 def test_a_template_that_closes_turns_with_no_special_token_is_refused(tmp_path, llama3):

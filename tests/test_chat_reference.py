@@ -1,8 +1,11 @@
 """meshrun's chat rendering against transformers' `apply_chat_template` (issue 54).
 
-tests/data/chat/ holds three tiny tokenizers with real chat templates (Llama 3 Instruct's, Gemma
-1/2 instruct's, Qwen 2.5's ChatML) and, for a few conversations, the text and ids transformers
-renders them to, made by scripts/make_chat_reference.py (transformers is not a test dependency).
+tests/data/chat/ holds tiny tokenizers with real chat templates (Llama 3 Instruct's, Gemma 1/2
+instruct's, Qwen 2.5's ChatML; since issue 66 Mistral's with a Metaspace BPE, Llama 2's with the legacy
+Prepend normalizer, and a DeepSeek-R1-Distill-like one whose start token is <｜begin▁of▁sentence｜>)
+and, for a few conversations (20 in the issue 66 cases), the text and ids transformers renders them
+to, its assistant masks and the ids of plain texts, made by scripts/make_chat_reference.py
+(transformers is not a test dependency).
 meshrun's ChatFormat (meshrun.text.chat) must give the same text and ids from the case's own
 tokenizer dir, and for Gemma also through the SentencePiece path (a KerasHub preset whose tokenizer
 is the case's tokenizer.model, the template given as a file). Its loss weights must cover exactly
@@ -19,6 +22,8 @@ import pytest
 
 DATA = Path(__file__).resolve().parent / "data" / "chat"
 CASES = ("llama3", "gemma", "chatml")
+ISSUE66 = ("mistral", "llama2", "deepseek")  # with assistant_masks and plain texts
+ALL = CASES + ISSUE66
 WITH_BOS = ("llama3", "gemma")
 TRIMS_CONTENT = ("llama3", "gemma")  # their templates write `message['content'] | trim`
 KEY = "data.path"
@@ -75,7 +80,7 @@ def gemma_preset_chat(tmp_path_factory):
 # The data alone: checks that need no meshrun.text.chat
 
 
-@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("case", ALL)
 def test_the_cases_tokenizer_gives_the_reference_ids_of_the_rendered_text(case):
     """The reference data agrees with itself and with meshrun's tokenizer: the case's tokenizer
     (loaded by meshrun) encodes transformers' rendered text to transformers' ids."""
@@ -128,7 +133,7 @@ def test_the_tiny_gemma_has_gemmas_turn_markers_as_single_pieces():
 # meshrun.text.chat against transformers
 
 
-@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("case", ALL)
 def test_render_gives_transformers_text(case):
     chat = case_chat(case)
     for messages, expected in records_and_references(case):
@@ -136,15 +141,86 @@ def test_render_gives_transformers_text(case):
         assert chat.render(messages[:-1], add_generation_prompt=True) == expected["prompt_text"]
 
 
-@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("case", ALL)
 def test_encode_gives_transformers_ids(case):
+    """Every conversation's ids and prompt ids equal apply_chat_template's (n/N in the message):
+    SentencePiece-style BPEs (Mistral's Metaspace, Llama 2's Prepend) too, whose pieces between
+    special tokens take a "▁" before them or not as the whole text does."""
     chat = case_chat(case)
-    for messages, expected in records_and_references(case):
+    pairs = records_and_references(case)
+    equal = prompts_equal = 0
+    for messages, expected in pairs:
         encoded = chat.encode(messages)
         assert encoded.ids.dtype == np.int32 and encoded.weights.dtype == np.uint8
         assert encoded.ids.shape == encoded.weights.shape
-        assert encoded.ids.tolist() == expected["ids"]
-        assert np.asarray(chat.prompt_ids(messages[:-1])).tolist() == expected["prompt_ids"]
+        equal += encoded.ids.tolist() == expected["ids"]
+        prompts_equal += np.asarray(chat.prompt_ids(messages[:-1])).tolist() == expected["prompt_ids"]
+    assert (equal, prompts_equal) == (len(pairs), len(pairs)), (
+        f"ids {equal}/{len(pairs)}, prompts {prompts_equal}"
+    )
+
+
+@pytest.mark.parametrize("case", ISSUE66)
+def test_the_weights_are_transformers_assistant_masks(case):
+    """meshrun's loss weights equal transformers' return_assistant_tokens_mask over the template's
+    assistant text (its content and what follows up to the end-of-turn token), a token weighted
+    where it overlaps that text, as transformers marks it."""
+    chat = case_chat(case)
+    ref = reference(case)
+    pairs = records_and_references(case)
+    equal = sum(
+        chat.encode(messages).weights.tolist() == mask
+        for (messages, _), mask in zip(pairs, ref["assistant_masks"], strict=True)
+    )
+    assert equal == len(pairs), f"{equal}/{len(pairs)}"
+
+
+@pytest.mark.parametrize("case", ISSUE66)
+def test_a_text_is_given_to_the_model_as_transformers_tokenizer_gives_it(case):
+    """The ids data=text trains on and generate prompts with (the start token the run's framing
+    puts first, then the text) equal transformers' tokenizer(text)["input_ids"]."""
+    from types import SimpleNamespace
+
+    from meshrun.data.text_tokenizer import framing_for
+    from meshrun.text.examples import prompt_ids
+    from meshrun.text.tokenizer import load_tokenizer
+
+    tokenizer = load_tokenizer(str(DATA / case), KEY)
+    framing = framing_for(SimpleNamespace(end_token=None), tokenizer)
+    for plain in reference(case)["plain"]:
+        assert prompt_ids(tokenizer.encode, framing, plain["text"]).tolist() == plain["ids"]
+
+
+def test_a_start_token_spelled_otherwise_comes_from_tokenizer_config():
+    """DeepSeek-R1-Distill's start token, named in tokenizer_config.json as an AddedToken dict and
+    put first by tokenizer.json's post-processor: texts and chats start with it, and a template's
+    bos_token writes it."""
+    from meshrun.text.tokenizer import load_tokenizer
+
+    tokenizer = load_tokenizer(str(DATA / "deepseek"), KEY)
+    bos = "<｜begin▁of▁sentence｜>"
+    assert tokenizer.start_token == bos and tokenizer.start_id == tokenizer.token_id(bos) is not None
+    prompt = [{"role": "user", "content": "Hi"}]
+    assert case_chat("deepseek").render(prompt, add_generation_prompt=True).startswith(bos)
+
+
+def test_a_start_token_the_tokenizer_lacks_is_one_line(tmp_path):
+    """A bos_token tokenizer_config.json names that the tokenizer does not have: a ConfigError
+    naming the key, the file and the token."""
+    import shutil
+
+    from meshrun.errors import ConfigError
+    from meshrun.text.tokenizer import load_tokenizer
+
+    copy = shutil.copytree(DATA / "deepseek", tmp_path / "deepseek")
+    config = json.loads((copy / "tokenizer_config.json").read_text())
+    config["bos_token"]["content"] = "<｜no such token｜>"
+    (copy / "tokenizer_config.json").write_text(json.dumps(config))
+    with pytest.raises(ConfigError) as error:
+        load_tokenizer(str(copy), KEY)
+    message = str(error.value)
+    assert error.value.key == KEY and "\n" not in message
+    assert "bos_token '<｜no such token｜>'" in message and "tokenizer_config.json" in message
 
 
 @pytest.mark.parametrize("case", WITH_BOS)

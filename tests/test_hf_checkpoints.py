@@ -313,3 +313,25 @@ def test_a_preset_path_that_is_not_there_does_not_exist(preset, in_tmp, capsys):
     line = error_line_here(["plan", "model=keras_hub", f"model.preset={absolute}", "mesh=2x4"], capsys)
     assert line == MISSING_LINE.format(got=str(absolute), where="")
     assert [p.name for p in in_tmp.iterdir()] == ["meta-llama"]
+
+
+def no_tokenizer(directory: Path):
+    for name in ("tokenizer.json", "tokenizer.model", "tokenizer_config.json"):
+        (directory / name).unlink()
+
+
+def test_plan_makes_the_tokenizer_checks_train_makes(tmp_path_factory, in_tmp, capsys):
+    """A checkpoint dir with no tokenizer: `meshrun plan` of a data=text run fails with the line
+    `meshrun train` fails with, and writes nothing."""
+    preset = broken(tmp_path_factory.mktemp("no_tokenizer"), "llama2", no_tokenizer)
+    args = [
+        "model=keras_hub",
+        f"model.preset={preset}",
+        "mesh=2x4",
+        "data=text",
+        f"data.files={DATA / 'corpus.txt'}",
+    ]
+    planned = error_line_here(["plan", *args], capsys)
+    assert planned.startswith("meshrun: error: model.preset: got ") and "tokenizer.json" in planned, planned
+    assert planned == error_line_here(["train", *args], capsys)
+    assert list(in_tmp.iterdir()) == []

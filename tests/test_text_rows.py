@@ -373,7 +373,7 @@ def test_a_byte_order_mark_is_read_as_nothing(tmp_path):
 
 def test_counts_of_examples_agree_with_their_nouns(tmp_path, caplog):
     """An example too long for a row is `1 example`, and one left out of two `makes` and `was`."""
-    from meshrun.data import text, text_tokenizer, text_tokens
+    from meshrun.data import text, text_report, text_tokenizer, text_tokens
     from meshrun.text.tokenizer import load_tokenizer
     from presets import hf_tokenizer_json
 
@@ -399,10 +399,13 @@ def test_counts_of_examples_agree_with_their_nouns(tmp_path, caplog):
         == "data.files: the text makes no row of model.seq_len + 1 = 7 tokens (1 example, too long)"
     )
     with caplog.at_level("WARNING", logger="meshrun"):
-        made["two.jsonl"]()
+        tokenized = made["two.jsonl"]()
     (warning,) = [r.getMessage() for r in caplog.records if "data.too_long=drop" in r.getMessage()]
     assert warning.startswith(
         "data.too_long=drop: 1 of the 2 train examples makes "
         "more than model.seq_len + 1 = 7 tokens and was left out"
     )
     assert warning.endswith("raise model.seq_len to keep it")
+    # metrics.json counts the example trained on, and the one dropped apart
+    figures = text_report.info(options, tokenized, tokenizer, None, train_rows=1, eval_rows=0)
+    assert (figures["train_examples"], figures["dropped_too_long"]) == (1, 1)

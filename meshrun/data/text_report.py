@@ -17,7 +17,7 @@ def info(options, tokenized, tokenizer, chat, train_rows: int, eval_rows: int) -
         "tokenizer": tokenizer.description,
         "packed": options.packs,
         "padding_fraction": meta["train"]["padding_fraction"],
-        "train_examples": meta["train"]["examples"],
+        "train_examples": meta["train"]["examples"] - meta["train"]["dropped"],  # those trained on
         "train_rows": train_rows,
         "eval_rows": eval_rows,
         "eval_source": meta["eval_source"],

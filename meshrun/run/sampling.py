@@ -228,3 +228,18 @@ def check_max_length(max_length: int, options, key: str) -> int:
             f"got {max_length}, more than the backbone's max_sequence_length {limit}; valid: 2 to {limit}",
         )
     return max_length
+
+
+def check_text_tokenizer(config, planned) -> None:
+    """The checks of a data=text run's tokenizer that need no pass over its corpus, as its training
+    would make them, for `meshrun plan` (`planned`: the run's PlannedModel): the tokenizer loads
+    (data.tokenizer, else model.preset's), fits the model's vocabulary and has an end token, and
+    with data.format=chat the chat template is found and renders a probe conversation. A
+    ConfigError for the first problem; nothing for a run on other data."""
+    if config.data.name != "text":
+        return
+    tokenizer, _ = load_run_tokenizer(config, "data.tokenizer")
+    check_vocabulary(tokenizer, config, model_vocabulary(planned.abstract.signature))
+    chat = run_chat(config, tokenizer, "data.tokenizer")
+    if chat is not None:
+        _ = chat.end_of_turn_ids  # renders a probe conversation: a ConfigError for a broken template

@@ -13,13 +13,17 @@ template, tokenized so that the loss weighs exactly the assistant's turns.
   found by rendering the conversation up to the turn with the generation prompt and up to the turn's
   end: the difference is the turn. A template whose renderings are not prefixes of one another (one
   that rewrites earlier turns) is refused, as is one that ends a turn with no special token.
-- **Tokens** (`ChatFormat.encode_many`): the rendered text is cut at every special token (each
-  becomes its id, whatever the encoder would make of its text: SentencePiece does not read control
-  tokens such as `<bos>` from text) and at the edges of the weighted text, and each plain piece is
-  encoded alone, so a weight is never cut inside a token. Where a tokenizer's pieces do not already
-  end at those edges the ids can differ from encoding the whole text at once; the reference test
-  (tests/test_chat_reference.py) checks they equal transformers' apply_chat_template for Llama 3,
-  Gemma and ChatML tokenizers.
+- **Tokens** (`ChatFormat.encode_many`): where the tokenizer reads special tokens from text (a Hugging
+  Face tokenizers encoder), the whole rendered text is encoded at once, as apply_chat_template does,
+  and a token weighs where its characters overlap a weighted text (transformers' rule for
+  `return_assistant_tokens_mask`): no piece gets a prefix space of its own, so SentencePiece-style
+  BPEs (a Metaspace pre-tokenizer, the legacy Prepend normalizer) give transformers' ids. Elsewhere
+  (SentencePiece, which does not read control tokens such as `<bos>` from text, and KerasHub's
+  graph) the text is cut at every special token (each becomes its id) and at the edges of the
+  weighted text, and each plain piece is encoded alone. The reference test
+  (tests/test_chat_reference.py) checks the ids, and the weights where transformers gives a mask,
+  against apply_chat_template for Llama 3, Gemma, ChatML, Mistral, Llama 2 and DeepSeek-style
+  tokenizers.
 - **One start token**: where the tokenizer starts text with one (its start_id), the ids start with
   exactly one, whether the template writes it, the tokenizer adds it, or both.
 - **Too long** (`fit`): data.too_long=truncate drops whole exchanges (a user turn and the replies
@@ -279,6 +283,15 @@ def _compiled(template: ChatTemplate):
         ) from None
 
 
+def _overlap_weights(offsets: np.ndarray, spans: list[tuple[int, int]]) -> np.ndarray:
+    """1 for each token (its [start, end) characters in `offsets`) that overlaps one of the weighted
+    `spans`, else 0 (uint8): transformers' rule for `return_assistant_tokens_mask`."""
+    weights = np.zeros(len(offsets), np.uint8)
+    for start, end in spans:
+        weights |= ((offsets[:, 1] > start) & (offsets[:, 0] < end)).astype(np.uint8)
+    return weights
+
+
 def _template_line(error: BaseException) -> str:
     """`at its line N` for an error raised while a template rendered (Jinja puts the template's
     lines in the traceback), else ''."""
@@ -310,7 +323,7 @@ class ChatFormat:
         ordered = sorted(self._specials, key=len, reverse=True)
         self._special_pattern = re.compile("|".join(map(re.escape, ordered))) if ordered else None
         self._start = tokenizer.start_id
-        self.bos_token = tokenizer.token_text(self._start) if self._start is not None else ""
+        self.bos_token = tokenizer.start_token or ""
         self.eos_token = tokenizer.token_text(tokenizer.end_id) if tokenizer.end_id is not None else ""
 
     @property
@@ -331,8 +344,34 @@ class ChatFormat:
             place = f" on {where}" if where else ""
             raise ConfigError(
                 self.template.key,
-                f"{self.template.source} fails{place}{_template_line(error)}: {first_line(error)}",
+                f"{self.template.source} fails{place}{_template_line(error)}: {first_line(error)}"
+                f"{self._system_hint(messages, add_generation_prompt)}",
             ) from None
+
+    def _system_hint(self, messages: Sequence[dict], add_generation_prompt: bool) -> str:
+        """What to do where the template fails on a conversation with a system turn and renders it
+        without one (Gemma 1 and 2's refuse a system turn): meshrun's built-in Gemma template for a
+        tokenizer with Gemma's turn markers, else a template that takes one; '' otherwise."""
+        if not messages or messages[0]["role"] != "system" or len(messages) < 2:
+            return ""
+        try:
+            self._jinja.render(
+                messages=list(messages[1:]),
+                add_generation_prompt=add_generation_prompt,
+                bos_token=self.bos_token,
+                eos_token=self.eos_token,
+            )
+        except Exception:  # it fails for another reason too
+            return ""
+        if all(marker in self._specials for marker in BUILT_IN["gemma"][1]):
+            return (
+                "; it takes no system turn: data.chat_template=gemma puts the system prompt before the "
+                "first user turn's text, as Gemma 3's template does"
+            )
+        return (
+            "; it takes no system turn: drop the system turns, or give data.chat_template a template "
+            "that takes one"
+        )
 
     @functools.cached_property
     def end_of_turn_ids(self) -> tuple[int, ...]:
@@ -405,12 +444,26 @@ class ChatFormat:
         self, conversations: Sequence[Conversation], train_on: str = "all_assistant"
     ) -> list[Encoded]:
         """Each conversation's ids and weights (`train_on`: one of TRAIN_ON, as data.train_on is
-        checked), its plain pieces encoded in one batch."""
-        return self._encoded(
-            [self._pieces(*self._weighted_spans(c.messages, train_on, c.where)) for c in conversations]
-        )
+        checked), all of them encoded in one batch."""
+        return self._encoded([self._weighted_spans(c.messages, train_on, c.where) for c in conversations])
 
-    def _encoded(self, cut: list[list[tuple[str, int, int | None]]]) -> list[Encoded]:
+    def _encoded(self, rendered: list[tuple[str, list[tuple[int, int]]]]) -> list[Encoded]:
+        """Each rendered text and its weighted spans as ids and weights, each beginning with one
+        start token (_one_start): the whole text encoded at once where the tokenizer reads special
+        tokens from text, else cut into pieces (_pieces)."""
+        if self.tokenizer.reads_special_tokens:
+            encoded = self.tokenizer.encode_with_offsets([text for text, _ in rendered])
+            pairs = [
+                (ids, _overlap_weights(offsets, spans))
+                for (ids, offsets), (_, spans) in zip(encoded, rendered, strict=True)
+            ]
+        else:
+            pairs = self._encoded_pieces([self._pieces(text, spans) for text, spans in rendered])
+        return [self._one_start(ids, weights) for ids, weights in pairs]
+
+    def _encoded_pieces(
+        self, cut: list[list[tuple[str, int, int | None]]]
+    ) -> list[tuple[np.ndarray, np.ndarray]]:
         """Each list of pieces (_pieces) as ids and weights: a special token its id, the plain
         pieces of all of them encoded in one batch."""
         plain = [text for pieces in cut for text, _, special in pieces if special is None]
@@ -422,7 +475,7 @@ class ChatFormat:
                 piece_ids = [special] if special is not None else next(encoded).tolist()
                 ids.extend(piece_ids)
                 weights.extend([weight] * len(piece_ids))
-            results.append(self._one_start(np.asarray(ids, np.int32), np.asarray(weights, np.uint8)))
+            results.append((np.asarray(ids, np.int32), np.asarray(weights, np.uint8)))
         return results
 
     def encode(
@@ -435,7 +488,7 @@ class ChatFormat:
         """The ids a model completes `messages` from: rendered with the generation prompt (the
         assistant's header), tokenized as training tokenizes."""
         text = self.render(messages, add_generation_prompt=True, where=where)
-        return self._encoded([self._pieces(text, [])])[0].ids
+        return self._encoded([(text, [])])[0].ids
 
     def _one_start(self, ids: np.ndarray, weights: np.ndarray) -> Encoded:
         """`ids` beginning with exactly one start token where the tokenizer has one."""

@@ -65,12 +65,14 @@ class TextTokenizer:
         pad_id: int,
         fingerprint: str,
         stop_ids: tuple[int, ...] = (),
+        start_token: str | None = None,
     ):
         self._encoder = encoder
         self.description = description  # one line for logs and metrics.json
         self.backend = encoder.backend  # "sentencepiece", "tokenizers" or "keras_hub"
         self.vocabulary_size = vocabulary_size  # the size of its id space (largest id + 1)
         self.start_id = start_id  # the token the model's preprocessor puts first (None: none)
+        self.start_token = start_token  # the text a chat template writes as bos_token (None: none)
         self.end_id = end_id
         self.pad_id = pad_id
         self.fingerprint = fingerprint  # sha256 over the bytes of the tokenizer's files
@@ -91,6 +93,21 @@ class TextTokenizer:
         lengths = np.fromiter(map(len, encoded), dtype=np.int64, count=len(encoded))
         values = np.fromiter(itertools.chain.from_iterable(encoded), dtype=np.int32, count=int(lengths.sum()))
         return values, lengths
+
+    @property
+    def reads_special_tokens(self) -> bool:
+        """Whether `encode_with_offsets` can encode a text holding special tokens (a Hugging Face
+        tokenizers encoder reads them from text; SentencePiece does not read control tokens)."""
+        return hasattr(self._encoder, "encode_with_offsets")
+
+    def encode_with_offsets(self, texts: Sequence[str]) -> list[tuple[np.ndarray, np.ndarray]]:
+        """Each text's int32 ids, special tokens in it read as their ids, no special tokens added,
+        and the [start, end) character offsets of each id (int64, [n, 2]); only where
+        `reads_special_tokens`."""
+        return [
+            (np.asarray(ids, dtype=np.int32), np.asarray(offsets, dtype=np.int64).reshape(-1, 2))
+            for ids, offsets in self._encoder.encode_with_offsets(list(texts))
+        ]
 
     def decode(self, ids) -> str:
         """The text of `ids` (a sequence or array of ints), special tokens skipped."""
@@ -155,14 +172,16 @@ def load_tokenizer(
     if is_keras_serialized(contents):
         return _load_keras_hub(file.parent, source, key, verdicts_in(cache_dir, shared_cache))
     if isinstance(contents, dict) and isinstance(contents.get("model"), dict):
-        return _load_hugging_face(file, contents["model"].get("type", "?"), source, key)
+        model_type = contents["model"].get("type", "?")
+        return _load_hugging_face(file, model_type, contents.get("post_processor"), source, key)
     raise ConfigError(
         key, f"got {source!r}, whose {file.name} is neither KerasHub's nor Hugging Face's; {EXPECTED}"
     )
 
 
-def _load_hugging_face(file: Path, model_type: str, source, key: str) -> TextTokenizer:
-    """The Hugging Face tokenizer in `file` (a tokenizer.json of that `model_type`)."""
+def _load_hugging_face(file: Path, model_type: str, post_processor, source, key: str) -> TextTokenizer:
+    """The Hugging Face tokenizer in `file` (a tokenizer.json of that `model_type`, whose
+    `post_processor` says which token starts a text)."""
     from tokenizers import Tokenizer
 
     try:
@@ -174,17 +193,18 @@ def _load_hugging_face(file: Path, model_type: str, source, key: str) -> TextTok
             f"tokenizers cannot load ({first_line(error)}); {EXPECTED}",
         ) from None
     encoder = HuggingFaceEncoder(tokenizer)
-    start, end, pad = hugging_face_special_ids(encoder, file.parent)
+    special = hugging_face_special_ids(encoder, file.parent, post_processor, source, key)
     return TextTokenizer(
         encoder,
         description=f"Hugging Face tokenizer ({model_type}) of {file.resolve()}",
         vocabulary_size=max(tokenizer.get_vocab(with_added_tokens=True).values(), default=-1)
         + 1,  # the id space
-        start_id=start,
-        end_id=end,
-        pad_id=pad,
+        start_id=special.start,
+        end_id=special.end,
+        pad_id=special.pad,
         fingerprint=fingerprint_files(file.parent, [file]),
         stop_ids=model_stop_ids(file.parent),
+        start_token=special.start_token,
     )
 
 
@@ -199,13 +219,14 @@ def _load_keras_hub(preset: Path, source, key: str, verdicts: cache.ProbeVerdict
         )
     fingerprint = fingerprint_files(preset, keras_hub_tokenizer_files(preset))
     layer, encoder = preset_encoder(preset, source, key, fingerprint, verdicts)
-    start, end, pad = keras_hub_special_ids(layer, preset)
+    special = keras_hub_special_ids(layer, preset)
     return TextTokenizer(
         encoder,
         description=f"{type(layer).__name__} ({encoder.library}) of {preset.resolve()}",
         vocabulary_size=int(layer.vocabulary_size()),
-        start_id=start,
-        end_id=end,
-        pad_id=pad,
+        start_id=special.start,
+        end_id=special.end,
+        pad_id=special.pad,
         fingerprint=fingerprint,
+        start_token=special.start_token,
     )

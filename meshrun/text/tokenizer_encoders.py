@@ -47,6 +47,12 @@ class HuggingFaceEncoder:
     def encode(self, texts: list[str]) -> list[list[int]]:
         return [encoding.ids for encoding in self._encode_batch(texts, add_special_tokens=False)]
 
+    def encode_with_offsets(self, texts: list[str]) -> list[tuple[list[int], list[tuple[int, int]]]]:
+        """Each text's ids and, for each id, the (start, end) of the characters it stands for: the
+        special tokens in the text read as the tokenizer reads them, as transformers' `tokenizer(text,
+        add_special_tokens=False)` encodes a rendered chat."""
+        return [(e.ids, e.offsets) for e in self.tokenizer.encode_batch(texts, add_special_tokens=False)]
+
     def decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
 
