@@ -2,12 +2,15 @@
 reference logits and tokenization for them (issue 53), and checks a meshrun export with transformers.
 
 For each case (one per model family and format quirk: Llama 2/3, RoPE scaling in both spellings, tied
-heads, a bf16 checkpoint in two shards, Mistral, Gemma 1/2/3, Qwen 2/3) it writes:
+heads, a bf16 checkpoint in two shards, Mistral, Gemma 1/2/3, Gemma 2/3 with
+query_pre_attn_scalar = hidden / heads and sliding windows shorter than the sequence, Qwen 2/3) it writes:
 
 - tests/data/hf/<case>/: a `save_pretrained` dir (config.json, safetensors, tokenizer files,
   generation_config.json), built with transformers' own config, model and tokenizer classes;
 - tests/data/hf/<case>.reference.npz: `token_ids` int32 [2, 16] and transformers' `logits` float32
-  [2, 16, vocab] in the checkpoint's dtype (plus `logits_float32` for the bf16 case);
+  [2, 16, vocab] in the checkpoint's dtype (plus `logits_float32` for the bf16 case, and for the
+  Gemma 2/3 `_scaled` cases `greedy_ids` int32 [2, 16], transformers' greedy `generate` from the
+  first 6 of `token_ids`);
 - tests/data/hf/<case>.reference.json: the tokenization of a fixed text, the specials and versions.
 
 Tokenizers are trained on tests/data/hf/corpus.txt (committed, fixed once); the Llama 3, ChatML and
@@ -57,6 +60,7 @@ CORPUS = DATA / "corpus.txt"
 TEXT = "  Hello,  world! It's 2024: naïve café, Ünïcödé façade — 12345 tokens.\nDon't stop:  ok?"
 SEED = 53
 BATCH, LENGTH = 2, 16
+PROMPT_LENGTH = 6  # the prompt of a case's greedy generation (Case.greedy): the first 6 of token_ids
 BPE_VOCAB = 400  # the 256 bytes and 144 merges; specials come after
 SP_VOCAB = 480
 NOISE = 0.1  # norm weights and biases perturbed by this much (std) so that they matter
@@ -109,6 +113,7 @@ class Case:
     embed_scale: float = 1.0  # embeddings multiplied by this after init (small: eps matters)
     shard_size: str | None = None
     rope_v4_spelling: bool = False  # config.json rewritten to transformers 4's rope_theta/rope_scaling
+    greedy: bool = False  # the npz has transformers' greedy `generate` ids too (`greedy_ids`)
 
 
 LLAMA3 = dict(rms_norm_eps=1e-5, rope_parameters={"rope_type": "default", "rope_theta": 500000.0})
@@ -172,6 +177,40 @@ CASES = {
                     "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0},
                 },
             ),
+        ),
+        # Gemma 2 27B's and Gemma 3 27B's scale: query_pre_attn_scalar = hidden_size / heads (8), not
+        # head_dim (16); sliding windows shorter than the 16-token sequence (Gemma 3: 6 layers, so
+        # that its 6th is a full-attention one)
+        Case(
+            "gemma2_scaled",
+            "Gemma2ForCausalLM",
+            "Gemma2Config",
+            "gemma",
+            dict(
+                head_dim=16,
+                query_pre_attn_scalar=8,
+                sliding_window=4,
+                attn_logit_softcapping=2.0,
+                final_logit_softcapping=3.0,
+            ),
+            greedy=True,
+        ),
+        Case(
+            "gemma3_scaled",
+            "Gemma3ForCausalLM",
+            "Gemma3TextConfig",
+            "gemma",
+            dict(
+                num_hidden_layers=6,
+                head_dim=16,
+                query_pre_attn_scalar=8,
+                sliding_window=6,
+                rope_parameters={
+                    "full_attention": {"rope_type": "default", "rope_theta": 1_000_000.0},
+                    "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0},
+                },
+            ),
+            greedy=True,
         ),
         Case("qwen2", "Qwen2ForCausalLM", "Qwen2Config", "chatml", dict(tie_word_embeddings=True)),
         Case(
@@ -302,12 +341,11 @@ def build_model(case: Case, tok):
     gen = generation_ids(case.tokenizer, tok)
     eos = gen["eos_token_id"]
     config = getattr(transformers, case.config_class)(
-        **SMALL,
+        **{**SMALL, **case.config},  # a case's config may change SMALL's (Gemma 3's layer count)
         vocab_size=len(tok),
         bos_token_id=gen["bos_token_id"],
         eos_token_id=eos,
         pad_token_id=gen.get("pad_token_id"),
-        **case.config,
     )
     torch.manual_seed(SEED)
     model = getattr(transformers, case.model_class)(config).eval()
@@ -332,6 +370,25 @@ def forward(model, ids: np.ndarray) -> np.ndarray:
     with torch.no_grad():
         x = torch.from_numpy(ids.astype(np.int64))
         return model(input_ids=x, attention_mask=torch.ones_like(x)).logits.float().numpy()
+
+
+def greedy_ids(out: Path, ids: np.ndarray) -> np.ndarray:
+    """transformers' greedy `generate` (its KV cache, a sliding window's cache included) from the
+    first PROMPT_LENGTH of each row of `ids` up to LENGTH tokens in all, prompt included, never
+    stopping early: int32 [BATCH, LENGTH]."""
+    model = transformers.AutoModelForCausalLM.from_pretrained(out, dtype="auto").eval()
+    prompt = torch.from_numpy(ids[:, :PROMPT_LENGTH].astype(np.int64))
+    with torch.no_grad():
+        generated = model.generate(
+            input_ids=prompt,
+            attention_mask=torch.ones_like(prompt),
+            max_length=LENGTH,
+            do_sample=False,
+            eos_token_id=None,
+        )
+    if generated.shape != (BATCH, LENGTH):
+        raise SystemExit(f"{out.name}: generate gave shape {tuple(generated.shape)}")
+    return generated.numpy().astype(np.int32)
 
 
 def write_v4_rope_spelling(config_path: Path) -> None:
@@ -361,6 +418,8 @@ def save_case(case: Case, work: Path) -> dict:
     if case.dtype == "bfloat16":
         upcast = transformers.AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
         arrays["logits_float32"] = forward(upcast, ids)
+    if case.greedy:
+        arrays["greedy_ids"] = greedy_ids(out, ids)
     np.savez(DATA / f"{case.name}.reference.npz", **arrays)
     reference = tokenization_reference(case, tok, model.config.model_type)
     (DATA / f"{case.name}.reference.json").write_text(
@@ -440,8 +499,12 @@ def discrimination(case: Case, out: Path, ids: np.ndarray, logits: np.ndarray) -
         variants["eps_1e-6"] = {"rms_norm_eps": 1e-6}
     if "rope_parameters" in case.config and case.config["rope_parameters"].get("rope_type") == "llama3":
         variants["no_rope_scaling"] = {"rope_parameters": {"rope_type": "default", "rope_theta": 500000.0}}
-    if case.name == "gemma2":
+    if case.config.get("attn_logit_softcapping"):
         variants["no_softcaps"] = {"attn_logit_softcapping": None, "final_logit_softcapping": None}
+    if case.config.get("query_pre_attn_scalar", case.config.get("head_dim")) != case.config.get("head_dim"):
+        variants["scalar_head_dim"] = {"query_pre_attn_scalar": case.config["head_dim"]}
+    if (case.config.get("sliding_window") or LENGTH) < LENGTH:
+        variants["window_of_the_sequence"] = {"sliding_window": LENGTH}
     for label, change in variants.items():
         model = transformers.AutoModelForCausalLM.from_pretrained(out, dtype="auto", **change).eval()
         moved = forward(model, ids)

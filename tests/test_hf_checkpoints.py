@@ -26,13 +26,26 @@ LAYOUTS = {
     "gemma": "gemma_tp",
     "gemma2": "gemma_tp",
     "gemma3": "gemma_tp",
+    "gemma2_scaled": "gemma_tp",
+    "gemma3_scaled": "gemma_tp",
     "llama2": "llama_tp",
     "mistral": "llama_tp",
 }
 FLOAT32_BOUND = 1e-4
-# bfloat16 keeps 8 bits of mantissa: a logit of about 2 moves by up to 2**-7 per rounding, and two
-# layers of rounded activations add up to a few of those (measured: 0.029 at most).
-BFLOAT16_BOUND = 0.05
+LENGTH = 16  # of the reference ids' rows
+# bfloat16 keeps 8 significant bits: one unit in the last place (ulp) of a logit of 2 to 4 is 2**-6,
+# of one of 8 to 16 2**-4. Two bfloat16 computations (meshrun's, transformers') round differently and
+# end up a few such units apart at the size of the largest logit: measured 0.029 for the reference
+# logits, which reach 2.24 (1.9 units of 2**-6); a bound in units scales to larger logits. What makes
+# the comparison meaningful: meshrun's bfloat16 logits are as close to the float32 ones as
+# transformers' own bfloat16 logits are (measured 0.0217 and 0.0228).
+BFLOAT16_ULPS = 3
+BFLOAT16_AS_CLOSE = 1.25  # meshrun's distance to float32 over transformers' own, at most
+
+
+def bfloat16_ulp(logits: np.ndarray) -> float:
+    """One unit in bfloat16's last place at the size of the largest of `logits`."""
+    return 2.0 ** (np.floor(np.log2(np.abs(logits).max())) - 7)
 
 
 def reference(case: str) -> tuple[dict, dict]:
@@ -106,11 +119,66 @@ def test_each_family_gives_transformers_logits_on_2x4(case, tmp_path, fresh_sess
     assert peaks.bytes_per_device <= 1.3 * planned, (peaks, planned)
 
 
+def test_a_gemma_preset_saved_with_the_hidden_over_heads_scale_keeps_it(tmp_path, fresh_session):
+    """A KerasHub preset saved from a Gemma 3 checkpoint whose query_pre_attn_scalar is hidden /
+    heads (as meshrun's export writes one) builds back with that scale: transformers' logits."""
+    arrays, _ = reference("gemma3_scaled")
+    model, _ = built_on_2x4(DATA / "gemma3_scaled", "gemma_tp", tmp_path / "hf")
+    model.save_to_preset(str(tmp_path / "preset"))
+    config = json.loads((tmp_path / "preset" / "config.json").read_text())
+    assert config["config"]["query_head_dim_normalize"] is False
+    fresh_session_reset()
+    reloaded, _ = built_on_2x4(tmp_path / "preset", "gemma_tp", tmp_path / "preset_run")
+    assert np.abs(logits_of(reloaded, arrays["token_ids"]) - arrays["logits"]).max() < FLOAT32_BOUND
+
+
+PROMPT_LENGTH = 6  # the prompts of the greedy generations: the first 6 reference ids of each row
+# One case of each model_type, the last in name order (gemma2_scaled and gemma3_scaled, whose
+# reference data has transformers' greedy ids, over gemma2 and gemma3): generation compiles a program
+# of its own per case.
+GENERATE_CASES = sorted(
+    {json.loads((DATA / f"{case}.reference.json").read_text())["model_type"]: case for case in CASES}.values()
+)
+
+
+def greedy_by_hand(model, prompts: np.ndarray, length: int) -> np.ndarray:
+    """The greedy continuation of each row of `prompts` up to `length` tokens in all, a token at a
+    time: the argmax of the whole sequence's logits (no cache) at the last token so far."""
+    ids = prompts
+    while ids.shape[1] < length:
+        padded = np.pad(ids, ((0, 0), (0, length - ids.shape[1])))
+        logits = logits_of(model, padded)
+        ids = np.concatenate([ids, logits[:, ids.shape[1] - 1].argmax(-1)[:, None].astype(ids.dtype)], 1)
+    return ids
+
+
+@pytest.mark.parametrize("case", GENERATE_CASES)
+def test_each_family_generates_greedily_on_2x4(case, tmp_path, fresh_session):
+    """What `meshrun generate` and train.sample_prompts run (KerasHub's generate with its cache,
+    through meshrun.text.complete) gives the greedy tokens of the model's logits, Gemma 3's
+    included; for the Gemma 2 and 3 cases whose sliding window is shorter than the sequence, the
+    ids of transformers' own greedy `generate`."""
+    from meshrun.text.complete import GREEDY, prompt_batch, use_sampler
+
+    arrays, _ = reference(case)
+    model, _ = built_on_2x4(DATA / case, LAYOUTS.get(case, "auto"), tmp_path)
+    prompts = arrays["token_ids"][:, :PROMPT_LENGTH]
+    use_sampler(model, GREEDY)
+    batch = prompt_batch(list(prompts), LENGTH, 2, pad=0)
+    generated = np.asarray(model.generate(batch, stop_token_ids=None)["token_ids"])
+    assert generated.tolist() == greedy_by_hand(model, prompts, LENGTH).tolist()
+    if "greedy_ids" in arrays:
+        assert generated.tolist() == arrays["greedy_ids"].tolist()
+
+
 def test_a_bfloat16_checkpoint_in_two_shards_loads_as_bfloat16_or_as_asked(tmp_path, fresh_session):
     arrays, _ = reference("llama3_bf16_sharded")
     model, _ = built_on_2x4(DATA / "llama3_bf16_sharded", "auto", tmp_path)
     assert {w.dtype for w in model.weights} == {"bfloat16"}
-    assert np.abs(logits_of(model, arrays["token_ids"]) - arrays["logits"]).max() < BFLOAT16_BOUND
+    got = logits_of(model, arrays["token_ids"])
+    assert np.abs(got - arrays["logits"]).max() < BFLOAT16_ULPS * bfloat16_ulp(arrays["logits"])
+    transformers_off = np.abs(arrays["logits"] - arrays["logits_float32"]).max()
+    assert np.abs(got - arrays["logits_float32"]).max() <= BFLOAT16_AS_CLOSE * transformers_off
     fresh_session_reset()
     upcast, _ = built_on_2x4(DATA / "llama3_bf16_sharded", "auto", tmp_path / "f32", dtype="float32")
     assert {w.dtype for w in upcast.weights} == {"float32"}
@@ -179,6 +247,42 @@ def test_a_lora_fine_tune_of_a_transformers_checkpoint_runs_from_the_cli(tmp_pat
     assert np.isfinite(metrics["history"]["loss"][-1])
 
 
+def test_a_gemma3_run_samples_its_prompts_and_meshrun_generate_answers_them(tmp_path, capsys):
+    """A LoRA run of a Gemma 3 checkpoint completes train.sample_prompts after training (no
+    error.log) and `meshrun generate` on its dir, with the base and the adapter it kept, gives the
+    same greedy completions."""
+    from meshrun import cli
+
+    run_dir, prompts = tmp_path / "run", ["data", "Hello world"]
+    cli.main(
+        [
+            "train",
+            "model=keras_hub",
+            f"model.preset={DATA / 'gemma3_scaled'}",
+            "model.lora.rank=4",
+            "model.seq_len=16",
+            "mesh=2x4",
+            "layout=gemma_tp",
+            "data.num_samples=16",
+            "data.eval_samples=8",
+            "train.batch_size=8",
+            "train.epochs=1",
+            "train.verbose=0",
+            f"train.sample_prompts={json.dumps(prompts)}",
+            "train.sample_max_length=12",
+            f"hydra.run.dir={run_dir}",
+        ]
+    )
+    metrics = read_metrics(run_dir)
+    assert metrics["status"] == "ok", metrics.get("error")
+    assert not (run_dir / "error.log").exists()
+    assert [sample["prompt"] for sample in metrics["samples"]] == prompts
+    capsys.readouterr()
+    cli.main(["generate", str(run_dir), *[f"--prompt={p}" for p in prompts], "--max-length", "12", "--json"])
+    out = capsys.readouterr().out
+    assert json.loads(out[out.index("[\n") :]) == metrics["samples"]
+
+
 def broken(tmp_path, case: str, change) -> Path:
     """A copy of `case` with `change(dir)` applied."""
     copy = tmp_path / case
@@ -231,6 +335,18 @@ BROKEN = {
         "rope_scaling.rope_type='yarn', which meshrun cannot map",
     ),
     "head_dim Llama cannot express": ("llama2", edit_config(head_dim=16), "head_dim=16"),
+    "a Gemma attention scale neither head_dim nor hidden / heads": (
+        "gemma2",
+        edit_config(query_pre_attn_scalar=12),
+        "query_pre_attn_scalar=12, which KerasHub's Gemma cannot express (valid: 16, head_dim, or 8, "
+        "hidden_size / num_attention_heads)",
+    ),
+    "a Gemma attention scale other than head_dim = hidden / heads": (
+        "gemma3",
+        edit_config(num_attention_heads=2, num_key_value_heads=2, query_pre_attn_scalar=12),
+        "query_pre_attn_scalar=12, which KerasHub's Gemma cannot express (valid: 16, head_dim and "
+        "hidden_size / num_attention_heads alike)",
+    ),
     "tokenizer files that disagree": (
         "llama2",
         drop_a_token,

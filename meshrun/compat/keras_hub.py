@@ -1,7 +1,9 @@
-"""KerasHub, as meshrun uses it past its public API: importing it without TensorFlow, and the layout
+"""KerasHub, as meshrun uses it past its public API: importing it without TensorFlow, the layout
 of the LoRA weights file that `Backbone.save_lora_weights` writes, whose adapters meshrun rescales
-(meshrun.models.hub.export), and which byte-pair tokenizers split text as their base class does
-(meshrun.text.tokenizer_check). Importing this module imports no KerasHub.
+(meshrun.models.hub.export), which byte-pair tokenizers split text as their base class does
+(meshrun.text.tokenizer_check), the attention scale of Gemma's decoder blocks, which KerasHub
+does not pass on (set_gemma_attention_scales), and generation by a task whose generate step returns
+an output as None (generate_without_absent_outputs). Importing this module imports no KerasHub.
 
 keras_hub imports TensorFlow and TensorFlow Text at its own import whenever they are installed
 (keras-hub requires tensorflow-text, so they are wherever it was installed with its dependencies),
@@ -68,6 +70,104 @@ def splits_as_byte_pair_tokenizer(layer) -> bool:
         return False
     tokenizing = {name for name in vars(BytePairTokenizer) if "tokenize" in name or "merges" in name}
     return not any(tokenizing & set(vars(cls)) for cls in mro[: mro.index(BytePairTokenizer)])
+
+
+# --- Gemma's attention scale -----------------------------------------------------------------------
+
+# (module, decoder block class, module, its attention class) of each KerasHub Gemma family
+GEMMA_BLOCKS = (
+    (
+        "keras_hub.src.models.gemma.gemma_decoder_block",
+        "GemmaDecoderBlock",
+        "keras_hub.src.models.gemma.gemma_attention",
+        "CachedGemmaAttention",
+    ),
+    (
+        "keras_hub.src.models.gemma3.gemma3_decoder_block",
+        "Gemma3DecoderBlock",
+        "keras_hub.src.models.gemma3.gemma3_attention",
+        "CachedGemma3Attention",
+    ),
+)
+SCALE_FLAG = "query_head_dim_normalize"
+_SCALE_PURPOSE = (
+    f"the attention scale a Gemma backbone's {SCALE_FLAG}=False asks for, 1/sqrt(hidden_dim / "
+    "num_query_heads) (transformers' query_pre_attn_scalar), which KerasHub's decoder blocks do not "
+    "pass on to their attention"
+)
+_GEMMA_ATTENTION_SCALE = uses(
+    "keras_hub",
+    *(
+        name
+        for block_module, block, attention_module, attention in GEMMA_BLOCKS
+        for name in (
+            PrivateName(
+                "keras-hub",
+                block_module,
+                f"{block}.__init__",
+                _SCALE_PURPOSE,
+                source_contains=f"self.attention = {attention}(",
+            ),
+            PrivateName(
+                "keras-hub",
+                attention_module,
+                f"{attention}._compute_attention",
+                _SCALE_PURPOSE,
+                source_contains=f"if self.{SCALE_FLAG}:",
+            ),
+        )
+    ),
+)
+
+
+def set_gemma_attention_scales(backbone) -> None:
+    """Gives each Gemma or Gemma 3 decoder block's attention the block's own
+    `query_head_dim_normalize`: KerasHub 0.32's blocks keep it (and their config saves it) but build
+    their attention with True whatever it is, so a backbone made with False (Gemma 2 27B's and Gemma 3
+    27B's query_pre_attn_scalar = hidden_dim / num_query_heads) would scale its queries by
+    1/sqrt(head_dim). The attention reads the flag each call, so setting it after the build is
+    enough; a backbone of another family is left as it is."""
+    import importlib
+
+    ensure("keras_hub")
+    classes = tuple(getattr(importlib.import_module(module), name) for module, name, _, _ in GEMMA_BLOCKS)
+    for block in getattr(backbone, "transformer_layers", None) or ():
+        if isinstance(block, classes):
+            setattr(block.attention, SCALE_FLAG, getattr(block, SCALE_FLAG))
+
+
+# --- generation without absent outputs -----------------------------------------------------------
+
+_GENERATE_OUTPUTS = uses(
+    "keras_hub",
+    PrivateName(
+        "keras-hub",
+        "keras_hub.models",
+        "CausalLM.generate",
+        "generating with a task whose generate step returns an output as None (Gemma3CausalLM's "
+        "'images' for text alone), which CausalLM.generate would concatenate: it calls the task's "
+        "generate_function, made by make_generate_function",
+        source_contains="generate_function = self.make_generate_function()",
+    ),
+)
+
+
+def generate_without_absent_outputs(model) -> None:
+    """Makes `model`'s (a KerasHub CausalLM's) generate function anew and leaves out of each of
+    its results the outputs that are None: KerasHub 0.32's Gemma3CausalLM generates text alone
+    with `images: None` among them, which its `generate` then fails to concatenate ('None is not
+    a valid value for jnp.array'). The other tasks' results have no None and are left as they are."""
+    ensure("keras_hub")
+    model.generate_function = None
+    inner = model.make_generate_function()
+
+    def generate_function(inputs, stop_token_ids=None):
+        outputs = inner(inputs, stop_token_ids=stop_token_ids)
+        if isinstance(outputs, dict):
+            return {key: value for key, value in outputs.items() if value is not None}
+        return outputs
+
+    model.generate_function = generate_function
 
 
 # --- keras_hub without TensorFlow ------------------------------------------------------------------
@@ -272,4 +372,10 @@ class _ThenKerasHub(importlib.abc.Loader):
         give_keras_hub_tensorflow(module)
 
 
-PRIVATE_NAMES = _LORA_FILE_AND_TOKENIZERS + _IMPORT_WITHOUT_TENSORFLOW + _LOCAL_PRESETS
+PRIVATE_NAMES = (
+    _LORA_FILE_AND_TOKENIZERS
+    + _GEMMA_ATTENTION_SCALE
+    + _GENERATE_OUTPUTS
+    + _IMPORT_WITHOUT_TENSORFLOW
+    + _LOCAL_PRESETS
+)

@@ -392,11 +392,14 @@ def _gemma_common(config: HFConfig) -> dict:
     hidden, query, kv, head_dim = config.heads
     scalar = config.get("query_pre_attn_scalar", head_dim)
     if scalar not in (head_dim, hidden // query):
-        config.refuse(
-            "query_pre_attn_scalar",
-            scalar,
-            f"KerasHub's Gemma cannot express (valid: {head_dim} or {hidden // query})",
+        valid = (
+            f"{head_dim}, head_dim and hidden_size / num_attention_heads alike"
+            if head_dim == hidden // query
+            else f"{head_dim}, head_dim, or {hidden // query}, hidden_size / num_attention_heads"
         )
+        config.refuse("query_pre_attn_scalar", scalar, f"KerasHub's Gemma cannot express (valid: {valid})")
+    # False: 1/sqrt(hidden / heads), which meshrun.compat.keras_hub.set_gemma_attention_scales makes
+    # the blocks' attention use (KerasHub's blocks would not pass it on)
     return _decoder_arguments(config) | {"head_dim": head_dim, "query_head_dim_normalize": scalar == head_dim}
 
 

@@ -55,22 +55,26 @@ def variable_dtype(checkpoint: HFCheckpoint, requested: str | None) -> str | Non
 
 def build_task(checkpoint: HFCheckpoint, load_weights: bool, dtype: str | None = None, on_placed=None):
     """The family's CausalLM (preprocessor None, not compiled) around a backbone of the checkpoint's
-    architecture, its variables filled from the files when `load_weights`. Returns (task, bytes
-    read from the files)."""
+    architecture (a Gemma one's attention scaled as query_pre_attn_scalar says:
+    meshrun.compat.keras_hub.set_gemma_attention_scales), its variables filled from the files when
+    `load_weights`. Returns (task, bytes read from the files)."""
     from meshrun.compat.keras.sharded_loading import load_onto_shards
-    from meshrun.compat.keras_hub import import_keras_hub
+    from meshrun.compat.keras_hub import import_keras_hub, set_gemma_attention_scales
 
     keras_hub = import_keras_hub()  # model=keras_hub has checked it is installed
     backbone_cls = getattr(keras_hub.models, checkpoint.family.backbone)
     task_cls = getattr(keras_hub.models, checkpoint.family.task)
     arguments = dict(checkpoint.arguments, dtype=variable_dtype(checkpoint, dtype))
     if not load_weights:
-        return task_cls(backbone=backbone_cls(**arguments), preprocessor=None, compile=False), 0
+        backbone = backbone_cls(**arguments)
+        set_gemma_attention_scales(backbone)
+        return task_cls(backbone=backbone, preprocessor=None, compile=False), 0
     reader = safetensors.SliceReader()
     with load_onto_shards(on_placed=on_placed, every_weight_read=True):
         backbone = backbone_cls(**arguments)
         fill(backbone, checkpoint, reader)
     reader.close()
+    set_gemma_attention_scales(backbone)  # query_pre_attn_scalar: KerasHub's Gemma blocks drop it
     return task_cls(backbone=backbone, preprocessor=None, compile=False), reader.bytes_read
 
 

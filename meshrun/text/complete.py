@@ -257,9 +257,12 @@ def use_sampler(model, sampling: Sampling) -> None:
     """Makes `model` (a KerasHub CausalLM) pick tokens as `sampling` says, with a new sampler (and
     so a new seed generator, made under the distribution in force). Its sampler is set by its
     compile (top_k by default, which draws at random) and absent when it was never compiled; the
-    generate function compiled for the old one is dropped."""
+    generate function compiled for the old one is replaced by one for the new (which leaves out
+    the outputs a Gemma 3 task returns as None: meshrun.compat.keras_hub)."""
+    from meshrun.compat.keras_hub import generate_without_absent_outputs
+
     model.sampler = sampling.make_sampler()
-    model.generate_function = None
+    generate_without_absent_outputs(model)
 
 
 def complete(

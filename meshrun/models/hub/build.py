@@ -59,11 +59,15 @@ def _staged(task, options: KerasHubOptions):
 def _build_task(options: KerasHubOptions, load_weights: bool):
     """The task, built with its Dense and EinsumDense layers quantized under model.quantize (each
     filled from its float weights as they load; a new backbone's are drawn once it is built:
-    meshrun.run.build)."""
+    meshrun.run.build), and a Gemma backbone's attention scaled as its config says, however it was
+    made (a transformers checkpoint, a preset meshrun saved, model.backbone)."""
     from meshrun import quantize
+    from meshrun.compat.keras_hub import set_gemma_attention_scales
 
     with quantize.quantized_layers(options.quantize):
-        return _build_float_or_quantized(options, load_weights)
+        task = _build_float_or_quantized(options, load_weights)
+    set_gemma_attention_scales(task.backbone)  # KerasHub's Gemma blocks drop it (query_pre_attn_scalar)
+    return task
 
 
 def _build_float_or_quantized(options: KerasHubOptions, load_weights: bool):
