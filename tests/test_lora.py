@@ -594,6 +594,46 @@ def test_an_adapter_is_peft_s_and_its_dropout_gives_peft_s_formula(kind):
     np.testing.assert_allclose(np.asarray(model(x)), merged, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("mode", ["int4", "int8"])
+def test_a_quantized_layer_adds_its_adapter_and_drops_its_input(mode):
+    """A quantized EinsumDense (QLoRA) adds its adapter to its quantized call, its input dropped in
+    training: its dequantized kernel's output + scale * dropout(x) A B, and outside training that
+    of the dequantized kernel + scale * A B; B gets a gradient."""
+    import jax
+    import keras
+
+    from meshrun.compat.keras.lora import add_adapter, drop_inputs
+    from meshrun.compat.keras.quantized import dequantized_kernel
+
+    keras.utils.set_random_seed(2)
+    layer = keras.layers.EinsumDense("btd,dnh->btnh", (3, 2, 4))
+    inputs = keras.Input(batch_shape=(2, 3, 5))
+    model = keras.Model(inputs, layer(inputs))
+    layer.quantize(mode)
+    adapter = add_adapter(layer, 2, 6)
+    adapter.b.assign(np.random.default_rng(0).normal(size=adapter.b.shape))
+    seeds = keras.random.SeedGenerator(3)
+    drop_inputs(layer, 0.4, seeds)
+    # int8 quantizes its inputs too: +-1 inputs are quantized exactly.
+    x = np.where(np.random.default_rng(1).random((2, 3, 5)) < 0.5, -1.0, 1.0).astype("float32")
+    kernel, update = dequantized_kernel(layer), adapter.delta(np)
+    replay = keras.random.SeedGenerator(0)
+    replay.state.assign(seeds.state)
+    trained = np.asarray(model(x, training=True))
+    dropped = np.asarray(keras.random.dropout(x, 0.4, seed=replay))
+    expected = np.einsum(layer.equation, x, kernel) + np.einsum(layer.equation, dropped, update)
+    np.testing.assert_allclose(trained, expected, atol=1e-4, rtol=1e-4)
+    merged = np.einsum(layer.equation, x, kernel + update)
+    np.testing.assert_allclose(np.asarray(model(x)), merged, atol=1e-4, rtol=1e-4)
+
+    def loss(b):
+        values = [b if v is adapter.b else v.value for v in model.trainable_variables]
+        outputs, _ = model.stateless_call(values, [v.value for v in model.non_trainable_variables], x)
+        return (outputs**2).sum()
+
+    assert np.abs(np.asarray(jax.grad(loss)(adapter.b.value))).max() > 0
+
+
 @pytest.mark.unit
 def test_a_kernel_per_head_takes_no_adapter():
     from meshrun.compat.keras.lora import geometry
