@@ -517,13 +517,16 @@ def _from_adapter(planned, adapter: Path):
     QLoRA run's base quantized as it trained (model.quantize, the same preset), the adapters put
     on it as it builds."""
     from meshrun.models.hub import build as building
-    from meshrun.models.hub.export import load_adapter, sampling_lora
+    from meshrun.models.hub.export import AdapterFileMismatch, load_adapter, sampling_lora
     from meshrun.models.hub.options import LoraOptions
 
     options = planned.options
     lora = sampling_lora(options.lora) if options.quantize else LoraOptions()
     base = building.build(dataclasses.replace(options, lora=lora))
-    return load_adapter(base, options.lora, adapter)
+    try:
+        return load_adapter(base, options.lora, adapter)
+    except AdapterFileMismatch as err:
+        raise ConfigError(RUN_DIR_KEY, str(err)) from None
 
 
 def print_completions(

@@ -24,6 +24,7 @@ from contextvars import ContextVar
 import numpy as np
 
 from meshrun.compat.keras.class_patches import dense_layers_patched
+from meshrun.compat.keras.lora import adapter_of
 from meshrun.compat.keras.quantized import (
     dequantized_kernel,
     int8_scale_as_stored,
@@ -123,6 +124,17 @@ def quantize_into(layer, kernel) -> None:
     float kernel (an array of its float shape, e.g. read from a file): the int8 or packed int4
     values, their scales and (int4) zero points, as Keras' `quantize` computes them. The host holds
     `kernel`, the quantized values and one float block of CHUNK_BYTES at a time."""
+    for variable, value in quantized_values(layer, kernel):
+        variable.assign(value)
+    filled = _filled.get()
+    if filled is not None:
+        filled.add(id(layer))
+
+
+def quantized_values(layer, kernel) -> list[tuple[object, np.ndarray]]:
+    """The quantized form of `kernel` (an array of the float shape of `layer`, an int8 or int4
+    Dense or EinsumDense) as (variable, value) pairs of the layer's variables: the int8 or packed
+    int4 values, their scales, (int4 by blocks) zero points and row groups."""
     facts = quantized_kernel_facts(layer)
     if tuple(kernel.shape) != facts["float_shape"]:
         raise ValueError(
@@ -130,13 +142,18 @@ def quantize_into(layer, kernel) -> None:
         )
     if layer.quantization_mode == "int8":
         values, scale = _int8(kernel, facts["reduced"])
-        facts["variables"]["kernel"].assign(values)
-        layer.kernel_scale.assign(int8_scale_as_stored(layer, scale))
-    else:
-        _assign_int4(layer, facts, np.asarray(kernel).reshape(facts["rows"], facts["columns"]))
-    filled = _filled.get()
-    if filled is not None:
-        filled.add(id(layer))
+        return [
+            (facts["variables"]["kernel"], values),
+            (layer.kernel_scale, int8_scale_as_stored(layer, scale)),
+        ]
+    flat = np.asarray(kernel).reshape(facts["rows"], facts["columns"])
+    block = facts["block_size"]
+    packed, scale, zero = _int4_grouped(flat, block) if block else _int4_per_column(flat)
+    pairs = [(facts["variables"]["kernel"], packed), (layer.kernel_scale, scale)]
+    if block:
+        groups = np.floor_divide(np.arange(facts["rows"], dtype="float32"), block)
+        pairs += [(layer.kernel_zero, zero), (layer.g_idx, groups)]
+    return pairs
 
 
 @contextlib.contextmanager
@@ -150,18 +167,6 @@ def filled_from_files():
         yield filled
     finally:
         _filled.reset(token)
-
-
-def _assign_int4(layer, facts: dict, flat: np.ndarray) -> None:
-    """Assigns an int4 layer the packed values, scales, zero points and row groups of `flat`, its
-    float kernel reshaped to rows and columns."""
-    block = facts["block_size"]
-    packed, scale, zero = _int4_grouped(flat, block) if block else _int4_per_column(flat)
-    facts["variables"]["kernel"].assign(packed)
-    layer.kernel_scale.assign(scale)
-    if block:
-        layer.kernel_zero.assign(zero)
-        layer.g_idx.assign(np.floor_divide(np.arange(facts["rows"], dtype="float32"), block))
 
 
 def _chunks(size: int, bytes_per_unit: int, multiple: int = 1):
@@ -284,13 +289,14 @@ def _holds_float_kernel(layer, store) -> bool:
 
 
 def merged_kernel(layer, read=None):
-    """A quantized layer's float kernel (float32 numpy) with its LoRA adapters merged: the
-    dequantized kernel + alpha / rank * A @ B, as Keras' own call computes with them. `read` reads a
-    variable onto the host whole (compat.keras.quantized.dequantized_kernel)."""
+    """A quantized layer's float kernel (float32 numpy) with its LoRA adapter merged: the
+    dequantized kernel + alpha / rank * A @ B (meshrun.compat.keras.lora), as the adapted layer
+    computes with them. `read` reads a variable onto the host whole
+    (compat.keras.quantized.dequantized_kernel)."""
     read = read or (lambda variable: np.asarray(variable.value))
     kernel = dequantized_kernel(layer, read)
-    if getattr(layer, "lora_enabled", False):
-        a = read(layer.lora_kernel_a).astype("float32")
-        b = read(layer.lora_kernel_b).astype("float32")
-        kernel = kernel + (layer.lora_alpha / layer.lora_rank) * np.matmul(a, b)
+    adapter = adapter_of(layer)
+    if adapter is not None:
+        a, b = (read(variable).astype("float32") for variable in (adapter.a, adapter.b))
+        kernel = kernel + adapter.geometry.delta(a, b, adapter.scale, np)
     return kernel

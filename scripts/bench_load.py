@@ -300,9 +300,12 @@ def _quantized_task(preset: Path, loader: str, mode: str):
         return build(options)
     import keras_hub
 
+    from meshrun.models.hub.lora import enable_lora
+    from meshrun.models.hub.options import LoraOptions
+
     task = keras_hub.models.CausalLM.from_preset(str(preset), preprocessor=None, compile=False)
     task.quantize(mode)
-    task.backbone.enable_lora(QUANTIZED_LORA_RANK)
+    enable_lora(task.backbone, LoraOptions(rank=QUANTIZED_LORA_RANK))
     return task
 
 

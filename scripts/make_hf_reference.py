@@ -30,11 +30,13 @@ To rerun it, in a venv of its own (not meshrun's; install torch first, so nothin
 To check a meshrun export (`<run>/hf/`, and `<run>/peft/` for a LoRA run) with transformers itself:
 
     /work/refvenv/bin/python scripts/make_hf_reference.py check-export --case tests/data/hf/llama3 \\
-        --hf RUN/hf [--peft RUN/peft] [--expect LOGITS.npy]
+        --hf RUN/hf [--peft RUN/peft [--rank R] [--params N]] [--expect LOGITS.npy]
 
 It prints the largest absolute difference between the logits of each pair (the export against the
-base case plus the PEFT adapter, the export against --expect) and whether the export's tokenizer gives
-the reference ids of the reference text; exit 1 when a difference is over --tol (1e-4) or the ids differ.
+base case plus the PEFT adapter, each against --expect) and whether the export's tokenizer gives
+the reference ids of the reference text; for --peft also the adapter's `r` and its parameters as PEFT
+loads them beside PEFT's count for its targets (r * (in + out) per adapted Linear). Exit 1 when a
+difference is over --tol (1e-4), the ids differ, or the adapter's r or count is not --rank or --params.
 """
 
 from __future__ import annotations
@@ -544,11 +546,16 @@ def check_export(args) -> int:
         import peft
 
         base = transformers.AutoModelForCausalLM.from_pretrained(case, dtype=dtype).eval()
-        pairs["hf vs base + peft"] = forward(peft.PeftModel.from_pretrained(base, args.peft).eval(), ids)
+        adapted = peft.PeftModel.from_pretrained(base, args.peft).eval()
+        failures += report_adapter(adapted, args)
+        pairs["hf vs base + peft"] = (hf_logits, forward(adapted, ids))
     if args.expect:
-        pairs["hf vs --expect"] = np.load(args.expect)
-    for label, other in pairs.items():
-        diff = float(np.abs(hf_logits - other).max())
+        expected = np.load(args.expect)
+        pairs["hf vs --expect"] = (hf_logits, expected)
+        if args.peft:
+            pairs["base + peft vs --expect"] = (pairs["hf vs base + peft"][1], expected)
+    for label, (mine, other) in pairs.items():
+        diff = float(np.abs(mine - other).max())
         ok = diff <= args.tol
         failures += not ok
         print(f"{label}: max abs difference {diff:.3g} ({'ok' if ok else f'over {args.tol:g}'})")
@@ -562,6 +569,28 @@ def check_export(args) -> int:
     return 1 if failures else 0
 
 
+def report_adapter(adapted, args) -> int:
+    """Prints the PEFT adapter's `r`, its LoRA parameters as PEFT loaded them, and PEFT's count for
+    its targets by formula (r * (in + out) per adapted Linear); returns the failures: a count or r
+    other than --rank and --params expect, or tensors that do not match the formula."""
+    config = adapted.peft_config["default"]
+    loaded = sum(p.numel() for name, p in adapted.named_parameters() if ".lora_" in name)
+    by_formula = sum(
+        module.r["default"] * (module.in_features + module.out_features)
+        for _, module in adapted.named_modules()
+        if hasattr(module, "lora_A") and "default" in getattr(module, "r", {})
+    )
+    print(f"peft: r {config.r}, lora_alpha {config.lora_alpha}, targets {sorted(config.target_modules)}")
+    print(f"peft: {loaded:,} adapter parameters loaded; r * (in + out) over its targets: {by_formula:,}")
+    failures = int(loaded != by_formula)
+    for flag, found in (("--rank", config.r), ("--params", loaded)):
+        wanted = getattr(args, flag.removeprefix("--"))
+        if wanted is not None and wanted != found:
+            print(f"peft: {flag} {wanted} expected, found {found}")
+            failures += 1
+    return failures
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command")
@@ -572,6 +601,8 @@ def main(argv: list[str] | None = None) -> int:
     check.add_argument("--hf", required=True, help="the export's hf/ dir")
     check.add_argument("--peft", help="the export's peft/ dir (an adapter for --case)")
     check.add_argument("--expect", help="an .npy of logits [2, 16, vocab] the export should give")
+    check.add_argument("--rank", type=int, help="the r the PEFT adapter must have (model.lora.rank)")
+    check.add_argument("--params", type=int, help="the adapter parameters it must have (meshrun's trainable)")
     check.add_argument("--tol", type=float, default=1e-4)
     check.add_argument("--dtype", default="float32", help="dtype the models are loaded in")
     args = parser.parse_args(argv)

@@ -16,7 +16,7 @@ from presets import chat_records, corpus_text, gemma_preset, held_out_chat, llam
 pytestmark = pytest.mark.integration
 
 # Each family's run: its layout, learning rate and epochs (the tiny Llama's logits start flatter
-# and take a smaller step for longer), and the layers that get adapters.
+# and take a smaller step for longer), the layers that get adapters, and their rank.
 FAMILIES = {
     "llama3": (
         "llama_tp",
@@ -24,12 +24,14 @@ FAMILIES = {
         "40",
         "query,key,value,attention_output,feedforward_intermediate_dense,feedforward_gate_dense,"
         "feedforward_output_dense",
+        16,
     ),
     "gemma": (
         "gemma_tp",
         "0.03",
-        "15",
+        "30",
         "query,key,value,attention_output,ffw_gating,ffw_gating_2,ffw_linear",
+        4,
     ),
 }
 SAMPLES = {"What colour is coal?": "black", "What colour is a plum?": "purple"}
@@ -52,7 +54,7 @@ def chats(tmp_path_factory):
 
 
 def chat_run(chats, family: str, *extra) -> list[str]:
-    layout, rate, epochs, targets = FAMILIES[family]
+    layout, rate, epochs, targets, rank = FAMILIES[family]
     return [
         "train",
         "model=keras_hub",
@@ -65,7 +67,7 @@ def chat_run(chats, family: str, *extra) -> list[str]:
         f"data.cache_dir={chats['root'] / 'tokens'}",
         "model.seq_len=96",
         "data.too_long=truncate",
-        "model.lora.rank=4",
+        f"model.lora.rank={rank}",
         f"model.lora.targets=[{targets}]",
         "train.batch_size=8",
         f"train.epochs={epochs}",

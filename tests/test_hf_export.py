@@ -7,6 +7,7 @@ in-process, no run) gives bf16 tensors, or those hf_dtype asks with the dtype ke
 export leaves nothing; bad options are one line with exit 2."""
 
 import json
+import math
 
 import numpy as np
 import pytest
@@ -154,7 +155,7 @@ def built(preset, lora=None):
 
 def test_the_export_reloads_to_the_trained_models_logits(run, source):
     """hf/ through meshrun equals the base with the run's adapter.lora.h5 put back on it
-    (KerasHub's own file, as `meshrun generate` samples a kept adapter), and the training moved it."""
+    (as `meshrun generate` samples a kept adapter), and the training moved it."""
     from meshrun.models.hub.export import load_adapter
     from meshrun.models.hub.options import LoraOptions
 
@@ -222,18 +223,38 @@ def read_all(directory) -> dict:
     return {name: np.asarray(reader.view(entry), np.float32) for name, entry in checkpoint.entries.items()}
 
 
+def peft_lora_parameters(config: dict, rank: int, modules=("q_proj", "v_proj")) -> int:
+    """What PEFT's LoRA of `rank` on `modules` of a Llama of `config` trains: r * (in_features +
+    out_features) for each module of each layer."""
+    hidden, heads = config["hidden_size"], config["num_attention_heads"]
+    head_dim = config.get("head_dim") or hidden // heads
+    shapes = {  # (in_features, out_features) of transformers' Linear
+        "q_proj": (hidden, heads * head_dim),
+        "k_proj": (hidden, config["num_key_value_heads"] * head_dim),
+        "v_proj": (hidden, config["num_key_value_heads"] * head_dim),
+        "o_proj": (heads * head_dim, hidden),
+    }
+    return config["num_hidden_layers"] * sum(rank * sum(shapes[module]) for module in modules)
+
+
 def test_the_peft_adapter_on_the_base_is_the_merged_export(run, source):
+    """peft/ holds rank-4 adapters of PEFT's shapes (lora_A [r, in], lora_B [out, r]) for the run's
+    model.lora.rank=4, as many parameters as the run trained and as PEFT's rank 4 on q and v has,
+    and the base with it merged is hf/."""
     config = json.loads((run / "peft" / "adapter_config.json").read_text())
     assert config["peft_type"] == "LORA" and config["task_type"] == "CAUSAL_LM"
     assert config["base_model_name_or_path"] == str(source.resolve())
     assert config["target_modules"] == ["q_proj", "v_proj"] and config["bias"] == "none"
     assert not config["fan_in_fan_out"] and config["lora_dropout"] == 0.05
-    # Keras' q/v adapters share B between heads: rank 4 per head, 8 query heads.
-    assert config["r"] == 32 and config["lora_alpha"] / config["r"] == pytest.approx(2.0)
+    assert config["r"] == 4 and config["lora_alpha"] / config["r"] == pytest.approx(2.0)
     adapter, _ = safetensors.read_header(run / "peft" / "adapter_model.safetensors")
-    q_a = adapter["base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight"]
-    q_b = adapter["base_model.model.model.layers.0.self_attn.q_proj.lora_B.weight"]
-    assert q_a.shape == (32, 64) and q_b.shape == (64, 32)
+    layer = "base_model.model.model.layers.0.self_attn"
+    assert adapter[f"{layer}.q_proj.lora_A.weight"].shape == (4, 64)  # (r, hidden)
+    assert adapter[f"{layer}.q_proj.lora_B.weight"].shape == (64, 4)  # (8 heads * 8, r)
+    assert adapter[f"{layer}.v_proj.lora_B.weight"].shape == (32, 4)  # (4 key/value heads * 8, r)
+    trained = read_metrics(run)["model"]["trainable_params"]
+    assert trained == sum(math.prod(entry.shape) for entry in adapter.values())
+    assert trained == peft_lora_parameters(TIED_LLAMA, 4) == 2 * 4 * ((64 + 64) + (64 + 32))
     exported, base = read_all(run / "hf"), read_all(source)
     by_hand = apply_peft(base, run / "peft")
     changed = 0

@@ -1,8 +1,9 @@
 """LoRA fine-tuning of a KerasHub causal LM (model.lora) on 8 emulated CPU devices: a tiny Gemma
 preset (tests/presets.py) trained with rank-4 adapters on mesh 2x4 under gemma_tp. Only the adapters
-train (the plan, the optimizer's slots and metrics.json say so); the exported preset loads in plain
-KerasHub with the adapters merged and the preset's tokenizer, and the base preset with the exported
-adapter gives the same logits; a LoRA run on text stopped by SIGTERM and by SIGKILL resumes with
+train (the plan, the optimizer's slots and metrics.json say so), as many parameters as PEFT's
+adapters of that rank on the same layers; the exported preset loads in plain KerasHub with the
+adapters merged and the preset's tokenizer, and the base preset with the exported adapter gives the
+same logits; a LoRA run on text stopped by SIGTERM and by SIGKILL resumes with
 the losses and adapters of an uninterrupted run; rules that catch adapters warn; bad values are one line with
 exit 2."""
 
@@ -22,7 +23,7 @@ from presets import gemma_preset
 
 pytestmark = pytest.mark.integration
 
-RANK, ALPHA = 4, 8.0  # alpha / rank = 2, so the adapter file must carry the scale folded in
+RANK, ALPHA = 4, 8.0  # alpha / rank = 2: the merges must scale the update
 LORA = [f"model.lora.rank={RANK}", f"model.lora.alpha={ALPHA}"]
 DROPOUT = 0.1  # model.lora.dropout of the exported run: the merge holds the adapters as trained
 FAST = [
@@ -70,9 +71,24 @@ def is_adapter(path: str) -> bool:
     return path.rsplit("/", 1)[-1] in ("lora_kernel_a", "lora_kernel_b")
 
 
-def test_only_the_adapters_train_and_the_optimizer_keeps_state_for_them_alone(lora_run):
+def peft_parameters(preset, rank: int) -> int:
+    """What PEFT's LoRA of `rank` on the query and value projections of a Gemma trains: r * (in +
+    out) per projection, in = hidden, out = heads * head_dim (the query's heads, the key/value heads)."""
+    config = json.loads((preset / "config.json").read_text())["config"]
+    hidden, head_dim = config["hidden_dim"], config["head_dim"]
+    query = rank * (hidden + config["num_query_heads"] * head_dim)
+    value = rank * (hidden + config["num_key_value_heads"] * head_dim)
+    return config["num_layers"] * (query + value)
+
+
+def test_only_the_adapters_train_and_the_optimizer_keeps_state_for_them_alone(lora_run, base_preset):
     metrics, run_dir = lora_run
     adapters = {path: placed for path, placed in metrics["sharding"].items() if is_adapter(path)}
+    # PEFT's adapters: A (in, r) and B (r, out) over the flattened heads, not one A per head.
+    config = json.loads((base_preset / "config.json").read_text())["config"]
+    hidden, heads = config["hidden_dim"], config["num_query_heads"] * config["head_dim"]
+    assert adapters["decoder_block_0/attention/query/lora_kernel_a"]["shape"] == [hidden, RANK]
+    assert adapters["decoder_block_0/attention/query/lora_kernel_b"]["shape"] == [RANK, heads]
     assert sorted(adapters) == sorted(
         f"decoder_block_{i}/attention/{layer}/lora_kernel_{ab}"
         for i in range(2)
@@ -81,7 +97,8 @@ def test_only_the_adapters_train_and_the_optimizer_keeps_state_for_them_alone(lo
     )
     adapter_params = sum(math.prod(placed["shape"]) for placed in adapters.values())
     model = metrics["model"]
-    assert model["trainable_params"] == adapter_params < model["params"] / 5
+    assert model["trainable_params"] == adapter_params == peft_parameters(base_preset, RANK)
+    assert adapter_params < model["params"] / 5
     assert model["label"].endswith(f"LoRA rank {RANK}") and model["options"]["lora"] == {
         "rank": RANK,
         "alpha": ALPHA,
@@ -126,37 +143,44 @@ def test_only_the_adapters_train_and_the_optimizer_keeps_state_for_them_alone(lo
 
 
 # Run by a plain Python with no meshrun imported: the exported preset, the base preset with the
-# exported adapter loaded, and model.keras, on the same tokens.
+# exported adapter's update added by hand (A (in, r) @ B (r, out), alpha / r, reshaped to the kernel),
+# and model.keras, on the same tokens.
 CHECK_EXPORTS = """
 import json, sys
+import h5py
 import numpy as np
 import keras, keras_hub
-base_dir, run_dir, rank = sys.argv[1], sys.argv[2], int(sys.argv[3])
+base_dir, run_dir = sys.argv[1], sys.argv[2]
 tokens = {"token_ids": (np.arange(32).reshape(2, 16) * 7 + 3) % 512,
           "padding_mask": np.ones((2, 16), "int32")}
 merged = keras_hub.models.CausalLM.from_preset(run_dir + "/preset")
 base = keras_hub.models.CausalLM.from_preset(base_dir)
 base_logits = np.asarray(base(tokens))
 base_weights = {v.path: np.asarray(v) for v in base.backbone.variables}
-base.backbone.load_lora_weights(run_dir + "/adapter.lora.h5")
-adapted = {layer.name for layer in base.backbone._flatten_layers() if getattr(layer, "lora_enabled", False)}
-changed, merged_off = [], 0.0
-for layer in base.backbone._flatten_layers():
-    if getattr(layer, "lora_enabled", False):
-        delta = np.matmul(np.asarray(layer.lora_kernel_a), np.asarray(layer.lora_kernel_b))
-        expected = base_weights[layer._kernel.path] + delta
-        merged_kernel = {v.path: np.asarray(v) for v in merged.backbone.variables}[layer._kernel.path]
-        merged_off = max(merged_off, float(np.abs(merged_kernel - expected).max()))
-for v in merged.backbone.variables:
-    if not np.array_equal(np.asarray(v), base_weights[v.path]):
-        changed.append(v.path)
+merged_weights = {v.path: np.asarray(v) for v in merged.backbone.variables}
+merged_off, adapted = 0.0, []
+with h5py.File(run_dir + "/adapter.lora.h5", "r") as adapter:
+    scale = adapter.attrs["alpha"] / adapter.attrs["rank"]
+    rank = int(adapter.attrs["rank"])
+    for variable in base.backbone.variables:
+        layer = variable.path.rsplit("/", 1)[0]
+        if variable.path.endswith("/kernel") and layer in adapter:
+            a, b = adapter[layer]["lora_kernel_a"][()], adapter[layer]["lora_kernel_b"][()]
+            heads, hidden, head_dim = variable.shape  # Gemma's q/v kernel: (heads, hidden, head_dim)
+            assert a.shape == (hidden, rank) and b.shape == (rank, heads * head_dim)
+            update = (scale * a @ b).reshape(hidden, heads, head_dim).transpose(1, 0, 2)
+            variable.assign(base_weights[variable.path] + update)
+            off = np.abs(merged_weights[variable.path] - np.asarray(variable)).max()
+            merged_off = max(merged_off, float(off))
+            adapted.append(layer)
+changed = sorted(p for p, value in merged_weights.items() if not np.array_equal(value, base_weights[p]))
 text = "Instruction: What colour is the sky?"
 print(json.dumps({
     "merged_vs_adapter": float(np.abs(np.asarray(merged(tokens)) - np.asarray(base(tokens))).max()),
     "merged_vs_base": float(np.abs(np.asarray(merged(tokens)) - base_logits).max()),
     "keras_file_vs_merged": float(np.abs(np.asarray(keras.saving.load_model(run_dir + "/model.keras")(tokens))
                                          - np.asarray(merged(tokens))).max()),
-    "merged_kernels_off": merged_off, "changed": sorted(changed), "adapted": sorted(adapted),
+    "merged_kernels_off": merged_off, "changed": changed, "adapted": sorted(adapted),
     "preprocessor": type(merged.preprocessor).__name__,
     "same_tokens": (np.asarray(merged.preprocessor.tokenizer(text)).tolist()
                     == np.asarray(base.preprocessor.tokenizer(text)).tolist()),
@@ -167,8 +191,9 @@ print(json.dumps({
 
 def test_the_exports_load_in_plain_keras_hub_merged_and_as_base_plus_adapter(lora_run, base_preset, tmp_path):
     """The preset holds the adapters merged (the base's weights but the adapted kernels, which
-    equal base + A @ B of the adapter file) and the base preset's tokenizer; base + adapter gives
-    its logits, which differ from the base's; model.keras holds the same model. The run trained
+    equal base + alpha / r * A @ B of the adapter file, reshaped to the kernel) and the base
+    preset's tokenizer; base + adapter gives its logits, which differ from the base's; model.keras
+    holds the same model. The run trained
     with LoRA dropout, which leaves the merge as it is: base + scale * A @ B of the trained adapters."""
     metrics, run_dir = lora_run
     assert metrics["checkpoint"]["exported"] == str(run_dir / "model.keras")
@@ -182,7 +207,7 @@ def test_the_exports_load_in_plain_keras_hub_merged_and_as_base_plus_adapter(lor
     assert metadata["parameter_count"] == metrics["model"]["params"] - metrics["model"]["trainable_params"]
     assert not [p for p in run_dir.iterdir() if p.name.startswith(".partial")]
     done = subprocess.run(
-        [sys.executable, "-c", CHECK_EXPORTS, str(base_preset), str(run_dir), str(RANK)],
+        [sys.executable, "-c", CHECK_EXPORTS, str(base_preset), str(run_dir)],
         capture_output=True,
         text=True,
         timeout=300,
@@ -196,12 +221,40 @@ def test_the_exports_load_in_plain_keras_hub_merged_and_as_base_plus_adapter(lor
     assert found["changed"] == sorted(
         f"decoder_block_{i}/attention/{layer}/kernel" for i in range(2) for layer in ("query", "value")
     )
-    assert found["adapted"] == ["query", "value"]
+    assert found["adapted"] == [
+        f"decoder_block_{i}/attention/{layer}" for i in range(2) for layer in ("query", "value")
+    ]
     assert (
         found["preprocessor"] == "GemmaCausalLMPreprocessor"
         and found["same_tokens"]
         and not found["meshrun_imported"]
     )
+
+
+def test_meshrun_puts_the_adapter_file_back_on_the_base_and_refuses_another_rank(lora_run, base_preset):
+    """load_adapter (what `meshrun generate` runs) on the base preset gives the merged preset's
+    logits; the same file for a run of another rank is refused."""
+    import keras
+    import keras_hub
+
+    from meshrun.models.hub.export import AdapterFileMismatch, load_adapter
+    from meshrun.models.hub.options import LoraOptions
+
+    _, run_dir = lora_run
+    keras.distribution.set_distribution(None)
+    keras.config.set_dtype_policy("float32")
+    tokens = {
+        "token_ids": (np.arange(32).reshape(2, 16) * 7 + 3) % 512,
+        "padding_mask": np.ones((2, 16), "int32"),
+    }
+    merged = keras_hub.models.CausalLM.from_preset(str(run_dir / "preset"), preprocessor=None)
+    base = keras_hub.models.CausalLM.from_preset(str(base_preset), preprocessor=None)
+    lora = LoraOptions(rank=RANK, alpha=ALPHA, dropout=DROPOUT)
+    load_adapter(base, lora, run_dir / "adapter.lora.h5")
+    np.testing.assert_allclose(np.asarray(base(tokens)), np.asarray(merged(tokens)), atol=1e-4, rtol=0)
+    other = keras_hub.models.CausalLM.from_preset(str(base_preset), preprocessor=None)
+    with pytest.raises(AdapterFileMismatch, match="no adapters of rank 2"):
+        load_adapter(other, LoraOptions(rank=2), run_dir / "adapter.lora.h5")
 
 
 def test_a_lora_fine_tune_stopped_by_sigterm_then_killed_resumes_exactly(text_files, tmp_path):
@@ -327,7 +380,7 @@ def test_a_rule_that_catches_adapters_is_a_warning_and_one_they_do_not_divide_is
             preset,
             *LORA,
             "mesh=1x8",
-            "layout.rules={decoder_block_\\d+/attention/query/lora_kernel_a:[null,null,model]}",
+            "layout.rules={decoder_block_\\d+/attention/query/lora_kernel_a:[null,model]}",
         ],
         capsys,
     )
@@ -460,9 +513,11 @@ def test_lora_dropout_changes_training_alone_and_only_through_the_adapters():
 
 def adapted_alone(layer, shape):
     """`layer` as the one layer of a model on inputs of `shape`, its bias drawn, with a rank-2
-    adapter of alpha 6 (scale 3) whose B is drawn too: the model and its kernel and bias before
-    the adapter."""
+    adapter of alpha 6 (scale 3) whose B is drawn too, dropping 0.4 of its input in training: the
+    model, the adapter, the seed generator of its masks, and the kernel and bias before the adapter."""
     import keras
+
+    from meshrun.compat.keras.lora import add_adapter, drop_inputs
 
     inputs = keras.Input(batch_shape=shape)
     model = keras.Model(inputs, layer(inputs))
@@ -470,44 +525,64 @@ def adapted_alone(layer, shape):
     if layer.bias is not None:
         layer.bias.assign(rng.normal(size=layer.bias.shape))
     kernel, bias = np.asarray(layer.kernel), 0 if layer.bias is None else np.asarray(layer.bias)
-    layer.enable_lora(2, lora_alpha=6)
-    layer.lora_kernel_b.assign(rng.normal(size=layer.lora_kernel_b.shape))
-    return model, kernel, bias
+    adapter = add_adapter(layer, 2, 6)
+    adapter.b.assign(rng.normal(size=adapter.b.shape))
+    seeds = keras.random.SeedGenerator(3)
+    drop_inputs(layer, 0.4, seeds)
+    return model, adapter, seeds, kernel, bias
 
 
-LAYERS = {  # a layer, its input's shape, and what it computes of x and its kernel
-    "dense with an activation": (lambda k: k.layers.Dense(6, activation="tanh"), (2, 3, 5), None),
-    # The kernel's last axis is the output's last: the adapter's product goes through the rank.
-    "einsum through the rank": (
+LAYERS = {  # a layer, its input's shape, what it computes of x and its kernel, and PEFT's (in, out)
+    "dense with an activation": (lambda k: k.layers.Dense(6, activation="tanh"), (2, 3, 5), None, (5, 6)),
+    "q/k/v (hidden, heads, head_dim)": (
         lambda k: k.layers.EinsumDense("btd,dnh->btnh", (3, 2, 4), bias_axes="nh"),
         (2, 3, 5),
         "btd,dnh->btnh",
+        (5, 8),
     ),
-    # It is not: the equation takes A @ B whole.
-    "einsum whole": (lambda k: k.layers.EinsumDense("abd,dn->anb", (6, 3)), (2, 3, 5), "abd,dn->anb"),
+    "Gemma's q/k/v (heads, hidden, head_dim)": (
+        lambda k: k.layers.EinsumDense("btd,ndh->btnh", (3, 2, 4)),
+        (2, 3, 5),
+        "btd,ndh->btnh",
+        (5, 8),
+    ),
+    "output (heads, head_dim, hidden)": (
+        lambda k: k.layers.EinsumDense("btnh,nhd->btd", (3, 5)),
+        (2, 3, 2, 4),
+        "btnh,nhd->btd",
+        (8, 5),
+    ),
+    "output axes in another order": (
+        lambda k: k.layers.EinsumDense("abd,dn->anb", (6, 3)),
+        (2, 3, 5),
+        "abd,dn->anb",
+        (5, 6),
+    ),
 }
 
 
 @pytest.mark.parametrize("kind", sorted(LAYERS))
-def test_lora_dropout_gives_peft_s_formula(kind):
-    """In training an adapted layer gives activation(x W + b + scale * dropout(x) A B), PEFT's
-    lora_dropout, with the mask the model's seed generator draws; outside training, that of the
-    merged kernel W + scale * A B."""
+def test_an_adapter_is_peft_s_and_its_dropout_gives_peft_s_formula(kind):
+    """An adapted layer's A is (in, r) and B (r, out) over its kernel as a matrix (PEFT's, r * (in +
+    out) parameters), whatever axes its kernel has. In training it gives activation(x W + b + scale
+    * dropout(x) A B), PEFT's lora_dropout, with the mask its seed generator draws; outside
+    training, that of the merged kernel W + scale * A B reshaped to the kernel."""
     import keras
 
-    from meshrun.models.hub.lora import drop_adapter_inputs
-
     keras.utils.set_random_seed(2)
-    make, shape, equation = LAYERS[kind]
+    make, shape, equation, (fan_in, fan_out) = LAYERS[kind]
     layer = make(keras)
-    model, kernel, bias = adapted_alone(layer, shape)
-    drop_adapter_inputs(model, 0.4)
+    model, adapter, seeds, kernel, bias = adapted_alone(layer, shape)
+    assert adapter.a.shape == (fan_in, 2) and adapter.b.shape == (2, fan_out)
+    assert adapter.geometry.parameters(2) == 2 * (fan_in + fan_out)
+    assert np.abs(np.asarray(adapter.a)).max() <= 1 / math.sqrt(fan_in)  # PEFT's kaiming_uniform(a=sqrt(5))
     x = np.random.default_rng(1).normal(size=shape).astype("float32")
     replay = keras.random.SeedGenerator(0)
-    replay.state.assign(model.lora_dropout_seeds.state)  # the state the mask is drawn from
+    replay.state.assign(seeds.state)  # the state the mask is drawn from
     trained = np.asarray(model(x, training=True))
     dropped = np.asarray(keras.random.dropout(x, 0.4, seed=replay))
-    update = 3.0 * np.asarray(layer.lora_kernel_a) @ np.asarray(layer.lora_kernel_b)
+    update = adapter.delta(np)
+    assert update.shape == kernel.shape
 
     def applied(inputs, weights):
         return np.einsum(equation, inputs, weights) if equation else inputs @ weights
@@ -517,6 +592,54 @@ def test_lora_dropout_gives_peft_s_formula(kind):
     np.testing.assert_allclose(trained, expected, atol=1e-5, rtol=1e-5)
     merged = activation(applied(x, kernel + update) + bias)
     np.testing.assert_allclose(np.asarray(model(x)), merged, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("mode", ["int4", "int8"])
+def test_a_quantized_layer_adds_its_adapter_and_drops_its_input(mode):
+    """A quantized EinsumDense (QLoRA) adds its adapter to its quantized call, its input dropped in
+    training: its dequantized kernel's output + scale * dropout(x) A B, and outside training that
+    of the dequantized kernel + scale * A B; B gets a gradient."""
+    import jax
+    import keras
+
+    from meshrun.compat.keras.lora import add_adapter, drop_inputs
+    from meshrun.compat.keras.quantized import dequantized_kernel
+
+    keras.utils.set_random_seed(2)
+    layer = keras.layers.EinsumDense("btd,dnh->btnh", (3, 2, 4))
+    inputs = keras.Input(batch_shape=(2, 3, 5))
+    model = keras.Model(inputs, layer(inputs))
+    layer.quantize(mode)
+    adapter = add_adapter(layer, 2, 6)
+    adapter.b.assign(np.random.default_rng(0).normal(size=adapter.b.shape))
+    seeds = keras.random.SeedGenerator(3)
+    drop_inputs(layer, 0.4, seeds)
+    # int8 quantizes its inputs too: +-1 inputs are quantized exactly.
+    x = np.where(np.random.default_rng(1).random((2, 3, 5)) < 0.5, -1.0, 1.0).astype("float32")
+    kernel, update = dequantized_kernel(layer), adapter.delta(np)
+    replay = keras.random.SeedGenerator(0)
+    replay.state.assign(seeds.state)
+    trained = np.asarray(model(x, training=True))
+    dropped = np.asarray(keras.random.dropout(x, 0.4, seed=replay))
+    expected = np.einsum(layer.equation, x, kernel) + np.einsum(layer.equation, dropped, update)
+    np.testing.assert_allclose(trained, expected, atol=1e-4, rtol=1e-4)
+    merged = np.einsum(layer.equation, x, kernel + update)
+    np.testing.assert_allclose(np.asarray(model(x)), merged, atol=1e-4, rtol=1e-4)
+
+    def loss(b):
+        values = [b if v is adapter.b else v.value for v in model.trainable_variables]
+        outputs, _ = model.stateless_call(values, [v.value for v in model.non_trainable_variables], x)
+        return (outputs**2).sum()
+
+    assert np.abs(np.asarray(jax.grad(loss)(adapter.b.value))).max() > 0
+
+
+@pytest.mark.unit
+def test_a_kernel_per_head_takes_no_adapter():
+    from meshrun.compat.keras.lora import geometry
+
+    with pytest.raises(ValueError, match="keeps a kernel axis in both its input and its output"):
+        geometry("btnh,nhd->btnd", (2, 4, 5))
 
 
 def test_an_adapter_loaded_to_sample_gets_no_lora_dropout(tmp_path):

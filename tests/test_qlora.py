@@ -335,10 +335,6 @@ BAD = {
         ["model.quantize=int8", "model.lora.rank=null"],
         ["model.quantize: got 'int8' with model.lora.rank=null", "quantized weights cannot train"],
     ),
-    "LoRA dropout": (
-        ["model.quantize=int4", "model.lora.rank=4", "model.lora.dropout=0.1"],
-        ["model.lora.dropout: got 0.1 with model.quantize=int4", "model.lora.dropout=0"],
-    ),
     "pipeline stages": (
         [
             "model.quantize=int8",

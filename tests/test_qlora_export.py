@@ -25,7 +25,7 @@ RUN = [
     "mesh=2x4",
     "model.seq_len=16",
     f"model.lora.rank={RANK}",
-    "model.lora.alpha=8",  # alpha / rank = 2: folded into the adapter file, merged into preset/
+    "model.lora.alpha=8",  # alpha / rank = 2: in the adapter file, merged into preset/
     "train.epochs=1",
     "train.verbose=0",
     "train.learning_rate=0.01",
@@ -58,9 +58,13 @@ def gemma_runs(text_files, tmp_path_factory):
 
 def keras_quantized_with_adapter(preset, mode: str, adapter):
     """The float preset quantized by Keras' own `quantize(mode)` (its Dense and EinsumDense layers,
-    as meshrun quantizes; Keras would quantize the embeddings too), the adapter file loaded on it."""
+    as meshrun quantizes; Keras would quantize the embeddings too), the adapter file loaded on it
+    (rank 4 on the default targets)."""
     import keras
     import keras_hub
+
+    from meshrun.models.hub.export import load_adapter
+    from meshrun.models.hub.options import LoraOptions
 
     keras.distribution.set_distribution(None)
     keras.config.set_dtype_policy("float32")
@@ -68,8 +72,7 @@ def keras_quantized_with_adapter(preset, mode: str, adapter):
     task.backbone.quantize(
         mode, filters=lambda layer: type(layer) in (keras.layers.Dense, keras.layers.EinsumDense)
     )
-    task.backbone.load_lora_weights(str(adapter))  # enables rank-4 LoRA on the default targets
-    return task
+    return load_adapter(task, LoraOptions(rank=RANK, alpha=8), adapter)
 
 
 def called_by_hand(layer, x: np.ndarray, kernel: np.ndarray) -> np.ndarray:
@@ -93,11 +96,13 @@ def signs_input(layer, kernel_shape: tuple) -> np.ndarray:
 @pytest.mark.parametrize("mode", ["int4", "int8"])
 def test_the_merged_preset_is_the_float_base_dequantized_with_the_adapters(gemma_runs, mode):
     """preset/'s config holds no quantized policy and loads in plain KerasHub in float32; each
-    quantized kernel is dequantize(Keras' own quantize of the base kernel) + A @ B of the adapter
-    file, and a float layer with it gives Keras' quantized layer's output with the adapters."""
+    quantized kernel is dequantize(Keras' own quantize of the base kernel) + alpha / r * A @ B of
+    the adapter file (reshaped to the kernel), and a float layer with it gives the adapted
+    quantized layer's output."""
     import keras
     import keras_hub
 
+    from meshrun.compat.keras.lora import adapter_of
     from meshrun.compat.keras.quantized import dequantized_kernel
 
     preset, runs = gemma_runs
@@ -121,11 +126,11 @@ def test_the_merged_preset_is_the_float_base_dequantized_with_the_adapters(gemma
     for layer in layers:
         kernel = kernels[f"{layer.path}/kernel"]
         expected = dequantized_kernel(layer)
-        if layer.lora_enabled:
+        adapter = adapter_of(layer)
+        if adapter is not None:
             adapted += 1
-            a, b = np.asarray(layer.lora_kernel_a.value), np.asarray(layer.lora_kernel_b.value)
-            assert np.abs(b).max() > 0, layer.path  # trained
-            expected = expected + a @ b  # the file holds alpha / rank folded into B
+            assert np.abs(np.asarray(adapter.b.value)).max() > 0, layer.path  # trained
+            expected = expected + adapter.delta(np)
         np.testing.assert_allclose(kernel, expected, atol=1e-5, rtol=0, err_msg=layer.path)
         x = signs_input(layer, kernel.shape)
         by_keras = np.asarray(layer(x))
@@ -153,6 +158,9 @@ def test_the_adapter_file_holds_the_adapters(gemma_runs):
         )
     names = sorted(name.rsplit("/", 1)[-1] for name in found if "lora_kernel" in name)
     assert names == ["lora_kernel_a"] * 4 + ["lora_kernel_b"] * 4
+    # PEFT's shapes: A (hidden, r), B (r, heads * head_dim) for the query of the tiny Gemma.
+    assert found["decoder_block_0/attention/query/lora_kernel_a"][1] == RANK
+    assert found["decoder_block_0/attention/query/lora_kernel_b"][0] == RANK
 
 
 def test_generate_rebuilds_the_quantized_base_and_answers_as_the_run_sampled(gemma_runs, capsys, monkeypatch):

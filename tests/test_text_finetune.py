@@ -164,14 +164,15 @@ def logits(model, ids) -> np.ndarray:
 def test_the_merged_preset_and_base_plus_adapter_agree_and_differ_from_the_base(acceptance, gemma):
     import keras_hub
 
+    from meshrun.models.hub.export import load_adapter
+    from meshrun.models.hub.options import LoraOptions
+
     run_dir = acceptance[2] / "first"
     ids = np.arange(3, 35, dtype=np.int32)[None, :]
     merged = keras_hub.models.CausalLM.from_preset(str(run_dir / "preset"), preprocessor=None)
     base = keras_hub.models.CausalLM.from_preset(str(gemma), preprocessor=None)
     base_logits = logits(base, ids)
-    base.backbone.enable_lora(4)
-    base.backbone.load_lora_weights(str(run_dir / "adapter.lora.h5"))
-    adapted = logits(base, ids)
+    adapted = logits(load_adapter(base, LoraOptions(rank=4), run_dir / "adapter.lora.h5"), ids)
     np.testing.assert_allclose(logits(merged, ids), adapted, atol=1e-4)
     assert np.abs(adapted - base_logits).max() > 1e-3
 

@@ -1,9 +1,8 @@
-"""KerasHub, as meshrun uses it past its public API: importing it without TensorFlow, the layout
-of the LoRA weights file that `Backbone.save_lora_weights` writes, whose adapters meshrun rescales
-(meshrun.models.hub.export), which byte-pair tokenizers split text as their base class does
-(meshrun.text.tokenizer_check), the attention scale of Gemma's decoder blocks, which KerasHub
-does not pass on (set_gemma_attention_scales), and generation by a task whose generate step returns
-an output as None (generate_without_absent_outputs). Importing this module imports no KerasHub.
+"""KerasHub, as meshrun uses it past its public API: importing it without TensorFlow, which
+byte-pair tokenizers split text as their base class does (meshrun.text.tokenizer_check), the
+attention scale of Gemma's decoder blocks, which KerasHub does not pass on
+(set_gemma_attention_scales), and generation by a task whose generate step returns an output as
+None (generate_without_absent_outputs). Importing this module imports no KerasHub.
 
 keras_hub imports TensorFlow and TensorFlow Text at its own import whenever they are installed
 (keras-hub requires tensorflow-text, so they are wherever it was installed with its dependencies),
@@ -28,17 +27,8 @@ from dataclasses import dataclass
 
 from meshrun.compat.names import PrivateName, ensure, uses
 
-LORA_KERNEL_B_DATASET = "lora_kernel_b"  # the name of each adapter's B matrix in a .lora.h5 file
-
-_LORA_FILE_AND_TOKENIZERS = uses(
+_TOKENIZERS = uses(
     "keras_hub",
-    PrivateName(
-        "keras-hub",
-        "keras_hub.models",
-        "Backbone.save_lora_weights",
-        f"the LoRA adapters in a .lora.h5 file, each B matrix a dataset named {LORA_KERNEL_B_DATASET!r}",
-        source_contains=f'["{LORA_KERNEL_B_DATASET}"]',
-    ),
     PrivateName(
         "keras-hub",
         "keras_hub.tokenizers",
@@ -48,13 +38,6 @@ _LORA_FILE_AND_TOKENIZERS = uses(
         "as GPT-2 does, where TensorFlow is not there to check",
     ),
 )
-
-
-def lora_kernel_b_dataset() -> str:
-    """The name of the datasets that hold the adapters' B matrices in a file of
-    `Backbone.save_lora_weights`."""
-    ensure("keras_hub")
-    return LORA_KERNEL_B_DATASET
 
 
 def splits_as_byte_pair_tokenizer(layer) -> bool:
@@ -373,9 +356,5 @@ class _ThenKerasHub(importlib.abc.Loader):
 
 
 PRIVATE_NAMES = (
-    _LORA_FILE_AND_TOKENIZERS
-    + _GEMMA_ATTENTION_SCALE
-    + _GENERATE_OUTPUTS
-    + _IMPORT_WITHOUT_TENSORFLOW
-    + _LOCAL_PRESETS
+    _TOKENIZERS + _GEMMA_ATTENTION_SCALE + _GENERATE_OUTPUTS + _IMPORT_WITHOUT_TENSORFLOW + _LOCAL_PRESETS
 )

@@ -8,19 +8,16 @@ there, then cast to the written dtype), gathered to the host, put in transformer
 process takes part in every gather (jax's process_allgather, a collective all of them run, in the
 same order), and only the first process writes; the others drop the result.
 
-Keras' EinsumDense adapter of a q/k/v projection, A (.., heads, .., r) with B (r, head_dim), gives
-each head its own A and shares B between heads: over transformers' (heads * head_dim, hidden)
-matrix that is an update of rank heads * r, not r. It maps exactly onto PEFT's `lora_B @ lora_A`
-with rank heads * r (lora_A stacks the heads' A, lora_B repeats B on the block diagonal), and
-adapters of lower rank are padded with zeros to one rank for the whole adapter, so that PEFT's
-plain config (one `r`, one `lora_alpha`) says it.
+meshrun's adapters are PEFT's (meshrun.compat.keras.lora): A (in_features, r) and B (r,
+out_features) over a kernel's reduced and produced axes, which are transformers' weight's input and
+output dimensions; `peft/` holds them transposed, their axes in transformers' order, with the run's
+`r` and `lora_alpha`.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import math
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,28 +38,17 @@ DTYPE_KEYS = ("torch_dtype", "dtype")  # transformers 4's and 5's spelling
 DEFAULT_SHARD_BYTES = 5 * 1000**3  # transformers' own default max_shard_size, "5GB"
 
 
-@dataclass(frozen=True)
-class Adapter:
-    """One LoRA-adapted layer as its kernel's tensor sees it: its variables A and B (Keras'
-    lora_kernel_a, lora_kernel_b) and the scale alpha / rank."""
-
-    a: object
-    b: object
-    scale: float
-
-
-def adapters_by_kernel(backbone) -> dict[str, Adapter]:
-    """The backbone's LoRA adapters by the path of the kernel they adapt."""
+def adapters_by_kernel(backbone) -> dict:
+    """The backbone's LoRA adapters (meshrun.compat.keras.lora.LoraAdapter) by the path of the
+    kernel they adapt."""
+    from meshrun.compat.keras.lora import adapter_of
     from meshrun.compat.keras.models import sublayers
 
     found = {}
     for layer in sublayers(backbone):
-        if not getattr(layer, "lora_enabled", False):
-            continue
-        layer_path = layer.lora_kernel_a.path.rsplit("/", 1)[0]
-        found[f"{layer_path}/kernel"] = Adapter(
-            layer.lora_kernel_a, layer.lora_kernel_b, layer.lora_alpha / layer.lora_rank
-        )
+        adapter = adapter_of(layer)
+        if adapter is not None:
+            found[f"{adapter.a.path.rsplit('/', 1)[0]}/kernel"] = adapter
     return found
 
 
@@ -84,14 +70,14 @@ def host_copy(array, writer: bool) -> np.ndarray | None:
     return gathered if writer else None
 
 
-def device_value(variable, adapter: Adapter | None, dtype: str):
-    """The variable's value on its devices, its adapter merged in float32 as Keras' forward pass
-    merges it (kernel + alpha / rank * A @ B), cast to `dtype`."""
+def device_value(variable, adapter, dtype: str):
+    """The variable's value on its devices, its adapter (a LoraAdapter, or None) merged in float32
+    (kernel + alpha / rank * A @ B, reshaped to the kernel), cast to `dtype`."""
     import jax.numpy as jnp
 
     value = variable.value
     if adapter is not None:
-        value = value.astype(jnp.float32) + adapter.scale * jnp.matmul(adapter.a.value, adapter.b.value)
+        value = value.astype(jnp.float32) + adapter.delta()
     return value.astype(safetensors.numpy_dtype(dtype))
 
 
@@ -206,45 +192,48 @@ class PeftFactors:
         return self.a.shape[0]
 
 
-def unmappable(transform: Transform) -> str | None:
-    """Why Keras' adapter on a kernel of `transform` is no PEFT adapter; None where it is one: the
-    kernel's last dimension (which Keras' B spans) must be the innermost part of the weight's output
-    rows (a Dense kernel's out, a q/k/v kernel's head_dim)."""
-    if transform.perm[-1] != len(transform.split[0]) - 1:
-        return "its kernel's last dimension is not the innermost part of the weight's output rows"
+def unmappable(transform: Transform, geometry) -> str | None:
+    """Why the adapter of `geometry` (a LoraGeometry) on a kernel of `transform` is no PEFT adapter;
+    None where it is one: the kernel's reduced axes must be the weight's input dimension, its
+    produced axes the output rows."""
+    outputs = len(transform.split[0])
+    rows = {axis for axis in range(len(transform.perm)) if transform.perm[axis] < outputs}
+    if rows != set(geometry.produced):
+        return "its kernel's output axes are not the weight's output rows"
     return None
 
 
-def peft_factors(transform: Transform, a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """PEFT's (lora_A, lora_B) of Keras' adapter (A of the kernel's shape with its last dimension
-    replaced by the rank, B [rank, last]) on a kernel of `transform` (one `unmappable` passes), so
-    that lora_B @ lora_A equals the update A @ B in transformers' layout. Each index of the output
-    rows' outer parts (the heads) gets its own block of the rank."""
-    out_sizes = transform.split[0]
+def peft_factors(
+    transform: Transform, geometry, a: np.ndarray, b: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """PEFT's (lora_A [r, in], lora_B [out, r]) of meshrun's adapter A (in_features, r), B (r,
+    out_features) on a kernel of `transform` (one `unmappable` passes): the same factors, their
+    feature axes put in the order transformers' weight flattens them, so that lora_B @ lora_A
+    equals the update A @ B in transformers' layout."""
     rank = a.shape[-1]
-    # A's axes in the split order (outer output parts, then the input parts), then the rank.
-    order = sorted(range(a.ndim - 1), key=lambda axis: transform.perm[axis])
-    outer = math.prod(out_sizes[:-1])
-    inputs = math.prod(math.prod(sizes) for sizes in transform.split[1:])
-    blocks = np.reshape(np.transpose(a, [*order, a.ndim - 1]), (outer, inputs, rank))
-    lora_a = np.reshape(np.transpose(blocks, (0, 2, 1)), (outer * rank, inputs))
-    lora_b = np.einsum("mn,ql->mlnq", np.eye(outer, dtype=b.dtype), b).reshape(
-        outer * out_sizes[-1], outer * rank
-    )
-    return lora_a, lora_b
+
+    def in_hf_order(factor: np.ndarray, axes: tuple[int, ...]) -> np.ndarray:
+        """`factor` (the rank last, the features of `axes` flattened first) with its features in
+        transformers' order, (features, rank)."""
+        sizes = [geometry.kernel_shape[axis] for axis in axes]
+        order = sorted(range(len(axes)), key=lambda i: transform.perm[axes[i]])
+        blocks = np.transpose(np.reshape(factor, (*sizes, rank)), (*order, len(axes)))
+        return np.reshape(blocks, (-1, rank))
+
+    return in_hf_order(a, geometry.reduced).T, in_hf_order(b.T, geometry.produced)
 
 
 def write_peft(backbone, checkpoint: HFCheckpoint, directory: Path, dropout: float = 0.0) -> Path | None:
     """Writes the backbone's LoRA adapters as a PEFT adapter on the source dir into `directory`
-    (under a temporary name), its config naming the LoRA `dropout` it trained with: every process
-    must call it; the first writes and gets `directory`, the others None, as do all where an
-    adapter does not map (the log says why)."""
+    (under a temporary name), its config naming the run's rank, alpha and the LoRA `dropout` it
+    trained with: every process must call it; the first writes and gets `directory`, the others
+    None, as do all where an adapter does not map (the log says why)."""
     from meshrun.files import dir_written_whole
 
     adapters = adapters_by_kernel(backbone)
     adapted = [tensor for tensor in checkpoint.tensors if tensor.path in adapters]
     for tensor in adapted:
-        why = unmappable(tensor.transform)
+        why = unmappable(tensor.transform, adapters[tensor.path].geometry)
         if why is not None:
             log.warning(f"no peft/ adapter is written: the adapter of {tensor.name} does not map ({why})")
             return None
@@ -254,32 +243,27 @@ def write_peft(backbone, checkpoint: HFCheckpoint, directory: Path, dropout: flo
         adapter = adapters[tensor.path]
         a, b = host_copy(adapter.a.value, writer), host_copy(adapter.b.value, writer)
         if writer:
-            mapped = peft_factors(tensor.transform, a.astype(np.float32), b.astype(np.float32))
+            mapped = peft_factors(
+                tensor.transform, adapter.geometry, a.astype(np.float32), b.astype(np.float32)
+            )
             factors.append(PeftFactors(tensor.name, *mapped))
     if not writer or not factors:
         return None
-    lora_rank = adapters[adapted[0].path].a.shape[-1]
-    rank = max(factor.rank for factor in factors)
-    if rank > lora_rank:
-        log.info(
-            f"peft/ has rank {rank} for model.lora.rank {lora_rank}: Keras' adapter of a q/k/v projection "
-            "shares its B between heads, so each head has its own block of the rank"
-        )
-    (scale,) = {adapters[t.path].scale for t in adapted}  # meshrun gives every adapter one alpha and rank
+    # meshrun gives every adapter one rank and alpha
+    ((rank, alpha),) = {(adapters[t.path].rank, adapters[t.path].alpha) for t in adapted}
     with dir_written_whole(directory) as partial:
-        _write_adapter_weights(partial, factors, rank)
-        config = adapter_config(checkpoint, factors, rank, scale * rank, dropout)
+        _write_adapter_weights(partial, factors)
+        config = adapter_config(checkpoint, factors, rank, alpha, dropout)
         (partial / ADAPTER_CONFIG).write_text(json.dumps(config, indent=2) + "\n")
     return directory
 
 
-def _write_adapter_weights(directory: Path, factors: list[PeftFactors], rank: int) -> None:
-    """adapter_model.safetensors: every module's factors in float32, padded with zeros to `rank`."""
+def _write_adapter_weights(directory: Path, factors: list[PeftFactors]) -> None:
+    """adapter_model.safetensors: every module's factors in float32."""
     arrays = {}
     for factor in factors:
-        extra = rank - factor.rank
-        arrays[f"{PEFT_PREFIX}{factor.module}.lora_A.weight"] = np.pad(factor.a, ((0, extra), (0, 0)))
-        arrays[f"{PEFT_PREFIX}{factor.module}.lora_B.weight"] = np.pad(factor.b, ((0, 0), (0, extra)))
+        arrays[f"{PEFT_PREFIX}{factor.module}.lora_A.weight"] = np.ascontiguousarray(factor.a)
+        arrays[f"{PEFT_PREFIX}{factor.module}.lora_B.weight"] = np.ascontiguousarray(factor.b)
     planned = [safetensors.PlannedTensor(name, "float32", array.shape) for name, array in arrays.items()]
     safetensors.write_shards(
         directory,

@@ -16,7 +16,7 @@ CHECKPOINTS_DIR = "checkpoints"  # where checkpoint.dir is not given
 EXPORT_FILE = "model.keras"  # checkpoint.export
 PRESET_DIR = "preset"  # checkpoint.export of a KerasHub task: the trained task as a preset
 ADAPTER_FILE = (
-    "adapter.lora.h5"  # a LoRA run's adapters (KerasHub's save_lora_weights format): kept, and exported
+    "adapter.lora.h5"  # a LoRA run's adapters (meshrun's own file, load_adapter): kept, and exported
 )
 HF_DIR = "hf"  # checkpoint.export of a transformers model.preset: the trained model as one
 PEFT_DIR = "peft"  # and a LoRA run's adapters as a PEFT adapter on model.preset

@@ -13,7 +13,8 @@ Keras nor jax. Import each name from the module that owns it:
 - variable_values: variables with shapes alone (the abstract build, pipelined blocks' templates),
   their initializers, values given later or dropped.
 - variable_layouts: the layout a variable has, and the variables of a block laid out by meshrun.
-- lora: a LoRA layer's merged kernel, and the call a layer instance runs (LoRA dropout).
+- lora: meshrun's LoRA adapters (PEFT's) on Dense and EinsumDense layers: their variables, the
+  call and quantized_call a layer instance runs, and the merged kernel its save writes.
 - sharded_loading: a preset's weights loaded straight onto their shards (load_onto_shards).
 - h5_weights: a Keras weights file read a weight slice at a time (H5Weight).
 - class_patches: methods of Keras' classes replaced while a block runs.

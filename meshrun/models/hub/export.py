@@ -1,13 +1,13 @@
 """checkpoint.export and checkpoint.keep_adapter for model=keras_hub (the spec's export and
-save_adapter hooks): the trained task in KerasHub's own formats, loadable with no meshrun installed,
+save_adapter hooks): the trained task in KerasHub's own format, loadable with no meshrun installed,
 and the adapter file `meshrun generate` puts back on the base (load_adapter).
 
 - `<run dir>/preset/`: a KerasHub preset, LoRA adapters merged into the kernels, with the
   preprocessor and tokenizer of model.preset (save_preset).
-- `<run dir>/adapter.lora.h5` for a LoRA run: the adapters in KerasHub's save_lora_weights format,
-  alpha / rank folded in (save_adapter). A LoRA fine-tune of model.preset writes it without an
-  export too (checkpoint.keep_adapter: keep_adapter), and `meshrun generate` puts it back on the
-  base preset (load_adapter).
+- `<run dir>/adapter.lora.h5` for a LoRA run: the adapters as trained (save_adapter: PEFT's
+  adapters, which KerasHub's own load_lora_weights does not take). A LoRA fine-tune of
+  model.preset writes it without an export too (checkpoint.keep_adapter: keep_adapter), and
+  `meshrun generate` puts it back on the base preset (load_adapter).
 
 For a model.preset that is a transformers checkpoint, the export is one again instead of a
 KerasHub preset (meshrun.hf.export): `<run dir>/hf/` (which `meshrun generate` and model.preset
@@ -31,7 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
-from meshrun.compat.keras_hub import local_preset_loading, lora_kernel_b_dataset
+from meshrun.compat.keras_hub import local_preset_loading
 from meshrun.config.schema import CheckpointConfig
 from meshrun.files import dir_written_whole
 from meshrun.models.hub import build as building
@@ -176,8 +176,9 @@ def export_transformers(task, source, options: KerasHubOptions, run_dir: Path, c
 
 def save_preset(task, options: KerasHubOptions, directory: Path) -> Path:
     """Writes the task as a KerasHub preset that plain `keras_hub.models.CausalLM.from_preset(dir)`
-    loads, no meshrun needed: LoRA adapters are merged into the kernels (Keras saves an adapted
-    kernel as kernel + alpha / rank * A @ B; the config holds the backbone's arguments, no LoRA),
+    loads, no meshrun needed: LoRA adapters are merged into the kernels (an adapted layer saves its
+    kernel + alpha / rank * A @ B: meshrun.models.hub.lora; the config holds the backbone's
+    arguments, no LoRA),
     with the preprocessor and tokenizer of model.preset where it has them (none otherwise, which
     the log says). The preset is written into a temporary dir renamed to `directory` once complete,
     so a failed export leaves nothing half-written."""
@@ -268,52 +269,88 @@ def keep_adapter(trained, options: KerasHubOptions, run_dir: Path) -> str | None
     return str(path)
 
 
+ADAPTER_FORMAT = "meshrun-lora"  # the adapter file's `format` attribute
+
+
+class AdapterFileMismatch(ValueError):
+    """An adapter file that holds no adapters for the model it is loaded on (load_adapter)."""
+
+
 def load_adapter(task, lora: LoraOptions, path: Path):
     """`task` (the base model, model.preset) with the adapters of `path` (as save_adapter wrote
-    them) on its target layers: LoRA enabled at `lora`'s rank and targets with alpha = rank (the
-    file holds alpha / rank folded in) and no dropout (it samples, never trains; sampling_lora),
-    unless the task was built with them already (a quantized base), then KerasHub's
-    `load_lora_weights`. Returns `task`."""
-    if not adapted_layers(task.backbone):
-        enable_lora(task.backbone, sampling_lora(lora))
-    task.backbone.load_lora_weights(str(path))
+    them) on its target layers: LoRA enabled at `lora`'s rank and targets with the file's alpha and
+    no dropout (it samples, never trains; sampling_lora), unless the task was built with them
+    already (a quantized base), then each adapter's A and B assigned from the file. Returns `task`;
+    AdapterFileMismatch where the file holds other adapters (another rank or alpha, other layers,
+    not meshrun's)."""
+    import h5py
+
+    from meshrun.compat.keras.lora import adapter_of
+
+    with h5py.File(path, "r") as file:
+        said = {key: file.attrs.get(key) for key in ("format", "rank", "alpha")}
+        if said["format"] == ADAPTER_FORMAT and not adapted_layers(task.backbone):
+            enable_lora(task.backbone, sampling_lora(dataclasses.replace(lora, alpha=float(said["alpha"]))))
+        adapters = [adapter_of(layer) for layer in adapted_layers(task.backbone)]
+        found, held = {_layer_path(adapter) for adapter in adapters}, _held_layers(file)
+        alpha = adapters[0].alpha if adapters else None
+        expected = {"format": ADAPTER_FORMAT, "rank": lora.rank, "alpha": alpha}
+        if said != expected or not found or held != found:
+            raise AdapterFileMismatch(
+                f"{path.name} holds no adapters of rank {lora.rank} on this model's {len(found)} target "
+                f"layers (it has format {said['format']!r}, rank {said['rank']}, {len(held)} layers; "
+                "a .lora.h5 of KerasHub's save_lora_weights is not one)"
+            )
+        for adapter in adapters:
+            group = file[_layer_path(adapter)]
+            adapter.a.assign(group["lora_kernel_a"][...])
+            adapter.b.assign(group["lora_kernel_b"][...])
     return task
 
 
+def _layer_path(adapter) -> str:
+    """The path of the layer an adapter is on (its variables' paths less their names)."""
+    return adapter.a.path.rsplit("/", 1)[0]
+
+
+def _held_layers(file) -> set[str]:
+    """The layer paths an adapter file holds adapters of (the groups with a lora_kernel_a)."""
+    held = set()
+    file.visititems(
+        lambda name, item: held.add(name.rsplit("/", 1)[0]) if name.endswith("/lora_kernel_a") else None
+    )
+    return held
+
+
 def sampling_lora(lora: LoraOptions) -> LoraOptions:
-    """The LoRA options an adapter file is loaded with: `lora`'s rank and targets, alpha = rank
-    (the file holds alpha / rank folded in), no dropout."""
-    return dataclasses.replace(lora, alpha=None, dropout=0.0)
+    """The LoRA options an adapter file is loaded with: `lora`'s rank, alpha and targets, no
+    dropout."""
+    return dataclasses.replace(lora, dropout=0.0)
 
 
 def save_adapter(backbone, lora: LoraOptions, path: Path) -> Path:
-    """Writes the LoRA adapters with KerasHub's `backbone.save_lora_weights`, alpha / rank folded
-    into every lora_kernel_b: KerasHub's `load_lora_weights` enables LoRA with alpha = rank (a
-    scale of 1), so the base model (model.preset) with this file loaded gives the trained model's
-    logits. Load it on the base preset with `backbone.enable_lora(rank, target_layer_names=targets)`
-    (for the default targets `load_lora_weights` enables them itself), then
-    `backbone.load_lora_weights(path)`. Written under a temporary name, renamed when complete."""
+    """Writes the LoRA adapters as trained into the HDF5 file `path`: for each adapted layer a
+    group named by its path, holding lora_kernel_a (in_features, rank) and lora_kernel_b (rank,
+    out_features) in float32; the file's attributes say its format, rank and alpha (each update is
+    alpha / rank * A @ B, reshaped to the kernel: PEFT's adapter, meshrun.compat.keras.lora).
+    load_adapter puts it back on the base. Written under a temporary name, renamed when complete."""
     import os
 
-    partial = path.with_name(f".partial-{path.name}")  # KerasHub wants the name to end in .lora.h5
+    import h5py
+
+    from meshrun.compat.keras.lora import adapter_of
+
+    partial = path.with_name(f".partial-{path.name}")
     try:
-        backbone.save_lora_weights(str(partial))
-        if lora.scale != 1.0:
-            _scale_datasets(partial, lora_kernel_b_dataset(), lora.scale)
+        with h5py.File(partial, "w") as file:
+            file.attrs.update(format=ADAPTER_FORMAT, rank=lora.rank, alpha=float(lora.alpha or lora.rank))
+            for layer in adapted_layers(backbone):
+                adapter = adapter_of(layer)
+                group = file.create_group(_layer_path(adapter))
+                group["lora_kernel_a"] = np.asarray(adapter.a.value, dtype="float32")
+                group["lora_kernel_b"] = np.asarray(adapter.b.value, dtype="float32")
         os.replace(partial, path)
     except BaseException:
         partial.unlink(missing_ok=True)
         raise
     return path
-
-
-def _scale_datasets(path: Path, name: str, factor: float) -> None:
-    """Multiplies every dataset called `name` in the HDF5 file at `path` by `factor`, in place."""
-    import h5py
-
-    def scale(key, item):
-        if isinstance(item, h5py.Dataset) and key.rsplit("/", 1)[-1] == name:
-            item[...] = item[...] * factor
-
-    with h5py.File(path, "r+") as file:
-        file.visititems(scale)

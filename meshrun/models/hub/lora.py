@@ -1,8 +1,9 @@
-"""LoRA for model=keras_hub (model.lora): the adapters put on the backbone's target layers
-(KerasHub's enable_lora, then meshrun's alpha and the target layers' biases frozen, so that only the
-adapters train), the target names checked against the backbone's Dense and EinsumDense layers, and
-LoRA dropout (model.lora.dropout), which Keras' layers lack: each adapted layer's call replaced by
-one that drops the adapter's input in training, as PEFT's lora_dropout does. Its options are
+"""LoRA for model=keras_hub (model.lora): adapters of rank model.lora.rank on the backbone's target
+layers, as PEFT's (meshrun.compat.keras.lora: A (in_features, r), B (r, out_features) over the
+layer's kernel as a matrix, alpha / r * A @ B its update), every other weight frozen; the target
+names checked against the backbone's Dense and EinsumDense layers; LoRA dropout (model.lora.dropout),
+the adapter's input dropped in training as PEFT's lora_dropout does; and the adapted layers' saves
+(model.keras, a preset) made to write their kernels with the update merged in. Its options are
 LoraOptions (meshrun.models.hub.options).
 """
 
@@ -16,38 +17,52 @@ LORA_DROPOUT_SEED = "lora_dropout"  # the seed generator of model.lora.dropout's
 
 
 def enable_lora(backbone, lora: LoraOptions) -> None:
-    """Puts LoRA adapters on the backbone's target layers as model.lora asks (nothing when its
-    rank is None): KerasHub's `enable_lora(rank, targets)`, which freezes every other layer, then
-    each adapter's `lora_alpha` (KerasHub passes none, so Keras uses alpha = rank) and the target
-    layers' own biases frozen too, so that only the adapters train; with model.lora.dropout, the
-    adapters' inputs dropped in training (drop_adapter_inputs). Target names that no Dense or
-    EinsumDense layer of the backbone has are a ConfigError listing the names it has."""
+    """Puts LoRA adapters on the backbone's target layers as model.lora asks (nothing when its rank
+    is None): every layer frozen, then on each Dense or EinsumDense layer named in model.lora.targets
+    (default: KerasHub's default_lora_layer_names, the attention query and value) an adapter of rank
+    model.lora.rank and alpha model.lora.alpha (default: the rank), which alone trains. Target
+    names that no such layer of the backbone has, or a layer whose kernel is no matrix, are a
+    ConfigError."""
+    from meshrun.compat.keras.lora import add_adapter, drop_inputs, save_with
+    from meshrun.compat.keras.models import sublayers
+
     if not lora.enabled:
         return
     targets = list(lora.targets or backbone.default_lora_layer_names())
     _check_lora_targets(backbone, lora, targets)
-    backbone.enable_lora(lora.rank, target_layer_names=targets)
-    for layer in adapted_layers(backbone):
-        layer.lora_alpha = lora.alpha or lora.rank
-        adapters = (layer.lora_kernel_a, layer.lora_kernel_b)
+    backbone.trainable = True
+    layers = sublayers(backbone)
+    for layer in layers:
+        layer.trainable = False
+    adapted = _target_layers(layers, targets)
+    for layer in adapted:
+        layer.trainable = True
+        adapter = add_adapter(layer, lora.rank, lora.alpha or lora.rank)
         for variable in layer.weights:
-            if not any(variable is adapter for adapter in adapters):
+            if variable is not adapter.a and variable is not adapter.b:
                 variable.trainable = False
+        save_with(layer, lambda layer=layer: merged_values(layer))
     if lora.dropout:
-        drop_adapter_inputs(backbone, lora.dropout)
+        seeds = _dropout_seeds(backbone, lora.dropout)
+        for layer in adapted:
+            drop_inputs(layer, lora.dropout, seeds)
 
 
-def drop_adapter_inputs(backbone, rate: float) -> None:
-    """LoRA dropout (model.lora.dropout) on the backbone's adapted layers, as PEFT's lora_dropout:
-    in training each layer gives W x + scale * B A dropout(x) (its own kernel sees all of x), and
-    outside training exactly its own output, so evaluation, sampling and the merged export are
-    those of the adapters as trained. Every mask comes from one seed generator on the backbone
-    (`lora_dropout`, seeded from the run's seed as Keras' dropout layers are), whose state is one
-    of the model's variables: it goes through the train step, checkpoints and resumes with them.
-    Not in a build for pipeline stages, whose blocks cannot hand on random state."""
+def _target_layers(layers, targets: list[str]) -> list:
+    """The Dense and EinsumDense layers (with weights) among `layers` named in `targets`."""
     import keras
 
-    from meshrun.compat.keras.lora import replace_call
+    kinds = (keras.layers.Dense, keras.layers.EinsumDense)
+    return [layer for layer in layers if layer.name in targets and isinstance(layer, kinds) and layer.weights]
+
+
+def _dropout_seeds(backbone, rate: float):
+    """The seed generator of LoRA dropout's masks (model.lora.dropout), on the backbone (`lora_dropout`,
+    seeded from the run's seed as Keras' dropout layers are), whose state is one of the model's
+    variables: it goes through the train step, checkpoints and resumes with them. Not in a build for
+    pipeline stages, whose blocks cannot hand on random state."""
+    import keras
+
     from meshrun.pipeline.blocks import building_for
 
     if building_for() is not None:
@@ -58,69 +73,31 @@ def drop_adapter_inputs(backbone, rate: float) -> None:
         )
     seeds = keras.random.SeedGenerator(name=LORA_DROPOUT_SEED)
     backbone.lora_dropout_seeds = seeds  # tracked by the backbone: its state is one of its variables
-    for layer in adapted_layers(backbone):
-        replace_call(layer, _adapter_dropout_call(layer, layer.call, rate, seeds))
+    return seeds
 
 
-def _adapter_dropout_call(layer, call, rate: float, seeds):
-    """`layer`'s call with its adapter's input dropped in training: x times its kernel (the
-    adapter merged in) plus its bias and the adapter's product of dropout(x) - x, then its
-    activation; outside training, `call` itself."""
-    from keras import ops, random
+def merged_values(layer) -> dict:
+    """What an adapted layer saves in place of its kernel, by id(variable): a float kernel + alpha /
+    rank * A @ B (computed where the kernel lies, in float32, cast to its dtype); a quantized
+    kernel dequantized, the update added and quantized again (its values and scales)."""
+    from meshrun.compat.keras.lora import adapter_of
 
-    def dropping(inputs, training=None):
-        if not training:
-            return call(inputs, training=training)
-        outputs = _pre_activation(layer, inputs)
-        dropped = ops.subtract(random.dropout(inputs, rate, seed=seeds), inputs)
-        outputs = ops.add(outputs, _adapter_product(layer, dropped))
-        return outputs if layer.activation is None else layer.activation(outputs)
+    if layer.quantization_mode is None:
+        kernel = layer.kernel
+        merged = kernel.value.astype("float32") + adapter_of(layer).delta()
+        return {id(kernel): merged.astype(kernel.value.dtype)}
+    from meshrun.quantize import merged_kernel, quantized_values
 
-    return dropping
-
-
-def _pre_activation(layer, inputs):
-    """What Keras' Dense or EinsumDense call computes before its activation: x times the kernel
-    (its adapter merged in), plus the bias."""
-    from keras import layers, ops
-
-    from meshrun.compat.keras.lora import adapted_kernel
-
-    kernel = adapted_kernel(layer)
-    if isinstance(layer, layers.EinsumDense):
-        outputs = ops.einsum(layer.equation, inputs, kernel)
-    else:
-        outputs = ops.matmul(inputs, kernel)
-    return outputs if layer.bias is None else ops.add(outputs, layer.bias)
-
-
-def _adapter_product(layer, inputs):
-    """scale * B A x of `layer`'s adapter (scale = alpha / rank), through the rank: for an
-    EinsumDense, its equation applied with A in place of the kernel and then B, where the kernel's
-    last axis is the output's last axis alone (the other equations take A @ B whole)."""
-    from keras import layers, ops
-
-    a, b = (ops.cast(kernel, inputs.dtype) for kernel in (layer.lora_kernel_a, layer.lora_kernel_b))
-    scale = layer.lora_alpha / layer.lora_rank
-    if not isinstance(layer, layers.EinsumDense):
-        return ops.multiply(ops.matmul(ops.matmul(inputs, a), b), scale)
-    if _kernel_last_axis_is_output_last(layer.equation):
-        return ops.multiply(ops.matmul(ops.einsum(layer.equation, inputs, a), b), scale)
-    return ops.einsum(layer.equation, inputs, ops.multiply(ops.matmul(a, b), scale))
-
-
-def _kernel_last_axis_is_output_last(equation: str) -> bool:
-    """Whether einsum `equation` ("x,kernel->output") makes the kernel's last axis the output's
-    last, an axis the input lacks: the equation then takes A (the rank in that axis) too."""
-    operands, output = equation.replace(" ", "").split("->")
-    inputs, kernel = operands.split(",")
-    last = kernel[-1]
-    return output.endswith(last) and last not in inputs and kernel.count(last) == 1
+    return {id(variable): value for variable, value in quantized_values(layer, merged_kernel(layer))}
 
 
 def _check_lora_targets(backbone, lora: LoraOptions, targets: list[str]) -> None:
     """ConfigError on model.lora.targets when a name given is not one of the backbone's Dense or
-    EinsumDense layers, or when none of KerasHub's default names is."""
+    EinsumDense layers, when none of KerasHub's default names is, or when a target's kernel is no
+    (in_features, out_features) matrix (an axis both its input and output keep)."""
+    from meshrun.compat.keras.lora import layer_geometry
+    from meshrun.compat.keras.models import sublayers
+
     valid = lora_layer_names(backbone)
     name = type(backbone).__name__
     if lora.targets is None:
@@ -130,19 +107,27 @@ def _check_lora_targets(backbone, lora: LoraOptions, targets: list[str]) -> None
                 f"got null, but {name} has none of KerasHub's default LoRA layers ({one_of(targets)}); "
                 f"name the layers to adapt: {one_of(valid)}",
             )
-        return
-    missing = [t for t in targets if t not in valid]
-    if missing:
-        raise ConfigError(
-            "model.lora.targets",
-            f"got {list(lora.targets)}, but {name} has no Dense or EinsumDense layer named {missing[0]!r}; "
-            f"{did_you_mean(missing[0], valid)}valid: {one_of(valid)}",
-        )
+    else:
+        missing = [t for t in targets if t not in valid]
+        if missing:
+            raise ConfigError(
+                "model.lora.targets",
+                f"got {list(lora.targets)}, but {name} has no Dense or EinsumDense layer named "
+                f"{missing[0]!r}; {did_you_mean(missing[0], valid)}valid: {one_of(valid)}",
+            )
+    for layer in _target_layers(sublayers(backbone), targets):
+        try:
+            layer_geometry(layer)
+        except ValueError as err:
+            raise ConfigError(
+                "model.lora.targets",
+                f"got {targets}, but {name}'s {layer.path} takes no LoRA adapter: {err}; "
+                f"leave {layer.name!r} out",
+            ) from None
 
 
 def lora_layer_names(backbone) -> list[str]:
-    """The names of the backbone's layers LoRA can adapt (Dense and EinsumDense, the kinds
-    KerasHub's save_lora_weights writes), sorted."""
+    """The names of the backbone's layers LoRA can adapt (Dense and EinsumDense), sorted."""
     import keras
 
     from meshrun.compat.keras.models import sublayers
@@ -153,6 +138,7 @@ def lora_layer_names(backbone) -> list[str]:
 
 def adapted_layers(backbone) -> list:
     """The backbone's layers that carry LoRA adapters."""
+    from meshrun.compat.keras.lora import adapter_of
     from meshrun.compat.keras.models import sublayers
 
-    return [layer for layer in sublayers(backbone) if getattr(layer, "lora_enabled", False)]
+    return [layer for layer in sublayers(backbone) if adapter_of(layer) is not None]

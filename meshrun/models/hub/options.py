@@ -198,7 +198,7 @@ class KerasHubOptions:
 
 
 def _check_quantize(options: KerasHubOptions) -> None:
-    """model.quantize: a mode Keras has, on a frozen base under LoRA adapters without dropout."""
+    """model.quantize: a mode Keras has, on a frozen base under LoRA adapters."""
     check_quantize_mode(options.quantize)
     if options.quantize is None:
         return
@@ -208,13 +208,6 @@ def _check_quantize(options: KerasHubOptions) -> None:
             f"got {options.quantize!r} with model.lora.rank=null, which trains every weight, and quantized "
             "weights cannot train; set model.lora.rank (e.g. 8) to train adapters on the quantized base "
             "(QLoRA), or model.quantize=null",
-        )
-    if options.lora.dropout:
-        raise ConfigError(
-            "model.lora.dropout",
-            f"got {options.lora.dropout:g} with model.quantize={options.quantize}: Keras' quantized layers "
-            "compute their adapters in their own call, which meshrun cannot drop inputs in; set "
-            "model.lora.dropout=0, or model.quantize=null",
         )
 
 
