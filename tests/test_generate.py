@@ -325,6 +325,23 @@ def test_a_lora_fine_tune_without_export_keeps_its_adapter_and_generate_samples_
         ]
     )
     assert json.loads(capsys.readouterr().out) == metrics["samples"]
+    _keras_hub_format_adapter(run_dir / "adapter.lora.h5")
+    line = error_line_here(["generate", str(run_dir), "--prompt", PROMPTS[0]], capsys)
+    assert line == (
+        "meshrun: error: RUN_DIR: adapter.lora.h5 is not an adapter file meshrun writes (format None, valid: "
+        "'meshrun-lora'; the KerasHub save_lora_weights files that runs kept before meshrun's LoRA took "
+        "PEFT's rank are not): train the fine-tune again"
+    )
+
+
+def _keras_hub_format_adapter(path) -> None:
+    """Makes a kept adapter file look like one an earlier meshrun kept (KerasHub's
+    save_lora_weights): no format, rank or alpha attributes."""
+    import h5py
+
+    with h5py.File(path, "a") as file:
+        for key in list(file.attrs):
+            del file.attrs[key]
 
 
 def test_generate_with_the_same_seed_gives_the_same_text_in_another_process(trained, tmp_path, capsys):

@@ -289,7 +289,13 @@ def load_adapter(task, lora: LoraOptions, path: Path):
 
     with h5py.File(path, "r") as file:
         said = {key: file.attrs.get(key) for key in ("format", "rank", "alpha")}
-        if said["format"] == ADAPTER_FORMAT and not adapted_layers(task.backbone):
+        if said["format"] != ADAPTER_FORMAT:
+            raise AdapterFileMismatch(
+                f"{path.name} is not an adapter file meshrun writes (format {said['format']!r}, valid: "
+                f"{ADAPTER_FORMAT!r}; the KerasHub save_lora_weights files that runs kept before meshrun's "
+                "LoRA took PEFT's rank are not): train the fine-tune again"
+            )
+        if not adapted_layers(task.backbone):
             enable_lora(task.backbone, sampling_lora(dataclasses.replace(lora, alpha=float(said["alpha"]))))
         adapters = [adapter_of(layer) for layer in adapted_layers(task.backbone)]
         found, held = {_layer_path(adapter) for adapter in adapters}, _held_layers(file)
@@ -298,8 +304,7 @@ def load_adapter(task, lora: LoraOptions, path: Path):
         if said != expected or not found or held != found:
             raise AdapterFileMismatch(
                 f"{path.name} holds no adapters of rank {lora.rank} on this model's {len(found)} target "
-                f"layers (it has format {said['format']!r}, rank {said['rank']}, {len(held)} layers; "
-                "a .lora.h5 of KerasHub's save_lora_weights is not one)"
+                f"layers (it has rank {said['rank']}, {len(held)} layers)"
             )
         for adapter in adapters:
             group = file[_layer_path(adapter)]
