@@ -310,55 +310,39 @@ def sentencepiece_bpe(work: Path) -> Path:
 
 def mistral_tokenizer(work: Path):
     """Mistral's format: a Metaspace BPE as transformers' LlamaTokenizer (legacy=False) converts it."""
-    return transformers.LlamaTokenizer.from_pretrained(
-        sentencepiece_bpe(work),
-        legacy=False,
-        add_prefix_space=True,
-        add_bos_token=True,
-        model_max_length=32768,
-        chat_template=MISTRAL_TEMPLATE,
-    )
+    return _sentencepiece_style(work, legacy=False, model_max_length=32768, chat_template=MISTRAL_TEMPLATE)
 
 
 def llama2_tokenizer(work: Path):
     """Llama 2's format (its tokenizer.json written in the legacy form by finish_llama2)."""
+    return _sentencepiece_style(work, legacy=True, model_max_length=4096, chat_template=LLAMA2_TEMPLATE)
+
+
+def _sentencepiece_style(work: Path, *, legacy: bool, model_max_length: int, chat_template: str):
+    """sentencepiece_bpe's model as transformers' LlamaTokenizer loads it, adding <s> first."""
     return transformers.LlamaTokenizer.from_pretrained(
         sentencepiece_bpe(work),
-        legacy=True,
+        legacy=legacy,
         add_prefix_space=True,
         add_bos_token=True,
-        model_max_length=4096,
-        chat_template=LLAMA2_TEMPLATE,
+        model_max_length=model_max_length,
+        chat_template=chat_template,
     )
 
 
 def deepseek_tokenizer(work: Path):
     """DeepSeek-R1-Distill's format: a byte-level BPE with Qwen's split, its four special tokens
     after the BPE vocabulary, the start token put first by the post-processor."""
-    from tokenizers import Regex, decoders, models, pre_tokenizers, processors
     from transformers.models.qwen2.tokenization_qwen2 import PRETOKENIZE_REGEX
 
-    vocab, merges = reference_tokenizers.train_byte_level_bpe(training_texts(), BPE_VOCAB, PRETOKENIZE_REGEX)
-    tok = tokenizers.Tokenizer(models.BPE(vocab=vocab, merges=merges, ignore_merges=False))
-    tok.pre_tokenizer = pre_tokenizers.Sequence(
-        [
-            pre_tokenizers.Split(Regex(PRETOKENIZE_REGEX), behavior="isolated", invert=False),
-            pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False),
-        ]
-    )
-    tok.decoder = decoders.ByteLevel()
-    tok.add_special_tokens(
-        [tokenizers.AddedToken(t, special=True, normalized=False) for t in DEEPSEEK_SPECIALS]
-    )
-    tok.post_processor = processors.Sequence(
-        [
-            processors.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False),
-            processors.TemplateProcessing(
-                single=f"{DEEPSEEK_BOS}:0 $A:0",
-                pair=f"{DEEPSEEK_BOS}:0 $A:0 {DEEPSEEK_BOS}:1 $B:1",
-                special_tokens=[(DEEPSEEK_BOS, tok.token_to_id(DEEPSEEK_BOS))],
-            ),
-        ]
+    tok = reference_tokenizers.byte_level_bpe(
+        training_texts(),
+        BPE_VOCAB,
+        PRETOKENIZE_REGEX,
+        DEEPSEEK_SPECIALS,
+        DEEPSEEK_BOS,
+        ignore_merges=False,
+        prefix_space=False,
     )
     return transformers.PreTrainedTokenizerFast(
         tokenizer_object=tok,

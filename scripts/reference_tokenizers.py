@@ -75,34 +75,51 @@ def train_byte_level_bpe(
     return state["vocab"], [tuple(m.split(" ")) if isinstance(m, str) else tuple(m) for m in state["merges"]]
 
 
-def llama3_tokenizer(
-    texts: Iterable[str], vocab_size: int, *, eos_token: str, model_max_length: int, chat_template: str
-):
-    """Llama 3's format: byte-level BPE in tokenizer.json, PreTrainedTokenizerFast, BOS added by the
-    post-processor (a template writes it too: apply_chat_template encodes without special tokens),
-    <|begin_of_text|> etc. after the BPE vocabulary."""
-    vocab, merges = train_byte_level_bpe(texts, vocab_size, LLAMA3_SPLIT)
-    tok = tokenizers.Tokenizer(models.BPE(vocab=vocab, merges=merges, ignore_merges=True))
+def byte_level_bpe(
+    texts: Iterable[str],
+    vocab_size: int,
+    split: str,
+    specials: Iterable[str],
+    bos: str,
+    *,
+    ignore_merges: bool,
+    prefix_space: bool,
+) -> tokenizers.Tokenizer:
+    """A byte-level BPE trained on `texts` with pre-tokenizer `split`, `specials` after its
+    vocabulary and `bos` put before every text by its post-processor: Llama 3's form (ignore_merges,
+    prefix_space: its post-processor's byte-level options) and DeepSeek-R1-Distill's (Qwen's split)."""
+    vocab, merges = train_byte_level_bpe(texts, vocab_size, split)
+    tok = tokenizers.Tokenizer(models.BPE(vocab=vocab, merges=merges, ignore_merges=ignore_merges))
     tok.pre_tokenizer = pre_tokenizers.Sequence(
         [
-            pre_tokenizers.Split(Regex(LLAMA3_SPLIT), behavior="isolated", invert=False),
-            pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True, use_regex=False),
+            pre_tokenizers.Split(Regex(split), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=prefix_space, use_regex=False),
         ]
     )
     tok.decoder = decoders.ByteLevel()
-    tok.add_special_tokens(
-        [tokenizers.AddedToken(t, special=True, normalized=False) for t in LLAMA3_SPECIALS]
-    )
-    bos = "<|begin_of_text|>"
+    tok.add_special_tokens([tokenizers.AddedToken(t, special=True, normalized=False) for t in specials])
     tok.post_processor = processors.Sequence(
         [
-            processors.ByteLevel(add_prefix_space=True, trim_offsets=False, use_regex=True),
+            processors.ByteLevel(add_prefix_space=prefix_space, trim_offsets=False, use_regex=prefix_space),
             processors.TemplateProcessing(
                 single=f"{bos}:0 $A:0",
                 pair=f"{bos}:0 $A:0 {bos}:1 $B:1",
                 special_tokens=[(bos, tok.token_to_id(bos))],
             ),
         ]
+    )
+    return tok
+
+
+def llama3_tokenizer(
+    texts: Iterable[str], vocab_size: int, *, eos_token: str, model_max_length: int, chat_template: str
+):
+    """Llama 3's format: byte-level BPE in tokenizer.json, PreTrainedTokenizerFast, BOS added by the
+    post-processor (a template writes it too: apply_chat_template encodes without special tokens),
+    <|begin_of_text|> etc. after the BPE vocabulary."""
+    bos = "<|begin_of_text|>"
+    tok = byte_level_bpe(
+        texts, vocab_size, LLAMA3_SPLIT, LLAMA3_SPECIALS, bos, ignore_merges=True, prefix_space=True
     )
     return transformers.PreTrainedTokenizerFast(
         tokenizer_object=tok,

@@ -65,17 +65,18 @@ def build_task(checkpoint: HFCheckpoint, load_weights: bool, dtype: str | None =
     backbone_cls = getattr(keras_hub.models, checkpoint.family.backbone)
     task_cls = getattr(keras_hub.models, checkpoint.family.task)
     arguments = dict(checkpoint.arguments, dtype=variable_dtype(checkpoint, dtype))
+    bytes_read = 0
     if not load_weights:
         backbone = backbone_cls(**arguments)
-        set_gemma_attention_scales(backbone)
-        return task_cls(backbone=backbone, preprocessor=None, compile=False), 0
-    reader = safetensors.SliceReader()
-    with load_onto_shards(on_placed=on_placed, every_weight_read=True):
-        backbone = backbone_cls(**arguments)
-        fill(backbone, checkpoint, reader)
-    reader.close()
+    else:
+        reader = safetensors.SliceReader()
+        with load_onto_shards(on_placed=on_placed, every_weight_read=True):
+            backbone = backbone_cls(**arguments)
+            fill(backbone, checkpoint, reader)
+        reader.close()
+        bytes_read = reader.bytes_read
     set_gemma_attention_scales(backbone)  # query_pre_attn_scalar: KerasHub's Gemma blocks drop it
-    return task_cls(backbone=backbone, preprocessor=None, compile=False), reader.bytes_read
+    return task_cls(backbone=backbone, preprocessor=None, compile=False), bytes_read
 
 
 def fill(backbone, checkpoint: HFCheckpoint, reader: safetensors.SliceReader) -> None:
