@@ -329,7 +329,7 @@ def shapes_within_processes(
 ) -> list[tuple[int, ...]]:
     """The shapes of a sweep of `processes`-process jobs that keep every axis but the batch and
     stage axes within a process (mesh.dcn as given, else its default); says which it leaves out."""
-    from meshrun.config.schema import DEFAULT_AXIS_NAMES, MeshConfig
+    from meshrun.config.layout_schema import DEFAULT_AXIS_NAMES, MeshConfig
     from meshrun.config.slices import across_processes, with_dcn
     from meshrun.wording import format_shape
 

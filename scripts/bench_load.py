@@ -545,7 +545,7 @@ def distribute(layout: str, mesh: str) -> None:
     import jax
     import keras
 
-    from meshrun.config.schema import LayoutRule, MeshConfig
+    from meshrun.config.layout_schema import LayoutRule, MeshConfig
     from meshrun.placement.distribution import make_distribution
 
     rules = tuple(LayoutRule(pattern, tuple(axes)) for pattern, axes in benchlib.layout_rules(layout).items())

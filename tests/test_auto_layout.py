@@ -19,8 +19,8 @@ import re
 import pytest
 
 from conftest import cli_here, one_error_line, run_meshrun
+from meshrun.config.layout_schema import LayoutRule, MeshConfig
 from meshrun.config.parse import parse_size
-from meshrun.config.schema import LayoutRule, MeshConfig
 from meshrun.errors import ConfigError
 from meshrun.placement.auto import collapse, derive_layout, model_width
 from meshrun.placement.layout import TensorSpec, check_rules

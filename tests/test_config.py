@@ -8,8 +8,8 @@ import pytest
 
 from conftest import composed_config
 from meshrun import app
+from meshrun.config.layout_schema import LayoutRule
 from meshrun.config.parse import parse_run_config
-from meshrun.config.schema import LayoutRule
 from meshrun.errors import ConfigError
 from meshrun.models import get_model, model_names
 

@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from conftest import composed_config
-from meshrun.config import reference, schema
+from meshrun.config import layout_schema, reference, schema
 from meshrun.config.fields import default_of, defaults_of, doc_of
 from meshrun.specs.data import SOURCES
 from meshrun.specs.model import MODELS
@@ -139,7 +139,7 @@ def test_sample_prompts_default_is_the_empty_list():
 def test_layout_min_bytes_written_form_parses_to_the_default():
     from meshrun.config.typed import parse_size
 
-    field = {f.name: f for f in dataclasses.fields(schema.LayoutConfig)}["min_bytes"]
+    field = {f.name: f for f in dataclasses.fields(layout_schema.LayoutConfig)}["min_bytes"]
     assert parse_size("layout.min_bytes", default_of(field)) == field.default
 
 

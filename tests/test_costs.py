@@ -103,7 +103,7 @@ def after_fit():
     import keras
     from keras import distribution as kd
 
-    from meshrun.config.schema import LayoutRule, MeshConfig
+    from meshrun.config.layout_schema import LayoutRule, MeshConfig
     from meshrun.placement import distribution
     from meshrun.run import costs
 
@@ -222,7 +222,7 @@ def _costs_after_fit(mesh_shape: tuple, axis_names: tuple, pipeline=None):
     import keras
     from keras import distribution as kd
 
-    from meshrun.config.schema import LayoutRule, MeshConfig
+    from meshrun.config.layout_schema import LayoutRule, MeshConfig
     from meshrun.pipeline import repeated_blocks, stages
     from meshrun.placement import distribution
     from meshrun.run import costs

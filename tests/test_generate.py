@@ -148,7 +148,7 @@ def test_completions_on_a_2x4_mesh_are_greedy_and_stop_at_the_end_token(preset, 
     import keras
     import keras_hub
 
-    from meshrun.config.schema import LayoutRule, MeshConfig
+    from meshrun.config.layout_schema import LayoutRule, MeshConfig
     from meshrun.placement import distribution as distribution_lib
     from meshrun.text.complete import complete
     from meshrun.text.examples import Framing

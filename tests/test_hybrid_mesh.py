@@ -14,8 +14,8 @@ import pytest
 
 from conftest import one_error_line, run_meshrun
 from meshrun.app import shapes_within_processes
+from meshrun.config.layout_schema import LayoutRule, MeshConfig
 from meshrun.config.parse import parse_run_config
-from meshrun.config.schema import LayoutRule, MeshConfig
 from meshrun.config.slices import spans, with_dcn
 from meshrun.errors import ConfigError
 from meshrun.placement.auto import derive_layout

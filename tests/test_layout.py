@@ -3,7 +3,7 @@ checks for what Keras would silently replicate or fail on late."""
 
 import pytest
 
-from meshrun.config.schema import LayoutRule, MeshConfig
+from meshrun.config.layout_schema import LayoutRule, MeshConfig
 from meshrun.errors import ConfigError
 from meshrun.placement.layout import (
     TensorSpec,

@@ -19,7 +19,7 @@ def gemma_tp_on_2x4():
     import jax
     import keras
 
-    from meshrun.config.schema import LayoutRule, MeshConfig
+    from meshrun.config.layout_schema import LayoutRule, MeshConfig
     from meshrun.placement import distribution as distribution_lib
 
     mesh = MeshConfig(shape=(2, 4), axis_names=("data", "model"), batch_axis="data")

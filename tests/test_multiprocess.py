@@ -27,8 +27,9 @@ from conftest import (
     run_meshrun,
 )
 from meshrun import cli
+from meshrun.config.layout_schema import MeshConfig
 from meshrun.config.parse import parse_distributed
-from meshrun.config.schema import DistributedConfig, MeshConfig
+from meshrun.config.schema import DistributedConfig
 from meshrun.config.slices import with_dcn
 from meshrun.errors import ConfigError
 from meshrun.launch.join import free_port, listen_address

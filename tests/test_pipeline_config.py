@@ -20,8 +20,9 @@ from conftest import (
     run_meshrun,
     train_in_process,
 )
+from meshrun.config.layout_schema import LayoutRule, MeshConfig
 from meshrun.config.parse import parse_run_config
-from meshrun.config.schema import LayoutRule, MeshConfig, PipelineConfig
+from meshrun.config.schema import PipelineConfig
 from meshrun.errors import ConfigError
 from meshrun.placement.layout import TensorSpec
 from meshrun.placement.stacking import per_block_view, pipeline_plan, stacked_rules

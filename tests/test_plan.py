@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from meshrun.config.schema import LayoutRule, MeshConfig
+from meshrun.config.layout_schema import LayoutRule, MeshConfig
 from meshrun.errors import ConfigError
 from meshrun.measure import run_measured
 from meshrun.placement.layout import TensorSpec, with_bends

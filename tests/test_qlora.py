@@ -17,7 +17,7 @@ import pytest
 from conftest import error_line_here, read_metrics
 from meshrun import cli, quantize
 from meshrun.compat.keras.models import sublayers
-from meshrun.config.schema import MeshConfig
+from meshrun.config.layout_schema import MeshConfig
 from meshrun.models.hub.build import build
 from meshrun.models.hub.options import KerasHubOptions, LoraOptions
 from meshrun.placement.quantized import carried_axes

@@ -216,7 +216,7 @@ def on_the_mesh(text_files):
     import keras
     import keras_hub
 
-    from meshrun.config.schema import LayoutRule, MeshConfig
+    from meshrun.config.layout_schema import LayoutRule, MeshConfig
     from meshrun.placement import distribution as distribution_lib
     from meshrun.text.complete import complete
     from meshrun.text.tokenizer import load_tokenizer

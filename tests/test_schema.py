@@ -3,8 +3,8 @@
 import pytest
 
 from meshrun.config.checks import check_batch
+from meshrun.config.layout_schema import MeshConfig
 from meshrun.config.parse import parse_mesh, parse_mesh_shape
-from meshrun.config.schema import MeshConfig
 from meshrun.errors import ConfigError
 
 

@@ -104,7 +104,7 @@ def test_a_mesh_of_one_device_trains_like_the_others_and_reports_its_variables_w
 def test_only_a_one_process_mesh_of_the_default_device_trains_without_a_keras_distribution():
     import jax
 
-    from meshrun.config.schema import MeshConfig
+    from meshrun.config.layout_schema import MeshConfig
     from meshrun.placement import distribution
 
     def made(shape, devices):

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import re
 
+from meshrun.config.layout_schema import FILL, MeshConfig
 from meshrun.config.schema import (
-    FILL,
     LR_SCHEDULES,
     PLATFORMS,
     PRECISIONS,
@@ -16,7 +16,6 @@ from meshrun.config.schema import (
     DevicesConfig,
     DistributedConfig,
     EarlyStoppingConfig,
-    MeshConfig,
     PipelineConfig,
     ProfileConfig,
     RunConfig,

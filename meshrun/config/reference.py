@@ -15,11 +15,8 @@ from typing import Any, get_type_hints
 import yaml
 
 from meshrun.config.fields import WRITTEN, default_of, doc_of, has_default
-from meshrun.config.schema import (
-    LAYOUT_OPTION_KEYS,
-    DataConfig,
-    RunConfig,
-)
+from meshrun.config.layout_schema import LAYOUT_OPTION_KEYS
+from meshrun.config.schema import DataConfig, RunConfig
 from meshrun.specs import sinks
 from meshrun.specs.data import SOURCES
 from meshrun.specs.model import MODELS
@@ -43,13 +40,14 @@ def render() -> str:
     lines = [
         "# Config reference",
         "",
-        f"<!-- Generated from the schema by `{COMMAND}`: edit meshrun/config/schema.py (or a model's or "
-        "data source's options dataclass), not this page. -->",
+        f"<!-- Generated from the schema by `{COMMAND}`: edit meshrun/config/schema.py or "
+        "layout_schema.py (or a model's or data source's options dataclass), not this page. -->",
         "",
         "Every key a run's config has, with its type, its default and what it does. The defaults are "
-        "written once, in the typed schema (`meshrun/config/schema.py`, and each model's and data "
-        "source's options dataclass); the YAML options of each config group (`configs/`) write only "
-        "what differs from them. Set any key on the command line as `section.key=value` "
+        "written once, in the typed schema (`meshrun/config/schema.py` and `layout_schema.py`, and each "
+        "model's and data source's options dataclass); the YAML options of each config group "
+        "(`configs/`) write only what differs from them. Set any key on the command line as "
+        "`section.key=value` "
         "(`meshrun train train.epochs=5 'train.sample_prompts=[Hello]'`), and pick a group's option "
         "as `group=option` (`model=transformer data=text`); `meshrun train --cfg job` prints the "
         "composed config.",

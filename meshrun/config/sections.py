@@ -14,18 +14,20 @@ from typing import Any
 
 from meshrun.config.checks import check_distributed_values, check_rule_axes
 from meshrun.config.keys import LAYOUT_KEYS, MESH_KEYS
-from meshrun.config.schema import (
+from meshrun.config.layout_schema import (
     DEFAULT_AUTO_MIN_BYTES,
     DEFAULT_AXIS_NAMES,
-    DISTRIBUTED_MODES,
     FILL,
+    LayoutConfig,
+    LayoutRule,
+    MeshConfig,
+)
+from meshrun.config.schema import (
+    DISTRIBUTED_MODES,
     RESUME_MODES,
     DataConfig,
     DistributedConfig,
-    LayoutConfig,
-    LayoutRule,
     LoggingConfig,
-    MeshConfig,
     ModelConfig,
 )
 from meshrun.config.slices import check_dcn_shape

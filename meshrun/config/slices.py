@@ -13,7 +13,7 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
-from meshrun.config.schema import MeshConfig
+from meshrun.config.layout_schema import MeshConfig
 from meshrun.errors import ConfigError
 from meshrun.wording import format_shape, one_of
 

@@ -28,7 +28,7 @@ import re
 from collections import Counter
 from dataclasses import dataclass
 
-from meshrun.config.schema import AxisSpec, LayoutRule, MeshConfig
+from meshrun.config.layout_schema import AxisSpec, LayoutRule, MeshConfig
 from meshrun.config.slices import across_processes
 from meshrun.placement.layout import TensorSpec, is_lora_adapter, matching_rules
 from meshrun.wording import format_bytes, format_shape, one_of

@@ -9,7 +9,8 @@ import sys
 from dataclasses import dataclass
 
 from meshrun.compat.jax import JAX_PLATFORM_LOGGER
-from meshrun.config.schema import CacheConfig, DevicesConfig, MeshConfig
+from meshrun.config.layout_schema import MeshConfig
+from meshrun.config.schema import CacheConfig, DevicesConfig
 from meshrun.config.slices import spans, with_dcn
 from meshrun.errors import ConfigError
 from meshrun.system.trust import private_dir

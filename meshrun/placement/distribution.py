@@ -25,7 +25,8 @@ import numpy as np
 from keras import distribution as kd
 
 from meshrun.compat.keras.variable_layouts import layout_of, variable_layouts
-from meshrun.config.schema import LayoutRule, MeshConfig, PipelineConfig
+from meshrun.config.layout_schema import LayoutRule, MeshConfig
+from meshrun.config.schema import PipelineConfig
 from meshrun.pipeline.bubble import stage_of_block
 
 

@@ -12,7 +12,7 @@ import math
 import re
 from dataclasses import dataclass, field
 
-from meshrun.config.schema import LayoutRule, MeshConfig
+from meshrun.config.layout_schema import LayoutRule, MeshConfig
 from meshrun.errors import ConfigError
 from meshrun.specs.quantized import QuantizedOf
 from meshrun.wording import closest, format_bytes, format_shape, one_of, shape_text

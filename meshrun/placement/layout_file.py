@@ -9,7 +9,7 @@ from collections.abc import Sequence
 
 import yaml
 
-from meshrun.config.schema import LayoutRule
+from meshrun.config.layout_schema import LayoutRule
 from meshrun.errors import ConfigError
 from meshrun.files import write_output
 from meshrun.placement.plan import Plan

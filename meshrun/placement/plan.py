@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, replace
 
-from meshrun.config.schema import LARGE_REPLICATED_BYTES, AxisSpec, LayoutRule, MeshConfig
+from meshrun.config.layout_schema import LARGE_REPLICATED_BYTES, AxisSpec, LayoutRule, MeshConfig
 from meshrun.config.slices import across_processes, span_of, spans, with_dcn
 from meshrun.errors import ConfigError, DoesNotFit
 from meshrun.placement.layout import Bend, RuleCheck, TensorSpec, bend_notes, check_rules, is_lora_adapter

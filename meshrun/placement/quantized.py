@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 
-from meshrun.config.schema import LayoutRule, MeshConfig
+from meshrun.config.layout_schema import LayoutRule, MeshConfig
 from meshrun.specs.quantized import COLUMNS, ROWS, QuantizedOf
 from meshrun.wording import shape_text
 

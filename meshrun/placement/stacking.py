@@ -15,7 +15,8 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
-from meshrun.config.schema import LayoutRule, MeshConfig, PipelineConfig
+from meshrun.config.layout_schema import LayoutRule, MeshConfig
+from meshrun.config.schema import PipelineConfig
 from meshrun.errors import ConfigError
 from meshrun.pipeline.bubble import bubble_fraction, stage_of_block
 from meshrun.placement.layout import Bend, TensorSpec, check_rules, replacing

@@ -20,7 +20,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from meshrun.config.schema import MeshConfig
+from meshrun.config.layout_schema import MeshConfig
 from meshrun.config.slices import span_of, spans
 
 

@@ -24,15 +24,8 @@ from meshrun import data as data_lib
 from meshrun.compat import names as compat
 from meshrun.compat.keras.startup import set_random_seed
 from meshrun.config.checks import check_batch, check_processes, check_rule_axes
-from meshrun.config.schema import (
-    DEFAULT_AUTO_MIN_BYTES,
-    LayoutConfig,
-    LayoutRule,
-    MeshConfig,
-    PipelineConfig,
-    RunConfig,
-    TrainConfig,
-)
+from meshrun.config.layout_schema import DEFAULT_AUTO_MIN_BYTES, LayoutConfig, LayoutRule, MeshConfig
+from meshrun.config.schema import PipelineConfig, RunConfig, TrainConfig
 from meshrun.config.slices import with_dcn
 from meshrun.data import order, ranges
 from meshrun.errors import ConfigError

@@ -39,7 +39,7 @@ def layout_rules(options: KerasHubOptions, mesh) -> tuple:
     batch axis and the mesh's other axis as the model axis."""
     from keras import distribution as kd
 
-    from meshrun.config.schema import LayoutRule
+    from meshrun.config.layout_schema import LayoutRule
 
     backbone_cls = presets.backbone_class(options.task, options.preset)
     if not hasattr(backbone_cls, "get_layout_map"):
@@ -122,7 +122,7 @@ def layout_advice(options: KerasHubOptions, variables, mesh) -> list[str]:
             "maps put q/k/v axes in Gemma's order (keras-hub #2795): "
             "use layout=llama_tp for heads over the model axis"
         )
-    from meshrun.config.schema import LARGE_REPLICATED_BYTES
+    from meshrun.config.layout_schema import LARGE_REPLICATED_BYTES
 
     head = next((p for p in variables if p.path == UNTIED_HEAD), None)
     if head is not None and head.replicated and head.bytes >= LARGE_REPLICATED_BYTES and (mesh.size or 1) > 1:
