@@ -1,9 +1,11 @@
 """Test set-up: 8 emulated CPU devices and the jax backend, fixed before anything imports jax."""
 
 import gc
+import importlib.metadata
 import json
 import logging
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -13,61 +15,103 @@ from pathlib import Path
 import absl.logging
 import pytest
 
+import file_order
+
 os.environ["KERAS_BACKEND"] = "jax"
 os.environ["JAX_PLATFORMS"] = "cpu"
 os.environ["JAX_NUM_CPU_DEVICES"] = "8"
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
-# The tests' runs, on every pytest-xdist worker and in the meshrun processes they start, share one
-# throw-away cache dir a session (XLA's compiled programs, tokenizer probes): the first process makes
-# it and the workers inherit its name, so a program compiles once a session, as for a user's runs.
-os.environ.setdefault("MESHRUN_TESTS_CACHE_HOME", tempfile.mkdtemp(prefix="meshrun-test-cache-"))
+
+
+def tests_xla_cache() -> Path:
+    """Where the tests keep XLA's compiled programs from one run of the suite to the next: the
+    user's cache dir, one dir per version of jax, jaxlib and Keras (MESHRUN_TESTS_XLA_CACHE: another
+    dir). JAX keys each program by its whole HLO, flags and jaxlib's version, so a program is loaded
+    only where the same program would be compiled: a rerun tests what a fresh run tests."""
+    given = os.environ.get("MESHRUN_TESTS_XLA_CACHE")
+    if given:
+        return Path(given)
+    root = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    versions = "-".join(f"{name}{importlib.metadata.version(name)}" for name in ("jax", "jaxlib", "keras"))
+    return root / "meshrun" / "tests" / f"xla-{versions}"
+
+
+XLA_CACHE_LIMIT_BYTES = 2 << 30
+
+
+def open_xla_cache(cache: Path) -> str:
+    """Makes the tests' XLA cache dir (private: meshrun refuses code from a dir others can write to),
+    emptying it first once it has grown past XLA_CACHE_LIMIT_BYTES (jax's own limit needs filelock);
+    whether it holds programs from an earlier run: "warm" or "cold"."""
+    cache.mkdir(mode=0o700, parents=True, exist_ok=True)
+    entries = list(cache.iterdir())
+    if sum(entry.stat().st_size for entry in entries if entry.is_file()) > XLA_CACHE_LIMIT_BYTES:
+        for entry in entries:
+            entry.unlink()
+        entries = []
+    return "warm" if entries else "cold"
+
+
+def set_up_caches() -> None:
+    """Sets up the caches of a session, in its first process (pytest's, before its workers start);
+    the workers and the meshrun processes the tests start find them through the environment. The
+    session's runs share one throw-away cache home (XDG_CACHE_HOME: tokens, tokenizer probes,
+    fonts), but for XLA's compiled programs: $XDG_CACHE_HOME/meshrun/xla, where meshrun keeps them
+    by default, links to the tests' lasting XLA cache."""
+    home = Path(tempfile.mkdtemp(prefix="meshrun-test-cache-"))
+    xla = tests_xla_cache()
+    os.environ["MESHRUN_TESTS_XLA_CACHE"] = str(xla)
+    os.environ["MESHRUN_TESTS_XLA_KIND"] = open_xla_cache(xla)
+    (home / "meshrun").mkdir()
+    (home / "meshrun" / "xla").symlink_to(xla)
+    os.environ["MESHRUN_TESTS_CACHE_HOME"] = str(home)
+    os.environ["MESHRUN_TESTS_CACHE_OWNER"] = str(os.getpid())
+
+
+if "MESHRUN_TESTS_XLA_KIND" not in os.environ:
+    set_up_caches()
 os.environ["XDG_CACHE_HOME"] = os.environ["MESHRUN_TESTS_CACHE_HOME"]
+# Every test process uses the XLA cache from its first compile (jax decides once a process).
+os.environ["JAX_COMPILATION_CACHE_DIR"] = os.path.join(os.environ["XDG_CACHE_HOME"], "meshrun", "xla")
+os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
+os.environ["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "0"
 
 # Hydra's logging set-up (logging.config.dictConfig, once per job) closes every handler ever
 # created, and absl's handler closes its stream unless that stream is sys.stderr at the time. Under
 # pytest's capture it is not, so in-process CLI tests would close pytest's own capture file.
 absl.logging.get_absl_handler().python_handler.stream = sys.__stderr__
 
-# The slowest test files, slowest first (a whole file's test seconds in a run of the whole suite on
-# two workers on the 2-core CI machine: 60 to 270 each, the median file 31). The README's test command
-# runs the files on two workers (pytest-xdist, --dist loadfile), each file on one worker from start to
-# end, handing them out in the order collected: these go first so that the workers end together on
-# small files, not one of them alone on a slow file for minutes at the end.
-SLOWEST_FILES = (
-    "test_pipeline_config.py",
-    "test_preemption.py",
-    "test_zoo.py",
-    "test_slurm.py",
-    "test_pipeline_hub.py",
-    "test_generate.py",
-    "test_keras_hub.py",
-    "test_lora.py",
-    "test_bench_gpu.py",
-    "test_multiprocess.py",
-    "test_checkpoint.py",
-    "test_text_finetune.py",
-    "test_page_faults.py",
-    "test_sweep.py",
-    "test_without_tensorflow.py",
-    "test_user_models.py",
-    "test_auto_layout.py",
-)
-
-
 # The suite's layers (docs/getting-started.md, "Run the tests"): a test marked with none of these is a
 # unit test.
 LAYERS = ("integration", "e2e", "slurm")
 
 
+def pytest_configure(config):
+    """Keeps pytest-xdist to the order the files are collected in (file_order) and, in the process
+    that hands out the tests, records how long each file took."""
+    if hasattr(config.option, "loadscopereorder"):  # pytest-xdist 3.7+ would order by test count
+        config.option.loadscopereorder = False
+    if not hasattr(config, "workerinput"):
+        config.pluginmanager.register(
+            file_order.DurationRecorder(config, os.environ["MESHRUN_TESTS_XLA_KIND"])
+        )
+
+
+def pytest_unconfigure(config):
+    """Removes the session's throw-away cache home, in the process that made it (not the XLA cache
+    it links to)."""
+    if os.environ.get("MESHRUN_TESTS_CACHE_OWNER") == str(os.getpid()):
+        shutil.rmtree(os.environ["MESHRUN_TESTS_CACHE_HOME"], ignore_errors=True)
+
+
 def pytest_collection_modifyitems(items):
-    """Marks the tests of no other layer `unit` (`-m unit`: the quick set); runs SLOWEST_FILES
-    first, every other file, and the tests inside each, in their order."""
+    """Marks the tests of no other layer `unit` (`-m unit`: the quick set); runs the files slowest
+    first (file_order), the tests inside each in their order."""
     for item in items:
         if not any(item.get_closest_marker(layer) for layer in LAYERS):
             item.add_marker(pytest.mark.unit)
-    rank = {name: place for place, name in enumerate(SLOWEST_FILES)}
-    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
+    file_order.slowest_first(items, os.environ["MESHRUN_TESTS_XLA_KIND"])
 
 
 # Python's cyclic garbage collector walks every object a process holds: with jax, Keras, TensorFlow
