@@ -12,7 +12,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from conftest import one_error_line, run_meshrun
+from conftest import cli_here, error_line_here
 from meshrun.app import shapes_within_processes
 from meshrun.config.layout_schema import LayoutRule, MeshConfig
 from meshrun.config.parse import parse_run_config
@@ -254,8 +254,9 @@ def test_a_sweep_of_several_processes_leaves_out_shapes_that_split_variables_acr
 
 
 @pytest.mark.e2e
-def test_the_plan_of_a_hybrid_mesh_from_the_cli(in_tmp):
-    done = run_meshrun(["plan", TWO, "mesh=2x4", "layout=dense_model", "mesh.dcn=[1,2]", "--json"], in_tmp)
+def test_the_plan_of_a_hybrid_mesh_from_the_cli(in_tmp, capsys):
+    """By the CLI in this process: a plan starts no process of the job."""
+    done = cli_here(["plan", TWO, "mesh=2x4", "layout=dense_model", "mesh.dcn=[1,2]", "--json"], capsys)
     assert done.returncode == 0, done.stderr
     plan = json.loads(done.stdout)
     assert plan["mesh"]["dcn"] == [1, 2] and plan["mesh"]["across_processes"] == ["model"]
@@ -267,14 +268,15 @@ def test_the_plan_of_a_hybrid_mesh_from_the_cli(in_tmp):
         w.startswith("mesh axis 'model' splits variables (tensor parallelism) across 2 processes")
         for w in plan["warnings"]
     )
-    text = run_meshrun(["plan", TWO, "mesh=2x4", "layout=dense_model", "mesh.dcn=[1,2]"], in_tmp)
+    text = cli_here(["plan", TWO, "mesh=2x4", "layout=dense_model", "mesh.dcn=[1,2]"], capsys)
     assert "data 2 in a process x 1 across; model 2 in a process x 2 across" in text.stdout
     assert "about 49.00 KiB a step from each process (tensor activations 49.00 KiB)" in text.stdout
 
 
 @pytest.mark.e2e
-def test_a_dcn_that_does_not_fit_the_processes_is_one_line_before_any_process_starts(in_tmp):
-    line = one_error_line(run_meshrun(["train", TWO, "mesh=2x4", "mesh.dcn=[2,2]"], in_tmp))
+def test_a_dcn_that_does_not_fit_the_processes_is_one_line_before_any_process_starts(in_tmp, capsys):
+    """By the CLI in this process, the launcher that would start the job's processes."""
+    line = error_line_here(["train", TWO, "mesh=2x4", "mesh.dcn=[2,2]"], capsys)
     assert line == (
         "meshrun: error: mesh.dcn: got [2, 2], 4 slices, but the job has 2 processes "
         "(distributed.local_processes); give slice counts whose product is 2, one slice per process"

@@ -284,8 +284,9 @@ RESUMED_FROM = (
 
 
 @pytest.mark.integration
-def test_a_pipelined_plan_shards_stacked_blocks_over_the_stages(tmp_path):
-    done = run_meshrun(
+def test_a_pipelined_plan_shards_stacked_blocks_over_the_stages(in_tmp, capsys):
+    """By the CLI in this process (the plan, not the process, is the point)."""
+    done = cli_here(
         [
             "plan",
             "--json",
@@ -297,7 +298,7 @@ def test_a_pipelined_plan_shards_stacked_blocks_over_the_stages(tmp_path):
             "layout=transformer_tp",
             "pipeline.microbatches=4",
         ],
-        cwd=tmp_path,
+        capsys,
     )
     assert done.returncode == 0, done.stderr[-2000:]
     plan = json.loads(done.stdout)
