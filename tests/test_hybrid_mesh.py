@@ -253,7 +253,7 @@ def test_a_sweep_of_several_processes_leaves_out_shapes_that_split_variables_acr
 # --- from the CLI ------------------------------------------------------------------------------
 
 
-@pytest.mark.e2e
+@pytest.mark.integration
 def test_the_plan_of_a_hybrid_mesh_from_the_cli(in_tmp, capsys):
     """By the CLI in this process: a plan starts no process of the job."""
     done = cli_here(["plan", TWO, "mesh=2x4", "layout=dense_model", "mesh.dcn=[1,2]", "--json"], capsys)
@@ -273,7 +273,7 @@ def test_the_plan_of_a_hybrid_mesh_from_the_cli(in_tmp, capsys):
     assert "about 49.00 KiB a step from each process (tensor activations 49.00 KiB)" in text.stdout
 
 
-@pytest.mark.e2e
+@pytest.mark.integration
 def test_a_dcn_that_does_not_fit_the_processes_is_one_line_before_any_process_starts(in_tmp, capsys):
     """By the CLI in this process, the launcher that would start the job's processes."""
     line = error_line_here(["train", TWO, "mesh=2x4", "mesh.dcn=[2,2]"], capsys)
