@@ -261,3 +261,15 @@ class LogRecords(logging.Handler):
 
     def emit(self, record):
         self.records.append(record)
+
+
+def train_here(args: list[str], run_dir) -> dict:
+    """For the tests that build on a run that succeeded: `meshrun train ARGS` run by the real CLI in
+    this test process into `run_dir` (Hydra's run dir); the metrics.json it wrote, asserting that
+    its status is ok (the run's error as the message if not)."""
+    from meshrun import cli
+
+    cli.main(["train", *args, f"hydra.run.dir={run_dir}"])
+    metrics = read_metrics(run_dir)
+    assert metrics["status"] == "ok", metrics.get("error")
+    return metrics

@@ -17,7 +17,7 @@ import time
 import numpy as np
 import pytest
 
-from conftest import INSTRUCTION_PROMPT, read_metrics
+from conftest import INSTRUCTION_PROMPT, read_metrics, train_here
 from meshrun import cli
 from presets import gemma_preset
 
@@ -43,19 +43,13 @@ def base_preset(text_files):
     return text_files.gemma
 
 
-def train(args: list[str], run_dir) -> dict:
-    cli.main(["train", "model=keras_hub", *args, f"hydra.run.dir={run_dir}"])
-    metrics = read_metrics(run_dir)
-    assert metrics["status"] == "ok", metrics["error"]
-    return metrics
-
-
 @pytest.fixture(scope="module")
 def lora_run(base_preset, tmp_path_factory):
     """The LoRA run of two epochs, exported: its metrics and run dir."""
     run_dir = tmp_path_factory.mktemp("lora") / "run"
-    return train(
+    return train_here(
         [
+            "model=keras_hub",
             f"model.preset={base_preset}",
             *LORA,
             f"model.lora.dropout={DROPOUT}",
