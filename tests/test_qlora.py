@@ -14,7 +14,15 @@ import keras
 import numpy as np
 import pytest
 
-from conftest import error_line_here, read_metrics, train_here
+from conftest import (
+    HF_DATA,
+    adapter_weights,
+    built_on_2x4,
+    error_line_here,
+    read_metrics,
+    stop_after,
+    train_here,
+)
 from meshrun import cli, quantize
 from meshrun.compat.keras.models import sublayers
 from meshrun.config.layout_schema import MeshConfig
@@ -23,9 +31,6 @@ from meshrun.models.hub.options import KerasHubOptions, LoraOptions
 from meshrun.placement.quantized import carried_axes
 from meshrun.specs.quantized import COLUMNS, ROWS, QuantizedOf
 from presets import corpus_text, gemma_preset, llama3_preset
-from test_hf_checkpoints import DATA as HF_DATA
-from test_hf_checkpoints import built_on_2x4, fresh_session  # noqa: F401 (a fixture)
-from test_lora import adapter_weights, stop_after
 
 FAST = ["train.verbose=0", "train.batch_size=8", "train.learning_rate=0.01"]
 MESH = MeshConfig(shape=(2, 4), axis_names=("batch", "model"), batch_axis="batch")

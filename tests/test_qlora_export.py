@@ -10,9 +10,9 @@ import json
 import numpy as np
 import pytest
 
-from conftest import read_metrics, train_here
+from conftest import apply_peft, read_all, read_metrics, train_here
 from meshrun import cli
-from test_hf_export import TIED_LLAMA
+from presets import TIED_LLAMA, write_checkpoint, write_tokenizer
 
 pytestmark = pytest.mark.integration
 
@@ -189,8 +189,6 @@ def test_a_transformers_preset_exports_hf_in_float_dequantized_and_merged_and_pe
     """An int8 QLoRA run of a transformers checkpoint: hf/ holds float32 tensors, each projection
     the int8-dequantized source weight with the PEFT adapter of peft/ merged (embeddings and norms
     as they were)."""
-    from test_hf_export import apply_peft, read_all, write_checkpoint, write_tokenizer
-
     source = tmp_path / "tiny-llama"
     write_checkpoint(source, TIED_LLAMA)
     write_tokenizer(source)
