@@ -305,3 +305,172 @@ class LogRecords(logging.Handler):
 
     def emit(self, record):
         self.records.append(record)
+
+
+def train_here(args: list[str], run_dir) -> dict:
+    """For the tests that build on a run that succeeded: `meshrun train ARGS` run by the real CLI in
+    this test process into `run_dir` (Hydra's run dir); the metrics.json it wrote, asserting that
+    its status is ok (the run's error as the message if not)."""
+    from meshrun import cli
+
+    cli.main(["train", *args, f"hydra.run.dir={run_dir}"])
+    metrics = read_metrics(run_dir)
+    assert metrics["status"] == "ok", metrics.get("error")
+    return metrics
+
+
+# --- transformers checkpoints (tests/data/hf) -------------------------------------------------------
+
+# The tiny transformers checkpoints scripts/make_hf_reference.py made, with transformers' references.
+HF_DATA = Path(__file__).parent / "data" / "hf"
+
+
+def layout_config(name: str) -> dict:
+    """The layout section of config `name` as meshrun's config holds it: `{auto: true}` or
+    `{from_model: true}` for those two, else the installed layout config `name`."""
+    import importlib.resources
+
+    import yaml
+
+    if name in ("auto", "from_model"):
+        return {name: True}
+    return yaml.safe_load(
+        (importlib.resources.files("meshrun.configs") / "layout" / f"{name}.yaml").read_text()
+    )
+
+
+def built_on_2x4(preset: Path, layout: str, tmp_path, **model):
+    """The model of `preset` as `meshrun train` builds it on mesh 2x4 under `layout` (the plan, the
+    distribution, the load onto shards), and its load peaks."""
+    from meshrun.config.parse import parse_run_config
+    from meshrun.placement import devices
+    from meshrun.run import execute
+    from meshrun.run.prepare import RunContext, prepare
+
+    raw = {
+        "mesh": {"shape": "2x4"},
+        "layout": layout_config(layout),
+        "model": {"name": "keras_hub", "preset": str(preset), "seq_len": 16, **model},
+        "data": {"name": "synthetic", "num_samples": 16, "eval_samples": 16},
+        "train": {"batch_size": 8},
+    }
+    parsed = parse_run_config(raw)
+    devices.prepare(parsed.devices, parsed.mesh)
+    setup = prepare(parsed, RunContext(run_dir=str(tmp_path)))
+    model, _, peaks = execute.build(setup)
+    return model, peaks
+
+
+def fresh_session_reset():
+    """Drops the distribution and the Keras session a model was built under (built_on_2x4)."""
+    import keras
+
+    from meshrun.placement import distribution
+
+    distribution.reset()
+    keras.backend.clear_session()
+
+
+@pytest.fixture
+def fresh_session():
+    """Leaves no distribution or Keras session behind the test (fresh_session_reset after it)."""
+    yield
+    fresh_session_reset()
+
+
+# --- transformers exports: read back ---------------------------------------------------------------
+
+
+def read_all(directory) -> dict:
+    """Every tensor of the transformers checkpoint in `directory`, as float32 arrays by name."""
+    import numpy as np
+
+    from meshrun.hf import checkpoint as hf_checkpoint
+    from meshrun.hf import safetensors
+
+    checkpoint = hf_checkpoint.inspect(directory)
+    reader = safetensors.SliceReader()
+    return {name: np.asarray(reader.view(entry), np.float32) for name, entry in checkpoint.entries.items()}
+
+
+def apply_peft(base: dict, peft_dir) -> dict:
+    """W + lora_alpha / r * B @ A for every module of the PEFT adapter, in numpy, as PEFT merges."""
+    from meshrun.hf import safetensors
+
+    config = json.loads((peft_dir / "adapter_config.json").read_text())
+    adapter, _ = safetensors.read_header(peft_dir / "adapter_model.safetensors")
+    reader = safetensors.SliceReader()
+    merged = dict(base)
+    scale = config["lora_alpha"] / config["r"]
+    for name in adapter:
+        if name.endswith(".lora_A.weight"):
+            module = name.removeprefix("base_model.model.").removesuffix(".lora_A.weight")
+            a = reader.view(adapter[name])
+            b = reader.view(adapter[name.replace("lora_A", "lora_B")])
+            merged[f"{module}.weight"] = base[f"{module}.weight"] + scale * b @ a
+    return merged
+
+
+# --- LoRA runs: stopped, and their adapters ----------------------------------------------------------
+
+
+def stop_after(command: list[str], run_dir, checkpoints, at_step: int, stop: int, returncode: int) -> None:
+    """Runs `meshrun COMMAND` and sends it signal `stop` once a checkpoint of step `at_step` or
+    later is complete on disk; asserts the run ended with `returncode`."""
+    import time
+
+    run = subprocess.Popen(
+        [sys.executable, "-m", "meshrun", *command, f"hydra.run.dir={run_dir}"],
+        cwd=run_dir.parent,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 240
+    while not any(p.name.isdigit() and int(p.name) >= at_step for p in checkpoints.glob("*")):
+        assert run.poll() is None and time.monotonic() < deadline, "the run ended before it could be stopped"
+        time.sleep(0.05)
+    run.send_signal(stop)
+    assert run.wait(timeout=120) == returncode
+
+
+def adapter_weights(path) -> dict:
+    """The arrays of an exported adapter file, by their path in it."""
+    import h5py
+
+    found = {}
+    with h5py.File(path, "r") as adapter:
+        adapter.visititems(
+            lambda name, item: found.__setitem__(name, item[()]) if isinstance(item, h5py.Dataset) else None
+        )
+    return found
+
+
+# --- meshrun k8s ---------------------------------------------------------------------------------------
+
+K8S_IMAGE = "registry.example.com/meshrun:0.1"
+K8S_CPU_JOB = ["devices.platform=cpu", "mesh=2x4", "layout=dense_model"]  # a job a CPU pod can run
+K8S_JOB_FLAGS = ["--image", K8S_IMAGE, "--nodes", "2", "--name", "exp1"]
+
+
+def k8s_here(args, capsys) -> tuple[int, str, str]:
+    """Runs `meshrun k8s ARGS` in this process; returns its exit status, stdout and stderr."""
+    import jax  # noqa: F401  started here with conftest's 8 devices: the job's plan would start it with 1, and later tests need 8
+
+    from meshrun import cli
+
+    try:
+        cli.main(["k8s", *args])
+        status = 0
+    except SystemExit as ended:
+        status = ended.code
+    out, err = capsys.readouterr()
+    return status, out, err
+
+
+def k8s_rendered(args, capsys) -> list[dict]:
+    """The objects `meshrun k8s ARGS` prints (asserting it succeeded)."""
+    import yaml
+
+    status, out, err = k8s_here(args, capsys)
+    assert status == 0, err
+    return list(yaml.safe_load_all(out))

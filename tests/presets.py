@@ -5,7 +5,9 @@ on the given text, SentencePiece for Gemma and byte-level BPE with Hugging Face 
 GPT-2 and Llama 3, around a tiny causal LM with random weights, written with `save_to_preset`) at
 the tests' sizes: vocabulary 512, 2 layers, hidden size 64, 4 query heads, sequence length 64.
 Here also a Mistral with a Tekken tokenizer, which `meshrun preset` does not make. Each takes a
-second or two. `hf_tokenizer_json` writes a Hugging Face tokenizer.json alone.
+second or two. `hf_tokenizer_json` writes a Hugging Face tokenizer.json alone; `write_checkpoint`
+and `write_tokenizer` a transformers checkpoint dir (random weights, a byte-level BPE tokenizer.json)
+of a config such as TIED_LLAMA.
 `corpus_text`, `instruction_records` and `chat_records` are the texts to train on
 (`held_out_chat` a conversation to test a chat model on). Everything is deterministic:
 the same arguments give byte-identical tokenizer files and the same weights. Keras runs on jax
@@ -14,10 +16,14 @@ the same arguments give byte-identical tokenizer files and the same weights. Ker
 
 from __future__ import annotations
 
+import json
 import random
 from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
+
+from meshrun.hf import families, safetensors
 from meshrun.models.hub.small_presets import (
     FAMILIES,
     GPT2_SPECIAL_TOKENS,  # noqa: F401 (the tests read it here)
@@ -279,3 +285,67 @@ def _save(causal_lm, path) -> Path:
     path = Path(path)
     causal_lm.save_to_preset(str(path))
     return path
+
+
+# --- transformers checkpoints ---------------------------------------------------------------------
+
+# Divisible over the 2x4 mesh's model axis (4): 8 query and 4 key/value heads.
+TIED_LLAMA = {
+    "model_type": "llama",
+    "architectures": ["LlamaForCausalLM"],
+    "vocab_size": 320,
+    "hidden_size": 64,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 8,
+    "num_key_value_heads": 4,
+    "intermediate_size": 128,
+    "rms_norm_eps": 1e-5,
+    "rope_theta": 10000.0,
+    "hidden_act": "silu",
+    "tie_word_embeddings": True,
+    "max_position_embeddings": 64,
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+    "torch_dtype": "float32",
+}
+
+
+SHARD_BYTES = 200_000  # the tiny Llama's 0.7 MB in 4 files
+
+
+def write_checkpoint(directory, config: dict, seed: int = 0, shard_bytes: int = SHARD_BYTES) -> None:
+    """A transformers checkpoint of `config` with random weights, written by meshrun's own writer."""
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "config.json").write_text(json.dumps(config, indent=2))
+    hf_config = families.HFConfig(config, str(directory))
+    family = families.family_of(hf_config)
+    maps = family.tensors(family.arguments(hf_config), hf_config)
+    dtype = hf_config.dtype
+    rng = np.random.default_rng(seed)
+    values = {
+        m.name: (rng.normal(size=m.transform.hf_shape) * 0.1).astype(safetensors.numpy_dtype(dtype))
+        for m in maps
+    }
+    planned = [safetensors.PlannedTensor(name, dtype, value.shape) for name, value in values.items()]
+    safetensors.write_shards(directory, planned, values.__getitem__, shard_bytes)
+
+
+def write_tokenizer(directory) -> None:
+    """A byte-level BPE tokenizer.json trained on a few KB of text, with a tokenizer_config.json
+    holding a chat template."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    text = ["the quick brown fox jumps over the lazy dog, again and again"] * 40
+    trainer = trainers.BpeTrainer(
+        vocab_size=300,
+        special_tokens=["<pad>", "<s>", "</s>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
+    tokenizer.train_from_iterator(text, trainer)
+    tokenizer.save(str(directory / "tokenizer.json"))
+    (directory / "tokenizer_config.json").write_text(
+        json.dumps({"bos_token": "<s>", "eos_token": "</s>", "chat_template": "{{ messages }}"})
+    )

@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from conftest import read_metrics
+from conftest import train_here
 from meshrun import cli
 from presets import chat_records, corpus_text, gemma_preset, held_out_chat, llama3_preset
 
@@ -56,7 +56,6 @@ def chats(tmp_path_factory):
 def chat_run(chats, family: str, *extra) -> list[str]:
     layout, rate, epochs, targets, rank = FAMILIES[family]
     return [
-        "train",
         "model=keras_hub",
         f"model.preset={chats[family]}",
         "mesh=2x4",
@@ -81,14 +80,9 @@ def chat_run(chats, family: str, *extra) -> list[str]:
 def trained(request, chats):
     family = request.param
     run_dir = chats["root"] / f"run-{family}"
-    cli.main(
-        [
-            *chat_run(chats, family, f"train.sample_prompts={json.dumps(list(SAMPLES))}"),
-            f"hydra.run.dir={run_dir}",
-        ]
+    metrics = train_here(
+        chat_run(chats, family, f"train.sample_prompts={json.dumps(list(SAMPLES))}"), run_dir
     )
-    metrics = read_metrics(run_dir)
-    assert metrics["status"] == "ok", metrics["error"]
     return family, run_dir, metrics
 
 
@@ -181,6 +175,7 @@ def test_bad_chat_input_is_one_line_with_exit_2(chats, tmp_path, capsys, name, c
     with pytest.raises(SystemExit) as exit_:
         cli.main(
             [
+                "train",
                 *chat_run(chats, "gemma", *args),
                 f"data.cache_dir={tmp_path / 'tokens'}",
                 f"hydra.run.dir={tmp_path / 'run'}",

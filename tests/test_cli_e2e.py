@@ -9,8 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import FAST, cli_here, read_metrics, run_meshrun
-from meshrun import cli
+from conftest import FAST, cli_here, read_metrics, run_meshrun, train_here
 
 pytestmark = pytest.mark.e2e
 
@@ -267,9 +266,7 @@ def test_multirun_over_mesh_shapes_in_one_process(tmp_path):
 @pytest.mark.integration
 def test_recipe_runs_the_seeds_model_parallel_example(tmp_path, in_tmp):
     run_dir = tmp_path / "run"
-    cli.main(["train", "recipe=seeds_model_parallel", *FAST, f"hydra.run.dir={run_dir}"])
-    metrics = read_metrics(run_dir)
-    assert metrics["status"] == "ok", metrics["error"]
+    metrics = train_here(["recipe=seeds_model_parallel", *FAST], run_dir)
     assert metrics["mesh"]["shape"] == [2, 4]
     assert metrics["choices"]["recipe"] == "seeds_model_parallel"
 
@@ -277,10 +274,8 @@ def test_recipe_runs_the_seeds_model_parallel_example(tmp_path, in_tmp):
 @pytest.mark.integration
 def test_picking_a_model_brings_its_layout_data_and_loss(tmp_path, in_tmp, capsys):
     run_dir = tmp_path / "run"
-    cli.main(["train", "model=transformer", "mesh=2x4", *FAST, f"hydra.run.dir={run_dir}"])
+    metrics = train_here(["model=transformer", "mesh=2x4", *FAST], run_dir)
     stdout = capsys.readouterr().out
-    metrics = read_metrics(run_dir)
-    assert metrics["status"] == "ok", metrics["error"]
     assert metrics["choices"]["layout"] == "transformer_tp"
     assert metrics["data"]["family"] == "tokens"
     assert metrics["train"]["loss"] == "next_token_crossentropy"

@@ -9,7 +9,6 @@ Data files live in their own temp dir, never in the (checked-empty) working dir.
 """
 
 import itertools
-import json
 import sys
 import textwrap
 from pathlib import Path
@@ -17,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from conftest import train_here
 from meshrun import cli
 from meshrun.data import batches as batches_lib
 from meshrun.data import tf_data
@@ -154,14 +154,6 @@ def data_dir(tmp_path_factory):
 # --- running meshrun in this process ----------------------------------------------------------
 
 
-def train(args: list[str], run_dir: Path, model=MODEL) -> dict:
-    """`meshrun train MODEL ARGS` into `run_dir`; the metrics it wrote."""
-    cli.main(["train", *model, *args, f"hydra.run.dir={run_dir}"])
-    metrics = json.loads((run_dir / "metrics.json").read_text())
-    assert metrics["status"] == "ok", metrics["error"]
-    return metrics
-
-
 def rejected(args: list[str], in_tmp: Path, capsys, model=MODEL) -> str:
     """Runs `meshrun train MODEL ARGS`, which must be rejected: exit 2, exactly one line
     `meshrun: error: ...` on stderr and no traceback, nothing left in the working dir. The line."""
@@ -182,7 +174,7 @@ def rejected(args: list[str], in_tmp: Path, capsys, model=MODEL) -> str:
 
 def test_uncompressed_npz_trains_read_by_rows(data_dir, in_tmp):
     path = write_npz(data_dir / "train.npz", 128)
-    metrics = train(["data=arrays", f"data.path={path}"], in_tmp / "run")
+    metrics = train_here([*MODEL, "data=arrays", f"data.path={path}"], in_tmp / "run")
     data = metrics["data"]
     assert data["source"] == "arrays" and data["read_by_rows"] is True
     assert (data["train_samples"], data["eval_samples"], data["eval_source"]) == (128, 128, "training data")
@@ -202,7 +194,7 @@ def test_npy_with_labels_path_and_eval_path(data_dir, in_tmp):
         f"data.eval_path={data_dir / 'eval_x.npy'}",
         f"data.eval_labels_path={data_dir / 'eval_y.npy'}",
     ]
-    data = train(args, in_tmp / "run")["data"]
+    data = train_here([*MODEL, *args], in_tmp / "run")["data"]
     assert data["read_by_rows"] is True
     assert (data["train_samples"], data["eval_samples"]) == (96, 48)
     assert data["eval_source"] == str(data_dir / "eval_x.npy")
@@ -211,15 +203,17 @@ def test_npy_with_labels_path_and_eval_path(data_dir, in_tmp):
 def test_npz_eval_path(data_dir, in_tmp):
     train_file = write_npz(data_dir / "train.npz", 64)
     eval_file = write_npz(data_dir / "eval.npz", 32)
-    data = train(["data=arrays", f"data.path={train_file}", f"data.eval_path={eval_file}"], in_tmp / "run")[
-        "data"
-    ]
+    data = train_here(
+        [*MODEL, "data=arrays", f"data.path={train_file}", f"data.eval_path={eval_file}"], in_tmp / "run"
+    )["data"]
     assert (data["train_samples"], data["eval_samples"]) == (64, 32)
 
 
 def test_validation_split_holds_out_the_last_rows(data_dir, in_tmp):
     path = write_npz(data_dir / "all.npz", 160)
-    metrics = train(["data=arrays", f"data.path={path}", "data.validation_split=0.2"], in_tmp / "run")
+    metrics = train_here(
+        [*MODEL, "data=arrays", f"data.path={path}", "data.validation_split=0.2"], in_tmp / "run"
+    )
     assert (metrics["data"]["train_samples"], metrics["data"]["eval_samples"]) == (128, 32)
     assert metrics["train"]["steps_per_epoch"] == 8
     assert "last 20%" in metrics["data"]["eval_source"]
@@ -227,7 +221,7 @@ def test_validation_split_holds_out_the_last_rows(data_dir, in_tmp):
 
 def test_compressed_npz_still_trains(data_dir, in_tmp):
     path = write_npz(data_dir / "small.npz", 64, compressed=True)
-    data = train(["data=arrays", f"data.path={path}"], in_tmp / "run")["data"]
+    data = train_here([*MODEL, "data=arrays", f"data.path={path}"], in_tmp / "run")["data"]
     assert data["read_by_rows"] is False
     assert data["train_samples"] == 64
 
@@ -402,7 +396,7 @@ def tfrecord_run_with_eval_files(tmp_path_factory) -> tuple[dict, str]:
     ]
     with pytest.MonkeyPatch.context() as patch:
         patch.chdir(work)
-        return train(args, work / "run"), pattern
+        return train_here([*MODEL, *args], work / "run"), pattern
 
 
 def test_tfrecord_shards_train_with_eval_files(tfrecord_run_with_eval_files):
@@ -423,7 +417,7 @@ def test_a_run_seeded_0_trains_with_either_pipeline(source, data_dir, in_tmp):
         args = ["data=tfrecord", f"data.files={data_dir}/train-*.tfrecord", FEATURES]
     else:
         args = ["data=synthetic", "data.num_samples=48", "data.eval_samples=16", "train.loss=mse"]
-    metrics = train([*args, "train.seed=0", "train.epochs=2"], in_tmp / "run")
+    metrics = train_here([*MODEL, *args, "train.seed=0", "train.epochs=2"], in_tmp / "run")
     assert len(metrics["history"]["loss"]) == 2 and np.isfinite(metrics["eval"]["loss"])
 
 
@@ -441,13 +435,13 @@ def test_tfrecord_feature_spec_by_keys(data_dir, in_tmp):
         "+data.features.x={dtype:float32,shape:[8,8,1]}",
         "+data.features.y={dtype:int64,shape:[]}",
     ]
-    assert train(args, in_tmp / "run")["data"]["train_samples"] == 32
+    assert train_here([*MODEL, *args], in_tmp / "run")["data"]["train_samples"] == 32
 
 
 def test_tfrecord_gzip(data_dir, in_tmp):
     write_tfrecords(data_dir, "train", shards=2, per_shard=32, compression="GZIP")
     args = ["data=tfrecord", f"data.files={data_dir}/train-*.tfrecord", FEATURES, "data.compression=GZIP"]
-    data = train(args, in_tmp / "run")["data"]
+    data = train_here([*MODEL, *args], in_tmp / "run")["data"]
     assert data["train_samples"] == 64 and data["compression"] == "GZIP"
 
 
@@ -455,14 +449,16 @@ def test_tfrecord_features_appended_with_plus(data_dir, in_tmp):
     """`+data.features={...}` (Hydra's append onto the empty default) works as well."""
     write_tfrecords(data_dir, "train", shards=1, per_shard=16)
     args = ["data=tfrecord", f"data.files={data_dir}/train-*.tfrecord", "+" + FEATURES]
-    assert train(args, in_tmp / "run")["data"]["train_samples"] == 16
+    assert train_here([*MODEL, *args], in_tmp / "run")["data"]["train_samples"] == 16
 
 
 # --- data=python ------------------------------------------------------------------------------
 
 
 def test_python_factory_returning_a_dataset_gets_its_kwargs(factories, in_tmp):
-    metrics = train(["data=python", f"data.factory={factories}:dataset", "+data.kwargs.n=48"], in_tmp / "run")
+    metrics = train_here(
+        [*MODEL, "data=python", f"data.factory={factories}:dataset", "+data.kwargs.n=48"], in_tmp / "run"
+    )
     data = metrics["data"]
     assert (data["train_samples"], data["eval_samples"]) == (48, 48)  # n=48 reached both splits
     assert data["kwargs"] == {"n": 48} and data["factory"] == f"{factories}:dataset"
@@ -470,9 +466,9 @@ def test_python_factory_returning_a_dataset_gets_its_kwargs(factories, in_tmp):
 
 
 def test_python_kwargs_as_a_mapping(factories, in_tmp):
-    data = train(["data=python", f"data.factory={factories}:dataset", "data.kwargs={n:32}"], in_tmp / "run")[
-        "data"
-    ]
+    data = train_here(
+        [*MODEL, "data=python", f"data.factory={factories}:dataset", "data.kwargs={n:32}"], in_tmp / "run"
+    )["data"]
     assert data["kwargs"] == {"n": 32} and data["train_samples"] == 32
 
 
@@ -485,7 +481,7 @@ def test_python_factory_returning_a_generator(factories, in_tmp):
         "data.eval_samples=32",
         "train.epochs=2",
     ]
-    metrics = train(args, in_tmp / "run")
+    metrics = train_here([*MODEL, *args], in_tmp / "run")
     assert (metrics["data"]["train_samples"], metrics["data"]["eval_samples"]) == (64, 32)
     assert len(metrics["history"]["loss"]) == 2 and metrics["timing"]["steady_steps"] == 6
 
@@ -493,8 +489,9 @@ def test_python_factory_returning_a_generator(factories, in_tmp):
 def test_python_factory_returning_a_grain_dataset(factories, in_tmp):
     """A Grain MapDataset of samples knows its size; it is read as an iterable (the PyDataset feeds
     this model)."""
-    metrics = train(
-        ["data=python", f"data.factory={factories}:grain_samples", "+data.kwargs.n=48"], in_tmp / "run"
+    metrics = train_here(
+        [*MODEL, "data=python", f"data.factory={factories}:grain_samples", "+data.kwargs.n=48"],
+        in_tmp / "run",
     )
     assert (metrics["data"]["train_samples"], metrics["data"]["eval_samples"]) == (48, 48)
     assert metrics["data"]["loader"] == "pydataset" and metrics["data"]["allocator_restored"] is False

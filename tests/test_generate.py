@@ -16,7 +16,7 @@ from io import StringIO
 import numpy as np
 import pytest
 
-from conftest import error_line_here, layout_rules, one_error_line, read_metrics, run_meshrun
+from conftest import error_line_here, layout_rules, one_error_line, read_metrics, run_meshrun, train_here
 from meshrun import cli
 
 pytestmark = pytest.mark.integration
@@ -68,18 +68,15 @@ def trained(preset, tmp_path_factory):
     """A LoRA run of the preset on 2x4 (alpha / rank = 2) that checkpoints, exports and completes
     PROMPTS; its run dir and metrics."""
     run_dir = tmp_path_factory.mktemp("runs") / "trained"
-    cli.main(
+    metrics = train_here(
         [
-            "train",
             *LORA_RUN,
             f"model.preset={preset}",
             "checkpoint.every_epoch=true",
             "checkpoint.export=true",
-            f"hydra.run.dir={run_dir}",
-        ]
+        ],
+        run_dir,
     )
-    metrics = read_metrics(run_dir)
-    assert metrics["status"] == "ok", metrics["error"]
     return run_dir, metrics
 
 

@@ -5,20 +5,18 @@ logits on fixed ids and its tokenization of a fixed text) loaded through meshrun
 every weight lands on its shards alone, and each broken checkpoint is one line with exit status 2
 before anything loads."""
 
-import importlib.resources
 import json
 import shutil
 from pathlib import Path
 
 import numpy as np
 import pytest
-import yaml
 
-from conftest import error_line_here, read_metrics
+from conftest import HF_DATA as DATA
+from conftest import built_on_2x4, error_line_here, fresh_session_reset, train_here
 
 pytestmark = pytest.mark.integration
 
-DATA = Path(__file__).parent / "data" / "hf"
 CASES = sorted(p.name for p in DATA.iterdir() if p.is_dir())
 # The family layout where the checkpoint's sizes divide by the model axis, else layout=auto (the
 # byte-level vocabularies of the Llama 3 and Qwen cases, 403-405 tokens, do not divide by 4).
@@ -52,47 +50,6 @@ def reference(case: str) -> tuple[dict, dict]:
     return dict(np.load(DATA / f"{case}.reference.npz")), json.loads(
         (DATA / f"{case}.reference.json").read_text()
     )
-
-
-def layout_config(name: str) -> dict:
-    if name in ("auto", "from_model"):
-        return {name: True}
-    return yaml.safe_load(
-        (importlib.resources.files("meshrun.configs") / "layout" / f"{name}.yaml").read_text()
-    )
-
-
-def built_on_2x4(preset: Path, layout: str, tmp_path, **model):
-    """The model of `preset` as `meshrun train` builds it on mesh 2x4 under `layout` (the plan, the
-    distribution, the load onto shards), and its load peaks."""
-    from meshrun.config.parse import parse_run_config
-    from meshrun.placement import devices
-    from meshrun.run import execute
-    from meshrun.run.prepare import RunContext, prepare
-
-    raw = {
-        "mesh": {"shape": "2x4"},
-        "layout": layout_config(layout),
-        "model": {"name": "keras_hub", "preset": str(preset), "seq_len": 16, **model},
-        "data": {"name": "synthetic", "num_samples": 16, "eval_samples": 16},
-        "train": {"batch_size": 8},
-    }
-    parsed = parse_run_config(raw)
-    devices.prepare(parsed.devices, parsed.mesh)
-    setup = prepare(parsed, RunContext(run_dir=str(tmp_path)))
-    model, _, peaks = execute.build(setup)
-    return model, peaks
-
-
-@pytest.fixture
-def fresh_session():
-    import keras
-
-    from meshrun.placement import distribution
-
-    yield
-    distribution.reset()
-    keras.backend.clear_session()
 
 
 def logits_of(model, token_ids) -> np.ndarray:
@@ -185,15 +142,6 @@ def test_a_bfloat16_checkpoint_in_two_shards_loads_as_bfloat16_or_as_asked(tmp_p
     assert np.abs(logits_of(upcast, arrays["token_ids"]) - arrays["logits_float32"]).max() < FLOAT32_BOUND
 
 
-def fresh_session_reset():
-    import keras
-
-    from meshrun.placement import distribution
-
-    distribution.reset()
-    keras.backend.clear_session()
-
-
 @pytest.mark.parametrize("case", ["llama2", "llama3"])
 def test_from_model_places_a_transformers_checkpoint_by_kerashubs_map(case, tmp_path, fresh_session):
     # llama3's 405 tokens: the model axis (4) does not divide them, so the map's embedding rule keeps
@@ -220,12 +168,9 @@ def test_the_tokenizer_gives_transformers_ids(case):
 
 
 def test_a_lora_fine_tune_of_a_transformers_checkpoint_runs_from_the_cli(tmp_path):
-    from meshrun import cli
-
     run_dir = tmp_path / "run"
-    cli.main(
+    metrics = train_here(
         [
-            "train",
             "model=keras_hub",
             f"model.preset={DATA / 'llama2'}",
             "model.lora.rank=4",
@@ -237,11 +182,9 @@ def test_a_lora_fine_tune_of_a_transformers_checkpoint_runs_from_the_cli(tmp_pat
             "train.batch_size=8",
             "train.epochs=1",
             "train.verbose=0",
-            f"hydra.run.dir={run_dir}",
-        ]
+        ],
+        run_dir,
     )
-    metrics = read_metrics(run_dir)
-    assert metrics["status"] == "ok", metrics.get("error")
     assert "(transformers, float32, 1 file)" in metrics["model"]["label"]
     assert metrics["model"]["trainable_params"] < metrics["model"]["params"] / 5
     assert np.isfinite(metrics["history"]["loss"][-1])
@@ -254,9 +197,8 @@ def test_a_gemma3_run_samples_its_prompts_and_meshrun_generate_answers_them(tmp_
     from meshrun import cli
 
     run_dir, prompts = tmp_path / "run", ["data", "Hello world"]
-    cli.main(
+    metrics = train_here(
         [
-            "train",
             "model=keras_hub",
             f"model.preset={DATA / 'gemma3_scaled'}",
             "model.lora.rank=4",
@@ -270,11 +212,9 @@ def test_a_gemma3_run_samples_its_prompts_and_meshrun_generate_answers_them(tmp_
             "train.verbose=0",
             f"train.sample_prompts={json.dumps(prompts)}",
             "train.sample_max_length=12",
-            f"hydra.run.dir={run_dir}",
-        ]
+        ],
+        run_dir,
     )
-    metrics = read_metrics(run_dir)
-    assert metrics["status"] == "ok", metrics.get("error")
     assert not (run_dir / "error.log").exists()
     assert [sample["prompt"] for sample in metrics["samples"]] == prompts
     capsys.readouterr()

@@ -12,33 +12,14 @@ import math
 import numpy as np
 import pytest
 
-from conftest import error_line_here, read_metrics
-from meshrun import cli
+from conftest import apply_peft, error_line_here, read_all, read_metrics, train_here
 from meshrun.hf import checkpoint as hf_checkpoint
 from meshrun.hf import export as hf_export
-from meshrun.hf import families, safetensors
+from meshrun.hf import safetensors
+from presets import SHARD_BYTES, TIED_LLAMA, write_checkpoint, write_tokenizer
 
 pytestmark = pytest.mark.integration
 
-# Divisible over the 2x4 mesh's model axis (4): 8 query and 4 key/value heads.
-TIED_LLAMA = {
-    "model_type": "llama",
-    "architectures": ["LlamaForCausalLM"],
-    "vocab_size": 320,
-    "hidden_size": 64,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 8,
-    "num_key_value_heads": 4,
-    "intermediate_size": 128,
-    "rms_norm_eps": 1e-5,
-    "rope_theta": 10000.0,
-    "hidden_act": "silu",
-    "tie_word_embeddings": True,
-    "max_position_embeddings": 64,
-    "bos_token_id": 1,
-    "eos_token_id": 2,
-    "torch_dtype": "float32",
-}
 BF16_QWEN3 = {
     "model_type": "qwen3",
     "vocab_size": 320,
@@ -54,46 +35,7 @@ BF16_QWEN3 = {
     "tie_word_embeddings": False,
     "dtype": "bfloat16",
 }
-SHARD_BYTES = 200_000  # the tiny Llama's 0.7 MB in 4 files
 TOKEN_IDS = np.array([[1, 5, 77, 300, 9, 42, 13, 8], [1, 250, 3, 3, 60, 61, 62, 319]])
-
-
-def write_checkpoint(directory, config: dict, seed: int = 0, shard_bytes: int = SHARD_BYTES) -> None:
-    """A transformers checkpoint of `config` with random weights, written by meshrun's own writer."""
-    directory.mkdir(parents=True, exist_ok=True)
-    (directory / "config.json").write_text(json.dumps(config, indent=2))
-    hf_config = families.HFConfig(config, str(directory))
-    family = families.family_of(hf_config)
-    maps = family.tensors(family.arguments(hf_config), hf_config)
-    dtype = hf_config.dtype
-    rng = np.random.default_rng(seed)
-    values = {
-        m.name: (rng.normal(size=m.transform.hf_shape) * 0.1).astype(safetensors.numpy_dtype(dtype))
-        for m in maps
-    }
-    planned = [safetensors.PlannedTensor(name, dtype, value.shape) for name, value in values.items()]
-    safetensors.write_shards(directory, planned, values.__getitem__, shard_bytes)
-
-
-def write_tokenizer(directory) -> None:
-    """A byte-level BPE tokenizer.json trained on a few KB of text, with a tokenizer_config.json
-    holding a chat template."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
-    tokenizer = Tokenizer(models.BPE())
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tokenizer.decoder = decoders.ByteLevel()
-    text = ["the quick brown fox jumps over the lazy dog, again and again"] * 40
-    trainer = trainers.BpeTrainer(
-        vocab_size=300,
-        special_tokens=["<pad>", "<s>", "</s>"],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-    )
-    tokenizer.train_from_iterator(text, trainer)
-    tokenizer.save(str(directory / "tokenizer.json"))
-    (directory / "tokenizer_config.json").write_text(
-        json.dumps({"bos_token": "<s>", "eos_token": "</s>", "chat_template": "{{ messages }}"})
-    )
 
 
 @pytest.fixture(scope="module")
@@ -109,9 +51,8 @@ def run(source, tmp_path_factory):
     """A LoRA fine-tune of `source` with the export, on 2x4 under llama_tp (with LoRA dropout,
     which the export names and which changes nothing exported)."""
     run_dir = tmp_path_factory.mktemp("run")
-    cli.main(
+    train_here(
         [
-            "train",
             "model=keras_hub",
             f"model.preset={source}",
             "model.seq_len=16",
@@ -127,11 +68,9 @@ def run(source, tmp_path_factory):
             "data.eval_samples=16",
             "checkpoint.export=true",
             f"checkpoint.hf_shard_bytes={SHARD_BYTES}",
-            f"hydra.run.dir={run_dir}",
-        ]
+        ],
+        run_dir,
     )
-    metrics = read_metrics(run_dir)
-    assert metrics["status"] == "ok", metrics["error"]
     return run_dir
 
 
@@ -199,28 +138,6 @@ def test_shards_and_index_agree_and_a_tied_head_is_left_out(run, source):
     source_names = set(hf_checkpoint.inspect(source).entries)
     assert set(found) == source_names and "lm_head.weight" not in found
     assert {entry.dtype for entry in found.values()} == {"float32"}
-
-
-def apply_peft(base: dict, peft_dir) -> dict:
-    """W + lora_alpha / r * B @ A for every module of the PEFT adapter, in numpy, as PEFT merges."""
-    config = json.loads((peft_dir / "adapter_config.json").read_text())
-    adapter, _ = safetensors.read_header(peft_dir / "adapter_model.safetensors")
-    reader = safetensors.SliceReader()
-    merged = dict(base)
-    scale = config["lora_alpha"] / config["r"]
-    for name in adapter:
-        if name.endswith(".lora_A.weight"):
-            module = name.removeprefix("base_model.model.").removesuffix(".lora_A.weight")
-            a = reader.view(adapter[name])
-            b = reader.view(adapter[name.replace("lora_A", "lora_B")])
-            merged[f"{module}.weight"] = base[f"{module}.weight"] + scale * b @ a
-    return merged
-
-
-def read_all(directory) -> dict:
-    checkpoint = hf_checkpoint.inspect(directory)
-    reader = safetensors.SliceReader()
-    return {name: np.asarray(reader.view(entry), np.float32) for name, entry in checkpoint.entries.items()}
 
 
 def peft_lora_parameters(config: dict, rank: int, modules=("q_proj", "v_proj")) -> int:

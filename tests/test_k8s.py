@@ -17,15 +17,17 @@ import pytest
 import yaml
 
 from conftest import FAST, cli_here, fast_run_in_process, read_metrics, run_meshrun
+from conftest import K8S_CPU_JOB as CPU_JOB
+from conftest import K8S_IMAGE as IMAGE
+from conftest import K8S_JOB_FLAGS as FLAGS
+from conftest import k8s_here as k8s
+from conftest import k8s_rendered as rendered
 from meshrun import cli
 from meshrun.config.parse import parse_distributed
 from meshrun.errors import ConfigError
 from meshrun.launch.join import free_port
 from meshrun.placement.identity import Identity, identify
 
-IMAGE = "registry.example.com/meshrun:0.1"
-CPU_JOB = ["devices.platform=cpu", "mesh=2x4", "layout=dense_model"]
-FLAGS = ["--image", IMAGE, "--nodes", "2", "--name", "exp1"]
 INDEX_FIELD = "metadata.annotations['batch.kubernetes.io/job-completion-index']"
 # The env every pod gets after its JAX_* place: its output unbuffered, and where it writes (with a volume).
 POD_ENV = [
@@ -44,26 +46,6 @@ POD_OVERRIDES = [
     "checkpoint.dir=/runs/exp1/checkpoints",
     "resume=auto",
 ]
-
-
-def k8s(args, capsys) -> tuple[int, str, str]:
-    """Runs `meshrun k8s ARGS` in this process; returns its exit status, stdout and stderr."""
-    import jax  # noqa: F401  started here with conftest's 8 devices: the job's plan would start it with 1, and later tests need 8
-
-    try:
-        cli.main(["k8s", *args])
-        status = 0
-    except SystemExit as ended:
-        status = ended.code
-    out, err = capsys.readouterr()
-    return status, out, err
-
-
-def rendered(args, capsys) -> list[dict]:
-    """The objects `meshrun k8s ARGS` prints (asserting it succeeded)."""
-    status, out, err = k8s(args, capsys)
-    assert status == 0, err
-    return list(yaml.safe_load_all(out))
 
 
 def the(kind: str, documents: list[dict]) -> dict:

@@ -12,9 +12,10 @@ import copy
 import pytest
 import yaml
 
+from conftest import K8S_CPU_JOB as CPU_JOB
+from conftest import K8S_JOB_FLAGS as FLAGS
 from conftest import cli_here
-from test_k8s import CPU_JOB, FLAGS
-from test_k8s import rendered as rendered_list
+from conftest import k8s_rendered as rendered_list
 
 KINDS = ("trainjob", "indexed-job")
 VOLUMES = {"a volume": ["--volume", "runs:/runs"], "no volume": []}

@@ -12,7 +12,7 @@ import sys
 import numpy as np
 import pytest
 
-from conftest import read_metrics
+from conftest import read_metrics, train_here
 from meshrun import cli
 from meshrun.measure import run_measured
 from meshrun.wording import format_bytes
@@ -59,13 +59,6 @@ RUNS = [
 MODELS = {"llama": LLAMA, "gemma": GEMMA, "gemma_mqa": GEMMA_MQA}
 
 
-def train(args: list[str], run_dir) -> dict:
-    cli.main(["train", *HUB, *args, f"hydra.run.dir={run_dir}"])
-    metrics = read_metrics(run_dir)
-    assert metrics["status"] == "ok", metrics["error"]
-    return metrics
-
-
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     """Every (model, layout, mesh) of RUNS trained in this process; the llama_tp run also exports,
@@ -79,7 +72,7 @@ def runs(tmp_path_factory):
             "from_model": ["checkpoint.every_epoch=true"] if model == "llama" else [],
         }
         args = [*MODELS[model], f"layout={layout}", f"mesh={mesh}", *FAST, *extra.get(layout, [])]
-        results[(model, layout, mesh)] = (train(args, run_dir), run_dir)
+        results[(model, layout, mesh)] = (train_here([*HUB, *args], run_dir), run_dir)
     return results
 
 
@@ -219,8 +212,9 @@ def test_a_hub_checkpoint_resumes_on_another_mesh_and_layout(runs, tmp_path):
     shutil.rmtree(
         checkpoints / "8"
     )  # the first epoch's checkpoint (4 steps) is left, as a run of one epoch leaves it
-    resumed = train(
+    resumed = train_here(
         [
+            *HUB,
             *LLAMA,
             *FAST,
             "checkpoint.every_epoch=true",
@@ -262,8 +256,8 @@ def test_arrays_feed_a_hub_model_named_inputs_and_sample_weights(runs, tmp_path)
         "train.epochs=1",
         "train.verbose=0",
     ]
-    full = train([*args, f"data.path={tmp_path / 'tokens.npz'}"], tmp_path / "full")
-    masked = train([*args, f"data.path={tmp_path / 'half.npz'}"], tmp_path / "half")
+    full = train_here([*HUB, *args, f"data.path={tmp_path / 'tokens.npz'}"], tmp_path / "full")
+    masked = train_here([*HUB, *args, f"data.path={tmp_path / 'half.npz'}"], tmp_path / "half")
     assert full["model"]["inputs"][0]["name"] == "token_ids" and full["data"]["read_by_rows"] is True
     assert full["eval"]["loss"] != pytest.approx(masked["eval"]["loss"], abs=1e-3)
 
@@ -283,8 +277,9 @@ def test_a_local_preset_brings_its_weights(runs, tmp_path):
     )
     saved = {v.path: np.asarray(v) for v in backbone.variables}
     keras.backend.clear_session()
-    metrics = train(
+    metrics = train_here(
         [
+            *HUB,
             f"model.preset={tmp_path / 'preset'}",
             "mesh=8x1",
             "layout=llama_tp",

@@ -12,12 +12,11 @@ import math
 import signal
 import subprocess
 import sys
-import time
 
 import numpy as np
 import pytest
 
-from conftest import INSTRUCTION_PROMPT, read_metrics
+from conftest import INSTRUCTION_PROMPT, adapter_weights, read_metrics, stop_after, train_here
 from meshrun import cli
 from presets import gemma_preset
 
@@ -43,19 +42,13 @@ def base_preset(text_files):
     return text_files.gemma
 
 
-def train(args: list[str], run_dir) -> dict:
-    cli.main(["train", "model=keras_hub", *args, f"hydra.run.dir={run_dir}"])
-    metrics = read_metrics(run_dir)
-    assert metrics["status"] == "ok", metrics["error"]
-    return metrics
-
-
 @pytest.fixture(scope="module")
 def lora_run(base_preset, tmp_path_factory):
     """The LoRA run of two epochs, exported: its metrics and run dir."""
     run_dir = tmp_path_factory.mktemp("lora") / "run"
-    return train(
+    return train_here(
         [
+            "model=keras_hub",
             f"model.preset={base_preset}",
             *LORA,
             f"model.lora.dropout={DROPOUT}",
@@ -309,37 +302,6 @@ def test_a_lora_fine_tune_stopped_by_sigterm_then_killed_resumes_exactly(text_fi
     assert adapters[0].keys() == adapters[1].keys() and sum(is_adapter(key) for key in adapters[0]) == 8
     for key, value in adapters[0].items():
         np.testing.assert_allclose(value, adapters[1][key], atol=1e-6, rtol=0)
-
-
-def stop_after(
-    command: list[str], run_dir, checkpoints, at_step: int, stop: signal.Signals, returncode: int
-) -> None:
-    """Runs `meshrun COMMAND` and sends it `stop` once a checkpoint of step `at_step` or later is
-    complete on disk; asserts the run ended with `returncode`."""
-    run = subprocess.Popen(
-        [sys.executable, "-m", "meshrun", *command, f"hydra.run.dir={run_dir}"],
-        cwd=run_dir.parent,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    deadline = time.monotonic() + 240
-    while not any(p.name.isdigit() and int(p.name) >= at_step for p in checkpoints.glob("*")):
-        assert run.poll() is None and time.monotonic() < deadline, "the run ended before it could be stopped"
-        time.sleep(0.05)
-    run.send_signal(stop)
-    assert run.wait(timeout=120) == returncode
-
-
-def adapter_weights(path) -> dict:
-    """The arrays of an exported adapter file, by their path in it."""
-    import h5py
-
-    found = {}
-    with h5py.File(path, "r") as adapter:
-        adapter.visititems(
-            lambda name, item: found.__setitem__(name, item[()]) if isinstance(item, h5py.Dataset) else None
-        )
-    return found
 
 
 def plan_json(args: list[str], capsys) -> dict:

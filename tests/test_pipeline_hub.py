@@ -10,7 +10,7 @@ import shutil
 import numpy as np
 import pytest
 
-from conftest import cli_here, read_metrics, run_meshrun
+from conftest import cli_here, read_metrics, run_meshrun, train_here
 from meshrun import cli
 
 pytestmark = pytest.mark.integration
@@ -30,23 +30,16 @@ STAGES = ["mesh=2x2x2", "mesh.axis_names=[stage,data,model]", "mesh.batch_axis=d
 PROMPT = "The cat"
 
 
-def train(args: list[str], run_dir) -> dict:
-    cli.main(["train", *args, f"hydra.run.dir={run_dir}"])
-    metrics = read_metrics(run_dir)
-    assert metrics["status"] == "ok", metrics["error"]
-    return metrics
-
-
 @pytest.fixture(scope="module")
 def separate(tmp_path_factory):
     """The Llama without stages, on 4x2 (data, model), checkpointed every epoch."""
     run_dir = tmp_path_factory.mktemp("hub-stages") / "separate"
-    return train([*LLAMA, "mesh=4x2", "checkpoint.every_epoch=true"], run_dir), run_dir
+    return train_here([*LLAMA, "mesh=4x2", "checkpoint.every_epoch=true"], run_dir), run_dir
 
 
 def test_a_llamas_layers_run_as_stages_with_tensor_parallelism_inside_and_the_same_losses(separate, tmp_path):
     reference = separate[0]
-    staged = train([*LLAMA, *STAGES, "pipeline.microbatches=2"], tmp_path / "staged")
+    staged = train_here([*LLAMA, *STAGES, "pipeline.microbatches=2"], tmp_path / "staged")
     assert staged["history"]["loss"] == pytest.approx(reference["history"]["loss"], rel=2e-5)
     assert staged["eval"]["loss"] == pytest.approx(reference["eval"]["loss"], rel=2e-5)
     query = staged["sharding"]["transformer_layers/stacked_self_attention_query_kernel"]
@@ -68,7 +61,7 @@ def test_a_llamas_layers_run_as_stages_with_tensor_parallelism_inside_and_the_sa
 
 
 def test_the_circular_schedule_with_remat_trains_a_llama_as_separate_blocks_do(separate, tmp_path):
-    circular = train(
+    circular = train_here(
         [*LLAMA, *STAGES, "pipeline.microbatches=4", "pipeline.repeats=2", "pipeline.remat=true"],
         tmp_path / "circular",
     )
@@ -86,7 +79,7 @@ def test_a_checkpoint_without_stages_resumes_with_them_as_the_run_it_stands_for(
     checkpoints = tmp_path / "checkpoints"
     shutil.copytree(run_dir / "checkpoints", checkpoints)
     shutil.rmtree(checkpoints / "8")  # the first epoch's checkpoint (4 steps) is left
-    resumed = train(
+    resumed = train_here(
         [*LLAMA, *STAGES, "pipeline.microbatches=2", f"checkpoint.dir={checkpoints}"], tmp_path / "resumed"
     )
     assert resumed["checkpoint"]["resumed_at_step"] == 4
@@ -139,8 +132,8 @@ def gemma_runs(text_files, tmp_path_factory):
         "train.sample_max_length=24",
     ]
     return {
-        "staged": (train([*common, *STAGES], out / "staged"), out / "staged"),
-        "separate": (train([*common, "mesh=2x4"], out / "separate"), out / "separate"),
+        "staged": (train_here([*common, *STAGES], out / "staged"), out / "staged"),
+        "separate": (train_here([*common, "mesh=2x4"], out / "separate"), out / "separate"),
     }
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import read_metrics, run_meshrun
+from conftest import read_metrics, run_meshrun, train_here
 from meshrun import cli
 
 pytestmark = pytest.mark.e2e
@@ -40,10 +40,7 @@ def uninterrupted(tmp_path_factory) -> dict:
     """The metrics of ARGS run from start to end, what every resumed run must match, in one
     process or two (trained in this process: the reference is not about a process)."""
     folder = tmp_path_factory.mktemp("uninterrupted")
-    cli.main([*ARGS, f"hydra.run.dir={folder / 'run'}"])
-    metrics = read_metrics(folder / "run")
-    assert metrics["status"] == "ok", metrics["error"]
-    return metrics
+    return train_here(ARGS[1:], folder / "run")  # ARGS less its "train"
 
 
 def summary_rows(stdout: str) -> dict:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import INSTRUCTION_PROMPT, read_metrics
+from conftest import INSTRUCTION_PROMPT, train_here
 from meshrun import cli
 from meshrun.files import dir_written_whole
 from presets import corpus_text, instruction_records
@@ -86,9 +86,8 @@ def test_the_preset_fine_tunes_with_lora_on_instruction_records(gemma, texts, tm
     """The fine-tune page's run: LoRA on 1x8 under gemma_tp, which keeps the single key/value head whole."""
     out, _ = gemma
     run = tmp_path / "run"
-    cli.main(
+    metrics = train_here(
         [
-            "train",
             "model=keras_hub",
             f"model.preset={out}",
             "mesh=1x8",
@@ -101,11 +100,9 @@ def test_the_preset_fine_tunes_with_lora_on_instruction_records(gemma, texts, tm
             "train.epochs=1",
             "model.seq_len=32",
             "train.verbose=0",
-            f"hydra.run.dir={run}",
-        ]
+        ],
+        run,
     )
-    metrics = read_metrics(run)
-    assert metrics["status"] == "ok", metrics["error"]
     assert (
         metrics["model"]["label"] == f"GemmaCausalLM (preset {out}), LoRA rank 4"
         and metrics["model"]["trainable_params"] < metrics["model"]["params"]

@@ -14,7 +14,15 @@ import keras
 import numpy as np
 import pytest
 
-from conftest import error_line_here, read_metrics
+from conftest import (
+    HF_DATA,
+    adapter_weights,
+    built_on_2x4,
+    error_line_here,
+    read_metrics,
+    stop_after,
+    train_here,
+)
 from meshrun import cli, quantize
 from meshrun.compat.keras.models import sublayers
 from meshrun.config.layout_schema import MeshConfig
@@ -23,9 +31,6 @@ from meshrun.models.hub.options import KerasHubOptions, LoraOptions
 from meshrun.placement.quantized import carried_axes
 from meshrun.specs.quantized import COLUMNS, ROWS, QuantizedOf
 from presets import corpus_text, gemma_preset, llama3_preset
-from test_hf_checkpoints import DATA as HF_DATA
-from test_hf_checkpoints import built_on_2x4, fresh_session  # noqa: F401 (a fixture)
-from test_lora import adapter_weights, stop_after
 
 FAST = ["train.verbose=0", "train.batch_size=8", "train.learning_rate=0.01"]
 MESH = MeshConfig(shape=(2, 4), axis_names=("batch", "model"), batch_axis="batch")
@@ -200,7 +205,6 @@ ACCEPTANCE = {
 
 def qlora_run(presets_dir, family: str, mode: str, layout: list[str], *extra: str) -> list[str]:
     return [
-        "train",
         "model=keras_hub",
         f"model.preset={presets_dir / family}",
         f"model.quantize={mode}",
@@ -221,9 +225,7 @@ def test_a_quantized_base_trains_its_adapters_on_2x4(presets_dir, tmp_path, name
     """Loss falls; the plan's bytes per device equal the live arrays' within 5%; loading held no
     device above 1.3x its planned bytes; the quantized kernels are sharded by the carried rules."""
     family, mode, layout = ACCEPTANCE[name]
-    cli.main([*qlora_run(presets_dir, family, mode, layout, "train.epochs=3"), f"hydra.run.dir={tmp_path}"])
-    metrics = read_metrics(tmp_path)
-    assert metrics["status"] == "ok", metrics.get("error")
+    metrics = train_here(qlora_run(presets_dir, family, mode, layout, "train.epochs=3"), tmp_path)
     losses = metrics["history"]["loss"]
     assert losses[-1] < losses[0], losses
     memory = metrics["memory"]
@@ -243,15 +245,18 @@ def test_a_qlora_run_killed_mid_epoch_resumes_exactly(presets_dir, tmp_path):
     their optimizer state and the data position come back, and the run ends with the losses and
     adapters of the run never interrupted."""
     checkpoints = tmp_path / "checkpoints"
-    command = qlora_run(
-        presets_dir,
-        "gemma",
-        "int4",
-        ["layout=gemma_tp"],
-        "train.epochs=2",
-        "checkpoint.every_steps=5",
-        "checkpoint.keep=2",
-    )
+    command = [
+        "train",
+        *qlora_run(
+            presets_dir,
+            "gemma",
+            "int4",
+            ["layout=gemma_tp"],
+            "train.epochs=2",
+            "checkpoint.every_steps=5",
+            "checkpoint.keep=2",
+        ),
+    ]
     cli.main([*command, f"hydra.run.dir={tmp_path / 'whole'}"])
     resumed = [*command, f"checkpoint.dir={checkpoints}"]
     stop_after(
@@ -297,9 +302,8 @@ def test_an_own_model_trains_around_its_quantized_dense_layers(in_tmp):
     """model=python with model.quantize=int4: the Dense kernels are int4 (drawn, then quantized)
     and frozen, laid out by the rules written for their float form; the biases and the norm train."""
     (in_tmp / "qmodels.py").write_text(OWN_MODELS)
-    cli.main(
+    train_here(
         [
-            "train",
             "model=python",
             "model.factory=qmodels:mlp",
             "model.quantize=int4",
@@ -309,11 +313,9 @@ def test_an_own_model_trains_around_its_quantized_dense_layers(in_tmp):
             "data=synthetic",
             "train.epochs=2",
             "train.verbose=0",
-            f"hydra.run.dir={in_tmp / 'run'}",
-        ]
+        ],
+        in_tmp / "run",
     )
-    metrics = read_metrics(in_tmp / "run")
-    assert metrics["status"] == "ok", metrics.get("error")
     plan = json.loads((in_tmp / "run" / "plan.json").read_text())
     by_path = {v["path"]: v for v in plan["variables"]}
     assert by_path["up/kernel"]["dtype"] == "int8" and by_path["up/kernel"]["shape"] == [32, 32]

@@ -10,9 +10,9 @@ import json
 import numpy as np
 import pytest
 
-from conftest import read_metrics
+from conftest import apply_peft, read_all, read_metrics, train_here
 from meshrun import cli
-from test_hf_export import TIED_LLAMA
+from presets import TIED_LLAMA, write_checkpoint, write_tokenizer
 
 pytestmark = pytest.mark.integration
 
@@ -20,7 +20,6 @@ RANK = 4
 PROMPTS = ["The cat", "A bird"]
 MAX_LENGTH = 16
 RUN = [
-    "train",
     "model=keras_hub",
     "mesh=2x4",
     "model.seq_len=16",
@@ -35,13 +34,6 @@ RUN = [
 ]
 
 
-def train(args: list[str], run_dir) -> dict:
-    cli.main([*RUN, *args, f"hydra.run.dir={run_dir}"])
-    metrics = read_metrics(run_dir)
-    assert metrics["status"] == "ok", metrics["error"]
-    return metrics
-
-
 @pytest.fixture(scope="module")
 def gemma_runs(text_files, tmp_path_factory):
     """An int4 run (that samples PROMPTS) and an int8 run of the tiny Gemma: mode -> run dir."""
@@ -52,7 +44,7 @@ def gemma_runs(text_files, tmp_path_factory):
     for mode, extra in (("int4", samples), ("int8", [])):
         runs[mode] = root / mode
         common = [f"model.preset={preset}", f"model.quantize={mode}", "layout=gemma_tp"]
-        train([*common, *extra], runs[mode])
+        train_here([*RUN, *common, *extra], runs[mode])
     return preset, runs
 
 
@@ -197,13 +189,11 @@ def test_a_transformers_preset_exports_hf_in_float_dequantized_and_merged_and_pe
     """An int8 QLoRA run of a transformers checkpoint: hf/ holds float32 tensors, each projection
     the int8-dequantized source weight with the PEFT adapter of peft/ merged (embeddings and norms
     as they were)."""
-    from test_hf_export import apply_peft, read_all, write_checkpoint, write_tokenizer
-
     source = tmp_path / "tiny-llama"
     write_checkpoint(source, TIED_LLAMA)
     write_tokenizer(source)
     run_dir = tmp_path / "run"
-    train([f"model.preset={source}", "model.quantize=int8", "layout=llama_tp"], run_dir)
+    train_here([*RUN, f"model.preset={source}", "model.quantize=int8", "layout=llama_tp"], run_dir)
     assert (run_dir / "peft" / "adapter_config.json").is_file()
     from meshrun.hf import checkpoint as hf_checkpoint
 

@@ -12,7 +12,7 @@ import math
 import pytest
 from rich.console import Console
 
-from conftest import read_metrics
+from conftest import train_here
 from meshrun import cli
 from meshrun.report.render import plan_table, totals_table
 from meshrun.wording import format_bytes
@@ -147,15 +147,9 @@ def runs(gemma, tmp_path_factory):
     found = {}
     for mode in MODES:
         run_dir = out / mode
-        cli.main(
-            [
-                "train",
-                *run_args(gemma, f"model.quantize={mode}", "train.epochs=1", "train.verbose=0"),
-                f"hydra.run.dir={run_dir}",
-            ]
+        metrics = train_here(
+            run_args(gemma, f"model.quantize={mode}", "train.epochs=1", "train.verbose=0"), run_dir
         )
-        metrics = read_metrics(run_dir)
-        assert metrics["status"] == "ok", metrics["error"]
         found[mode] = metrics, json.loads((run_dir / "plan.json").read_text())
     return found
 

@@ -12,7 +12,7 @@ import os
 import numpy as np
 import pytest
 
-from conftest import INSTRUCTION_PROMPT, read_metrics
+from conftest import INSTRUCTION_PROMPT, read_metrics, train_here
 from meshrun import cli
 from meshrun.errors import ConfigError
 from meshrun.text.cache import PROBES
@@ -47,13 +47,6 @@ def gpt2(text_files):
     return text_files.gpt2
 
 
-def train(args, run_dir) -> dict:
-    cli.main(["train", *args, f"hydra.run.dir={run_dir}"])
-    metrics = read_metrics(run_dir)
-    assert metrics["status"] == "ok", metrics["error"]
-    return metrics
-
-
 @pytest.fixture(scope="module")
 def acceptance(gemma, files, tmp_path_factory):
     """The issue's acceptance run, twice: the Gemma preset LoRA-tuned (rank 4) on the plain-text
@@ -70,8 +63,8 @@ def acceptance(gemma, files, tmp_path_factory):
         "train.learning_rate=0.01",
         "checkpoint.export=true",
     ]
-    first = train(args, out / "first")
-    again = train([*args, "checkpoint.export=false", "train.epochs=1"], out / "again")
+    first = train_here(args, out / "first")
+    again = train_here([*args, "checkpoint.export=false", "train.epochs=1"], out / "again")
     return first, again, out
 
 
@@ -281,7 +274,7 @@ def test_a_short_run_learns_to_end_its_completions(gemma, gemma_verdicts, files,
         "Instruction: What colour is grass? Response: ",
         "Instruction: Reverse the words: red blue Response: ",
     ]
-    metrics = train(
+    metrics = train_here(
         [
             *GEMMA_RUN,
             f"model.preset={gemma}",

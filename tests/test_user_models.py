@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import read_metrics
+from conftest import read_metrics, train_here
 from meshrun import cli
 
 pytestmark = pytest.mark.integration
@@ -106,14 +106,6 @@ def in_workdir(workdir, monkeypatch):
     return workdir
 
 
-def train(args: list[str], run_dir: Path) -> dict:
-    """`meshrun train model=python ARGS` in this process; the metrics it wrote."""
-    cli.main(["train", "model=python", *args, f"hydra.run.dir={run_dir}"])
-    metrics = read_metrics(run_dir)
-    assert metrics["status"] == "ok", metrics["error"]
-    return metrics
-
-
 def plan_of(run_dir: Path) -> dict:
     return json.loads((run_dir / "plan.json").read_text())
 
@@ -143,7 +135,7 @@ def mesh_runs(workdir, tmp_path_factory):
             for mesh in MESHES:
                 run_dir = out / f"{name}-{mesh}"
                 args = [f"model.factory={MODULE}:{name}", SPARSE, f"mesh={mesh}", *FAST, *extra]
-                runs[(name, mesh)] = (train(args, run_dir), run_dir)
+                runs[(name, mesh)] = (train_here(["model=python", *args], run_dir), run_dir)
         return runs
     finally:
         os.chdir(here)
@@ -188,7 +180,9 @@ def test_user_model_losses_do_not_depend_on_the_mesh(mesh_runs, name):
 def test_layout_auto_shards_a_user_model_without_rules(mesh_runs, in_workdir, tmp_path, name, extra):
     run_dir = tmp_path / "auto"
     auto = ["layout=auto", "layout.min_bytes=1KiB", "layout.fsdp=true", "mesh=2x4"]
-    metrics = train([f"model.factory={MODULE}:{name}", SPARSE, *FAST, *auto, *extra], run_dir)
+    metrics = train_here(
+        ["model=python", f"model.factory={MODULE}:{name}", SPARSE, *FAST, *auto, *extra], run_dir
+    )
     assert_placed_as_planned(run_dir)
     kernel = "dense_1/kernel" if name == "functional" else "tower/dense/kernel"
     # (16, 32): the only variable of 1 KiB or more; no width to tell, so model takes rows, data the rest.
@@ -201,7 +195,9 @@ def test_layout_auto_shards_a_user_model_without_rules(mesh_runs, in_workdir, tm
 
 
 def test_a_compiled_model_brings_its_loss_and_metrics(in_workdir, tmp_path):
-    metrics = train([f"model.factory={MODULE}:compiled", "mesh=2x4", *FAST], tmp_path / "run")
+    metrics = train_here(
+        ["model=python", f"model.factory={MODULE}:compiled", "mesh=2x4", *FAST], tmp_path / "run"
+    )
     assert set(metrics["eval"]) == {"loss", "top2"}
     assert metrics["train"]["loss"] == "sparse_categorical_crossentropy"
     assert metrics["train"]["optimizer"] == "adam"  # meshrun's train.optimizer, not the factory's sgd
@@ -218,14 +214,20 @@ def test_a_subclassed_model_builds_from_the_inputs_the_data_declares(in_workdir,
         "train.verbose=0",
         "train.epochs=1",
     ]
-    metrics = train(args, tmp_path / "run")
+    metrics = train_here(["model=python", *args], tmp_path / "run")
     assert metrics["model"]["inputs"] == [{"name": None, "shape": [16], "dtype": "float32"}]
     assert metrics["sharding"]["tower/dense/kernel"]["shape"] == [16, 32]
 
 
 def test_model_kwargs_reach_the_factory(in_workdir, tmp_path):
-    metrics = train(
-        [f"model.factory={MODULE}:functional", "model.kwargs={hidden:8,classes:3}", SPARSE, *FAST],
+    metrics = train_here(
+        [
+            "model=python",
+            f"model.factory={MODULE}:functional",
+            "model.kwargs={hidden:8,classes:3}",
+            SPARSE,
+            *FAST,
+        ],
         tmp_path / "run",
     )
     assert metrics["sharding"]["dense_1/kernel"]["shape"] == [16, 8]
