@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import importlib.resources
 import re
-from pathlib import Path
 
 import pytest
 import yaml
 
+from conftest import HF_DATA as DATA
 from conftest import cli_here
 from meshrun.config.parse import parse_run_config
 from meshrun.placement import devices
@@ -23,7 +23,6 @@ from meshrun.run import prepare
 pytestmark = pytest.mark.integration
 pytest.importorskip("keras_hub")
 
-DATA = Path(__file__).parent / "data" / "hf"
 TINY = dict(num_layers=2, num_query_heads=4, num_key_value_heads=2, hidden_dim=32, intermediate_dim=64)
 # model options, family, vocabulary size
 MODELS = {
