@@ -114,21 +114,26 @@ def pytest_collection_modifyitems(items):
     file_order.slowest_first(items, os.environ["MESHRUN_TESTS_XLA_KIND"])
 
 
-# Python's cyclic garbage collector walks every object a process holds: with jax, Keras, TensorFlow
-# and KerasHub imported that is half a million, 0.3 to 0.9 s a walk, and every run in a test process
-# walks twice (Keras' clear_session). What the imports made lives as long as the process, so it is
-# frozen out of the walks (gc.freeze) after the tests that import something new. What the tests
-# make is collected as before, but for what a test still holds at that moment (a module's fixture
-# values): that stays in memory to the end.
-FROZEN_MODULES = pytest.StashKey[int]()
+# Python's cyclic garbage collector walks every object a process holds, and every in-process run
+# walks at least twice (Keras' clear_session, as meshrun clears the session between runs). In a
+# test worker that is the imports' half a million objects plus all that jax's caches of traced and
+# compiled programs and the modules' fixtures gather over the session: walks of a second and more,
+# a fifth of the suite's time. So after each test, once its garbage is collected, what is still
+# alive is frozen out of the walks (gc.freeze): a run walks what it made itself. When a file's
+# last test ends (its module fixtures gone), everything is walked once more, so that what the file
+# held and let go is freed.
 
 
-def pytest_runtest_teardown(item):
-    """Freezes what a test's imports made once it ends, if it imported much."""
-    if len(sys.modules) > item.config.stash.get(FROZEN_MODULES, 0) + 50:
-        gc.collect()
-        gc.freeze()
-        item.config.stash[FROZEN_MODULES] = len(sys.modules)
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item, nextitem):
+    """After a test and its fixtures' teardown: collects its garbage and freezes what lives on; at
+    the end of a file, first unfreezes everything, so that the whole process is collected."""
+    result = yield
+    if nextitem is None or nextitem.path != item.path:
+        gc.unfreeze()
+    gc.collect()
+    gc.freeze()
+    return result
 
 
 # Small, fast runs of the seeds' model: 8 steps an epoch.
