@@ -251,12 +251,7 @@ def fast_run_in_process(mesh_shape: str, layout: str) -> dict:
 
 def layout_rules(name: str) -> dict:
     """The rules of layout config `name`, read from the installed package's configs."""
-    import importlib.resources
-
-    import yaml
-
-    text = (importlib.resources.files("meshrun.configs") / "layout" / f"{name}.yaml").read_text()
-    return yaml.safe_load(text)["rules"] or {}
+    return layout_config(name)["rules"] or {}
 
 
 @dataclass(frozen=True)
@@ -368,12 +363,9 @@ def built_on_2x4(preset: Path, layout: str, tmp_path, **model):
 
 def fresh_session_reset():
     """Drops the distribution and the Keras session a model was built under (built_on_2x4)."""
-    import keras
-
     from meshrun.placement import distribution
 
-    distribution.reset()
-    keras.backend.clear_session()
+    distribution.reset()  # clears Keras' session too
 
 
 @pytest.fixture
@@ -458,18 +450,9 @@ K8S_JOB_FLAGS = ["--image", K8S_IMAGE, "--nodes", "2", "--name", "exp1"]
 
 
 def k8s_here(args, capsys) -> tuple[int, str, str]:
-    """Runs `meshrun k8s ARGS` in this process; returns its exit status, stdout and stderr."""
-    import jax  # noqa: F401  started here with conftest's 8 devices: the job's plan would start it with 1, and later tests need 8
-
-    from meshrun import cli
-
-    try:
-        cli.main(["k8s", *args])
-        status = 0
-    except SystemExit as ended:
-        status = ended.code
-    out, err = capsys.readouterr()
-    return status, out, err
+    """Runs `meshrun k8s ARGS` in this process (cli_here); returns its exit status, stdout and stderr."""
+    done = cli_here(["k8s", *args], capsys)
+    return done.returncode, done.stdout, done.stderr
 
 
 def k8s_rendered(args, capsys) -> list[dict]:
