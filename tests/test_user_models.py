@@ -383,3 +383,18 @@ def test_bad_user_model_input_is_one_line_with_exit_2(name, workdir, tmp_path, m
     assert sorted(p.name for p in workdir.iterdir() if p.name != "__pycache__") == [
         p for p in before if p != "__pycache__"
     ]
+
+
+@pytest.mark.integration
+def test_an_own_models_planned_step_peak_is_the_measured_one(in_workdir, tmp_path):
+    """With a device memory to fit, the plan counts the train step's peak (compiled on abstract
+    inputs) and it is the one the run measures after fit, within 10% (issue 68)."""
+    run_dir = tmp_path / "run"
+    args = [f"model.factory={MODULE}:functional", SPARSE, *FAST, "mesh=2x4", FUNCTIONAL_RULES]
+    metrics = train_here(["model=python", *args, "devices.memory_gib=1"], run_dir)
+    memory, plan = metrics["memory"], plan_of(run_dir)
+    assert plan["device_memory"]["counts"] == "the step's peak"
+    assert memory["planned_step_peak_bytes_per_device"] == plan["step"]["step_peak_bytes_per_device"]
+    assert memory["planned_step_peak_bytes_per_device"] == pytest.approx(
+        memory["peak_bytes_per_device"], rel=0.10
+    )

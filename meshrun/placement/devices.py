@@ -110,17 +110,29 @@ def set_compilation_cache(cache: CacheConfig) -> str | None:
 
 
 def prepare_for_plan(devices: DevicesConfig, mesh: MeshConfig) -> None:
-    """Sets up jax for `meshrun plan`, which needs devices only to fill in a -1 in the mesh: with an
-    explicit shape it plans for devices this machine need not have, on one CPU device; either way
-    it never preallocates accelerator memory."""
+    """Sets up jax for `meshrun plan`, which needs devices only to fill in a -1 in the mesh and to
+    compile the train step for its memory (only when there is a device memory to fit): with an
+    explicit shape it plans for devices this machine need not have, on CPU devices it emulates
+    (one, or one per mesh position to compile on); either way it never preallocates accelerator
+    memory."""
     os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
     if mesh.size is None:
         prepare(devices, mesh)
-    else:
-        prepare(
-            DevicesConfig(platform="cpu", cpu_devices=1),
-            MeshConfig(shape=(1,), axis_names=("data",), batch_axis="data"),
-        )
+        return
+    emulated = mesh.size if devices.memory_bytes is not None else 1
+    prepare(
+        DevicesConfig(platform="cpu", cpu_devices=emulated),
+        MeshConfig(shape=(emulated,), axis_names=("data",), batch_axis="data"),
+    )
+
+
+def cpu_devices_in_mesh_order(mesh: MeshConfig) -> tuple:
+    """One CPU device of this process per position of `mesh` (no -1 left), in mesh order, to
+    compile for it; empty when this process has fewer (the count is fixed when jax starts)."""
+    import jax
+
+    found = jax.devices("cpu")
+    return tuple(found[: mesh.size]) if len(found) >= mesh.size else ()
 
 
 def available_count(devices: DevicesConfig) -> int:

@@ -75,6 +75,28 @@ class DeviceMemory:
 
 
 @dataclass(frozen=True)
+class StepMemory:
+    """What one train step needs on each device beyond the state it updates, from the real step
+    compiled on abstract inputs (meshrun.run.step_memory): `step_bytes_per_device`, the step's own
+    memory (activations, gradients, temporaries: XLA's temp bytes), and `step_peak_bytes_per_device`,
+    everything live at once (arguments + outputs + temp - what outputs reuse of donated inputs).
+    `method` says how the figures were found; `seconds`, what finding them took."""
+
+    step_bytes_per_device: int
+    step_peak_bytes_per_device: int
+    method: str
+    seconds: float
+
+    def to_dict(self) -> dict:
+        return {
+            "step_bytes_per_device": self.step_bytes_per_device,
+            "step_peak_bytes_per_device": self.step_peak_bytes_per_device,
+            "method": self.method,
+            "seconds": round(self.seconds, 3),
+        }
+
+
+@dataclass(frozen=True)
 class Plan:
     """A model's placement on a mesh: variables, optimizer slots, output constraints, per-device
     totals, the lint: errors (the run would be rejected) and warnings, and the pipeline stages
@@ -92,6 +114,7 @@ class Plan:
     memory: DeviceMemory | None = None
     pipeline: PipelinePlan | None = None
     traffic: SlowTraffic | None = None  # over the slow network between processes; None: one process
+    step: StepMemory | None = None  # the train step's own memory; None: not worked out (state only)
 
     @property
     def params_bytes_per_device(self) -> int:
@@ -103,7 +126,14 @@ class Plan:
 
     @property
     def total_bytes_per_device(self) -> int:
+        """The state's bytes on each device: parameters and optimizer slots."""
         return self.params_bytes_per_device + self.optimizer_bytes_per_device
+
+    @property
+    def needed_bytes_per_device(self) -> int:
+        """What a device must hold to train: the step's peak where it is known (the state, the
+        batch and the step's own memory at once), else the state alone."""
+        return self.step.step_peak_bytes_per_device if self.step else self.total_bytes_per_device
 
     @property
     def quantized(self) -> bool:
@@ -207,13 +237,15 @@ class Plan:
                 # A quantized base (model.quantize): what the parameters' bytes are made of.
                 **(self.split_bytes_per_device() if self.quantized else {}),
             },
+            **({"step": self.step.to_dict()} if self.step else {}),
             "largest_replicated": [{"path": p.path, "bytes": p.bytes} for p in self.largest_replicated()],
             **({"lora_adapters": _adapters_dict(self.adapters)} if self.adapters else {}),
             **(
                 {
                     "device_memory": {
                         **to_json(self.memory),
-                        "fits": self.total_bytes_per_device <= self.memory.bytes,
+                        "fits": self.needed_bytes_per_device <= self.memory.bytes,
+                        "counts": "the step's peak" if self.step else "parameters and optimizer state only",
                     }
                 }
                 if self.memory
@@ -322,18 +354,41 @@ def _with_traffic(plan: Plan, activations: Activations | None) -> Plan:
     )
 
 
+def with_step_memory(plan: Plan, step: StepMemory) -> Plan:
+    """`plan` with the train step's own memory counted: its fit verdict (DoesNotFit among its
+    errors) worked out again from the step's peak."""
+    errors = tuple(e for e in plan.errors if not isinstance(e, DoesNotFit))
+    counted = replace(plan, step=step, errors=errors)
+    too_large = _beyond_memory(counted)
+    return replace(counted, errors=(*errors, too_large)) if too_large else counted
+
+
 def _beyond_memory(plan: Plan) -> DoesNotFit | None:
-    """DoesNotFit when the plan's parameters and optimizer state exceed one device's memory."""
-    if plan.memory is None or plan.total_bytes_per_device <= plan.memory.bytes:
+    """DoesNotFit when what a device must hold to train (the step's peak where known, else the
+    parameters and optimizer state) exceeds one device's memory."""
+    if plan.memory is None or plan.needed_bytes_per_device <= plan.memory.bytes:
         return None
-    needed, available = plan.total_bytes_per_device, plan.memory.bytes
+    needed, available = plan.needed_bytes_per_device, plan.memory.bytes
+    state = (
+        f"{format_bytes(plan.params_bytes_per_device)} parameters + "
+        f"{format_bytes(plan.optimizer_bytes_per_device)} {plan.optimizer} state"
+    )
+    if plan.step is None:
+        made_of, remedy = state, "shard more (layout=auto, layout.fsdp=true, a larger mesh)"
+    else:
+        own = format_bytes(plan.step.step_bytes_per_device)
+        made_of = f"the train step's peak: {state} + {own} of its own"
+        remedy = (
+            "a smaller train.batch_size or model.seq_len, or shard more"
+            if plan.step.step_bytes_per_device > plan.total_bytes_per_device
+            else "shard more (layout=auto, layout.fsdp=true, a larger mesh)"
+        )
     return DoesNotFit(
         "devices.memory_gib",
         f"does not fit: the plan puts {format_bytes(needed)} on each device of mesh "
-        f"{format_shape(plan.mesh.shape)} ({format_bytes(plan.params_bytes_per_device)} parameters + "
-        f"{format_bytes(plan.optimizer_bytes_per_device)} {plan.optimizer} state), more than the "
-        f"{format_bytes(available)} of one device ({plan.memory.source}); shard "
-        "more (layout=auto, layout.fsdp=true, a larger mesh) or give the real memory",
+        f"{format_shape(plan.mesh.shape)} ({made_of}), {format_bytes(needed - available)} more than "
+        f"the {format_bytes(available)} of one device ({plan.memory.source}); {remedy}, "
+        "or give the real memory",
         needed=needed,
         available=available,
     )

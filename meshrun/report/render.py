@@ -293,12 +293,19 @@ def totals_table(plan: dict) -> Table:
         table.add_row("LoRA adapters", _adapters_text(plan["lora_adapters"]))
     table.add_row(f"optimizer state ({plan['optimizer']})", format_bytes(per_device["optimizer_bytes"]))
     table.add_row("total", format_bytes(per_device["total_bytes"]))
+    step = plan.get("step")
+    if step:
+        table.add_row("train step's own", format_bytes(step["step_bytes_per_device"]))
+        table.add_row(
+            "train step's peak",
+            f"{format_bytes(step['step_peak_bytes_per_device'])} ({escape(step['method'])})",
+        )
     memory = plan.get("device_memory")
     if memory:
         verdict = "fits" if memory["fits"] else "[red]does not fit[/red]"
-        table.add_row(
-            "device memory", f"{format_bytes(memory['bytes'])} ({escape(memory['source'])}): {verdict}"
-        )
+        counts = "" if step else "; counts parameters and optimizer state only"
+        source = escape(memory["source"])
+        table.add_row("device memory", f"{format_bytes(memory['bytes'])} ({source}): {verdict}{counts}")
     processes = plan.get("processes") or {"count": 1}
     if processes["count"] > 1:
         crossing = ", ".join(processes["axes_across_processes"]) or "none"

@@ -277,6 +277,8 @@ def _memory(setup: RunSetup, outcome: Outcome) -> MemoryFigures:
         optimizer_bytes_per_device=outcome.optimizer_bytes_per_device,
         planned_params_bytes_per_device=plan.params_bytes_per_device,
         planned_optimizer_bytes_per_device=plan.optimizer_bytes_per_device,
+        planned_step_bytes_per_device=plan.step.step_bytes_per_device if plan.step else None,
+        planned_step_peak_bytes_per_device=plan.step.step_peak_bytes_per_device if plan.step else None,
         peak_bytes_per_device=costs.peak_bytes_per_device,
         compiled=CompiledMemory(
             argument_bytes=costs.argument_bytes,

@@ -40,6 +40,7 @@ from meshrun.placement.plan import DeviceMemory, Plan, make_plan
 from meshrun.placement.quantized import quantized_rules
 from meshrun.placement.stacking import PipelinePlan
 from meshrun.placement.traffic import Activations
+from meshrun.run import step_memory
 from meshrun.run.build import AbstractModel, abstract_session, describe
 from meshrun.run.sampling import check_sampling_settings, plan_sampling
 from meshrun.specs.model import ModelSpec
@@ -147,6 +148,9 @@ def prepare(config: RunConfig, context: RunContext) -> RunSetup:
     planned.plan.raise_first_error()
     _say_warnings(planned.plan, config.layout, context.said_once)
     named = check_objectives(config.train, planned)
+    if found.processes == 1:  # a job of several processes counts its state only, for now
+        planned = step_memory.counted(config, planned, named.loss_function, found.devices)
+        planned.plan.raise_first_error()
     sampling = plan_sampling(config, planned, found.mesh, found.processes)
     distribution = distribution_lib.make_distribution(found.mesh, planned.rules, found.devices)
     data = _data_context(config, planned, named, distribution, found.processes)
@@ -192,7 +196,23 @@ def place_for_plan(config: RunConfig, processes: int = 1) -> PlannedModel:
         check_batch(config.train.batch_size, mesh)
         check_processes(mesh, config.devices, processes, "distributed.num_processes")
     mesh = with_dcn(mesh, processes, (config.pipeline.axis,))
-    return place(config, mesh, processes, devices_lib.device_memory(config.devices))
+    planned = place(config, mesh, processes, devices_lib.device_memory(config.devices))
+    return _step_counted_for_plan(config, planned)
+
+
+def _step_counted_for_plan(config: RunConfig, planned: PlannedModel) -> PlannedModel:
+    """The plan's model with its train step's memory counted on this machine's CPU devices, which
+    meshrun.placement.devices.prepare_for_plan emulates one per mesh position when the plan has a
+    device memory to fit (step_memory.counted says when it is counted). A bad loss or metric
+    leaves it uncounted: the plan reports that error itself."""
+    if planned.plan.memory is None:
+        return planned
+    try:
+        named = check_objectives(config.train, planned)
+    except ConfigError:
+        return planned
+    cpus = devices_lib.cpu_devices_in_mesh_order(planned.plan.mesh)
+    return step_memory.counted(config, planned, named.loss_function, cpus)
 
 
 def place(

@@ -229,6 +229,9 @@ class MemoryFigures:
     )
     planned_params_bytes_per_device: int = figure()
     planned_optimizer_bytes_per_device: int = figure()
+    # The plan's figures for the step, where it counted them (devices.memory_gib or an accelerator's).
+    planned_step_bytes_per_device: int = figure(omit_if_none=True)
+    planned_step_peak_bytes_per_device: int = figure(omit_if_none=True)
     peak_bytes_per_device: int = figure("memory", text.bytes_text("step peak {} (compiled estimate)"), "; ")
     compiled: CompiledMemory = figure()
     live_peak_bytes_per_device: int = figure("memory", text.bytes_text("{} live"))

@@ -30,6 +30,13 @@ PRIVATE_NAMES = uses(
     PrivateName(
         "keras",
         "keras",
+        "Model._symbolic_build",
+        "building a compiled model's loss, metrics and optimizer on a batch of shapes, as fit does "
+        "first, to compile its train step on abstract inputs (the plan's step memory)",
+    ),
+    PrivateName(
+        "keras",
+        "keras",
         "Model.jax_state_sync",
         "writing the live training state back to the variables before a checkpoint",
     ),
@@ -59,6 +66,13 @@ def state_shardings(model):
     """The shardings of the training state, as fit gives them to jax.jit as out_shardings."""
     ensure("keras")
     return model._get_state_sharding_spec()
+
+
+def build_for_training(model, batch) -> None:
+    """Builds a compiled model's loss, metrics and optimizer for `batch` ((x, y, sample weights),
+    arrays or shapes), as fit does before its first step."""
+    ensure("keras")
+    model._symbolic_build(data_batch=batch)
 
 
 def sync_training_state(model) -> None:
