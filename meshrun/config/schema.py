@@ -45,6 +45,7 @@ class DataConfig:
 
 PRECISIONS = ("float32", "mixed_bfloat16", "mixed_float16")
 LR_SCHEDULES = ("constant", "cosine", "linear")
+REMAT_POLICIES = ("none", "blocks", "full", "activations")  # train.remat
 
 
 @dataclass(frozen=True)
@@ -65,7 +66,8 @@ class EarlyStoppingConfig:
 class TrainConfig:
     """How to train: global batch size, epochs, optimizer, learning rate and its schedule
     (constant, cosine with `warmup_steps` of linear warm-up, or linear decay, both ending at
-    `min_learning_rate`), gradient clipping by global norm, the Keras dtype policy, loss (None:
+    `min_learning_rate`), gradient clipping by global norm, the Keras dtype policy, what the
+    backward pass recomputes (`remat`), loss (None:
     the model's own), metrics, seed, console verbosity, whether a NaN/Inf loss stops the run,
     gradient accumulation (`grad_accum_steps` steps of `batch_size` per optimizer update), evaluation
     every `eval_every` epochs (and of the float base a quantized one was made from:
@@ -90,6 +92,13 @@ class TrainConfig:
     precision: str = setting(
         "float32",
         "float32, mixed_bfloat16 or mixed_float16 (Keras dtype policies; float16 gets dynamic loss scaling).",
+    )
+    remat: str = setting(
+        "none",
+        "What the backward pass recomputes instead of keeping: none; blocks (each repeated block: the "
+        "zoo transformer's, a KerasHub backbone's transformer layers, a model=python factory's "
+        "repeated_blocks; with pipeline stages, as pipeline.remat=true); full (every layer, Keras' "
+        "RematScope full); activations (every layer's activation function, RematScope activations).",
     )
     loss: str | None = setting(
         None,

@@ -205,11 +205,18 @@ def place(
     spec = get_model(config.model.name)
     options = config.model.options
     train = config.train
-    pipeline = config.pipeline if config.pipeline.stages(mesh) else None
+    pipeline = staged_for(config, mesh)
     if pipeline:
         _check_not_quantized(spec, options)
     abstract = describe(
-        spec, options, config.data, train.optimizer, train.learning_rate, train.precision, pipeline=pipeline
+        spec,
+        options,
+        config.data,
+        train.optimizer,
+        train.learning_rate,
+        train.precision,
+        pipeline=pipeline,
+        remat=train.remat,
     )
     if pipeline:
         stacking.check_blocks(abstract.tensors, mesh, pipeline, spec.name_of(options))
@@ -253,6 +260,16 @@ def place(
         written_rules=written,
         pipeline=pipeline,
     )
+
+
+def staged_for(config: RunConfig, mesh: MeshConfig) -> PipelineConfig | None:
+    """The pipeline the model is built for on `mesh` (None: no stage axis, no pipeline); under
+    train.remat=blocks its stacked blocks are recomputed, as with pipeline.remat=true."""
+    if not config.pipeline.stages(mesh):
+        return None
+    if config.train.remat == "blocks":
+        return dataclasses.replace(config.pipeline, remat=True)
+    return config.pipeline
 
 
 def _check_not_quantized(spec: ModelSpec, options) -> None:
