@@ -97,8 +97,9 @@ class TrainConfig:
         "none",
         "What the backward pass recomputes instead of keeping: none; blocks (each repeated block: the "
         "zoo transformer's, a KerasHub backbone's transformer layers, a model=python factory's "
-        "repeated_blocks; with pipeline stages, as pipeline.remat=true); full (every layer, Keras' "
-        "RematScope full); activations (every layer's activation function, RematScope activations).",
+        "repeated_blocks); full (every layer, each inside its owner); activations (every layer's "
+        "activation function, Keras' RematScope activations). With pipeline stages, blocks and full "
+        "recompute each stacked block, as pipeline.remat=true does.",
     )
     loss: str | None = setting(
         None,
@@ -361,7 +362,9 @@ class PipelineConfig:
         "a multiple of the stages, and the blocks of stages * repeats.",
     )
     remat: bool = setting(
-        False, "Recompute each block's activations in the backward pass instead of keeping them."
+        False,
+        "Recompute each block's activations in the backward pass instead of keeping them "
+        "(train.remat=blocks or full sets it).",
     )
 
     def stages(self, mesh: MeshConfig) -> int:

@@ -18,6 +18,25 @@ PRIVATE_NAMES = uses(
         "train.remat=blocks: a call set on a layer instance is the one Keras runs",
         source_contains="call_fn = self.call",
     ),
+    PrivateName(
+        "keras",
+        "keras.src.ops.operation",
+        "Operation.__call__",
+        "train.remat: a quantized layer runs its quantized_call instead of its call",
+        source_contains="call_fn = self.quantized_call",
+    ),
+    PrivateName(
+        "keras",
+        "keras.src.backend.common.stateless_scope",
+        "get_stateless_scope",
+        "train.remat: the state a recomputed layer changes (a dropout's seed) carried out of jax.checkpoint",
+    ),
+    PrivateName(
+        "keras",
+        "keras.src.backend.common.stateless_scope",
+        "StatelessScope.add_update",
+        "train.remat: a recomputed layer's changed state set again outside jax.checkpoint",
+    ),
 )
 
 SCOPED_MODES = ("activations",)  # train.remat's policies that are a RematScope's mode
@@ -35,7 +54,7 @@ def recompute_in_backward(layer) -> None:
     own_call = getattr(layer, runs)  # what Keras runs: a quantized layer's quantized_call
 
     def call(*args, **kwargs):
-        return checkpointed(own_call, args, kwargs)
+        return checkpointed(layer, own_call, args, kwargs)
 
     setattr(call, RECOMPUTES, True)
     setattr(layer, runs, call)
@@ -53,23 +72,39 @@ def recompute_every_layer(model) -> None:
             recompute_in_backward(layer)
 
 
-def checkpointed(function, args: tuple, kwargs: dict):
-    """`function(*args, **kwargs)` inside jax.checkpoint, with the arrays among the arguments traced
-    and everything else held as it is."""
+def checkpointed(layer, function, args: tuple, kwargs: dict):
+    """`function(*args, **kwargs)` (a call of `layer`) inside jax.checkpoint, with the arrays among
+    the arguments traced and everything else held as it is. What the call changes of the layer's
+    state in the stateless scope the trainer runs it in (a dropout's seed) leaves the checkpoint as
+    its output and is set again outside it, where the trainer reads it; outside a stateless scope
+    (eager) there is no backward pass, and the call runs as it is."""
     import jax
     import numpy as np
+    from keras.src.backend.common.stateless_scope import get_stateless_scope
 
+    scope = get_stateless_scope()
+    if scope is None:
+        return function(*args, **kwargs)
+    state = list(layer.non_trainable_variables)
     leaves, structure = jax.tree_util.tree_flatten((args, kwargs))
     traced = [index for index, leaf in enumerate(leaves) if isinstance(leaf, (jax.Array, np.ndarray))]
+    changed: list[int] = []
 
     def run(*arrays):
         filled = list(leaves)
         for index, array in zip(traced, arrays, strict=True):
             filled[index] = array
         call_args, call_kwargs = jax.tree_util.tree_unflatten(structure, filled)
-        return function(*call_args, **call_kwargs)
+        before = [scope.get_current_value(v) for v in state]
+        outputs = function(*call_args, **call_kwargs)
+        after = [scope.get_current_value(v) for v in state]
+        changed[:] = [i for i, (old, new) in enumerate(zip(before, after, strict=True)) if new is not old]
+        return outputs, [after[i] for i in changed]
 
-    return jax.checkpoint(run)(*(leaves[index] for index in traced))
+    outputs, updates = jax.checkpoint(run)(*(leaves[index] for index in traced))
+    for index, value in zip(changed, updates, strict=True):
+        scope.add_update((state[index], value))
+    return outputs
 
 
 def recomputed_layers(model) -> list[str]:
