@@ -55,6 +55,7 @@ GROUPS: Mapping[str, tuple[str, ...]] = MappingProxyType(
             "meshrun.compat.keras.variable_layouts",
             "meshrun.compat.keras.sharded_loading",
             "meshrun.compat.keras.h5_weights",
+            "meshrun.compat.keras.remat",
             "meshrun.compat.jax",
         ),
         # Keras' int8 and int4 layers: checked only by runs that quantize, so that a Keras that

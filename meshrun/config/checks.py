@@ -11,6 +11,7 @@ from meshrun.config.schema import (
     LR_SCHEDULES,
     PLATFORMS,
     PRECISIONS,
+    REMAT_POLICIES,
     VERBOSITY,
     CheckpointConfig,
     DevicesConfig,
@@ -23,7 +24,7 @@ from meshrun.config.schema import (
 )
 from meshrun.config.slices import check_dcn, with_dcn
 from meshrun.errors import ConfigError
-from meshrun.wording import format_shape, one_of
+from meshrun.wording import did_you_mean, format_shape, one_of
 
 _HOST_PORT = re.compile(r"[\w.\-]+:\d{1,5}|\[[0-9a-fA-F:]+\]:\d{1,5}")  # host:port or [v6]:port
 
@@ -32,6 +33,7 @@ def check_values(config: RunConfig) -> None:
     """Range checks that the types alone do not cover."""
     _check_positive(config)
     _check_training_values(config.train)
+    _check_remat(config.train)
     _check_profile(config.profile)
     if config.train.verbose not in VERBOSITY:
         raise ConfigError("train.verbose", f"got {config.train.verbose}; valid: {one_of(VERBOSITY)}")
@@ -117,6 +119,17 @@ def _check_synthetic_samples(config: RunConfig) -> None:
                 f"got {getattr(synthetic, key)}; fewer samples than one global batch "
                 f"(train.batch_size={config.train.batch_size})",
             )
+
+
+def _check_remat(train: TrainConfig) -> None:
+    """train.remat is one of the policies (whether the model has blocks to recompute is known once
+    it is built: meshrun.run.build)."""
+    if train.remat not in REMAT_POLICIES:
+        raise ConfigError(
+            "train.remat",
+            f"got {train.remat!r}; {did_you_mean(train.remat, REMAT_POLICIES)}"
+            f"valid: {one_of(REMAT_POLICIES)}",
+        )
 
 
 def _check_training_values(train: TrainConfig) -> None:

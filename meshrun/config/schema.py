@@ -45,6 +45,7 @@ class DataConfig:
 
 PRECISIONS = ("float32", "mixed_bfloat16", "mixed_float16")
 LR_SCHEDULES = ("constant", "cosine", "linear")
+REMAT_POLICIES = ("none", "blocks", "full", "activations")  # train.remat
 
 
 @dataclass(frozen=True)
@@ -65,7 +66,8 @@ class EarlyStoppingConfig:
 class TrainConfig:
     """How to train: global batch size, epochs, optimizer, learning rate and its schedule
     (constant, cosine with `warmup_steps` of linear warm-up, or linear decay, both ending at
-    `min_learning_rate`), gradient clipping by global norm, the Keras dtype policy, loss (None:
+    `min_learning_rate`), gradient clipping by global norm, the Keras dtype policy, what the
+    backward pass recomputes (`remat`), loss (None:
     the model's own), metrics, seed, console verbosity, whether a NaN/Inf loss stops the run,
     gradient accumulation (`grad_accum_steps` steps of `batch_size` per optimizer update), evaluation
     every `eval_every` epochs (and of the float base a quantized one was made from:
@@ -90,6 +92,14 @@ class TrainConfig:
     precision: str = setting(
         "float32",
         "float32, mixed_bfloat16 or mixed_float16 (Keras dtype policies; float16 gets dynamic loss scaling).",
+    )
+    remat: str = setting(
+        "none",
+        "What the backward pass recomputes instead of keeping: none; blocks (each repeated block: the "
+        "zoo transformer's, a KerasHub backbone's transformer layers, a model=python factory's "
+        "repeated_blocks); full (every layer, each inside its owner); activations (every layer's "
+        "activation function, Keras' RematScope activations). With pipeline stages, blocks and full "
+        "recompute each stacked block, as pipeline.remat=true does.",
     )
     loss: str | None = setting(
         None,
@@ -352,7 +362,9 @@ class PipelineConfig:
         "a multiple of the stages, and the blocks of stages * repeats.",
     )
     remat: bool = setting(
-        False, "Recompute each block's activations in the backward pass instead of keeping them."
+        False,
+        "Recompute each block's activations in the backward pass instead of keeping them "
+        "(train.remat=blocks or full sets it).",
     )
 
     def stages(self, mesh: MeshConfig) -> int:

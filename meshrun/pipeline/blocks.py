@@ -2,7 +2,8 @@
 which gives the blocks one after another as separate layers (block_0, block_1, ...) in an ordinary
 run, and one PipelinedBlocks layer (their weights stacked, run as stages) when meshrun builds the
 model for a mesh with a stage axis. The same model code serves both; the zoo transformer and
-`model=python` factories go through it. (KerasHub's decoder-only LMs hold their blocks already:
+`model=python` factories go through it; under train.remat=blocks the separate blocks are recomputed
+in the backward pass. (KerasHub's decoder-only LMs hold their blocks already:
 meshrun.pipeline.functional pipelines them.)
 
     from meshrun.pipeline import repeated_blocks
@@ -24,17 +25,30 @@ import contextlib
 import functools
 from collections.abc import Callable, Iterator
 from contextvars import ContextVar
+from dataclasses import dataclass
 
+from meshrun.compat.keras.remat import recompute_in_backward
 from meshrun.config.schema import PipelineConfig
 
-_building_for: ContextVar[PipelineConfig | None] = ContextVar("meshrun_pipeline", default=None)
+
+@dataclass(frozen=True)
+class BlockBuild:
+    """How the model being built holds its repeated blocks: as pipelined stacks configured by
+    `pipeline` (None: as separate blocks), and whether separate blocks are recomputed in the
+    backward pass (train.remat=blocks)."""
+
+    pipeline: PipelineConfig | None = None
+    recomputed: bool = False
+
+
+_building_for: ContextVar[BlockBuild | None] = ContextVar("meshrun_pipeline", default=None)
 
 
 @contextlib.contextmanager
-def stages(pipeline: PipelineConfig | None) -> Iterator[None]:
+def stages(pipeline: PipelineConfig | None, recomputed: bool = False) -> Iterator[None]:
     """Models built inside hold their repeated blocks as pipelined stacks configured by `pipeline`
-    (None: as separate blocks)."""
-    token = _building_for.set(pipeline)
+    (None: as separate blocks, recomputed in the backward pass when `recomputed`)."""
+    token = _building_for.set(BlockBuild(pipeline, recomputed))
     try:
         yield
     finally:
@@ -43,7 +57,14 @@ def stages(pipeline: PipelineConfig | None) -> Iterator[None]:
 
 def building_for() -> PipelineConfig | None:
     """The pipeline the model being built is for (None: its blocks stay separate layers)."""
-    return _building_for.get()
+    building = _building_for.get()
+    return building and building.pipeline
+
+
+def blocks_recomputed() -> bool:
+    """Whether the separate blocks of the model being built are recomputed in the backward pass."""
+    building = _building_for.get()
+    return bool(building and building.recomputed)
 
 
 def repeated_blocks(
@@ -56,6 +77,9 @@ def repeated_blocks(
     pipeline = building_for()
     if pipeline is None:
         blocks = [make_block(block_name.format(index)) for index in range(count)]
+        if blocks_recomputed():
+            for block in blocks:
+                recompute_in_backward(block)
         return lambda x, **side: functools.reduce(lambda hidden, block: block(hidden, **side), blocks, x)
     from meshrun.pipeline.stack import PipelinedBlocks
 

@@ -16,6 +16,7 @@ import numpy as np
 
 from meshrun import quantize
 from meshrun.compat.keras.models import compile_recorded, sublayers
+from meshrun.compat.keras.remat import creation_scope, recompute_every_layer, recomputed_layers
 from meshrun.config.schema import PipelineConfig
 from meshrun.errors import ConfigError
 from meshrun.models.registry import InputSpec, ModelSpec
@@ -78,10 +79,16 @@ class AbstractModel:
 
 
 def build_model(
-    spec: ModelSpec, options, data, abstract: bool = False, pipeline: PipelineConfig | None = None
+    spec: ModelSpec,
+    options,
+    data,
+    abstract: bool = False,
+    pipeline: PipelineConfig | None = None,
+    remat: str = "none",
 ):
     """Builds the model of `spec` and returns it with its Signature; with `pipeline`, for pipeline
-    stages (its repeated blocks stacked, meshrun.pipeline.repeated_blocks). When the spec gives the
+    stages (its repeated blocks stacked, meshrun.pipeline.repeated_blocks); what its backward pass
+    recomputes as train.remat=`remat` says (_made_for_remat). When the spec gives the
     inputs the model trains on (`spec.inputs`), the model is called on them; a model that is not built yet
     (subclassed, or Sequential without an Input) is called on the inputs the data source declares
     (`data`: the run's DataConfig). A model with no variables after that is a ConfigError
@@ -94,12 +101,16 @@ def build_model(
 
     make = spec.build_abstract if abstract and spec.build_abstract else spec.build
     try:
-        with stages(pipeline), quantize.filled_from_files() as filled:
+        with _made_for_remat(remat, pipeline), quantize.filled_from_files() as filled:
             model = make(options)
     except BlockNotPipelinable as err:
         raise ConfigError(
             err.key, f"got a stage axis {pipeline.axis!r} for {spec.name_of(options)}, but {err}"
         ) from None
+    if remat == "blocks" and pipeline is None:
+        _check_blocks_recomputed(model, spec.name_of(options))
+    if remat == "full":
+        recompute_every_layer(model)
     inputs = spec.inputs(options) if spec.inputs else None
     if inputs is None and not model.built:
         inputs = declared_inputs(data)
@@ -125,6 +136,27 @@ def build_model(
         if not abstract:
             quantize.fill_from_initializers(model, filled)
     return model, signature
+
+
+@contextlib.contextmanager
+def _made_for_remat(remat: str, pipeline: PipelineConfig | None):
+    """The scope a model is made in for train.remat=`remat`: its repeated blocks recomputed in the
+    backward pass (blocks: separate ones marked as they are made, a pipeline's stacks by
+    pipeline.remat, which the run sets for it), or the activation function of every layer made
+    inside Keras' RematScope (activations); full marks every layer once the model is made."""
+    with stages(pipeline, recomputed=remat == "blocks"), creation_scope(remat):
+        yield
+
+
+def _check_blocks_recomputed(model, name: str) -> None:
+    """ConfigError for train.remat=blocks on a model that holds no repeated blocks to recompute."""
+    if not recomputed_layers(model):
+        raise ConfigError(
+            "train.remat",
+            f"got 'blocks' for {name}, which has no repeated blocks to recompute (blocks made with "
+            "meshrun.pipeline.repeated_blocks, a KerasHub backbone's transformer_layers); "
+            "train.remat=full recomputes every layer",
+        )
 
 
 def built_off_the_mesh(spec: ModelSpec, options, data):
@@ -189,8 +221,10 @@ def describe(
     learning_rate: float,
     precision: str = "float32",
     pipeline: PipelineConfig | None = None,
+    remat: str = "none",
 ) -> AbstractModel:
-    """Builds the model (for pipeline stages with `pipeline`) and the optimizer's slots abstractly,
+    """Builds the model (for pipeline stages with `pipeline`, for train.remat=`remat`) and the
+    optimizer's slots abstractly,
     under the dtype policy the run trains with, so this build and the run's build that follows give
     every variable the same path and the model the same signature. A stacked variable of pipelined
     blocks records the per-block paths it holds (TensorSpec.blocks)."""
@@ -206,7 +240,7 @@ def describe(
 
         optimizer.add_variable_from_reference = recording_add_slot
         with keras.StatelessScope(initialize_variables=False):
-            model, signature = build_model(spec, options, data, abstract=True, pipeline=pipeline)
+            model, signature = build_model(spec, options, data, abstract=True, pipeline=pipeline, remat=remat)
             optimizer.build(model.trainable_variables)
         blocks = stacks_of(model)
         quantized = quantize.variable_facts(model)

@@ -147,6 +147,7 @@ def _train(setup: RunSetup, outcome: Outcome) -> TrainFigures:
         min_learning_rate=train.min_learning_rate,
         clip_norm=train.clip_norm,
         precision=train.precision,
+        remat=train.remat,
         grad_accum_steps=train.grad_accum_steps,
         samples_per_update=train.batch_size * train.grad_accum_steps,
         updates=outcome.updates,

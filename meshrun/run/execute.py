@@ -186,7 +186,7 @@ def build(setup: RunSetup):
         distribution_lib.blocks_on_their_stages(stacks, placement.pipeline),
     ):
         model, _ = build_model(
-            spec, options, config.data, pipeline=placement.pipeline
+            spec, options, config.data, pipeline=placement.pipeline, remat=config.train.remat
         )  # prepare's abstract builds left a fresh session
     check_paths_match(model, placement.abstract, spec, options)
     return model, compile_model(model, setup), watch.peaks()

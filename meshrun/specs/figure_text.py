@@ -68,6 +68,10 @@ def schedule_text(schedule, train) -> str | None:
     return f"{schedule}{warmup} to {train.min_learning_rate:g}"
 
 
+def remat_text(policy, _) -> str | None:
+    return None if policy in (None, "none") else f"train.remat={policy}: recomputed in the backward pass"
+
+
 def clip_norm_text(norm, _) -> str | None:
     return f"gradients clipped to norm {norm:g}" if norm else None
 

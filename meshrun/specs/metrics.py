@@ -119,6 +119,7 @@ class TrainFigures:
     min_learning_rate: float = figure()
     clip_norm: float = figure("optimizer", text.clip_norm_text)
     precision: str = figure("optimizer", "{}", "; ")
+    remat: str = figure("optimizer", text.remat_text, "; ")
     grad_accum_steps: int = figure("batch", text.accumulation_text, "; ")
     samples_per_update: int = figure()
     updates: int = figure()

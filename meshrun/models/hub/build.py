@@ -35,16 +35,21 @@ def build(options: KerasHubOptions, load_weights: bool = True):
 
 
 def _staged(task, options: KerasHubOptions):
-    """The task as the build asks: itself, or (for pipeline stages) a functional model of the same
+    """The task as the build asks: itself (its backbone's transformer_layers recomputed in the
+    backward pass under train.remat=blocks), or (for pipeline stages) a functional model of the same
     layers on inputs of model.seq_len tokens whose backbone's transformer_layers run as stages,
     stacked under `transformer_layers` (meshrun.pipeline.functional); the task's own blocks are
     then dropped."""
     import keras
 
-    from meshrun.pipeline.blocks import building_for
+    from meshrun.compat.keras.remat import recompute_in_backward
+    from meshrun.pipeline.blocks import blocks_recomputed, building_for
 
     pipeline = building_for()
     blocks = list(getattr(task.backbone, "transformer_layers", None) or [])
+    if pipeline is None and blocks_recomputed():
+        for block in blocks:
+            recompute_in_backward(block)
     if pipeline is None or not blocks:
         return task  # without blocks: meshrun's checks say so in the config's terms
     from meshrun.pipeline.functional import with_pipelined_blocks
