@@ -58,7 +58,9 @@ def step_memory(config: RunConfig, planned, loss_function: str, devices) -> Step
             accumulate=train.grad_accum_steps,
         )
         with keras.StatelessScope(initialize_variables=False):
-            model, signature = build_model(planned.spec, planned.options, config.data, abstract=True)
+            model, signature = build_model(
+                planned.spec, planned.options, config.data, abstract=True, remat=train.remat
+            )
             _compile(model, optimizer, config, planned, loss_function)
             batch = _abstract_batch(
                 signature,
