@@ -110,6 +110,8 @@ class Flag:
 
 MULTIRUN = Flag(("-m", "--multirun"), hydra=True)
 SAVE_LAYOUT = "--save-layout"
+FIT = "--fit"  # plan --fit: the largest batch or sequence length whose train step fits
+FIT_TARGETS = ("batch", "seq_len")
 # Each command's flags; train's are the Hydra flags meshrun passes on (Hydra's others would change
 # meshrun's config tree or its app: --config-path, --config-name, --run, --shell-completion, ...).
 FLAGS = {
@@ -126,7 +128,13 @@ FLAGS = {
             hydra=True,
         ),
     ),
-    "plan": (Flag(("--json",)), Flag(("--full",)), Flag((SAVE_LAYOUT,), (), "FILE.yaml"), MULTIRUN),
+    "plan": (
+        Flag(("--json",)),
+        Flag(("--full",)),
+        Flag((SAVE_LAYOUT,), (), "FILE.yaml"),
+        Flag((FIT,), FIT_TARGETS, "batch|seq_len"),
+        MULTIRUN,
+    ),
     "sweep": (MULTIRUN,),
 }
 
@@ -154,6 +162,7 @@ def parse(command: str, args: list[str], as_program: bool):
         full="--full" in given,
         as_program=as_program,
         save_layout=save_layout,
+        fit=given.get(FIT),
     )
 
 

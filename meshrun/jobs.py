@@ -18,7 +18,7 @@ from meshrun.compat.keras.startup import import_keras
 from meshrun.config.parse import parse_run_config
 from meshrun.config.schema import RunConfig
 from meshrun.data import notes as data_notes
-from meshrun.errors import ConfigError, Preempted, RunFailed
+from meshrun.errors import ConfigError, DoesNotFit, Preempted, RunFailed
 from meshrun.files import write_json, write_output
 from meshrun.launch import join as join_lib
 from meshrun.launch import launchers, reuse
@@ -181,6 +181,9 @@ def plan_job(invocation: Invocation, job: Job) -> None:
         *_errors_of(lambda: check_without_devices(config, planned, processes)),
         *_errors_of(lambda: check_text_tokenizer(config, planned)),
     ]
+    found = _fit_found(invocation, config, planned, processes)
+    if found is not None:  # the search answers whether the configured size fits
+        errors = [e for e in errors if not isinstance(e, DoesNotFit)]
     data = {
         **plan.to_dict(),
         "status": "error" if errors else "ok",
@@ -189,11 +192,14 @@ def plan_job(invocation: Invocation, job: Job) -> None:
         "choices": job.choices,
         "overrides": job.overrides,
         "data": {"source": config.data.name, "notes": data_notes(config.data)},
+        **({"fit": found.to_dict()} if found else {}),
     }
     if invocation.as_json:
         print(json.dumps(data) if job.number is not None else json.dumps(data, indent=2))
     else:
         render_plan(data, full=invocation.full)
+        if found is not None:
+            print(found.line())
     if errors:
         for error in errors[:-1]:
             say_error(str(error))
@@ -210,6 +216,16 @@ def plan_job(invocation: Invocation, job: Job) -> None:
             f"rules); load it with layout={invocation.save_layout}",
             file=sys.stderr if invocation.as_json else sys.stdout,
         )
+
+
+def _fit_found(invocation: Invocation, config: RunConfig, planned, processes: int):
+    """`plan --fit`'s answer (meshrun.run.fit_search.FitFound), None without --fit. A ConfigError
+    (exit 2) where it cannot search: no device memory, a plan error, nothing fits."""
+    if invocation.fit is None:
+        return None
+    from meshrun.run.prepare import fit_for_plan
+
+    return fit_for_plan(config, planned, invocation.fit, processes)
 
 
 def _errors_of(check: Callable[[], object]) -> list[ConfigError]:

@@ -8,7 +8,7 @@ from importlib import metadata
 
 USAGE = """\
 usage: meshrun train  [OVERRIDE ...] [-m] [--cfg job]
-       meshrun plan   [OVERRIDE ...] [-m] [--json] [--full] [--save-layout FILE.yaml]
+       meshrun plan   [OVERRIDE ...] [-m] [--json] [--full] [--save-layout FILE.yaml] [--fit batch|seq_len]
        meshrun sweep  [OVERRIDE ...]
        meshrun report DIR [DIR ...] [--out DIR]
        meshrun generate RUN_DIR --prompt TEXT [--prompt TEXT ...] [--max-length N] [--json]
@@ -81,20 +81,25 @@ checkpoint.every_epoch=true checkpoints/, checkpoint.export=true model.keras, pr
   meshrun train -m mesh=8x1,4x2,2x4,1x8 layout=dense_model
 """,
     "plan": """\
-usage: meshrun plan [OVERRIDE ...] [-m] [--json] [--full] [--save-layout FILE.yaml]
+usage: meshrun plan [OVERRIDE ...] [-m] [--json] [--full] [--save-layout FILE.yaml] [--fit batch|seq_len]
 
 Trains nothing and allocates no model memory: shows where every variable lives and how many bytes
 land on each device, and lints the layout (exit 2 on errors). Takes the overrides `meshrun train`
-takes, so a plan is of exactly the run those overrides would make.
+takes, so a plan is of exactly the run those overrides would make. With devices.memory_gib it also
+counts the train step's own memory and peak (the step compiled on abstract inputs) and says whether
+that fits.
 
   --json                   print the plan as JSON lines (one per job) instead of tables
   --full                   a row per variable (repeated blocks otherwise share a row: block_{0..31}/...)
   --save-layout FILE.yaml  write the rules in force (hand-written, the model's own or layout=auto's) as a
                            layout file that layout=FILE.yaml loads
+  --fit batch|seq_len      the largest train.batch_size (or model.seq_len) whose train step fits
+                           devices.memory_gib (a compile for each size tried)
   -m, --multirun           plan every job of a multirun
 
   meshrun plan model=transformer model.preset=7b mesh=1x8 layout=transformer_tp
   meshrun plan model=transformer mesh=1x8 layout=auto --save-layout tp.yaml
+  meshrun plan model=transformer mesh=2x4 devices.memory_gib=0.004 --fit batch
 """,
     "sweep": """\
 usage: meshrun sweep [OVERRIDE ...]

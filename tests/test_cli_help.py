@@ -50,7 +50,10 @@ TRAIN_FLAGS = (
     "-m/--multirun, --cfg/-c job|hydra|all, --resolve, --package/-p "
     "PACKAGE, --info/-i [WHAT] or --help (see meshrun train --help)"
 )
-PLAN_FLAGS = "--json, --full, --save-layout FILE.yaml, -m/--multirun or --help (see meshrun plan --help)"
+PLAN_FLAGS = (
+    "--json, --full, --save-layout FILE.yaml, --fit batch|seq_len, -m/--multirun or --help "
+    "(see meshrun plan --help)"
+)
 UNKNOWN_FLAGS = {
     "train, misspelt": (
         ["train", "mesh=2x4", "--jsn"],

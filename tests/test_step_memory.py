@@ -82,7 +82,11 @@ def test_a_plan_whose_step_does_not_fit_says_by_how_much_and_what_would(capsys):
         "(the train step's peak: 134.38 KiB parameters + 268.76 KiB adam state + 1.80 MiB of its own)" in line
     )
     assert "more than the 2.05 MiB of one device (devices.memory_gib=0.002)" in line
-    assert "a smaller train.batch_size or model.seq_len, or shard more" in line
+    assert (
+        "a smaller train.batch_size or model.seq_len (meshrun plan --fit batch or --fit seq_len finds "
+        "the largest that fits), recompute activations (train.remat=blocks), or shard more, or give "
+        "the real memory"
+    ) in line
 
 
 @pytest.mark.integration
@@ -108,3 +112,53 @@ def test_the_plan_counts_what_train_remat_saves(capsys):
 
     kept, recomputed = step("none"), step("blocks")
     assert recomputed["step_bytes_per_device"] * 2 < kept["step_bytes_per_device"]
+
+
+def plan_json(args: list[str], capsys) -> dict:
+    done = cli_here(["plan", *ZOO, *args, "--json"], capsys)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+@pytest.mark.integration
+def test_fit_batch_picks_exactly_the_batch_that_fits(capsys):
+    """The memory figure is the step's peak at a global batch of 24 (a multiple of the batch axis
+    of 2): the search from the configured 16 picks 24, and says what 26 would need."""
+    peak_24 = plan_json(["train.batch_size=24", MEMORY], capsys)["step"]["step_peak_bytes_per_device"]
+    memory_gib = (peak_24 + 512) / 2**30
+    found = plan_json([f"devices.memory_gib={memory_gib!r}", "--fit", "batch"], capsys)["fit"]
+    assert (found["key"], found["value"], found["step_peak_bytes_per_device"]) == (
+        "train.batch_size",
+        24,
+        peak_24,
+    )
+    assert found["larger"] == 26 and found["larger_step_peak_bytes_per_device"] > found["device_memory_bytes"]
+    assert [size for size, _ in found["tried"]] == [16, 24, 26, 28, 32]
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize(
+    "args,expected",
+    [
+        (
+            [*ZOO, "--fit", "batch"],
+            "--fit: got 'batch' but the plan has no device memory to fit: give devices.memory_gib "
+            "(emulated CPU devices report none)",
+        ),
+        (
+            ["model=dense_model", "mesh=2x4", MEMORY, "--fit", "seq_len"],
+            "--fit: got 'seq_len' for dense_model, which has no model.seq_len to vary; valid for it: batch",
+        ),
+        (
+            # The state (0.39 MiB a device) fits 0.0006 GiB, a step of 2 samples (0.72 MiB) does not.
+            [*ZOO, "devices.memory_gib=0.0006", "--fit", "batch"],
+            "devices.memory_gib: not even train.batch_size=2 fits: its train step needs 733.55 KiB per "
+            "device, more than the 629.15 KiB of one device",
+        ),
+        ([*ZOO, "--fit", "depth"], "--fit: got 'depth'"),
+    ],
+    ids=["no memory", "no seq_len", "nothing fits", "unknown target"],
+)
+def test_bad_fit_input_is_one_line_exit_2(capsys, args, expected):
+    done = cli_here(["plan", *args], capsys)
+    assert expected in one_error_line(done)

@@ -200,8 +200,9 @@ class DevicesConfig:
     memory_gib: float | None = setting(
         None,
         "The memory of one device in GiB, for planning (null: what the accelerator reports; unknown on "
-        "CPU); a job whose planned parameters and optimizer state per device exceed it does not run: "
-        "one line, exit 2, and in a multirun or sweep a `does not fit` row.",
+        "CPU). With it the plan counts the train step's peak per device (state, batch and the step's own "
+        "memory, the step compiled on abstract inputs); a job whose peak exceeds it does not run: one "
+        "line, exit 2, and in a multirun or sweep a `does not fit` row.",
     )
 
     @property

@@ -34,6 +34,7 @@ class Invocation:
     as_json: bool = False
     full: bool = False
     save_layout: str | None = None
+    fit: str | None = None  # plan --fit: batch or seq_len
     kube: Any = None
     as_program: bool = False
     isolate: bool = False

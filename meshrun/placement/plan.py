@@ -379,7 +379,8 @@ def _beyond_memory(plan: Plan) -> DoesNotFit | None:
         own = format_bytes(plan.step.step_bytes_per_device)
         made_of = f"the train step's peak: {state} + {own} of its own"
         remedy = (
-            "a smaller train.batch_size or model.seq_len, or shard more"
+            "a smaller train.batch_size or model.seq_len (meshrun plan --fit batch or --fit seq_len "
+            "finds the largest that fits), recompute activations (train.remat=blocks), or shard more"
             if plan.step.step_bytes_per_device > plan.total_bytes_per_device
             else "shard more (layout=auto, layout.fsdp=true, a larger mesh)"
         )

@@ -10,6 +10,7 @@ Importing this module imports jax and keras: call `meshrun.placement.devices.pre
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import time
 
@@ -25,7 +26,7 @@ from meshrun.run.build import Signature, abstract_session, build_model
 from meshrun.training import objectives
 
 
-def counted(config: RunConfig, planned, loss_function: str, devices) -> object:
+def counted(config: RunConfig, planned, loss_function: str, devices):
     """`planned` (meshrun.run.prepare.PlannedModel) with its train step's memory in its plan, and
     the plan's fit verdict worked out from the step's peak, where the plan has a device memory to
     fit, the state alone fits it (else the verdict stands), the model has no pipeline stages and
@@ -48,8 +49,7 @@ def step_memory(config: RunConfig, planned, loss_function: str, devices) -> Step
     train, plan = config.train, planned.plan
     distribution = distribution_lib.make_distribution(plan.mesh, planned.rules, devices)
     mesh = distribution.device_mesh.backend_mesh
-    with abstract_session(train.precision):
-        keras.distribution.set_distribution(distribution)
+    with abstract_session(train.precision), _in_force(distribution):
         optimizer = objectives.make_optimizer(
             train.optimizer,
             train.learning_rate,
@@ -70,7 +70,8 @@ def step_memory(config: RunConfig, planned, loss_function: str, devices) -> Step
                 plan.mesh.batch_axis,
                 planned.spec.sample_weight_input,
             )
-            build_for_training(model, (*batch, None)[:3])  # (x, y, sample weights or None)
+            x, y, *weights = batch
+            build_for_training(model, (x, y, weights[0] if weights else None))
             state = _abstract_state(model, optimizer, plan, mesh)
             step = jax.jit(
                 model.train_step,
@@ -78,11 +79,21 @@ def step_memory(config: RunConfig, planned, loss_function: str, devices) -> Step
                 out_shardings=(None, jax.tree.map(lambda s: s.sharding, state)),
             )
             memory = step.lower(state, batch).compile().memory_analysis()
-        keras.distribution.set_distribution(None)
     own = memory.temp_size_in_bytes
     peak = memory.argument_size_in_bytes + memory.output_size_in_bytes + own - memory.alias_size_in_bytes
-    method = f"the whole train step compiled on {len(devices)} {devices[0].platform.upper()} devices"
+    count, platform = len(devices), devices[0].platform.upper()
+    method = f"the whole train step compiled on {count} {platform} device{'s' * (count > 1)}"
     return StepMemory(own, peak, method, time.perf_counter() - start)
+
+
+@contextlib.contextmanager
+def _in_force(distribution):
+    """Keras' distribution set to `distribution` while in force, and to none after."""
+    keras.distribution.set_distribution(distribution)
+    try:
+        yield
+    finally:
+        keras.distribution.set_distribution(None)
 
 
 def _compile(model, optimizer, config: RunConfig, planned, loss_function: str) -> None:
