@@ -1,4 +1,4 @@
-"""The train step's memory in the plan (issue 68, part 1): with a device memory to fit
+"""The train step's memory in the plan (issue 68): with a device memory to fit
 (devices.memory_gib), `meshrun plan` and a run's plan compile the real train step on abstract
 inputs and count its peak; the run then measures the same program after fit. A plan whose step
 does not fit is one line, exit 2, saying by how much and what would help; without a memory figure
@@ -70,6 +70,17 @@ def test_a_keras_hub_presets_planned_step_peak_is_the_measured_one(presets_dir, 
     preset = [f"model.preset={presets_dir / family}", f"data.files={presets_dir / 'corpus.txt'}"]
     train_here([*HUB, *preset, "model.seq_len=32", *extra, MEMORY], tmp_path)
     assert_planned_as_measured(tmp_path)
+
+
+@pytest.mark.integration
+def test_a_pipelined_models_planned_step_peak_is_the_measured_one(tmp_path):
+    stages = ["mesh=2x2x2", "mesh.axis_names=[stage,data,model]", "mesh.batch_axis=data"]
+    train_here(
+        ["model=transformer", *stages, "train.verbose=0", "train.epochs=1", "data.num_samples=32", MEMORY],
+        tmp_path,
+    )
+    plan = assert_planned_as_measured(tmp_path)
+    assert plan["pipeline"]["stages"] == 2
 
 
 @pytest.mark.integration
@@ -162,3 +173,18 @@ def test_fit_batch_picks_exactly_the_batch_that_fits(capsys):
 def test_bad_fit_input_is_one_line_exit_2(capsys, args, expected):
     done = cli_here(["plan", *args], capsys)
     assert expected in one_error_line(done)
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("limit,start", [(0, 4), (1, 4), (5, 4), (4, 4), (24, 4), (7, 1), (3, 100)])
+def test_the_search_finds_the_largest_size_that_fits_with_few_tries(limit, start):
+    from meshrun.run.fit_search import _largest
+
+    tried = []
+
+    def fits(n: int) -> bool:
+        tried.append(n)
+        return n <= limit
+
+    assert _largest(fits, start) == limit
+    assert len(tried) == len(set(tried)) and len(tried) <= 2 * max(limit, start).bit_length() + 2

@@ -33,7 +33,7 @@ def counted(config: RunConfig, planned, loss_function: str, devices):
     `devices` (jax devices in mesh order, one per mesh position) are there to compile on.
     Otherwise `planned` as it is: the plan then counts the state only, and says so."""
     plan = planned.plan
-    if plan.memory is None or plan.errors or planned.pipeline is not None:
+    if plan.memory is None or plan.errors:
         return planned
     if len(devices) != plan.mesh.size or planned.abstract.signature is None:
         return planned
@@ -59,7 +59,12 @@ def step_memory(config: RunConfig, planned, loss_function: str, devices) -> Step
         )
         with keras.StatelessScope(initialize_variables=False):
             model, signature = build_model(
-                planned.spec, planned.options, config.data, abstract=True, remat=train.remat
+                planned.spec,
+                planned.options,
+                config.data,
+                abstract=True,
+                pipeline=planned.pipeline,
+                remat=train.remat,
             )
             _compile(model, optimizer, config, planned, loss_function)
             batch = _abstract_batch(
