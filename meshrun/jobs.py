@@ -223,7 +223,7 @@ def _fit_found(invocation: Invocation, config: RunConfig, planned, processes: in
     (exit 2) where it cannot search: no device memory, a plan error, nothing fits."""
     if invocation.fit is None:
         return None
-    from meshrun.run.prepare import fit_for_plan
+    from meshrun.run.plan_memory import fit_for_plan
 
     return fit_for_plan(config, planned, invocation.fit, processes)
 
@@ -242,9 +242,10 @@ def planned_here(config: RunConfig, processes: int):
     processes, worked out in this process from shapes alone, on devices this machine need not have."""
     devices.prepare_for_plan(config.devices, config.mesh)
     import_keras()
+    from meshrun.run.plan_memory import counted_for_plan
     from meshrun.run.prepare import place_for_plan
 
-    return place_for_plan(config, processes)
+    return counted_for_plan(config, place_for_plan(config, processes), processes)
 
 
 def k8s_job(invocation: Invocation, job: Job) -> None:

@@ -80,18 +80,21 @@ class StepMemory:
     compiled on abstract inputs (meshrun.run.step_memory): `step_bytes_per_device`, the step's own
     memory (activations, gradients, temporaries: XLA's temp bytes), and `step_peak_bytes_per_device`,
     everything live at once (arguments + outputs + temp - what outputs reuse of donated inputs).
-    `method` says how the figures were found; `seconds`, what finding them took."""
+    `method` says how the figures were found; `seconds`, what finding them took; `remat`, the
+    train.remat policy of the step compiled."""
 
     step_bytes_per_device: int
     step_peak_bytes_per_device: int
     method: str
     seconds: float
+    remat: str = "none"  # the train.remat policy the step was compiled with
 
     def to_dict(self) -> dict:
         return {
             "step_bytes_per_device": self.step_bytes_per_device,
             "step_peak_bytes_per_device": self.step_peak_bytes_per_device,
             "method": self.method,
+            "remat": self.remat,
             "seconds": round(self.seconds, 3),
         }
 
@@ -378,9 +381,10 @@ def _beyond_memory(plan: Plan) -> DoesNotFit | None:
     else:
         own = format_bytes(plan.step.step_bytes_per_device)
         made_of = f"the train step's peak: {state} + {own} of its own"
+        recompute = "recompute activations (train.remat=blocks), " if plan.step.remat == "none" else ""
         remedy = (
             "a smaller train.batch_size or model.seq_len (meshrun plan --fit batch or --fit seq_len "
-            "finds the largest that fits), recompute activations (train.remat=blocks), or shard more"
+            f"finds the largest that fits), {recompute}or shard more"
             if plan.step.step_bytes_per_device > plan.total_bytes_per_device
             else "shard more (layout=auto, layout.fsdp=true, a larger mesh)"
         )

@@ -28,7 +28,7 @@ from meshrun.config.layout_schema import DEFAULT_AUTO_MIN_BYTES, LayoutConfig, L
 from meshrun.config.schema import PipelineConfig, RunConfig, TrainConfig
 from meshrun.config.slices import with_dcn
 from meshrun.data import order, ranges
-from meshrun.errors import ConfigError, DoesNotFit
+from meshrun.errors import ConfigError
 from meshrun.models import get_model
 from meshrun.placement import devices as devices_lib
 from meshrun.placement import distribution as distribution_lib
@@ -196,54 +196,7 @@ def place_for_plan(config: RunConfig, processes: int = 1) -> PlannedModel:
         check_batch(config.train.batch_size, mesh)
         check_processes(mesh, config.devices, processes, "distributed.num_processes")
     mesh = with_dcn(mesh, processes, (config.pipeline.axis,))
-    planned = place(config, mesh, processes, devices_lib.device_memory(config.devices))
-    return _step_counted_for_plan(config, planned)
-
-
-def _step_counted_for_plan(config: RunConfig, planned: PlannedModel) -> PlannedModel:
-    """The plan's model with its train step's memory counted on this machine's CPU devices, which
-    meshrun.placement.devices.prepare_for_plan emulates one per mesh position when the plan has a
-    device memory to fit (step_memory.counted says when it is counted). A bad loss or metric
-    leaves it uncounted: the plan reports that error itself."""
-    if planned.plan.memory is None:
-        return planned
-    try:
-        named = check_objectives(config.train, planned)
-    except ConfigError:
-        return planned
-    cpus = devices_lib.cpu_devices_in_mesh_order(planned.plan.mesh)
-    return step_memory.counted(config, planned, named.loss_function, cpus)
-
-
-def fit_for_plan(config: RunConfig, planned: PlannedModel, target: str, processes: int = 1):
-    """`meshrun plan --fit TARGET`: the largest train.batch_size ("batch") or model.seq_len
-    ("seq_len") whose train step fits the plan's device memory (meshrun.run.fit_search.FitFound),
-    compiled on this machine's CPU devices. ConfigError where the plan has no memory to fit, its
-    state alone does not fit, or even the smallest size does not."""
-    from meshrun.run import fit_search
-
-    if planned.plan.memory is None:
-        raise ConfigError(
-            "--fit",
-            f"got {target!r} but the plan has no device memory to fit: give devices.memory_gib "
-            "(emulated CPU devices report none)",
-        )
-    plan = planned.plan
-    blocking = [e for e in plan.errors if not (isinstance(e, DoesNotFit) and plan.step is not None)]
-    if blocking:  # the configured size not fitting is what the search answers; anything else stops it
-        raise blocking[0]
-    if planned.pipeline is not None or processes > 1:
-        raise ConfigError(
-            "--fit",
-            f"got {target!r} for a plan with pipeline stages or several processes, whose train step "
-            "meshrun does not count yet; plan it without them",
-        )
-    named = check_objectives(config.train, planned)
-    cpus = devices_lib.cpu_devices_in_mesh_order(planned.plan.mesh)
-    mesh, memory = planned.plan.mesh, planned.plan.memory
-    return fit_search.largest_fitting(
-        config, planned, named.loss_function, cpus, target, lambda resized: place(resized, mesh, 1, memory)
-    )
+    return place(config, mesh, processes, devices_lib.device_memory(config.devices))
 
 
 def place(

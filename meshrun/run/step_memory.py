@@ -88,7 +88,7 @@ def step_memory(config: RunConfig, planned, loss_function: str, devices) -> Step
     peak = memory.argument_size_in_bytes + memory.output_size_in_bytes + own - memory.alias_size_in_bytes
     count, platform = len(devices), devices[0].platform.upper()
     method = f"the whole train step compiled on {count} {platform} device{'s' * (count > 1)}"
-    return StepMemory(own, peak, method, time.perf_counter() - start)
+    return StepMemory(own, peak, method, time.perf_counter() - start, remat=train.remat)
 
 
 @contextlib.contextmanager
