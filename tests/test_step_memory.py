@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from conftest import cli_here, one_error_line, train_here
+from conftest import HF_DATA, cli_here, one_error_line, train_here
 from presets import corpus_text, gemma_preset, llama3_preset
 
 MEMORY = "devices.memory_gib=1"
@@ -69,6 +69,13 @@ def test_the_zoo_transformers_planned_step_peak_is_the_measured_one(tmp_path, se
 def test_a_keras_hub_presets_planned_step_peak_is_the_measured_one(presets_dir, tmp_path, family, extra):
     preset = [f"model.preset={presets_dir / family}", f"data.files={presets_dir / 'corpus.txt'}"]
     train_here([*HUB, *preset, "model.seq_len=32", *extra, MEMORY], tmp_path)
+    assert_planned_as_measured(tmp_path)
+
+
+@pytest.mark.integration
+def test_a_transformers_checkpoints_planned_step_peak_is_the_measured_one(tmp_path):
+    checkpoint = [f"model.preset={HF_DATA / 'qwen3'}", f"data.files={HF_DATA / 'corpus.txt'}"]
+    train_here([*HUB, *checkpoint, "model.seq_len=32", "model.lora.rank=4", MEMORY], tmp_path)
     assert_planned_as_measured(tmp_path)
 
 
