@@ -90,11 +90,17 @@ def largest_fitting(config: RunConfig, planned, loss_function: str, devices, tar
 
     best = _largest(fits, max(current // unit, 1))
     if best == 0:
+        if 1 not in peaks:
+            raise ConfigError(
+                "--fit",
+                f"got {target!r} but {planned.spec.name_of(config.model.options)} takes no {key}={unit}",
+            )
+        recompute = " or recompute activations (train.remat=blocks)" if config.train.remat == "none" else ""
         raise ConfigError(
             "devices.memory_gib",
             f"not even {key}={unit} fits: its train step needs {format_bytes(peaks[1])} per device, "
             f"more than the {format_bytes(memory)} of one device ({planned.plan.memory.source}); "
-            "shard more or recompute (train.remat=blocks)",
+            f"shard more{recompute}",
         )
     larger = min((units for units in peaks if units > best), default=None)
     return FitFound(
