@@ -386,11 +386,17 @@ def test_bad_user_model_input_is_one_line_with_exit_2(name, workdir, tmp_path, m
 
 
 @pytest.mark.integration
-def test_an_own_models_planned_step_peak_is_the_measured_one(in_workdir, tmp_path):
+@pytest.mark.parametrize(
+    "args",
+    [[f"model.factory={MODULE}:functional", SPARSE, FUNCTIONAL_RULES], [f"model.factory={MODULE}:compiled"]],
+    ids=["functional", "compiled by its factory"],
+)
+def test_an_own_models_planned_step_peak_is_the_measured_one(in_workdir, tmp_path, args):
     """With a device memory to fit, the plan counts the train step's peak (compiled on abstract
-    inputs) and it is the one the run measures after fit, within 10% (issue 68)."""
+    inputs) and it is the one the run measures after fit, within 10% (issue 68); a factory that
+    compiles its model brings its loss to that step too."""
     run_dir = tmp_path / "run"
-    args = [f"model.factory={MODULE}:functional", SPARSE, *FAST, "mesh=2x4", FUNCTIONAL_RULES]
+    args = [*args, *FAST, "mesh=2x4"]
     metrics = train_here(["model=python", *args, "devices.memory_gib=1"], run_dir)
     memory, plan = metrics["memory"], plan_of(run_dir)
     assert plan["device_memory"]["counts"] == "the step's peak"

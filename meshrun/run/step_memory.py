@@ -19,6 +19,7 @@ import keras
 from jax.sharding import NamedSharding, PartitionSpec
 
 from meshrun.compat.keras.jax_trainer import build_for_training
+from meshrun.compat.keras.models import compile_recorded
 from meshrun.config.schema import RunConfig
 from meshrun.placement import distribution as distribution_lib
 from meshrun.placement.plan import Plan, StepMemory, with_step_memory
@@ -58,14 +59,17 @@ def step_memory(config: RunConfig, planned, loss_function: str, devices) -> Step
             accumulate=train.grad_accum_steps,
         )
         with keras.StatelessScope(initialize_variables=False):
-            model, signature = build_model(
-                planned.spec,
-                planned.options,
-                config.data,
-                abstract=True,
-                pipeline=planned.pipeline,
-                remat=train.remat,
-            )
+            # A factory that compiles its model is recorded, not run (its optimizer's variables
+            # cannot be made here); what it compiled with is the plan's record of it.
+            with compile_recorded():
+                model, signature = build_model(
+                    planned.spec,
+                    planned.options,
+                    config.data,
+                    abstract=True,
+                    pipeline=planned.pipeline,
+                    remat=train.remat,
+                )
             _compile(model, optimizer, config, planned, loss_function)
             batch = _abstract_batch(
                 signature,
@@ -103,9 +107,10 @@ def _in_force(distribution):
 
 def _compile(model, optimizer, config: RunConfig, planned, loss_function: str) -> None:
     """Compiles `model` with the run's optimizer, loss and metrics, as the run does
-    (meshrun.run.session.compile_model), without its learning-rate schedule (a scalar either way)."""
+    (meshrun.run.session.compile_model), without its learning-rate schedule (a scalar either way);
+    a model its factory compiled brings what it compiled with (AbstractModel.compiled)."""
     train = config.train
-    compiled = objectives.compiled_objectives(model)
+    compiled = planned.abstract.compiled
     loss = objectives.make_loss(train.loss, planned.spec, planned.options, compiled)
     metrics = objectives.make_metrics(
         train.metrics, loss_function, train.loss is None, planned.spec, planned.options, compiled
