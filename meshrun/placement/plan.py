@@ -87,7 +87,7 @@ class StepMemory:
     step_peak_bytes_per_device: int
     method: str
     seconds: float
-    remat: str = "none"  # the train.remat policy the step was compiled with
+    remat: str = "none"
 
     def to_dict(self) -> dict:
         return {
@@ -376,18 +376,16 @@ def _beyond_memory(plan: Plan) -> DoesNotFit | None:
         f"{format_bytes(plan.params_bytes_per_device)} parameters + "
         f"{format_bytes(plan.optimizer_bytes_per_device)} {plan.optimizer} state"
     )
-    if plan.step is None:
-        made_of, remedy = state, "shard more (layout=auto, layout.fsdp=true, a larger mesh)"
-    else:
+    made_of, remedy = state, "shard more (layout=auto, layout.fsdp=true, a larger mesh)"
+    if plan.step is not None:
         own = format_bytes(plan.step.step_bytes_per_device)
         made_of = f"the train step's peak: {state} + {own} of its own"
-        recompute = "recompute activations (train.remat=blocks), " if plan.step.remat == "none" else ""
-        remedy = (
-            "a smaller train.batch_size or model.seq_len (meshrun plan --fit batch or --fit seq_len "
-            f"finds the largest that fits), {recompute}or shard more"
-            if plan.step.step_bytes_per_device > plan.total_bytes_per_device
-            else "shard more (layout=auto, layout.fsdp=true, a larger mesh)"
-        )
+        if plan.step.step_bytes_per_device > plan.total_bytes_per_device:  # the step's own dominates
+            recompute = "recompute activations (train.remat=blocks), " if plan.step.remat == "none" else ""
+            remedy = (
+                "a smaller train.batch_size or model.seq_len (meshrun plan --fit batch or --fit seq_len "
+                f"finds the largest that fits), {recompute}or shard more"
+            )
     return DoesNotFit(
         "devices.memory_gib",
         f"does not fit: the plan puts {format_bytes(needed)} on each device of mesh "

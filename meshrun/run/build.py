@@ -224,10 +224,9 @@ def describe(
     remat: str = "none",
 ) -> AbstractModel:
     """Builds the model (for pipeline stages with `pipeline`, for train.remat=`remat`) and the
-    optimizer's slots abstractly,
-    under the dtype policy the run trains with, so this build and the run's build that follows give
-    every variable the same path and the model the same signature. A stacked variable of pipelined
-    blocks records the per-block paths it holds (TensorSpec.blocks)."""
+    optimizer's slots abstractly, under the dtype policy the run trains with, so this build and the
+    run's build that follows give every variable the same path and the model the same signature. A
+    stacked variable of pipelined blocks records the per-block paths it holds (TensorSpec.blocks)."""
     with abstract_session(precision), compile_recorded() as compiled:
         optimizer = make_optimizer(optimizer_name, learning_rate)  # its scalars are real, and tiny
         references = {}

@@ -31,8 +31,6 @@ def enter_run_session(setup: RunSetup, distribution=None) -> None:
 
 def compile_model(model, setup: RunSetup):
     """Compiles `model` with the run's optimizer, loss and metrics; returns the loss."""
-    spec, options = setup.planned.spec, setup.planned.options
-    compiled = objectives.compiled_objectives(model)
     train = setup.config.train
     optimizer = objectives.make_optimizer(
         train.optimizer,
@@ -41,14 +39,16 @@ def compile_model(model, setup: RunSetup):
         loss_scaling=train.precision == "mixed_float16",
         accumulate=train.grad_accum_steps,
     )
-    loss = objectives.make_loss(train.loss, spec, options, compiled)
-    metrics = objectives.make_metrics(
-        train.metrics, setup.objectives.loss_function, train.loss is None, spec, options, compiled
+    return objectives.compile_with(
+        model,
+        optimizer,
+        train,
+        setup.planned.spec,
+        setup.planned.options,
+        setup.objectives.loss_function,
+        objectives.compiled_objectives(model),
+        setup.datasets.weighted,
     )
-    # With sample weights (a padding mask), metrics count only the samples (tokens) that weigh.
-    weighing = {"weighted_metrics": metrics} if setup.datasets.weighted else {"metrics": metrics}
-    model.compile(optimizer=optimizer, loss=loss, **weighing)
-    return loss
 
 
 def evaluate(model, setup: RunSetup, callbacks: list) -> dict:

@@ -59,28 +59,7 @@ def step_memory(config: RunConfig, planned, loss_function: str, devices) -> Step
             accumulate=train.grad_accum_steps,
         )
         with keras.StatelessScope(initialize_variables=False):
-            # A factory that compiles its model is recorded, not run (its optimizer's variables
-            # cannot be made here); what it compiled with is the plan's record of it.
-            with compile_recorded():
-                model, signature = build_model(
-                    planned.spec,
-                    planned.options,
-                    config.data,
-                    abstract=True,
-                    pipeline=planned.pipeline,
-                    remat=train.remat,
-                )
-            _compile(model, optimizer, config, planned, loss_function)
-            batch = _abstract_batch(
-                signature,
-                loss_function,
-                train.batch_size,
-                mesh,
-                plan.mesh.batch_axis,
-                planned.spec.sample_weight_input,
-            )
-            x, y, *weights = batch
-            build_for_training(model, (x, y, weights[0] if weights else None))
+            model, batch = _built_for_training(config, planned, optimizer, loss_function, mesh)
             state = _abstract_state(model, optimizer, plan, mesh)
             step = jax.jit(
                 model.train_step,
@@ -95,6 +74,41 @@ def step_memory(config: RunConfig, planned, loss_function: str, devices) -> Step
     return StepMemory(own, peak, method, time.perf_counter() - start, remat=train.remat)
 
 
+def _built_for_training(config: RunConfig, planned, optimizer, loss_function: str, mesh) -> tuple:
+    """The model built by shapes and compiled as the run compiles it (meshrun.run.session.compile_model,
+    without its learning-rate schedule: a scalar either way), built for training on one abstract
+    global batch as fit builds it first; the model and that batch. Call it in a StatelessScope that
+    defers variables, under the plan's distribution."""
+    train = config.train
+    # A factory that compiles its model is recorded, not run (its optimizer's variables cannot be
+    # made here); what it compiled with is the plan's record of it.
+    with compile_recorded():
+        model, signature = build_model(
+            planned.spec,
+            planned.options,
+            config.data,
+            abstract=True,
+            pipeline=planned.pipeline,
+            remat=train.remat,
+        )
+    weight_input = planned.spec.sample_weight_input
+    objectives.compile_with(
+        model,
+        optimizer,
+        train,
+        planned.spec,
+        planned.options,
+        loss_function,
+        planned.abstract.compiled,
+        weighted=weight_input is not None,
+    )
+    batch_axis = planned.plan.mesh.batch_axis
+    batch = _abstract_batch(signature, loss_function, train.batch_size, mesh, batch_axis, weight_input)
+    x, y, *weights = batch
+    build_for_training(model, (x, y, weights[0] if weights else None))
+    return model, batch
+
+
 @contextlib.contextmanager
 def _in_force(distribution):
     """Keras' distribution set to `distribution` while in force, and to none after."""
@@ -103,19 +117,6 @@ def _in_force(distribution):
         yield
     finally:
         keras.distribution.set_distribution(None)
-
-
-def _compile(model, optimizer, config: RunConfig, planned, loss_function: str) -> None:
-    """Compiles `model` with the run's optimizer, loss and metrics, as the run does
-    (meshrun.run.session.compile_model), without its learning-rate schedule (a scalar either way);
-    a model its factory compiled brings what it compiled with (AbstractModel.compiled)."""
-    train = config.train
-    compiled = planned.abstract.compiled
-    loss = objectives.make_loss(train.loss, planned.spec, planned.options, compiled)
-    metrics = objectives.make_metrics(
-        train.metrics, loss_function, train.loss is None, planned.spec, planned.options, compiled
-    )
-    model.compile(optimizer=optimizer, loss=loss, metrics=metrics)
 
 
 def _abstract_batch(
@@ -146,21 +147,20 @@ def _abstract_state(model, optimizer, plan: Plan, mesh) -> tuple:
     metrics variables), as shapes with the shardings the plan gives them."""
     by_path = {p.path: p for p in plan.variables}
 
+    def shaped(variable, spec=()):
+        sharding = NamedSharding(mesh, PartitionSpec(*spec))
+        return jax.ShapeDtypeStruct(variable.shape, variable.dtype, sharding=sharding)
+
     def placed(variable, placement):
         if tuple(placement.shape) != tuple(variable.shape):
             raise RuntimeError(
                 f"the plan's {placement.path} is {placement.shape}, the model's {variable.shape}"
             )
-        sharding = NamedSharding(mesh, PartitionSpec(*placement.spec))
-        return jax.ShapeDtypeStruct(variable.shape, variable.dtype, sharding=sharding)
-
-    def replicated(variable):
-        sharding = NamedSharding(mesh, PartitionSpec())
-        return jax.ShapeDtypeStruct(variable.shape, variable.dtype, sharding=sharding)
+        return shaped(variable, placement.spec)
 
     return (
         [placed(v, by_path[v.path]) for v in model.trainable_variables],
         [placed(v, by_path[v.path]) for v in model.non_trainable_variables],
         [placed(v, p) for v, p in zip(optimizer.variables, plan.slots, strict=True)],
-        [replicated(v) for v in model.metrics_variables],
+        [shaped(v) for v in model.metrics_variables],  # replicated
     )

@@ -97,6 +97,20 @@ def make_metrics(
     return ["accuracy"] if "crossentropy" in loss_name_ else []
 
 
+def compile_with(
+    model, optimizer, train, model_spec: ModelSpec, options, loss_function: str, compiled, weighted: bool
+):
+    """Compiles `model` with `optimizer` and the run's loss and metrics (`train`: its TrainConfig;
+    `compiled`: what the model's own code compiled it with, or None); with `weighted` (batches carry
+    sample weights, a padding mask), the metrics count only the samples (tokens) that weigh.
+    Returns the loss."""
+    loss = make_loss(train.loss, model_spec, options, compiled)
+    metrics = make_metrics(train.metrics, loss_function, train.loss is None, model_spec, options, compiled)
+    weighing = {"weighted_metrics": metrics} if weighted else {"metrics": metrics}
+    model.compile(optimizer=optimizer, loss=loss, **weighing)
+    return loss
+
+
 def metric_names(metrics: list) -> list[str]:
     """The names Keras logs for compiled `metrics` (names or metric objects), after `loss`."""
     return [
