@@ -85,8 +85,8 @@ def run_local(config: DistributedConfig, run_dir: str, overrides: list[str]) -> 
     Path(run_dir).mkdir(parents=True, exist_ok=True)
     logged_before = logs_there(run_dir, count)
     started = [_start(i, count, coordinator, run_dir, kept) for i in range(count)]
-    _write_processes_file(run_dir, coordinator, started)
-    follow(started, run_dir, logged_before)
+    # processes.json says the job is under way: written once a stop signal is passed on, not before
+    follow(started, run_dir, logged_before, lambda: _write_processes_file(run_dir, coordinator, started))
 
 
 def logs_there(run_dir: str, count: int) -> bool:
@@ -95,14 +95,17 @@ def logs_there(run_dir: str, count: int) -> bool:
     return any(log_path(run_dir, i).exists() for i in range(count))
 
 
-def follow(started: list[subprocess.Popen], run_dir: str, logged_before: bool = False) -> None:
+def follow(
+    started: list[subprocess.Popen], run_dir: str, logged_before: bool = False, watching=lambda: None
+) -> None:
     """Watches the started processes of one job (`start_process`) to their end, passing a stop
-    signal on to them. Raises ConfigError when they reject the config (after removing their logs,
-    unless `logged_before`: those are an earlier launch's too), Preempted when a stop signal
-    stopped them, RunFailed when one fails, naming it and its log."""
+    signal on to them (`watching()` is called once that is in force). Raises ConfigError when they
+    reject the config (after removing their logs, unless `logged_before`: those are an earlier
+    launch's too), Preempted when a stop signal stopped them, RunFailed when one fails, naming it
+    and its log."""
     count = len(started)
     try:
-        ending = _watch(started, run_dir)
+        ending = _watch(started, run_dir, watching)
     except KeyboardInterrupt:
         raise RunFailed(f"interrupted; stopped all {count} processes") from None
     if ending is None:
@@ -148,7 +151,7 @@ def _write_processes_file(run_dir: str, coordinator: str, started: list[subproce
     path.write_text(json.dumps({"coordinator": coordinator, "processes": entries}, indent=2) + "\n")
 
 
-def _watch(started: list[subprocess.Popen], run_dir: str) -> Failure | Stopped | None:
+def _watch(started: list[subprocess.Popen], run_dir: str, watching) -> Failure | Stopped | None:
     """Waits for every process; at the first failure stops the rest and returns it. A stop signal
     to the launcher (SIGTERM, SIGUSR1, the first Ctrl-C) is passed on to every process, which then
     stop together with a checkpoint (returns Stopped); a second Ctrl-C, or SIGHUP, stops them all
@@ -157,6 +160,7 @@ def _watch(started: list[subprocess.Popen], run_dir: str) -> Failure | Stopped |
     with SignalHandlers({signal.SIGHUP: _raise_interrupt}):
         try:
             with forwarded:
+                watching()
                 return _wait(started, forwarded, run_dir)
         finally:
             _stop(started)
